@@ -1,0 +1,1 @@
+"""Config: validation of a composed run config before any training starts."""

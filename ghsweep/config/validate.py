@@ -1,0 +1,154 @@
+"""Checks a composed run config before any training starts.
+
+Every error is one line that names the key, the bad value and what would be accepted, so a sweep
+can record it as the reason a combination failed without spending GPU time on it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from ghsweep.launch.device_probe import GpuInfo
+
+# Linear layers of each architecture that LoRA can target (transformers' module names).
+LINEAR_MODULES = {
+    "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+}
+FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
+
+
+class ConfigError(ValueError):
+    """A config value this run cannot use."""
+
+
+def _accepted(values) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def _check_choice(key: str, value, accepted) -> None:
+    if value not in accepted:
+        raise ConfigError(f"{key}={value}: not an accepted value; accepted: {_accepted(accepted)}")
+
+
+def _check_int(key: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{key}={value}: must be an integer >= {minimum}")
+
+
+def run_device(cfg: DictConfig, gpu: GpuInfo | None) -> str:
+    """'cuda' or 'cpu': where this run will train."""
+    if cfg.device == "auto":
+        return "cuda" if gpu else "cpu"
+    return "cuda" if str(cfg.device).startswith("cuda") else "cpu"
+
+
+def validate(cfg: DictConfig, gpu: GpuInfo | None) -> None:
+    """Raise ConfigError for the first value in `cfg` this run cannot use on this machine."""
+    device = str(cfg.device)
+    if device not in ("auto", "cpu") and not (device == "cuda" or device.startswith("cuda:")):
+        raise ConfigError(f"device={device}: not an accepted value; accepted: auto, cpu, cuda, cuda:N")
+    if device.startswith("cuda") and gpu is None:
+        raise ConfigError(f"device={device}: no NVIDIA GPU is visible to this job; accepted here: auto, cpu")
+    on_gpu = run_device(cfg, gpu) == "cuda"
+
+    _check_choice("backend", cfg.backend.name, ("torch",))
+    _validate_model(cfg)
+    _validate_train(cfg)
+    _validate_peft(cfg)
+    _validate_precision(cfg, gpu, on_gpu)
+    _validate_offload(cfg)
+    _check_choice("memory", cfg.memory.name, ("device", "unified"))
+    if cfg.memory.name == "unified" and not on_gpu:
+        raise ConfigError(
+            "memory=unified: CUDA managed memory needs an NVIDIA GPU and this run has none "
+            f"(device={device}); accepted here: memory=device"
+        )
+    _validate_dataloader(cfg)
+
+
+def _validate_model(cfg: DictConfig) -> None:
+    _check_choice("model.arch", cfg.model.arch, tuple(LINEAR_MODULES))
+    if cfg.model.path and not Path(cfg.model.path).is_dir():
+        raise ConfigError(f"model.path={cfg.model.path}: no such folder; expected a Hugging Face model folder")
+    if cfg.data.path and not Path(cfg.data.path).is_file():
+        raise ConfigError(f"data.path={cfg.data.path}: no such file; expected a dolly-format JSONL file")
+
+
+def _validate_train(cfg: DictConfig) -> None:
+    t = cfg.train
+    _check_int("train.max_steps", t.max_steps, 1)
+    _check_int("train.micro_batch_size", t.micro_batch_size, 1)
+    _check_int("train.warmup_steps", t.warmup_steps, 0)
+    _check_int("train.log_every", t.log_every, 1)
+    _check_int("train.seq_length", t.seq_length, 8)
+    if t.seq_length > cfg.model.max_position_embeddings:
+        raise ConfigError(
+            f"train.seq_length={t.seq_length}: longer than model={cfg.model.name} supports; "
+            f"accepted: 8 to {cfg.model.max_position_embeddings}"
+        )
+
+
+def _validate_peft(cfg: DictConfig) -> None:
+    peft = cfg.peft
+    _check_choice("peft", peft.name, ("lora", "none"))
+    if peft.name == "none":
+        return
+    _check_int("peft.r", peft.r, 1)
+    if not isinstance(peft.alpha, (int, float)) or peft.alpha <= 0:
+        raise ConfigError(f"peft.alpha={peft.alpha}: must be a number > 0")
+    if not isinstance(peft.dropout, (int, float)) or not 0 <= peft.dropout < 1:
+        raise ConfigError(f"peft.dropout={peft.dropout}: must be in [0, 1)")
+    available = LINEAR_MODULES[cfg.model.arch]
+    targets = list(peft.target_modules or [])
+    if not targets:
+        raise ConfigError(f"peft.target_modules=[]: name at least one; accepted: {_accepted(available)}")
+    for target in targets:
+        if target not in available:
+            raise ConfigError(
+                f"peft.target_modules: {target!r} is not a linear module of model={cfg.model.name} "
+                f"({cfg.model.arch}); accepted: {_accepted(available)}"
+            )
+
+
+def _validate_precision(cfg: DictConfig, gpu: GpuInfo | None, on_gpu: bool) -> None:
+    p = cfg.precision
+    _check_choice("precision", p.name, ("fp32", "fp16", "bf16", "fp8"))
+    if p.name != "fp8":
+        return
+    _check_choice("precision.library", p.library, ("auto", "te", "torchao"))
+    _check_choice("precision.scaling", p.scaling, ("delayed", "current"))
+    _check_choice("precision.format", p.format, ("hybrid", "e4m3"))
+    need = ".".join(map(str, FP8_MIN_COMPUTE_CAPABILITY))
+    if not on_gpu or gpu is None:
+        raise ConfigError(
+            f"precision=fp8: needs an NVIDIA GPU of compute capability >= {need} and this run has none "
+            f"(device={cfg.device}); accepted here: fp32, fp16, bf16"
+        )
+    if gpu.compute_capability < FP8_MIN_COMPUTE_CAPABILITY:
+        cc = ".".join(map(str, gpu.compute_capability))
+        raise ConfigError(
+            f"precision=fp8: {gpu.name} has compute capability {cc}, fp8 needs >= {need}; "
+            "accepted here: fp32, fp16, bf16"
+        )
+
+
+def _validate_offload(cfg: DictConfig) -> None:
+    o = cfg.offload
+    if not o.enabled:
+        return
+    layers = cfg.model.num_layers
+    _check_int("offload.num_layers", o.num_layers, 1)
+    if o.num_layers > layers:
+        raise ConfigError(
+            f"offload.num_layers={o.num_layers}: model={cfg.model.name} has only {layers} layers; "
+            f"accepted: 1 to {layers}"
+        )
+
+
+def _validate_dataloader(cfg: DictConfig) -> None:
+    dl = cfg.dataloader
+    _check_int("dataloader.num_workers", dl.num_workers, 0)
+    if dl.prefetch_factor is not None:
+        _check_int("dataloader.prefetch_factor", dl.prefetch_factor, 1)

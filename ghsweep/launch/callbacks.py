@@ -1,0 +1,59 @@
+"""Hydra callbacks around a multirun: the MLflow parent run before any job, the summary after all."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from ghsweep.launch.run_result import RESULT_FILE, RunResult
+from ghsweep.launch.sweep_manifest import SweepManifest
+from ghsweep.report.sweep_table import format_table
+from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri
+
+log = logging.getLogger(__name__)
+
+
+def collect_results(sweep_dir: Path) -> list[RunResult]:
+    """Every job's result.json under the sweep directory, in job order."""
+    found = [RunResult.load(p.parent) for p in sweep_dir.glob(f"*/{RESULT_FILE}")]
+    return sorted(found, key=lambda r: (len(Path(r.run_dir).name), Path(r.run_dir).name))
+
+
+class SweepCallback(Callback):
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        uri = absolute_tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
+        store = MlflowStore(uri, config.tracking.experiment)
+        command = shlex.join(["python", "-m", "ghsweep", *sys.argv[1:]])
+        sweep_name = "sweep " + "/".join(sweep_dir.parts[-2:])
+        parent = store.start_run(sweep_name, tags={
+            "ghsweep.role": "sweep",
+            "ghsweep.sweep_dir": str(sweep_dir.resolve()),
+            "ghsweep.command": command,
+        })
+        store.log_params(parent, {"sweep.overrides": " ".join(config.hydra.overrides.task)})
+        SweepManifest(uri, config.tracking.experiment, parent, command).save(sweep_dir)
+        log.info("MLflow: sweep run %s in experiment '%s' at %s", parent, config.tracking.experiment, uri)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        manifest = SweepManifest.load(sweep_dir)
+        results = collect_results(sweep_dir)
+        table = format_table(results)
+        failed = [r for r in results if r.status != "FINISHED"]
+        print(f"\nghsweep: {len(results) - len(failed)} of {len(results)} runs finished "
+              f"(sweep directory {sweep_dir})\n{table}\n", flush=True)
+        (sweep_dir / "summary.md").write_text(f"# {manifest.command}\n\n```\n{table}\n```\n")
+        store = MlflowStore(manifest.tracking_uri, manifest.experiment)
+        store.set_tags(manifest.parent_run_id, {"ghsweep.runs": len(results), "ghsweep.failed_runs": len(failed)})
+        store.log_artifacts(manifest.parent_run_id, [sweep_dir / "summary.md"])
+        store.finish(manifest.parent_run_id, "FAILED" if failed else "FINISHED")
+        if failed:
+            # Hydra's multirun has no exit status of its own; a failed combination must fail the command.
+            raise SystemExit(f"ghsweep: {len(failed)} of {len(results)} runs failed")

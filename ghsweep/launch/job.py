@@ -1,0 +1,164 @@
+"""One combination of a sweep: validate, train in a worker process, record in MLflow.
+
+This is the Hydra task function's body. It never raises for a failed run inside a sweep: the
+failure is recorded (MLflow status FAILED, tag `ghsweep.error`, worker log attached) and the
+sweep goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import socket
+import subprocess
+import time
+from importlib import metadata
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from ghsweep.config.validate import ConfigError, validate
+from ghsweep.launch.device_probe import probe_gpu
+from ghsweep.launch.run_result import RunResult
+from ghsweep.launch.sweep_manifest import SweepManifest
+from ghsweep.launch.worker_process import WORKER_LOG, WorkerExit, run_worker, worker_command
+from ghsweep.report.run_report import write_run_report
+from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, flatten
+
+log = logging.getLogger(__name__)
+
+# Config groups recorded as plain params (e.g. precision=bf16) beside the flattened config.
+KNOB_GROUPS = ("peft", "precision", "offload", "memory", "dataloader", "model", "data", "backend", "profile")
+
+
+def git_commit() -> str:
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except OSError:
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def _package_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def failure_reason(run_dir: Path, exit: WorkerExit, timeout_min: float | None) -> str:
+    error_file = run_dir / "worker_error.json"
+    if error_file.exists():
+        error = json.loads(error_file.read_text())
+        return f"{error['type']}: {error['message']}"
+    if exit.timed_out:
+        return f"worker timed out after {timeout_min} min (worker.timeout_min) and was killed"
+    if exit.returncode < 0:
+        name = signal.Signals(-exit.returncode).name
+        hint = " (killed from outside, often the out-of-memory killer)" if name == "SIGKILL" else ""
+        return f"worker killed by {name}{hint}"
+    lines = (run_dir / WORKER_LOG).read_text(errors="replace").strip().splitlines()
+    return f"worker exited with status {exit.returncode}: {lines[-1] if lines else 'no output'}"
+
+
+def run_one(cfg: DictConfig) -> RunResult:
+    started = time.time()
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    overrides = list(hydra_cfg.overrides.task)
+    name = hydra_cfg.job.override_dirname or "run"
+    choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if k in KNOB_GROUPS}
+
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(overrides)))
+
+    manifest = SweepManifest.load(Path(hydra_cfg.sweep.dir)) if in_sweep else None
+    uri = manifest.tracking_uri if manifest else absolute_tracking_uri(cfg.tracking.uri, hydra_cfg.runtime.cwd)
+    store = MlflowStore(uri, manifest.experiment if manifest else cfg.tracking.experiment)
+    run_id = store.start_run(
+        name,
+        tags={
+            "ghsweep.role": "run",
+            "ghsweep.run_dir": str(run_dir),
+            "ghsweep.overrides": " ".join(overrides),
+            "mlflow.source.git.commit": git_commit(),
+            "ghsweep.host": socket.gethostname(),
+        },
+        parent_run_id=manifest.parent_run_id if manifest else None,
+    )
+    store.log_params(run_id, {**choices, **flatten(OmegaConf.to_container(cfg, resolve=True))})
+    result = RunResult(name=name, run_dir=str(run_dir), overrides=overrides, status="FAILED", mlflow_run_id=run_id)
+    summary: dict = {}
+    try:
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if missing:
+            raise ConfigError(f"{missing[0]}=???: required and not set; set it on the command line, e.g. {missing[0]}=...")
+        validate(cfg, probe_gpu())
+        timeout_s = cfg.worker.timeout_min * 60 if cfg.worker.timeout_min else None
+        log.info("%s: training in a worker process (log: %s)", name, run_dir / WORKER_LOG)
+        exit = run_worker(worker_command(run_dir), run_dir, timeout_s)
+        if exit.returncode == 0:
+            summary = json.loads((run_dir / "summary.json").read_text())
+            result.status = "FINISHED"
+            result.metrics = summary["metrics"]
+            train = summary["timing"]
+            result.timing = {
+                "startup_s": train["ready_at"] - exit.started_at + train["import_s"],
+                "setup_s": train["setup_s"],
+                "train_s": train["train_s"],
+            }
+        else:
+            result.error = failure_reason(run_dir, exit, cfg.worker.timeout_min)
+    except ConfigError as exc:
+        result.error = str(exc)
+    except KeyboardInterrupt:
+        store.set_tags(run_id, {"ghsweep.error": "interrupted by the user"})
+        store.finish(run_id, "KILLED")
+        raise
+
+    if result.error:
+        log.error("%s: FAILED: %s", name, result.error)
+    _record(store, run_id, cfg, run_dir, result, summary, started)
+    return result
+
+
+def _record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, result: RunResult,
+            summary: dict, started: float) -> None:
+    """Report, result.json and MLflow: everything the run measured, whatever its status."""
+    record_started = time.time()
+    info = summary.get("info", {})
+    tags = {
+        "ghsweep.status": result.status,
+        "ghsweep.torch_version": info.get("torch_version", _package_version("torch")),
+        "ghsweep.device_name": info.get("device_name", "unknown (worker did not start)"),
+    }
+    tags.update({f"ghsweep.{k}": v for k, v in info.items() if k not in ("torch_version", "device_name")})
+    if result.error:
+        tags["ghsweep.error"] = result.error
+    store.set_tags(run_id, tags)
+
+    points = []
+    metrics_file = run_dir / "metrics.jsonl"
+    if metrics_file.exists():
+        for line in metrics_file.read_text().splitlines():
+            row = json.loads(line)
+            points.append(("loss", row["loss"], row["step"]))
+    points += [(k, v, 0) for k, v in result.metrics.items() if k not in ("first_loss",)]
+    store.log_metrics(run_id, points)
+
+    result.timing["record_s"] = time.time() - record_started
+    result.timing["wall_s"] = time.time() - started
+    if "train_s" in result.timing:
+        result.timing["overhead_s"] = result.timing["wall_s"] - result.timing["train_s"]
+    store.log_metrics(run_id, [(k, v, 0) for k, v in result.timing.items()])
+    write_run_report(result, cfg, info, run_dir / "report.md")
+    result.save()
+    artifacts = ["config.yaml", "overrides.yaml", WORKER_LOG, "report.md", "metrics.jsonl", "summary.json", "result.json"]
+    store.log_artifacts(run_id, [run_dir / a for a in artifacts])
+    store.finish(run_id, result.status)

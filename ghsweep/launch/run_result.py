@@ -1,0 +1,28 @@
+"""What one combination of a sweep ended with; written as result.json in its run directory."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+RESULT_FILE = "result.json"
+
+
+@dataclass
+class RunResult:
+    name: str
+    run_dir: str
+    overrides: list[str]
+    status: str  # an MLflow run status: FINISHED or FAILED
+    error: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    timing: dict[str, float] = field(default_factory=dict)
+    mlflow_run_id: str | None = None
+
+    def save(self) -> None:
+        (Path(self.run_dir) / RESULT_FILE).write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, run_dir: Path) -> RunResult:
+        return cls(**json.loads((run_dir / RESULT_FILE).read_text()))

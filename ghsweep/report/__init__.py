@@ -1,0 +1,1 @@
+"""Reports: each run's markdown report and the sweep's summary table."""

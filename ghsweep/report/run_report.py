@@ -1,0 +1,51 @@
+"""A short markdown report of one run, kept in its run directory and attached in MLflow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from ghsweep.launch.run_result import RunResult
+
+METRIC_UNITS = {
+    "step_time_ms": "ms (median of steady-state steps)",
+    "tokens_per_s": "tokens/s",
+    "peak_mem_gb": "GiB",
+    "final_loss": "",
+}
+
+
+def write_run_report(result: RunResult, cfg: DictConfig, info: dict, path: Path) -> None:
+    lines = [f"# ghsweep run `{result.name}`", "", f"Status: **{result.status}**", ""]
+    if result.error:
+        lines += [f"Error: `{result.error}`", ""]
+    lines += [
+        "| knob | value |",
+        "|---|---|",
+        f"| model | {cfg.model.name} |",
+        f"| peft | {cfg.peft.name} |",
+        f"| precision | {cfg.precision.name} |",
+        f"| offload | {'on, ' + str(cfg.offload.num_layers) + ' layers' if cfg.offload.enabled else 'off'} |",
+        f"| memory | {cfg.memory.name} |",
+        f"| dataloader.num_workers | {cfg.dataloader.num_workers} |",
+        f"| device | {info.get('device_name', cfg.device)} |",
+        "",
+    ]
+    if result.metrics:
+        lines += ["| metric | value | unit |", "|---|---|---|"]
+        for key, unit in METRIC_UNITS.items():
+            if key in result.metrics:
+                lines.append(f"| {key} | {result.metrics[key]:.4g} | {unit} |")
+        first, last = result.metrics.get("first_loss"), result.metrics.get("final_loss")
+        if first is not None and last is not None:
+            lines += ["", f"Loss went from {first:.4f} (first step) to {last:.4f} (last step) "
+                          f"over {result.metrics.get('steps', 0):.0f} steps."]
+        lines.append("")
+    if result.timing:
+        t = result.timing
+        parts = [f"{k.removesuffix('_s')} {v:.2f} s" for k, v in t.items() if k not in ("wall_s", "overhead_s")]
+        lines.append(f"Time: {t.get('wall_s', 0):.2f} s in all ({', '.join(parts)}).")
+        if "overhead_s" in t:
+            lines.append(f"Outside the training loop: {t['overhead_s']:.2f} s.")
+    path.write_text("\n".join(lines) + "\n")

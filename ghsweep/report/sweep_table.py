@@ -1,0 +1,44 @@
+"""The table a multirun prints at its end: one row per combination."""
+
+from __future__ import annotations
+
+import math
+
+from ghsweep.launch.run_result import RunResult
+
+
+def knob_columns(results: list[RunResult]) -> list[str]:
+    """Override keys that differ between combinations, in the order first seen."""
+    values: dict[str, set[str]] = {}
+    for r in results:
+        for o in r.overrides:
+            key, _, value = o.partition("=")
+            values.setdefault(key, set()).add(value)
+    varying = [k for k, v in values.items() if len(v) > 1]
+    return varying or list(values)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def format_table(results: list[RunResult]) -> str:
+    keys = knob_columns(results)
+    header = ["#", *keys, "status", "step_ms", "tokens/s", "peak_GiB", "final_loss", "overhead_s", "reason"]
+    rows = []
+    for i, r in enumerate(results):
+        knobs = dict(o.partition("=")[::2] for o in r.overrides)
+        m = r.metrics
+        rows.append([
+            str(i), *(knobs.get(k, "-") for k in keys), r.status,
+            _fmt(m.get("step_time_ms"), ".1f"), _fmt(m.get("tokens_per_s"), ",.0f"),
+            _fmt(m.get("peak_mem_gb"), ".2f"), _fmt(m.get("final_loss"), ".4f"),
+            _fmt(r.timing.get("overhead_s"), ".1f"), r.error or "",
+        ])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
+    # The reason column is last and left unpadded so long errors wrap in the terminal, not the table.
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells[:-1], widths[:-1])) + "  " + cells[-1]
+    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])

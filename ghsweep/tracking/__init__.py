@@ -1,0 +1,1 @@
+"""Tracking: runs, params, metrics and artifacts in MLflow."""

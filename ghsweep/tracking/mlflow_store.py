@@ -1,0 +1,94 @@
+"""MLflow records of sweeps and runs, through MlflowClient (no global active-run state).
+
+Metrics go in batches (one request per 1000 points, not one per point): against a tracking
+server, single calls cost tens of milliseconds each.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+# MLflow otherwise phones home at start-up; clusters' compute nodes often have no internet.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+from mlflow.entities import Metric, Param, RunTag  # noqa: E402
+from mlflow.exceptions import MlflowException  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+MAX_METRICS_PER_BATCH = 1000
+MAX_PARAMS_PER_BATCH = 100
+MAX_TAGS_PER_BATCH = 100
+MAX_PARAM_VALUE_CHARS = 6000
+
+
+def absolute_tracking_uri(uri: str, base_dir: str | Path) -> str:
+    """Make a relative `sqlite:///file.db` absolute, so jobs that run elsewhere share one store."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + str((Path(base_dir) / uri[len(prefix):]).resolve())
+    return uri
+
+
+def flatten(tree: Mapping, prefix: str = "") -> dict[str, str]:
+    """{'peft': {'r': 16}} -> {'peft.r': '16'}; lists and None as their text."""
+    flat: dict[str, str] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, name + "."))
+        else:
+            flat[name] = str(value)
+    return flat
+
+
+class MlflowStore:
+    def __init__(self, tracking_uri: str, experiment: str):
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.tracking_uri = tracking_uri
+        self.experiment_id = self._experiment_id(experiment)
+
+    def _experiment_id(self, name: str) -> str:
+        found = self.client.get_experiment_by_name(name)
+        if found is not None:
+            return found.experiment_id
+        try:
+            return self.client.create_experiment(name)
+        except MlflowException:
+            # Another job created it between our look-up and our create.
+            return self.client.get_experiment_by_name(name).experiment_id
+
+    def start_run(self, run_name: str, tags: Mapping[str, str], parent_run_id: str | None = None) -> str:
+        all_tags = dict(tags)
+        if parent_run_id:
+            all_tags["mlflow.parentRunId"] = parent_run_id
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
+        return run.info.run_id
+
+    def log_params(self, run_id: str, params: Mapping[str, str]) -> None:
+        items = [Param(k, str(v)[:MAX_PARAM_VALUE_CHARS]) for k, v in params.items()]
+        for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
+            self.client.log_batch(run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
+
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        items = [RunTag(k, str(v)) for k, v in tags.items()]
+        for i in range(0, len(items), MAX_TAGS_PER_BATCH):
+            self.client.log_batch(run_id, tags=items[i : i + MAX_TAGS_PER_BATCH])
+
+    def log_metrics(self, run_id: str, points: Iterable[tuple[str, float, int]]) -> int:
+        """Log (name, value, step) points in batches; returns how many were sent."""
+        now_ms = int(time.time() * 1000)
+        items = [Metric(name, float(value), now_ms, step) for name, value, step in points]
+        for i in range(0, len(items), MAX_METRICS_PER_BATCH):
+            self.client.log_batch(run_id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
+        return len(items)
+
+    def log_artifacts(self, run_id: str, paths: Iterable[Path], artifact_path: str | None = None) -> None:
+        for path in paths:
+            if path.exists():
+                self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def finish(self, run_id: str, status: str) -> None:
+        self.client.set_terminated(run_id, status=status)

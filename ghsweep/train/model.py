@@ -1,0 +1,72 @@
+"""Build the model and tokenizer a run trains: a local Hugging Face folder, or random init from config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from ghsweep.train.tokenizer import ByteTokenizer
+
+
+def build_model(model_cfg: DictConfig) -> tuple[torch.nn.Module, Any, bool]:
+    """Return (model, tokenizer, random_init).
+
+    With `model.path` the weights and tokenizer come from that folder (safetensors + tokenizer
+    files, as saved by `save_pretrained`); otherwise the model is randomly initialised from the
+    shape in the config and uses the byte tokenizer.
+    """
+    if model_cfg.path:
+        path = Path(model_cfg.path)
+        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if tokenizer.bos_token_id is None or tokenizer.eos_token_id is None:
+            raise ValueError(f"model.path={path}: the tokenizer defines no BOS/EOS token")
+        return model, tokenizer, False
+    config = LlamaConfig(
+        hidden_size=model_cfg.hidden_size,
+        intermediate_size=model_cfg.intermediate_size,
+        num_hidden_layers=model_cfg.num_layers,
+        num_attention_heads=model_cfg.num_attention_heads,
+        num_key_value_heads=model_cfg.num_key_value_heads,
+        vocab_size=model_cfg.vocab_size,
+        max_position_embeddings=model_cfg.max_position_embeddings,
+        rms_norm_eps=model_cfg.rms_norm_eps,
+        bos_token_id=ByteTokenizer.bos_token_id,
+        eos_token_id=ByteTokenizer.eos_token_id,
+        pad_token_id=ByteTokenizer.pad_token_id,
+        use_cache=False,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(config), ByteTokenizer(), True
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return tokenizer.eos_token_id if pad is None else pad
+
+
+def apply_peft(model: torch.nn.Module, peft_cfg: DictConfig) -> torch.nn.Module:
+    """Wrap the model in LoRA adapters (peft) or leave every weight trainable."""
+    if peft_cfg.name == "none":
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(
+        r=peft_cfg.r,
+        lora_alpha=peft_cfg.alpha,
+        lora_dropout=peft_cfg.dropout,
+        target_modules=list(peft_cfg.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, lora)
+
+
+def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(total, trainable) parameter counts."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return total, trainable

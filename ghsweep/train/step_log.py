@@ -1,0 +1,73 @@
+"""Per-step measurements of a worker, written as JSON lines as they come in.
+
+Losses and CUDA timing events stay on the device until `flush`, so logging adds no host
+synchronisation to every step; the training loop flushes every `train.log_every` steps.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import IO
+
+import torch
+
+
+class StepLog:
+    def __init__(self, path: Path, device: torch.device, tokens_per_step: int):
+        self._file: IO[str] = open(path, "a", encoding="utf-8")
+        self._cuda = device.type == "cuda"
+        self._tokens_per_step = tokens_per_step
+        self._pending: list[tuple[int, torch.Tensor, object, object]] = []
+        self.losses: list[float] = []
+        self.step_times_ms: list[float] = []
+
+    def start(self) -> object:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def end(self, step: int, loss: torch.Tensor, started: object) -> None:
+        ended = self.start()
+        self._pending.append((step, loss.detach(), started, ended))
+
+    def flush(self) -> list[dict]:
+        if not self._pending:
+            return []
+        if self._cuda:
+            torch.cuda.synchronize()
+        rows = []
+        for step, loss, started, ended in self._pending:
+            if self._cuda:
+                ms = started.elapsed_time(ended)
+            else:
+                ms = (ended - started) * 1000.0
+            row = {"step": step, "loss": float(loss), "step_time_ms": ms, "tokens": self._tokens_per_step}
+            self._file.write(json.dumps(row) + "\n")
+            self.losses.append(row["loss"])
+            self.step_times_ms.append(ms)
+            rows.append(row)
+        self._file.flush()
+        self._pending.clear()
+        return rows
+
+    def close(self) -> None:
+        self.flush()
+        self._file.close()
+
+    def summary(self, warmup_steps: int) -> dict:
+        """step_time_ms is the median of the steps after `warmup_steps` (all steps if too few)."""
+        steady = self.step_times_ms[warmup_steps:] or self.step_times_ms
+        step_ms = statistics.median(steady) if steady else float("nan")
+        return {
+            "steps": len(self.step_times_ms),
+            "steady_steps": len(steady),
+            "step_time_ms": step_ms,
+            "tokens_per_s": self._tokens_per_step / (step_ms / 1000.0) if steady else float("nan"),
+            "final_loss": self.losses[-1] if self.losses else float("nan"),
+            "first_loss": self.losses[0] if self.losses else float("nan"),
+        }

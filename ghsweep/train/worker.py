@@ -1,0 +1,44 @@
+"""The worker process: `python -m ghsweep.train.worker RUN_DIR` trains the run described by
+RUN_DIR/config.yaml and writes summary.json (or worker_error.json) beside it.
+
+It runs in its own process so that nsys or a container can wrap it, CUDA can be set up before
+anything touches it, and a crash cannot take the sweep down.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m ghsweep.train.worker RUN_DIR", file=sys.stderr)
+        return 2
+    run_dir = Path(argv[1])
+    ready_at = time.time()
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    try:
+        if cfg.backend.name != "torch":
+            raise ValueError(f"backend={cfg.backend.name} is not known; accepted: torch")
+        from ghsweep.train import torch_backend
+
+        import_s = time.time() - ready_at
+        summary = torch_backend.train(cfg, run_dir)
+    except BaseException as exc:
+        error = {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[0] if str(exc).strip() else ""}
+        (run_dir / "worker_error.json").write_text(json.dumps(error))
+        traceback.print_exc()
+        return 1
+    summary["timing"].update(ready_at=ready_at, import_s=import_s)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
