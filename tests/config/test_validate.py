@@ -1,0 +1,96 @@
+"""Bad input gets one clear line naming the key, the value and what is accepted."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from ghsweep.config.validate import ConfigError, validate
+from ghsweep.launch.device_probe import GpuInfo
+from tests.conftest import CONF_DIR
+
+H100 = GpuInfo("NVIDIA H100", (9, 0), 80.0, 79.0)
+A100 = GpuInfo("NVIDIA A100-SXM4-80GB", (8, 0), 80.0, 79.0)
+
+
+def composed(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def error_of(cfg, gpu=None) -> str:
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, gpu)
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def test_defaults_are_valid_on_cpu_and_gpu():
+    validate(composed(), None)
+    validate(composed(), H100)
+
+
+@pytest.mark.parametrize("r", [0, -4])
+def test_lora_rank_must_be_positive(r):
+    msg = error_of(composed(f"peft.r={r}"))
+    assert msg.startswith(f"peft.r={r}:") and ">= 1" in msg
+
+
+def test_negative_num_workers():
+    msg = error_of(composed("dataloader.num_workers=-1"))
+    assert msg.startswith("dataloader.num_workers=-1:") and ">= 0" in msg
+
+
+def test_unknown_lora_target_lists_the_model_modules():
+    msg = error_of(composed("peft.target_modules=[q_proj,qkv_proj]"))
+    assert "'qkv_proj'" in msg and "model=tiny_llama" in msg
+    assert "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj" in msg
+
+
+def test_fp8_without_gpu():
+    msg = error_of(composed("precision=fp8"))
+    assert msg.startswith("precision=fp8:") and "8.9" in msg and "fp32, fp16, bf16" in msg
+
+
+def test_fp8_on_gpu_too_old():
+    msg = error_of(composed("precision=fp8"), A100)
+    assert "NVIDIA A100-SXM4-80GB" in msg and "compute capability 8.0" in msg
+
+
+def test_fp8_on_hopper_is_valid():
+    validate(composed("precision=fp8"), H100)
+
+
+def test_fp8_on_gpu_machine_but_cpu_device():
+    msg = error_of(composed("precision=fp8", "device=cpu"), H100)
+    assert "device=cpu" in msg
+
+
+def test_unified_memory_without_cuda():
+    msg = error_of(composed("memory=unified"))
+    assert msg.startswith("memory=unified:") and "memory=device" in msg
+
+
+def test_offload_more_layers_than_model():
+    msg = error_of(composed("offload=on", "offload.num_layers=8"))
+    assert msg.startswith("offload.num_layers=8:") and "only 4 layers" in msg and "1 to 4" in msg
+
+
+def test_offload_fits_larger_model():
+    validate(composed("offload=on", "offload.num_layers=8", "model=llama2_7b"), H100)
+
+
+def test_cuda_device_without_gpu():
+    msg = error_of(composed("device=cuda"))
+    assert msg.startswith("device=cuda:")
+
+
+def test_seq_length_beyond_model():
+    msg = error_of(composed("train.seq_length=4096"))
+    assert "train.seq_length=4096" in msg and "8 to 2048" in msg
+
+
+def test_missing_data_file(tmp_path):
+    msg = error_of(composed("data=dolly_file", f"data.path={tmp_path}/nope.jsonl"))
+    assert "nope.jsonl" in msg

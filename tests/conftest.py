@@ -1,0 +1,30 @@
+"""Shared fixtures: the repo's config directory and running the real `python -m ghsweep` CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO / "conf"
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Run `python -m ghsweep ARGS` in `cwd` the way a user would, output captured."""
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", HYDRA_FULL_ERROR="0")
+    return subprocess.run(
+        [sys.executable, "-m", "ghsweep", *args], cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="session")
+def smoke_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One real 2x2 smoke sweep on CPU, shared by the tests that inspect its results."""
+    cwd = tmp_path_factory.mktemp("smoke_sweep")
+    proc = run_cli(["-m", "experiment=smoke", "precision=fp32,bf16", "offload=off,on"], cwd)
+    return cwd, proc

@@ -1,0 +1,131 @@
+"""The real CLI end to end: a sweep on CPU recorded in MLflow (SQLite store in a temp directory)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlflow
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import run_cli
+
+RUN_METRICS = {"loss", "step_time_ms", "tokens_per_s", "peak_mem_gb", "final_loss"}
+RUN_PARAMS = {"precision", "offload", "peft", "memory", "dataloader.num_workers", "peft.r", "train.max_steps"}
+RUN_TAGS = {"mlflow.source.git.commit", "ghsweep.host", "ghsweep.torch_version", "ghsweep.device_name"}
+ARTIFACTS = {"config.yaml", "overrides.yaml", "worker.log", "report.md", "metrics.jsonl", "summary.json"}
+
+
+def client_for(cwd: Path) -> tuple[MlflowClient, str]:
+    client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}")
+    return client, client.get_experiment_by_name("ghsweep").experiment_id
+
+
+def runs_by_role(client, exp_id, role):
+    return client.search_runs([exp_id], filter_string=f"tags.`ghsweep.role` = '{role}'")
+
+
+def test_smoke_sweep_records_parent_and_four_children(smoke_sweep):
+    cwd, proc = smoke_sweep
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client, exp_id = client_for(cwd)
+    parents = runs_by_role(client, exp_id, "sweep")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    children = runs_by_role(client, exp_id, "run")
+    assert len(children) == 4
+    combos = set()
+    for child in children:
+        assert child.info.status == "FINISHED"
+        assert child.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+        assert RUN_METRICS <= set(child.data.metrics)
+        assert RUN_PARAMS <= set(child.data.params)
+        assert RUN_TAGS <= set(child.data.tags)
+        assert child.data.metrics["step_time_ms"] > 0 and child.data.metrics["tokens_per_s"] > 0
+        combos.add((child.data.params["precision"], child.data.params["offload"]))
+        assert len(client.get_metric_history(child.info.run_id, "loss")) == 20
+        artifacts = {a.path for a in client.list_artifacts(child.info.run_id)}
+        assert ARTIFACTS <= artifacts
+    assert combos == {("fp32", "off"), ("fp32", "on"), ("bf16", "off"), ("bf16", "on")}
+
+
+def test_smoke_sweep_prints_summary_table(smoke_sweep):
+    _, proc = smoke_sweep
+    out = proc.stdout
+    assert "4 of 4 runs finished" in out
+    header = next(line for line in out.splitlines() if line.startswith("#  "))
+    for column in ("precision", "offload", "status", "step_ms", "tokens/s", "peak_GiB", "overhead_s", "reason"):
+        assert column in header
+    assert sum(" FINISHED " in line for line in out.splitlines()) == 4
+
+
+def test_smoke_runs_write_their_run_directory(smoke_sweep):
+    cwd, _ = smoke_sweep
+    run_dirs = sorted(p.parent for p in cwd.glob("multirun/*/*/*/result.json"))
+    assert len(run_dirs) == 4
+    for run_dir in run_dirs:
+        for name in ("config.yaml", "overrides.yaml", "worker.log", "metrics.jsonl", "summary.json", "report.md"):
+            assert (run_dir / name).stat().st_size > 0, name
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == list(range(20))
+        assert "Status: **FINISHED**" in (run_dir / "report.md").read_text()
+
+
+def test_loss_goes_down(smoke_sweep):
+    cwd, _ = smoke_sweep
+    for metrics_file in cwd.glob("multirun/*/*/*/metrics.jsonl"):
+        losses = [json.loads(line)["loss"] for line in metrics_file.read_text().splitlines()]
+        first, last = sum(losses[:3]) / 3, sum(losses[-5:]) / 5
+        assert last < first - 0.3, (metrics_file, losses)
+
+
+def test_failing_combination_does_not_stop_the_sweep(tmp_path):
+    proc = run_cli(["-m", "experiment=smoke", "precision=fp8,fp32", "train.max_steps=5"], tmp_path)
+    assert proc.returncode != 0
+    assert "1 of 2 runs failed" in proc.stderr
+    client, exp_id = client_for(tmp_path)
+    children = {c.data.params["precision"]: c for c in runs_by_role(client, exp_id, "run")}
+    assert children["fp32"].info.status == "FINISHED"
+    failed = children["fp8"]
+    assert failed.info.status == "FAILED"
+    assert failed.data.tags["ghsweep.error"].startswith("precision=fp8: needs an NVIDIA GPU")
+    table_row = next(line for line in proc.stdout.splitlines() if " FAILED " in line)
+    assert "precision=fp8: needs an NVIDIA GPU" in table_row
+    assert runs_by_role(client, exp_id, "sweep")[0].info.status == "FAILED"
+
+
+def test_worker_crash_is_recorded_with_its_log(tmp_path):
+    # A data file with a broken record makes the worker itself fail after it started.
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"instruction": "hi"}\n')
+    proc = run_cli(["-m", "experiment=smoke", "data=dolly_file", f"data.path={bad}", "train.max_steps=2"], tmp_path)
+    assert proc.returncode != 0
+    client, exp_id = client_for(tmp_path)
+    (child,) = runs_by_role(client, exp_id, "run")
+    assert child.info.status == "FAILED"
+    assert "lacks ['response']" in child.data.tags["ghsweep.error"]
+    assert "worker.log" in {a.path for a in client.list_artifacts(child.info.run_id)}
+
+
+def test_single_run_is_parentless_with_same_content(tmp_path):
+    proc = run_cli(["experiment=smoke", "train.max_steps=4", "peft=none"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client, exp_id = client_for(tmp_path)
+    (run,) = runs_by_role(client, exp_id, "run")
+    assert "mlflow.parentRunId" not in run.data.tags
+    assert run.info.status == "FINISHED"
+    assert RUN_METRICS <= set(run.data.metrics) and run.data.params["peft"] == "none"
+    assert not runs_by_role(client, exp_id, "sweep")
+
+
+def test_single_run_bad_input_fails_before_training(tmp_path):
+    proc = run_cli(["experiment=smoke", "peft.r=0"], tmp_path)
+    assert proc.returncode != 0
+    assert "peft.r=0: must be an integer >= 1" in proc.stderr
+    assert not list(tmp_path.glob("outputs/*/*/worker.log"))
+
+
+def test_help_lists_groups(tmp_path):
+    proc = run_cli(["--help"], tmp_path)
+    assert proc.returncode == 0
+    for line in ("peft: lora, none", "precision: bf16, fp16, fp32, fp8", "offload: off, on", "experiment: smoke"):
+        assert line in proc.stdout

@@ -1,0 +1,77 @@
+"""Dolly records: prompt masking, packing, loading, and the data loader's workers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ghsweep.train import data as dolly
+from ghsweep.train.tokenizer import ByteTokenizer
+
+TOK = ByteTokenizer()
+
+
+def test_synthetic_records_have_dolly_fields_and_are_seeded():
+    records = dolly.synthetic_dolly(50, seed=7)
+    assert all(set(r) == set(dolly.DOLLY_FIELDS) for r in records)
+    assert records == dolly.synthetic_dolly(50, seed=7)
+    assert records != dolly.synthetic_dolly(50, seed=8)
+
+
+def test_prompt_is_masked_and_response_learned():
+    record = {"instruction": "Say hi.", "context": "", "response": "hi", "category": "open_qa"}
+    ids, labels = dolly.tokenize(record, TOK)
+    n_prompt = 1 + len(TOK.encode(dolly.prompt_text(record)))
+    assert labels[:n_prompt] == [dolly.IGNORE_INDEX] * n_prompt
+    assert labels[n_prompt:] == ids[n_prompt:] == [*TOK.encode("hi"), TOK.eos_token_id]
+    assert TOK.decode(ids[1:n_prompt]).endswith("### Response:\n")
+
+
+def test_context_appears_only_when_present():
+    with_ctx = dolly.prompt_text({"instruction": "Q", "context": "C"})
+    assert "### Context:\nC" in with_ctx
+    assert "Context" not in dolly.prompt_text({"instruction": "Q", "context": ""})
+
+
+def test_pack_fills_blocks_and_restarts_positions():
+    examples = [([1, 2, 3], [-100, 2, 3]), ([4, 5], [-100, 5]), ([6, 7, 8, 9], [-100, -100, 8, 9])]
+    blocks = dolly.pack(iter(examples), seq_length=6, pad_id=0)
+    assert blocks.input_ids.tolist() == [[1, 2, 3, 4, 5, 0], [6, 7, 8, 9, 0, 0]]
+    assert blocks.labels.tolist() == [[-100, 2, 3, -100, 5, -100], [-100, -100, 8, 9, -100, -100]]
+    assert blocks.position_ids[0].tolist()[:5] == [0, 1, 2, 0, 1]
+    assert blocks.dropped == 0
+
+
+def test_pack_drops_examples_longer_than_a_block():
+    blocks = dolly.pack(iter([([1] * 10, [1] * 10), ([2, 3], [2, 3])]), seq_length=4, pad_id=0)
+    assert blocks.dropped == 1 and len(blocks) == 1
+
+
+def test_pack_refuses_when_nothing_fits():
+    with pytest.raises(ValueError, match="train.seq_length=4"):
+        dolly.pack(iter([([1] * 10, [1] * 10)]), seq_length=4, pad_id=0)
+
+
+def test_load_jsonl_round_trip_and_bad_record(tmp_path):
+    records = dolly.synthetic_dolly(5, seed=1)
+    path = tmp_path / "d.jsonl"
+    dolly.write_dolly_jsonl(records, path)
+    assert dolly.load_dolly_jsonl(path) == records
+    assert len(dolly.load_dolly_jsonl(path, limit=2)) == 2
+    path.write_text(json.dumps({"instruction": "x"}) + "\n")
+    with pytest.raises(ValueError, match=r"d.jsonl:1: record lacks \['response'\]"):
+        dolly.load_dolly_jsonl(path)
+
+
+def test_num_workers_starts_worker_processes():
+    examples = (dolly.tokenize(r, TOK) for r in dolly.synthetic_dolly(40, seed=3))
+    blocks = dolly.pack(examples, seq_length=256, pad_id=TOK.pad_token_id)
+    loader = dolly.make_dataloader(blocks, 2, seed=0, num_workers=2, pin_memory=False, prefetch_factor=2,
+                                   persistent_workers=False)
+    iterator = iter(loader)
+    batch = next(iterator)
+    assert batch["input_ids"].shape == (2, 256) and batch["input_ids"].dtype == torch.long
+    assert len(iterator._workers) == 2 and all(w.is_alive() for w in iterator._workers)
+    del iterator
