@@ -102,7 +102,7 @@ def run_one(cfg: DictConfig) -> RunResult:
         validate(cfg, probe_gpu())
         timeout_s = cfg.worker.timeout_min * 60 if cfg.worker.timeout_min else None
         log.info("%s: training in a worker process (log: %s)", name, run_dir / WORKER_LOG)
-        exit = run_worker(worker_command(run_dir), run_dir, timeout_s)
+        exit = run_worker(worker_command(cfg, run_dir), run_dir, timeout_s)
         if exit.returncode == 0:
             summary = json.loads((run_dir / "summary.json").read_text())
             result.status = "FINISHED"

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from omegaconf import DictConfig
+
 log = logging.getLogger(__name__)
 
 WORKER_LOG = "worker.log"
@@ -27,8 +29,12 @@ class WorkerExit:
     wall_s: float
 
 
-def worker_command(run_dir: Path) -> list[str]:
-    """The argument list that starts the worker (later wrapped by nsys or a container)."""
+def worker_command(cfg: DictConfig, run_dir: Path) -> list[str]:
+    """The argument list that starts the worker of `run_dir`.
+
+    Always an argument list, never a shell string: user values are never parsed by a shell.
+    Wrappers nest outside-in: [container exec ...] [profiler ...] python -m ghsweep.train.worker RUN_DIR.
+    """
     return [sys.executable, "-m", "ghsweep.train.worker", str(run_dir)]
 
 

@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from ghsweep.train import data as dolly
 from ghsweep.train.model import apply_peft, build_model, count_parameters, pad_token_id
+from ghsweep.train.phases import Phases
 from ghsweep.train.precision import Precision
 from ghsweep.train.step_log import StepLog
 
@@ -82,20 +83,26 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     batches = dolly.endless(loader)
     setup_s = time.time() - t_setup
 
+    phases = Phases(device, cfg.capture.start_step, cfg.capture.num_steps)
     t_train = time.time()
     for step in range(cfg.train.max_steps):
-        started = log.start()
-        batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
-        with precision.autocast():
-            loss = model(**batch, use_cache=False).loss
-        precision.backward(loss)
-        precision.step(optimizer)
-        optimizer.zero_grad(set_to_none=True)
-        log.end(step, loss, started)
+        with phases.step(step):
+            started = log.start()
+            with phases.range("data"):
+                batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
+            with phases.range("forward"), precision.autocast():
+                loss = model(**batch, use_cache=False).loss
+            with phases.range("backward"):
+                precision.backward(loss)
+            with phases.range("optimizer"):
+                precision.step(optimizer)
+                optimizer.zero_grad(set_to_none=True)
+            log.end(step, loss, started)
         if (step + 1) % cfg.train.log_every == 0 or step + 1 == cfg.train.max_steps:
             log.flush()
             print(f"step {step + 1}/{cfg.train.max_steps} loss {log.losses[-1]:.4f} "
                   f"step_time_ms {log.step_times_ms[-1]:.1f}", flush=True)
+    phases.close()
     log.close()
     train_s = time.time() - t_train
 

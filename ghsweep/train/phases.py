@@ -1,0 +1,53 @@
+"""Named ranges for each step and its phases (data, forward, backward, optimizer), and the
+profiler capture window.
+
+On a GPU the ranges are NVTX ranges (Nsight Systems shows them); everywhere they are also
+`record_function` ranges (the PyTorch profiler shows them). The capture window calls
+cudaProfilerStart/Stop around the configured steps, so `nsys profile --capture-range=cudaProfilerApi`
+records exactly those steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+STEP_RANGE_PREFIX = "step "
+PHASES = ("data", "forward", "backward", "optimizer")
+
+
+class Phases:
+    def __init__(self, device: torch.device, capture_start: int, capture_steps: int):
+        self._nvtx = device.type == "cuda"
+        self._capture = range(capture_start, capture_start + capture_steps)
+        self._capturing = False
+
+    @contextlib.contextmanager
+    def range(self, name: str) -> Iterator[None]:
+        if self._nvtx:
+            torch.cuda.nvtx.range_push(name)
+        try:
+            with torch.profiler.record_function(name):
+                yield
+        finally:
+            if self._nvtx:
+                torch.cuda.nvtx.range_pop()
+
+    def step(self, step: int) -> contextlib.AbstractContextManager:
+        """The range of one whole step; starts or stops the capture window at its edges."""
+        if self._nvtx and step == self._capture.start and not self._capturing:
+            torch.cuda.cudart().cudaProfilerStart()
+            self._capturing = True
+        if self._nvtx and step == self._capture.stop and self._capturing:
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+            self._capturing = False
+        return self.range(f"{STEP_RANGE_PREFIX}{step}")
+
+    def close(self) -> None:
+        if self._capturing:
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+            self._capturing = False
