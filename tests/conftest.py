@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,3 +29,19 @@ def smoke_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     cwd = tmp_path_factory.mktemp("smoke_sweep")
     proc = run_cli(["-m", "experiment=smoke", "precision=fp32,bf16", "offload=off,on"], cwd)
     return cwd, proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` on 127.0.0.1 for the whole test session."""
+    from ghsweep.tracking.server import start_server
+
+    server = start_server(tmp_path_factory.mktemp("mlflow_server"), port=free_port())
+    yield server
+    server.stop()
