@@ -89,6 +89,8 @@ def run_one(cfg: DictConfig) -> RunResult:
             "ghsweep.overrides": " ".join(overrides),
             "mlflow.source.git.commit": git_commit(),
             "ghsweep.host": socket.gethostname(),
+            # Job order is the sweep's combination order; run start times are not, with parallel launchers.
+            "ghsweep.job_num": str(hydra_cfg.job.num),
         },
         parent_run_id=manifest.parent_run_id if manifest else None,
     )
