@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Start a single-node SLURM cluster on this machine from Debian's packages, for tests and CI:
+# munged, mariadbd (local socket only), slurmdbd (so sacct works), slurmctld and slurmd.
+#
+#   sudo apt-get install slurmctld slurmd slurm-client munge slurmdbd mariadb-server
+#   sudo tests/slurm/start_cluster.sh [STATE_DIR]      # stop: tests/slurm/stop_cluster.sh [STATE_DIR]
+#
+# The node `localhost` advertises 8 CPUs and 8 fake GPUs (gres files are links to /dev/null) so that
+# `gpus_per_node=1` can be requested and 8 one-CPU jobs run at once; they time-share the real cores.
+# Every daemon uses sockets and pid files under STATE_DIR, so services a package may have started
+# are left alone. The pid files are what stop_cluster.sh stops, never a process name.
+set -euo pipefail
+
+STATE=${1:-/var/tmp/ghsweep-slurm}
+CONF_DIR=/etc/slurm
+MARKER="# written by ghsweep tests/slurm/start_cluster.sh"
+NODE_CPUS=8
+NODE_GPUS=8
+
+die() { echo "start_cluster.sh: $*" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || die "must run as root (it writes $CONF_DIR and starts daemons)"
+for bin in munged mungekey munge unmunge mariadbd mariadb-install-db mariadb slurmdbd slurmctld slurmd sinfo sacct; do
+    command -v "$bin" >/dev/null || die "$bin not found; install: apt-get install slurmctld slurmd slurm-client munge slurmdbd mariadb-server"
+done
+for f in slurm.conf slurmdbd.conf gres.conf; do
+    if [ -e "$CONF_DIR/$f" ] && ! grep -qF "$MARKER" "$CONF_DIR/$f"; then
+        die "$CONF_DIR/$f exists and was not written by this script; refusing to overwrite it"
+    fi
+done
+
+mkdir -p "$STATE"/{run,log,spool/ctld,spool/d,dev,munge,mysql}
+STATE=$(cd "$STATE" && pwd)
+RUN=$STATE/run
+waitfor() {  # waitfor SECONDS WHAT COMMAND...: retry COMMAND until it succeeds
+    local deadline=$((SECONDS + $1)) what=$2; shift 2
+    until "$@" >/dev/null 2>&1; do
+        [ $SECONDS -lt $deadline ] || die "$what did not come up; logs in $STATE/log"
+        sleep 0.2
+    done
+}
+running() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# munge at its default socket (client commands look only there). A munged that already answers
+# there (a system service) is used as it is; otherwise start one as the munge user (no systemd here).
+[ -s /etc/munge/munge.key ] || mungekey --create --keyfile=/etc/munge/munge.key
+if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
+    mkdir -p /run/munge && chown munge:munge /run/munge /etc/munge/munge.key "$STATE/munge"
+    runuser -u munge -- munged --pid-file="$STATE/munge/munged.pid" --log-file="$STATE/munge/munged.log" \
+        --seed-file="$STATE/munge/munged.seed"
+fi
+waitfor 10 munged bash -c "munge -n | unmunge"
+
+# mariadb on a unix socket only; slurmdbd (running as root) logs in as root through that socket.
+DB_SOCKET=$RUN/mysqld.sock
+if [ ! -d "$STATE/mysql/mysql" ]; then
+    mariadb-install-db --user=root --datadir="$STATE/mysql" --auth-root-authentication-method=socket \
+        --skip-test-db >"$STATE/log/mariadb-install.log" 2>&1 || die "mariadb-install-db failed; see $STATE/log/mariadb-install.log"
+fi
+if ! running "$RUN/mariadbd.pid"; then
+    setsid mariadbd --user=root --datadir="$STATE/mysql" --socket="$DB_SOCKET" --skip-networking \
+        --pid-file="$RUN/mariadbd.pid" --log-error="$STATE/log/mariadbd.log" </dev/null >/dev/null 2>&1 &
+fi
+waitfor 60 mariadbd mariadb --socket="$DB_SOCKET" -e "select 1"
+
+# Fake GPUs: gres needs one device file per GPU; links to /dev/null are accepted (regular files are not).
+for i in $(seq 0 $((NODE_GPUS - 1))); do ln -sfn /dev/null "$STATE/dev/nvidia$i"; done
+
+MEM_MB=$(( $(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p') - 512 ))
+
+cat >"$CONF_DIR/slurmdbd.conf" <<CONF
+$MARKER
+AuthType=auth/munge
+DbdHost=localhost
+DbdAddr=127.0.0.1
+SlurmUser=root
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=root
+StorageLoc=slurm_acct_db
+PidFile=$RUN/slurmdbd.pid
+LogFile=$STATE/log/slurmdbd.log
+CONF
+chmod 600 "$CONF_DIR/slurmdbd.conf"
+
+cat >"$CONF_DIR/slurm.conf" <<CONF
+$MARKER
+ClusterName=ghsweep
+SlurmctldHost=localhost
+SlurmUser=root
+AuthType=auth/munge
+StateSaveLocation=$STATE/spool/ctld
+SlurmdSpoolDir=$STATE/spool/d
+SlurmctldPidFile=$RUN/slurmctld.pid
+SlurmdPidFile=$RUN/slurmd.pid
+SlurmctldLogFile=$STATE/log/slurmctld.log
+SlurmdLogFile=$STATE/log/slurmd.log
+# No cgroups on a plain machine or in a container.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU=1024
+# Without this, a job waits ~2 s in the queue before it starts.
+SchedulerParameters=batch_sched_delay=0
+ReturnToService=2
+# The node advertises more CPUs than it has (see the top of this script).
+SlurmdParameters=config_overrides
+GresTypes=gpu
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStorageTRES=gres/gpu
+KillWait=5
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=$NODE_CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$NODE_CPUS ThreadsPerCore=1 RealMemory=$MEM_MB Gres=gpu:$NODE_GPUS State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+CONF
+
+cat >"$CONF_DIR/gres.conf" <<CONF
+$MARKER
+Name=gpu File=$STATE/dev/nvidia[0-$((NODE_GPUS - 1))]
+CONF
+
+# slurmdbd finds mariadb's socket through the client library's MYSQL_UNIX_PORT.
+running "$RUN/slurmdbd.pid" || MYSQL_UNIX_PORT=$DB_SOCKET slurmdbd
+waitfor 60 slurmdbd sacctmgr -i list cluster
+running "$RUN/slurmctld.pid" || slurmctld
+waitfor 60 slurmctld scontrol ping
+running "$RUN/slurmd.pid" || slurmd -N localhost
+waitfor 60 "the node localhost" bash -c "sinfo -h -N -o %t | grep -qE '^(idle|mix|alloc)'"
+# A node left DOWN/INVAL by an earlier run comes back with resume (harmless when it is idle).
+echo "SLURM cluster up: $(sinfo -h -N -o '%N %t CPUs=%c gres=%G') (state in $STATE)"
