@@ -90,7 +90,7 @@ def run_one(cfg: DictConfig) -> RunResult:
             "mlflow.source.git.commit": git_commit(),
             "ghsweep.host": socket.gethostname(),
             # Job order is the sweep's combination order; run start times are not, with parallel launchers.
-            "ghsweep.job_num": str(hydra_cfg.job.num),
+            "ghsweep.job_num": str(hydra_cfg.job.num) if in_sweep else "0",
         },
         parent_run_id=manifest.parent_run_id if manifest else None,
     )
