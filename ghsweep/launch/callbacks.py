@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from ghsweep.launch.run_result import RESULT_FILE, RunResult
 from ghsweep.launch.sweep_manifest import SweepManifest
+from ghsweep.report.compare import COMPARISON_DIR, report_comparison
 from ghsweep.report.sweep_table import format_table
 from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri
 
@@ -53,6 +54,7 @@ class SweepCallback(Callback):
         store = MlflowStore(manifest.tracking_uri, manifest.experiment)
         store.set_tags(manifest.parent_run_id, {"ghsweep.runs": len(results), "ghsweep.failed_runs": len(failed)})
         store.log_artifacts(manifest.parent_run_id, [sweep_dir / "summary.md"])
+        report_comparison(store, manifest.parent_run_id, sweep_dir / COMPARISON_DIR)
         store.finish(manifest.parent_run_id, "FAILED" if failed else "FINISHED")
         if failed:
             # Hydra's multirun has no exit status of its own; a failed combination must fail the command.

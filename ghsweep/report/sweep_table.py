@@ -3,29 +3,30 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from ghsweep.launch.run_result import RunResult
 
 
-def knob_columns(results: list[RunResult]) -> list[str]:
-    """Override keys that differ between combinations, in the order first seen."""
+def knob_columns(overrides: Sequence[Sequence[str]]) -> list[str]:
+    """Override keys that differ between combinations (one list of overrides each), in the order first seen."""
     values: dict[str, set[str]] = {}
-    for r in results:
-        for o in r.overrides:
+    for combination in overrides:
+        for o in combination:
             key, _, value = o.partition("=")
             values.setdefault(key, set()).add(value)
     varying = [k for k, v in values.items() if len(v) > 1]
     return varying or list(values)
 
 
-def _fmt(value: float | None, spec: str) -> str:
+def fmt_value(value: float | None, spec: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return format(value, spec)
 
 
 def format_table(results: list[RunResult]) -> str:
-    keys = knob_columns(results)
+    keys = knob_columns([r.overrides for r in results])
     header = ["#", *keys, "status", "step_ms", "tokens/s", "peak_GiB", "final_loss", "overhead_s", "reason"]
     rows = []
     for i, r in enumerate(results):
@@ -33,9 +34,9 @@ def format_table(results: list[RunResult]) -> str:
         m = r.metrics
         rows.append([
             str(i), *(knobs.get(k, "-") for k in keys), r.status,
-            _fmt(m.get("step_time_ms"), ".1f"), _fmt(m.get("tokens_per_s"), ",.0f"),
-            _fmt(m.get("peak_mem_gb"), ".2f"), _fmt(m.get("final_loss"), ".4f"),
-            _fmt(r.timing.get("overhead_s"), ".1f"), r.error or "",
+            fmt_value(m.get("step_time_ms"), ".1f"), fmt_value(m.get("tokens_per_s"), ",.0f"),
+            fmt_value(m.get("peak_mem_gb"), ".2f"), fmt_value(m.get("final_loss"), ".4f"),
+            fmt_value(r.timing.get("overhead_s"), ".1f"), r.error or "",
         ])
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
     # The reason column is last and left unpadded so long errors wrap in the terminal, not the table.

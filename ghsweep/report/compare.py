@@ -1,0 +1,272 @@
+"""The sweep's comparison: which combination won, by how much, at what memory cost, and why.
+
+Built from the runs as MLflow holds them (ghsweep.report.sweep_source); written as markdown and as
+one self-contained HTML file (plots embedded), plus the plots as PNGs. A metric a run lacks (no
+profile, an older backend) shows as "-".
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass
+import logging
+from pathlib import Path, PurePosixPath
+
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from ghsweep.report import plots
+from ghsweep.report.sweep_source import SweepRun, load_sweep
+from ghsweep.report.sweep_table import fmt_value, knob_columns
+from ghsweep.tracking.mlflow_store import MlflowStore
+
+log = logging.getLogger(__name__)
+
+# Folder of the report, in the sweep directory and on the parent run in MLflow.
+COMPARISON_DIR = "comparison"
+MARKDOWN_FILE = "comparison.md"
+HTML_FILE = "comparison.html"
+PLOTS_DIR = "plots"
+# (metric, column header, format); speedup is computed and sits after tokens/s.
+METRIC_COLUMNS = (
+    ("step_time_ms", "step ms", ".1f"),
+    ("tokens_per_s", "tokens/s", ",.0f"),
+    ("tflops_per_gpu", "TFLOP/s", ".3g"),
+    ("mfu", "MFU", ".3g"),
+    ("peak_mem_gb", "peak GiB", ".2f"),
+    ("gpu_idle_pct", "GPU idle %", ".1f"),
+)
+# Most severe first; a severity not listed ranks after these.
+SEVERITY_ORDER = ("critical", "error", "high", "warning", "medium", "info", "low")
+
+
+class BaselineError(ValueError):
+    """report.baseline names no combination of the sweep."""
+
+
+@dataclass
+class Comparison:
+    title: str
+    runs: list[SweepRun]
+    knobs: list[str]
+    baseline: int | None  # index into runs; None when no run finished
+    speedups: list[float | None]
+    pareto: set[int]
+
+    def label(self, i: int) -> str:
+        run = self.runs[i]
+        values = [run.knobs.get(k, "-") for k in self.knobs]
+        return f"#{i} " + " ".join(values) if values else f"#{i} {run.name}"
+
+    @property
+    def fastest(self) -> int | None:
+        ranked = [i for i, s in enumerate(self.speedups) if s is not None]
+        return max(ranked, key=lambda i: self.speedups[i]) if ranked else None
+
+
+def choose_baseline(runs: list[SweepRun], spec: int | str | None) -> int | None:
+    """Index of the baseline: a job number, the overrides of one combination, or (None) the first finished."""
+    if spec is None or spec == "":
+        return next((i for i, r in enumerate(runs) if r.finished), None)
+    text = str(spec).strip()
+    if text.isdigit():
+        match = [i for i, r in enumerate(runs) if r.job_num == int(text)]
+    else:
+        wanted = dict(o.partition("=")[::2] for o in text.split())
+        match = [i for i, r in enumerate(runs) if wanted.items() <= r.knobs.items()]
+    if not match:
+        example = " ".join(runs[0].overrides) if runs else "precision=bf16"
+        raise BaselineError(f"report.baseline={spec}: matches no combination of this sweep; accepted: a job number "
+                            f"(0 to {len(runs) - 1}) or the overrides of one combination, e.g. '{example}'")
+    return match[0]
+
+
+def speedup(run: SweepRun, base: SweepRun) -> float | None:
+    """Throughput relative to the baseline (tokens/s; step time where tokens/s is missing)."""
+    if not (run.finished and base.finished):
+        return None
+    t, bt = run.metrics.get("tokens_per_s"), base.metrics.get("tokens_per_s")
+    if t and bt:
+        return t / bt
+    s, bs = run.metrics.get("step_time_ms"), base.metrics.get("step_time_ms")
+    return bs / s if s and bs else None
+
+
+def pareto_front(points: dict[int, tuple[float, float]]) -> set[int]:
+    """Keys of the (throughput, memory) points no other point beats on both: more throughput, less memory."""
+    front = set()
+    for i, (t, m) in points.items():
+        dominated = any(t2 >= t and m2 <= m and (t2, m2) != (t, m) for j, (t2, m2) in points.items() if j != i)
+        if not dominated:
+            front.add(i)
+    return front
+
+
+def top_finding(run: SweepRun) -> str | None:
+    findings = (run.analysis or {}).get("findings") or []
+    if not findings:
+        return None
+    rank = {s: n for n, s in enumerate(SEVERITY_ORDER)}
+    worst = min(findings, key=lambda f: rank.get(str(f.get("severity", "")).lower(), len(rank)))
+    return worst.get("message")
+
+
+def configured_baseline(runs: list[SweepRun]) -> str | None:
+    """The sweep's report.baseline as its runs logged it (a param; "None" when unset)."""
+    value = next((r.params["report.baseline"] for r in runs if "report.baseline" in r.params), "None")
+    return None if value == "None" else value
+
+
+def build(title: str, runs: list[SweepRun], baseline: int | str | None = None) -> Comparison:
+    """The comparison of `runs`; baseline None: the sweep's configured report.baseline, else the first finished."""
+    base = choose_baseline(runs, baseline if baseline is not None else configured_baseline(runs))
+    speedups = [speedup(r, runs[base]) if base is not None else None for r in runs]
+    points = {i: (r.metrics["tokens_per_s"], r.metrics["peak_mem_gb"]) for i, r in enumerate(runs)
+              if r.finished and "tokens_per_s" in r.metrics and "peak_mem_gb" in r.metrics}
+    return Comparison(title, runs, knob_columns([r.overrides for r in runs]), base, speedups, pareto_front(points))
+
+
+def table(c: Comparison) -> tuple[list[str], list[list[str]]]:
+    """Header and rows shared by the markdown and HTML renderings."""
+    header = ["#", *c.knobs, "status", *(h for _, h, _ in METRIC_COLUMNS[:2]), "speedup",
+              *(h for _, h, _ in METRIC_COLUMNS[2:]), "Pareto", "top finding / error"]
+    rows = []
+    for i, r in enumerate(c.runs):
+        metrics = [fmt_value(r.metrics.get(name), spec) for name, _, spec in METRIC_COLUMNS]
+        mark = "baseline" if i == c.baseline else fmt_value(c.speedups[i], ".2f") + ("x" if c.speedups[i] else "")
+        note = r.error if not r.finished else top_finding(r)
+        rows.append([str(i), *(r.knobs.get(k, "-") for k in c.knobs), r.status, *metrics[:2], mark, *metrics[2:],
+                     "yes" if i in c.pareto else "", note or "-"])
+    return header, rows
+
+
+def verdict(c: Comparison) -> list[str]:
+    """The answer in sentences: the winner, its speedup and memory cost, the front, the failures."""
+    finished = [i for i, r in enumerate(c.runs) if r.finished]
+    lines = [f"{len(finished)} of {len(c.runs)} combinations finished."]
+    if c.baseline is None:
+        return lines + ["No combination finished, so there is nothing to compare."]
+    base = c.runs[c.baseline]
+    lines.append(f"Baseline: {c.label(c.baseline)} ({base.metrics.get('tokens_per_s', float('nan')):,.0f} tokens/s).")
+    best = c.fastest
+    if best is not None and best != c.baseline:
+        mem, base_mem = c.runs[best].metrics.get("peak_mem_gb"), base.metrics.get("peak_mem_gb")
+        cost = f", at {mem / base_mem:.2f}x the baseline's peak memory" if mem and base_mem else ""
+        lines.append(f"Fastest: {c.label(best)}, {c.speedups[best]:.2f}x the baseline's throughput{cost}.")
+        finding = top_finding(c.runs[best])
+        if finding:
+            lines.append(f"Its top finding: {finding}")
+    elif best == c.baseline:
+        lines.append("Fastest: the baseline itself; no other combination beat it.")
+    if c.pareto:
+        lines.append("Pareto front (no other run has both more tokens/s and less peak memory): "
+                     + ", ".join(c.label(i) for i in sorted(c.pareto)) + ".")
+    for i, r in enumerate(c.runs):
+        if not r.finished:
+            lines.append(f"{c.label(i)} {r.status}: {r.error or 'no reason recorded'}")
+    return lines
+
+
+def draw_plots(c: Comparison, out_dir: Path) -> dict[str, Path]:
+    labels = [c.label(i) for i in range(len(c.runs))]
+    drawn = {
+        "Speedup": plots.speedup_bars(labels, c.speedups, c.baseline, out_dir / "speedup.png")
+        if c.baseline is not None else None,
+        "Throughput vs peak memory": plots.throughput_vs_memory(
+            labels, [r.metrics.get("tokens_per_s") if r.finished else None for r in c.runs],
+            [r.metrics.get("peak_mem_gb") if r.finished else None for r in c.runs], c.pareto,
+            out_dir / "throughput_vs_memory.png"),
+        "Kernel-time shares": plots.kernel_shares(
+            labels, [(r.analysis or {}).get("top_kernels") for r in c.runs], out_dir / "kernel_shares.png"),
+        "Loss curves": plots.loss_curves(labels, [r.loss for r in c.runs], out_dir / "loss_curves.png"),
+    }
+    return {title: path for title, path in drawn.items() if path is not None}
+
+
+MISSING_PLOT_NOTES = {
+    "Speedup": "no combination finished.",
+    "Throughput vs peak memory": "no finished run has both tokens_per_s and peak_mem_gb.",
+    "Kernel-time shares": "no run has a profile analysis with top kernels (run the sweep with a profile option).",
+    "Loss curves": "no run logged a loss.",
+}
+
+
+def to_markdown(c: Comparison, drawn: dict[str, Path], base_dir: Path) -> str:
+    header, rows = table(c)
+    lines = [f"# Comparison: {c.title}", "", *verdict(c), "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(x.replace("|", "\\|") for x in row) + " |" for row in rows]
+    lines += ["", "Speedup: tokens/s relative to the baseline. \"-\": the run did not record that metric.", ""]
+    for title, note in MISSING_PLOT_NOTES.items():
+        lines.append(f"## {title}")
+        lines.append(f"![{title}]({drawn[title].relative_to(base_dir).as_posix()})" if title in drawn
+                     else f"No plot: {note}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def to_html(c: Comparison, drawn: dict[str, Path]) -> str:
+    header, rows = table(c)
+    esc = html.escape
+    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in rows)
+    sections = []
+    for title, note in MISSING_PLOT_NOTES.items():
+        if title in drawn:
+            data = base64.b64encode(drawn[title].read_bytes()).decode()
+            sections.append(f'<h2>{esc(title)}</h2><img alt="{esc(title)}" src="data:image/png;base64,{data}">')
+        else:
+            sections.append(f"<h2>{esc(title)}</h2><p>No plot: {esc(note)}</p>")
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>Comparison: {esc(c.title)}</title><style>"
+        "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:13px}"
+        "td,th{border:1px solid #ccc;padding:3px 7px;text-align:left}th{background:#f2f2f2}"
+        "img{max-width:100%}</style></head><body>"
+        f"<h1>Comparison: {esc(c.title)}</h1>"
+        + "".join(f"<p>{esc(line)}</p>" for line in verdict(c))
+        + f"<table><tr>{head}</tr>{body}</table>"
+        "<p>Speedup: tokens/s relative to the baseline. \"-\": the run did not record that metric.</p>"
+        + "".join(sections) + "</body></html>"
+    )
+
+
+def write_report(c: Comparison, out_dir: Path) -> list[Path]:
+    """Write comparison.md, comparison.html and plots/*.png under out_dir; return the files written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    drawn = draw_plots(c, out_dir / PLOTS_DIR)
+    (out_dir / MARKDOWN_FILE).write_text(to_markdown(c, drawn, out_dir))
+    (out_dir / HTML_FILE).write_text(to_html(c, drawn))
+    return [out_dir / MARKDOWN_FILE, out_dir / HTML_FILE, *drawn.values()]
+
+
+def compare_sweep(client: MlflowClient, parent: Run, out_dir: Path,
+                  baseline: int | str | None = None) -> tuple[Comparison, list[Path]]:
+    """Read the sweep under `parent` from MLflow, compare its runs and write the report."""
+    c = build(parent.info.run_name, load_sweep(client, parent), baseline)
+    return c, write_report(c, out_dir)
+
+
+def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path) -> None:
+    """Compare the sweep's runs (read back from MLflow), log the report to the parent, print its verdict.
+
+    A report that cannot be made is said and tagged, never raised: the parent run must still finish.
+    """
+    try:
+        comparison, files = compare_sweep(store.client, store.client.get_run(parent_run_id), out_dir)
+    except BaselineError as exc:
+        print(f"ghsweep: no comparison report: {exc}", flush=True)
+        store.set_tags(parent_run_id, {"ghsweep.report_error": str(exc)})
+        return
+    except Exception as exc:  # a bug or an MLflow outage in the report must not leave the parent RUNNING
+        log.exception("ghsweep: the comparison report failed")
+        store.set_tags(parent_run_id, {"ghsweep.report_error": f"{type(exc).__name__}: {exc}"})
+        return
+    for path in files:
+        store.log_artifacts(parent_run_id, [path],
+                            str(PurePosixPath(COMPARISON_DIR, *path.parent.relative_to(out_dir).parts)))
+    if comparison.baseline is not None:
+        store.set_tags(parent_run_id, {"ghsweep.baseline": comparison.label(comparison.baseline)})
+    print("ghsweep comparison:\n  " + "\n  ".join(verdict(comparison))
+          + f"\n  report: {out_dir / HTML_FILE} (and on the sweep's MLflow run under {COMPARISON_DIR}/)\n", flush=True)

@@ -1,0 +1,148 @@
+"""The comparison's figures, drawn on matplotlib Figures (no pyplot state, no display needed).
+
+Each function writes one PNG and returns its path, or returns None when no run has the data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+BASELINE_COLOR = "#7f7f7f"
+RUN_COLOR = "#1f77b4"
+PARETO_COLOR = "#d62728"
+# Kernel-share segments beyond the palette share one colour; the legend still names them.
+KERNEL_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
+OTHER_COLOR = "#d9d9d9"
+NAME_CHARS = 48
+
+
+def short_name(name: str, limit: int = NAME_CHARS) -> str:
+    return name if len(name) <= limit else name[: limit - 1] + "…"
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # "tight" keeps legends placed outside the axes inside the image.
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    return path
+
+
+def speedup_bars(labels: Sequence[str], speedups: Sequence[float | None], baseline: int, path: Path) -> Path | None:
+    shown = [(i, s) for i, s in enumerate(speedups) if s is not None]
+    if not shown:
+        return None
+    fig = Figure(figsize=(max(5.0, 0.9 * len(shown) + 2), 3.8))
+    ax = fig.add_subplot()
+    bars = ax.bar([labels[i] for i, _ in shown], [s for _, s in shown],
+                  color=[BASELINE_COLOR if i == baseline else RUN_COLOR for i, _ in shown])
+    ax.bar_label(bars, labels=[f"{s:.2f}x" for _, s in shown], fontsize=8)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_ylabel(f"tokens/s relative to {labels[baseline]}")
+    ax.set_title("Speedup over the baseline (grey)")
+    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    return _save(fig, path)
+
+
+def throughput_vs_memory(labels: Sequence[str], tokens_per_s: Sequence[float | None],
+                         peak_mem_gb: Sequence[float | None], pareto: set[int], path: Path) -> Path | None:
+    points = [(i, t, m) for i, (t, m) in enumerate(zip(tokens_per_s, peak_mem_gb)) if t is not None and m is not None]
+    if not points:
+        return None
+    fig = Figure(figsize=(6.0, 4.2))
+    ax = fig.add_subplot()
+    for i, t, m in points:
+        on_front = i in pareto
+        ax.scatter(m, t, s=60 if on_front else 30, color=PARETO_COLOR if on_front else RUN_COLOR, zorder=3)
+        ax.annotate(labels[i], (m, t), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    front = sorted((m, t) for i, t, m in points if i in pareto)
+    if len(front) > 1:
+        ax.plot([m for m, _ in front], [t for _, t in front], color=PARETO_COLOR, linewidth=1, linestyle="--",
+                label="Pareto front")
+        ax.legend(fontsize=8)
+    ax.set_xlabel("peak memory (GiB)")
+    ax.set_ylabel("tokens/s")
+    ax.set_title("Throughput vs peak memory (red: Pareto front)")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def kernel_shares(labels: Sequence[str], top_kernels: Sequence[Sequence[dict] | None], path: Path) -> Path | None:
+    """Stacked bars: each run's top kernels as shares of its kernel time, the rest as 'other'."""
+    rows = [(labels[i], kernels) for i, kernels in enumerate(top_kernels) if kernels]
+    if not rows:
+        return None
+    names: list[str] = []
+    for _, kernels in rows:
+        names += [k["name"] for k in kernels if k["name"] not in names]
+    color = {n: KERNEL_COLORS[i % len(KERNEL_COLORS)] for i, n in enumerate(names)}
+    fig = Figure(figsize=(7.0, 1.5 + 0.5 * max(len(rows), 0.4 * len(names))))
+    ax = fig.add_subplot()
+    for y, (label, kernels) in enumerate(rows):
+        left = 0.0
+        for k in kernels:
+            ax.barh(y, k["pct"], left=left, color=color[k["name"]])
+            left += k["pct"]
+        ax.barh(y, max(0.0, 100.0 - left), left=left, color=OTHER_COLOR)
+    ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("share of kernel time (%)")
+    ax.set_title("Kernel-time shares per run (top kernels; grey: all other kernels)")
+    handles = [Patch(color=color[n]) for n in names] + [Patch(color=OTHER_COLOR)]
+    ax.legend(handles, [short_name(n) for n in names] + ["other kernels"], loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    return _save(fig, path)
+
+
+def loss_curves(labels: Sequence[str], histories: Sequence[Sequence[tuple[int, float]]], path: Path) -> Path | None:
+    if not any(histories):
+        return None
+    fig = Figure(figsize=(6.5, 4.0))
+    ax = fig.add_subplot()
+    for label, history in zip(labels, histories):
+        if history:
+            ax.plot([s for s, _ in history], [v for _, v in history], label=label, linewidth=1.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_title("Loss curves")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def roofline(series: dict[str, Sequence[dict]], path: Path) -> Path | None:
+    """Roofline points of several runs on one log-log chart, with each run's ceilings when known.
+
+    A point: {"name", "arithmetic_intensity" (FLOP/byte), "achieved_flops" (FLOP/s)}; ceilings from
+    optional "peak_flops" (FLOP/s) and "peak_bandwidth" (byte/s) on the points.
+    """
+    if not any(series.values()):
+        return None
+    fig = Figure(figsize=(6.5, 4.5))
+    ax = fig.add_subplot()
+    markers = "os^Dv"
+    for n, (run_label, points) in enumerate(series.items()):
+        if not points:
+            continue
+        ai = [p["arithmetic_intensity"] for p in points]
+        ax.scatter(ai, [p["achieved_flops"] / 1e12 for p in points], marker=markers[n % len(markers)],
+                   label=run_label, zorder=3)
+        peaks = [(p["peak_flops"], p["peak_bandwidth"]) for p in points if p.get("peak_flops") and p.get("peak_bandwidth")]
+        if peaks:
+            flops, bandwidth = peaks[0]
+            lo, hi = min(min(ai) / 4, flops / bandwidth / 10), max(max(ai) * 4, flops / bandwidth * 10)
+            xs = [lo, flops / bandwidth, hi]
+            ax.plot(xs, [min(flops, x * bandwidth) / 1e12 for x in xs], linewidth=1, linestyle="--",
+                    label=f"{run_label} ceiling")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.set_title("Roofline of the top kernels")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
