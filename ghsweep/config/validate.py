@@ -65,6 +65,11 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> None:
             "memory=unified: CUDA managed memory needs an NVIDIA GPU and this run has none "
             f"(device={device}); accepted here: memory=device"
         )
+    if cfg.memory.name == "unified" and cfg.offload.enabled:
+        # Offload frees GPU blocks while side streams still copy them; only PyTorch's own caching
+        # allocator tracks that (record_stream), a managed-memory allocator does not.
+        raise ConfigError("memory=unified with offload=on: not supported together; accepted: offload=off with "
+                          "memory=unified, or memory=device with offload=on")
     _validate_dataloader(cfg)
 
 
@@ -83,6 +88,8 @@ def _validate_train(cfg: DictConfig) -> None:
     _check_int("train.warmup_steps", t.warmup_steps, 0)
     _check_int("train.log_every", t.log_every, 1)
     _check_int("train.seq_length", t.seq_length, 8)
+    _check_choice("train.compile", t.compile, ("auto", True, False))
+    _check_choice("train.attention", t.attention, ("auto", "cudnn", "flash", "efficient", "math"))
     if t.seq_length > cfg.model.max_position_embeddings:
         raise ConfigError(
             f"train.seq_length={t.seq_length}: longer than model={cfg.model.name} supports; "

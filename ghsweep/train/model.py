@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,16 +14,27 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from ghsweep.train.tokenizer import ByteTokenizer
 
 
-def build_model(model_cfg: DictConfig) -> tuple[torch.nn.Module, Any, bool]:
-    """Return (model, tokenizer, random_init).
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def build_model(model_cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, Any, bool]:
+    """Return (model, tokenizer, random_init), the model's weights in `dtype` on `device`.
 
     With `model.path` the weights and tokenizer come from that folder (safetensors + tokenizer
     files, as saved by `save_pretrained`); otherwise the model is randomly initialised from the
-    shape in the config and uses the byte tokenizer.
+    shape in the config, directly on the device (a 7B model initialised on the CPU takes minutes),
+    and uses the byte tokenizer.
     """
     if model_cfg.path:
         path = Path(model_cfg.path)
-        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa", dtype=dtype, device_map=device)
         tokenizer = AutoTokenizer.from_pretrained(path)
         if tokenizer.bos_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError(f"model.path={path}: the tokenizer defines no BOS/EOS token")
@@ -41,7 +54,9 @@ def build_model(model_cfg: DictConfig) -> tuple[torch.nn.Module, Any, bool]:
         use_cache=False,
         attn_implementation="sdpa",
     )
-    return LlamaForCausalLM(config), ByteTokenizer(), True
+    with torch.device(device), _default_dtype(dtype):
+        model = LlamaForCausalLM(config)
+    return model, ByteTokenizer(), True
 
 
 def pad_token_id(tokenizer: Any) -> int:
@@ -49,8 +64,8 @@ def pad_token_id(tokenizer: Any) -> int:
     return tokenizer.eos_token_id if pad is None else pad
 
 
-def apply_peft(model: torch.nn.Module, peft_cfg: DictConfig) -> torch.nn.Module:
-    """Wrap the model in LoRA adapters (peft) or leave every weight trainable."""
+def apply_peft(model: torch.nn.Module, peft_cfg: DictConfig, adapter_dtype: torch.dtype) -> torch.nn.Module:
+    """Wrap the model in LoRA adapters (peft) in `adapter_dtype`, or leave every weight trainable."""
     if peft_cfg.name == "none":
         return model
     from peft import LoraConfig, get_peft_model
@@ -62,7 +77,9 @@ def apply_peft(model: torch.nn.Module, peft_cfg: DictConfig) -> torch.nn.Module:
         target_modules=list(peft_cfg.target_modules),
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, lora)
+    # peft's default upcasts adapters of a bf16/fp16 base to fp32; keep them in adapter_dtype.
+    frozen_dtype = next(model.parameters()).dtype
+    return get_peft_model(model, lora, autocast_adapter_dtype=adapter_dtype != frozen_dtype)
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:

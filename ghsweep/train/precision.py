@@ -1,14 +1,30 @@
-"""Numeric precision of a run: autocast region, loss scaling, TF32."""
+"""Numeric precision of a run: parameter dtypes, autocast, loss scaling, TF32, fp8 layers.
+
+| precision | frozen weights | trained weights | compute |
+|---|---|---|---|
+| fp32 | fp32 | fp32 | fp32 (TF32 matmuls only with precision.allow_tf32) |
+| bf16 | bf16 | bf16 | bf16 |
+| fp16 | fp16 | fp32 | fp16 autocast, dynamic loss scaling |
+| fp8  | bf16 | bf16 | fp8 GEMMs in the decoder's linear layers (Transformer Engine or torchao), bf16 elsewhere |
+
+LoRA adapters keep the trained dtype, so in bf16 no activation is ever upcast to fp32 on the way
+through an adapter (peft's default keeps fp32 adapters, which costs more than LoRA saves).
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from omegaconf import DictConfig
 
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_DTYPES = {
+    "fp32": (torch.float32, torch.float32, None),
+    "bf16": (torch.bfloat16, torch.bfloat16, None),
+    "fp16": (torch.float16, torch.float32, torch.float16),
+    "fp8": (torch.bfloat16, torch.bfloat16, None),
+}
 
 
 class Precision:
@@ -17,10 +33,7 @@ class Precision:
     def __init__(self, precision_cfg: DictConfig, device: torch.device):
         self.name = precision_cfg.name
         self.device = device
-        if self.name == "fp8":
-            raise NotImplementedError(
-                "precision=fp8 is not available in the torch backend yet; accepted here: fp32, fp16, bf16"
-            )
+        self.frozen_dtype, self.trained_dtype, self.autocast_dtype = _DTYPES[self.name]
         if device.type == "cuda":
             allow_tf32 = self.name == "fp32" and bool(precision_cfg.get("allow_tf32", False))
             torch.backends.cuda.matmul.allow_tf32 = allow_tf32
@@ -30,14 +43,16 @@ class Precision:
             if self.name == "fp16"
             else None
         )
+        # Set by fp8.apply_fp8 when Transformer Engine runs the fp8 layers (it needs its own region).
+        self.fp8_region: Callable[[], contextlib.AbstractContextManager] | None = None
 
     @contextlib.contextmanager
-    def autocast(self) -> Iterator[None]:
-        dtype = AUTOCAST_DTYPES.get(self.name)
-        if dtype is None:
-            yield
-            return
-        with torch.autocast(self.device.type, dtype=dtype):
+    def forward_region(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            if self.autocast_dtype is not None:
+                stack.enter_context(torch.autocast(self.device.type, dtype=self.autocast_dtype))
+            if self.fp8_region is not None:
+                stack.enter_context(self.fp8_region())
             yield
 
     def backward(self, loss: torch.Tensor) -> None:

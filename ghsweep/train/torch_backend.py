@@ -1,7 +1,14 @@
-"""The PyTorch training loop: transformers Llama, peft LoRA or full fine-tuning, dolly data."""
+"""The PyTorch training loop: transformers Llama, LoRA through peft or full fine-tuning, dolly data.
+
+On a GPU each knob does what its name says: precision sets parameter dtypes and fp8 layers
+(precision.py, fp8.py), offload parks the first layers' activations in pinned host memory
+(offload.py), memory=unified serves every CUDA allocation from managed memory (unified_memory.py),
+and train.compile compiles each decoder layer and the loss.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import resource
 import time
@@ -11,10 +18,17 @@ import torch
 from omegaconf import DictConfig
 
 from ghsweep.train import data as dolly
+from ghsweep.train.flops import ModelShape, flops_per_token, peak_tflops
+from ghsweep.train.loss import causal_lm_loss
 from ghsweep.train.model import apply_peft, build_model, count_parameters, pad_token_id
 from ghsweep.train.phases import Phases
 from ghsweep.train.precision import Precision
 from ghsweep.train.step_log import StepLog
+
+# Free GPU memory left to the CUDA context, cuBLAS workspaces and the rest when memory=unified.
+UNIFIED_HEADROOM_GIB = 4.0
+SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                 "math": "MATH"}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -26,7 +40,8 @@ def resolve_device(name: str) -> torch.device:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+    cpuinfo = Path("/proc/cpuinfo")
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
         if line.startswith("model name"):
             return "cpu: " + line.split(":", 1)[1].strip()
     return "cpu: " + (platform.processor() or platform.machine())
@@ -48,18 +63,60 @@ def load_blocks(cfg: DictConfig, tokenizer) -> dolly.PackedBlocks:
     return dolly.pack(examples, cfg.train.seq_length, pad_token_id(tokenizer))
 
 
+def _setup_unified_memory(cfg: DictConfig):
+    """Must run before anything allocates on the GPU."""
+    from ghsweep.launch.device_probe import probe_gpu
+    from ghsweep.train.unified_memory import enable_managed_memory
+
+    gpu = probe_gpu()
+    if gpu is None:
+        raise RuntimeError("memory=unified: no NVIDIA GPU visible to the worker")
+    cap = gpu.free_mem_gib - UNIFIED_HEADROOM_GIB
+    return enable_managed_memory(cap, cfg.memory.pool_size_gb, cfg.memory.prefetch)
+
+
+def _attention_region(name: str) -> contextlib.AbstractContextManager:
+    if name == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[name])])
+
+
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     """Train `cfg.train.max_steps` steps; write metrics.jsonl; return the run's summary."""
     t_setup = time.time()
+    managed = _setup_unified_memory(cfg) if cfg.memory.name == "unified" else None
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
     precision = Precision(cfg.precision, device)
+    lora = cfg.peft.name == "lora"
 
-    model, tokenizer, random_init = build_model(cfg.model)
-    model = apply_peft(model, cfg.peft)
-    model.to(device)
+    model, tokenizer, random_init = build_model(
+        cfg.model, device, precision.frozen_dtype if lora else precision.trained_dtype
+    )
+    model = apply_peft(model, cfg.peft, precision.trained_dtype)
+    fp8_library = None
+    if precision.name == "fp8":
+        from ghsweep.train.fp8 import apply_fp8
+
+        fp8_library = apply_fp8(model, cfg.precision, precision)
     model.train()
     params_total, params_trainable = count_parameters(model)
+
+    causal_lm = model.get_base_model() if lora else model
+    decoder, lm_head = causal_lm.model, causal_lm.lm_head
+    compile_enabled = cfg.train.compile is True or (cfg.train.compile == "auto" and device.type == "cuda")
+    loss_fn = causal_lm_loss
+    if compile_enabled:
+        for layer in decoder.layers:
+            layer.compile()
+        loss_fn = torch.compile(causal_lm_loss)
+    offload = None
+    if cfg.offload.enabled and device.type == "cuda":
+        from ghsweep.train.offload import ActivationOffload
+
+        offload = ActivationOffload(decoder.layers, cfg.offload.num_layers)
 
     blocks = load_blocks(cfg, tokenizer)
     dl = cfg.dataloader
@@ -81,6 +138,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     tokens_per_step = cfg.train.micro_batch_size * cfg.train.seq_length
     log = StepLog(run_dir / "metrics.jsonl", device, tokens_per_step)
     batches = dolly.endless(loader)
+    attention = _attention_region(cfg.train.attention)
     setup_s = time.time() - t_setup
 
     phases = Phases(device, cfg.capture.start_step, cfg.capture.num_steps)
@@ -90,8 +148,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             started = log.start()
             with phases.range("data"):
                 batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
-            with phases.range("forward"), precision.autocast():
-                loss = model(**batch, use_cache=False).loss
+            with phases.range("forward"), precision.forward_region(), attention:
+                hidden = decoder(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)[0]
+                loss = loss_fn(hidden, lm_head.weight, batch["labels"])
             with phases.range("backward"):
                 precision.backward(loss)
             with phases.range("optimizer"):
@@ -107,22 +166,37 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     train_s = time.time() - t_train
 
     metrics = log.summary(cfg.train.warmup_steps)
-    metrics["peak_mem_gb"] = peak_memory_gib(device)
-    return {
-        "metrics": metrics,
-        "timing": {"setup_s": setup_s, "train_s": train_s},
-        "info": {
-            "device": str(device),
-            "device_name": device_name(device),
-            "torch_version": torch.__version__,
-            "random_init": random_init,
-            "params_total": params_total,
-            "params_trainable": params_trainable,
-            "packed_blocks": len(blocks),
-            "examples_dropped_too_long": blocks.dropped,
-            "dataloader_workers": loader.num_workers,
-            # Activation offload moves saved tensors from GPU to host memory; on the CPU they
-            # already live there.
-            "offload_applied": bool(cfg.offload.enabled) and device.type == "cuda",
-        },
+    managed_peak = managed.peak_gib() if managed else None
+    metrics["peak_mem_gb"] = managed_peak if managed_peak is not None else peak_memory_gib(device)
+    name = device_name(device)
+    shape = ModelShape(**{k: causal_lm.config.to_dict()[k] for k in (
+        "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")},
+        num_layers=causal_lm.config.num_hidden_layers)
+    flops = flops_per_token(shape, cfg.train.seq_length, cfg.peft.r if lora else None, len(cfg.peft.get("target_modules", [])))
+    metrics["tflops_per_gpu"] = flops * metrics["tokens_per_s"] / 1e12
+    peak = peak_tflops(name, precision.name) if device.type == "cuda" else None
+    if peak:
+        metrics["mfu"] = metrics["tflops_per_gpu"] / peak
+    info = {
+        "device": str(device),
+        "device_name": name,
+        "torch_version": torch.__version__,
+        "random_init": random_init,
+        "params_total": params_total,
+        "params_trainable": params_trainable,
+        "packed_blocks": len(blocks),
+        "examples_dropped_too_long": blocks.dropped,
+        "dataloader_workers": loader.num_workers,
+        "compiled": compile_enabled,
+        "flops_per_token": flops,
+        "mfu_peak_tflops": peak,
+        # Activation offload moves saved tensors from GPU to host memory; on the CPU they already live there.
+        "offload_applied": offload is not None,
     }
+    if offload is not None:
+        info["offload_gb_per_step"] = offload.bytes_offloaded / 2**30 / cfg.train.max_steps
+    if fp8_library:
+        info["fp8_library"] = fp8_library
+    if managed:
+        info["unified_allocator"] = managed.allocator
+    return {"metrics": metrics, "timing": {"setup_s": setup_s, "train_s": train_s}, "info": info}

@@ -1,0 +1,116 @@
+"""`python -m ghsweep.bench [--rows ...] [--out FILE]`: our torch backend against the usual
+transformers + peft stack on a Llama-2-7B-shaped model (random weights), side by side in one run.
+
+Each row runs in its own process. The table printed last has every row and then the targets, each
+with the measured ratio and whether it is met; `--out` writes all of it as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ghsweep.bench.rows import ROWS
+
+DEFAULT_ROWS = [
+    "usual_lora_defaults_eager", "usual_lora_bf16_eager", "usual_lora_bf16_compiled", "usual_full_compiled",
+    "ours_lora_bf16", "ours_full_bf16", "ours_lora_fp8", "ours_full_fp8", "ours_lora_offload8", "ours_lora_unified",
+]
+
+# (description, numerator row, denominator row or absolute threshold, metric, comparison, target)
+TARGETS = [
+    ("LoRA bf16 tokens/s >= 18,000", "ours_lora_bf16", None, "tokens_per_s", ">=", 18000),
+    ("LoRA bf16 vs best usual LoRA", "ours_lora_bf16", "usual_lora_bf16_compiled", "tokens_per_s", ">=", 1.0),
+    ("full bf16 tokens/s >= 13,500", "ours_full_bf16", None, "tokens_per_s", ">=", 13500),
+    ("full bf16 vs best usual full", "ours_full_bf16", "usual_full_compiled", "tokens_per_s", ">=", 1.0),
+    ("LoRA not slower per token than full", "ours_lora_bf16", "ours_full_bf16", "tokens_per_s", ">=", 1.0),
+    ("fp8 full vs our bf16 full", "ours_full_fp8", "ours_full_bf16", "tokens_per_s", ">=", 1.3),
+    ("fp8 LoRA vs our bf16 LoRA", "ours_lora_fp8", "ours_lora_bf16", "tokens_per_s", ">=", 1.2),
+    ("offload 8 layers: peak memory vs off", "ours_lora_offload8", "ours_lora_bf16", "peak_mem_gb", "<=", 0.60),
+    ("offload 8 layers: step time vs off", "ours_lora_offload8", "ours_lora_bf16", "step_time_ms", "<=", 1.10),
+    ("unified memory: step time vs device", "ours_lora_unified", "ours_lora_bf16", "step_time_ms", "<=", 1.05),
+]
+
+
+def run_rows(names: list[str], seq: int, steps: int, layers: int, log_dir: Path) -> dict[str, dict]:
+    results = {}
+    for i, name in enumerate(names, 1):
+        out = log_dir / f"{name}.json"
+        started = time.time()
+        print(f"[{i}/{len(names)}] {name} ...", end=" ", flush=True)
+        with open(log_dir / f"{name}.log", "w") as log:
+            subprocess.run([sys.executable, "-m", "ghsweep.bench.rows", name, str(out), "--seq", str(seq),
+                            "--steps", str(steps), "--layers", str(layers)], stdout=log, stderr=subprocess.STDOUT,
+                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        results[name] = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": "row process crashed"}
+        row = results[name]
+        print(f"{row['tokens_per_s']:,.0f} tokens/s" if row["ok"] else f"FAILED: {row['error']}",
+              f"({time.time() - started:.0f} s)", flush=True)
+    return results
+
+
+def evaluate_targets(results: dict[str, dict]) -> list[dict]:
+    checks = []
+    for description, row, base, metric, op, target in TARGETS:
+        a, b = results.get(row, {}), results.get(base, {}) if base else {}
+        if not a.get("ok") or (base and not b.get("ok")):
+            checks.append({"target": description, "value": None, "goal": f"{op} {target}", "met": None})
+            continue
+        value = a[metric] / b[metric] if base else a[metric]
+        met = value >= target if op == ">=" else value <= target
+        checks.append({"target": description, "value": value, "goal": f"{op} {target}", "met": met})
+    return checks
+
+
+def format_report(results: dict[str, dict], checks: list[dict]) -> str:
+    lines = [f"{'row':<28} {'step_ms':>8} {'tokens/s':>9} {'TFLOP/s':>8} {'MFU':>6} {'peak_GiB':>8}  note"]
+    for name, r in results.items():
+        if r["ok"]:
+            mfu = f"{r['mfu']:.1%}" if r.get("mfu") else "-"
+            lines.append(f"{name:<28} {r['step_time_ms']:>8.1f} {r['tokens_per_s']:>9,.0f} {r['tflops_per_gpu']:>8.1f} "
+                         f"{mfu:>6} {r['peak_mem_gb']:>8.1f}")
+        else:
+            lines.append(f"{name:<28} {'-':>8} {'-':>9} {'-':>8} {'-':>6} {'-':>8}  FAILED: {r['error']}")
+    lines += ["", f"{'target':<40} {'measured':>10} {'goal':>10}  status"]
+    for c in checks:
+        value = "-" if c["value"] is None else (f"{c['value']:,.0f}" if c["value"] > 100 else f"{c['value']:.3f}")
+        status = {True: "met", False: "MISSED", None: "not measured"}[c["met"]]
+        lines.append(f"{c['target']:<40} {value:>10} {c['goal']:>10}  {status}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ghsweep.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default=",".join(DEFAULT_ROWS), help=f"comma-separated; known: {', '.join(ROWS)}")
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=8, help="steps per row; the first 3 are warm-up")
+    parser.add_argument("--layers", type=int, default=32, help="decoder layers (32 = Llama-2-7B)")
+    parser.add_argument("--out", type=Path, help="write rows, targets and the command as JSON")
+    parser.add_argument("--logs", type=Path, help="keep each row's log here")
+    args = parser.parse_args(argv)
+    names = args.rows.split(",")
+    unknown = [n for n in names if n not in ROWS]
+    if unknown:
+        parser.error(f"--rows: unknown {', '.join(unknown)}; known: {', '.join(ROWS)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        log_dir = args.logs or Path(tmp)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        results = run_rows(names, args.seq, args.steps, args.layers, log_dir)
+    checks = evaluate_targets(results)
+    report = format_report(results, checks)
+    if args.out:
+        args.out.write_text(json.dumps({
+            "command": "python -m ghsweep.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "rows": results, "targets": checks}, indent=2))
+    print("\n" + report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

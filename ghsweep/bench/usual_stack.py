@@ -1,0 +1,53 @@
+"""The usual fine-tuning stack, as people write it: transformers Llama (SDPA attention) + peft
+LoRA, fused AdamW, the model's own loss; optionally each decoder layer torch.compile'd and
+torchao float8 on every Linear but lm_head."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from ghsweep.train.flops import ModelShape
+
+
+def train_steps(shape: ModelShape, seq_length: int, steps: int, peft: str, compile_layers: bool,
+                float8: bool, lora_rank: int) -> tuple[list[float], float]:
+    """Step times in ms and peak allocated GiB. peft: 'defaults', 'bf16_adapters' or 'none'."""
+    config = LlamaConfig(
+        hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads, vocab_size=shape.vocab_size,
+        max_position_embeddings=max(seq_length, 4096), use_cache=False, attn_implementation="sdpa",
+    )
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config)
+    torch.set_default_dtype(torch.float32)
+    if peft != "none":
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=lora_rank, lora_alpha=lora_rank, lora_dropout=0.0, task_type="CAUSAL_LM",
+                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+        model = get_peft_model(model, lora, autocast_adapter_dtype=peft == "defaults")
+    if float8:
+        from torchao.float8 import convert_to_float8_training
+
+        convert_to_float8_training(model, module_filter_fn=lambda m, fqn: "lm_head" not in fqn)
+    if compile_layers:
+        base = model.get_base_model() if peft != "none" else model
+        for layer in base.model.layers:
+            layer.compile()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
+    tokens = torch.randint(0, shape.vocab_size, (1, seq_length), device="cuda")
+    times = []
+    for _ in range(steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        loss = model(input_ids=tokens, labels=tokens, use_cache=False).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times, torch.cuda.max_memory_allocated() / 2**30

@@ -1,0 +1,53 @@
+"""Training FLOPs per token and the peak they are measured against (MFU).
+
+Counted the way MFU is usually reported: GEMM FLOPs of every linear layer (lm_head included,
+embeddings excluded) and attention's two batched GEMMs without causal halving. Backward costs
+twice the forward for each trained weight (input gradient + weight gradient) but only once for a
+frozen one: LoRA skips the frozen base's weight-gradient GEMMs, about a third of the work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Dense tensor-core peaks in TFLOP/s (datasheet, SXM parts), by device-name fragment.
+PEAK_TFLOPS = {
+    "GH200": {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "fp32": 66.9},
+    "H200": {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "fp32": 66.9},
+    "H100": {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "fp32": 66.9},
+    "B200": {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0, "fp32": 80.0},
+    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
+    "L40S": {"bf16": 362.1, "fp16": 362.1, "fp8": 733.0, "fp32": 91.6},
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+
+
+def flops_per_token(shape: ModelShape, seq_length: int, lora_rank: int | None, lora_modules: int = 7) -> float:
+    """Forward + backward FLOPs per token; `lora_rank` None means full fine-tuning."""
+    h, layers = shape.hidden_size, shape.num_layers
+    kv = h * shape.num_key_value_heads // shape.num_attention_heads
+    per_layer_weights = h * h * 2 + h * kv * 2 + 3 * h * shape.intermediate_size  # q,o + k,v + MLP
+    linear_fwd = 2 * (layers * per_layer_weights + h * shape.vocab_size)
+    attention_fwd = 2 * 2 * seq_length * h * layers  # QK^T and PV
+    if lora_rank is None:
+        return 3 * (linear_fwd + attention_fwd)
+    # Adapters: two thin GEMMs per targeted projection, trained (3x); roughly r*(in+out) each.
+    adapter_fwd = 2 * layers * lora_modules * lora_rank * 2 * h
+    return 2 * linear_fwd + 3 * attention_fwd + 3 * adapter_fwd
+
+
+def peak_tflops(device_name: str, precision: str) -> float | None:
+    """The dense peak for this device and precision, None when the device is not in the table."""
+    for fragment, peaks in PEAK_TFLOPS.items():
+        if fragment in device_name:
+            return peaks.get(precision)
+    return None

@@ -1,0 +1,100 @@
+"""Activation offloading: the saved activations of the first N decoder layers live in pinned host
+memory between forward and backward (what Megatron's cpu_offloading_num_layers does).
+
+Forward: each large tensor an offloaded layer saves for backward is copied to pinned host memory
+on a side stream while later layers compute; `record_stream` lets the caching allocator reuse its
+GPU memory as soon as the copy is done. Backward runs the layers in reverse: when it reaches layer
+i + N, the tensors of offloaded layer i start coming back on another side stream. By then the
+layers after i + N have freed more memory than comes back, so the peak stays down, and the copy
+has N layers of backward compute to hide behind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+# Small saved tensors (norm statistics, rotary tables) are not worth a copy each way.
+MIN_OFFLOAD_BYTES = 1 << 20
+
+
+class _Parked:
+    """A saved tensor parked in host memory, and its copy back once prefetched."""
+
+    __slots__ = ("host", "device", "on_device", "ready")
+
+    def __init__(self, host: torch.Tensor, device: torch.device):
+        self.host = host
+        self.device = device
+        self.on_device: torch.Tensor | None = None
+        self.ready: torch.cuda.Event | None = None
+
+
+class ActivationOffload:
+    """Wraps every decoder layer of `layers`; the first `num_layers` are offloaded."""
+
+    def __init__(self, layers: nn.ModuleList, num_layers: int):
+        self.num_layers = num_layers
+        self.d2h = torch.cuda.Stream()
+        self.h2d = torch.cuda.Stream()
+        self.parked: list[list[_Parked]] = [[] for _ in range(num_layers)]
+        self.bytes_offloaded = 0
+        for index in range(len(layers)):
+            layers[index] = _HookedLayer(layers[index], self, index)
+
+    def pack(self, index: int, tensor: torch.Tensor) -> Any:
+        if (
+            index >= self.num_layers
+            or not tensor.is_cuda
+            or isinstance(tensor, nn.Parameter)
+            or tensor.numel() * tensor.element_size() < MIN_OFFLOAD_BYTES
+        ):
+            return (index, tensor)
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        self.d2h.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.d2h):
+            host.copy_(tensor, non_blocking=True)
+        tensor.record_stream(self.d2h)
+        parked = _Parked(host, tensor.device)
+        self.parked[index].append(parked)
+        self.bytes_offloaded += host.numel() * host.element_size()
+        return (index, parked)
+
+    def unpack(self, saved: tuple[int, Any]) -> torch.Tensor:
+        index, value = saved
+        self._prefetch(index - self.num_layers)
+        if not isinstance(value, _Parked):
+            return value
+        self._prefetch(index)  # not fetched ahead (fewer layers after it than num_layers)
+        current = torch.cuda.current_stream()
+        current.wait_event(value.ready)
+        value.on_device.record_stream(current)
+        return value.on_device
+
+    def _prefetch(self, index: int) -> None:
+        if index < 0 or not self.parked[index]:
+            return
+        self.h2d.wait_stream(self.d2h)
+        with torch.cuda.stream(self.h2d):
+            for parked in self.parked[index]:
+                parked.on_device = parked.host.to(parked.device, non_blocking=True)
+                parked.ready = torch.cuda.Event()
+                parked.ready.record()
+        self.parked[index] = []
+
+
+class _HookedLayer(nn.Module):
+    """Runs the wrapped decoder layer with its saved tensors passing through the offload hooks."""
+
+    def __init__(self, layer: nn.Module, offload: ActivationOffload, index: int):
+        super().__init__()
+        self.layer = layer
+        self._offload = offload
+        self._index = index
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        pack = lambda t: self._offload.pack(self._index, t)  # noqa: E731
+        with torch.autograd.graph.saved_tensors_hooks(pack, self._offload.unpack):
+            return self.layer(*args, **kwargs)
