@@ -1,0 +1,101 @@
+"""Command lines that put a worker under Nsight Systems or Nsight Compute, and the export of an
+nsys report to SQLite.
+
+Every command is an argument list (never a shell string). The capture range is the CUDA profiler
+API: the worker calls cudaProfilerStart/Stop around `capture.start_step`..+`capture.num_steps`
+(ghsweep/train/phases.py), so nsys and ncu record exactly those steps.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+NSYS_REPORT = "profile.nsys-rep"
+NSYS_SQLITE = "profile.sqlite"
+NCU_REPORT = "top_kernels.ncu-rep"
+NCU_CSV = "top_kernels_ncu.csv"
+
+
+class ProfilerUnavailable(RuntimeError):
+    """A profiler the config asks for cannot run here."""
+
+
+def find_tool(name: str, configured: str | None) -> str | None:
+    """The configured path when it is an executable file, else `name` on PATH, else None."""
+    if configured:
+        path = Path(configured)
+        return str(path) if path.is_file() and shutil.which(str(path)) else None
+    return shutil.which(name)
+
+
+def nsys_profile_command(nsys: str, report: Path, trace: Sequence[str], um_page_faults: bool,
+                         extra_args: Sequence[str]) -> list[str]:
+    """`nsys profile ...` up to (not including) the profiled program's own argv."""
+    command = [
+        nsys, "profile",
+        f"--trace={','.join(trace)}",
+        "--capture-range=cudaProfilerApi",
+        "--capture-range-end=stop",
+        "--force-overwrite=true",
+        f"--output={report.with_suffix('')}",
+    ]
+    if um_page_faults:
+        command += ["--cuda-um-cpu-page-faults=true", "--cuda-um-gpu-page-faults=true"]
+    return command + list(extra_args)
+
+
+def export_sqlite(nsys: str, report: Path, timeout_s: float = 1800) -> Path:
+    """Export an .nsys-rep to SQLite beside it (nsys's own exporter) and return its path."""
+    out = report.with_suffix(".sqlite")
+    proc = subprocess.run(
+        [nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={out}", str(report)],
+        capture_output=True, text=True, timeout=timeout_s,
+    )
+    if proc.returncode != 0 or not out.exists():
+        detail = (proc.stderr or proc.stdout).strip().splitlines()
+        raise ProfilerUnavailable(f"nsys export of {report} failed: {detail[-1] if detail else proc.returncode}")
+    return out
+
+
+def kernel_name_regex(names: Sequence[str]) -> str:
+    """An ncu `--kernel-name regex:` that matches exactly these function names."""
+    return "regex:^(" + "|".join(re.escape(n) for n in names) + ")$"
+
+
+def ncu_command(ncu: str, report: Path, kernel_names: Sequence[str], launch_count: int,
+                section_set: str, metrics: Sequence[str] = ()) -> list[str]:
+    """`ncu ...` for the named kernels (all kernels when none are named) inside the capture window,
+    up to the program's own argv.
+
+    `--clock-control none` keeps the GPU's own clocks (ncu otherwise locks them to base clock,
+    which changes what is measured and is not allowed on shared machines).
+    """
+    command = [
+        ncu, "--clock-control", "none",
+        "--profile-from-start", "off",
+        "--launch-count", str(launch_count),
+        "--set", section_set,
+        "--export", str(report.with_suffix("")),
+        "--force-overwrite",
+    ]
+    if kernel_names:
+        command += ["--kernel-name-base", "function", "--kernel-name", kernel_name_regex(kernel_names)]
+    if metrics:
+        command += ["--metrics", ",".join(metrics)]
+    return command
+
+
+def ncu_raw_csv(ncu: str, report: Path, out_csv: Path, timeout_s: float = 600) -> Path:
+    """`ncu --import REPORT --csv --page raw` written to `out_csv`: every metric of every kernel."""
+    proc = subprocess.run(
+        [ncu, "--import", str(report), "--csv", "--page", "raw"],
+        capture_output=True, text=True, timeout=timeout_s,
+    )
+    if proc.returncode != 0:
+        raise ProfilerUnavailable(f"ncu --import {report} failed: {proc.stderr.strip()[-300:]}")
+    out_csv.write_text(proc.stdout)
+    return out_csv

@@ -1,0 +1,332 @@
+"""Capture the planted profiling scenarios on an NVIDIA GPU: the real test data of tests/profile.
+
+    python tests/profile/capture_scenarios.py all --out DIR [--nsys PATH] [--ncu PATH]
+
+runs each scenario (a small transformer, a few steps, NVTX "step N" ranges and the CUDA profiler
+capture window of ghsweep/train/phases.py) under `nsys profile` with ghsweep's own command line,
+exports SQLite, records `nsys stats` CSVs of each export (the cross-check of the analysis), times
+the same steps without nsys (nsys overhead), runs one Nsight Compute roofline pass over the clean
+run's top-5 kernels plus a bf16 GEMM of known FLOPs (tensor-core calibration), and writes a
+PyTorch-profiler trace of the clean run. Needs torch with CUDA, nsys and ncu; not run in CI.
+
+    python tests/profile/capture_scenarios.py train SCENARIO [--steps N ...]
+
+is the profiled program itself. Scenarios: clean (compute-bound, data already on the GPU),
+dataload (num_workers=0 data loader with slow per-sample CPU work), hostsync (.item() after every
+layer and on the loss, with host work after each), pageable (large copies from and to pageable
+host memory every step), offload (saved activations to pinned host memory and back:
+torch.autograd.graph.save_on_cpu), unified (inputs staged in a small CUDA managed buffer written
+by the CPU every step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import ctypes
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from ghsweep.profile import capture, nsys_db  # noqa: E402
+from ghsweep.profile.torch_capture import TorchCapture  # noqa: E402
+from ghsweep.train.phases import Phases  # noqa: E402
+
+SCENARIOS = ("clean", "dataload", "hostsync", "pageable", "offload", "unified")
+NSYS_TRACE = ("cuda", "nvtx", "osrt", "cudnn", "cublas")
+# Small exports: no CPU sampling or context switches (they make reports of gigabytes).
+NSYS_EXTRA = ("--sample=none", "--cpuctxsw=none")
+STATS_REPORTS = ("cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "cuda_gpu_mem_size_sum", "cuda_api_sum",
+                 "nvtx_sum", "osrt_sum", "um_sum", "um_total_sum")
+VOCAB, HIDDEN, HEADS, FFN, LAYERS, BATCH, SEQ = 8192, 2048, 16, 8192, 4, 8, 1024
+MANAGED_MB = 64
+CALIBRATION_MNK = 4096
+
+
+class TinyLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, HIDDEN)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(HIDDEN, HEADS, FFN, dropout=0.0, activation="gelu", batch_first=True,
+                                       norm_first=True)
+            for _ in range(LAYERS)
+        )
+        self.head = nn.Linear(HIDDEN, VOCAB, bias=False)
+
+    def forward(self, ids: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed(ids)
+        if extra is not None:
+            x = x + extra.view_as(x).to(x.dtype)
+        for layer in self.layers:
+            x = layer(x)
+        logits = self.head(x)
+        return F.cross_entropy(logits.float().view(-1, VOCAB), ids.view(-1))
+
+
+def busy_host_work(seconds: float) -> None:
+    """CPU-bound host work (preprocessing, logging) of a fixed length."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+class SlowSamples(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        busy_host_work(0.0025)  # per-sample tokenisation/augmentation in the training process
+        return torch.randint(0, VOCAB, (SEQ,), generator=torch.Generator().manual_seed(i))
+
+
+class ManagedBuffer:
+    """A CUDA managed allocation seen as a GPU tensor and as a CPU tensor (no copies)."""
+
+    def __init__(self, nbytes: int):
+        self.cuda = ctypes.CDLL("libcuda.so.1")
+        ptr = ctypes.c_uint64()
+        status = self.cuda.cuMemAllocManaged(ctypes.byref(ptr), ctypes.c_size_t(nbytes), ctypes.c_uint(1))
+        if status != 0:
+            raise RuntimeError(f"cuMemAllocManaged failed: CUresult {status}")
+        self.ptr, n = ptr.value, nbytes // 2
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<f2", "data": (self.ptr, False), "version": 3}
+        self.gpu = torch.as_tensor(self, device="cuda")
+        array = (ctypes.c_uint16 * n).from_address(self.ptr)
+        self.cpu = torch.frombuffer(array, dtype=torch.float16)
+
+
+def train(scenario: str, steps: int, capture_start: int, capture_steps: int, timing_out: Path | None,
+          torch_trace: Path | None) -> None:
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    model = TinyLM().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    gpu_batches = [torch.randint(0, VOCAB, (BATCH, SEQ), device=device) for _ in range(4)]
+    loader = iter(torch.utils.data.DataLoader(SlowSamples(), batch_size=BATCH, num_workers=0))
+    host_in = torch.randn(64 * 2**20)  # 256 MiB pageable: copied to the GPU every step
+    managed = ManagedBuffer(MANAGED_MB * 2**20) if scenario == "unified" else None
+    stats = []
+
+    def sync_after_layer(_module, _inputs, output):
+        stats.append(output.detach().float().norm().item())  # a sync inside forward
+        busy_host_work(0.001)
+
+    if scenario == "hostsync":
+        for layer in model.layers:
+            layer.register_forward_hook(sync_after_layer)
+
+    phases = Phases(device, capture_start, capture_steps)
+    torch_capture = TorchCapture(torch_trace, device, capture_start, capture_steps)
+    events = []
+    for step in range(steps):
+        torch_capture.step(step)
+        with phases.step(step):
+            begin = torch.cuda.Event(enable_timing=True)
+            begin.record()
+            extra = None
+            with phases.range("data"):
+                if scenario == "dataload":
+                    ids = next(loader).to(device, non_blocking=True)
+                else:
+                    ids = gpu_batches[step % len(gpu_batches)]
+                if scenario == "pageable":
+                    extra = host_in.to(device)[: BATCH * SEQ * HIDDEN]
+                if managed is not None:
+                    torch.cuda.synchronize()  # the CPU writes the buffer the GPU read last step
+                    managed.cpu.fill_(step * 1e-3)
+                    extra = managed.gpu[: BATCH * SEQ * HIDDEN]
+            with phases.range("forward"), torch.autocast("cuda", dtype=torch.bfloat16):
+                if scenario == "offload":
+                    with torch.autograd.graph.save_on_cpu(pin_memory=True):
+                        loss = model(ids, extra)
+                else:
+                    loss = model(ids, extra)
+            with phases.range("backward"):
+                loss.backward()
+            with phases.range("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            if scenario == "hostsync":
+                stats.append(loss.item())
+                busy_host_work(0.001)
+            if scenario == "pageable":
+                model.head.weight.detach().cpu()  # 64 MiB to pageable host memory
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            events.append((begin, end))
+    torch_capture.close()
+    phases.close()
+    torch.cuda.synchronize()
+    times = [b.elapsed_time(e) for b, e in events]
+    if timing_out:
+        timing_out.write_text(json.dumps({"scenario": scenario, "step_time_ms": times}))
+
+
+def run(cmd: list[str], log: Path, timeout: float) -> int:
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        try:
+            return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            f.write(f"timed out after {timeout} s\n")
+            return 124
+
+
+def export_and_stats(nsys: str, report: Path, log: Path) -> None:
+    db = capture.export_sqlite(nsys, report)
+    prefix = report.parent / (report.stem + "_stats")
+    cmd = [nsys, "stats", "--format", "csv", "--output", str(prefix)]
+    for r in STATS_REPORTS:
+        cmd += ["--report", r]
+    run(cmd + [str(db)], log, 300)
+
+
+def tensor_metrics(ncu: str, out: Path, log: Path) -> list[str]:
+    """Metrics beyond `--set roofline` that exist on this GPU (tensor-pipe ops, bytes per level)."""
+    listing = out / "ncu_query_metrics.txt"
+    with open(listing, "w") as f:
+        subprocess.run([ncu, "--query-metrics"], stdout=f, stderr=subprocess.STDOUT, timeout=120)
+    names = {line.split()[0] for line in listing.read_text().splitlines() if line.strip() and "__" in line.split()[0]}
+    wanted = [n for n in sorted(names) if n.startswith("sm__ops_path_tensor_src_") and "sparsity" not in n]
+    wanted += [n for n in ("sm__inst_executed_pipe_tensor", "dram__bytes", "lts__t_bytes", "l1tex__t_bytes",
+                           "gpu__time_duration") if n in names]
+    metrics = [f"{n}.sum" for n in wanted]
+    metrics += [f"{n}.sum.peak_sustained" for n in ("dram__bytes", "lts__t_bytes", "l1tex__t_bytes") if n in names]
+    with open(log, "a") as f:
+        f.write(f"extra ncu metrics: {metrics}\n")
+    return metrics
+
+
+def ncu_pass(ncu: str, script: list[str], report: Path, names: list[str], count: int, metrics: list[str],
+             out: Path, log: Path) -> None:
+    base = capture.ncu_command(ncu, report, names, count, "roofline", metrics)
+    rc = run(base + script, log, 300)
+    if rc != 0 and metrics:  # a metric this ncu does not know: the section set alone
+        rc = run(capture.ncu_command(ncu, report, names, count, "roofline") + script, log, 300)
+    if rc == 0:
+        capture.ncu_raw_csv(ncu, report, out / (report.stem + ".csv"))
+
+
+def all_scenarios(out: Path, nsys: str, ncu: str | None, deadline_s: float) -> None:
+    started = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "capture.log"
+    me = [sys.executable, str(Path(__file__).resolve())]
+    overhead = {}
+    jobs = []
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=3)
+    for scenario in SCENARIOS:
+        if time.time() - started > deadline_s:
+            break
+        d = out / scenario
+        d.mkdir(exist_ok=True)
+        args = ["train", scenario, "--steps", "10", "--capture-start", "1", "--capture-steps", "8"]
+        if scenario == "clean":  # from the very first step: the warm-up step is in the trace
+            args = ["train", scenario, "--steps", "10", "--capture-start", "0", "--capture-steps", "9"]
+        if scenario in ("clean", "hostsync", "dataload"):
+            run(me + args + ["--timing-out", str(d / "timing_unprofiled.json")], log, 300)
+        report = d / capture.NSYS_REPORT
+        prefix = capture.nsys_profile_command(nsys, report, NSYS_TRACE, scenario == "unified", NSYS_EXTRA)
+        rc = run(prefix + me + args + ["--timing-out", str(d / "timing_profiled.json")], log, 300)
+        if rc != 0 or not report.exists():  # e.g. OS-runtime tracing refused: CUDA and NVTX alone
+            prefix = capture.nsys_profile_command(nsys, report, NSYS_TRACE[:2], scenario == "unified", NSYS_EXTRA)
+            run(prefix + me + args + ["--timing-out", str(d / "timing_profiled.json")], log, 300)
+        if report.exists():
+            jobs.append(pool.submit(export_and_stats, nsys, report, log))
+    for job in jobs:
+        try:
+            job.result()
+        except Exception as exc:  # keep what the other scenarios produced
+            with open(log, "a") as f:
+                f.write(f"export failed: {exc}\n")
+    for scenario in ("clean", "hostsync", "dataload"):
+        d = out / scenario
+        if (d / "timing_unprofiled.json").exists() and (d / "timing_profiled.json").exists():
+            plain = json.loads((d / "timing_unprofiled.json").read_text())["step_time_ms"][2:9]
+            prof = json.loads((d / "timing_profiled.json").read_text())["step_time_ms"][2:9]
+            overhead[scenario] = {"unprofiled_ms": statistics.median(plain), "profiled_ms": statistics.median(prof),
+                                  "overhead_pct": 100 * (statistics.median(prof) / statistics.median(plain) - 1)}
+    (out / "nsys_overhead.json").write_text(json.dumps(overhead, indent=2))
+
+    clean_db = out / "clean" / capture.NSYS_SQLITE
+    if ncu and clean_db.exists():
+        metrics = tensor_metrics(ncu, out, log)
+        con = nsys_db.open_readonly(clean_db)
+        schema = nsys_db.Schema.read(con)
+        _, steady = nsys_db.split_warmup(nsys_db.step_ranges(con, schema))
+        pid = nsys_db.main_process(con, schema)
+        device = nsys_db.main_device(con, schema, pid)
+        window = nsys_db.gpu_window(con, schema, steady, pid, device)
+        top = nsys_db.top_kernels(con, schema, window, device, limit=5)
+        names = sorted({k["short_name"] for k in top})
+        per_step = sum(k["count"] for k in top) / max(1, len(steady))
+        count = min(200, math.ceil(per_step))
+        (out / "ncu_top5.json").write_text(json.dumps({"top": top, "launch_count": count}, indent=2))
+        script = me + ["train", "clean", "--steps", "4", "--capture-start", "2", "--capture-steps", "1"]
+        ncu_pass(ncu, script, out / "clean" / "top_kernels.ncu-rep", names, count, metrics, out / "clean", log)
+        calib = me + ["calibrate"]
+        ncu_pass(ncu, calib, out / "clean" / "calibration.ncu-rep", [], 1, metrics, out / "clean", log)
+
+    if time.time() - started < deadline_s:
+        run(me + ["train", "clean", "--steps", "6", "--capture-start", "3", "--capture-steps", "2",
+                  "--torch-trace", str(out / "clean" / "torch_trace.json")], log, 300)
+
+
+def calibrate() -> None:
+    """One bf16 GEMM of known FLOPs (2*M*N*K) inside the profiler capture window."""
+    n = CALIBRATION_MNK
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    (a @ b).sum().item()  # warm up cuBLAS outside the window
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    a @ b
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print(json.dumps({"calibration_flops": 2 * n**3, "m": n, "n": n, "k": n}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="mode", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("scenario", choices=SCENARIOS)
+    t.add_argument("--steps", type=int, default=10)
+    t.add_argument("--capture-start", type=int, default=1)
+    t.add_argument("--capture-steps", type=int, default=8)
+    t.add_argument("--timing-out", type=Path)
+    t.add_argument("--torch-trace", type=Path)
+    a = sub.add_parser("all")
+    a.add_argument("--out", type=Path, required=True)
+    a.add_argument("--nsys", default=None)
+    a.add_argument("--ncu", default=None)
+    a.add_argument("--deadline-s", type=float, default=300)
+    sub.add_parser("calibrate")
+    args = parser.parse_args()
+    if args.mode == "train":
+        train(args.scenario, args.steps, args.capture_start, args.capture_steps, args.timing_out, args.torch_trace)
+    elif args.mode == "calibrate":
+        calibrate()
+    else:
+        nsys = capture.find_tool("nsys", args.nsys)
+        if nsys is None:
+            sys.exit("nsys not found: pass --nsys PATH")
+        all_scenarios(args.out, nsys, capture.find_tool("ncu", args.ncu), args.deadline_s)
+
+
+if __name__ == "__main__":
+    main()
