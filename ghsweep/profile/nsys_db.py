@@ -128,18 +128,6 @@ def main_device(con: sqlite3.Connection, schema: Schema, pid: int | None) -> int
     return row[0] if row else None
 
 
-def launch_thread(con: sqlite3.Connection, schema: Schema, pid: int | None) -> int | None:
-    """globalTid of the thread that made the most CUDA API calls in the main process."""
-    if not schema.has(RUNTIME) or pid is None:
-        return None
-    row = con.execute(
-        f"SELECT globalTid FROM {RUNTIME} WHERE (globalTid & {PID_MASK}) = ? "
-        "GROUP BY globalTid ORDER BY COUNT(*) DESC LIMIT 1",
-        (pid,),
-    ).fetchone()
-    return row[0] if row else None
-
-
 def gpu_tables(schema: Schema) -> list[str]:
     return [t for t in (KERNEL, MEMCPY, MEMSET) if schema.has(t)]
 
@@ -222,3 +210,147 @@ def string_values(con: sqlite3.Connection, ids) -> dict[int, str]:
         return {}
     marks = ",".join("?" * len(ids))
     return dict(con.execute(f"SELECT id, value FROM StringIds WHERE id IN ({marks})", ids).fetchall())
+
+
+def _ops(tables: list[str], corr: bool = False) -> str:
+    """Every GPU operation of the main process and device, clipped to the window :w0..:w1."""
+    extra = ", correlationId AS c" if corr else ""
+    return " UNION ALL ".join(
+        f"SELECT MAX(start, :w0) AS s, MIN(end, :w1) AS e{extra} FROM {t} "
+        "WHERE globalPid = :pid AND deviceId = :dev AND end > :w0 AND start < :w1"
+        for t in tables
+    )
+
+
+# Over intervals sorted by start, `prev` is the latest end before this one: what sticks out past
+# it is new busy time, and a start after it opens a gap. One sort in SQLite, no rows in Python.
+_RUNNING_END = "MAX(e) OVER (ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)"
+
+
+def union_ns(con: sqlite3.Connection, tables: list[str], params: dict) -> int:
+    """Length of the union of the operations of `tables` in the window (overlaps counted once)."""
+    if not tables:
+        return 0
+    row = con.execute(
+        f"SELECT SUM(MAX(0, e - MAX(s, COALESCE(prev, s)))) FROM "
+        f"(SELECT s, e, {_RUNNING_END} AS prev FROM ({_ops(tables)}))",
+        params,
+    ).fetchone()
+    return row[0] or 0
+
+
+def gaps(con: sqlite3.Connection, tables: list[str], params: dict) -> list[tuple[int, int, int]]:
+    """Idle gaps of the device in the window: (start, end, correlation id of the op that ends it)."""
+    if not tables:
+        return []
+    return con.execute(
+        f"SELECT prev, s, c FROM (SELECT s, e, c, {_RUNNING_END} AS prev FROM ({_ops(tables, corr=True)})) "
+        "WHERE s > prev ORDER BY s",
+        params,
+    ).fetchall()
+
+
+def sums(con: sqlite3.Connection, table: str, params: dict | None) -> tuple[int, int, int]:
+    """(count, total duration ns, total bytes) of a GPU table, in the window or the whole trace."""
+    has_bytes = table != KERNEL
+    where = ("WHERE globalPid = :pid AND deviceId = :dev AND start >= :w0 AND end <= :w1") if params else ""
+    row = con.execute(
+        f"SELECT COUNT(*), COALESCE(SUM(end - start), 0), {'COALESCE(SUM(bytes), 0)' if has_bytes else '0'} "
+        f"FROM {table} {where}",
+        params or {},
+    ).fetchone()
+    return tuple(row)
+
+
+def memcpy_groups(con: sqlite3.Connection, params: dict | None) -> list[tuple]:
+    """(copyKind, srcKind, dstKind, count, ns, bytes, big pageable count, big pageable bytes) groups."""
+    where = ("WHERE globalPid = :pid AND deviceId = :dev AND start >= :w0 AND end <= :w1") if params else ""
+    return con.execute(
+        f"SELECT copyKind, srcKind, dstKind, COUNT(*), SUM(end - start), SUM(bytes), "
+        f"SUM(bytes >= {PAGEABLE_MIN_BYTES}), SUM(CASE WHEN bytes >= {PAGEABLE_MIN_BYTES} THEN bytes ELSE 0 END) "
+        f"FROM {MEMCPY} {where} GROUP BY copyKind, srcKind, dstKind",
+        params or {},
+    ).fetchall()
+
+
+# Copies from or to pageable host memory at least this big are worth pinning.
+PAGEABLE_MIN_BYTES = 1 << 20
+
+
+def names_like(con: sqlite3.Connection, patterns: tuple[str, ...]) -> list[int]:
+    """StringIds ids whose value is one of `patterns` (SQL LIKE), e.g. 'cudaStreamSynchronize%'."""
+    clause = " OR ".join("value LIKE ?" for _ in patterns)
+    return [r[0] for r in con.execute(f"SELECT id FROM StringIds WHERE {clause}", patterns)]
+
+
+def process_intervals(con: sqlite3.Connection, table: str, pid: int, name_ids: list[int], window: tuple[int, int]
+                      ) -> list[tuple[int, int, int]]:
+    """(globalTid, start, end) of the calls of `table` (runtime API or OS runtime) named by
+    `name_ids`, on any thread of process `pid`, overlapping the window."""
+    if not name_ids:
+        return []
+    marks = ",".join("?" * len(name_ids))
+    return con.execute(
+        f"SELECT globalTid, start, end FROM {table} WHERE (globalTid & {PID_MASK}) = ? AND nameId IN ({marks}) "
+        "AND end > ? AND start < ? ORDER BY start",
+        [pid, *name_ids, *window],
+    ).fetchall()
+
+
+def nvtx_intervals(con: sqlite3.Connection, schema: Schema, pid: int | None, like: str, window: tuple[int, int]
+                   ) -> list[tuple[str, int, int]]:
+    """NVTX push/pop or start/end ranges of process `pid` whose name is LIKE `like`, overlapping
+    `window` (CPU time)."""
+    if not schema.has(NVTX):
+        return []
+    name = "e.text"
+    join = ""
+    if schema.has(NVTX, con, "textId") and schema.has("StringIds"):
+        name, join = "COALESCE(e.text, s.value)", "LEFT JOIN StringIds s ON s.id = e.textId"
+    thread = f"AND (e.globalTid & {PID_MASK}) = :pid" if pid is not None else ""
+    return con.execute(
+        f"SELECT {name}, e.start, e.end FROM {NVTX} e {join} WHERE e.eventType IN {NVTX_RANGE_TYPES} "
+        f"AND e.end IS NOT NULL AND {name} LIKE :like AND e.end > :w0 AND e.start < :w1 {thread} ORDER BY e.start",
+        {"like": like, "w0": window[0], "w1": window[1], "pid": pid},
+    ).fetchall()
+
+
+def launch_calls(con: sqlite3.Connection, pid: int, correlation_ids: list[int]) -> dict[int, tuple[int, int]]:
+    """(start, globalTid) of the API call behind each correlation id (one scan of the runtime table)."""
+    if not correlation_ids:
+        return {}
+    con.execute("CREATE TEMP TABLE IF NOT EXISTS gap_corr (c INTEGER PRIMARY KEY)")
+    con.execute("DELETE FROM gap_corr")
+    con.executemany("INSERT OR IGNORE INTO gap_corr VALUES (?)", [(c,) for c in correlation_ids])
+    rows = con.execute(
+        f"SELECT r.correlationId, r.start, r.globalTid FROM {RUNTIME} r JOIN gap_corr g ON g.c = r.correlationId "
+        f"WHERE (r.globalTid & {PID_MASK}) = ?",
+        (pid,),
+    ).fetchall()
+    return {c: (start, tid) for c, start, tid in rows}
+
+
+def meta(con: sqlite3.Connection, schema: Schema) -> dict:
+    """Export version, traced event types, and the GPU's name and memory bandwidth."""
+    out: dict = {}
+    if schema.has("META_DATA_EXPORT"):
+        out.update({k: v for k, v in con.execute(
+            "SELECT name, value FROM META_DATA_EXPORT WHERE name IN ('EXPORT_PRODUCT_VERSION', 'EXPORT_SCHEMA_VERSION')")})
+    if schema.has("META_DATA_CAPTURE"):
+        out["traced"] = sorted(v for (v,) in con.execute(
+            "SELECT value FROM META_DATA_CAPTURE WHERE name = 'CAPTURE_EVENT_TYPE'"))
+    if schema.has("TARGET_INFO_GPU"):
+        row = con.execute("SELECT name, memoryBandwidth, smCount FROM TARGET_INFO_GPU ORDER BY id LIMIT 1").fetchone()
+        if row:
+            out.update(gpu_name=row[0], gpu_memory_bandwidth=row[1], gpu_sm_count=row[2])
+    return out
+
+
+def page_faults(con: sqlite3.Connection, schema: Schema) -> dict[str, int]:
+    out = {}
+    if schema.has(UM_CPU_FAULTS):
+        out["cpu"] = con.execute(f"SELECT COUNT(*) FROM {UM_CPU_FAULTS}").fetchone()[0]
+    if schema.has(UM_GPU_FAULTS):
+        column = "numberOfPageFaults" if schema.has(UM_GPU_FAULTS, con, "numberOfPageFaults") else "1"
+        out["gpu"] = con.execute(f"SELECT COALESCE(SUM({column}), 0) FROM {UM_GPU_FAULTS}").fetchone()[0]
+    return out

@@ -1,0 +1,169 @@
+"""Findings in words from an analysis dict: each rule fires with its evidence (the numbers that
+made it fire), so a reader can check it. Thresholds are module constants, tuned on the planted
+H200 scenarios in tests/data/profiles (a clean compute-bound run fires none).
+
+`context` is what the run's config says (precision, offload, memory; empty from the command line):
+it sharpens the wording and enables the rules that need to know what was asked for (fp8).
+"""
+
+from __future__ import annotations
+
+STARVED_BUSY_PCT = 85.0  # steady-state device utilisation below this: the GPU waits
+IDLE_MIN_PCT = 10.0  # idle share of the window worth explaining
+MAJORITY = 0.5  # a cause that explains this much of the idle time is "the" cause
+SYNC_MIN_PCT = 5.0  # idle time at synchronising calls, % of the window
+LAUNCH_MIN_PCT = 5.0  # idle time waiting for late launches, % of the window
+SHORT_KERNEL_NS = 10_000
+EXPOSED_MEMCPY_MIN_PCT = 5.0
+UM_WARN_PCT = 5.0  # unified-memory migrations' share of memory-operation time
+FP8_MARKERS = ("e4m3", "e5m2", "fp8", "f8f8", "float8")
+
+
+def finding(id_: str, severity: str, message: str, **evidence) -> dict:
+    return {"id": id_, "severity": severity, "message": message, "evidence": evidence}
+
+
+def _share(part: float, whole: float) -> float:
+    return part / whole if whole else 0.0
+
+
+def evaluate(a: dict, context: dict | None = None) -> list[dict]:
+    """The findings of analysis `a` (see analysis.py for the numbers' definitions)."""
+    context = context or {}
+    out: list[dict] = []
+    out += health(a)
+    if not a.get("window", {}).get("duration_ns"):
+        return out
+    window_ns = a["window"]["duration_ns"]
+    steps = max(1, len(a["window"].get("steps") or []))
+    causes = a.get("gaps", {}).get("causes_ns", {})
+    idle_ns = sum(causes.values())
+    busy = a["gpu_busy_pct"]
+
+    if busy < STARVED_BUSY_PCT:
+        top = max(causes, key=causes.get) if idle_ns else "unattributed"
+        out.append(finding(
+            "gpu_starved", "warning",
+            f"GPU busy only {busy:.1f}% of the steady-state steps ({a['gpu_idle_pct']:.1f}% idle, "
+            f"{idle_ns / steps / 1e6:.2f} ms idle per step); most idle time: {top.replace('_', ' ')}",
+            gpu_busy_pct=busy, idle_ms_per_step=idle_ns / steps / 1e6, main_cause=top))
+
+    loading = causes.get("data_loading", 0) + causes.get("host_wait", 0)
+    if _share(idle_ns, window_ns) * 100 >= IDLE_MIN_PCT and _share(loading, idle_ns) >= MAJORITY:
+        workers = context.get("num_workers")
+        advice = "raise dataloader.num_workers" + (f" (now {workers})" if workers is not None else "")
+        out.append(finding(
+            "data_loading", "warning",
+            f"data-loading bound: {100 * _share(loading, idle_ns):.0f}% of the GPU idle time "
+            f"({loading / steps / 1e6:.2f} ms per step) is the host loading data or waiting; {advice}, "
+            "pin memory and prefetch",
+            data_loading_ms_per_step=causes.get("data_loading", 0) / steps / 1e6,
+            host_wait_ms_per_step=causes.get("host_wait", 0) / steps / 1e6,
+            share_of_idle_pct=100 * _share(loading, idle_ns)))
+
+    sync_pct = 100 * _share(causes.get("sync", 0), window_ns)
+    if sync_pct >= SYNC_MIN_PCT:
+        out.append(finding(
+            "host_sync", "warning",
+            f"host synchronisation: the GPU sits idle at synchronising calls for {sync_pct:.1f}% of each step "
+            f"({causes['sync'] / steps / 1e6:.2f} ms per step); remove .item()/.cpu()/print of GPU values "
+            "from the step, or do them every N steps",
+            sync_idle_pct=sync_pct, sync_ms_per_step=causes["sync"] / steps / 1e6))
+
+    kernels = a.get("kernels", {})
+    launch_pct = 100 * _share(causes.get("launch_latency", 0), window_ns)
+    short = kernels.get("median_ns", 0) and kernels["median_ns"] < SHORT_KERNEL_NS
+    launch_heavy = kernels.get("launch_api_ns", 0) >= kernels.get("total_ns", 0) > 0
+    if launch_pct >= LAUNCH_MIN_PCT and (short or launch_heavy):
+        out.append(finding(
+            "launch_bound", "warning",
+            f"launch bound: the GPU waits for the host to launch work for {launch_pct:.1f}% of each step "
+            f"(median kernel {kernels.get('median_ns', 0) / 1e3:.1f} us, launch calls "
+            f"{kernels.get('launch_api_ns', 0) / 1e6:.1f} ms vs kernels {kernels.get('total_ns', 0) / 1e6:.1f} ms); "
+            "use CUDA graphs or torch.compile to launch fewer, larger kernels",
+            launch_latency_pct=launch_pct, median_kernel_ns=kernels.get("median_ns", 0)))
+
+    memcpy = a.get("memcpy", {})
+    pageable = memcpy.get("pageable_big", {})
+    if pageable.get("count"):
+        out.append(finding(
+            "pageable_copies", "warning",
+            f"{pageable['count'] / steps:.1f} copies per step of >= 1 MiB to or from pageable host memory "
+            f"({pageable['bytes'] / steps / 2**20:.0f} MiB per step); pageable copies are synchronous and slow: "
+            "use pinned memory (pin_memory=True, tensor.pin_memory()) and non_blocking=True",
+            copies_per_step=pageable["count"] / steps, mib_per_step=pageable["bytes"] / steps / 2**20))
+
+    exposed = a.get("exposed_memcpy_pct", 0.0)
+    if exposed >= EXPOSED_MEMCPY_MIN_PCT:
+        by_kind = {c["kind"]: c for c in memcpy.get("copies", []) if c["src"] == "pinned" or c["dst"] == "pinned"}
+        round_trip = "HtoD" in by_kind and "DtoH" in by_kind
+        if round_trip or context.get("offload"):
+            out.append(finding(
+                "offload_cost", "warning",
+                f"offload cost: copies to and from pinned host memory run with no kernel beside them for "
+                f"{exposed:.1f}% of the step ({a['h2d_gb'] / steps:.2f} GB in and {a['d2h_gb'] / steps:.2f} GB out "
+                "per step); overlap them with compute (separate stream, prefetch ahead of use) or offload fewer layers",
+                exposed_memcpy_pct=exposed, h2d_gb_per_step=a["h2d_gb"] / steps, d2h_gb_per_step=a["d2h_gb"] / steps))
+        else:
+            out.append(finding(
+                "exposed_memcpy", "warning",
+                f"copies not hidden behind compute: {exposed:.1f}% of the step only copies data "
+                f"(memcpy {a['memcpy_time_pct']:.1f}% of GPU operation time)",
+                exposed_memcpy_pct=exposed, memcpy_time_pct=a["memcpy_time_pct"]))
+
+    um = a.get("um_migration_pct", 0.0)
+    faults = a.get("page_faults", {})
+    if um > 0:
+        severity = "warning" if um >= UM_WARN_PCT else "info"
+        fault_text = ", ".join(f"{v} {k.upper()} page faults" for k, v in faults.items()) or "page faults not traced"
+        out.append(finding(
+            "um_migrations", severity,
+            f"unified memory: migrations are {um:.1f}% of memory-operation time and "
+            f"{a.get('um_migration_bytes_pct', 0):.1f}% of the bytes moved ({fault_text}); prefetch managed memory "
+            "to the GPU (cudaMemPrefetchAsync) or keep hot data in device memory",
+            um_migration_pct=um, um_migration_bytes_pct=a.get("um_migration_bytes_pct", 0), **faults))
+
+    if context.get("precision") == "fp8":
+        names = [k["name"].lower() for k in a.get("top_kernels", [])]
+        if not any(m in n for n in names for m in FP8_MARKERS):
+            out.append(finding(
+                "fp8_not_effective", "warning",
+                "precision=fp8 but none of the top kernels is an fp8 GEMM: the matmuls still run in "
+                "bf16/fp16 (check the fp8 recipe is applied to the Linear layers)",
+                top_kernels=[k["name"][:80] for k in a.get("top_kernels", [])]))
+
+    for point in a.get("roofline", {}).get("kernels", []):
+        out.append(finding(
+            f"roofline_{point['bound']}", "info",
+            f"{point['name'][:60]}: {point['bound']} ({point['achieved_tflops']:.1f} TFLOP/s, "
+            f"{point['pct_of_compute_peak']:.0f}% of the compute ceiling, {point['pct_of_dram_peak']:.0f}% of DRAM "
+            f"bandwidth, intensity {point['intensity_dram']:.1f} FLOP/byte)",
+            kernel=point["name"], **{k: point[k] for k in ("achieved_tflops", "pct_of_compute_peak",
+                                                           "pct_of_dram_peak", "intensity_dram")}))
+    return out
+
+
+def health(a: dict) -> list[dict]:
+    """Profile health: what was asked for and is missing, so no empty report passes as success."""
+    out = [finding("profile_health", "warning", message) for message in a.get("health", [])]
+    roofline = a.get("roofline", {})
+    if roofline.get("missing"):
+        out.append(finding("profile_health", "warning",
+                           f"ncu profiled none of these top kernels: {', '.join(roofline['missing'])[:300]}",
+                           missing=roofline["missing"]))
+    return out
+
+
+def summary(a: dict) -> list[str]:
+    """Plain statements about the run (not problems): the compute/transfer split, warm-up."""
+    lines = []
+    warm = a.get("window", {}).get("warmup_steps") or []
+    if warm:
+        first = a.get("step_ms", {}).get("first", 0)
+        lines.append(f"warm-up excluded: step {', '.join(map(str, warm))} ({first:.0f} ms against a median of "
+                     f"{a.get('step_ms', {}).get('median', 0):.1f} ms)")
+    if a.get("kernel_time_pct") is not None and a.get("window", {}).get("duration_ns"):
+        kind = "compute" if a["kernel_time_pct"] >= 90 else "transfer"
+        lines.append(f"{a['kernel_time_pct']:.1f}% kernels vs {a['memcpy_time_pct'] + a['memset_time_pct']:.1f}% "
+                     f"memory operations: {kind}-dominated; GPU busy {a['gpu_busy_pct']:.1f}% of the steady state")
+    return lines
