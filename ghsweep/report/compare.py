@@ -7,8 +7,6 @@ profile, an older backend) shows as "-".
 
 from __future__ import annotations
 
-import base64
-import html
 from dataclasses import dataclass
 import logging
 from pathlib import Path, PurePosixPath
@@ -17,6 +15,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from ghsweep.report import plots
+from ghsweep.report.document import Document
 from ghsweep.report.sweep_source import SweepRun, load_sweep
 from ghsweep.report.sweep_table import fmt_value, knob_columns
 from ghsweep.tracking.mlflow_store import MlflowStore
@@ -25,8 +24,8 @@ log = logging.getLogger(__name__)
 
 # Folder of the report, in the sweep directory and on the parent run in MLflow.
 COMPARISON_DIR = "comparison"
-MARKDOWN_FILE = "comparison.md"
-HTML_FILE = "comparison.html"
+REPORT_STEM = "comparison"
+HTML_FILE = f"{REPORT_STEM}.html"
 PLOTS_DIR = "plots"
 # (metric, column header, format); speedup is computed and sits after tokens/s.
 METRIC_COLUMNS = (
@@ -192,53 +191,25 @@ MISSING_PLOT_NOTES = {
 }
 
 
-def to_markdown(c: Comparison, drawn: dict[str, Path], base_dir: Path) -> str:
-    header, rows = table(c)
-    lines = [f"# Comparison: {c.title}", "", *verdict(c), "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(x.replace("|", "\\|") for x in row) + " |" for row in rows]
-    lines += ["", "Speedup: tokens/s relative to the baseline. \"-\": the run did not record that metric.", ""]
+def document(c: Comparison, drawn: dict[str, Path]) -> Document:
+    doc = Document(f"Comparison: {c.title}")
+    for line in verdict(c):
+        doc.paragraph(line)
+    doc.table(*table(c))
+    doc.paragraph('Speedup: tokens/s relative to the baseline. "-": the run did not record that metric.')
     for title, note in MISSING_PLOT_NOTES.items():
-        lines.append(f"## {title}")
-        lines.append(f"![{title}]({drawn[title].relative_to(base_dir).as_posix()})" if title in drawn
-                     else f"No plot: {note}")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def to_html(c: Comparison, drawn: dict[str, Path]) -> str:
-    header, rows = table(c)
-    esc = html.escape
-    head = "".join(f"<th>{esc(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in rows)
-    sections = []
-    for title, note in MISSING_PLOT_NOTES.items():
+        doc.heading(title)
         if title in drawn:
-            data = base64.b64encode(drawn[title].read_bytes()).decode()
-            sections.append(f'<h2>{esc(title)}</h2><img alt="{esc(title)}" src="data:image/png;base64,{data}">')
+            doc.image(title, drawn[title])
         else:
-            sections.append(f"<h2>{esc(title)}</h2><p>No plot: {esc(note)}</p>")
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'>"
-        f"<title>Comparison: {esc(c.title)}</title><style>"
-        "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:13px}"
-        "td,th{border:1px solid #ccc;padding:3px 7px;text-align:left}th{background:#f2f2f2}"
-        "img{max-width:100%}</style></head><body>"
-        f"<h1>Comparison: {esc(c.title)}</h1>"
-        + "".join(f"<p>{esc(line)}</p>" for line in verdict(c))
-        + f"<table><tr>{head}</tr>{body}</table>"
-        "<p>Speedup: tokens/s relative to the baseline. \"-\": the run did not record that metric.</p>"
-        + "".join(sections) + "</body></html>"
-    )
+            doc.paragraph(f"No plot: {note}")
+    return doc
 
 
 def write_report(c: Comparison, out_dir: Path) -> list[Path]:
     """Write comparison.md, comparison.html and plots/*.png under out_dir; return the files written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     drawn = draw_plots(c, out_dir / PLOTS_DIR)
-    (out_dir / MARKDOWN_FILE).write_text(to_markdown(c, drawn, out_dir))
-    (out_dir / HTML_FILE).write_text(to_html(c, drawn))
-    return [out_dir / MARKDOWN_FILE, out_dir / HTML_FILE, *drawn.values()]
+    return [*document(c, drawn).write(out_dir, REPORT_STEM), *drawn.values()]
 
 
 def compare_sweep(client: MlflowClient, parent: Run, out_dir: Path,

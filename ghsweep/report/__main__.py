@@ -1,0 +1,79 @@
+"""Rebuild a sweep's comparison report, or write the profiling assignment's report, from MLflow alone.
+
+    python -m ghsweep.report SWEEP                      # SWEEP: the parent run's id or name
+    python -m ghsweep.report SWEEP --baseline 'precision=bf16 offload=off'
+    python -m ghsweep.report --assignment SWEEP         # its baseline vs its fastest other run
+    python -m ghsweep.report --assignment BASELINE_RUN OPTIMISED_RUN
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from ghsweep.report import assignment, compare
+from ghsweep.report.sweep_source import SweepNotFound, find_run, load_run, load_sweep
+from ghsweep.tracking.mlflow_store import absolute_tracking_uri
+
+DEFAULT_URI = "sqlite:///mlflow.db"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m ghsweep.report", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[2:]))
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="a sweep (parent run id or name, e.g. 'sweep 2026-11-21/01-49-38'); with --assignment "
+                             "also two runs (ids or names): baseline, then optimised")
+    parser.add_argument("--assignment", action="store_true",
+                        help="the profiling assignment's report: Top-5 kernels, roofline, speedup, profile diff")
+    parser.add_argument("--baseline", help="the sweep's baseline: a job number or the overrides of one combination "
+                                           "(default: the sweep's report.baseline, else the first that finished)")
+    parser.add_argument("--out", type=Path, default=Path("ghsweep-report"), help="output folder (default: %(default)s)")
+    parser.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI),
+                        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else %(default)s)")
+    args = parser.parse_args(argv)
+    if len(args.runs) > (2 if args.assignment else 1):
+        parser.error(f"too many runs: {' '.join(args.runs)}; give one sweep, or --assignment with two runs")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    client = MlflowClient(tracking_uri=absolute_tracking_uri(args.tracking_uri, Path.cwd()))
+    try:
+        if args.assignment and len(args.runs) == 2:
+            baseline, optimised = (load_run(client, find_run(client, ref, "run")) for ref in args.runs)
+            files = assignment.write_assignment(baseline, optimised, args.out)
+            print(assignment.summary(baseline, optimised))
+        elif args.assignment:
+            parent = find_run(client, args.runs[0], "sweep")
+            c = compare.build(parent.info.run_name, load_sweep(client, parent), args.baseline)
+            others = [i for i, s in enumerate(c.speedups) if s is not None and i != c.baseline]
+            if not others:
+                raise SweepNotFound(f"sweep {args.runs[0]!r}: needs two finished runs for --assignment, has "
+                                    f"{sum(r.finished for r in c.runs)}")
+            optimised = c.runs[max(others, key=lambda i: c.speedups[i])]
+            files = assignment.write_assignment(c.runs[c.baseline], optimised, args.out)
+            print(assignment.summary(c.runs[c.baseline], optimised))
+        else:
+            parent = find_run(client, args.runs[0], "sweep")
+            c, files = compare.compare_sweep(client, parent, args.out, args.baseline)
+            print("\n".join(compare.verdict(c)))
+    except (SweepNotFound, compare.BaselineError) as exc:
+        print(f"ghsweep.report: {exc}", file=sys.stderr)
+        return 2
+    except MlflowException as exc:
+        print(f"ghsweep.report: {exc.message.splitlines()[0]} (tracking URI {client.tracking_uri})", file=sys.stderr)
+        return 2
+    print("wrote " + ", ".join(str(f) for f in files[:2]) + (f" and {len(files) - 2} plots" if len(files) > 2 else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""The profiling assignment's report: a baseline run and an optimised run, side by side.
+
+For each run the Top-5 kernels of one training iteration with their roofline points (when the
+profile had a Nsight Compute pass), the optimisation's speedup of one iteration, and a profile
+diff: which kernels appeared, disappeared, got faster or slower. Input: two runs as MLflow holds
+them, each with its profile analysis (`analysis.json`: `top_kernels` of {name, total_ns, count,
+mean_ns, pct}, optional `window.steps` and `roofline` points of {name, arithmetic_intensity,
+achieved_flops, ...}).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ghsweep.report import plots
+from ghsweep.report.document import Document
+from ghsweep.report.sweep_source import SweepRun
+from ghsweep.report.sweep_table import fmt_value
+
+REPORT_STEM = "assignment"
+TOP_K = 5
+# A common kernel whose time per iteration changed by less than this share counts as unchanged.
+UNCHANGED_WITHIN = 0.05
+# Params that differ between any two runs without being a change of setup.
+NOT_SETUP = ("report.baseline",)
+
+
+@dataclass(frozen=True)
+class KernelChange:
+    name: str
+    baseline_ns: float | None  # per iteration; None: not among the baseline's listed kernels
+    optimised_ns: float | None
+    kind: str  # added | removed | faster | slower | unchanged
+
+
+def steps_in_window(analysis: dict) -> int:
+    """How many iterations the analysed kernel times cover (1 when the analysis does not say)."""
+    steps = (analysis.get("window") or {}).get("steps")
+    count = len(steps) if isinstance(steps, list) else steps
+    return count if isinstance(count, int) and count > 0 else 1
+
+
+def kernel_time_per_iteration(analysis: dict | None) -> dict[str, float]:
+    if not analysis:
+        return {}
+    steps = steps_in_window(analysis)
+    return {k["name"]: k["total_ns"] / steps for k in analysis.get("top_kernels") or []}
+
+
+def profile_diff(baseline: dict | None, optimised: dict | None) -> list[KernelChange]:
+    """Kernels added, removed, faster, slower (per iteration), over the kernels each analysis lists."""
+    before, after = kernel_time_per_iteration(baseline), kernel_time_per_iteration(optimised)
+    changes = []
+    for name in [*before, *(n for n in after if n not in before)]:
+        b, a = before.get(name), after.get(name)
+        if b is None:
+            kind = "added"
+        elif a is None:
+            kind = "removed"
+        elif abs(a - b) <= UNCHANGED_WITHIN * b:
+            kind = "unchanged"
+        else:
+            kind = "faster" if a < b else "slower"
+        changes.append(KernelChange(name, b, a, kind))
+    order = {"added": 0, "removed": 1, "faster": 2, "slower": 3, "unchanged": 4}
+    return sorted(changes, key=lambda c: (order[c.kind], -max(c.baseline_ns or 0, c.optimised_ns or 0)))
+
+
+def iteration_speedup(baseline: SweepRun, optimised: SweepRun) -> float | None:
+    """Baseline step time / optimised step time (median steady-state steps of each)."""
+    b, o = baseline.metrics.get("step_time_ms"), optimised.metrics.get("step_time_ms")
+    return b / o if b and o else None
+
+
+def setup_changes(baseline: SweepRun, optimised: SweepRun) -> list[tuple[str, str, str]]:
+    keys = sorted(set(baseline.params) | set(optimised.params))
+    return [(k, baseline.params.get(k, "-"), optimised.params.get(k, "-")) for k in keys
+            if k not in NOT_SETUP and baseline.params.get(k) != optimised.params.get(k)]
+
+
+def roofline_points(analysis: dict | None) -> dict[str, dict]:
+    return {p["name"]: p for p in (analysis or {}).get("roofline") or []}
+
+
+def top_kernel_rows(analysis: dict) -> list[list[str]]:
+    steps = steps_in_window(analysis)
+    points = roofline_points(analysis)
+    rows = []
+    for i, k in enumerate((analysis.get("top_kernels") or [])[:TOP_K]):
+        p = points.get(k["name"], {})
+        achieved = p.get("achieved_flops")
+        rows.append([
+            str(i + 1), plots.short_name(k["name"], 90), fmt_value(k["total_ns"] / steps / 1e6, ".3f"),
+            fmt_value(k["count"] / steps, ".1f"), fmt_value(k["mean_ns"] / 1e3, ".1f"), fmt_value(k["pct"], ".1f"),
+            fmt_value(p.get("arithmetic_intensity"), ".3g"), fmt_value(achieved / 1e12 if achieved else None, ".3g"),
+            str(p.get("bound", "-")),
+        ])
+    return rows
+
+
+TOP_HEADER = ["#", "kernel", "ms / iteration", "launches / iteration", "mean us", "% of kernel time",
+              "FLOP/byte", "TFLOP/s", "bound"]
+
+
+def document(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> tuple[Document, list[Path]]:
+    doc = Document("Profiling assignment: baseline vs optimised")
+    doc.paragraph(f"Baseline: run {baseline.name} ({baseline.run_id}). Optimised: run {optimised.name} "
+                  f"({optimised.run_id}).")
+    changes = setup_changes(baseline, optimised)
+    doc.heading("What the optimisation changed")
+    if changes:
+        doc.table(["setting", "baseline", "optimised"], [list(c) for c in changes])
+    else:
+        doc.paragraph("The two runs have the same settings.")
+
+    doc.heading("One training iteration")
+    speedup = iteration_speedup(baseline, optimised)
+    doc.paragraph(f"Speedup of one iteration: {fmt_value(speedup, '.2f')}x (baseline step time / optimised step "
+                  "time; median of the steady-state steps).")
+    rows = []
+    for name, header, spec in (("step_time_ms", "step time (ms)", ".2f"), ("tokens_per_s", "tokens/s", ",.0f"),
+                               ("tflops_per_gpu", "TFLOP/s", ".3g"), ("mfu", "MFU", ".3g"),
+                               ("peak_mem_gb", "peak memory (GiB)", ".2f"), ("gpu_idle_pct", "GPU idle %", ".1f")):
+        rows.append([header, fmt_value(baseline.metrics.get(name), spec), fmt_value(optimised.metrics.get(name), spec)])
+    doc.table(["", "baseline", "optimised"], rows)
+
+    for label, run in (("baseline", baseline), ("optimised", optimised)):
+        doc.heading(f"Top-{TOP_K} kernels: {label}")
+        if run.analysis and run.analysis.get("top_kernels"):
+            doc.table(TOP_HEADER, top_kernel_rows(run.analysis))
+            if not run.analysis.get("roofline"):
+                doc.paragraph("No roofline points: this run's profile had no Nsight Compute pass.")
+        else:
+            doc.paragraph(f"No profile analysis in run {run.name}: run it with a profile option to get its kernels.")
+
+    drawn = plots.roofline({f"baseline ({baseline.name})": (baseline.analysis or {}).get("roofline") or [],
+                            f"optimised ({optimised.name})": (optimised.analysis or {}).get("roofline") or []},
+                           out_dir / "plots" / "roofline.png")
+    if drawn:
+        doc.heading("Roofline")
+        doc.image("Roofline of the top kernels", drawn)
+
+    doc.heading("Kernel mix: profile diff")
+    diff = profile_diff(baseline.analysis, optimised.analysis)
+    if diff:
+        doc.paragraph(f"Over the kernels each analysis lists; per iteration; 'unchanged' within "
+                      f"{UNCHANGED_WITHIN:.0%}.")
+        doc.table(["change", "kernel", "baseline ms", "optimised ms"],
+                  [[c.kind, plots.short_name(c.name, 90), fmt_value(_ms(c.baseline_ns), ".3f"),
+                    fmt_value(_ms(c.optimised_ns), ".3f")] for c in diff])
+    else:
+        doc.paragraph("No kernels to compare: neither run has a profile analysis.")
+
+    for label, run in (("baseline", baseline), ("optimised", optimised)):
+        findings = (run.analysis or {}).get("findings") or []
+        if findings:
+            doc.heading(f"Findings: {label}")
+            for f in findings:
+                doc.paragraph(f"[{f.get('severity', '-')}] {f.get('message', '')}")
+    return doc, [drawn] if drawn else []
+
+
+def _ms(ns: float | None) -> float | None:
+    return ns / 1e6 if ns is not None else None
+
+
+def write_assignment(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> list[Path]:
+    """Write assignment.md, assignment.html and its plots under out_dir; return the files written."""
+    doc, drawn = document(baseline, optimised, out_dir)
+    return [*doc.write(out_dir, REPORT_STEM), *drawn]
+
+
+def summary(baseline: SweepRun, optimised: SweepRun) -> str:
+    diff = profile_diff(baseline.analysis, optimised.analysis)
+    counts = ", ".join(f"{sum(c.kind == k for c in diff)} {k}" for k in ("added", "removed", "faster", "slower"))
+    return (f"speedup of one iteration: {fmt_value(iteration_speedup(baseline, optimised), '.2f')}x "
+            f"({baseline.name} -> {optimised.name}); kernels: {counts if diff else 'no profile analysis'}")

@@ -1,0 +1,145 @@
+"""The sweep comparison read back from a real MLflow store: speedups, Pareto front, findings, plots."""
+
+from __future__ import annotations
+
+import pytest
+from pathlib import Path
+
+from ghsweep.report import compare
+from ghsweep.report.sweep_source import SweepNotFound, find_run, load_sweep
+from ghsweep.tracking.mlflow_store import MlflowStore
+from tests.report.sweeps import four_run_sweep, log_run
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> tuple[MlflowStore, Path]:
+    """One SQLite store for the module (creating one costs seconds); each test adds its own parent run."""
+    tmp = tmp_path_factory.mktemp("report_db")
+    return MlflowStore(f"sqlite:///{tmp / 'mlflow.db'}", "report_test"), tmp
+
+
+@pytest.fixture(scope="module")
+def sweep(db):
+    store, tmp = db
+    _, parent, ids = four_run_sweep(store, tmp)
+    return store.client, store.client.get_run(parent), ids
+
+
+def test_runs_come_back_in_job_order_with_their_analysis(sweep):
+    client, parent, ids = sweep
+    runs = load_sweep(client, parent)
+    assert [r.run_id for r in runs] == ids
+    assert [r.status for r in runs] == ["FINISHED", "FINISHED", "FINISHED", "FAILED"]
+    assert runs[0].knobs == {"precision": "fp32", "offload": "off"}
+    assert runs[0].loss == [(0, 4.0), (1, 3.5), (2, 3.0)]
+    assert runs[2].analysis["top_kernels"][0]["name"] == "gemm_bf16"
+    assert runs[3].analysis is None and runs[3].error.startswith("precision=fp8")
+
+
+def test_speedups_pareto_and_verdict(sweep):
+    client, parent, _ = sweep
+    c = compare.build(parent.info.run_name, load_sweep(client, parent))
+    assert c.baseline == 0
+    assert c.speedups == [1.0, 0.8, 2.0, None]
+    # #0 has less throughput and more memory than #2; #1 has the least memory; #3 failed.
+    assert c.pareto == {1, 2}
+    assert c.fastest == 2
+    text = "\n".join(compare.verdict(c))
+    assert "3 of 4 combinations finished." in text
+    assert "Fastest: #2 bf16 off, 2.00x the baseline's throughput, at 0.80x the baseline's peak memory." in text
+    assert "#3 fp8 off FAILED: precision=fp8: needs an NVIDIA GPU" in text
+
+
+def test_table_shows_dash_for_missing_metrics_and_the_worst_finding(sweep):
+    client, parent, _ = sweep
+    header, rows = compare.table(compare.build(parent.info.run_name, load_sweep(client, parent)))
+    col = {h: i for i, h in enumerate(header)}
+    assert [r[col["speedup"]] for r in rows] == ["baseline", "0.80x", "2.00x", "-"]
+    assert [r[col["TFLOP/s"]] for r in rows] == ["50", "-", "-", "-"]
+    assert all(r[col["MFU"]] == "-" for r in rows)
+    assert rows[1][col["top finding / error"]] == "offload adds 12 ms of exposed copies"
+    assert rows[3][col["top finding / error"]].startswith("precision=fp8: needs")
+    assert [r[col["Pareto"]] for r in rows] == ["", "yes", "yes", ""]
+
+
+def test_baseline_by_job_number_by_overrides_and_bad_value(sweep):
+    client, parent, _ = sweep
+    runs = load_sweep(client, parent)
+    assert compare.build("s", runs, "2").speedups == [0.5, 0.4, 1.0, None]
+    assert compare.build("s", runs, "precision=fp32 offload=on").baseline == 1
+    with pytest.raises(compare.BaselineError, match=r"^report.baseline=precision=fp16: matches no combination"):
+        compare.build("s", runs, "precision=fp16")
+    # An explicitly chosen failed baseline gives no speedups rather than a silent substitute.
+    assert compare.build("s", runs, 3).speedups == [None] * 4
+
+
+def test_first_finished_run_is_the_default_baseline(db, tmp_path):
+    store, _ = db
+    parent = store.start_run("sweep x", {"ghsweep.role": "sweep"})
+    log_run(store, tmp_path, parent, 0, ["peft=none"], "FAILED", {}, [], error="out of memory")
+    log_run(store, tmp_path, parent, 1, ["peft=lora"], "FINISHED", {"tokens_per_s": 10.0, "peak_mem_gb": 1.0}, [1.0],
+            params={"report.baseline": "None"})
+    client = store.client
+    c = compare.build("x", load_sweep(client, client.get_run(parent)))
+    assert c.baseline == 1 and c.speedups == [None, 1.0]
+
+
+def test_configured_baseline_is_read_from_the_runs_params(db, tmp_path):
+    store, _ = db
+    parent = store.start_run("sweep y", {"ghsweep.role": "sweep"})
+    for job, (peft, tps) in enumerate((("lora", 10.0), ("none", 20.0))):
+        log_run(store, tmp_path, parent, job, [f"peft={peft}"], "FINISHED", {"tokens_per_s": tps, "peak_mem_gb": 1.0},
+                [1.0], params={"report.baseline": "peft=none"})
+    client = store.client
+    c = compare.build("y", load_sweep(client, client.get_run(parent)))
+    assert c.baseline == 1 and c.speedups == [0.5, 1.0]
+
+
+def test_pareto_front_handles_ties_and_single_points():
+    assert compare.pareto_front({}) == set()
+    assert compare.pareto_front({0: (5.0, 1.0)}) == {0}
+    # Equal points do not dominate each other; (4, 2) is beaten by both.
+    assert compare.pareto_front({0: (5.0, 1.0), 1: (5.0, 1.0), 2: (4.0, 2.0)}) == {0, 1}
+
+
+def test_report_files_markdown_html_and_four_plots(sweep, tmp_path):
+    client, parent, _ = sweep
+    c, files = compare.compare_sweep(client, parent, tmp_path / "out")
+    names = sorted(f.name for f in files)
+    assert names == ["comparison.html", "comparison.md", "kernel_shares.png", "loss_curves.png", "speedup.png",
+                     "throughput_vs_memory.png"]
+    for f in files:
+        if f.suffix == ".png":
+            assert f.read_bytes()[:8] == PNG_MAGIC and f.stat().st_size > 5000, f
+    md = (tmp_path / "out" / "comparison.md").read_text()
+    assert "| 2 | bf16 | off | FINISHED | 100.0 | 2,000 | 2.00x |" in md
+    assert "![Kernel-time shares](plots/kernel_shares.png)" in md
+    page = (tmp_path / "out" / "comparison.html").read_text()
+    assert page.count("data:image/png;base64,") == 4
+    assert "<td>offload adds 12 ms of exposed copies</td>" in page
+
+
+def test_plots_missing_data_are_said_not_drawn(db, tmp_path):
+    store, _ = db
+    parent = store.start_run("sweep z", {"ghsweep.role": "sweep"})
+    log_run(store, tmp_path, parent, 0, ["precision=fp8"], "FAILED", {}, [], error="no GPU")
+    client = store.client
+    c, files = compare.compare_sweep(client, client.get_run(parent), tmp_path / "out")
+    assert [f.name for f in files] == ["comparison.md", "comparison.html"]
+    md = files[0].read_text()
+    assert "No combination finished, so there is nothing to compare." in md
+    assert "No plot: no run has a profile analysis with top kernels" in md
+
+
+def test_find_sweep_by_name_with_or_without_prefix_and_by_id(sweep):
+    client, parent, ids = sweep
+    assert find_run(client, "sweep 2026-01-01/00-00-00", "sweep").info.run_id == parent.info.run_id
+    assert find_run(client, "2026-01-01/00-00-00", "sweep").info.run_id == parent.info.run_id
+    assert find_run(client, parent.info.run_id, "sweep").info.run_id == parent.info.run_id
+    with pytest.raises(SweepNotFound, match=r"^run [0-9a-f]{32} is a ghsweep run run, not a sweep run$"):
+        find_run(client, ids[0], "sweep")
+    with pytest.raises(SweepNotFound, match="^sweep '2020-01-01/00-00-00': no sweep run of that name or id in ") as err:
+        find_run(client, "2020-01-01/00-00-00", "sweep")
+    assert "'sweep 2026-01-01/00-00-00'" in str(err.value).partition("newest there: ")[2]
