@@ -14,7 +14,7 @@ def main(cfg: DictConfig) -> dict:
     from hydra.types import RunMode
 
     result = run_one(cfg)
-    if result.status != "FINISHED" and HydraConfig.get().mode == RunMode.RUN:
+    if result.status not in ("FINISHED", "DRY_RUN") and HydraConfig.get().mode == RunMode.RUN:
         raise SystemExit(f"ghsweep: run failed: {result.error}")
     return result.__dict__
 

@@ -11,6 +11,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from ghsweep.config.validate import ConfigError
 from ghsweep.launch.run_result import RESULT_FILE, RunResult
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.report.compare import COMPARISON_DIR, report_comparison
@@ -28,6 +29,11 @@ def collect_results(sweep_dir: Path) -> list[RunResult]:
 
 class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.dry_run:
+            return
+        if not config.wait and not config.hydra.launcher._target_.endswith("SlurmLauncher"):
+            raise ConfigError(f"wait=false: needs a SLURM launcher profile (e.g. hydra/launcher=gh200); "
+                              f"this sweep uses hydra/launcher={config.hydra.runtime.choices['hydra/launcher']}")
         sweep_dir = Path(config.hydra.sweep.dir)
         uri = absolute_tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
         store = MlflowStore(uri, config.tracking.experiment)
@@ -43,6 +49,9 @@ class SweepCallback(Callback):
         log.info("MLflow: sweep run %s in experiment '%s' at %s", parent, config.tracking.experiment, uri)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        # Without waiting, `python -m ghsweep.status` ends the sweep (through this method) once its jobs end.
+        if config.dry_run or not config.wait:
+            return
         sweep_dir = Path(config.hydra.sweep.dir)
         manifest = SweepManifest.load(sweep_dir)
         results = collect_results(sweep_dir)

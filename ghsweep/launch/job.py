@@ -7,6 +7,7 @@ sweep goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import signal
@@ -21,8 +22,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.config.validate import ConfigError, validate
+from ghsweep.launch.container import check_container
 from ghsweep.launch.device_probe import probe_gpu
+from ghsweep.launch.dry_run import describe
+from ghsweep.launch.resume import RUN_HASH_TAG, finished_run, run_hash, skip_finished
 from ghsweep.launch.run_result import RunResult
+from ghsweep.launch.submitit_launcher import JobTimeout
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.launch.worker_process import WORKER_LOG, WorkerExit, run_worker, worker_command
 from ghsweep.report.run_report import write_run_report
@@ -74,6 +79,11 @@ def run_one(cfg: DictConfig) -> RunResult:
     overrides = list(hydra_cfg.overrides.task)
     name = hydra_cfg.job.override_dirname or "run"
     choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if k in KNOB_GROUPS}
+    if cfg.dry_run:
+        launcher = hydra_cfg.runtime.choices.get("hydra/launcher")
+        print(describe(hydra_cfg.job.num if in_sweep else 0, name, run_dir, cfg, f"in this process (hydra/launcher={launcher})"),
+              flush=True)
+        return RunResult(name=name, run_dir=str(run_dir), overrides=overrides, status="DRY_RUN")
 
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     (run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(overrides)))
@@ -81,6 +91,10 @@ def run_one(cfg: DictConfig) -> RunResult:
     manifest = SweepManifest.load(Path(hydra_cfg.sweep.dir)) if in_sweep else None
     uri = manifest.tracking_uri if manifest else absolute_tracking_uri(cfg.tracking.uri, hydra_cfg.runtime.cwd)
     store = MlflowStore(uri, manifest.experiment if manifest else cfg.tracking.experiment)
+    identity = run_hash(cfg)
+    earlier = finished_run(store, identity) if in_sweep and not cfg.force else None
+    if earlier is not None:
+        return skip_finished(earlier, name, run_dir, overrides)
     run_id = store.start_run(
         name,
         tags={
@@ -89,6 +103,7 @@ def run_one(cfg: DictConfig) -> RunResult:
             "ghsweep.overrides": " ".join(overrides),
             "mlflow.source.git.commit": git_commit(),
             "ghsweep.host": socket.gethostname(),
+            RUN_HASH_TAG: identity,
             # Job order is the sweep's combination order; run start times are not, with parallel launchers.
             "ghsweep.job_num": str(hydra_cfg.job.num) if in_sweep else "0",
         },
@@ -96,12 +111,15 @@ def run_one(cfg: DictConfig) -> RunResult:
     )
     store.log_params(run_id, {**choices, **flatten(OmegaConf.to_container(cfg, resolve=True))})
     result = RunResult(name=name, run_dir=str(run_dir), overrides=overrides, status="FAILED", mlflow_run_id=run_id)
+    # On disk from the start: a job killed from outside leaves its MLflow run id to whoever settles it.
+    dataclasses.replace(result, status="RUNNING").save()
     summary: dict = {}
     try:
         missing = sorted(OmegaConf.missing_keys(cfg))
         if missing:
             raise ConfigError(f"{missing[0]}=???: required and not set; set it on the command line, e.g. {missing[0]}=...")
         validate(cfg, probe_gpu())
+        check_container(cfg)
         timeout_s = cfg.worker.timeout_min * 60 if cfg.worker.timeout_min else None
         log.info("%s: training in a worker process (log: %s)", name, run_dir / WORKER_LOG)
         exit = run_worker(worker_command(cfg, run_dir), run_dir, timeout_s)
@@ -117,7 +135,7 @@ def run_one(cfg: DictConfig) -> RunResult:
             }
         else:
             result.error = failure_reason(run_dir, exit, cfg.worker.timeout_min)
-    except ConfigError as exc:
+    except (ConfigError, JobTimeout) as exc:
         result.error = str(exc)
     except KeyboardInterrupt:
         store.set_tags(run_id, {"ghsweep.error": "interrupted by the user"})

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from ghsweep.launch.container import container_prefix
+
 log = logging.getLogger(__name__)
 
 WORKER_LOG = "worker.log"
@@ -35,7 +37,10 @@ def worker_command(cfg: DictConfig, run_dir: Path) -> list[str]:
     Always an argument list, never a shell string: user values are never parsed by a shell.
     Wrappers nest outside-in: [container exec ...] [profiler ...] python -m ghsweep.train.worker RUN_DIR.
     """
-    return [sys.executable, "-m", "ghsweep.train.worker", str(run_dir)]
+    container = container_prefix(cfg, run_dir)
+    # Inside a container the image's Python runs the worker: the host interpreter's path means nothing there.
+    python = cfg.container.python if container else sys.executable
+    return [*container, python, "-m", "ghsweep.train.worker", str(run_dir)]
 
 
 def run_worker(command: list[str], run_dir: Path, timeout_s: float | None) -> WorkerExit:

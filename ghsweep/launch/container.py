@@ -1,0 +1,51 @@
+"""The container a worker runs in: `apptainer exec --nv` / `singularity exec --nv` with binds and env.
+
+Built as an argument list; user values (image, binds, env values) are single arguments and never
+pass through a shell.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from ghsweep.config.validate import ConfigError
+
+RUNTIMES = ("apptainer", "singularity")
+
+
+def container_prefix(cfg: DictConfig, run_dir: Path) -> list[str]:
+    """`RUNTIME exec [--nv] --bind ... --env ... IMAGE`, or [] when no image is configured."""
+    c = cfg.container
+    if not c.image:
+        return []
+    if c.runtime not in RUNTIMES:
+        raise ConfigError(f"container.runtime={c.runtime}: not a container runtime; accepted: {', '.join(RUNTIMES)}")
+    argv = [c.runtime, "exec"]
+    if c.nv:
+        argv.append("--nv")
+    # The worker reads its config from and writes its results to the run directory, wherever it is.
+    for bind in [str(Path(run_dir).resolve()), *c.binds]:
+        argv += ["--bind", str(bind)]
+    for name, value in c.env.items():
+        argv += ["--env", f"{name}={value}"]
+    argv.append(str(c.image))
+    return argv
+
+
+def check_container(cfg: DictConfig) -> None:
+    """Fail before any GPU time when the runtime or the image is missing on this node."""
+    c = cfg.container
+    if not c.image:
+        return
+    if "://" not in str(c.image) and not Path(c.image).exists():
+        raise ConfigError(f"container.image={c.image}: no such file on this node; accepted: a .sif path or a "
+                          "docker:// / oras:// URI the runtime can pull")
+    if shutil.which(c.runtime) is None:
+        found = [r for r in RUNTIMES if shutil.which(r)]
+        raise ConfigError(
+            f"container.runtime={c.runtime}: not found on PATH of this node; "
+            f"accepted: {', '.join(found) if found else 'apptainer or singularity (neither is installed here)'}"
+        )

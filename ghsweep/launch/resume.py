@@ -1,0 +1,62 @@
+"""Run identity and resume: a combination whose resolved config already FINISHED in MLflow is skipped.
+
+The identity is a hash of the resolved config without the keys that only say how or where to launch
+or record a run, so the same combination in a new sweep (new directory, new timestamp) has the same
+hash. `force=true` reruns everything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+from mlflow.entities import Run
+from omegaconf import DictConfig, OmegaConf
+
+from ghsweep.launch.run_result import RunResult
+from ghsweep.tracking.mlflow_store import MlflowStore
+
+log = logging.getLogger(__name__)
+
+RUN_HASH_TAG = "ghsweep.run_hash"
+# Keys that do not change what a run trains or measures.
+NOT_IDENTITY = ("hydra", "dry_run", "force", "wait", "tracking", "report")
+# The metrics of a run that are its timing (RunResult.timing), not its measurements.
+TIMING = ("startup_s", "setup_s", "train_s", "record_s", "wall_s", "overhead_s")
+
+
+def run_hash(cfg: DictConfig) -> str:
+    """A short stable hash of the resolved config, launch and tracking keys left out."""
+    # Key by key: the hydra node of a launcher-side config does not resolve outside a job.
+    identity = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+                for k in cfg if k not in NOT_IDENTITY}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def finished_run(store: MlflowStore, identity: str) -> Run | None:
+    """The latest FINISHED child run with this identity in the store's experiment, if any."""
+    runs = store.client.search_runs(
+        [store.experiment_id],
+        filter_string=f"tags.`{RUN_HASH_TAG}` = '{identity}' and attributes.status = 'FINISHED' "
+        "and tags.`ghsweep.role` = 'run'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return runs[0] if runs else None
+
+
+def skip_finished(run: Run, name: str, run_dir: Path, overrides: list[str]) -> RunResult:
+    """Write this combination's result.json from the earlier run instead of training again."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    result = RunResult(
+        name=name, run_dir=str(run_dir), overrides=overrides, status="FINISHED",
+        metrics={k: v for k, v in run.data.metrics.items() if k not in TIMING},
+        timing={k: v for k, v in run.data.metrics.items() if k in TIMING},
+        mlflow_run_id=run.info.run_id,
+    )
+    result.save()
+    log.info("%s: skipped, already FINISHED in MLflow run %s with the same config (force=true reruns it)",
+             name, run.info.run_id)
+    return result

@@ -1,0 +1,128 @@
+"""The jobs a sweep submitted through submitit, and what each one ended with.
+
+The launcher writes one record per job into the sweep directory, so the end of a sweep can be
+collected by the submitting process (wait=true) or later by `python -m ghsweep.status` (wait=false).
+`settle` makes MLflow honest about jobs that ended outside ghsweep's control: cancelled, killed at
+the time limit, lost with their node. Their child run ends FAILED or KILLED with the reason and the
+SLURM log attached.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import submitit
+from hydra.core.utils import JobStatus
+from submitit.core.utils import FailedJobError, UncompletedJobError
+
+from ghsweep.launch.resume import RUN_HASH_TAG
+from ghsweep.launch.run_result import RESULT_FILE, RunResult
+from ghsweep.launch.sweep_manifest import SweepManifest
+from ghsweep.launch.worker_process import WORKER_LOG
+from ghsweep.tracking.mlflow_store import MlflowStore
+
+log = logging.getLogger(__name__)
+
+JOBS_FILE = "ghsweep_jobs.json"
+# MLflow's status for a run stopped from outside.
+CANCELLED = "KILLED"
+
+
+@dataclass(frozen=True)
+class SubmittedJob:
+    job_id: str
+    num: int
+    name: str
+    run_dir: str
+    overrides: list[str]
+    run_hash: str
+    folder: str
+    stdout: str
+    stderr: str
+
+    def submitit_job(self) -> submitit.Job:
+        """A handle on the SLURM job from any process: state through sacct, result from its pickle."""
+        return submitit.SlurmJob(folder=self.folder, job_id=self.job_id)
+
+
+def save_jobs(sweep_dir: Path, jobs: list[SubmittedJob]) -> None:
+    path = sweep_dir / JOBS_FILE
+    known = load_jobs(sweep_dir)
+    path.write_text(json.dumps([asdict(j) for j in known + jobs], indent=2))
+
+
+def load_jobs(sweep_dir: Path) -> list[SubmittedJob]:
+    path = sweep_dir / JOBS_FILE
+    return [SubmittedJob(**j) for j in json.loads(path.read_text())] if path.exists() else []
+
+
+def job_failure(job: submitit.Job) -> tuple[str, str] | None:
+    """(MLflow status, reason) of a finished job that did not complete its task, else None."""
+    try:
+        returned = job.result()
+    except UncompletedJobError as exc:
+        state = job.state
+        if state.startswith("CANCELLED"):
+            return CANCELLED, f"SLURM job {job.job_id} was cancelled from outside ({state})"
+        if state == "TIMEOUT":
+            return "FAILED", f"SLURM job {job.job_id} was killed at its time limit (TIMEOUT) and not requeued"
+        return "FAILED", f"SLURM job {job.job_id} ended {state}: {str(exc).strip().splitlines()[0]}"
+    except FailedJobError as exc:
+        lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+        return "FAILED", f"SLURM job {job.job_id} failed: {lines[-1] if lines else job.state}"
+    if returned.status == JobStatus.FAILED:
+        # The task raised (Hydra's run_job keeps the exception): ghsweep could not record the run itself.
+        exc = returned._return_value
+        return "FAILED", f"SLURM job {job.job_id}: {type(exc).__name__}: {exc}"
+    return None
+
+
+def settle(sweep_dir: Path, jobs: list[tuple[SubmittedJob, submitit.Job]]) -> list[RunResult]:
+    """The result of every finished job, recording in MLflow those that could not record themselves."""
+    manifest = SweepManifest.load(sweep_dir)
+    store = MlflowStore(manifest.tracking_uri, manifest.experiment)
+    results = []
+    for submitted, job in jobs:
+        run_dir = Path(submitted.run_dir)
+        result = RunResult.load(run_dir) if (run_dir / RESULT_FILE).exists() else None
+        failure = job_failure(job)
+        if failure and (result is None or _still_running(store, result)):
+            result = _record_lost(store, manifest, submitted, result, *failure)
+        if result.status != "FINISHED":
+            store.log_artifacts(result.mlflow_run_id, [Path(submitted.stdout), Path(submitted.stderr)], "slurm")
+        results.append(result)
+    return results
+
+
+def _still_running(store: MlflowStore, result: RunResult) -> bool:
+    return result.mlflow_run_id is None or store.client.get_run(result.mlflow_run_id).info.status == "RUNNING"
+
+
+def _record_lost(store: MlflowStore, manifest: SweepManifest, submitted: SubmittedJob, result: RunResult | None,
+                 status: str, reason: str) -> RunResult:
+    """End the child run of a job that died (creating it if the job never started) and say why."""
+    log.error("%s: %s: %s", submitted.name, status, reason)
+    run_dir = Path(submitted.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if result is None or result.mlflow_run_id is None:
+        run_id = store.start_run(submitted.name, tags={
+            "ghsweep.role": "run",
+            "ghsweep.run_dir": str(run_dir),
+            "ghsweep.overrides": " ".join(submitted.overrides),
+            "ghsweep.job_num": str(submitted.num),
+            "ghsweep.host": socket.gethostname(),
+            RUN_HASH_TAG: submitted.run_hash,
+        }, parent_run_id=manifest.parent_run_id)
+        result = RunResult(name=submitted.name, run_dir=str(run_dir), overrides=submitted.overrides,
+                           status=status, mlflow_run_id=run_id)
+    result.status, result.error = status, reason
+    store.set_tags(result.mlflow_run_id, {"ghsweep.status": status, "ghsweep.error": reason,
+                                          "ghsweep.slurm_job_id": submitted.job_id})
+    store.log_artifacts(result.mlflow_run_id, [run_dir / WORKER_LOG])
+    store.finish(result.mlflow_run_id, status)
+    result.save()
+    return result

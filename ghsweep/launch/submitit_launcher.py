@@ -1,0 +1,152 @@
+"""Hydra's submitit launchers (hydra-submitit-launcher), made to never lose a run.
+
+The plugin's launch() submits the sweep and then waits on each job's result, so one job cancelled
+from outside raises and ends the whole sweep, and its MLflow run stays RUNNING forever. These
+subclasses keep the plugin's config keys and remote side (its __call__), and change launch():
+- dry_run=true prints each combination's run directory, worker command and sbatch parameters and
+  submits nothing;
+- combinations that already FINISHED in MLflow are not submitted again (force=true: all are);
+- every submitted job is recorded in the sweep directory; with wait=true the sweep waits for all
+  of them and settles each one's record (ghsweep.launch.slurm_jobs), with wait=false it returns at
+  once and `python -m ghsweep.status SWEEP_DIR` follows and collects it later.
+Hydra instantiates launchers only from the hydra_plugins package: the classes profiles name
+(`hydra_plugins.ghsweep_launcher.ghsweep_launcher.SlurmLauncher`, `...LocalLauncher`) are defined
+there on top of GhsweepLauncher.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from pathlib import Path
+from typing import Any, Sequence
+
+import submitit
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+from omegaconf import DictConfig, OmegaConf, open_dict
+from submitit.slurm.slurm import _make_sbatch_string
+
+from ghsweep.launch.dry_run import describe
+from ghsweep.launch.resume import finished_run, run_hash, skip_finished
+from ghsweep.launch.run_result import RunResult
+from ghsweep.launch.slurm_jobs import SubmittedJob, save_jobs, settle
+from ghsweep.launch.sweep_manifest import SweepManifest
+from ghsweep.tracking.mlflow_store import MlflowStore
+
+log = logging.getLogger(__name__)
+
+
+class JobTimeout(Exception):
+    """Raised inside a job when SLURM signals its time limit and the run cannot be requeued."""
+
+
+class _Combination:
+    """One combination of the sweep as the launcher sees it before submitting."""
+
+    def __init__(self, launcher: plugin.BaseSubmititLauncher, overrides: Sequence[str], num: int):
+        self.overrides = list(overrides)
+        self.num = num
+        self.cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, self.overrides)
+        with open_dict(self.cfg.hydra.job):
+            self.cfg.hydra.job.num = num
+        # The run directory run_job will use in the job: sweep.dir/subdir, relative to the submit directory.
+        self.run_dir = Path(str(self.cfg.hydra.sweep.dir), str(self.cfg.hydra.sweep.subdir)).absolute()
+        self.name = self.cfg.hydra.job.override_dirname or "run"
+        self.run_hash = run_hash(self.cfg)
+
+
+class GhsweepLauncher:
+    """Mixed into the plugin's launchers (not a subclass: Hydra's plugin scan imports the plugin's
+    module a second time, so its classes exist twice and only the copy beside a launcher is its base)."""
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """Called in the job when SLURM signals the time limit: requeue only a backend that can resume."""
+        if OmegaConf.select(self.config, "backend.resumable", default=False):
+            return super().checkpoint(*args, **kwargs)
+        raise JobTimeout(
+            f"timed out: the SLURM time limit ({self.params['timeout_min']} min, hydra.launcher.timeout_min) "
+            f"was reached; backend {self.config.backend.name} cannot resume from a checkpoint, so the job "
+            "was not requeued"
+        )
+
+    def _executor(self) -> submitit.AutoExecutor:
+        # Built as the plugin's launch() builds it (it offers no hook): plugin keys -> submitit parameters.
+        params = dict(self.params)
+        folder = params.pop("submitit_folder")
+        init = {f"{self._EXECUTOR}_max_num_timeout": params.pop("max_num_timeout")} if "max_num_timeout" in params else {}
+        executor = submitit.AutoExecutor(cluster=self._EXECUTOR, folder=folder, **init)
+        generic = set(OmegaConf.structured(BaseQueueConf).keys())
+        executor.update_parameters(**{k if k in generic else f"{self._EXECUTOR}_{k}": v for k, v in params.items()})
+        return executor
+
+    def _launch_description(self, executor: submitit.AutoExecutor, count: int) -> str:
+        parameters = executor._executor.parameters
+        if self._EXECUTOR != "slurm":
+            return f"submitit {self._EXECUTOR} job with {parameters}"
+        # The #SBATCH lines submitit writes for this sweep's job array.
+        script = _make_sbatch_string(command="", folder=executor.folder, map_count=count, **parameters)
+        return "sbatch " + " ".join(line.removeprefix("#SBATCH ") for line in script.splitlines()
+                                    if line.startswith("#SBATCH"))
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        cfg = self.config
+        sweep_dir = Path(str(cfg.hydra.sweep.dir))
+        combos = [_Combination(self, o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
+        executor = self._executor()
+
+        if cfg.dry_run:
+            launch = self._launch_description(executor, len(combos))
+            for c in combos:
+                print(describe(c.num, c.name, c.run_dir, c.cfg, launch), flush=True)
+            print(f"ghsweep: dry run, {len(combos)} combinations; nothing was submitted", flush=True)
+            return [self._job_return(c, None) for c in combos]
+
+        manifest = SweepManifest.load(sweep_dir)
+        store = MlflowStore(manifest.tracking_uri, manifest.experiment)
+        done: dict[int, RunResult] = {}
+        for c in combos:
+            earlier = None if cfg.force else finished_run(store, c.run_hash)
+            if earlier is not None:
+                done[c.num] = skip_finished(earlier, c.name, c.run_dir, c.overrides)
+        to_submit = [c for c in combos if c.num not in done]
+        if done:
+            print(f"ghsweep: resume: {len(done)} of {len(combos)} combinations already FINISHED in MLflow "
+                  f"with the same config are skipped (force=true reruns them)", flush=True)
+
+        jobs: list[tuple[SubmittedJob, submitit.Job]] = []
+        if to_submit:
+            for c in to_submit:
+                log.info("\t#%d : %s", c.num, " ".join(filter_overrides(c.overrides)))
+            submitted = executor.map_array(
+                self, [c.overrides for c in to_submit], ["hydra.sweep.dir"] * len(to_submit),
+                [c.num for c in to_submit], [f"job_id_for_{c.num}" for c in to_submit],
+                [Singleton.get_state()] * len(to_submit),
+            )
+            jobs = [(SubmittedJob(job_id=j.job_id, num=c.num, name=c.name, run_dir=str(c.run_dir),
+                                  overrides=c.overrides, run_hash=c.run_hash, folder=str(j.paths.folder),
+                                  stdout=str(j.paths.stdout), stderr=str(j.paths.stderr)), j)
+                    for c, j in zip(to_submit, submitted)]
+            save_jobs(sweep_dir, [s for s, _ in jobs])
+            print(f"ghsweep: submitted {len(jobs)} jobs ({self._EXECUTOR}): "
+                  f"{', '.join(s.job_id for s, _ in jobs)}", flush=True)
+
+        if not cfg.wait:
+            print(f"ghsweep: not waiting (wait=false); follow and collect the sweep with\n"
+                  f"  python -m ghsweep.status {shlex.quote(str(sweep_dir))}", flush=True)
+            return [self._job_return(c, done.get(c.num)) for c in combos]
+        for _, job in jobs:
+            job.wait()
+        done.update((s.num, r) for (s, _), r in zip(jobs, settle(sweep_dir, jobs)))
+        return [self._job_return(c, done[c.num]) for c in combos]
+
+    @staticmethod
+    def _job_return(combo: _Combination, result: RunResult | None) -> JobReturn:
+        # COMPLETED even for a failed run: the failure is recorded, and Hydra's sweeper would
+        # otherwise raise on it and end the sweep before its summary.
+        ret = JobReturn(overrides=combo.overrides, status=JobStatus.COMPLETED, task_name=combo.name)
+        ret.return_value = result.__dict__ if result else None
+        return ret
+
