@@ -32,8 +32,8 @@ def evaluate(a: dict, context: dict | None = None) -> list[dict]:
     context = context or {}
     out: list[dict] = []
     out += health(a)
-    if not a.get("window", {}).get("duration_ns"):
-        return out
+    if not a.get("window", {}).get("duration_ns") or a.get("gpu_busy_pct") is None:
+        return out  # nothing captured, or a CPU run: no device to explain
     window_ns = a["window"]["duration_ns"]
     steps = max(1, len(a["window"].get("steps") or []))
     causes = a.get("gaps", {}).get("causes_ns", {})
@@ -162,7 +162,7 @@ def summary(a: dict) -> list[str]:
         first = a.get("step_ms", {}).get("first", 0)
         lines.append(f"warm-up excluded: step {', '.join(map(str, warm))} ({first:.0f} ms against a median of "
                      f"{a.get('step_ms', {}).get('median', 0):.1f} ms)")
-    if a.get("kernel_time_pct") is not None and a.get("window", {}).get("duration_ns"):
+    if a.get("gpu_busy_pct") is not None and a.get("window", {}).get("duration_ns"):
         kind = "compute" if a["kernel_time_pct"] >= 90 else "transfer"
         lines.append(f"{a['kernel_time_pct']:.1f}% kernels vs {a['memcpy_time_pct'] + a['memset_time_pct']:.1f}% "
                      f"memory operations: {kind}-dominated; GPU busy {a['gpu_busy_pct']:.1f}% of the steady state")

@@ -1,0 +1,180 @@
+"""Which profiler a run gets, the worker's profiler prefix, and what happens after the worker:
+export, the optional Nsight Compute pass, analysis, report, plots and the files for MLflow.
+
+The plan is decided once in the job (before any GPU time), written to the run directory as
+profile_plan.json, and read by the worker command and by the worker (profile=torch). A profiler
+that is asked for by name and cannot run here is a ConfigError naming what is missing;
+profile=auto records its choice and why (ghsweep.profile_used / ghsweep.profile_note).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from ghsweep.config.validate import ConfigError
+from ghsweep.profile import capture, plots, report
+from ghsweep.profile.torch_capture import TORCH_TRACE
+
+log = logging.getLogger(__name__)
+
+PLAN_FILE = "profile_plan.json"
+ANALYSIS_FILE = "profile_analysis.json"
+NCU_PASS_DIR = "ncu_pass"
+# The numbers logged as MLflow metrics (one vocabulary for every backend and profiler).
+METRICS = ("gpu_busy_pct", "gpu_idle_pct", "idle_gaps_per_step", "kernel_time_pct", "memcpy_time_pct",
+           "memset_time_pct", "exposed_memcpy_pct", "um_migration_pct", "h2d_gb", "d2h_gb")
+
+
+@dataclass
+class ProfilePlan:
+    requested: str
+    used: str  # none | torch | nsys
+    ncu: bool = False
+    nsys_path: str | None = None
+    ncu_path: str | None = None
+    note: str | None = None
+
+    def save(self, run_dir: Path) -> None:
+        (run_dir / PLAN_FILE).write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, run_dir: Path) -> ProfilePlan | None:
+        path = run_dir / PLAN_FILE
+        return cls(**json.loads(path.read_text())) if path.exists() else None
+
+
+def resolve(profile: DictConfig, on_gpu: bool, device: str) -> ProfilePlan:
+    """The plan for `profile` on this machine; ConfigError when a named profiler cannot run."""
+    name = profile.name
+    if name in ("none", "torch"):
+        return ProfilePlan(name, name)
+    nsys = capture.find_tool("nsys", profile.nsys.path)
+    where = f"profile.nsys.path={profile.nsys.path}" if profile.nsys.path else "PATH"
+    if name == "auto":
+        if not on_gpu:
+            return ProfilePlan(name, "torch", note=f"auto: no GPU in this run (device={device}), PyTorch profiler")
+        if nsys is None:
+            return ProfilePlan(name, "torch", note=f"auto: nsys not found on {where}, PyTorch profiler")
+        return ProfilePlan(name, "nsys", nsys_path=nsys, note="auto: nsys found and a GPU: Nsight Systems")
+    if not on_gpu:
+        raise ConfigError(f"profile={name}: Nsight Systems traces CUDA and this run has no GPU (device={device}); "
+                          "accepted here: profile=torch, auto, none")
+    if nsys is None:
+        raise ConfigError(f"profile={name}: nsys not found on {where}; install Nsight Systems or set "
+                          "profile.nsys.path=/path/to/nsys; accepted here: profile=torch, auto, none")
+    plan = ProfilePlan(name, "nsys", nsys_path=nsys)
+    if profile.ncu.enabled:
+        plan.ncu_path = capture.find_tool("ncu", profile.ncu.path)
+        if plan.ncu_path is None:
+            where = f"profile.ncu.path={profile.ncu.path}" if profile.ncu.path else "PATH"
+            raise ConfigError(f"profile={name}: ncu not found on {where}; install Nsight Compute or set "
+                              "profile.ncu.path=/path/to/ncu; accepted here: profile=nsys, torch, auto, none")
+        plan.ncu = True
+    return plan
+
+
+def profiler_prefix(cfg: DictConfig, run_dir: Path) -> list[str]:
+    """`nsys profile ...` when this run's plan says nsys, else nothing."""
+    plan = ProfilePlan.load(run_dir)
+    if plan is None or plan.used != "nsys":
+        return []
+    opts = cfg.profile.nsys
+    um = cfg.memory.name == "unified" if opts.um_page_faults == "auto" else bool(opts.um_page_faults)
+    return capture.nsys_profile_command(plan.nsys_path, run_dir / capture.NSYS_REPORT, list(opts.trace), um,
+                                        list(opts.extra_args))
+
+
+@dataclass
+class ProfileOutcome:
+    metrics: dict[str, float] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    artifacts: list[Path] = field(default_factory=list)
+
+
+def context_of(cfg: DictConfig) -> dict:
+    """What the findings may know about the run's config."""
+    return {"precision": cfg.precision.name, "offload": bool(cfg.offload.enabled), "memory": cfg.memory.name,
+            "num_workers": cfg.dataloader.num_workers}
+
+
+def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass) -> ProfileOutcome:
+    """Export, ncu pass, analysis, report and plots of a finished worker; never raises for a
+    profiling problem (the training result stands): it is recorded as ghsweep.profile_error."""
+    from ghsweep.analyze import full_analysis
+
+    outcome = ProfileOutcome(tags={"ghsweep.profile_used": plan.used})
+    if plan.note:
+        outcome.tags["ghsweep.profile_note"] = plan.note
+    if plan.used == "none":
+        return outcome
+    raw: list[Path] = []
+    try:
+        if plan.used == "nsys":
+            rep = run_dir / capture.NSYS_REPORT
+            if not rep.exists():
+                raise capture.ProfilerUnavailable(f"nsys wrote no report ({rep.name}); see worker.log")
+            profile_file = capture.export_sqlite(plan.nsys_path, rep)
+            raw += [rep, profile_file]
+        else:
+            profile_file = run_dir / TORCH_TRACE
+            if not profile_file.exists():
+                raise capture.ProfilerUnavailable(f"the PyTorch profiler wrote no trace ({TORCH_TRACE}): the capture "
+                                                  "window (capture.start_step, capture.num_steps) never ran")
+            raw.append(profile_file)
+        ncu_csv = None
+        if plan.ncu:
+            ncu_csv = ncu_pass(cfg, run_dir, plan, profile_file, run_ncu_pass)
+            raw.append(ncu_csv)
+        analysis = full_analysis(profile_file, context_of(cfg), ncu_csv)
+    except (capture.ProfilerUnavailable, OSError, ValueError) as exc:
+        log.error("profile analysis failed: %s", exc)
+        outcome.tags["ghsweep.profile_error"] = str(exc)[:500]
+        return outcome
+    (run_dir / ANALYSIS_FILE).write_text(json.dumps(analysis, indent=2, default=str))
+    outcome.artifacts += [run_dir / ANALYSIS_FILE, *report.write(analysis, run_dir)]
+    if analysis.get("gaps"):
+        outcome.artifacts.append(plots.gap_histogram(analysis, run_dir / plots.GAP_PLOT))
+    if analysis.get("roofline", {}).get("kernels"):
+        outcome.artifacts.append(plots.roofline_plot(analysis["roofline"], run_dir / plots.ROOFLINE_PLOT))
+    outcome.metrics = {k: float(analysis[k]) for k in METRICS if analysis.get(k) is not None}
+    outcome.tags["ghsweep.findings"] = ",".join(f["id"] for f in analysis["findings"]) or "none"
+    limit = cfg.profile.get("artifact_max_mb")
+    for path in raw:
+        if limit is None or path.stat().st_size <= limit * 2**20:
+            outcome.artifacts.append(path)
+        else:
+            outcome.tags.setdefault("ghsweep.profile_not_uploaded", "")
+            outcome.tags["ghsweep.profile_not_uploaded"] += f"{path.name} ({path.stat().st_size / 2**20:.0f} MiB) "
+    return outcome
+
+
+def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Path, run_ncu_pass) -> Path:
+    """Second, short run of the worker under ncu over one captured step, for the top-k kernels."""
+    from ghsweep.profile.analysis import analyze
+
+    first = analyze(profile_file)
+    top = first.get("top_kernels", [])[: cfg.profile.ncu.top_k]
+    if not top:
+        raise capture.ProfilerUnavailable("ncu pass skipped: the nsys profile has no kernels to pick from")
+    names = sorted({k["short_name"] for k in top})
+    steps = max(1, len(first["window"]["steps"]))
+    launches = max(1, round(sum(k["count"] for k in top) / steps))
+    work = run_dir / NCU_PASS_DIR
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    short = OmegaConf.to_container(cfg, resolve=True)
+    short["capture"]["num_steps"] = 1
+    short["train"]["max_steps"] = short["capture"]["start_step"] + 2
+    (work / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(short)))
+    report_path = work / capture.NCU_REPORT
+    prefix = capture.ncu_command(plan.ncu_path, report_path, names, launches, cfg.profile.ncu.section_set)
+    if run_ncu_pass(prefix, work) != 0 or not report_path.exists():
+        raise capture.ProfilerUnavailable(f"the ncu pass failed (counters not readable, or no kernel matched "
+                                          f"{names}); see {work}/worker.log")
+    return capture.ncu_raw_csv(plan.ncu_path, report_path, run_dir / capture.NCU_CSV)

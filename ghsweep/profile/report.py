@@ -1,0 +1,55 @@
+"""The profile part of a run's report, in markdown: summary, findings, top kernels, roofline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PROFILE_REPORT = "profile_report.md"
+TOP_KERNELS_TABLE = "top_kernels.md"
+
+
+def top_kernels_table(analysis: dict) -> str:
+    lines = ["| # | kernel | total ms | count | mean us | % of kernel time |", "|---|---|---|---|---|---|"]
+    for i, k in enumerate(analysis.get("top_kernels", []), 1):
+        lines.append(f"| {i} | `{k['name'][:90]}` | {k['total_ns'] / 1e6:.2f} | {k['count']} | "
+                     f"{k['mean_ns'] / 1e3:.1f} | {k['pct']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def render(analysis: dict) -> str:
+    w = analysis.get("window", {})
+    lines = [f"# Profile analysis ({analysis['source']['kind']})", "",
+             f"Window: {w.get('basis')}, steps {w.get('steps')}, {w.get('duration_ns', 0) / 1e6:.1f} ms"
+             + (f"; warm-up excluded: {w['warmup_steps']}" if w.get("warmup_steps") else ""), ""]
+    lines += [f"- {s}" for s in analysis.get("summary", [])]
+    lines += ["", "## Findings", ""]
+    lines += [f"- **{f['severity']}** `{f['id']}`: {f['message']}" for f in analysis.get("findings", [])] or ["- none"]
+    lines += ["", "## Where the time went", "", "| metric | value |", "|---|---|"]
+    for key in ("gpu_busy_pct", "gpu_idle_pct", "idle_gaps_per_step", "kernel_time_pct", "memcpy_time_pct",
+                "memset_time_pct", "exposed_memcpy_pct", "um_migration_pct", "h2d_gb", "d2h_gb"):
+        value = analysis.get(key)
+        lines.append(f"| {key} | {'n/a' if value is None else f'{value:.3g}'} |")
+    causes = analysis.get("gaps", {}).get("causes_ns")
+    if causes:
+        lines += ["", "Idle time by cause (ms in the window): "
+                  + ", ".join(f"{k.replace('_', ' ')} {v / 1e6:.2f}" for k, v in causes.items())]
+    phases = analysis.get("phases_ms_per_step")
+    if phases:
+        lines += ["", "Phases per step (ms, host time): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())]
+    lines += ["", "## Top kernels", "", top_kernels_table(analysis)]
+    roof = analysis.get("roofline")
+    if roof:
+        lines += ["## Roofline (Nsight Compute)", "", "| kernel | TFLOP/s | % compute peak | % DRAM | FLOP/byte | bound |",
+                  "|---|---|---|---|---|---|"]
+        for p in roof["kernels"]:
+            lines.append(f"| `{p['name'][:70]}` | {p['achieved_tflops']:.1f} | {p['pct_of_compute_peak']:.0f} | "
+                         f"{p['pct_of_dram_peak']:.0f} | {p['intensity_dram']:.1f} | {p['bound'].replace('_', ' ')} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(analysis: dict, run_dir: Path) -> list[Path]:
+    report = run_dir / PROFILE_REPORT
+    report.write_text(render(analysis))
+    table = run_dir / TOP_KERNELS_TABLE
+    table.write_text(top_kernels_table(analysis))
+    return [report, table]
