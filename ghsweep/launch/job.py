@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ghsweep.config.validate import ConfigError, validate
+from ghsweep.config.validate import ConfigError, run_device, validate
 from ghsweep.launch.container import check_container
 from ghsweep.launch.device_probe import probe_gpu
 from ghsweep.launch.dry_run import describe
@@ -30,6 +30,7 @@ from ghsweep.launch.run_result import RunResult
 from ghsweep.launch.submitit_launcher import JobTimeout
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.launch.worker_process import WORKER_LOG, WorkerExit, run_worker, worker_command
+from ghsweep.profile.plan import after_worker, resolve as resolve_profile
 from ghsweep.report.run_report import write_run_report
 from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, flatten
 
@@ -118,7 +119,10 @@ def run_one(cfg: DictConfig) -> RunResult:
         missing = sorted(OmegaConf.missing_keys(cfg))
         if missing:
             raise ConfigError(f"{missing[0]}=???: required and not set; set it on the command line, e.g. {missing[0]}=...")
-        validate(cfg, probe_gpu())
+        gpu = probe_gpu()
+        validate(cfg, gpu)
+        profile_plan = resolve_profile(cfg.profile, run_device(cfg, gpu) == "cuda", str(cfg.device))
+        profile_plan.save(run_dir)
         check_container(cfg)
         timeout_s = cfg.worker.timeout_min * 60 if cfg.worker.timeout_min else None
         log.info("%s: training in a worker process (log: %s)", name, run_dir / WORKER_LOG)
@@ -133,6 +137,12 @@ def run_one(cfg: DictConfig) -> RunResult:
                 "setup_s": train["setup_s"],
                 "train_s": train["train_s"],
             }
+            # The ncu pass reruns a short worker in a subfolder, under ncu, the same way.
+            profile = after_worker(cfg, run_dir, profile_plan, lambda prefix, work: run_worker(
+                [*prefix, *worker_command(cfg, work)], work, timeout_s).returncode)
+            result.metrics.update(profile.metrics)
+            store.set_tags(run_id, profile.tags)
+            store.log_artifacts(run_id, profile.artifacts, "profile")
         else:
             result.error = failure_reason(run_dir, exit, cfg.worker.timeout_min)
     except (ConfigError, JobTimeout) as exc:

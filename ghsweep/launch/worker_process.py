@@ -15,6 +15,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ghsweep.launch.container import container_prefix
+from ghsweep.profile.plan import profiler_prefix
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def worker_command(cfg: DictConfig, run_dir: Path) -> list[str]:
     container = container_prefix(cfg, run_dir)
     # Inside a container the image's Python runs the worker: the host interpreter's path means nothing there.
     python = cfg.container.python if container else sys.executable
-    return [*container, python, "-m", "ghsweep.train.worker", str(run_dir)]
+    return [*container, *profiler_prefix(cfg, run_dir), python, "-m", "ghsweep.train.worker", str(run_dir)]
 
 
 def run_worker(command: list[str], run_dir: Path, timeout_s: float | None) -> WorkerExit:

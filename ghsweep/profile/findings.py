@@ -157,6 +157,8 @@ def health(a: dict) -> list[dict]:
 def summary(a: dict) -> list[str]:
     """Plain statements about the run (not problems): the compute/transfer split, warm-up."""
     lines = []
+    if a.get("source", {}).get("device") == "cpu":
+        lines.append("a CPU run (no GPU activity in the trace): top_kernels are CPU operators by self time")
     warm = a.get("window", {}).get("warmup_steps") or []
     if warm:
         first = a.get("step_ms", {}).get("first", 0)

@@ -44,8 +44,11 @@ class TorchCapture:
         self.path = None  # one window per run
 
 
-def torch_capture(profile_name: str, run_dir: Path, device: torch.device, start_step: int,
-                  num_steps: int) -> TorchCapture:
-    """The capture a worker runs with: active for profile=torch, a no-op otherwise."""
-    path = run_dir / TORCH_TRACE if profile_name == "torch" else None
+def torch_capture(run_dir: Path, device: torch.device, start_step: int, num_steps: int) -> TorchCapture:
+    """The capture a worker runs with: active when the run's profile plan says torch (profile=torch,
+    or profile=auto without nsys or GPU), a no-op otherwise."""
+    from ghsweep.profile.plan import ProfilePlan
+
+    plan = ProfilePlan.load(run_dir)
+    path = run_dir / TORCH_TRACE if plan is not None and plan.used == "torch" else None
     return TorchCapture(path, device, start_step, num_steps)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from ghsweep.profile.torch_capture import torch_capture
 from ghsweep.train import data as dolly
 from ghsweep.train.flops import ModelShape, flops_per_token, peak_tflops
 from ghsweep.train.loss import causal_lm_loss
@@ -24,9 +25,8 @@ from ghsweep.train.model import apply_peft, build_model, count_parameters, pad_t
 from ghsweep.train.phases import Phases
 from ghsweep.train.precision import Precision
 from ghsweep.train.step_log import StepLog
+from ghsweep.train.unified_memory import ManagedMemory
 
-# Free GPU memory left to the CUDA context, cuBLAS workspaces and the rest when memory=unified.
-UNIFIED_HEADROOM_GIB = 4.0
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH"}
 
@@ -63,18 +63,6 @@ def load_blocks(cfg: DictConfig, tokenizer) -> dolly.PackedBlocks:
     return dolly.pack(examples, cfg.train.seq_length, pad_token_id(tokenizer))
 
 
-def _setup_unified_memory(cfg: DictConfig):
-    """Must run before anything allocates on the GPU."""
-    from ghsweep.launch.device_probe import probe_gpu
-    from ghsweep.train.unified_memory import enable_managed_memory
-
-    gpu = probe_gpu()
-    if gpu is None:
-        raise RuntimeError("memory=unified: no NVIDIA GPU visible to the worker")
-    cap = gpu.free_mem_gib - UNIFIED_HEADROOM_GIB
-    return enable_managed_memory(cap, cfg.memory.pool_size_gb, cfg.memory.prefetch)
-
-
 def _attention_region(name: str) -> contextlib.AbstractContextManager:
     if name == "auto":
         return contextlib.nullcontext()
@@ -83,10 +71,13 @@ def _attention_region(name: str) -> contextlib.AbstractContextManager:
     return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[name])])
 
 
-def train(cfg: DictConfig, run_dir: Path) -> dict:
-    """Train `cfg.train.max_steps` steps; write metrics.jsonl; return the run's summary."""
+def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) -> dict:
+    """Train `cfg.train.max_steps` steps; write metrics.jsonl; return the run's summary.
+
+    With memory=unified, `managed` is the managed-memory allocator the worker set up before
+    anything touched CUDA (unified_memory.setup_unified_memory).
+    """
     t_setup = time.time()
-    managed = _setup_unified_memory(cfg) if cfg.memory.name == "unified" else None
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
     precision = Precision(cfg.precision, device)
@@ -139,17 +130,22 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     log = StepLog(run_dir / "metrics.jsonl", device, tokens_per_step)
     batches = dolly.endless(loader)
     attention = _attention_region(cfg.train.attention)
+    # document: each packed example attends only to itself (transformers builds a block-diagonal
+    # mask from the restarting position ids); causal: one causal block over the whole sequence.
+    positions = (lambda b: b["position_ids"]) if cfg.data.packing_mask == "document" else (lambda b: None)
     setup_s = time.time() - t_setup
 
     phases = Phases(device, cfg.capture.start_step, cfg.capture.num_steps)
+    profiler = torch_capture(run_dir, device, cfg.capture.start_step, cfg.capture.num_steps)
     t_train = time.time()
     for step in range(cfg.train.max_steps):
+        profiler.step(step)
         with phases.step(step):
             started = log.start()
             with phases.range("data"):
                 batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
             with phases.range("forward"), precision.forward_region(), attention:
-                hidden = decoder(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)[0]
+                hidden = decoder(input_ids=batch["input_ids"], position_ids=positions(batch), use_cache=False)[0]
                 loss = loss_fn(hidden, lm_head.weight, batch["labels"])
             with phases.range("backward"):
                 precision.backward(loss)
@@ -161,6 +157,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             log.flush()
             print(f"step {step + 1}/{cfg.train.max_steps} loss {log.losses[-1]:.4f} "
                   f"step_time_ms {log.step_times_ms[-1]:.1f}", flush=True)
+    profiler.close()
     phases.close()
     log.close()
     train_s = time.time() - t_train
