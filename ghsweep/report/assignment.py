@@ -3,9 +3,8 @@
 For each run the Top-5 kernels of one training iteration with their roofline points (when the
 profile had a Nsight Compute pass), the optimisation's speedup of one iteration, and a profile
 diff: which kernels appeared, disappeared, got faster or slower. Input: two runs as MLflow holds
-them, each with its profile analysis (`analysis.json`: `top_kernels` of {name, total_ns, count,
-mean_ns, pct}, optional `window.steps` and `roofline` points of {name, arithmetic_intensity,
-achieved_flops, ...}).
+them, each with its profile analysis (ghsweep.profile's dict: `top_kernels` of {name, total_ns,
+count, mean_ns, pct}, `window.steps`, and `roofline` {kernels: points, peaks} after an ncu pass).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ TOP_K = 5
 UNCHANGED_WITHIN = 0.05
 # Params that differ between any two runs without being a change of setup.
 NOT_SETUP = ("report.baseline",)
+CHANGE_KINDS = ("added", "removed", "entered top", "left top", "faster", "slower", "unchanged")
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class KernelChange:
     name: str
     baseline_ns: float | None  # per iteration; None: not among the baseline's listed kernels
     optimised_ns: float | None
-    kind: str  # added | removed | faster | slower | unchanged
+    kind: str  # one of CHANGE_KINDS
 
 
 def steps_in_window(analysis: dict) -> int:
@@ -48,23 +48,33 @@ def kernel_time_per_iteration(analysis: dict | None) -> dict[str, float]:
     return {k["name"]: k["total_ns"] / steps for k in analysis.get("top_kernels") or []}
 
 
+def all_kernel_names(analysis: dict | None) -> set[str] | None:
+    """Every kernel name of the whole trace, when the analysis lists them (None: it does not)."""
+    kernels = ((analysis or {}).get("whole_trace") or {}).get("kernels")
+    return {k["name"] for k in kernels} if kernels else None
+
+
 def profile_diff(baseline: dict | None, optimised: dict | None) -> list[KernelChange]:
-    """Kernels added, removed, faster, slower (per iteration), over the kernels each analysis lists."""
+    """How the top kernels changed, per iteration.
+
+    A kernel in only one run's top list is 'added' or 'removed' when the other run's whole trace
+    lacks it, else it 'entered' or 'left' the top list; kernels in both are faster, slower or unchanged.
+    """
     before, after = kernel_time_per_iteration(baseline), kernel_time_per_iteration(optimised)
+    before_all, after_all = all_kernel_names(baseline), all_kernel_names(optimised)
     changes = []
     for name in [*before, *(n for n in after if n not in before)]:
         b, a = before.get(name), after.get(name)
         if b is None:
-            kind = "added"
+            kind = "entered top" if before_all is not None and name in before_all else "added"
         elif a is None:
-            kind = "removed"
+            kind = "left top" if after_all is not None and name in after_all else "removed"
         elif abs(a - b) <= UNCHANGED_WITHIN * b:
             kind = "unchanged"
         else:
             kind = "faster" if a < b else "slower"
         changes.append(KernelChange(name, b, a, kind))
-    order = {"added": 0, "removed": 1, "faster": 2, "slower": 3, "unchanged": 4}
-    return sorted(changes, key=lambda c: (order[c.kind], -max(c.baseline_ns or 0, c.optimised_ns or 0)))
+    return sorted(changes, key=lambda c: (CHANGE_KINDS.index(c.kind), -max(c.baseline_ns or 0, c.optimised_ns or 0)))
 
 
 def iteration_speedup(baseline: SweepRun, optimised: SweepRun) -> float | None:
@@ -79,28 +89,29 @@ def setup_changes(baseline: SweepRun, optimised: SweepRun) -> list[tuple[str, st
             if k not in NOT_SETUP and baseline.params.get(k) != optimised.params.get(k)]
 
 
-def roofline_points(analysis: dict | None) -> dict[str, dict]:
-    return {p["name"]: p for p in (analysis or {}).get("roofline") or []}
+def roofline(analysis: dict | None) -> tuple[list[dict], dict]:
+    """The analysis' roofline points and peaks; empty without an ncu pass."""
+    found = (analysis or {}).get("roofline") or {}
+    return found.get("kernels") or [], found.get("peaks") or {}
 
 
 def top_kernel_rows(analysis: dict) -> list[list[str]]:
     steps = steps_in_window(analysis)
-    points = roofline_points(analysis)
+    points = {p["name"]: p for p in roofline(analysis)[0]}
     rows = []
     for i, k in enumerate((analysis.get("top_kernels") or [])[:TOP_K]):
         p = points.get(k["name"], {})
-        achieved = p.get("achieved_flops")
         rows.append([
             str(i + 1), plots.short_name(k["name"], 90), fmt_value(k["total_ns"] / steps / 1e6, ".3f"),
             fmt_value(k["count"] / steps, ".1f"), fmt_value(k["mean_ns"] / 1e3, ".1f"), fmt_value(k["pct"], ".1f"),
-            fmt_value(p.get("arithmetic_intensity"), ".3g"), fmt_value(achieved / 1e12 if achieved else None, ".3g"),
-            str(p.get("bound", "-")),
+            fmt_value(p.get("intensity_dram"), ".3g"), fmt_value(p.get("achieved_tflops"), ".3g"),
+            fmt_value(p.get("pct_of_compute_peak"), ".1f"), p.get("bound", "-").replace("_", " "),
         ])
     return rows
 
 
 TOP_HEADER = ["#", "kernel", "ms / iteration", "launches / iteration", "mean us", "% of kernel time",
-              "FLOP/byte", "TFLOP/s", "bound"]
+              "FLOP / DRAM byte", "TFLOP/s", "% of compute peak", "bound"]
 
 
 def document(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> tuple[Document, list[Path]]:
@@ -129,13 +140,12 @@ def document(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> tuple[Do
         doc.heading(f"Top-{TOP_K} kernels: {label}")
         if run.analysis and run.analysis.get("top_kernels"):
             doc.table(TOP_HEADER, top_kernel_rows(run.analysis))
-            if not run.analysis.get("roofline"):
+            if not roofline(run.analysis)[0]:
                 doc.paragraph("No roofline points: this run's profile had no Nsight Compute pass.")
         else:
             doc.paragraph(f"No profile analysis in run {run.name}: run it with a profile option to get its kernels.")
 
-    drawn = plots.roofline({f"baseline ({baseline.name})": (baseline.analysis or {}).get("roofline") or [],
-                            f"optimised ({optimised.name})": (optimised.analysis or {}).get("roofline") or []},
+    drawn = plots.roofline({"baseline": roofline(baseline.analysis), "optimised": roofline(optimised.analysis)},
                            out_dir / "plots" / "roofline.png")
     if drawn:
         doc.heading("Roofline")
@@ -144,8 +154,9 @@ def document(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> tuple[Do
     doc.heading("Kernel mix: profile diff")
     diff = profile_diff(baseline.analysis, optimised.analysis)
     if diff:
-        doc.paragraph(f"Over the kernels each analysis lists; per iteration; 'unchanged' within "
-                      f"{UNCHANGED_WITHIN:.0%}.")
+        doc.paragraph(f"The top kernels of both runs, time per iteration. added / removed: absent from the other "
+                      f"run's whole profile; entered / left top: present there but outside its top list; "
+                      f"unchanged: within {UNCHANGED_WITHIN:.0%}.")
         doc.table(["change", "kernel", "baseline ms", "optimised ms"],
                   [[c.kind, plots.short_name(c.name, 90), fmt_value(_ms(c.baseline_ns), ".3f"),
                     fmt_value(_ms(c.optimised_ns), ".3f")] for c in diff])
@@ -173,6 +184,6 @@ def write_assignment(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> 
 
 def summary(baseline: SweepRun, optimised: SweepRun) -> str:
     diff = profile_diff(baseline.analysis, optimised.analysis)
-    counts = ", ".join(f"{sum(c.kind == k for c in diff)} {k}" for k in ("added", "removed", "faster", "slower"))
+    counts = ", ".join(f"{sum(c.kind == k for c in diff)} {k}" for k in CHANGE_KINDS)
     return (f"speedup of one iteration: {fmt_value(iteration_speedup(baseline, optimised), '.2f')}x "
             f"({baseline.name} -> {optimised.name}); kernels: {counts if diff else 'no profile analysis'}")

@@ -114,33 +114,35 @@ def loss_curves(labels: Sequence[str], histories: Sequence[Sequence[tuple[int, f
     return _save(fig, path)
 
 
-def roofline(series: dict[str, Sequence[dict]], path: Path) -> Path | None:
+def roofline(series: dict[str, tuple[Sequence[dict], dict]], path: Path) -> Path | None:
     """Roofline points of several runs on one log-log chart, with each run's ceilings when known.
 
-    A point: {"name", "arithmetic_intensity" (FLOP/byte), "achieved_flops" (FLOP/s)}; ceilings from
-    optional "peak_flops" (FLOP/s) and "peak_bandwidth" (byte/s) on the points.
+    Per run: (points, peaks) as ghsweep.profile.roofline writes them: points of {"name",
+    "intensity_dram" (FLOP/byte), "achieved_tflops", "compute_peak_tflops"}, peaks with
+    "dram_bytes_per_s".
     """
-    if not any(series.values()):
+    if not any(points for points, _ in series.values()):
         return None
     fig = Figure(figsize=(6.5, 4.5))
     ax = fig.add_subplot()
     markers = "os^Dv"
-    for n, (run_label, points) in enumerate(series.items()):
-        if not points:
+    for n, (run_label, (points, peaks)) in enumerate(series.items()):
+        shown = [p for p in points if p.get("intensity_dram") and p.get("achieved_tflops")]
+        if not shown:
             continue
-        ai = [p["arithmetic_intensity"] for p in points]
-        ax.scatter(ai, [p["achieved_flops"] / 1e12 for p in points], marker=markers[n % len(markers)],
-                   label=run_label, zorder=3)
-        peaks = [(p["peak_flops"], p["peak_bandwidth"]) for p in points if p.get("peak_flops") and p.get("peak_bandwidth")]
-        if peaks:
-            flops, bandwidth = peaks[0]
-            lo, hi = min(min(ai) / 4, flops / bandwidth / 10), max(max(ai) * 4, flops / bandwidth * 10)
-            xs = [lo, flops / bandwidth, hi]
-            ax.plot(xs, [min(flops, x * bandwidth) / 1e12 for x in xs], linewidth=1, linestyle="--",
-                    label=f"{run_label} ceiling")
+        ai = [p["intensity_dram"] for p in shown]
+        ax.scatter(ai, [p["achieved_tflops"] for p in shown], marker=markers[n % len(markers)], label=run_label,
+                   zorder=3)
+        compute_tflops = max((p.get("compute_peak_tflops") or 0 for p in shown), default=0)
+        dram_tbps = (peaks.get("dram_bytes_per_s") or 0) / 1e12
+        if compute_tflops and dram_tbps:
+            ridge = compute_tflops / dram_tbps
+            xs = [min(min(ai) / 4, ridge / 10), ridge, max(max(ai) * 4, ridge * 10)]
+            ax.plot(xs, [min(compute_tflops, x * dram_tbps) for x in xs], linewidth=1, linestyle="--",
+                    label=f"{run_label}: ceiling")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_xlabel("arithmetic intensity (FLOP per DRAM byte)")
     ax.set_ylabel("achieved TFLOP/s")
     ax.set_title("Roofline of the top kernels")
     ax.grid(alpha=0.3, which="both")

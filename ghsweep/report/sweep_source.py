@@ -71,8 +71,8 @@ def find_run(client: MlflowClient, ref: str, role: str) -> Run:
         if run.info.run_name in names:
             return run
     newest = ", ".join(repr(r.info.run_name) for r in candidates[:5]) or "none"
-    raise SweepNotFound(f"{role} {ref!r}: no {role} run of that name or id in {client.tracking_uri}; "
-                        f"newest there: {newest}")
+    raise SweepNotFound(f"{ref!r}: no run of that name or id with tag ghsweep.role={role} in {client.tracking_uri}; "
+                        f"newest {role} runs there: {newest}")
 
 
 def load_run(client: MlflowClient, run: Run) -> SweepRun:
