@@ -77,6 +77,7 @@ def _validate_model(cfg: DictConfig) -> None:
     _check_choice("model.arch", cfg.model.arch, tuple(LINEAR_MODULES))
     if cfg.model.path and not Path(cfg.model.path).is_dir():
         raise ConfigError(f"model.path={cfg.model.path}: no such folder; expected a Hugging Face model folder")
+    _check_choice("data.packing_mask", cfg.data.packing_mask, ("document", "causal"))
     if cfg.data.path and not Path(cfg.data.path).is_file():
         raise ConfigError(f"data.path={cfg.data.path}: no such file; expected a dolly-format JSONL file")
 

@@ -39,7 +39,8 @@ class ActivationOffload:
         self.num_layers = num_layers
         self.d2h = torch.cuda.Stream()
         self.h2d = torch.cuda.Stream()
-        self.parked: list[list[_Parked]] = [[] for _ in range(num_layers)]
+        # Per offloaded layer: its parked tensors not yet fetched back, by storage and layout.
+        self.parked: list[dict[tuple, _Parked]] = [{} for _ in range(num_layers)]
         self.bytes_offloaded = 0
         for index in range(len(layers)):
             layers[index] = _HookedLayer(layers[index], self, index)
@@ -50,16 +51,22 @@ class ActivationOffload:
             or not tensor.is_cuda
             or isinstance(tensor, nn.Parameter)
             or tensor.numel() * tensor.element_size() < MIN_OFFLOAD_BYTES
+            # Compiled backward graphs expect the saved strides; only dense layouts round-trip as they are.
+            or not tensor.is_non_overlapping_and_dense()
         ):
             return (index, tensor)
-        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-        self.d2h.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.d2h):
-            host.copy_(tensor, non_blocking=True)
-        tensor.record_stream(self.d2h)
-        parked = _Parked(host, tensor.device)
-        self.parked[index].append(parked)
-        self.bytes_offloaded += host.numel() * host.element_size()
+        # Several ops save the same tensor (q, k and v projections save one input): copy it once.
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride(),
+               tensor.dtype)
+        parked = self.parked[index].get(key)
+        if parked is None:
+            host = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, pin_memory=True)
+            self.d2h.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.d2h):
+                host.copy_(tensor, non_blocking=True)
+            tensor.record_stream(self.d2h)
+            parked = self.parked[index][key] = _Parked(host, tensor.device)
+            self.bytes_offloaded += host.numel() * host.element_size()
         return (index, parked)
 
     def unpack(self, saved: tuple[int, Any]) -> torch.Tensor:
@@ -78,11 +85,13 @@ class ActivationOffload:
             return
         self.h2d.wait_stream(self.d2h)
         with torch.cuda.stream(self.h2d):
-            for parked in self.parked[index]:
-                parked.on_device = parked.host.to(parked.device, non_blocking=True)
+            for parked in self.parked[index].values():
+                host = parked.host
+                parked.on_device = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=parked.device)
+                parked.on_device.copy_(host, non_blocking=True)
                 parked.ready = torch.cuda.Event()
                 parked.ready.record()
-        self.parked[index] = []
+        self.parked[index] = {}
 
 
 class _HookedLayer(nn.Module):

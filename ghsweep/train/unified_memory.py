@@ -17,6 +17,9 @@ from pathlib import Path
 
 import torch
 
+# Free GPU memory left to the CUDA context, cuBLAS workspaces and the rest.
+UNIFIED_HEADROOM_GIB = 4.0
+
 _SHIM_SOURCE = r"""
 #include <dlfcn.h>
 #include <pthread.h>
@@ -137,6 +140,16 @@ class ManagedMemory:
             return None
         self._lib.ghsweep_managed_peak.restype = ctypes.c_size_t
         return self._lib.ghsweep_managed_peak() / 2**30
+
+
+def setup_unified_memory(memory_cfg) -> ManagedMemory:
+    """memory=unified for this process, capped at the GPU's free memory less some headroom."""
+    from ghsweep.launch.device_probe import probe_gpu
+
+    gpu = probe_gpu()
+    if gpu is None:
+        raise RuntimeError("memory=unified: no NVIDIA GPU visible to the worker")
+    return enable_managed_memory(gpu.free_mem_gib - UNIFIED_HEADROOM_GIB, memory_cfg.pool_size_gb, memory_cfg.prefetch)
 
 
 def enable_managed_memory(cap_gib: float, pool_gib: float | None, prefetch: bool) -> ManagedMemory:
