@@ -1,0 +1,55 @@
+"""A Lightning callback that measures NeMo's training steps as the torch backend measures its own.
+
+It writes the same metrics.jsonl rows through the same StepLog, prints the same progress lines and
+wraps every step in the same "step N" NVTX range, so MLflow and the profile analysis cannot tell
+the backends apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from lightning.pytorch.callbacks.callback import Callback
+
+from ghsweep.train.phases import STEP_RANGE_PREFIX, Phases
+from ghsweep.train.step_log import StepLog
+
+
+class StepMetricsCallback(Callback):
+    def __init__(self, metrics_path: str, tokens_per_step: int, max_steps: int, log_every: int):
+        self.metrics_path = metrics_path
+        self.tokens_per_step = tokens_per_step
+        self.max_steps = max_steps
+        self.log_every = log_every
+        self.log: StepLog | None = None
+        self._phases: Phases | None = None
+        self._step = contextlib.ExitStack()
+        self._started: object = None
+        # Counted here rather than read from trainer.global_step, whose increment point depends on
+        # the strategy's optimisation mode.
+        self._steps_done = 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        device = trainer.strategy.root_device
+        self.log = StepLog(self.metrics_path, device, self.tokens_per_step)
+        # Ranges only: NsysCallback owns the capture window.
+        self._phases = Phases(device, capture_start=-1, capture_steps=0)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self._step.enter_context(self._phases.range(f"{STEP_RANGE_PREFIX}{self._steps_done}"))
+        self._started = self.log.start()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        step = self._steps_done
+        self._steps_done += 1
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self.log.end(step, torch.as_tensor(loss), self._started)
+        self._step.close()
+        if (step + 1) % self.log_every == 0 or step + 1 == self.max_steps:
+            self.log.flush()
+            print(f"step {step + 1}/{self.max_steps} loss {self.log.losses[-1]:.4f} "
+                  f"step_time_ms {self.log.step_times_ms[-1]:.1f}", flush=True)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.log.close()

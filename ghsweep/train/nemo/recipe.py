@@ -1,0 +1,320 @@
+"""The config groups mapped onto NeMo 2's `llm.llama2_7b.finetune_recipe`.
+
+`check_config` needs no NeMo (the job process calls it before submission); everything that builds
+or reads a recipe imports NeMo lazily, inside the function.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from ghsweep.config.validate import ConfigError
+
+# LoRA targets: transformers' module names -> Megatron's fused linear layers. Megatron fuses
+# q/k/v into one GEMM and gate/up into another, so a LoRA target is all of a group or none of it.
+LORA_MODULE_GROUPS = {
+    "linear_qkv": ("q_proj", "k_proj", "v_proj"),
+    "linear_proj": ("o_proj",),
+    "linear_fc1": ("gate_proj", "up_proj"),
+    "linear_fc2": ("down_proj",),
+}
+RECOMPUTE_GRANULARITIES = (None, "selective", "full")
+# Files a backend=nemo run directory keeps: the recipe as NeMo-Run prints it, and as fiddle JSON
+# (reloadable with `load_recipe`).
+RECIPE_TEXT = "recipe.txt"
+RECIPE_JSON = "recipe.json"
+# The dolly records converted to NeMo's fine-tuning format ({"input", "output"} per line).
+DATASET_DIR = "nemo_data"
+
+
+def transformer_engine_available() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def lora_target_modules(targets: list[str]) -> list[str]:
+    """Megatron's names for the transformers module names in `targets` (`peft.target_modules`)."""
+    chosen = set(targets)
+    names = []
+    for fused, parts in LORA_MODULE_GROUPS.items():
+        present = [p for p in parts if p in chosen]
+        if present and len(present) != len(parts):
+            raise ConfigError(
+                f"peft.target_modules={sorted(chosen)}: with backend=nemo {', '.join(parts)} are one fused "
+                f"layer ({fused}) and take LoRA together; accepted: all of them or none"
+            )
+        if present:
+            names.append(fused)
+    return names
+
+
+def check_config(cfg: DictConfig, runtime: bool) -> None:
+    """Raise ConfigError for what NeMo/Megatron would refuse, before any GPU time.
+
+    `runtime`: this interpreter is the one the worker trains in, so installed packages
+    (Transformer Engine for fp8) can be checked here too.
+    """
+    b = cfg.backend
+    for key in ("num_nodes", "gpus_per_node", "tensor_parallel", "pipeline_parallel"):
+        if isinstance(b[key], bool) or not isinstance(b[key], int) or b[key] < 1:
+            raise ConfigError(f"backend.{key}={b[key]}: must be an integer >= 1")
+    gpus = b.num_nodes * b.gpus_per_node
+    if gpus % (b.tensor_parallel * b.pipeline_parallel):
+        raise ConfigError(
+            f"backend.tensor_parallel={b.tensor_parallel}: tensor x pipeline parallel "
+            f"({b.tensor_parallel * b.pipeline_parallel}) must divide the run's {gpus} GPUs "
+            "(backend.num_nodes x backend.gpus_per_node)"
+        )
+    if b.recompute_granularity not in RECOMPUTE_GRANULARITIES:
+        raise ConfigError(
+            f"backend.recompute_granularity={b.recompute_granularity}: not an accepted value; "
+            "accepted: null, selective, full"
+        )
+    if b.recompute_granularity == "full" and b.recompute_method not in ("block", "uniform"):
+        raise ConfigError(
+            f"backend.recompute_method={b.recompute_method}: recompute_granularity=full needs one; "
+            "accepted: block, uniform"
+        )
+    if cfg.peft.name == "lora":
+        lora_target_modules(list(cfg.peft.target_modules))
+    layers = cfg.model.num_layers
+    if cfg.offload.enabled:
+        if cfg.offload.num_layers >= layers:
+            raise ConfigError(
+                f"offload.num_layers={cfg.offload.num_layers}: with backend=nemo Megatron offloads fewer "
+                f"layers than model={cfg.model.name} has ({layers}); accepted: 1 to {layers - 1}"
+            )
+        if b.pipeline_parallel > 1:
+            raise ConfigError(
+                f"backend.pipeline_parallel={b.pipeline_parallel}: Megatron has no CPU offloading with "
+                "pipeline parallelism; accepted with offload=on: 1"
+            )
+        if b.recompute_granularity is not None:
+            raise ConfigError(
+                f"backend.recompute_granularity={b.recompute_granularity}: Megatron refuses activation "
+                "recomputation together with offload=on; accepted with offload=on: null"
+            )
+    if cfg.dataloader.prefetch_factor not in (None, 2):
+        raise ConfigError(
+            f"dataloader.prefetch_factor={cfg.dataloader.prefetch_factor}: NeMo's data module always "
+            "uses PyTorch's default; accepted with backend=nemo: null, 2"
+        )
+    if cfg.precision.name == "fp8":
+        if cfg.precision.library not in ("auto", "te"):
+            raise ConfigError(
+                f"precision.library={cfg.precision.library}: NeMo's fp8 is Transformer Engine's; "
+                "accepted with backend=nemo: auto, te"
+            )
+        if runtime and not transformer_engine_available():
+            raise ConfigError(
+                "precision=fp8: backend=nemo needs Transformer Engine (import transformer_engine) and "
+                "this environment has none (the NeMo container has it); accepted here: fp32, fp16, bf16"
+            )
+
+
+def tokens_per_step(cfg: DictConfig) -> int:
+    """Tokens of one global batch: every micro-batch is packed full (see `build_recipe`)."""
+    b = cfg.backend
+    data_parallel = b.num_nodes * b.gpus_per_node // (b.tensor_parallel * b.pipeline_parallel)
+    return cfg.train.micro_batch_size * cfg.train.seq_length * data_parallel
+
+
+def build_recipe(cfg: DictConfig, run_dir: Path) -> Any:
+    """The `run.Partial` of `llm.finetune` that trains `cfg`, logging into `run_dir`."""
+    import nemo_run as run
+    from nemo.collections import llm
+
+    b = cfg.backend
+    # The torch backend packs examples into micro-batches of exactly seq_length tokens; NeMo packs
+    # into one sequence per micro-batch, so the same tokens per step are one packed sequence of
+    # micro_batch_size x seq_length (NeMo's own advice for packed micro-batches > 1).
+    packed_length = cfg.train.micro_batch_size * cfg.train.seq_length
+    recipe = llm.llama2_7b.finetune_recipe(
+        dir=str(run_dir / "nemo"),
+        name="ghsweep",
+        num_nodes=b.num_nodes,
+        num_gpus_per_node=b.gpus_per_node,
+        peft_scheme="lora" if cfg.peft.name == "lora" else None,
+        seq_length=packed_length,
+        packed_sequence=True,
+    )
+    _map_model(recipe, cfg)
+    _map_peft(recipe, cfg)
+    _map_precision(recipe, cfg)
+    _map_offload(recipe, cfg)
+    _map_data(recipe, cfg, run_dir, packed_length)
+    _map_train(recipe, cfg, run_dir)
+    return recipe
+
+
+def _map_model(recipe: Any, cfg: DictConfig) -> None:
+    import nemo_run as run
+    from nemo import lightning as nl
+    from nemo.collections.common.tokenizers.bytelevel_tokenizers import ByteLevelTokenizer
+    from nemo.collections.common.tokenizers.huggingface.auto_tokenizer import AutoTokenizer
+
+    m = cfg.model
+    c = recipe.model.config
+    c.num_layers = m.num_layers
+    c.hidden_size = m.hidden_size
+    c.ffn_hidden_size = m.intermediate_size
+    c.num_attention_heads = m.num_attention_heads
+    c.num_query_groups = m.num_key_value_heads
+    c.layernorm_epsilon = m.rms_norm_eps
+    if m.path:
+        # A Hugging Face folder: the worker converts it once into NeMo's model cache (`hf_import_path`).
+        recipe.model.tokenizer = run.Config(AutoTokenizer, pretrained_model_name=str(m.path))
+        recipe.resume = run.Config(
+            nl.AutoResume, restore_config=run.Config(nl.RestoreConfig, path=str(hf_import_path(m.path)))
+        )
+    else:
+        # Random weights of the configured shape, byte-level tokens (no vocabulary to download),
+        # the configured vocabulary size so the output layer costs what the real one does.
+        c.vocab_size = m.vocab_size
+        recipe.model.tokenizer = run.Config(ByteLevelTokenizer, vocab_size=256)
+        recipe.resume = None
+
+
+def hf_import_path(model_path: str) -> Path:
+    """Where `llm.import_ckpt(model, "hf://" + model_path)` puts its NeMo checkpoint (NeMo's rule)."""
+    from nemo.lightning.base import NEMO_MODELS_CACHE
+
+    return Path(NEMO_MODELS_CACHE) / Path(model_path).name
+
+
+def _map_peft(recipe: Any, cfg: DictConfig) -> None:
+    # The recipe sets tensor parallel 2 for full fine-tuning; the run's layout is backend's.
+    recipe.trainer.strategy.tensor_model_parallel_size = cfg.backend.tensor_parallel
+    recipe.trainer.strategy.pipeline_model_parallel_size = cfg.backend.pipeline_parallel
+    if cfg.peft.name != "lora":
+        return
+    p = cfg.peft
+    recipe.peft.dim = p.r
+    recipe.peft.alpha = p.alpha
+    recipe.peft.dropout = p.dropout
+    recipe.peft.target_modules = lora_target_modules(list(p.target_modules))
+
+
+def _map_precision(recipe: Any, cfg: DictConfig) -> None:
+    recipe.trainer.plugins = _precision_plugin(cfg)
+    # MegatronMixedPrecision asserts that the optimizer's dtype flags match its own.
+    recipe.optim.config.bf16 = cfg.precision.name in ("bf16", "fp8")
+    recipe.optim.config.fp16 = cfg.precision.name == "fp16"
+
+
+def _precision_plugin(cfg: DictConfig) -> Any:
+    import nemo_run as run
+    import torch
+    from nemo.collections.llm.recipes.precision import mixed_precision as mp
+    from nemo.lightning.pytorch.plugins.mixed_precision import MegatronMixedPrecision
+
+    p = cfg.precision
+    if p.name == "fp32":
+        return run.Config(MegatronMixedPrecision, precision="32", params_dtype=torch.float32,
+                          pipeline_dtype=torch.float32, autocast_enabled=False, grad_reduce_in_fp32=True)
+    if p.name == "fp16":
+        plugin = mp.fp16_mixed()
+        plugin.fp16_initial_loss_scale = p.initial_loss_scale
+        return plugin
+    if p.name == "bf16":
+        return mp.bf16_mixed()
+    plugin = mp.bf16_with_fp8_mixed() if p.scaling == "delayed" else mp.bf16_with_fp8_current_scaling_mixed()
+    plugin.fp8 = p.format
+    return plugin
+
+
+def _map_offload(recipe: Any, cfg: DictConfig) -> None:
+    c = recipe.model.config
+    o = cfg.offload
+    c.cpu_offloading = bool(o.enabled)
+    c.cpu_offloading_num_layers = o.num_layers if o.enabled else 0
+    # ghsweep's offload is activation offloading; the weights stay on the GPU.
+    c.cpu_offloading_activations = bool(o.enabled)
+    c.cpu_offloading_weights = False
+    b = cfg.backend
+    c.recompute_granularity = b.recompute_granularity
+    c.recompute_method = b.recompute_method
+    c.recompute_num_layers = b.recompute_num_layers
+
+
+def _map_data(recipe: Any, cfg: DictConfig, run_dir: Path, packed_length: int) -> None:
+    import nemo_run as run
+    from nemo.collections import llm
+    from nemo.collections.llm.gpt.data.packed_sequence import PackedSequenceSpecs
+
+    dl = cfg.dataloader
+    b = cfg.backend
+    data_parallel = b.num_nodes * b.gpus_per_node // (b.tensor_parallel * b.pipeline_parallel)
+    recipe.data = run.Config(
+        llm.FineTuningDataModule,
+        dataset_root=str(run_dir / DATASET_DIR),
+        seq_length=packed_length,
+        micro_batch_size=1,
+        global_batch_size=data_parallel,
+        seed=cfg.seed,
+        num_workers=dl.num_workers,
+        pin_memory=dl.pin_memory,
+        persistent_workers=dl.persistent_workers and dl.num_workers > 0,
+        packed_sequence_specs=run.Config(PackedSequenceSpecs, packed_sequence_size=packed_length),
+        dataset_kwargs={"pad_to_max_length": True},
+    )
+
+
+def _map_train(recipe: Any, cfg: DictConfig, run_dir: Path) -> None:
+    import nemo_run as run
+    from nemo.lightning.pytorch.callbacks.nsys import NsysCallback
+
+    from ghsweep.train.nemo.metrics import StepMetricsCallback
+
+    t = cfg.train
+    trainer = recipe.trainer
+    trainer.max_steps = t.max_steps
+    trainer.log_every_n_steps = t.log_every
+    # ghsweep measures training steps: no validation passes, no checkpoints in between.
+    trainer.limit_val_batches = 0
+    trainer.val_check_interval = None
+    trainer.enable_checkpointing = False
+    recipe.log.ckpt = None
+    recipe.log.tensorboard = None
+    recipe.optim.config.lr = t.lr
+    recipe.optim.config.weight_decay = t.weight_decay
+    # A constant learning rate, as in the torch backend.
+    recipe.optim.lr_scheduler = None
+    # NsysCallback stops after the batch of its end_step: capture.num_steps steps from start_step.
+    trainer.callbacks = [
+        *(trainer.callbacks or []),
+        run.Config(NsysCallback, start_step=cfg.capture.start_step,
+                   end_step=cfg.capture.start_step + cfg.capture.num_steps - 1, ranks=[0]),
+        run.Config(StepMetricsCallback, metrics_path=str(run_dir / "metrics.jsonl"),
+                   tokens_per_step=tokens_per_step(cfg), max_steps=t.max_steps, log_every=t.log_every),
+    ]
+
+
+def save_recipe(recipe: Any, run_dir: Path) -> str:
+    """Write the recipe into `run_dir` (readable text and reloadable JSON); return the text."""
+    from fiddle._src.experimental import serialization
+
+    text = str(recipe)
+    (run_dir / RECIPE_TEXT).write_text(text + "\n")
+    (run_dir / RECIPE_JSON).write_text(serialization.dump_json(recipe, indent=1))
+    return text
+
+
+def load_recipe(run_dir: Path) -> Any:
+    from fiddle._src.experimental import serialization
+
+    return serialization.load_json((run_dir / RECIPE_JSON).read_text())
+
+
+def describe_recipe(cfg: DictConfig, run_dir: Path) -> str:
+    """The dry run of a backend=nemo combination: its composed recipe, kept in `run_dir` too."""
+    try:
+        check_config(cfg, runtime=False)
+    except ConfigError as exc:
+        return f"  recipe:  (not runnable) {exc}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    text = save_recipe(build_recipe(cfg, run_dir), run_dir)
+    return f"  recipe:  {run_dir / RECIPE_JSON}\n" + "\n".join("    " + line for line in text.splitlines())
