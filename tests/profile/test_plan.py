@@ -1,0 +1,98 @@
+"""Which profiler a run gets, the nsys command line, and profile=torch end to end on CPU."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from ghsweep.config.validate import ConfigError
+from ghsweep.profile.plan import ProfilePlan, profiler_prefix, resolve
+from tests.conftest import CONF_DIR, run_cli
+
+
+def compose_cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def fake_tool(tmp_path: Path, name: str) -> str:
+    """An executable file standing in for an installed nsys/ncu (only its path is used here)."""
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_auto_is_the_default_and_falls_back_to_torch_without_gpu(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    cfg = compose_cfg()
+    assert cfg.profile.name == "auto"
+    plan = resolve(cfg.profile, on_gpu=False, device="cpu")
+    assert plan.used == "torch" and "no GPU" in plan.note
+    plan = resolve(cfg.profile, on_gpu=True, device="cuda")
+    assert plan.used == "torch" and "nsys not found" in plan.note
+
+
+def test_requested_nsys_missing_is_a_one_line_error(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ConfigError, match=r"^profile=nsys: nsys not found on PATH; .*accepted here: profile=torch"):
+        resolve(compose_cfg("profile=nsys").profile, on_gpu=True, device="cuda")
+    with pytest.raises(ConfigError, match=r"^profile=nsys_ncu: Nsight Systems traces CUDA and this run has no GPU"):
+        resolve(compose_cfg("profile=nsys_ncu").profile, on_gpu=False, device="cpu")
+
+
+def test_ncu_missing_for_nsys_ncu(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    cfg = compose_cfg("profile=nsys_ncu", f"profile.nsys.path={fake_tool(tmp_path, 'nsys')}")
+    with pytest.raises(ConfigError, match=r"^profile=nsys_ncu: ncu not found on PATH"):
+        resolve(cfg.profile, on_gpu=True, device="cuda")
+    cfg = compose_cfg("profile=nsys_ncu", f"profile.nsys.path={tmp_path / 'nsys'}",
+                      f"profile.ncu.path={fake_tool(tmp_path, 'ncu')}")
+    plan = resolve(cfg.profile, on_gpu=True, device="cuda")
+    assert plan.used == "nsys" and plan.ncu and plan.ncu_path.endswith("ncu")
+
+
+def test_nsys_command_records_the_capture_window(tmp_path):
+    nsys = fake_tool(tmp_path, "nsys")
+    cfg = compose_cfg("profile=nsys", f"profile.nsys.path={nsys}", "memory=unified",
+                      "profile.nsys.extra_args=['--sample=none']")
+    resolve(cfg.profile, on_gpu=True, device="cuda").save(tmp_path)
+    command = profiler_prefix(cfg, tmp_path)
+    assert command[:2] == [nsys, "profile"]
+    assert "--trace=cuda,nvtx,osrt,cudnn,cublas" in command
+    assert "--capture-range=cudaProfilerApi" in command and "--capture-range-end=stop" in command
+    assert "--cuda-um-gpu-page-faults=true" in command  # um_page_faults=auto with memory=unified
+    assert f"--output={tmp_path / 'profile'}" in command and command[-1] == "--sample=none"
+    ProfilePlan("torch", "torch").save(tmp_path)
+    assert profiler_prefix(cfg, tmp_path) == []
+
+
+def test_profile_nsys_on_a_machine_without_gpu_fails_before_training(tmp_path):
+    proc = run_cli(["experiment=smoke", "profile=nsys"], tmp_path, timeout=300)
+    assert proc.returncode != 0
+    assert "profile=nsys: Nsight Systems traces CUDA and this run has no GPU" in proc.stdout + proc.stderr
+    assert not list(tmp_path.glob("outputs/*/*/metrics.jsonl"))
+
+
+def test_profile_torch_end_to_end_on_cpu(tmp_path):
+    proc = run_cli(["experiment=smoke", "profile=torch", "train.max_steps=5", "capture.start_step=2",
+                    "capture.num_steps=2"], tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run_dir = next(tmp_path.glob("outputs/*/*"))
+    analysis = json.loads((run_dir / "profile_analysis.json").read_text())
+    assert analysis["source"]["kind"] == "torch" and analysis["source"]["device"] == "cpu"
+    assert analysis["window"]["steps"] == [2, 3]
+    assert analysis["top_kernels"] and analysis["top_kernels"][0]["name"].startswith("aten::")
+    assert analysis["phases_ms_per_step"]["forward"] > 0
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = client.search_runs([client.get_experiment_by_name("ghsweep").experiment_id])[0]
+    assert run.data.tags["ghsweep.profile_used"] == "torch"
+    files = {a.path for a in client.list_artifacts(run.info.run_id, "profile")}
+    assert {"profile/torch_trace.json", "profile/profile_report.md", "profile/top_kernels.md"} <= files
