@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.launch.device_probe import GpuInfo
 
@@ -53,7 +53,7 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> None:
         raise ConfigError(f"device={device}: no NVIDIA GPU is visible to this job; accepted here: auto, cpu")
     on_gpu = run_device(cfg, gpu) == "cuda"
 
-    _check_choice("backend", cfg.backend.name, ("torch",))
+    _check_choice("backend", cfg.backend.name, ("torch", "nemo"))
     _validate_model(cfg)
     _validate_train(cfg)
     _validate_peft(cfg)
@@ -71,6 +71,22 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> None:
         raise ConfigError("memory=unified with offload=on: not supported together; accepted: offload=off with "
                           "memory=unified, or memory=device with offload=on")
     _validate_dataloader(cfg)
+    _validate_profile(cfg)
+    if cfg.backend.name == "nemo":
+        _validate_nemo(cfg, on_gpu)
+
+
+def _validate_nemo(cfg: DictConfig, on_gpu: bool) -> None:
+    # Imported here: ghsweep.train.nemo.recipe imports ConfigError from this module (and no NeMo).
+    from ghsweep.train.nemo.recipe import check_config
+
+    # Without a container the worker trains in this interpreter, so its packages can be checked now.
+    check_config(cfg, runtime=not OmegaConf.select(cfg, "container.image"))
+    if not on_gpu:
+        raise ConfigError(
+            f"backend=nemo: training needs an NVIDIA GPU (Megatron) and this run has none (device={cfg.device}); "
+            "accepted here: backend=torch"
+        )
 
 
 def _validate_model(cfg: DictConfig) -> None:
@@ -160,3 +176,22 @@ def _validate_dataloader(cfg: DictConfig) -> None:
     _check_int("dataloader.num_workers", dl.num_workers, 0)
     if dl.prefetch_factor is not None:
         _check_int("dataloader.prefetch_factor", dl.prefetch_factor, 1)
+
+
+NSYS_TRACES = ("cuda", "nvtx", "osrt", "cudnn", "cublas", "cublas-verbose", "cusparse", "cusparse-verbose",
+               "cudla", "cudla-verbose", "mpi", "oshmem", "ucx", "openacc", "openmp", "opengl", "opengl-annotations",
+               "nvvideo", "vulkan", "vulkan-annotations", "python-gil", "syscall", "none")
+
+
+def _validate_profile(cfg: DictConfig) -> None:
+    p = cfg.profile
+    _check_choice("profile", p.name, ("auto", "none", "torch", "nsys", "nsys_ncu"))
+    limit = p.get("artifact_max_mb")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit < 0):
+        raise ConfigError(f"profile.artifact_max_mb={limit}: must be a number >= 0 (MB), or null for no limit")
+    if "nsys" in p:
+        for trace in p.nsys.trace:
+            _check_choice("profile.nsys.trace", trace, NSYS_TRACES)
+        _check_choice("profile.nsys.um_page_faults", p.nsys.um_page_faults, ("auto", True, False))
+    if "ncu" in p:
+        _check_int("profile.ncu.top_k", p.ncu.top_k, 1)

@@ -96,3 +96,16 @@ def test_profile_torch_end_to_end_on_cpu(tmp_path):
     assert run.data.tags["ghsweep.profile_used"] == "torch"
     files = {a.path for a in client.list_artifacts(run.info.run_id, "profile")}
     assert {"profile/torch_trace.json", "profile/profile_report.md", "profile/top_kernels.md"} <= files
+
+
+@pytest.mark.parametrize("override,message", [
+    ("profile.nsys.trace=[cuda,gpu]", "profile.nsys.trace=gpu: not an accepted value; accepted: cuda, nvtx"),
+    ("profile.ncu.top_k=0", "profile.ncu.top_k=0: must be an integer >= 1"),
+    ("profile.artifact_max_mb=-1", "profile.artifact_max_mb=-1: must be a number >= 0"),
+])
+def test_bad_profile_options_are_one_line_errors(override, message):
+    from ghsweep.config.validate import validate
+
+    with pytest.raises(ConfigError) as err:
+        validate(compose_cfg("profile=nsys_ncu", override, "device=cpu"), None)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
