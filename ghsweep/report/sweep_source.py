@@ -15,9 +15,10 @@ from pathlib import Path
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-# The profile analysis of a run (`python -m ghsweep.analyze --json` output), found as an artifact
-# of this name at the run's top level or one folder down.
-ANALYSIS_ARTIFACT = "analysis.json"
+from ghsweep.profile.plan import ANALYSIS_FILE
+
+# Where a job logs its profile's files, the analysis (`python -m ghsweep.analyze --json`) among them.
+PROFILE_ARTIFACTS = "profile"
 SWEEP_NAME_PREFIX = "sweep "
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -112,13 +113,8 @@ def load_sweep(client: MlflowClient, parent: Run) -> list[SweepRun]:
 
 
 def load_analysis(client: MlflowClient, run_id: str) -> dict | None:
-    top = client.list_artifacts(run_id)
-    paths = [a.path for a in top if not a.is_dir]
-    for folder in (a.path for a in top if a.is_dir):
-        paths += [a.path for a in client.list_artifacts(run_id, folder) if not a.is_dir]
-    found = [p for p in paths if Path(p).name == ANALYSIS_ARTIFACT]
-    if not found:
+    wanted = f"{PROFILE_ARTIFACTS}/{ANALYSIS_FILE}"
+    if wanted not in {a.path for a in client.list_artifacts(run_id, PROFILE_ARTIFACTS)}:
         return None
     with tempfile.TemporaryDirectory() as tmp:
-        local = client.download_artifacts(run_id, found[0], tmp)
-        return json.loads(Path(local).read_text())
+        return json.loads(Path(client.download_artifacts(run_id, wanted, tmp)).read_text())

@@ -1,0 +1,94 @@
+"""Every preset in experiments/ runs as the one command the README gives, at smoke size on CPU.
+
+As lightning-hydra-template's `experiment=glob(*)` test: each preset's own sweep (its
+hydra.sweeper.params) runs through the real CLI with SMOKE appended (a tiny Llama on CPU, a few
+steps). What the preset studies needs a GPU in two cases, and there the run must fail with the
+clear validation error while the rest of the sweep still runs: memory=unified and precision=fp8.
+top5_roofline's Nsight passes need a GPU too; its smoke run swaps them for the PyTorch profiler
+(profile=torch, as documented in the README), so the assignment report still gets real Top-5 tables.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import REPO, run_cli
+
+SMOKE = ["model=tiny_llama", "device=cpu", "train.max_steps=3", "train.seq_length=64", "train.micro_batch_size=1",
+         "train.warmup_steps=1", "train.log_every=1", "offload.num_layers=2", "capture.start_step=1",
+         "capture.num_steps=1", "profile=none"]
+UNIFIED_ON_CPU = "memory=unified: CUDA managed memory needs an NVIDIA GPU and this run has none"
+FP8_ON_CPU = "precision=fp8: needs an NVIDIA GPU of compute capability >= 8.9 and this run has none"
+# Per preset: extra smoke overrides, and the outcome of each combination (by its swept override):
+# "FINISHED", or the start of the error it must fail with.
+EXPECTED = {
+    "smoke": ([], {"": "FINISHED"}),
+    "dataloader_workers": ([], {"dataloader.num_workers=0": "FINISHED", "dataloader.num_workers=4": "FINISHED"}),
+    "offload_tradeoff": ([], {"offload=off": "FINISHED", "offload=on": "FINISHED"}),
+    "unified_memory": ([], {"peft=lora": UNIFIED_ON_CPU, "peft=none": UNIFIED_ON_CPU}),
+    "precision_ladder": ([], {"precision=fp32": "FINISHED", "precision=bf16": "FINISHED", "precision=fp8": FP8_ON_CPU}),
+    "peft_vs_full": ([], {"peft=lora": "FINISHED", "peft=none": "FINISHED"}),
+    "top5_roofline": (["profile=torch"], {"precision=fp32": "FINISHED", "precision=bf16": "FINISHED"}),
+}
+PRESETS = sorted(p.stem for p in (REPO / "experiments").glob("*.yaml"))
+
+
+def test_every_preset_has_an_expected_outcome():
+    assert PRESETS == sorted(EXPECTED), "add each new preset to EXPECTED with its smoke outcome"
+
+
+def swept(overrides: str) -> str:
+    """The combination's override that the preset sweeps (empty for a preset without a sweep)."""
+    keys = {o.partition("=")[0] for o in SMOKE}
+    own = [o for o in overrides.split(" ") if not o.startswith("experiment=") and o.partition("=")[0] not in keys]
+    return " ".join(own)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_runs_at_smoke_size(preset, tmp_path):
+    extra, outcomes = EXPECTED[preset]
+    proc = run_cli(["-m", f"experiment={preset}", *SMOKE, *extra], tmp_path)
+    failures = [o for o in outcomes.values() if o != "FINISHED"]
+    assert proc.returncode == (1 if failures else 0), proc.stderr[-3000:]
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("ghsweep")
+    (parent,) = client.search_runs([exp.experiment_id], "tags.`ghsweep.role` = 'sweep'")
+    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    got = {swept(c.data.tags["ghsweep.overrides"]): c for c in children}
+    assert set(got) == set(outcomes)
+    for combination, outcome in outcomes.items():
+        run = got[combination]
+        if outcome == "FINISHED":
+            assert run.info.status == "FINISHED", run.data.tags.get("ghsweep.error")
+            assert run.data.metrics["tokens_per_s"] > 0
+        else:
+            assert run.info.status == "FAILED"
+            assert run.data.tags["ghsweep.error"].startswith(outcome), run.data.tags["ghsweep.error"]
+
+    # The sweep's comparison was written, logged to the parent and summarised in the terminal.
+    assert "ghsweep comparison:" in proc.stdout
+    logged = {a.path for a in client.list_artifacts(parent.info.run_id, "comparison")}
+    assert {"comparison/comparison.md", "comparison/comparison.html"} <= logged
+    if preset == "top5_roofline":
+        check_assignment(parent.info.run_name, tmp_path)
+
+
+def check_assignment(sweep_name: str, cwd: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "ghsweep.report", "--assignment", sweep_name, "--out", "asg"],
+                          cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("speedup of one iteration: ")
+    md = (cwd / "asg" / "assignment.md").read_text()
+    assert "| precision | fp32 | bf16 |" in md
+    for label in ("baseline", "optimised"):
+        part = md.split(f"## Top-5 kernels: {label}")[1].split("## ")[0]
+        # On CPU the PyTorch profiler's Top-5 are CPU operators (aten::...); there is no ncu roofline.
+        rows = [line for line in part.splitlines() if line.startswith("| ") and line[2].isdigit()]
+        assert len(rows) == 5 and any("| aten::mm |" in r for r in rows), part
+        assert "No roofline points" in part
