@@ -24,17 +24,21 @@ def main(argv: list[str]) -> int:
     ready_at = time.time()
     cfg = OmegaConf.load(run_dir / "config.yaml")
     try:
-        if cfg.backend.name != "torch":
-            raise ValueError(f"backend={cfg.backend.name} is not known; accepted: torch")
+        if cfg.backend.name not in ("torch", "nemo"):
+            raise ValueError(f"backend={cfg.backend.name} is not known; accepted: torch, nemo")
         # Before the backend's imports: transformers initialises CUDA on import, and the allocator
         # can only be swapped before that.
         from ghsweep.train.unified_memory import setup_unified_memory
 
         managed = setup_unified_memory(cfg.memory) if cfg.memory.name == "unified" else None
-        from ghsweep.train import torch_backend
+        # Imported only for its backend: the base install has no NeMo.
+        if cfg.backend.name == "nemo":
+            from ghsweep.train.nemo import backend
+        else:
+            from ghsweep.train import torch_backend as backend
 
         import_s = time.time() - ready_at
-        summary = torch_backend.train(cfg, run_dir, managed)
+        summary = backend.train(cfg, run_dir, managed)
     except BaseException as exc:
         error = {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[0] if str(exc).strip() else ""}
         (run_dir / "worker_error.json").write_text(json.dumps(error))

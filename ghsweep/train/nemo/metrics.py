@@ -8,6 +8,7 @@ the backends apart.
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 from lightning.pytorch.callbacks.callback import Callback
@@ -29,9 +30,17 @@ class StepMetricsCallback(Callback):
         # Counted here rather than read from trainer.global_step, whose increment point depends on
         # the strategy's optimisation mode.
         self._steps_done = 0
+        self.params_total = 0
+        self.params_trainable = 0
+        self.train_started_at = 0.0
+        self.train_ended_at = 0.0
 
     def on_train_start(self, trainer, pl_module) -> None:
+        self.train_started_at = time.time()
         device = trainer.strategy.root_device
+        # After the PEFT transform: the frozen base and the adapters as they train.
+        self.params_total = sum(p.numel() for p in pl_module.parameters())
+        self.params_trainable = sum(p.numel() for p in pl_module.parameters() if p.requires_grad)
         self.log = StepLog(self.metrics_path, device, self.tokens_per_step)
         # Ranges only: NsysCallback owns the capture window.
         self._phases = Phases(device, capture_start=-1, capture_steps=0)
@@ -53,3 +62,4 @@ class StepMetricsCallback(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.log.close()
+        self.train_ended_at = time.time()

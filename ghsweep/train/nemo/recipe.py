@@ -315,6 +315,11 @@ def describe_recipe(cfg: DictConfig, run_dir: Path) -> str:
         check_config(cfg, runtime=False)
     except ConfigError as exc:
         return f"  recipe:  (not runnable) {exc}"
+    try:
+        import nemo.collections.llm  # noqa: F401
+    except ImportError as exc:
+        return (f"  recipe:  (not composed) NeMo does not import here ({exc}); run the dry run where it does: "
+                "the NeMo container, or the environment tests/nemo/make_env.sh builds")
     run_dir.mkdir(parents=True, exist_ok=True)
     text = save_recipe(build_recipe(cfg, run_dir), run_dir)
     return f"  recipe:  {run_dir / RECIPE_JSON}\n" + "\n".join("    " + line for line in text.splitlines())
