@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ghsweep.bench.rows import ROWS
@@ -38,17 +39,23 @@ TARGETS = [
 ]
 
 
-def run_rows(names: list[str], seq: int, steps: int, layers: int, log_dir: Path) -> dict[str, dict]:
+def run_rows(names: list[str], seq: int, steps: int, layers: int, log_dir: Path, row_timeout_s: float,
+             on_row: Callable[[dict[str, dict]], None]) -> dict[str, dict]:
     results = {}
     for i, name in enumerate(names, 1):
         out = log_dir / f"{name}.json"
         started = time.time()
         print(f"[{i}/{len(names)}] {name} ...", end=" ", flush=True)
         with open(log_dir / f"{name}.log", "w") as log:
-            subprocess.run([sys.executable, "-m", "ghsweep.bench.rows", name, str(out), "--seq", str(seq),
-                            "--steps", str(steps), "--layers", str(layers)], stdout=log, stderr=subprocess.STDOUT,
-                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        results[name] = json.loads(out.read_text()) if out.exists() else {"ok": False, "error": "row process crashed"}
+            try:
+                subprocess.run([sys.executable, "-m", "ghsweep.bench.rows", name, str(out), "--seq", str(seq),
+                                "--steps", str(steps), "--layers", str(layers)], stdout=log, stderr=subprocess.STDOUT,
+                               env=dict(os.environ, PYTHONUNBUFFERED="1"), timeout=row_timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        results[name] = (json.loads(out.read_text()) if out.exists()
+                         else {"ok": False, "error": f"row process crashed or ran past {row_timeout_s:.0f} s"})
+        on_row(results)
         row = results[name]
         print(f"{row['tokens_per_s']:,.0f} tokens/s" if row["ok"] else f"FAILED: {row['error']}",
               f"({time.time() - started:.0f} s)", flush=True)
@@ -93,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=32, help="decoder layers (32 = Llama-2-7B)")
     parser.add_argument("--out", type=Path, help="write rows, targets and the command as JSON")
     parser.add_argument("--logs", type=Path, help="keep each row's log here")
+    parser.add_argument("--row-timeout", type=float, default=180, help="seconds before a row counts as failed")
     args = parser.parse_args(argv)
     names = args.rows.split(",")
     unknown = [n for n in names if n not in ROWS]
@@ -101,14 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = args.logs or Path(tmp)
         log_dir.mkdir(parents=True, exist_ok=True)
-        results = run_rows(names, args.seq, args.steps, args.layers, log_dir)
-    checks = evaluate_targets(results)
-    report = format_report(results, checks)
-    if args.out:
-        args.out.write_text(json.dumps({
-            "command": "python -m ghsweep.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "rows": results, "targets": checks}, indent=2))
-    print("\n" + report)
+        command = "python -m ghsweep.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+
+        def save(results: dict[str, dict]) -> None:  # after every row: a run cut short keeps what it measured
+            if args.out:
+                args.out.write_text(json.dumps(
+                    {"command": command, "rows": results, "targets": evaluate_targets(results)}, indent=2))
+
+        results = run_rows(names, args.seq, args.steps, args.layers, log_dir, args.row_timeout, save)
+    print("\n" + format_report(results, evaluate_targets(results)))
     return 0
 
 

@@ -51,8 +51,6 @@ class ActivationOffload:
             or not tensor.is_cuda
             or isinstance(tensor, nn.Parameter)
             or tensor.numel() * tensor.element_size() < MIN_OFFLOAD_BYTES
-            # Compiled backward graphs expect the saved strides; only dense layouts round-trip as they are.
-            or not tensor.is_non_overlapping_and_dense()
         ):
             return (index, tensor)
         # Several ops save the same tensor (q, k and v projections save one input): copy it once.
@@ -60,7 +58,11 @@ class ActivationOffload:
                tensor.dtype)
         parked = self.parked[index].get(key)
         if parked is None:
-            host = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, pin_memory=True)
+            host = torch.empty_like(tensor, device="cpu", pin_memory=True)
+            if host.stride() != tensor.stride():
+                # Compiled backward graphs expect the saved strides; a layout empty_like cannot
+                # reproduce (overlapping or gapped views) stays on the GPU.
+                return (index, tensor)
             self.d2h.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self.d2h):
                 host.copy_(tensor, non_blocking=True)
@@ -86,9 +88,8 @@ class ActivationOffload:
         self.h2d.wait_stream(self.d2h)
         with torch.cuda.stream(self.h2d):
             for parked in self.parked[index].values():
-                host = parked.host
-                parked.on_device = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=parked.device)
-                parked.on_device.copy_(host, non_blocking=True)
+                parked.on_device = torch.empty_like(parked.host, device=parked.device)
+                parked.on_device.copy_(parked.host, non_blocking=True)
                 parked.ready = torch.cuda.Event()
                 parked.ready.record()
         self.parked[index] = {}
