@@ -1,0 +1,48 @@
+"""Sixteen jobs logging to one real tracking server at the same moment lose no run and no metric point."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from mlflow.tracking import MlflowClient
+
+from ghsweep.tracking.mlflow_store import MlflowStore
+from tests.conftest import REPO
+from tests.tracking.log_like_a_job import value
+
+JOBS = 16
+STEPS = 500
+
+
+def test_sixteen_concurrent_jobs_lose_nothing(mlflow_server, tmp_path):
+    store = MlflowStore(mlflow_server.url, "concurrent_jobs")
+    # As a sweep does: the experiment and the parent exist before any job starts.
+    parent = store.start_run("sweep concurrent", {"ghsweep.role": "sweep"})
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", PYTHONPATH=str(REPO))
+    started = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.tracking.log_like_a_job", mlflow_server.url,
+                               "concurrent_jobs", parent, str(job), str(STEPS), str(tmp_path), str(JOBS)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for job in range(JOBS)]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    print(f"{JOBS} jobs x {STEPS} loss points: {time.monotonic() - started:.1f} s wall, including start-up")
+    assert [p.returncode for p in procs] == [0] * JOBS, "\n".join(o[-1500:] for o in outputs if o)
+
+    client = MlflowClient(tracking_uri=mlflow_server.url)
+    exp = client.get_experiment_by_name("concurrent_jobs")
+    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent}'", max_results=100)
+    assert len(children) == JOBS
+    by_job = {int(c.data.tags["ghsweep.job_num"]): c for c in children}
+    assert sorted(by_job) == list(range(JOBS))
+    points = 0
+    for job, run in by_job.items():
+        assert run.info.status == "FINISHED"
+        assert run.data.metrics["tokens_per_s"] == 100.0 + job
+        assert len(run.data.params) == 50 and run.data.params["param.7"] == str(job * 7)
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
+        assert history == [(s, value(job, s)) for s in range(STEPS)]
+        points += len(history)
+    assert points == JOBS * STEPS
