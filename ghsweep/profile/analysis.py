@@ -29,7 +29,8 @@ GAP_BUCKETS = ((0, 10_000, "<10us"), (10_000, 100_000, "10-100us"), (100_000, 1_
                (1_000_000, 10_000_000, "1-10ms"), (10_000_000, None, ">=10ms"))
 # Gaps shorter than this are the normal spacing of back-to-back kernels, not idle periods.
 IDLE_GAP_MIN_NS = 10_000
-GAP_CAUSES = ("sync", "host_wait", "data_loading", "launch_latency", "unattributed")
+# short_gaps: gaps under IDLE_GAP_MIN_NS, the spacing of back-to-back work, not attributed one by one.
+GAP_CAUSES = ("sync", "host_wait", "data_loading", "launch_latency", "unattributed", "short_gaps")
 SYNC_CALLS = ("cudaDeviceSynchronize%", "cudaStreamSynchronize%", "cudaEventSynchronize%", "cudaMemcpy\\_%",
               "cudaMemcpy", "cuCtxSynchronize%", "cuStreamSynchronize%", "cuEventSynchronize%", "cuMemcpyDtoH\\_%",
               "cuMemcpyHtoD\\_%", "cudaStreamQuery%")
@@ -41,6 +42,7 @@ MEMCPY_KIND = {1: "HtoD", 2: "DtoH", 8: "DtoD", 10: "PtoP", 11: "UM HtoD", 12: "
 UM_KINDS = (11, 12, 13)
 MEM_KIND = {0: "pageable", 1: "pinned", 2: "device", 4: "managed", 7: "unknown"}
 PHASES = ("data", "forward", "backward", "optimizer")
+WHOLE_TRACE_KERNELS = 50
 
 
 def analyze(path: Path, nsys_path: str | None = None) -> dict:
@@ -70,26 +72,28 @@ def pct(part: float, whole: float) -> float:
     return 100.0 * part / whole if whole else 0.0
 
 
-def gap_stats(gap_lengths: list[int], steps: int) -> dict:
-    ordered = sorted(gap_lengths)
-    hist = []
-    for lo, hi, label in GAP_BUCKETS:
-        inside = [g for g in ordered if g >= lo and (hi is None or g < hi)]
-        hist.append({"bucket": label, "count": len(inside), "total_ns": sum(inside)})
-    idle = [g for g in ordered if g >= IDLE_GAP_MIN_NS]
+def bucket_sums(gap_lengths: list[int]) -> list[tuple[int, int]]:
+    """(count, total ns) of gaps per GAP_BUCKETS bucket (the SQL path computes these in SQLite)."""
+    return [(sum(1 for g in gap_lengths if g >= lo and (hi is None or g < hi)),
+             sum(g for g in gap_lengths if g >= lo and (hi is None or g < hi))) for lo, hi, _ in GAP_BUCKETS]
+
+
+def gap_stats(buckets: list[tuple[int, int]], idle_gaps: list[int], max_ns: int, steps: int) -> dict:
+    """Histogram of all gaps; count, quantiles and per-step rate of idle gaps (>= IDLE_GAP_MIN_NS)."""
+    ordered = sorted(idle_gaps)
 
     def quantile(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0
 
     return {
-        "count": len(ordered),
-        "total_ns": sum(ordered),
-        "p50_ns": quantile(0.5),
-        "p95_ns": quantile(0.95),
-        "max_ns": ordered[-1] if ordered else 0,
-        "histogram": hist,
-        "idle_gaps": len(idle),
-        "idle_gaps_per_step": len(idle) / steps if steps else float(len(idle)),
+        "count": sum(c for c, _ in buckets),
+        "total_ns": sum(t for _, t in buckets),
+        "max_ns": max_ns,
+        "histogram": [{"bucket": label, "count": c, "total_ns": t} for (_, _, label), (c, t) in zip(GAP_BUCKETS, buckets)],
+        "idle_gaps": len(ordered),
+        "idle_gaps_per_step": len(ordered) / steps if steps else float(len(ordered)),
+        "idle_p50_ns": quantile(0.5),
+        "idle_p95_ns": quantile(0.95),
     }
 
 
@@ -187,8 +191,7 @@ def _analyze_nsys(con, path: Path) -> dict:
         health.append("OS runtime tracing was on but the export has no OSRT_API table")
     if not schema.has(db.KERNEL):
         health.append("the export has no CUDA kernels (was CUDA traced, and did the capture range see any work?)")
-    pid = db.main_process(con, schema)
-    device = db.main_device(con, schema, pid)
+    pid, device = db.main_process_device(con, schema)
     steps = db.step_ranges(con, schema)
     warm, steady = db.split_warmup(steps)
     tables = db.gpu_tables(schema)
@@ -220,31 +223,24 @@ def _analyze_nsys(con, path: Path) -> dict:
     span = window[1] - window[0]
     n_steps = len(steady) if basis == "nvtx steps" else 0
     params = {"w0": window[0], "w1": window[1], "pid": pid, "dev": device}
-    busy = db.union_ns(con, tables, params)
-    kernel_union = db.union_ns(con, [db.KERNEL], params) if schema.has(db.KERNEL) else 0
-    copy_tables = [t for t in (db.KERNEL, db.MEMCPY) if schema.has(t)]
-    kernel_or_copy = db.union_ns(con, copy_tables, params) if schema.has(db.MEMCPY) else kernel_union
-    gap_rows = db.gaps(con, tables, params)
+    line = db.timeline(con, tables, params, [(lo, hi) for lo, hi, _ in GAP_BUCKETS])
+    busy = line["busy_ns"]
+    gap_rows = db.long_gaps(con, tables, params, IDLE_GAP_MIN_NS)
     causes = attribute_gaps(con, schema, gap_rows, pid, window)
+    gap_info = gap_stats(line["buckets"], [e - s for s, e, _ in gap_rows], line["gap_max_ns"], n_steps)
+    causes["short_gaps"] = gap_info["total_ns"] - sum(causes.values())
+    gap_info["causes_ns"] = causes
 
-    k_n, k_ns, _ = db.sums(con, db.KERNEL, params) if schema.has(db.KERNEL) else (0, 0, 0)
+    kernels = db.kernel_groups(con, schema, window, device)
+    k_n, k_ns = kernels["count"], kernels["total_ns"]
     c_n, c_ns, c_b = db.sums(con, db.MEMCPY, params) if schema.has(db.MEMCPY) else (0, 0, 0)
     s_n, s_ns, s_b = db.sums(con, db.MEMSET, params) if schema.has(db.MEMSET) else (0, 0, 0)
     mem = memory_ops(db.memcpy_groups(con, params)) if schema.has(db.MEMCPY) else memory_ops([])
     um_ns = sum(v["total_ns"] for k, v in mem["by_kind"].items() if k.startswith("UM"))
     um_bytes = sum(v["bytes"] for k, v in mem["by_kind"].items() if k.startswith("UM"))
     ops_ns = k_ns + c_ns + s_ns
-    median_kernel = con.execute(
-        f"SELECT end - start FROM {db.KERNEL} WHERE globalPid = :pid AND deviceId = :dev AND start >= :w0 "
-        f"AND end <= :w1 ORDER BY end - start LIMIT 1 OFFSET (SELECT COUNT(*) / 2 FROM {db.KERNEL} "
-        "WHERE globalPid = :pid AND deviceId = :dev AND start >= :w0 AND end <= :w1)", params,
-    ).fetchone() if schema.has(db.KERNEL) else None
-    launch_ns = 0
-    if schema.has(db.RUNTIME):
-        launches = db.process_intervals(con, db.RUNTIME, pid, db.names_like(con, LAUNCH_CALLS), window)
-        launch_ns = sum(e - s for _, s, e in launches)
-    gap_info = gap_stats([e - s for s, e, _ in gap_rows], n_steps)
-    gap_info["causes_ns"] = causes
+    launch_ns = db.call_time(con, db.RUNTIME, pid, db.names_like(con, LAUNCH_CALLS), window) \
+        if schema.has(db.RUNTIME) else 0
     phases = {}
     if steady and basis == "nvtx steps":
         cpu_window = (steady[0].start, steady[-1].end)
@@ -261,13 +257,13 @@ def _analyze_nsys(con, path: Path) -> dict:
         "kernel_time_pct": pct(k_ns, ops_ns),
         "memcpy_time_pct": pct(c_ns, ops_ns),
         "memset_time_pct": pct(s_ns, ops_ns),
-        "exposed_memcpy_pct": pct(kernel_or_copy - kernel_union, span),
+        "exposed_memcpy_pct": pct(line["kernel_or_copy_ns"] - line["kernel_union_ns"], span),
         "um_migration_pct": pct(um_ns, c_ns + s_ns),
         "um_migration_bytes_pct": pct(um_bytes, c_b + s_b),
         "h2d_gb": h2d / 1e9,
         "d2h_gb": d2h / 1e9,
-        "top_kernels": db.top_kernels(con, schema, window, device, limit=5),
-        "kernels": {"count": k_n, "total_ns": k_ns, "median_ns": median_kernel[0] if median_kernel else 0,
+        "top_kernels": kernels["ranked"][:5],
+        "kernels": {"count": k_n, "total_ns": k_ns, "short_pct": pct(kernels["short"], k_n),
                     "launch_api_ns": launch_ns},
         "memcpy": {"count": c_n, "total_ns": c_ns, "bytes": c_b, **mem},
         "memset": {"count": s_n, "total_ns": s_ns, "bytes": s_b},
@@ -290,9 +286,9 @@ def step_times(steps: list[db.Step], steady: list[db.Step]) -> dict:
 
 def whole_trace(con, schema: db.Schema) -> dict:
     """Whole-trace totals computed the way `nsys stats` reports them (the cross-check)."""
-    out: dict = {"kernels": db.top_kernels(con, schema, None, None, limit=None) if schema.has(db.KERNEL) else []}
-    k_n, k_ns, _ = db.sums(con, db.KERNEL, None) if schema.has(db.KERNEL) else (0, 0, 0)
-    out.update(kernel_count=k_n, kernel_total_ns=k_ns)
+    kernels = db.kernel_groups(con, schema, None, None)
+    out: dict = {"kernels": kernels["ranked"][:WHOLE_TRACE_KERNELS], "kernel_count": kernels["count"],
+                 "kernel_total_ns": kernels["total_ns"]}
     ops = {}
     if schema.has(db.MEMCPY):
         for kind, count, ns, nbytes in con.execute(

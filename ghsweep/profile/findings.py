@@ -8,12 +8,13 @@ it sharpens the wording and enables the rules that need to know what was asked f
 
 from __future__ import annotations
 
+from ghsweep.profile.nsys_db import SHORT_KERNEL_NS
+
 STARVED_BUSY_PCT = 85.0  # steady-state device utilisation below this: the GPU waits
 IDLE_MIN_PCT = 10.0  # idle share of the window worth explaining
 MAJORITY = 0.5  # a cause that explains this much of the idle time is "the" cause
 SYNC_MIN_PCT = 5.0  # idle time at synchronising calls, % of the window
 LAUNCH_MIN_PCT = 5.0  # idle time waiting for late launches, % of the window
-SHORT_KERNEL_NS = 10_000
 EXPOSED_MEMCPY_MIN_PCT = 5.0
 UM_WARN_PCT = 5.0  # unified-memory migrations' share of memory-operation time
 FP8_MARKERS = ("e4m3", "e5m2", "fp8", "f8f8", "float8")
@@ -72,16 +73,16 @@ def evaluate(a: dict, context: dict | None = None) -> list[dict]:
 
     kernels = a.get("kernels", {})
     launch_pct = 100 * _share(causes.get("launch_latency", 0), window_ns)
-    short = kernels.get("median_ns", 0) and kernels["median_ns"] < SHORT_KERNEL_NS
+    short = kernels.get("short_pct", 0) >= 50  # the median kernel is shorter than 10 us
     launch_heavy = kernels.get("launch_api_ns", 0) >= kernels.get("total_ns", 0) > 0
     if launch_pct >= LAUNCH_MIN_PCT and (short or launch_heavy):
         out.append(finding(
             "launch_bound", "warning",
             f"launch bound: the GPU waits for the host to launch work for {launch_pct:.1f}% of each step "
-            f"(median kernel {kernels.get('median_ns', 0) / 1e3:.1f} us, launch calls "
+            f"({kernels.get('short_pct', 0):.0f}% of kernels under {SHORT_KERNEL_NS / 1e3:.0f} us, launch calls "
             f"{kernels.get('launch_api_ns', 0) / 1e6:.1f} ms vs kernels {kernels.get('total_ns', 0) / 1e6:.1f} ms); "
             "use CUDA graphs or torch.compile to launch fewer, larger kernels",
-            launch_latency_pct=launch_pct, median_kernel_ns=kernels.get("median_ns", 0)))
+            launch_latency_pct=launch_pct, short_kernel_pct=kernels.get("short_pct", 0)))
 
     memcpy = a.get("memcpy", {})
     pageable = memcpy.get("pageable_big", {})

@@ -108,24 +108,14 @@ def split_warmup(steps: list[Step]) -> tuple[list[Step], list[Step]]:
     return steps[:warm], steps[warm:]
 
 
-def main_process(con: sqlite3.Connection, schema: Schema) -> int | None:
-    """globalPid of the process that ran the most kernel time (the trainer, not helpers)."""
+def main_process_device(con: sqlite3.Connection, schema: Schema) -> tuple[int | None, int | None]:
+    """(globalPid, deviceId) that ran the most kernel time: the trainer on its GPU, not helpers."""
     if not schema.has(KERNEL):
-        return None
+        return None, None
     row = con.execute(
-        f"SELECT globalPid FROM {KERNEL} GROUP BY globalPid ORDER BY SUM(end - start) DESC LIMIT 1"
+        f"SELECT globalPid, deviceId FROM {KERNEL} GROUP BY globalPid, deviceId ORDER BY SUM(end - start) DESC LIMIT 1"
     ).fetchone()
-    return row[0] if row else None
-
-
-def main_device(con: sqlite3.Connection, schema: Schema, pid: int | None) -> int | None:
-    if not schema.has(KERNEL) or pid is None:
-        return None
-    row = con.execute(
-        f"SELECT deviceId FROM {KERNEL} WHERE globalPid = ? GROUP BY deviceId ORDER BY SUM(end - start) DESC LIMIT 1",
-        (pid,),
-    ).fetchone()
-    return row[0] if row else None
+    return (row[0], row[1]) if row else (None, None)
 
 
 def gpu_tables(schema: Schema) -> list[str]:
@@ -169,29 +159,29 @@ def kernel_name_column(con: sqlite3.Connection, schema: Schema, column: str) -> 
     return column if schema.has(KERNEL, con, column) else "demangledName"
 
 
-def top_kernels(con: sqlite3.Connection, schema: Schema, window: tuple[int, int] | None, device: int | None,
-                limit: int | None = 5, by: str = "demangledName") -> list[dict]:
-    """Kernels grouped by name, by total time inside `window` (None: the whole trace)."""
+def kernel_groups(con: sqlite3.Connection, schema: Schema, window: tuple[int, int] | None, device: int | None,
+                  by: str = "demangledName") -> dict:
+    """Kernels grouped by name inside `window` (None: the whole trace), in one pass: the ranked
+    list (name, total_ns, count, mean_ns, pct of kernel time), totals, and kernels < 10 us."""
     if not schema.has(KERNEL):
-        return []
+        return {"ranked": [], "count": 0, "total_ns": 0, "short": 0}
     column = kernel_name_column(con, schema, by)
     where, args = [], []
     if window:
-        where.append("k.start >= ? AND k.end <= ?")
+        where.append("start >= ? AND end <= ?")
         args += list(window)
     if device is not None:
-        where.append("k.deviceId = ?")
+        where.append("deviceId = ?")
         args.append(device)
     clause = ("WHERE " + " AND ".join(where)) if where else ""
     rows = con.execute(
-        f"SELECT k.{column}, SUM(k.end - k.start) AS total, COUNT(*), MIN(k.shortName) FROM {KERNEL} k {clause} "
-        f"GROUP BY k.{column} ORDER BY total DESC" + (f" LIMIT {int(limit)}" if limit else ""),
+        f"SELECT {column}, SUM(end - start) AS total, COUNT(*), MIN(shortName), SUM(end - start < {SHORT_KERNEL_NS}) "
+        f"FROM {KERNEL} {clause} GROUP BY {column} ORDER BY total DESC",
         args,
     ).fetchall()
-    all_total = con.execute(f"SELECT SUM(k.end - k.start) FROM {KERNEL} k {clause}", args).fetchone()[0] or 0
-    ids = {r[0] for r in rows} | {r[3] for r in rows}
-    names = string_values(con, ids)
-    return [
+    all_total = sum(r[1] for r in rows)
+    names = string_values(con, {r[0] for r in rows} | {r[3] for r in rows})
+    ranked = [
         {
             "name": names.get(name_id, str(name_id)),
             "short_name": names.get(short_id, str(short_id)),
@@ -200,8 +190,20 @@ def top_kernels(con: sqlite3.Connection, schema: Schema, window: tuple[int, int]
             "mean_ns": total / count,
             "pct": 100.0 * total / all_total if all_total else 0.0,
         }
-        for name_id, total, count, short_id in rows
+        for name_id, total, count, short_id, _ in rows
     ]
+    return {"ranked": ranked, "count": sum(r[2] for r in rows), "total_ns": all_total,
+            "short": sum(r[4] for r in rows)}
+
+
+def top_kernels(con: sqlite3.Connection, schema: Schema, window: tuple[int, int] | None, device: int | None,
+                limit: int | None = 5) -> list[dict]:
+    ranked = kernel_groups(con, schema, window, device)["ranked"]
+    return ranked[:limit] if limit else ranked
+
+
+# A kernel shorter than this does too little work to hide its launch.
+SHORT_KERNEL_NS = 10_000
 
 
 def string_values(con: sqlite3.Connection, ids) -> dict[int, str]:
@@ -213,40 +215,55 @@ def string_values(con: sqlite3.Connection, ids) -> dict[int, str]:
 
 
 def _ops(tables: list[str], corr: bool = False) -> str:
-    """Every GPU operation of the main process and device, clipped to the window :w0..:w1."""
+    """Every GPU operation of the main process and device, clipped to the window :w0..:w1, with its
+    type t (0 kernel, 1 memcpy, 2 memset)."""
+    kinds = {KERNEL: 0, MEMCPY: 1, MEMSET: 2}
     extra = ", correlationId AS c" if corr else ""
     return " UNION ALL ".join(
-        f"SELECT MAX(start, :w0) AS s, MIN(end, :w1) AS e{extra} FROM {t} "
+        f"SELECT MAX(start, :w0) AS s, MIN(end, :w1) AS e, {kinds[t]} AS t{extra} FROM {t} "
         "WHERE globalPid = :pid AND deviceId = :dev AND end > :w0 AND start < :w1"
         for t in tables
     )
 
 
-# Over intervals sorted by start, `prev` is the latest end before this one: what sticks out past
-# it is new busy time, and a start after it opens a gap. One sort in SQLite, no rows in Python.
-_RUNNING_END = "MAX(e) OVER (ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)"
+# Over intervals sorted by start, `pa` is the latest end before this one: what sticks out past it
+# is new busy time, and a start after it opens a gap. One sort in SQLite, no rows in Python.
+_WINDOW = "WINDOW win AS (ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)"
 
 
-def union_ns(con: sqlite3.Connection, tables: list[str], params: dict) -> int:
-    """Length of the union of the operations of `tables` in the window (overlaps counted once)."""
+def timeline(con: sqlite3.Connection, tables: list[str], params: dict, buckets) -> dict:
+    """Unions (all operations; kernels; kernels or copies) and idle-gap counts and sums per bucket
+    ((lo, hi) ns, hi None = open), all in one pass over the operations sorted by start."""
     if not tables:
-        return 0
+        return {"busy_ns": 0, "kernel_union_ns": 0, "kernel_or_copy_ns": 0, "gap_max_ns": 0,
+                "buckets": [(0, 0) for _ in buckets]}
+    gap = "(s > pa AND s - pa >= {lo}{hi})"
+    cols = []
+    for lo, hi in buckets:
+        cond = gap.format(lo=lo, hi=f" AND s - pa < {hi}" if hi else "")
+        cols += [f"SUM({cond})", f"SUM(CASE WHEN {cond} THEN s - pa ELSE 0 END)"]
     row = con.execute(
-        f"SELECT SUM(MAX(0, e - MAX(s, COALESCE(prev, s)))) FROM "
-        f"(SELECT s, e, {_RUNNING_END} AS prev FROM ({_ops(tables)}))",
+        "SELECT SUM(MAX(0, e - MAX(s, COALESCE(pa, s)))), "
+        "SUM(CASE WHEN t = 0 THEN MAX(0, e - MAX(s, COALESCE(pk, s))) ELSE 0 END), "
+        "SUM(CASE WHEN t <= 1 THEN MAX(0, e - MAX(s, COALESCE(pkc, s))) ELSE 0 END), "
+        f"MAX(CASE WHEN s > pa THEN s - pa END), {', '.join(cols)} FROM ("
+        "SELECT s, e, t, MAX(e) OVER win AS pa, MAX(CASE WHEN t = 0 THEN e END) OVER win AS pk, "
+        f"MAX(CASE WHEN t <= 1 THEN e END) OVER win AS pkc FROM ({_ops(tables)}) {_WINDOW})",
         params,
     ).fetchone()
-    return row[0] or 0
+    values = [v or 0 for v in row]
+    return {"busy_ns": values[0], "kernel_union_ns": values[1], "kernel_or_copy_ns": values[2],
+            "gap_max_ns": values[3], "buckets": list(zip(values[4::2], values[5::2]))}
 
 
-def gaps(con: sqlite3.Connection, tables: list[str], params: dict) -> list[tuple[int, int, int]]:
-    """Idle gaps of the device in the window: (start, end, correlation id of the op that ends it)."""
+def long_gaps(con: sqlite3.Connection, tables: list[str], params: dict, min_ns: int) -> list[tuple[int, int, int]]:
+    """Idle gaps of at least `min_ns`: (start, end, correlation id of the operation that ends it)."""
     if not tables:
         return []
     return con.execute(
-        f"SELECT prev, s, c FROM (SELECT s, e, c, {_RUNNING_END} AS prev FROM ({_ops(tables, corr=True)})) "
-        "WHERE s > prev ORDER BY s",
-        params,
+        f"SELECT pa, s, c FROM (SELECT s, e, c, MAX(e) OVER win AS pa FROM ({_ops(tables, corr=True)}) {_WINDOW}) "
+        "WHERE s - pa >= :min_gap ORDER BY s",
+        params | {"min_gap": min_ns},
     ).fetchall()
 
 
@@ -295,6 +312,18 @@ def process_intervals(con: sqlite3.Connection, table: str, pid: int, name_ids: l
         "AND end > ? AND start < ? ORDER BY start",
         [pid, *name_ids, *window],
     ).fetchall()
+
+
+def call_time(con: sqlite3.Connection, table: str, pid: int, name_ids: list[int], window: tuple[int, int]) -> int:
+    """Total duration of the calls named by `name_ids` in process `pid` inside the window."""
+    if not name_ids:
+        return 0
+    marks = ",".join("?" * len(name_ids))
+    return con.execute(
+        f"SELECT COALESCE(SUM(end - start), 0) FROM {table} WHERE (globalTid & {PID_MASK}) = ? "
+        f"AND nameId IN ({marks}) AND end > ? AND start < ?",
+        [pid, *name_ids, *window],
+    ).fetchone()[0]
 
 
 def nvtx_intervals(con: sqlite3.Connection, schema: Schema, pid: int | None, like: str, window: tuple[int, int]

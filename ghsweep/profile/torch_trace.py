@@ -13,9 +13,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from ghsweep.profile import nsys_db as db
-from ghsweep.profile.analysis import (GAP_CAUSES, PHASES, Intervals, gap_stats, load_json, memory_ops, pct,
-                                      empty_metrics, step_times)
-from ghsweep.profile.nsys_db import PAGEABLE_MIN_BYTES
+from ghsweep.profile.analysis import (GAP_CAUSES, IDLE_GAP_MIN_NS, PHASES, Intervals, bucket_sums, empty_metrics,
+                                      gap_stats, load_json, memory_ops, pct, step_times)
+from ghsweep.profile.nsys_db import PAGEABLE_MIN_BYTES, SHORT_KERNEL_NS
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 SYNC_NAMES = re.compile(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|cudaMemcpy$|"
@@ -71,6 +71,8 @@ def analyze_torch_trace(path: Path) -> dict:
     data = Intervals(_ns(e) for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("data"))
     launch = {e["args"].get("correlation"): _ns(e)[0] for e in runtime}
     causes = dict.fromkeys(GAP_CAUSES, 0)
+    lengths = [e - s for s, e, _ in gaps]
+    gaps = [g for g in gaps if g[1] - g[0] >= IDLE_GAP_MIN_NS]
     for s, e, corr in gaps:
         if sync.overlaps(s, e):
             cause = "sync"
@@ -82,7 +84,9 @@ def analyze_torch_trace(path: Path) -> dict:
             cause = "unattributed"
         causes[cause] += e - s
     n_steps = len(steady) if basis == "nvtx steps" else 0
-    gap_info = gap_stats([e - s for s, e, _ in gaps], n_steps) | {"causes_ns": causes}
+    gap_info = gap_stats(bucket_sums(lengths), [e - s for s, e, _ in gaps], max(lengths, default=0), n_steps)
+    causes["short_gaps"] = gap_info["total_ns"] - sum(causes.values())
+    gap_info["causes_ns"] = causes
 
     groups: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     for s, e, _, ev in ops:
@@ -113,7 +117,8 @@ def analyze_torch_trace(path: Path) -> dict:
         "d2h_gb": mem["by_kind"].get("DtoH", {}).get("bytes", 0) / 1e9,
         "top_kernels": top_by_name([(ev["name"], e - s) for s, e, _, ev in ops if ev["cat"] == "kernel"]),
         "kernels": {"count": sum(ev["cat"] == "kernel" for *_, ev in ops), "total_ns": kernel_ns,
-                    "median_ns": _median([e - s for s, e, _, ev in ops if ev["cat"] == "kernel"]),
+                    "short_pct": pct(sum(e - s < SHORT_KERNEL_NS for s, e, _, ev in ops if ev["cat"] == "kernel"),
+                                     sum(ev["cat"] == "kernel" for *_, ev in ops)),
                     "launch_api_ns": sum(_ns(e)[1] - _ns(e)[0] for e in runtime if "Launch" in e.get("name", ""))},
         "memcpy": {"count": sum(v[0] for v in groups.values()), "total_ns": copy_ns, **mem},
         "memset": {"count": sum(ev["cat"] == "gpu_memset" for *_, ev in ops), "total_ns": set_ns},
@@ -201,8 +206,3 @@ def top_by_name(items: list[tuple[str, int]], limit: int = 5) -> list[dict]:
 
 def _length(intervals: Intervals) -> int:
     return sum(e - s for s, e in zip(intervals.starts, intervals.ends))
-
-
-def _median(values: list[int]) -> int:
-    values = sorted(values)
-    return values[len(values) // 2] if values else 0
