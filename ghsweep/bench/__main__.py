@@ -39,8 +39,8 @@ TARGETS = [
 ]
 
 
-def run_rows(names: list[str], seq: int, steps: int, layers: int, log_dir: Path, row_timeout_s: float,
-             on_row: Callable[[dict[str, dict]], None]) -> dict[str, dict]:
+def run_rows(names: list[str], seq: int, steps: int, layers: int, ours_overrides: list[str], log_dir: Path,
+             row_timeout_s: float, on_row: Callable[[dict[str, dict]], None]) -> dict[str, dict]:
     results = {}
     for i, name in enumerate(names, 1):
         out = log_dir / f"{name}.json"
@@ -49,7 +49,8 @@ def run_rows(names: list[str], seq: int, steps: int, layers: int, log_dir: Path,
         with open(log_dir / f"{name}.log", "w") as log:
             try:
                 subprocess.run([sys.executable, "-m", "ghsweep.bench.rows", name, str(out), "--seq", str(seq),
-                                "--steps", str(steps), "--layers", str(layers)], stdout=log, stderr=subprocess.STDOUT,
+                                "--steps", str(steps), "--layers", str(layers),
+                                *(f"--ours-override={o}" for o in ours_overrides)], stdout=log, stderr=subprocess.STDOUT,
                                env=dict(os.environ, PYTHONUNBUFFERED="1"), timeout=row_timeout_s)
             except subprocess.TimeoutExpired:
                 pass
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write rows, targets and the command as JSON")
     parser.add_argument("--logs", type=Path, help="keep each row's log here")
     parser.add_argument("--row-timeout", type=float, default=180, help="seconds before a row counts as failed")
+    parser.add_argument("--ours-override", action="append", default=[],
+                        help="config override added to every row of our backend, e.g. train.attention=cudnn")
     args = parser.parse_args(argv)
     names = args.rows.split(",")
     unknown = [n for n in names if n not in ROWS]
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.out.write_text(json.dumps(
                     {"command": command, "rows": results, "targets": evaluate_targets(results)}, indent=2))
 
-        results = run_rows(names, args.seq, args.steps, args.layers, log_dir, args.row_timeout, save)
+        results = run_rows(names, args.seq, args.steps, args.layers, args.ours_override, log_dir, args.row_timeout, save)
     print("\n" + format_report(results, evaluate_targets(results)))
     return 0
 

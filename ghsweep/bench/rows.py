@@ -89,11 +89,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--ours-override", action="append", default=[], help="extra config override for our rows")
     args = parser.parse_args(argv)
     settings = ROWS[args.name]
     try:
         runner = run_ours if settings["stack"] == "ours" else run_usual
-        result = runner(settings["overrides"] if settings["stack"] == "ours" else settings,
+        result = runner([*settings["overrides"], *args.ours_override] if settings["stack"] == "ours" else settings,
                         args.seq, args.steps, args.warmup, args.layers)
         result["ok"] = True
     except Exception as exc:  # a row that fails is reported in the table, not fatal to the benchmark

@@ -83,7 +83,7 @@ class ActivationOffload:
         return value.on_device
 
     def _prefetch(self, index: int) -> None:
-        if index < 0 or not self.parked[index]:
+        if not 0 <= index < self.num_layers or not self.parked[index]:
             return
         self.h2d.wait_stream(self.d2h)
         with torch.cuda.stream(self.h2d):

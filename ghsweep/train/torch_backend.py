@@ -12,6 +12,7 @@ import contextlib
 import platform
 import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -63,12 +64,13 @@ def load_blocks(cfg: DictConfig, tokenizer) -> dolly.PackedBlocks:
     return dolly.pack(examples, cfg.train.seq_length, pad_token_id(tokenizer))
 
 
-def _attention_region(name: str) -> contextlib.AbstractContextManager:
+def _attention_region(name: str) -> Callable[[], contextlib.AbstractContextManager]:
+    """A fresh context per step that pins scaled-dot-product attention to one kernel."""
     if name == "auto":
-        return contextlib.nullcontext()
+        return contextlib.nullcontext
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[name])])
+    return lambda: sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[name])])
 
 
 def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) -> dict:
@@ -144,7 +146,7 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
             started = log.start()
             with phases.range("data"):
                 batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
-            with phases.range("forward"), precision.forward_region(), attention:
+            with phases.range("forward"), precision.forward_region(), attention():
                 hidden = decoder(input_ids=batch["input_ids"], position_ids=positions(batch), use_cache=False)[0]
                 loss = loss_fn(hidden, lm_head.weight, batch["labels"])
             with phases.range("backward"):
