@@ -22,8 +22,11 @@ import shutil
 import statistics
 from pathlib import Path
 
+import numpy as np
+
 from ghsweep.profile import nsys_db as db
 from ghsweep.profile.capture import ProfilerUnavailable, export_sqlite, find_tool
+from ghsweep.profile.timeline import KERNEL as KERNEL_OP, MEMCPY as MEMCPY_OP, MEMSET as MEMSET_OP, Ops, timeline
 
 GAP_BUCKETS = ((0, 10_000, "<10us"), (10_000, 100_000, "10-100us"), (100_000, 1_000_000, "0.1-1ms"),
                (1_000_000, 10_000_000, "1-10ms"), (10_000_000, None, ">=10ms"))
@@ -117,7 +120,7 @@ class Intervals:
 
 def attribute_gaps(con, schema: db.Schema, gaps: list[tuple[int, int, int]], pid: int, window: tuple[int, int]
                    ) -> dict[str, int]:
-    """Idle time per cause. For each gap, first match wins: a synchronising call in the process
+    """Idle time per cause. For each idle gap, first match wins: a synchronising call in the process
     overlaps it; the thread that launched the work ending the gap was in an OS wait; a "data*"
     NVTX range overlaps it; that launch came after the gap began (the host was late); else
     unattributed. (Other threads' waits say nothing: an idle autograd or loader thread always waits.)
@@ -125,13 +128,13 @@ def attribute_gaps(con, schema: db.Schema, gaps: list[tuple[int, int, int]], pid
     causes = dict.fromkeys(GAP_CAUSES, 0)
     if not gaps:
         return causes
-    sync, data = Intervals([]), Intervals((s, e) for _, s, e in db.nvtx_intervals(con, schema, pid, "data%", window))
-    waits: dict[int, Intervals] = {}
-    launched = {}
+    data = Intervals((s, e) for _, s, e in db.nvtx_intervals(con, schema, pid, "data%", window))
+    sync, launched = Intervals([]), {}
     if schema.has(db.RUNTIME):
         calls = db.process_intervals(con, db.RUNTIME, pid, db.names_like(con, SYNC_CALLS), window)
         sync = Intervals((s, e) for _, s, e in calls)
         launched = db.launch_calls(con, pid, [c for _, _, c in gaps])
+    waits: dict[int, Intervals] = {}
     if schema.has(db.OSRT):
         per_thread: dict[int, list] = {}
         for tid, s, e in db.process_intervals(con, db.OSRT, pid, db.names_like(con, OS_WAITS), window):
@@ -191,28 +194,30 @@ def _analyze_nsys(con, path: Path) -> dict:
         health.append("OS runtime tracing was on but the export has no OSRT_API table")
     if not schema.has(db.KERNEL):
         health.append("the export has no CUDA kernels (was CUDA traced, and did the capture range see any work?)")
-    pid, device = db.main_process_device(con, schema)
+    kernels = db.read_table(con, schema, db.KERNEL, db.kernel_columns(con, schema))
+    copies = db.read_table(con, schema, db.MEMCPY, db.GPU_COLUMNS)
+    sets = db.read_table(con, schema, db.MEMSET, db.GPU_COLUMNS)
+    pid, device = db.main_process_device(kernels)
     steps = db.step_ranges(con, schema)
     warm, steady = db.split_warmup(steps)
-    tables = db.gpu_tables(schema)
+    gpu = [(kernels, KERNEL_OP), (copies, MEMCPY_OP), (sets, MEMSET_OP)]
 
-    window = db.gpu_window(con, schema, steady, pid, device) if pid is not None else None
+    window = db.gpu_window(con, schema, [t for t, _ in gpu], steady, pid, device) if pid is not None else None
     basis = "nvtx steps"
+    ops = Ops.concat([Ops(t["start"][m], t["end"][m], np.full(int(m.sum()), kind), t["corr"][m])
+                      for t, kind in gpu for m in [(t["pid"] == pid) & (t["dev"] == device)]])
     if window is None and pid is not None:
         basis = "whole trace"
         if not steps:
             health.append('no NVTX "step N" ranges: the window is the whole trace, warm-up included')
-        bounds = [con.execute(f"SELECT MIN(start), MAX(end) FROM {t} WHERE globalPid = ? AND deviceId = ?",
-                              (pid, device)).fetchone() for t in tables]
-        bounds = [b for b in bounds if b[0] is not None]
-        window = (min(b[0] for b in bounds), max(b[1] for b in bounds)) if bounds else None
+        window = (int(ops.start.min()), int(ops.end.max())) if len(ops.start) else None
 
     result: dict = {
         "source": {"path": str(path), "kind": "nsys", **info},
         "window": {"start_ns": window[0] if window else 0, "end_ns": window[1] if window else 0,
                    "steps": [s.step for s in steady] if basis == "nvtx steps" else [],
                    "warmup_steps": [s.step for s in warm], "basis": basis},
-        "whole_trace": whole_trace(con, schema),
+        "whole_trace": whole_trace(con, schema, kernels),
     }
     if window is None:
         health.append("no GPU activity in the main process: nothing to analyse")
@@ -223,16 +228,16 @@ def _analyze_nsys(con, path: Path) -> dict:
     span = window[1] - window[0]
     n_steps = len(steady) if basis == "nvtx steps" else 0
     params = {"w0": window[0], "w1": window[1], "pid": pid, "dev": device}
-    line = db.timeline(con, tables, params, [(lo, hi) for lo, hi, _ in GAP_BUCKETS])
-    busy = line["busy_ns"]
-    gap_rows = db.long_gaps(con, tables, params, IDLE_GAP_MIN_NS)
-    causes = attribute_gaps(con, schema, gap_rows, pid, window)
-    gap_info = gap_stats(line["buckets"], [e - s for s, e, _ in gap_rows], line["gap_max_ns"], n_steps)
+    line = timeline(ops.clip(*window), [(lo, hi) for lo, hi, _ in GAP_BUCKETS], IDLE_GAP_MIN_NS)
+    causes = attribute_gaps(con, schema, line.long_gaps, pid, window)
+    gap_info = gap_stats(line.gap_buckets, [e - s for s, e, _ in line.long_gaps], line.gap_max_ns, n_steps)
     causes["short_gaps"] = gap_info["total_ns"] - sum(causes.values())
     gap_info["causes_ns"] = causes
 
-    kernels = db.kernel_groups(con, schema, window, device)
-    k_n, k_ns = kernels["count"], kernels["total_ns"]
+    inside = (kernels["pid"] == pid) & (kernels["dev"] == device) & (kernels["start"] >= window[0]) \
+        & (kernels["end"] <= window[1])
+    groups = db.kernel_groups(con, kernels, inside)
+    k_n, k_ns = groups["count"], groups["total_ns"]
     c_n, c_ns, c_b = db.sums(con, db.MEMCPY, params) if schema.has(db.MEMCPY) else (0, 0, 0)
     s_n, s_ns, s_b = db.sums(con, db.MEMSET, params) if schema.has(db.MEMSET) else (0, 0, 0)
     mem = memory_ops(db.memcpy_groups(con, params)) if schema.has(db.MEMCPY) else memory_ops([])
@@ -251,19 +256,19 @@ def _analyze_nsys(con, path: Path) -> dict:
     d2h = sum(v["bytes"] for k, v in mem["by_kind"].items() if k in ("DtoH", "UM DtoH"))
 
     result.update({
-        "gpu_busy_pct": pct(busy, span),
-        "gpu_idle_pct": 100.0 - pct(busy, span),
+        "gpu_busy_pct": pct(line.busy_ns, span),
+        "gpu_idle_pct": 100.0 - pct(line.busy_ns, span),
         "idle_gaps_per_step": gap_info["idle_gaps_per_step"],
         "kernel_time_pct": pct(k_ns, ops_ns),
         "memcpy_time_pct": pct(c_ns, ops_ns),
         "memset_time_pct": pct(s_ns, ops_ns),
-        "exposed_memcpy_pct": pct(line["kernel_or_copy_ns"] - line["kernel_union_ns"], span),
+        "exposed_memcpy_pct": pct(line.kernel_or_copy_ns - line.kernel_union_ns, span),
         "um_migration_pct": pct(um_ns, c_ns + s_ns),
         "um_migration_bytes_pct": pct(um_bytes, c_b + s_b),
         "h2d_gb": h2d / 1e9,
         "d2h_gb": d2h / 1e9,
-        "top_kernels": kernels["ranked"][:5],
-        "kernels": {"count": k_n, "total_ns": k_ns, "short_pct": pct(kernels["short"], k_n),
+        "top_kernels": groups["ranked"][:5],
+        "kernels": {"count": k_n, "total_ns": k_ns, "short_pct": pct(groups["short"], k_n),
                     "launch_api_ns": launch_ns},
         "memcpy": {"count": c_n, "total_ns": c_ns, "bytes": c_b, **mem},
         "memset": {"count": s_n, "total_ns": s_ns, "bytes": s_b},
@@ -284,9 +289,9 @@ def step_times(steps: list[db.Step], steady: list[db.Step]) -> dict:
             "first": steps[0].duration / 1e6, "all": [round(s.duration / 1e6, 3) for s in steps]}
 
 
-def whole_trace(con, schema: db.Schema) -> dict:
+def whole_trace(con, schema: db.Schema, kernel_table: db.Table) -> dict:
     """Whole-trace totals computed the way `nsys stats` reports them (the cross-check)."""
-    kernels = db.kernel_groups(con, schema, None, None)
+    kernels = db.kernel_groups(con, kernel_table, None)
     out: dict = {"kernels": kernels["ranked"][:WHOLE_TRACE_KERNELS], "kernel_count": kernels["count"],
                  "kernel_total_ns": kernels["total_ns"]}
     ops = {}

@@ -1,8 +1,9 @@
 """Reading an Nsight Systems SQLite export with SQL aggregation.
 
-The big tables (kernels, memcpy, runtime API calls, OS runtime calls) are never loaded into
-Python objects: sums, unions and gaps are computed by SQLite (window functions over the rows
-sorted by start), and only small results (per-kernel sums, gaps, step ranges) come back.
+The big tables (kernels, memcpy, memset, runtime API calls) are read once each, streamed in chunks
+into int64 numpy columns (never one Python object per row): unions, gaps and per-name sums are
+vector operations on them (timeline.py). Selective lookups (step ranges, OS waits, copy groups)
+are SQL aggregations or filtered queries, and only small results come back as rows.
 
 Tables appear only when their data was captured, and columns change across nsys versions, so
 every query first checks what the export has.
@@ -15,6 +16,10 @@ import sqlite3
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
+
+from ghsweep.profile import timeline
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -108,21 +113,77 @@ def split_warmup(steps: list[Step]) -> tuple[list[Step], list[Step]]:
     return steps[:warm], steps[warm:]
 
 
-def main_process_device(con: sqlite3.Connection, schema: Schema) -> tuple[int | None, int | None]:
-    """(globalPid, deviceId) that ran the most kernel time: the trainer on its GPU, not helpers."""
-    if not schema.has(KERNEL):
-        return None, None
-    row = con.execute(
-        f"SELECT globalPid, deviceId FROM {KERNEL} GROUP BY globalPid, deviceId ORDER BY SUM(end - start) DESC LIMIT 1"
-    ).fetchone()
-    return (row[0], row[1]) if row else (None, None)
-
-
 def gpu_tables(schema: Schema) -> list[str]:
     return [t for t in (KERNEL, MEMCPY, MEMSET) if schema.has(t)]
 
 
-def gpu_window(con: sqlite3.Connection, schema: Schema, steps: list[Step], pid: int, device: int) -> tuple[int, int] | None:
+def kernel_name_column(con: sqlite3.Connection, schema: Schema, column: str) -> str:
+    return column if schema.has(KERNEL, con, column) else "demangledName"
+
+
+# A kernel shorter than this does too little work to hide its launch.
+SHORT_KERNEL_NS = 10_000
+# Rows fetched per chunk while streaming a table into columns.
+CHUNK_ROWS = 1 << 20
+
+
+def read_columns(con: sqlite3.Connection, sql: str, params=()) -> list[np.ndarray]:
+    """The result of `sql` as one int64 array per column, fetched in chunks (NULL must be
+    COALESCEd in the query)."""
+    cur = con.execute(sql, params)
+    width = len(cur.description)
+    parts: list[list[np.ndarray]] = [[] for _ in range(width)]
+    while rows := cur.fetchmany(CHUNK_ROWS):
+        block = np.array(rows, dtype=np.int64).reshape(len(rows), width)
+        for i in range(width):
+            parts[i].append(block[:, i].copy())
+    return [np.concatenate(p) if p else np.empty(0, np.int64) for p in parts]
+
+
+@dataclass
+class Table:
+    """Columns of one big table, by name."""
+    cols: dict[str, np.ndarray]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.cols[name]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.cols.values()))) if self.cols else 0
+
+    def where(self, mask: np.ndarray) -> Table:
+        return Table({k: v[mask] for k, v in self.cols.items()})
+
+
+def read_table(con: sqlite3.Connection, schema: Schema, table: str, columns: dict[str, str]) -> Table:
+    """Stream `table` into columns; `columns` maps our names to SQL expressions."""
+    if not schema.has(table):
+        return Table({k: np.empty(0, np.int64) for k in columns})
+    exprs = ", ".join(f"COALESCE({expr}, -1)" for expr in columns.values())
+    return Table(dict(zip(columns, read_columns(con, f"SELECT {exprs} FROM {table}"))))
+
+
+GPU_COLUMNS = {"start": "start", "end": "end", "corr": "correlationId", "pid": "globalPid", "dev": "deviceId"}
+
+
+def kernel_columns(con: sqlite3.Connection, schema: Schema) -> dict[str, str]:
+    cols = dict(GPU_COLUMNS, name=kernel_name_column(con, schema, "demangledName"))
+    cols["short"] = kernel_name_column(con, schema, "shortName")
+    return cols
+
+
+def main_process_device(kernels: Table) -> tuple[int | None, int | None]:
+    """(globalPid, deviceId) that ran the most kernel time: the trainer on its GPU, not helpers."""
+    if not len(kernels):
+        return None, None
+    dur = kernels["end"] - kernels["start"]
+    pairs, inverse = np.unique(np.stack([kernels["pid"], kernels["dev"]], axis=1), axis=0, return_inverse=True)
+    best = int(np.argmax(np.bincount(inverse.ravel(), weights=dur.astype(np.float64))))
+    return int(pairs[best][0]), int(pairs[best][1])
+
+
+def gpu_window(con: sqlite3.Connection, schema: Schema, gpu: list[Table], steps: list[Step], pid: int,
+               device: int) -> tuple[int, int] | None:
     """The GPU time span of the work launched inside `steps` (NVTX ranges projected on the GPU).
 
     NVTX ranges are CPU times; the GPU runs behind the CPU, and at the start of a capture it is
@@ -132,78 +193,46 @@ def gpu_window(con: sqlite3.Connection, schema: Schema, steps: list[Step], pid: 
     """
     if not steps or not schema.has(RUNTIME):
         return None
-    first, last = steps[0].start, steps[-1].end
     lo, hi = con.execute(
         f"SELECT MIN(CASE WHEN start >= ? THEN correlationId END), "
         f"MAX(CASE WHEN start <= ? THEN correlationId END) FROM {RUNTIME} WHERE (globalTid & {PID_MASK}) = ?",
-        (first, last, pid),
+        (steps[0].start, steps[-1].end, pid),
     ).fetchone()
     if lo is None or hi is None:
         return None
     starts, ends = [], []
-    for table in gpu_tables(schema):
-        s, e = con.execute(
-            f"SELECT MIN(start), MAX(end) FROM {table} "
-            "WHERE globalPid = ? AND deviceId = ? AND correlationId BETWEEN ? AND ?",
-            (pid, device, lo, hi),
-        ).fetchone()
-        if s is not None:
-            starts.append(s)
-            ends.append(e)
-    if not starts:
-        return None
-    return min(starts), max(ends)
+    for t in gpu:
+        inside = (t["pid"] == pid) & (t["dev"] == device) & (t["corr"] >= lo) & (t["corr"] <= hi)
+        if inside.any():
+            starts.append(t["start"][inside].min())
+            ends.append(t["end"][inside].max())
+    return (int(min(starts)), int(max(ends))) if starts else None
 
 
-def kernel_name_column(con: sqlite3.Connection, schema: Schema, column: str) -> str:
-    return column if schema.has(KERNEL, con, column) else "demangledName"
-
-
-def kernel_groups(con: sqlite3.Connection, schema: Schema, window: tuple[int, int] | None, device: int | None,
-                  by: str = "demangledName") -> dict:
-    """Kernels grouped by name inside `window` (None: the whole trace), in one pass: the ranked
-    list (name, total_ns, count, mean_ns, pct of kernel time), totals, and kernels < 10 us."""
-    if not schema.has(KERNEL):
-        return {"ranked": [], "count": 0, "total_ns": 0, "short": 0}
-    column = kernel_name_column(con, schema, by)
-    where, args = [], []
-    if window:
-        where.append("start >= ? AND end <= ?")
-        args += list(window)
-    if device is not None:
-        where.append("deviceId = ?")
-        args.append(device)
-    clause = ("WHERE " + " AND ".join(where)) if where else ""
-    rows = con.execute(
-        f"SELECT {column}, SUM(end - start) AS total, COUNT(*), MIN(shortName), SUM(end - start < {SHORT_KERNEL_NS}) "
-        f"FROM {KERNEL} {clause} GROUP BY {column} ORDER BY total DESC",
-        args,
-    ).fetchall()
-    all_total = sum(r[1] for r in rows)
-    names = string_values(con, {r[0] for r in rows} | {r[3] for r in rows})
+def kernel_groups(con: sqlite3.Connection, kernels: Table, mask: np.ndarray | None) -> dict:
+    """Kernels grouped by name (rows in `mask`; None: all): the ranked list (name, short_name,
+    total_ns, count, mean_ns, pct of kernel time), totals, and how many ran < 10 us."""
+    rows = kernels if mask is None else kernels.where(mask)
+    dur = rows["end"] - rows["start"]
+    groups = timeline.group_sums(rows["name"], dur, SHORT_KERNEL_NS)
+    all_total = int(dur.sum())
+    first = {}
+    if groups:
+        uniq, index = np.unique(rows["name"], return_index=True)
+        first = dict(zip(uniq.tolist(), rows["short"][index].tolist()))
+    names = string_values(con, {g[0] for g in groups} | set(first.values()))
     ranked = [
         {
-            "name": names.get(name_id, str(name_id)),
-            "short_name": names.get(short_id, str(short_id)),
+            "name": names.get(key, str(key)),
+            "short_name": names.get(first.get(key), str(first.get(key))),
             "total_ns": total,
             "count": count,
             "mean_ns": total / count,
             "pct": 100.0 * total / all_total if all_total else 0.0,
         }
-        for name_id, total, count, short_id, _ in rows
+        for key, total, count, _ in groups
     ]
-    return {"ranked": ranked, "count": sum(r[2] for r in rows), "total_ns": all_total,
-            "short": sum(r[4] for r in rows)}
-
-
-def top_kernels(con: sqlite3.Connection, schema: Schema, window: tuple[int, int] | None, device: int | None,
-                limit: int | None = 5) -> list[dict]:
-    ranked = kernel_groups(con, schema, window, device)["ranked"]
-    return ranked[:limit] if limit else ranked
-
-
-# A kernel shorter than this does too little work to hide its launch.
-SHORT_KERNEL_NS = 10_000
+    return {"ranked": ranked, "count": len(dur), "total_ns": all_total, "short": sum(g[3] for g in groups)}
 
 
 def string_values(con: sqlite3.Connection, ids) -> dict[int, str]:
@@ -212,59 +241,6 @@ def string_values(con: sqlite3.Connection, ids) -> dict[int, str]:
         return {}
     marks = ",".join("?" * len(ids))
     return dict(con.execute(f"SELECT id, value FROM StringIds WHERE id IN ({marks})", ids).fetchall())
-
-
-def _ops(tables: list[str], corr: bool = False) -> str:
-    """Every GPU operation of the main process and device, clipped to the window :w0..:w1, with its
-    type t (0 kernel, 1 memcpy, 2 memset)."""
-    kinds = {KERNEL: 0, MEMCPY: 1, MEMSET: 2}
-    extra = ", correlationId AS c" if corr else ""
-    return " UNION ALL ".join(
-        f"SELECT MAX(start, :w0) AS s, MIN(end, :w1) AS e, {kinds[t]} AS t{extra} FROM {t} "
-        "WHERE globalPid = :pid AND deviceId = :dev AND end > :w0 AND start < :w1"
-        for t in tables
-    )
-
-
-# Over intervals sorted by start, `pa` is the latest end before this one: what sticks out past it
-# is new busy time, and a start after it opens a gap. One sort in SQLite, no rows in Python.
-_WINDOW = "WINDOW win AS (ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)"
-
-
-def timeline(con: sqlite3.Connection, tables: list[str], params: dict, buckets) -> dict:
-    """Unions (all operations; kernels; kernels or copies) and idle-gap counts and sums per bucket
-    ((lo, hi) ns, hi None = open), all in one pass over the operations sorted by start."""
-    if not tables:
-        return {"busy_ns": 0, "kernel_union_ns": 0, "kernel_or_copy_ns": 0, "gap_max_ns": 0,
-                "buckets": [(0, 0) for _ in buckets]}
-    gap = "(s > pa AND s - pa >= {lo}{hi})"
-    cols = []
-    for lo, hi in buckets:
-        cond = gap.format(lo=lo, hi=f" AND s - pa < {hi}" if hi else "")
-        cols += [f"SUM({cond})", f"SUM(CASE WHEN {cond} THEN s - pa ELSE 0 END)"]
-    row = con.execute(
-        "SELECT SUM(MAX(0, e - MAX(s, COALESCE(pa, s)))), "
-        "SUM(CASE WHEN t = 0 THEN MAX(0, e - MAX(s, COALESCE(pk, s))) ELSE 0 END), "
-        "SUM(CASE WHEN t <= 1 THEN MAX(0, e - MAX(s, COALESCE(pkc, s))) ELSE 0 END), "
-        f"MAX(CASE WHEN s > pa THEN s - pa END), {', '.join(cols)} FROM ("
-        "SELECT s, e, t, MAX(e) OVER win AS pa, MAX(CASE WHEN t = 0 THEN e END) OVER win AS pk, "
-        f"MAX(CASE WHEN t <= 1 THEN e END) OVER win AS pkc FROM ({_ops(tables)}) {_WINDOW})",
-        params,
-    ).fetchone()
-    values = [v or 0 for v in row]
-    return {"busy_ns": values[0], "kernel_union_ns": values[1], "kernel_or_copy_ns": values[2],
-            "gap_max_ns": values[3], "buckets": list(zip(values[4::2], values[5::2]))}
-
-
-def long_gaps(con: sqlite3.Connection, tables: list[str], params: dict, min_ns: int) -> list[tuple[int, int, int]]:
-    """Idle gaps of at least `min_ns`: (start, end, correlation id of the operation that ends it)."""
-    if not tables:
-        return []
-    return con.execute(
-        f"SELECT pa, s, c FROM (SELECT s, e, c, MAX(e) OVER win AS pa FROM ({_ops(tables, corr=True)}) {_WINDOW}) "
-        "WHERE s - pa >= :min_gap ORDER BY s",
-        params | {"min_gap": min_ns},
-    ).fetchall()
 
 
 def sums(con: sqlite3.Connection, table: str, params: dict | None) -> tuple[int, int, int]:
@@ -326,6 +302,21 @@ def call_time(con: sqlite3.Connection, table: str, pid: int, name_ids: list[int]
     ).fetchone()[0]
 
 
+def launch_calls(con: sqlite3.Connection, pid: int, correlation_ids: list[int]) -> dict[int, tuple[int, int]]:
+    """(start, globalTid) of the API call behind each correlation id (one scan of the runtime table)."""
+    if not correlation_ids:
+        return {}
+    con.execute("CREATE TEMP TABLE IF NOT EXISTS gap_corr (c INTEGER PRIMARY KEY)")
+    con.execute("DELETE FROM gap_corr")
+    con.executemany("INSERT OR IGNORE INTO gap_corr VALUES (?)", [(c,) for c in correlation_ids])
+    rows = con.execute(
+        f"SELECT r.correlationId, r.start, r.globalTid FROM {RUNTIME} r JOIN gap_corr g ON g.c = r.correlationId "
+        f"WHERE (r.globalTid & {PID_MASK}) = ?",
+        (pid,),
+    ).fetchall()
+    return {c: (start, tid) for c, start, tid in rows}
+
+
 def nvtx_intervals(con: sqlite3.Connection, schema: Schema, pid: int | None, like: str, window: tuple[int, int]
                    ) -> list[tuple[str, int, int]]:
     """NVTX push/pop or start/end ranges of process `pid` whose name is LIKE `like`, overlapping
@@ -342,21 +333,6 @@ def nvtx_intervals(con: sqlite3.Connection, schema: Schema, pid: int | None, lik
         f"AND e.end IS NOT NULL AND {name} LIKE :like AND e.end > :w0 AND e.start < :w1 {thread} ORDER BY e.start",
         {"like": like, "w0": window[0], "w1": window[1], "pid": pid},
     ).fetchall()
-
-
-def launch_calls(con: sqlite3.Connection, pid: int, correlation_ids: list[int]) -> dict[int, tuple[int, int]]:
-    """(start, globalTid) of the API call behind each correlation id (one scan of the runtime table)."""
-    if not correlation_ids:
-        return {}
-    con.execute("CREATE TEMP TABLE IF NOT EXISTS gap_corr (c INTEGER PRIMARY KEY)")
-    con.execute("DELETE FROM gap_corr")
-    con.executemany("INSERT OR IGNORE INTO gap_corr VALUES (?)", [(c,) for c in correlation_ids])
-    rows = con.execute(
-        f"SELECT r.correlationId, r.start, r.globalTid FROM {RUNTIME} r JOIN gap_corr g ON g.c = r.correlationId "
-        f"WHERE (r.globalTid & {PID_MASK}) = ?",
-        (pid,),
-    ).fetchall()
-    return {c: (start, tid) for c, start, tid in rows}
 
 
 def meta(con: sqlite3.Connection, schema: Schema) -> dict:

@@ -40,7 +40,8 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from ghsweep.profile import capture, nsys_db  # noqa: E402
+from ghsweep.profile import capture  # noqa: E402
+from ghsweep.profile.analysis import analyze  # noqa: E402
 from ghsweep.profile.torch_capture import TorchCapture  # noqa: E402
 from ghsweep.train.phases import Phases  # noqa: E402
 
@@ -265,12 +266,9 @@ def all_scenarios(out: Path, nsys: str, ncu: str | None, deadline_s: float) -> N
     clean_db = out / "clean" / capture.NSYS_SQLITE
     if ncu and clean_db.exists():
         metrics = tensor_metrics(ncu, out, log)
-        con = nsys_db.open_readonly(clean_db)
-        schema = nsys_db.Schema.read(con)
-        _, steady = nsys_db.split_warmup(nsys_db.step_ranges(con, schema))
-        pid, device = nsys_db.main_process_device(con, schema)
-        window = nsys_db.gpu_window(con, schema, steady, pid, device)
-        top = nsys_db.top_kernels(con, schema, window, device, limit=5)
+        first = analyze(clean_db)
+        top = first["top_kernels"]
+        steady = first["window"]["steps"]
         names = sorted({k["short_name"] for k in top})
         per_step = sum(k["count"] for k in top) / max(1, len(steady))
         count = min(200, math.ceil(per_step))
