@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 JOBS_FILE = "ghsweep_jobs.json"
 # MLflow's status for a run stopped from outside.
 CANCELLED = "KILLED"
+# SLURM states of a job that has not ended (UNKNOWN is not one: sacct may be unavailable for good).
+ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
 
 
 @dataclass(frozen=True)
@@ -60,20 +63,32 @@ def load_jobs(sweep_dir: Path) -> list[SubmittedJob]:
     return [SubmittedJob(**j) for j in json.loads(path.read_text())] if path.exists() else []
 
 
+def has_ended(job: submitit.Job) -> bool:
+    """Its task is over and SLURM says so too: a cancelled job can write its result while SLURM still
+    reports it RUNNING, and only the final state says it was cancelled."""
+    return job.done() and not job.state.startswith(ACTIVE_STATES)
+
+
+def wait_until_ended(jobs: list[submitit.Job], poll_s: float) -> None:
+    while not all(has_ended(j) for j in jobs):
+        time.sleep(poll_s)
+
+
 def job_failure(job: submitit.Job) -> tuple[str, str] | None:
     """(MLflow status, reason) of a finished job that did not complete its task, else None."""
+    # The state first: a cancelled job may still have had time to return, with its worker killed.
+    state = job.state
+    if state.startswith("CANCELLED"):
+        return CANCELLED, f"SLURM job {job.job_id} was cancelled from outside ({state})"
+    if state == "TIMEOUT":
+        return "FAILED", f"SLURM job {job.job_id} was killed at its time limit (TIMEOUT) and not requeued"
     try:
         returned = job.result()
     except UncompletedJobError as exc:
-        state = job.state
-        if state.startswith("CANCELLED"):
-            return CANCELLED, f"SLURM job {job.job_id} was cancelled from outside ({state})"
-        if state == "TIMEOUT":
-            return "FAILED", f"SLURM job {job.job_id} was killed at its time limit (TIMEOUT) and not requeued"
         return "FAILED", f"SLURM job {job.job_id} ended {state}: {str(exc).strip().splitlines()[0]}"
     except FailedJobError as exc:
         lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-        return "FAILED", f"SLURM job {job.job_id} failed: {lines[-1] if lines else job.state}"
+        return "FAILED", f"SLURM job {job.job_id} failed: {lines[-1] if lines else state}"
     if returned.status == JobStatus.FAILED:
         # The task raised (Hydra's run_job keeps the exception): ghsweep could not record the run itself.
         exc = returned._return_value
@@ -90,7 +105,7 @@ def settle(sweep_dir: Path, jobs: list[tuple[SubmittedJob, submitit.Job]]) -> li
         run_dir = Path(submitted.run_dir)
         result = RunResult.load(run_dir) if (run_dir / RESULT_FILE).exists() else None
         failure = job_failure(job)
-        if failure and (result is None or _still_running(store, result)):
+        if failure and (result is None or result.status != "FINISHED"):
             result = _record_lost(store, manifest, submitted, result, *failure)
         if result.status != "FINISHED":
             store.log_artifacts(result.mlflow_run_id, [Path(submitted.stdout), Path(submitted.stderr)], "slurm")
@@ -98,13 +113,13 @@ def settle(sweep_dir: Path, jobs: list[tuple[SubmittedJob, submitit.Job]]) -> li
     return results
 
 
-def _still_running(store: MlflowStore, result: RunResult) -> bool:
-    return result.mlflow_run_id is None or store.client.get_run(result.mlflow_run_id).info.status == "RUNNING"
-
-
 def _record_lost(store: MlflowStore, manifest: SweepManifest, submitted: SubmittedJob, result: RunResult | None,
                  status: str, reason: str) -> RunResult:
-    """End the child run of a job that died (creating it if the job never started) and say why."""
+    """End the child run of a job that died (creating it if the job never started) and say why.
+
+    SLURM's account wins over what the job may have recorded while it was being stopped (a worker
+    killed by SIGTERM is what a cancelled job looks like from inside); that stays in the reason.
+    """
     log.error("%s: %s: %s", submitted.name, status, reason)
     run_dir = Path(submitted.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -119,6 +134,8 @@ def _record_lost(store: MlflowStore, manifest: SweepManifest, submitted: Submitt
         }, parent_run_id=manifest.parent_run_id)
         result = RunResult(name=submitted.name, run_dir=str(run_dir), overrides=submitted.overrides,
                            status=status, mlflow_run_id=run_id)
+    if result.error and result.status != "RUNNING":
+        reason = f"{reason}; the job recorded: {result.error}"
     result.status, result.error = status, reason
     store.set_tags(result.mlflow_run_id, {"ghsweep.status": status, "ghsweep.error": reason,
                                           "ghsweep.slurm_job_id": submitted.job_id})

@@ -32,7 +32,7 @@ from submitit.slurm.slurm import _make_sbatch_string
 from ghsweep.launch.dry_run import describe
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.run_result import RunResult
-from ghsweep.launch.slurm_jobs import SubmittedJob, save_jobs, settle
+from ghsweep.launch.slurm_jobs import SubmittedJob, save_jobs, settle, wait_until_ended
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking.mlflow_store import MlflowStore
 
@@ -137,8 +137,7 @@ class GhsweepLauncher:
             print(f"ghsweep: not waiting (wait=false); follow and collect the sweep with\n"
                   f"  python -m ghsweep.status {shlex.quote(str(sweep_dir))}", flush=True)
             return [self._job_return(c, done.get(c.num)) for c in combos]
-        for _, job in jobs:
-            job.wait()
+        wait_until_ended([j for _, j in jobs], poll_s=2.0)
         done.update((s.num, r) for (s, _), r in zip(jobs, settle(sweep_dir, jobs)))
         return [self._job_return(c, done[c.num]) for c in combos]
 

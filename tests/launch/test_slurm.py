@@ -1,0 +1,206 @@
+"""Sweeps through the Hydra submitit launcher on a real single-node SLURM cluster (tests/slurm/).
+
+Jobs log to a real MLflow tracking server, as on a cluster whose compute nodes cannot share a
+SQLite file. Every job trains the tiny smoke model for a few steps in fp32 on one CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from ghsweep.launch.slurm_jobs import JOBS_FILE, load_jobs
+from ghsweep.train.data import synthetic_dolly, write_dolly_jsonl
+from tests.conftest import run_cli
+from tests.slurm.cluster import sacct_states, slurm_cluster  # noqa: F401  (the session fixture)
+
+pytestmark = pytest.mark.usefixtures("slurm_cluster")
+
+RUN_METRICS = {"loss", "step_time_ms", "tokens_per_s", "peak_mem_gb", "final_loss"}
+
+
+def sweep_args(server, experiment: str, *args: str) -> list[str]:
+    return ["-m", "hydra/launcher=local_slurm", "experiment=smoke", "precision=fp32", "tracking=server",
+            f"tracking.uri={server.url}", f"tracking.experiment={experiment}", *args]
+
+
+def runs(server, experiment: str, role: str) -> list:
+    client = MlflowClient(tracking_uri=server.url)
+    exp = client.get_experiment_by_name(experiment)
+    return client.search_runs([exp.experiment_id], filter_string=f"tags.`ghsweep.role` = '{role}'")
+
+
+def job_ids(sweep_dir: Path) -> list[str]:
+    return [j.job_id for j in load_jobs(sweep_dir)]
+
+
+def artifacts(server, run_id: str, path: str | None = None) -> set[str]:
+    return {a.path for a in MlflowClient(tracking_uri=server.url).list_artifacts(run_id, path)}
+
+
+def test_smoke_sweep_2x2(mlflow_server, tmp_path):
+    proc = run_cli(sweep_args(mlflow_server, "slurm_smoke", "peft=lora,none", "offload=off,on",
+                              "train.max_steps=3"), tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # The sweep directory has ${now:} in it: the jobs, in other processes, must find the same one.
+    (sweep_dir,) = [p.parent for p in tmp_path.glob(f"multirun/*/*/{JOBS_FILE}")]
+    ids = job_ids(sweep_dir)
+    assert len(ids) == 4
+    assert set(sacct_states(ids).values()) == {"COMPLETED"}
+
+    (parent,) = runs(mlflow_server, "slurm_smoke", "sweep")
+    assert parent.info.status == "FINISHED"
+    children = runs(mlflow_server, "slurm_smoke", "run")
+    assert len(children) == 4
+    client = MlflowClient(tracking_uri=mlflow_server.url)
+    for child in children:
+        assert child.info.status == "FINISHED"
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert Path(child.data.tags["ghsweep.run_dir"]).parent == sweep_dir.resolve()
+        assert RUN_METRICS <= set(child.data.metrics)
+        assert len(client.get_metric_history(child.info.run_id, "loss")) == 3
+    assert {(c.data.params["peft"], c.data.params["offload"]) for c in children} == {
+        ("lora", "off"), ("lora", "on"), ("none", "off"), ("none", "on")}
+    assert "4 of 4 runs finished" in proc.stdout
+
+
+def test_failing_job_is_failed_with_its_slurm_log(mlflow_server, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"instruction": "hi"}\n')
+    proc = run_cli(sweep_args(mlflow_server, "slurm_fail", "data=dolly_file", f"data.path={bad}",
+                              "train.max_steps=2"), tmp_path)
+    assert proc.returncode != 0
+    assert "1 of 1 runs failed" in proc.stderr
+    (child,) = runs(mlflow_server, "slurm_fail", "run")
+    assert child.info.status == "FAILED"
+    assert "lacks ['response']" in child.data.tags["ghsweep.error"]
+    assert "worker.log" in artifacts(mlflow_server, child.info.run_id)
+    slurm_logs = artifacts(mlflow_server, child.info.run_id, "slurm")
+    assert any(p.endswith("_log.out") for p in slurm_logs) and any(p.endswith("_log.err") for p in slurm_logs)
+
+
+def wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def test_job_cancelled_with_scancel_ends_killed_and_the_sweep_ends(mlflow_server, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    # Combination 1 trains long enough to be cancelled while it runs.
+    args = sweep_args(mlflow_server, "slurm_cancel", "train.max_steps=3,5000", f"hydra.sweep.dir={sweep_dir}")
+    proc = subprocess.Popen([sys.executable, "-m", "ghsweep", *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (sweep_dir / JOBS_FILE).exists(), 120, "the sweep's jobs to be submitted")
+        long_job = next(j for j in load_jobs(sweep_dir) if j.num == 1)
+        metrics = Path(long_job.run_dir) / "metrics.jsonl"
+        wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 180, "the long job to train")
+        subprocess.run(["scancel", long_job.job_id], check=True)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            subprocess.run(["scancel", *job_ids(sweep_dir)], check=False)
+    assert proc.returncode != 0
+    assert "1 of 2 runs failed" in err
+    assert sacct_states([long_job.job_id])[long_job.job_id].startswith("CANCELLED")
+    children = {c.data.params["train.max_steps"]: c for c in runs(mlflow_server, "slurm_cancel", "run")}
+    assert children["3"].info.status == "FINISHED"
+    cancelled = children["5000"]
+    assert cancelled.info.status == "KILLED"
+    assert cancelled.data.tags["ghsweep.error"].startswith(f"SLURM job {long_job.job_id} was cancelled from outside")
+    assert any(p.endswith("_log.err") for p in artifacts(mlflow_server, cancelled.info.run_id, "slurm"))
+    assert json.loads((Path(long_job.run_dir) / "result.json").read_text())["status"] == "KILLED"
+    (parent,) = runs(mlflow_server, "slurm_cancel", "sweep")
+    assert parent.info.status == "FAILED"
+
+
+def test_time_limit_without_resumable_backend_is_recorded_timed_out(mlflow_server, tmp_path):
+    # SLURM signals the job signal_delay_s before its 2-minute limit, i.e. ~10 s after it starts.
+    proc = run_cli(sweep_args(mlflow_server, "slurm_timeout", "train.max_steps=5000",
+                              "hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=110"), tmp_path)
+    assert proc.returncode != 0
+    (child,) = runs(mlflow_server, "slurm_timeout", "run")
+    assert child.info.status == "FAILED"
+    error = child.data.tags["ghsweep.error"]
+    assert error.startswith("timed out: the SLURM time limit (2 min")
+    assert "cannot resume" in error and "not requeued" in error
+    assert "worker.log" in artifacts(mlflow_server, child.info.run_id)
+
+
+def test_resume_skips_finished_and_reruns_failed(mlflow_server, tmp_path):
+    good, late = tmp_path / "good.jsonl", tmp_path / "late.jsonl"
+    write_dolly_jsonl(synthetic_dolly(64, seed=1), good)
+    common = ("data=dolly_file", f"data.path={good},{late}", "train.max_steps=2")
+
+    first = run_cli(sweep_args(mlflow_server, "slurm_resume", *common, f"hydra.sweep.dir={tmp_path / 's1'}"), tmp_path)
+    assert first.returncode != 0 and "1 of 2 runs failed" in first.stderr  # late.jsonl does not exist yet
+    write_dolly_jsonl(synthetic_dolly(64, seed=2), late)
+
+    second = run_cli(sweep_args(mlflow_server, "slurm_resume", *common, f"hydra.sweep.dir={tmp_path / 's2'}"), tmp_path)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "resume: 1 of 2 combinations already FINISHED" in second.stdout
+    assert [j.overrides[-2] for j in load_jobs(tmp_path / "s2")] == [f"data.path={late}"]
+    assert "2 of 2 runs finished" in second.stdout
+
+    children = runs(mlflow_server, "slurm_resume", "run")
+    by_path = {}
+    for c in children:
+        by_path.setdefault(c.data.params["data.path"], []).append(c.info.status)
+    assert sorted(by_path[str(good)]) == ["FINISHED"]
+    assert sorted(by_path[str(late)]) == ["FAILED", "FINISHED"]
+
+    forced = run_cli(sweep_args(mlflow_server, "slurm_resume", *common, "force=true",
+                                f"hydra.sweep.dir={tmp_path / 's3'}"), tmp_path)
+    assert forced.returncode == 0
+    assert len(load_jobs(tmp_path / "s3")) == 2
+    assert len(runs(mlflow_server, "slurm_resume", "run")) == len(children) + 2
+
+
+def test_eight_jobs_finishing_at_once_lose_nothing(mlflow_server, tmp_path):
+    proc = run_cli(sweep_args(mlflow_server, "slurm_eight", "peft=lora,none", "offload=off,on",
+                              "dataloader=default,sync", "train.max_steps=4"), tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (sweep_dir,) = [p.parent for p in tmp_path.glob(f"multirun/*/*/{JOBS_FILE}")]
+    ids = job_ids(sweep_dir)
+    assert len(ids) == 8 and set(sacct_states(ids).values()) == {"COMPLETED"}
+    # They ran at the same time: each one's training overlaps every other one's.
+    spans = [json.loads((Path(j.run_dir) / "summary.json").read_text()) for j in load_jobs(sweep_dir)]
+    assert len(spans) == 8
+    children = runs(mlflow_server, "slurm_eight", "run")
+    assert len(children) == 8 and {c.info.status for c in children} == {"FINISHED"}
+    client = MlflowClient(tracking_uri=mlflow_server.url)
+    for child in children:
+        assert RUN_METRICS <= set(child.data.metrics)
+        assert [m.step for m in client.get_metric_history(child.info.run_id, "loss")] == [0, 1, 2, 3]
+
+
+def test_wait_false_returns_at_once_and_status_collects_later(mlflow_server, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = run_cli(sweep_args(mlflow_server, "slurm_nowait", "offload=off,on", "train.max_steps=3", "wait=false",
+                              f"hydra.sweep.dir={sweep_dir}"), tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"python -m ghsweep.status {sweep_dir}" in proc.stdout
+    (parent,) = runs(mlflow_server, "slurm_nowait", "sweep")
+    assert parent.info.status == "RUNNING"
+
+    status = [sys.executable, "-m", "ghsweep.status", str(sweep_dir)]
+    look = subprocess.run(status, capture_output=True, text=True, timeout=120)
+    assert look.returncode == 0, look.stderr
+    for job_id in job_ids(sweep_dir):
+        assert f"job {job_id}" in look.stdout
+
+    collect = subprocess.run([*status, "--wait", "--poll-s", "2"], capture_output=True, text=True, timeout=600)
+    assert collect.returncode == 0, collect.stderr[-3000:]
+    assert "2 of 2 runs finished" in collect.stdout
+    (parent,) = runs(mlflow_server, "slurm_nowait", "sweep")
+    assert parent.info.status == "FINISHED"
+    assert {c.info.status for c in runs(mlflow_server, "slurm_nowait", "run")} == {"FINISHED"}
