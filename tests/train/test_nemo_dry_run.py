@@ -1,0 +1,46 @@
+"""`dry_run=true` with backend=nemo prints each combination's composed recipe and keeps it in its run dir.
+
+Runs the real CLI with the NeMo environment's interpreter (CI: `.venv-nemo/bin/python -m pytest -m nemo`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from ghsweep.train.nemo.recipe import RECIPE_JSON, RECIPE_TEXT, build_recipe, load_recipe
+from tests.conftest import CONF_DIR, run_cli
+from tests.nemo import nemo_llm  # noqa: F401  (the fixture)
+
+pytestmark = [pytest.mark.nemo, pytest.mark.usefixtures("nemo_llm")]
+
+
+def test_dry_run_prints_the_recipe_and_the_worker_command_and_keeps_the_recipe(tmp_path):
+    proc = run_cli(["-m", "backend=nemo", "dry_run=true", "model=llama2_7b,tiny_llama", "offload=on",
+                    "offload.num_layers=4"], tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    blocks = re.split(r"(?m)^#(?=\d+ )", proc.stdout)[1:]
+    assert len(blocks) == 2
+    by_model = {("llama2_7b" if "model=llama2_7b" in b.splitlines()[0] else "tiny_llama"): b for b in blocks}
+
+    llama = by_model["llama2_7b"]
+    run_dir = Path(re.search(r"run dir: (\S+)", llama).group(1))
+    assert re.search(r"worker: .*python\S* -m ghsweep\.train\.worker " + re.escape(str(run_dir)), llama)
+    assert "<Partial[finetune(" in llama and "cpu_offloading_num_layers=4" in llama
+    assert "<Config[NsysCallback(start_step=5, end_step=7" in llama
+    # Nothing trained, nothing recorded: only the recipe is kept.
+    assert (run_dir / RECIPE_TEXT).exists() and not (run_dir / "metrics.jsonl").exists()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["backend=nemo", "model=llama2_7b", "offload=on",
+                                                       "offload.num_layers=4"])
+    assert load_recipe(run_dir) == build_recipe(cfg, run_dir)
+
+    # Four offloaded layers of a four-layer model: Megatron would refuse it, the dry run says so.
+    tiny = by_model["tiny_llama"]
+    assert "recipe:  (not runnable) offload.num_layers=4: with backend=nemo" in tiny
+    tiny_dir = Path(re.search(r"run dir: (\S+)", tiny).group(1))
+    assert not (tiny_dir / RECIPE_JSON).exists()
