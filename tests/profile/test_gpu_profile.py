@@ -1,0 +1,67 @@
+"""profile=nsys_ncu through the real worker path on a GPU: the worker runs under nsys with
+ghsweep's command line, the report is exported and analysed, a second short run under ncu gives
+the roofline of the top kernels, and profile=torch on the GPU records kernels.
+
+Run on a GPU machine with nsys and ncu on PATH: `pytest -m gpu tests/profile/test_gpu_profile.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from ghsweep.launch.worker_process import run_worker, worker_command
+from ghsweep.profile import capture
+from ghsweep.profile.plan import ANALYSIS_FILE, METRICS, after_worker, resolve
+from tests.conftest import CONF_DIR
+
+pytestmark = pytest.mark.gpu
+
+
+def profiled_run(tmp_path, *overrides: str) -> tuple[dict, object]:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "device=cuda", "train.max_steps=10", "train.log_every=10", "train.compile=false", "train.seq_length=256",
+            "train.micro_batch_size=4", "capture.start_step=4", "capture.num_steps=4", *overrides])
+    run_dir = tmp_path / cfg.profile.name
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    plan = resolve(cfg.profile, on_gpu=True, device="cuda")
+    plan.save(run_dir)
+    exit = run_worker(worker_command(cfg, run_dir), run_dir, 900)
+    assert exit.returncode == 0, (run_dir / "worker.log").read_text()[-3000:]
+    outcome = after_worker(cfg, run_dir, plan, lambda prefix, work: run_worker(
+        [*prefix, *worker_command(cfg, work)], work, 900).returncode)
+    assert "ghsweep.profile_error" not in outcome.tags, outcome.tags
+    return json.loads((run_dir / ANALYSIS_FILE).read_text()), outcome
+
+
+@pytest.mark.skipif(not (shutil.which("nsys") and shutil.which("ncu")), reason="needs nsys and ncu on PATH")
+def test_nsys_ncu_run_is_analysed(tmp_path):
+    analysis, outcome = profiled_run(tmp_path, "profile=nsys_ncu")
+    run_dir = tmp_path / "nsys_ncu"
+    assert (run_dir / capture.NSYS_REPORT).exists() and (run_dir / capture.NSYS_SQLITE).exists()
+    assert analysis["source"]["kind"] == "nsys"
+    assert set(analysis["window"]["steps"]) <= {4, 5, 6, 7} and len(analysis["window"]["steps"]) >= 3
+    assert analysis["top_kernels"] and 0 < analysis["gpu_busy_pct"] <= 100
+    assert analysis["phases_ms_per_step"]["forward"] > 0
+    assert set(outcome.metrics) == set(METRICS)
+    roof = analysis["roofline"]
+    assert roof["kernels"] and roof["missing"] == [], roof["missing"]
+    assert all(p["bound"] in ("compute_bound", "memory_bound", "latency_bound") for p in roof["kernels"])
+    names = {p.name for p in outcome.artifacts}
+    assert {"profile_report.md", "top_kernels.md", "gap_histogram.png", "roofline.png", "profile.sqlite",
+            "top_kernels_ncu.csv"} <= names
+    print(json.dumps({k: analysis[k] for k in METRICS}, indent=1))
+    print(json.dumps(roof["kernels"], indent=1)[:3000])
+
+
+def test_torch_profiler_on_gpu_records_kernels(tmp_path):
+    analysis, outcome = profiled_run(tmp_path, "profile=torch")
+    assert analysis["source"] == {**analysis["source"], "kind": "torch", "device": "cuda"}
+    assert analysis["top_kernels"] and analysis["gpu_busy_pct"] > 0
+    assert outcome.tags["ghsweep.profile_used"] == "torch"
