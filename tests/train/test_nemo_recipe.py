@@ -19,7 +19,6 @@ from hydra import compose, initialize_config_dir
 
 from ghsweep.config.validate import ConfigError
 from ghsweep.train import data as dolly
-from ghsweep.train.nemo.backend import VALIDATION_RECORDS, write_dataset
 from ghsweep.train.nemo.recipe import (
     DATASET_DIR, RECIPE_JSON, RECIPE_TEXT, build_recipe, check_config, load_recipe, save_recipe,
 )
@@ -179,6 +178,10 @@ def test_model_path_restores_the_imported_checkpoint_with_its_tokenizer(tmp_path
 
 def test_dolly_file_is_packed_by_nemo_s_own_data_module(tmp_path):
     import fiddle as fdl
+
+    # Imported here: the worker module imports Lightning, which the base install (where this file is
+    # collected but deselected) lacks.
+    from ghsweep.train.nemo.backend import VALIDATION_RECORDS, write_dataset
 
     records = dolly.synthetic_dolly(60, seed=3)
     dolly.write_dolly_jsonl(records, tmp_path / "dolly.jsonl")
