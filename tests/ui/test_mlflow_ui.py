@@ -1,0 +1,150 @@
+"""The MLflow UI shows a real sweep: Debian's chromium driven by playwright against a real
+`mlflow server` on 127.0.0.1 that holds a real smoke sweep (logged by the real CLI).
+
+Screenshots are saved under test-artifacts/ui/ (or $GHSWEEP_UI_SCREENSHOTS). The browser is the
+system's /usr/bin/chromium (apt-get install chromium); `playwright install` is never run. Without
+that browser the tests skip with the reason, unless GHSWEEP_REQUIRE_UI=1 (CI sets it): then they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import REPO, run_cli
+
+CHROMIUM = Path("/usr/bin/chromium")
+SHOTS = Path(os.environ.get("GHSWEEP_UI_SCREENSHOTS", REPO / "test-artifacts" / "ui"))
+EXPERIMENT = "ui_test"
+METRICS = ("tokens_per_s", "step_time_ms")
+UI_TIMEOUT_MS = 90_000
+
+if not CHROMIUM.exists():
+    reason = f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)"
+    if os.environ.get("GHSWEEP_REQUIRE_UI") == "1":
+        raise RuntimeError(f"GHSWEEP_REQUIRE_UI=1 and the UI tests cannot run: {reason}")
+    pytest.skip(reason, allow_module_level=True)
+
+from playwright.sync_api import Page, sync_playwright  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def sweep(mlflow_server, tmp_path_factory):
+    """A real 2-run smoke sweep logged to the session's tracking server."""
+    proc = run_cli(["-m", "experiment=smoke", "tracking=server", f"tracking.uri={mlflow_server.url}",
+                    f"tracking.experiment={EXPERIMENT}", "peft=lora,none", "precision=fp32", "train.max_steps=4"],
+                   tmp_path_factory.mktemp("ui_sweep"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(tracking_uri=mlflow_server.url)
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    (parent,) = client.search_runs([exp.experiment_id], "tags.`ghsweep.role` = 'sweep'")
+    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    children.sort(key=lambda r: int(r.data.tags["ghsweep.job_num"]))
+    return mlflow_server.url, exp.experiment_id, parent, children
+
+
+@pytest.fixture(scope="module")
+def browser():
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        yield b
+        b.close()
+
+
+def shown(value: float, texts: list[str]) -> bool:
+    """Whether the page shows `value`, allowing the compare page's rounding (4 significant digits or 3 decimals)."""
+    for text in texts:
+        try:
+            if abs(float(text.replace(",", "")) - value) <= 5e-4 * abs(value) + 5e-4:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def close_assistant(page: Page) -> None:
+    # A fresh browser profile opens MLflow's assistant panel over the right side of the table.
+    close = page.get_by_role("button", name="Close")
+    if close.count():
+        close.first.click()
+
+
+def choose_column(page: Page, name: str) -> None:
+    page.get_by_placeholder("Search columns").fill(name)
+    node = page.locator("[class*='tree-treenode']").filter(has_text=re.compile(f"^{re.escape(name)}$")).last
+    node.locator("[class*='tree-checkbox']").first.click()
+
+
+def test_experiment_page_shows_parent_children_and_metric_values(sweep, browser):
+    url, exp_id, parent, children = sweep
+    page = browser.new_page(viewport={"width": 1600, "height": 900})
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    # workflowType: without it this MLflow opens the experiment in its GenAI mode.
+    page.goto(f"{url}/#/experiments/{exp_id}/runs?workflowType=machine_learning")
+    page.get_by_text(parent.info.run_name, exact=True).wait_for()
+    close_assistant(page)
+    for child in children:
+        assert page.get_by_text(child.info.run_name, exact=True).count() == 0  # collapsed under the parent
+
+    parent_cell = page.locator("[role=gridcell]").filter(has_text=parent.info.run_name).first
+    parent_cell.locator("button").first.click()  # expand the sweep
+    for child in children:
+        page.get_by_text(child.info.run_name, exact=True).wait_for()
+
+    page.get_by_role("button", name="Columns").click()
+    for name in (*METRICS, "peft"):
+        choose_column(page, name)
+    page.keyboard.press("Escape")
+    for name in METRICS:
+        page.get_by_role("columnheader", name=name).first.wait_for()
+    cells = page.locator("[role=gridcell]").all_inner_texts()
+    for child in children:
+        for name in METRICS:
+            assert shown(child.data.metrics[name], cells), (name, child.data.metrics[name], cells)
+    assert {"lora", "none"} <= {c.strip() for c in cells}
+    page.screenshot(path=str(SHOTS / "experiment_runs.png"))
+    page.close()
+
+
+def test_compare_page_renders_params_and_metrics_of_the_children(sweep, browser):
+    url, exp_id, _, children = sweep
+    page = browser.new_page(viewport={"width": 1600, "height": 3200})  # the page scrolls inside its own container
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    ids = json.dumps([c.info.run_id for c in children])
+    page.goto(f"{url}/#/compare-runs?runs={ids}&experiments={json.dumps([exp_id])}")
+    page.get_by_text("Comparing 2 Runs").wait_for()
+    page.get_by_text("tokens_per_s", exact=True).first.wait_for()
+    text = page.inner_text("body")
+    lines = text.splitlines()
+    # Parameter rows list one value per run, in the order of the URL.
+    for key in ("peft", "precision", "train.max_steps"):
+        row = "\t".join([key, *(c.data.params[key] for c in children)])
+        assert row in lines, (row, [line for line in lines if line.startswith(key)])
+    for child in children:
+        for name in (*METRICS, "peak_mem_gb"):
+            assert shown(child.data.metrics[name], lines), (name, child.data.metrics[name])
+    page.screenshot(path=str(SHOTS / "compare_runs.png"), full_page=True)
+    page.close()
+
+
+def test_sweep_run_page_lists_the_comparison_report(sweep, browser):
+    url, exp_id, parent, _ = sweep
+    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    page.goto(f"{url}/#/experiments/{exp_id}/runs/{parent.info.run_id}/artifacts")
+    page.get_by_text("comparison", exact=True).first.wait_for()
+    close_assistant(page)
+    page.get_by_text("comparison", exact=True).first.click()
+    page.get_by_text("comparison.html", exact=True).first.click()
+    # MLflow renders an HTML artifact in an iframe; our report's verdict is inside it.
+    frame = page.frame_locator("iframe").first
+    frame.get_by_text("2 of 2 combinations finished.").wait_for()
+    frame.get_by_text(re.compile(r"^Baseline: #0 lora")).wait_for()
+    page.screenshot(path=str(SHOTS / "sweep_comparison_report.png"))
+    page.close()
