@@ -44,20 +44,27 @@ def test_every_preset_has_an_expected_outcome():
 
 def swept(overrides: str) -> str:
     """The combination's override that the preset sweeps (empty for a preset without a sweep)."""
-    keys = {o.partition("=")[0] for o in SMOKE}
+    keys = {o.partition("=")[0] for o in SMOKE} | {"tracking.uri", "tracking.experiment"}
     own = [o for o in overrides.split(" ") if not o.startswith("experiment=") and o.partition("=")[0] not in keys]
     return " ".join(own)
 
 
+@pytest.fixture(scope="module")
+def store_uri(tmp_path_factory) -> str:
+    """One SQLite store for all presets (each in its own experiment): creating a store costs seconds."""
+    return f"sqlite:///{tmp_path_factory.mktemp('presets') / 'mlflow.db'}"
+
+
 @pytest.mark.parametrize("preset", PRESETS)
-def test_preset_runs_at_smoke_size(preset, tmp_path):
+def test_preset_runs_at_smoke_size(preset, store_uri, tmp_path):
     extra, outcomes = EXPECTED[preset]
-    proc = run_cli(["-m", f"experiment={preset}", *SMOKE, *extra], tmp_path)
+    proc = run_cli(["-m", f"experiment={preset}", *SMOKE, *extra, f"tracking.uri={store_uri}",
+                    f"tracking.experiment=preset_{preset}"], tmp_path)
     failures = [o for o in outcomes.values() if o != "FINISHED"]
     assert proc.returncode == (1 if failures else 0), proc.stderr[-3000:]
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("ghsweep")
+    client = MlflowClient(tracking_uri=store_uri)
+    exp = client.get_experiment_by_name(f"preset_{preset}")
     (parent,) = client.search_runs([exp.experiment_id], "tags.`ghsweep.role` = 'sweep'")
     children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     got = {swept(c.data.tags["ghsweep.overrides"]): c for c in children}
@@ -76,12 +83,12 @@ def test_preset_runs_at_smoke_size(preset, tmp_path):
     logged = {a.path for a in client.list_artifacts(parent.info.run_id, "comparison")}
     assert {"comparison/comparison.md", "comparison/comparison.html"} <= logged
     if preset == "top5_roofline":
-        check_assignment(parent.info.run_name, tmp_path)
+        check_assignment(parent.info.run_name, store_uri, tmp_path)
 
 
-def check_assignment(sweep_name: str, cwd: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "ghsweep.report", "--assignment", sweep_name, "--out", "asg"],
-                          cwd=cwd, capture_output=True, text=True, timeout=300)
+def check_assignment(sweep_name: str, store_uri: str, cwd: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "ghsweep.report", "--assignment", sweep_name, "--out", "asg",
+                           "--tracking-uri", store_uri], cwd=cwd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("speedup of one iteration: ")
     md = (cwd / "asg" / "assignment.md").read_text()
