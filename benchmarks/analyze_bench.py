@@ -30,12 +30,14 @@ CORRELATED = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI
               "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION")
 
 
-def grow(path: Path, size_bytes: float) -> int:
-    """Double the timed rows of `path` until the file is at least `size_bytes`; return the doublings."""
+def grow(path: Path, size_bytes: float) -> float:
+    """Append shifted copies of the timed rows of `path` (doubling, then a partial last copy of
+    the trace's first part) until the file is about `size_bytes`; return the growth factor."""
     con = sqlite3.connect(path)
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    doublings = 0
-    while path.stat().st_size < size_bytes:
+    factor = 1.0
+    while path.stat().st_size < size_bytes * 0.99:
+        fraction = min(1.0, size_bytes / path.stat().st_size - 1)
         span = con.execute("SELECT MAX(end) - MIN(start) + 1 FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
         corr = con.execute("SELECT MAX(correlationId) + 1 FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
         steps = con.execute("SELECT COUNT(*) FROM NVTX_EVENTS WHERE text LIKE 'step %'").fetchone()[0]
@@ -55,11 +57,13 @@ def grow(path: Path, size_bytes: float) -> int:
                 else:
                     exprs.append(c)
             names = ", ".join(f'"{c}"' for c in cols)
-            con.execute(f"INSERT INTO {table} ({names}) SELECT {', '.join(exprs)} FROM {table}")
+            rows = con.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+            con.execute(f"INSERT INTO {table} ({names}) SELECT {', '.join(exprs)} FROM {table} ORDER BY rowid "
+                        f"LIMIT {int(rows * fraction)}")
         con.commit()
-        doublings += 1
+        factor *= 1 + fraction
     con.close()
-    return doublings
+    return factor
 
 
 def child(path: str) -> None:
@@ -87,8 +91,8 @@ def main() -> None:
         big = Path(tmp) / "big.sqlite"
         shutil.copy(args.source, big)
         t = time.perf_counter()
-        doublings = grow(big, args.size_gb * 1e9)
-        print(f"built {big.stat().st_size / 1e9:.2f} GB ({2 ** doublings}x the rows of {args.source}) "
+        factor = grow(big, args.size_gb * 1e9)
+        print(f"built {big.stat().st_size / 1e9:.2f} GB ({factor:.0f}x the rows of {args.source}) "
               f"in {time.perf_counter() - t:.0f} s")
         proc = subprocess.run([sys.executable, __file__, "--child", str(big)], capture_output=True, text=True)
         if proc.returncode:

@@ -124,7 +124,7 @@ def kernel_name_column(con: sqlite3.Connection, schema: Schema, column: str) -> 
 # A kernel shorter than this does too little work to hide its launch.
 SHORT_KERNEL_NS = 10_000
 # Rows fetched per chunk while streaming a table into columns.
-CHUNK_ROWS = 1 << 20
+CHUNK_ROWS = 1 << 18
 
 
 def read_columns(con: sqlite3.Connection, sql: str, params=()) -> list[np.ndarray]:

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 PLAN_FILE = "profile_plan.json"
 ANALYSIS_FILE = "profile_analysis.json"
 NCU_PASS_DIR = "ncu_pass"
+NCU_MAX_LAUNCHES = 1000
 # The numbers logged as MLflow metrics (one vocabulary for every backend and profiler).
 METRICS = ("gpu_busy_pct", "gpu_idle_pct", "idle_gaps_per_step", "kernel_time_pct", "memcpy_time_pct",
            "memset_time_pct", "exposed_memcpy_pct", "um_migration_pct", "h2d_gb", "d2h_gb")
@@ -164,17 +165,26 @@ def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Pa
         raise capture.ProfilerUnavailable("ncu pass skipped: the nsys profile has no kernels to pick from")
     names = sorted({k["short_name"] for k in top})
     steps = max(1, len(first["window"]["steps"]))
-    launches = max(1, round(sum(k["count"] for k in top) / steps))
+    # Two captured steps, and room for twice their average launches of these kernels: a kernel
+    # that does not run in every step is still caught.
+    launches = max(1, min(NCU_MAX_LAUNCHES, 2 * round(2 * sum(k["count"] for k in top) / steps)))
     work = run_dir / NCU_PASS_DIR
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
     short = OmegaConf.to_container(cfg, resolve=True)
-    short["capture"]["num_steps"] = 1
-    short["train"]["max_steps"] = short["capture"]["start_step"] + 2
+    short["capture"]["num_steps"] = 2
+    short["train"]["max_steps"] = short["capture"]["start_step"] + 3
     (work / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(short)))
     report_path = work / capture.NCU_REPORT
-    prefix = capture.ncu_command(plan.ncu_path, report_path, names, launches, cfg.profile.ncu.section_set)
-    if run_ncu_pass(prefix, work) != 0 or not report_path.exists():
+    metrics = list(cfg.profile.ncu.metrics)
+    prefix = capture.ncu_command(plan.ncu_path, report_path, names, launches, cfg.profile.ncu.section_set, metrics)
+    if run_ncu_pass(prefix, work) != 0 and metrics:
+        # A metric this GPU or ncu version does not know: the section set alone still gives time
+        # and FLOPs (bytes then read 0 and the roofline says so).
+        log.warning("ncu with profile.ncu.metrics failed; retrying with --set %s only", cfg.profile.ncu.section_set)
+        prefix = capture.ncu_command(plan.ncu_path, report_path, names, launches, cfg.profile.ncu.section_set)
+        run_ncu_pass(prefix, work)
+    if not report_path.exists():
         raise capture.ProfilerUnavailable(f"the ncu pass failed (counters not readable, or no kernel matched "
                                           f"{names}); see {work}/worker.log")
     return capture.ncu_raw_csv(plan.ncu_path, report_path, run_dir / capture.NCU_CSV)
