@@ -115,11 +115,14 @@ def check_config(cfg: DictConfig, runtime: bool) -> None:
             )
 
 
+def data_parallel_size(cfg: DictConfig) -> int:
+    b = cfg.backend
+    return b.num_nodes * b.gpus_per_node // (b.tensor_parallel * b.pipeline_parallel)
+
+
 def tokens_per_step(cfg: DictConfig) -> int:
     """Tokens of one global batch: every micro-batch is packed full (see `build_recipe`)."""
-    b = cfg.backend
-    data_parallel = b.num_nodes * b.gpus_per_node // (b.tensor_parallel * b.pipeline_parallel)
-    return cfg.train.micro_batch_size * cfg.train.seq_length * data_parallel
+    return cfg.train.micro_batch_size * cfg.train.seq_length * data_parallel_size(cfg)
 
 
 def build_recipe(cfg: DictConfig, run_dir: Path) -> Any:
@@ -246,14 +249,12 @@ def _map_data(recipe: Any, cfg: DictConfig, run_dir: Path, packed_length: int) -
     from nemo.collections.llm.gpt.data.packed_sequence import PackedSequenceSpecs
 
     dl = cfg.dataloader
-    b = cfg.backend
-    data_parallel = b.num_nodes * b.gpus_per_node // (b.tensor_parallel * b.pipeline_parallel)
     recipe.data = run.Config(
         llm.FineTuningDataModule,
         dataset_root=str(run_dir / DATASET_DIR),
         seq_length=packed_length,
         micro_batch_size=1,
-        global_batch_size=data_parallel,
+        global_batch_size=data_parallel_size(cfg),
         seed=cfg.seed,
         num_workers=dl.num_workers,
         pin_memory=dl.pin_memory,
