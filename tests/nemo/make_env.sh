@@ -7,7 +7,8 @@ cd "$(dirname "$0")/../.."
 venv="${GHSWEEP_NEMO_VENV:-.venv-nemo}"
 pip_install() { "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@"; }
 
-python3 -m venv "$venv"
+# Debian's own python3 has venv only with the python3-venv package; virtualenv (PyPI) needs nothing.
+python3 -m venv "$venv" || { python3 -m pip install --quiet virtualenv && python3 -m virtualenv --quiet "$venv"; }
 # The CPU build of torch first, as in .ci/run: otherwise pip pulls the CUDA build.
 pip_install torch==2.13.0
 # Without their dependencies (see the `nemo` set in pyproject.toml for why and what they need).
