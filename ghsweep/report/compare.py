@@ -7,8 +7,8 @@ profile, an older backend) shows as "-".
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import logging
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from mlflow.entities import Run
@@ -53,10 +53,14 @@ class Comparison:
     speedups: list[float | None]
     pareto: set[int]
 
+    def number(self, i: int) -> int:
+        """The run's job number in its sweep (its position where a job number is missing)."""
+        return self.runs[i].job_num if self.runs[i].job_num is not None else i
+
     def label(self, i: int) -> str:
         run = self.runs[i]
         values = [run.knobs.get(k, "-") for k in self.knobs]
-        return f"#{i} " + " ".join(values) if values else f"#{i} {run.name}"
+        return f"#{self.number(i)} " + (" ".join(values) if values else run.name)
 
     @property
     def fastest(self) -> int | None:
@@ -76,8 +80,9 @@ def choose_baseline(runs: list[SweepRun], spec: int | str | None) -> int | None:
         match = [i for i, r in enumerate(runs) if wanted.items() <= r.knobs.items()]
     if not match:
         example = " ".join(runs[0].overrides) if runs else "precision=bf16"
+        numbers = ", ".join(str(r.job_num) for r in runs if r.job_num is not None) or "none recorded"
         raise BaselineError(f"report.baseline={spec}: matches no combination of this sweep; accepted: a job number "
-                            f"(0 to {len(runs) - 1}) or the overrides of one combination, e.g. '{example}'")
+                            f"({numbers}) or the overrides of one combination, e.g. '{example}'")
     return match[0]
 
 
@@ -135,7 +140,7 @@ def table(c: Comparison) -> tuple[list[str], list[list[str]]]:
         metrics = [fmt_value(r.metrics.get(name), spec) for name, _, spec in METRIC_COLUMNS]
         mark = "baseline" if i == c.baseline else fmt_value(c.speedups[i], ".2f") + ("x" if c.speedups[i] else "")
         note = r.error if not r.finished else top_finding(r)
-        rows.append([str(i), *(r.knobs.get(k, "-") for k in c.knobs), r.status, *metrics[:2], mark, *metrics[2:],
+        rows.append([str(c.number(i)), *(r.knobs.get(k, "-") for k in c.knobs), r.status, *metrics[:2], mark, *metrics[2:],
                      "yes" if i in c.pareto else "", note or "-"])
     return header, rows
 
