@@ -11,7 +11,6 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from ghsweep.config.validate import ConfigError
 from ghsweep.launch.run_result import RESULT_FILE, RunResult
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.report.compare import COMPARISON_DIR, report_comparison
@@ -32,8 +31,9 @@ class SweepCallback(Callback):
         if config.dry_run:
             return
         if not config.wait and not config.hydra.launcher._target_.endswith("SlurmLauncher"):
-            raise ConfigError(f"wait=false: needs a SLURM launcher profile (e.g. hydra/launcher=gh200); "
-                              f"this sweep uses hydra/launcher={config.hydra.runtime.choices['hydra/launcher']}")
+            # SystemExit: Hydra turns a callback's exceptions into warnings and would run the sweep anyway.
+            raise SystemExit(f"wait=false: needs a SLURM launcher profile (e.g. hydra/launcher=gh200); "
+                             f"this sweep uses hydra/launcher={config.hydra.runtime.choices['hydra/launcher']}")
         sweep_dir = Path(config.hydra.sweep.dir)
         uri = absolute_tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
         store = MlflowStore(uri, config.tracking.experiment)

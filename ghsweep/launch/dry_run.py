@@ -12,9 +12,14 @@ from ghsweep.launch.worker_process import worker_command
 
 
 def describe(num: int, name: str, run_dir: Path, cfg: DictConfig, launch: str) -> str:
-    """Three lines for one combination: its run directory, its worker command and how it is launched."""
+    """One combination: its run directory, its worker command and how it is launched."""
     try:
         command = shlex.join(worker_command(cfg, run_dir))
     except ConfigError as exc:
         command = f"(not runnable) {exc}"
-    return f"#{num} {name}\n  run dir: {run_dir}\n  worker:  {command}\n  launch:  {launch}"
+    lines = [f"#{num} {name}", f"  run dir: {run_dir}", f"  worker:  {command}", f"  launch:  {launch}"]
+    if cfg.profile.name not in ("none", "torch"):
+        # The profile plan needs the node's GPU and nsys, so it is made there, when the job starts.
+        lines.append(f"  profile: {cfg.profile.name}: where the node has a GPU and nsys, `nsys profile ...` goes "
+                     "between the container and python (plan made on the node)")
+    return "\n".join(lines)

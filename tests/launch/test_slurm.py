@@ -158,11 +158,12 @@ def test_resume_skips_finished_and_reruns_failed(mlflow_server, tmp_path):
     assert sorted(by_path[str(good)]) == ["FINISHED"]
     assert sorted(by_path[str(late)]) == ["FAILED", "FINISHED"]
 
-    forced = run_cli(sweep_args(mlflow_server, "slurm_resume", *common, "force=true",
-                                f"hydra.sweep.dir={tmp_path / 's3'}"), tmp_path)
+    forced = run_cli(sweep_args(mlflow_server, "slurm_resume", "data=dolly_file", f"data.path={good}",
+                                "train.max_steps=2", "force=true", f"hydra.sweep.dir={tmp_path / 's3'}"), tmp_path)
     assert forced.returncode == 0
-    assert len(load_jobs(tmp_path / "s3")) == 2
-    assert len(runs(mlflow_server, "slurm_resume", "run")) == len(children) + 2
+    assert len(load_jobs(tmp_path / "s3")) == 1
+    again = [c for c in runs(mlflow_server, "slurm_resume", "run") if c.data.params["data.path"] == str(good)]
+    assert sorted(c.info.status for c in again) == ["FINISHED", "FINISHED"]
 
 
 def test_eight_jobs_finishing_at_once_lose_nothing(mlflow_server, tmp_path):

@@ -1,0 +1,67 @@
+"""The worker command inside a Singularity/Apptainer container, built as an argument list.
+
+No container runtime is installed where these tests run; the argument list is the edge they test
+up to (`apptainer exec` itself runs on the cluster).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from ghsweep.config.validate import ConfigError
+from ghsweep.launch.container import check_container, container_prefix
+from ghsweep.launch.worker_process import worker_command
+from tests.conftest import CONF_DIR
+
+
+def config(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_no_image_runs_the_worker_on_the_host(tmp_path):
+    cfg = config("experiment=smoke")
+    assert worker_command(cfg, tmp_path) == [sys.executable, "-m", "ghsweep.train.worker", str(tmp_path)]
+
+
+def test_gh200_profile_wraps_the_worker_in_apptainer_with_binds_and_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("GHSWEEP_IMAGE", "/images/ghsweep nemo.sif")
+    cfg = config("hydra/launcher=gh200", "experiment=smoke")
+    command = worker_command(cfg, tmp_path)
+    image = command.index("/images/ghsweep nemo.sif")  # a path with a space stays one argument
+    assert command[:3] == ["apptainer", "exec", "--nv"]
+    prefix = command[:image]
+    assert ["--bind", str(tmp_path.resolve())] == prefix[3:5]
+    assert ["--bind", str(Path.home())] == prefix[5:7]
+    assert ["--env", "HF_HUB_OFFLINE=1"] == prefix[7:9]
+    assert command[image + 1:] == ["python3", "-m", "ghsweep.train.worker", str(tmp_path)]
+
+
+def test_binds_env_and_runtime_from_the_command_line(tmp_path):
+    cfg = config("experiment=smoke", "container.image=/c.sif", "container.runtime=singularity", "container.nv=false",
+                 "container.binds=[/lustre/data:/data:ro]", "+container.env.MSG='a b;rm -rf /'")
+    assert container_prefix(cfg, tmp_path) == [
+        "singularity", "exec", "--bind", str(tmp_path.resolve()), "--bind", "/lustre/data:/data:ro",
+        "--env", "MSG=a b;rm -rf /", "/c.sif"]
+
+
+def test_unknown_runtime_is_a_one_line_error(tmp_path):
+    cfg = config("experiment=smoke", "container.image=/c.sif", "container.runtime=docker")
+    with pytest.raises(ConfigError, match=r"^container.runtime=docker: not a container runtime; accepted: apptainer, singularity$"):
+        worker_command(cfg, tmp_path)
+
+
+def test_missing_image_or_runtime_fails_before_training(tmp_path, monkeypatch):
+    missing = config("experiment=smoke", f"container.image={tmp_path / 'none.sif'}")
+    with pytest.raises(ConfigError, match=r"^container.image=.*none.sif: no such file on this node"):
+        check_container(missing)
+    image = tmp_path / "c.sif"
+    image.write_bytes(b"")
+    monkeypatch.setenv("PATH", str(tmp_path))  # a node without apptainer
+    no_runtime = config("experiment=smoke", f"container.image={image}", "container.runtime=apptainer")
+    with pytest.raises(ConfigError, match=r"^container.runtime=apptainer: not found on PATH of this node"):
+        check_container(no_runtime)
