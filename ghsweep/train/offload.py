@@ -39,8 +39,13 @@ class ActivationOffload:
         self.num_layers = num_layers
         self.d2h = torch.cuda.Stream()
         self.h2d = torch.cuda.Stream()
-        # Per offloaded layer: its parked tensors not yet fetched back, by storage and layout.
-        self.parked: list[dict[tuple, _Parked]] = [{} for _ in range(num_layers)]
+        # Per offloaded layer: its parked tensors not yet fetched back.
+        self.parked: list[list[_Parked]] = [[] for _ in range(num_layers)]
+        # Tensors packed during the running layer's forward, by storage and layout, held until the
+        # layer returns: several ops save the same tensor (the q, k and v projections save one
+        # input) and it is copied once; holding them keeps their memory from being reused by a
+        # new tensor of the same layout, which the key could not tell apart.
+        self._packing: dict[tuple, tuple[torch.Tensor, _Parked]] = {}
         self.bytes_offloaded = 0
         for index in range(len(layers)):
             layers[index] = _HookedLayer(layers[index], self, index)
@@ -53,11 +58,11 @@ class ActivationOffload:
             or tensor.numel() * tensor.element_size() < MIN_OFFLOAD_BYTES
         ):
             return (index, tensor)
-        # Several ops save the same tensor (q, k and v projections save one input): copy it once.
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride(),
                tensor.dtype)
-        parked = self.parked[index].get(key)
-        if parked is None:
+        if key in self._packing:
+            parked = self._packing[key][1]
+        else:
             host = torch.empty_like(tensor, device="cpu", pin_memory=True)
             if host.stride() != tensor.stride():
                 # Compiled backward graphs expect the saved strides; a layout empty_like cannot
@@ -67,9 +72,16 @@ class ActivationOffload:
             with torch.cuda.stream(self.d2h):
                 host.copy_(tensor, non_blocking=True)
             tensor.record_stream(self.d2h)
-            parked = self.parked[index][key] = _Parked(host, tensor.device)
+            parked = _Parked(host, tensor.device)
+            self.parked[index].append(parked)
+            self._packing[key] = (tensor, parked)
             self.bytes_offloaded += host.numel() * host.element_size()
         return (index, parked)
+
+    def end_layer(self) -> None:
+        """Let go of the GPU tensors the layer's forward packed (their copies may still be running:
+        record_stream keeps the allocator from reusing them until then)."""
+        self._packing.clear()
 
     def unpack(self, saved: tuple[int, Any]) -> torch.Tensor:
         index, value = saved
@@ -87,12 +99,12 @@ class ActivationOffload:
             return
         self.h2d.wait_stream(self.d2h)
         with torch.cuda.stream(self.h2d):
-            for parked in self.parked[index].values():
+            for parked in self.parked[index]:
                 parked.on_device = torch.empty_like(parked.host, device=parked.device)
                 parked.on_device.copy_(parked.host, non_blocking=True)
                 parked.ready = torch.cuda.Event()
                 parked.ready.record()
-        self.parked[index] = {}
+        self.parked[index] = []
 
 
 class _HookedLayer(nn.Module):
@@ -106,5 +118,8 @@ class _HookedLayer(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         pack = lambda t: self._offload.pack(self._index, t)  # noqa: E731
-        with torch.autograd.graph.saved_tensors_hooks(pack, self._offload.unpack):
-            return self.layer(*args, **kwargs)
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, self._offload.unpack):
+                return self.layer(*args, **kwargs)
+        finally:
+            self._offload.end_layer()
