@@ -28,12 +28,12 @@ def test_no_image_runs_the_worker_on_the_host(tmp_path):
     assert worker_command(cfg, tmp_path) == [sys.executable, "-m", "ghsweep.train.worker", str(tmp_path)]
 
 
-def test_gh200_profile_wraps_the_worker_in_apptainer_with_binds_and_env(tmp_path, monkeypatch):
+def test_gh200_profile_wraps_the_worker_in_the_container_with_binds_and_env(tmp_path, monkeypatch):
     monkeypatch.setenv("GHSWEEP_IMAGE", "/images/ghsweep nemo.sif")
     cfg = config("hydra/launcher=gh200", "experiment=smoke")
     command = worker_command(cfg, tmp_path)
     image = command.index("/images/ghsweep nemo.sif")  # a path with a space stays one argument
-    assert command[:3] == ["apptainer", "exec", "--nv"]
+    assert command[:3] == ["singularity", "exec", "--nv"]
     prefix = command[:image]
     assert ["--bind", str(tmp_path.resolve())] == prefix[3:5]
     assert ["--bind", str(Path.home())] == prefix[5:7]

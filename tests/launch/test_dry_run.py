@@ -52,9 +52,9 @@ def test_gh200_dry_run_shows_the_container_command(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     ((_, run_dir, worker, launch),) = [b[:4] for b in blocks(proc.stdout)]
     run_dir = run_dir.split("run dir: ")[1]
-    assert worker.split("worker:  ")[1].startswith(f"apptainer exec --nv --bind {run_dir} ")
+    assert worker.split("worker:  ")[1].startswith(f"singularity exec --nv --bind {run_dir} ")
     assert f" {image} python3 -m ghsweep.train.worker {run_dir}" in worker
-    for option in ("--gpus-per-node=1", "--cpus-per-task=72", "--mem=400GB", "--time=60", "--partition=gh",
+    for option in ("--gpus-per-node=1", "--cpus-per-task=72", "--mem=400GB", "--time=120", "--partition=gh",
                    "--account=proj1"):
         assert option in launch.split(), option
     assert_nothing_ran(tmp_path)
