@@ -127,5 +127,15 @@ def test_single_run_bad_input_fails_before_training(tmp_path):
 def test_help_lists_groups(tmp_path):
     proc = run_cli(["--help"], tmp_path)
     assert proc.returncode == 0
-    for line in ("peft: lora, none", "precision: bf16, fp16, fp32, fp8", "offload: off, on", "experiment: smoke"):
+    for line in ("peft: lora, none", "precision: bf16, fp16, fp32, fp8", "offload: off, on"):
         assert line in proc.stdout
+    experiments = next(line for line in proc.stdout.splitlines() if line.startswith("experiment: "))
+    assert "smoke" in experiments.split(": ")[1].split(", ")
+
+
+def test_cfg_job_and_info_behave_as_in_hydra(tmp_path):
+    cfg = run_cli(["--cfg", "job", "experiment=smoke", "precision=fp32"], tmp_path)
+    assert cfg.returncode == 0 and "name: fp32" in cfg.stdout and "max_steps: 20" in cfg.stdout
+    info = run_cli(["--info", "defaults"], tmp_path)
+    assert info.returncode == 0 and "precision/bf16" in info.stdout and "peft/lora" in info.stdout
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "outputs").exists()
