@@ -26,7 +26,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import OmegaConf, open_dict
 from submitit.slurm.slurm import _make_sbatch_string
 
 from ghsweep.launch.dry_run import describe
@@ -63,9 +63,11 @@ class GhsweepLauncher:
     module a second time, so its classes exist twice and only the copy beside a launcher is its base)."""
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        """Called in the job when SLURM signals the time limit: requeue only a backend that can resume."""
-        if OmegaConf.select(self.config, "backend.resumable", default=False):
-            return super().checkpoint(*args, **kwargs)
+        """Called in the job when SLURM signals the time limit (submitit's checkpointing).
+
+        Requeueing restarts the job's task; that is only worth it for a backend that resumes from
+        its checkpoints, and no backend here does, so the run ends now and is recorded as timed out.
+        """
         raise JobTimeout(
             f"timed out: the SLURM time limit ({self.params['timeout_min']} min, hydra.launcher.timeout_min) "
             f"was reached; backend {self.config.backend.name} cannot resume from a checkpoint, so the job "
