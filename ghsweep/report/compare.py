@@ -79,7 +79,7 @@ def choose_baseline(runs: list[SweepRun], spec: int | str | None) -> int | None:
         wanted = dict(o.partition("=")[::2] for o in text.split())
         match = [i for i, r in enumerate(runs) if wanted.items() <= r.knobs.items()]
     if not match:
-        example = " ".join(runs[0].overrides) if runs else "precision=bf16"
+        example = " ".join(o for o in runs[0].overrides if not o.startswith("report.")) if runs else "precision=bf16"
         numbers = ", ".join(str(r.job_num) for r in runs if r.job_num is not None) or "none recorded"
         raise BaselineError(f"report.baseline={spec}: matches no combination of this sweep; accepted: a job number "
                             f"({numbers}) or the overrides of one combination, e.g. '{example}'")

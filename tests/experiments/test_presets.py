@@ -83,6 +83,9 @@ def test_preset_runs_at_smoke_size(preset, store_uri, tmp_path):
     logged = {a.path for a in client.list_artifacts(parent.info.run_id, "comparison")}
     assert {"comparison/comparison.md", "comparison/comparison.html"} <= logged
     if preset == "top5_roofline":
+        # Profiled runs (the PyTorch profiler here) also get the kernel-time shares plot.
+        assert "comparison/plots/kernel_shares.png" in {
+            a.path for a in client.list_artifacts(parent.info.run_id, "comparison/plots")}
         check_assignment(parent.info.run_name, store_uri, tmp_path)
 
 
