@@ -34,17 +34,17 @@ class KernelChange:
     kind: str  # one of CHANGE_KINDS
 
 
-def steps_in_window(analysis: dict) -> int:
-    """How many iterations the analysed kernel times cover (1 when the analysis does not say)."""
+def steps_in_window(analysis: dict) -> int | None:
+    """How many iterations the analysed kernel times cover; None when the analysis does not say."""
     steps = (analysis.get("window") or {}).get("steps")
     count = len(steps) if isinstance(steps, list) else steps
-    return count if isinstance(count, int) and count > 0 else 1
+    return count if isinstance(count, int) and count > 0 else None
 
 
 def kernel_time_per_iteration(analysis: dict | None) -> dict[str, float]:
     if not analysis:
         return {}
-    steps = steps_in_window(analysis)
+    steps = steps_in_window(analysis) or 1
     return {k["name"]: k["total_ns"] / steps for k in analysis.get("top_kernels") or []}
 
 
@@ -96,7 +96,7 @@ def roofline(analysis: dict | None) -> tuple[list[dict], dict]:
 
 
 def top_kernel_rows(analysis: dict) -> list[list[str]]:
-    steps = steps_in_window(analysis)
+    steps = steps_in_window(analysis) or 1
     points = {p["name"]: p for p in roofline(analysis)[0]}
     rows = []
     for i, k in enumerate((analysis.get("top_kernels") or [])[:TOP_K]):
@@ -140,6 +140,9 @@ def document(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> tuple[Do
         doc.heading(f"Top-{TOP_K} kernels: {label}")
         if run.analysis and run.analysis.get("top_kernels"):
             doc.table(TOP_HEADER, top_kernel_rows(run.analysis))
+            if steps_in_window(run.analysis) is None:
+                doc.paragraph("This analysis does not say how many iterations it covers: the times per iteration "
+                              "above are totals over its whole profiled window.")
             if not roofline(run.analysis)[0]:
                 doc.paragraph("No roofline points: this run's profile had no Nsight Compute pass.")
         else:
