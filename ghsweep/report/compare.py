@@ -140,7 +140,8 @@ def table(c: Comparison) -> tuple[list[str], list[list[str]]]:
         metrics = [fmt_value(r.metrics.get(name), spec) for name, _, spec in METRIC_COLUMNS]
         mark = "baseline" if i == c.baseline else fmt_value(c.speedups[i], ".2f") + ("x" if c.speedups[i] else "")
         note = r.error if not r.finished else top_finding(r)
-        rows.append([str(c.number(i)), *(r.knobs.get(k, "-") for k in c.knobs), r.status, *metrics[:2], mark, *metrics[2:],
+        rows.append([str(c.number(i)), *(r.knobs.get(k, "-") for k in c.knobs), r.status,
+                     *metrics[:2], mark, *metrics[2:],
                      "yes" if i in c.pareto else "", note or "-"])
     return header, rows
 

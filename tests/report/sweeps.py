@@ -53,7 +53,8 @@ def log_run(store: MlflowStore, tmp: Path, parent: str | None, job: int, overrid
     return run_id
 
 
-def four_run_sweep(store: MlflowStore, tmp: Path, name: str = "sweep 2026-01-01/00-00-00") -> tuple[MlflowStore, str, list[str]]:
+def four_run_sweep(store: MlflowStore, tmp: Path,
+                   name: str = "sweep 2026-01-01/00-00-00") -> tuple[MlflowStore, str, list[str]]:
     """#0 fp32/off, #1 fp32/on, #2 bf16/off (fastest), #3 fp8 FAILED."""
     parent = store.start_run(name, {"ghsweep.role": "sweep"})
     slow_kernels = {**KERNELS, "gemm_bf16": (12_000_000, 300)}

@@ -140,6 +140,7 @@ def test_find_sweep_by_name_with_or_without_prefix_and_by_id(sweep):
     assert find_run(client, parent.info.run_id, "sweep").info.run_id == parent.info.run_id
     with pytest.raises(SweepNotFound, match=r"^run [0-9a-f]{32} is a ghsweep run run, not a sweep run$"):
         find_run(client, ids[0], "sweep")
-    with pytest.raises(SweepNotFound, match="^'2020-01-01/00-00-00': no run of that name or id with tag ghsweep.role=sweep in ") as err:
+    missing = "^'2020-01-01/00-00-00': no run of that name or id with tag ghsweep.role=sweep in "
+    with pytest.raises(SweepNotFound, match=missing) as err:
         find_run(client, "2020-01-01/00-00-00", "sweep")
     assert "'sweep 2026-01-01/00-00-00'" in str(err.value).partition("newest sweep runs there: ")[2]
