@@ -63,7 +63,8 @@ class SweepCallback(Callback):
         store = MlflowStore(manifest.tracking_uri, manifest.experiment)
         store.set_tags(manifest.parent_run_id, {"ghsweep.runs": len(results), "ghsweep.failed_runs": len(failed)})
         store.log_artifacts(manifest.parent_run_id, [sweep_dir / "summary.md"])
-        report_comparison(store, manifest.parent_run_id, sweep_dir / COMPARISON_DIR)
+        report_comparison(store, manifest.parent_run_id, sweep_dir / COMPARISON_DIR,
+                          [r.mlflow_run_id for r in results if r.mlflow_run_id])
         store.finish(manifest.parent_run_id, "FAILED" if failed else "FINISHED")
         if failed:
             # Hydra's multirun has no exit status of its own; a failed combination must fail the command.

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from ghsweep.report import plots
 from ghsweep.report.document import Document
-from ghsweep.report.sweep_source import SweepRun, load_sweep
+from ghsweep.report.sweep_source import RUN_IDS_TAG, SweepRun, load_sweep
 from ghsweep.report.sweep_table import fmt_value, knob_columns
 from ghsweep.tracking.mlflow_store import MlflowStore
 
@@ -36,6 +36,8 @@ METRIC_COLUMNS = (
     ("peak_mem_gb", "peak GiB", ".2f"),
     ("gpu_idle_pct", "GPU idle %", ".1f"),
 )
+# MLflow's limit on a tag value.
+MAX_TAG_CHARS = 8000
 # Most severe first; a severity not listed ranks after these.
 SEVERITY_ORDER = ("critical", "error", "high", "warning", "medium", "info", "low")
 
@@ -225,11 +227,17 @@ def compare_sweep(client: MlflowClient, parent: Run, out_dir: Path,
     return c, write_report(c, out_dir)
 
 
-def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path) -> None:
-    """Compare the sweep's runs (read back from MLflow), log the report to the parent, print its verdict.
+def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run_ids: list[str]) -> None:
+    """Compare the sweep's runs (`run_ids` in job order, read back from MLflow), log the report to the
+    parent, print its verdict.
 
     A report that cannot be made is said and tagged, never raised: the parent run must still finish.
     """
+    # Written first, so `python -m ghsweep.report` later compares the same runs, reused ones included.
+    # Past MLflow's tag size (about 240 runs) the comparison falls back to the parent's children.
+    listed = ",".join(run_ids)
+    if len(listed) <= MAX_TAG_CHARS:
+        store.set_tags(parent_run_id, {RUN_IDS_TAG: listed})
     try:
         comparison, files = compare_sweep(store.client, store.client.get_run(parent_run_id), out_dir)
     except BaselineError as exc:

@@ -20,6 +20,8 @@ from ghsweep.profile.plan import ANALYSIS_FILE
 # Where a job logs its profile's files, the analysis (`python -m ghsweep.analyze --json`) among them.
 PROFILE_ARTIFACTS = "profile"
 SWEEP_NAME_PREFIX = "sweep "
+# On a sweep's parent run: its runs' ids in job order, comma-separated.
+RUN_IDS_TAG = "ghsweep.run_ids"
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -96,7 +98,18 @@ def load_run(client: MlflowClient, run: Run) -> SweepRun:
 
 
 def load_sweep(client: MlflowClient, parent: Run) -> list[SweepRun]:
-    """The parent's children in the sweep's job order (start time where a job number is missing)."""
+    """The sweep's runs in job order.
+
+    The runs the parent lists (tag ghsweep.run_ids, written at the sweep's end) in that order: they
+    include runs a resumed sweep reused from an earlier one. Otherwise the parent's children by job
+    number (start time where a job number is missing).
+    """
+    listed = parent.data.tags.get(RUN_IDS_TAG)
+    if listed:
+        runs = [load_run(client, client.get_run(run_id)) for run_id in listed.split(",")]
+        for job_num, run in enumerate(runs):
+            run.job_num = job_num  # a reused run's own tag holds its number in the earlier sweep
+        return runs
     children: list[Run] = []
     token = None
     while True:

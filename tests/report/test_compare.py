@@ -6,7 +6,7 @@ import pytest
 from pathlib import Path
 
 from ghsweep.report import compare
-from ghsweep.report.sweep_source import SweepNotFound, find_run, load_sweep
+from ghsweep.report.sweep_source import RUN_IDS_TAG, SweepNotFound, find_run, load_sweep
 from ghsweep.tracking.mlflow_store import MlflowStore
 from tests.report.sweeps import four_run_sweep, log_run
 
@@ -144,3 +144,17 @@ def test_find_sweep_by_name_with_or_without_prefix_and_by_id(sweep):
     with pytest.raises(SweepNotFound, match=missing) as err:
         find_run(client, "2020-01-01/00-00-00", "sweep")
     assert "'sweep 2026-01-01/00-00-00'" in str(err.value).partition("newest sweep runs there: ")[2]
+
+
+def test_runs_listed_on_the_parent_include_runs_reused_from_an_earlier_sweep(db, tmp_path):
+    store, _ = db
+    earlier = store.start_run("sweep earlier", {"ghsweep.role": "sweep"})
+    reused = log_run(store, tmp_path, earlier, 1, ["peft=none"], "FINISHED", {"tokens_per_s": 30.0}, [1.0])
+    parent = store.start_run("sweep resumed", {"ghsweep.role": "sweep"})
+    fresh = log_run(store, tmp_path, parent, 0, ["peft=lora"], "FINISHED", {"tokens_per_s": 10.0}, [1.0])
+    client = store.client
+    assert [r.run_id for r in load_sweep(client, client.get_run(parent))] == [fresh]
+    store.set_tags(parent, {RUN_IDS_TAG: f"{fresh},{reused}"})
+    runs = load_sweep(client, client.get_run(parent))
+    assert [(r.run_id, r.job_num) for r in runs] == [(fresh, 0), (reused, 1)]
+    assert compare.build("resumed", runs).speedups == [1.0, 3.0]
