@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 PLAN_FILE = "profile_plan.json"
 ANALYSIS_FILE = "profile_analysis.json"
 NCU_PASS_DIR = "ncu_pass"
-NCU_MAX_LAUNCHES = 1000
+NCU_MAX_LAUNCHES = 500
 # The numbers logged as MLflow metrics (one vocabulary for every backend and profiler).
 METRICS = ("gpu_busy_pct", "gpu_idle_pct", "idle_gaps_per_step", "kernel_time_pct", "memcpy_time_pct",
            "memset_time_pct", "exposed_memcpy_pct", "um_migration_pct", "h2d_gb", "d2h_gb")
@@ -165,15 +165,15 @@ def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Pa
         raise capture.ProfilerUnavailable("ncu pass skipped: the nsys profile has no kernels to pick from")
     names = sorted({k["short_name"] for k in top})
     steps = max(1, len(first["window"]["steps"]))
-    # Two captured steps, and room for twice their average launches of these kernels: a kernel
-    # that does not run in every step is still caught.
-    launches = max(1, min(NCU_MAX_LAUNCHES, 2 * round(2 * sum(k["count"] for k in top) / steps)))
+    # Room for twice the average launches of these kernels in one step: ncu replays every
+    # profiled launch dozens of times, so this bounds the pass's length.
+    launches = max(1, min(NCU_MAX_LAUNCHES, round(2 * sum(k["count"] for k in top) / steps)))
     work = run_dir / NCU_PASS_DIR
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
     short = OmegaConf.to_container(cfg, resolve=True)
-    short["capture"]["num_steps"] = 2
-    short["train"]["max_steps"] = short["capture"]["start_step"] + 3
+    short["capture"]["num_steps"] = 1
+    short["train"]["max_steps"] = short["capture"]["start_step"] + 2
     (work / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(short)))
     report_path = work / capture.NCU_REPORT
     metrics = list(cfg.profile.ncu.metrics)
