@@ -194,6 +194,8 @@ def _record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, res
     store.log_metrics(run_id, [(k, v, 0) for k, v in result.timing.items()])
     write_run_report(result, cfg, info, run_dir / "report.md")
     result.save()
-    artifacts = ["config.yaml", "overrides.yaml", WORKER_LOG, "report.md", "metrics.jsonl", "summary.json", "result.json"]
+    # recipe.*: the composed NeMo recipe (backend=nemo); files a run did not write are skipped.
+    artifacts = ["config.yaml", "overrides.yaml", WORKER_LOG, "report.md", "metrics.jsonl", "summary.json", "result.json",
+                 "recipe.txt", "recipe.json"]
     store.log_artifacts(run_id, [run_dir / a for a in artifacts])
     store.finish(run_id, result.status)
