@@ -18,7 +18,6 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
-import shutil
 import statistics
 from pathlib import Path
 
@@ -317,7 +316,3 @@ def load_json(path: Path):
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
         return json.load(f)
-
-
-def nsys_available(configured: str | None = None) -> bool:
-    return find_tool("nsys", configured) is not None or shutil.which("nsys") is not None

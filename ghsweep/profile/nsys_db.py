@@ -113,10 +113,6 @@ def split_warmup(steps: list[Step]) -> tuple[list[Step], list[Step]]:
     return steps[:warm], steps[warm:]
 
 
-def gpu_tables(schema: Schema) -> list[str]:
-    return [t for t in (KERNEL, MEMCPY, MEMSET) if schema.has(t)]
-
-
 def kernel_name_column(con: sqlite3.Connection, schema: Schema, column: str) -> str:
     return column if schema.has(KERNEL, con, column) else "demangledName"
 

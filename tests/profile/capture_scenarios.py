@@ -26,7 +26,6 @@ import concurrent.futures
 import ctypes
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
