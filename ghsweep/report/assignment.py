@@ -23,6 +23,8 @@ TOP_K = 5
 UNCHANGED_WITHIN = 0.05
 # Params that differ between any two runs without being a change of setup.
 NOT_SETUP = ("report.baseline",)
+# Settings named in the one-line summary (the report lists them all).
+SUMMARY_CHANGES = 3
 CHANGE_KINDS = ("added", "removed", "entered top", "left top", "faster", "slower", "unchanged")
 
 
@@ -57,8 +59,9 @@ def all_kernel_names(analysis: dict | None) -> set[str] | None:
 def profile_diff(baseline: dict | None, optimised: dict | None) -> list[KernelChange]:
     """How the top kernels changed, per iteration.
 
-    A kernel in only one run's top list is 'added' or 'removed' when the other run's whole trace
-    lacks it, else it 'entered' or 'left' the top list; kernels in both are faster, slower or unchanged.
+    A kernel in only one run's top list is 'added' or 'removed' when the other run's whole trace is
+    listed and lacks it, else it 'entered' or 'left' the top list (present in the other run, or not
+    known to be absent); kernels in both lists are faster, slower or unchanged.
     """
     before, after = kernel_time_per_iteration(baseline), kernel_time_per_iteration(optimised)
     before_all, after_all = all_kernel_names(baseline), all_kernel_names(optimised)
@@ -66,9 +69,9 @@ def profile_diff(baseline: dict | None, optimised: dict | None) -> list[KernelCh
     for name in [*before, *(n for n in after if n not in before)]:
         b, a = before.get(name), after.get(name)
         if b is None:
-            kind = "entered top" if before_all is not None and name in before_all else "added"
+            kind = "added" if before_all is not None and name not in before_all else "entered top"
         elif a is None:
-            kind = "left top" if after_all is not None and name in after_all else "removed"
+            kind = "removed" if after_all is not None and name not in after_all else "left top"
         elif abs(a - b) <= UNCHANGED_WITHIN * b:
             kind = "unchanged"
         else:
@@ -158,8 +161,8 @@ def document(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> tuple[Do
     diff = profile_diff(baseline.analysis, optimised.analysis)
     if diff:
         doc.paragraph(f"The top kernels of both runs, time per iteration. added / removed: absent from the other "
-                      f"run's whole profile; entered / left top: present there but outside its top list; "
-                      f"unchanged: within {UNCHANGED_WITHIN:.0%}.")
+                      f"run's whole profile; entered / left top: outside the other run's top list (present in its "
+                      f"profile, or its profile lists no more kernels); unchanged: within {UNCHANGED_WITHIN:.0%}.")
         doc.table(["change", "kernel", "baseline ms", "optimised ms"],
                   [[c.kind, plots.short_name(c.name, 90), fmt_value(_ms(c.baseline_ns), ".3f"),
                     fmt_value(_ms(c.optimised_ns), ".3f")] for c in diff])
@@ -188,5 +191,6 @@ def write_assignment(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> 
 def summary(baseline: SweepRun, optimised: SweepRun) -> str:
     diff = profile_diff(baseline.analysis, optimised.analysis)
     counts = ", ".join(f"{sum(c.kind == k for c in diff)} {k}" for k in CHANGE_KINDS)
+    changed = ", ".join(f"{k} {b} -> {o}" for k, b, o in setup_changes(baseline, optimised)[:SUMMARY_CHANGES])
     return (f"speedup of one iteration: {fmt_value(iteration_speedup(baseline, optimised), '.2f')}x "
-            f"({baseline.name} -> {optimised.name}); kernels: {counts if diff else 'no profile analysis'}")
+            f"({changed or 'same settings'}); kernels: {counts if diff else 'no profile analysis'}")

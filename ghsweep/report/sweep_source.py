@@ -7,6 +7,7 @@ so `python -m ghsweep.report` rebuilds the same report later, on another machine
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -16,6 +17,9 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from ghsweep.profile.plan import ANALYSIS_FILE
+
+# A progress bar per downloaded analysis would bury the report's own output (MLflow reads it per download).
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 # Where a job logs its profile's files, the analysis (`python -m ghsweep.analyze --json`) among them.
 PROFILE_ARTIFACTS = "profile"

@@ -48,9 +48,10 @@ def test_diff_of_hand_made_profiles_normalises_per_iteration():
     # Per iteration: gemm 100 -> 100, norm 25 -> 30, copy 20 -> 10.5, cast removed, fused added.
     assert kinds == {"gemm": ("unchanged", 100, 100), "norm": ("slower", 25, 30), "copy": ("faster", 20, 10.5),
                      "cast": ("removed", 12.5, None), "fused": ("added", None, 15)}
-    # Without the whole-trace kernel list a kernel outside the top list cannot be called removed.
+    # Without the other run's whole-trace kernel list a kernel outside its top list is not called removed.
     before.pop("whole_trace")
-    assert {c.name: c.kind for c in profile_diff(after, before)}["fused"] == "removed"
+    assert {c.name: c.kind for c in profile_diff(after, before)}["fused"] == "left top"
+    assert {c.name: c.kind for c in profile_diff(before, after)}["cast"] == "removed"
 
 
 def test_diff_of_real_profiles_unified_memory_vs_clean():
