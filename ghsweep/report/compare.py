@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from ghsweep.report import plots
 from ghsweep.report.document import Document
 from ghsweep.report.sweep_source import RUN_IDS_TAG, SweepRun, load_sweep
-from ghsweep.report.sweep_table import fmt_value, knob_columns
+from ghsweep.report.sweep_table import align, fmt_value, knob_columns
 from ghsweep.tracking.mlflow_store import MlflowStore
 
 log = logging.getLogger(__name__)
@@ -253,5 +253,5 @@ def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run
                             str(PurePosixPath(COMPARISON_DIR, *path.parent.relative_to(out_dir).parts)))
     if comparison.baseline is not None:
         store.set_tags(parent_run_id, {"ghsweep.baseline": comparison.label(comparison.baseline)})
-    print("ghsweep comparison:\n  " + "\n  ".join(verdict(comparison))
+    print("ghsweep comparison:\n" + align(*table(comparison)) + "\n  " + "\n  ".join(verdict(comparison))
           + f"\n  report: {out_dir / HTML_FILE} (and on the sweep's MLflow run under {COMPARISON_DIR}/)\n", flush=True)

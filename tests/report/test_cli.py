@@ -13,9 +13,15 @@ from tests.conftest import run_cli
 def test_sweep_end_writes_logs_and_prints_the_comparison(smoke_sweep):
     cwd, proc = smoke_sweep
     assert proc.returncode == 0, proc.stderr[-3000:]
-    verdict = proc.stdout.split("ghsweep comparison:\n")[1]
-    assert verdict.splitlines()[0].strip() == "4 of 4 combinations finished."
-    assert verdict.splitlines()[1].strip().startswith("Baseline: #0 fp32 off (")
+    block = proc.stdout.split("ghsweep comparison:\n")[1].split("\n\n")[0].splitlines()
+    for column in ("precision", "offload", "status", "step ms", "tokens/s", "speedup", "TFLOP/s", "MFU", "peak GiB",
+                   "GPU idle %", "Pareto", "top finding / error"):
+        assert column in block[0]
+    assert [line.split()[0] for line in block[2:6]] == ["0", "1", "2", "3"]
+    assert all(" FINISHED " in line for line in block[2:6]) and " baseline " in block[2]
+    verdict = [line.strip() for line in block[6:]]
+    assert verdict[0] == "4 of 4 combinations finished."
+    assert verdict[1].startswith("Baseline: #0 fp32 off (")
     (sweep_dir,) = [p.parent for p in cwd.glob("multirun/*/*/comparison")]
     md = (sweep_dir / "comparison" / "comparison.md").read_text()
     assert md.count("| FINISHED |") == 4
