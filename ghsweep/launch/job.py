@@ -27,7 +27,7 @@ from ghsweep.launch.device_probe import probe_gpu
 from ghsweep.launch.dry_run import describe
 from ghsweep.launch.resume import RUN_HASH_TAG, finished_run, run_hash, skip_finished
 from ghsweep.launch.run_result import RunResult
-from ghsweep.launch.submitit_launcher import JobTimeout
+from ghsweep.launch.slurm_jobs import JobTimeout
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.launch.worker_process import WORKER_LOG, WorkerExit, run_worker, worker_command
 from ghsweep.profile.plan import after_worker, resolve as resolve_profile

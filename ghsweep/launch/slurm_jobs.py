@@ -35,6 +35,10 @@ CANCELLED = "KILLED"
 ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
 
 
+class JobTimeout(Exception):
+    """Raised inside a job when SLURM signals its time limit and the run is not requeued."""
+
+
 @dataclass(frozen=True)
 class SubmittedJob:
     job_id: str
@@ -92,6 +96,8 @@ def job_failure(job: submitit.Job) -> tuple[str, str] | None:
     if returned.status == JobStatus.FAILED:
         # The task raised (Hydra's run_job keeps the exception): ghsweep could not record the run itself.
         exc = returned._return_value
+        if isinstance(exc, JobTimeout):  # the time limit came before the run could record itself
+            return "FAILED", str(exc)
         return "FAILED", f"SLURM job {job.job_id}: {type(exc).__name__}: {exc}"
     return None
 

@@ -32,15 +32,11 @@ from submitit.slurm.slurm import _make_sbatch_string
 from ghsweep.launch.dry_run import describe
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.run_result import RunResult
-from ghsweep.launch.slurm_jobs import SubmittedJob, save_jobs, settle, wait_until_ended
+from ghsweep.launch.slurm_jobs import JobTimeout, SubmittedJob, save_jobs, settle, wait_until_ended
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking.mlflow_store import MlflowStore
 
 log = logging.getLogger(__name__)
-
-
-class JobTimeout(Exception):
-    """Raised inside a job when SLURM signals its time limit and the run cannot be requeued."""
 
 
 class _Combination:
