@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from ghsweep.profile.torch_capture import torch_capture
 from ghsweep.train import data as dolly
-from ghsweep.train.flops import ModelShape, flops_per_token, peak_tflops
+from ghsweep.train.flops import ModelShape, add_throughput_metrics, flops_per_token
 from ghsweep.train.loss import causal_lm_loss
 from ghsweep.train.model import apply_peft, build_model, count_parameters, pad_token_id
 from ghsweep.train.phases import Phases
@@ -172,10 +172,7 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
         "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")},
         num_layers=causal_lm.config.num_hidden_layers)
     flops = flops_per_token(shape, cfg.train.seq_length, cfg.peft.r if lora else None, len(cfg.peft.get("target_modules", [])))
-    metrics["tflops_per_gpu"] = flops * metrics["tokens_per_s"] / 1e12
-    peak = peak_tflops(name, precision.name) if device.type == "cuda" else None
-    if peak:
-        metrics["mfu"] = metrics["tflops_per_gpu"] / peak
+    peak = add_throughput_metrics(metrics, flops, name, precision.name)
     info = {
         "device": str(device),
         "device_name": name,

@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig
 
 from ghsweep.train import data as dolly
-from ghsweep.train.flops import ModelShape, flops_per_token, peak_tflops
+from ghsweep.train.flops import ModelShape, add_throughput_metrics, flops_per_token
 from ghsweep.train.nemo.metrics import StepMetricsCallback
 from ghsweep.train.nemo.recipe import DATASET_DIR, build_recipe, check_config, hf_import_path, save_recipe
 from ghsweep.train.torch_backend import device_name, peak_memory_gib
@@ -80,12 +80,9 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
     lora = cfg.peft.name == "lora"
     flops = flops_per_token(shape, cfg.train.seq_length, cfg.peft.r if lora else None,
                             len(cfg.peft.target_modules) if lora else 7)
-    gpus = cfg.backend.num_nodes * cfg.backend.gpus_per_node
-    metrics["tflops_per_gpu"] = flops * metrics["tokens_per_s"] / gpus / 1e12
     name = device_name(device)
-    peak = peak_tflops(name, cfg.precision.name)
-    if peak:
-        metrics["mfu"] = metrics["tflops_per_gpu"] / peak
+    peak = add_throughput_metrics(metrics, flops, name, cfg.precision.name,
+                                  gpus=cfg.backend.num_nodes * cfg.backend.gpus_per_node)
     info = {
         "device": str(device),
         "device_name": name,
