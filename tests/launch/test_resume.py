@@ -1,0 +1,51 @@
+"""Run identity and resume with the default (in-process) launcher; SLURM resume is in test_slurm.py."""
+
+from __future__ import annotations
+
+import json
+
+from hydra import compose, initialize_config_dir
+from mlflow.tracking import MlflowClient
+
+from ghsweep.launch.resume import run_hash
+from tests.conftest import CONF_DIR, run_cli
+
+
+def config(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_hash_ignores_launch_and_tracking_keys_but_not_what_trains():
+    base = run_hash(config("experiment=smoke"))
+    assert base == run_hash(config("experiment=smoke", "force=true", "dry_run=true", "wait=false",
+                                   "tracking=server", "tracking.experiment=other", "hydra/launcher=local_slurm"))
+    assert base != run_hash(config("experiment=smoke", "train.max_steps=7"))
+    assert base != run_hash(config("experiment=smoke", "precision=fp32"))
+    assert base != run_hash(config("experiment=smoke", "container.image=/c.sif"))
+
+
+def test_same_sweep_again_skips_what_finished_and_force_reruns(tmp_path):
+    args = ["-m", "experiment=smoke", "precision=fp32", "train.max_steps=2"]
+    first = run_cli(args, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp_id = client.get_experiment_by_name("ghsweep").experiment_id
+
+    def children():
+        return client.search_runs([exp_id], filter_string="tags.`ghsweep.role` = 'run'")
+
+    (done,) = children()
+    second = run_cli([*args, "hydra.sweep.dir=again"], tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"skipped, already FINISHED in MLflow run {done.info.run_id}" in second.stdout
+    assert "1 of 1 runs finished" in second.stdout
+    assert len(children()) == 1
+    result = json.loads((tmp_path / "again" / "0" / "result.json").read_text())
+    assert result["status"] == "FINISHED" and result["mlflow_run_id"] == done.info.run_id
+    assert result["metrics"]["final_loss"] == done.data.metrics["final_loss"]
+    assert not (tmp_path / "again" / "0" / "worker.log").exists()
+
+    forced = run_cli([*args, "force=true", "hydra.sweep.dir=forced"], tmp_path)
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    assert len(children()) == 2 and (tmp_path / "forced" / "0" / "worker.log").exists()
