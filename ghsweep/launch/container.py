@@ -18,8 +18,8 @@ RUNTIMES = ("apptainer", "singularity")
 
 def container_prefix(cfg: DictConfig, run_dir: Path) -> list[str]:
     """`RUNTIME exec [--nv] --bind ... --env ... IMAGE`, or [] when no image is configured."""
-    c = cfg.container
-    if not c.image:
+    c = _container(cfg)
+    if not c:
         return []
     if c.runtime not in RUNTIMES:
         raise ConfigError(f"container.runtime={c.runtime}: not a container runtime; accepted: {', '.join(RUNTIMES)}")
@@ -37,8 +37,8 @@ def container_prefix(cfg: DictConfig, run_dir: Path) -> list[str]:
 
 def check_container(cfg: DictConfig) -> None:
     """Fail before any GPU time when the runtime or the image is missing on this node."""
-    c = cfg.container
-    if not c.image:
+    c = _container(cfg)
+    if not c:
         return
     if "://" not in str(c.image) and not Path(c.image).exists():
         raise ConfigError(f"container.image={c.image}: no such file on this node; accepted: a .sif path or a "
@@ -49,3 +49,9 @@ def check_container(cfg: DictConfig) -> None:
             f"container.runtime={c.runtime}: not found on PATH of this node; "
             f"accepted: {', '.join(found) if found else 'apptainer or singularity (neither is installed here)'}"
         )
+
+
+def _container(cfg: DictConfig) -> DictConfig | None:
+    # Launch profiles that are not ghsweep's (e.g. the plugin's own submitit_slurm) carry no container.
+    c = cfg.get("container")
+    return c if c and c.image else None
