@@ -22,4 +22,9 @@ def describe(num: int, name: str, run_dir: Path, cfg: DictConfig, launch: str) -
         # The profile plan needs the node's GPU and nsys, so it is made there, when the job starts.
         lines.append(f"  profile: {cfg.profile.name}: where the node has a GPU and nsys, `nsys profile ...` goes "
                      "between the container and python (plan made on the node)")
+    if cfg.backend.name == "nemo":
+        # Imported only here: composing a NeMo recipe needs NeMo in this interpreter.
+        from ghsweep.train.nemo.recipe import describe_recipe
+
+        lines.append(describe_recipe(cfg, run_dir))
     return "\n".join(lines)

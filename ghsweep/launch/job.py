@@ -84,11 +84,6 @@ def run_one(cfg: DictConfig) -> RunResult:
         launcher = hydra_cfg.runtime.choices.get("hydra/launcher")
         print(describe(hydra_cfg.job.num if in_sweep else 0, name, run_dir, cfg, f"in this process (hydra/launcher={launcher})"),
               flush=True)
-        if cfg.backend.name == "nemo":
-            # Imported only here: composing a NeMo recipe needs NeMo in this interpreter.
-            from ghsweep.train.nemo.recipe import describe_recipe
-
-            print(describe_recipe(cfg, run_dir), flush=True)
         return RunResult(name=name, run_dir=str(run_dir), overrides=overrides, status="DRY_RUN")
 
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
