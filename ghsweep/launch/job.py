@@ -147,6 +147,10 @@ def run_one(cfg: DictConfig) -> RunResult:
             result.error = failure_reason(run_dir, exit, cfg.worker.timeout_min)
     except (ConfigError, JobTimeout) as exc:
         result.error = str(exc)
+    except Exception as exc:  # a bug or an outage of ours must not stop the sweep or lose the run
+        log.exception("%s: ghsweep failed around the worker", name)
+        result.status = "FAILED"
+        result.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     except KeyboardInterrupt:
         store.set_tags(run_id, {"ghsweep.error": "interrupted by the user"})
         store.finish(run_id, "KILLED")
@@ -179,7 +183,8 @@ def _record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, res
         for line in metrics_file.read_text().splitlines():
             row = json.loads(line)
             points.append(("loss", row["loss"], row["step"]))
-    points += [(k, v, 0) for k, v in result.metrics.items() if k not in ("first_loss",)]
+    points += [(k, v, 0) for k, v in result.metrics.items()
+               if k != "first_loss" and isinstance(v, (int, float)) and not isinstance(v, bool)]
     store.log_metrics(run_id, points)
 
     result.timing["record_s"] = time.time() - record_started
