@@ -1,14 +1,17 @@
 """MLflow records of sweeps and runs, through MlflowClient (no global active-run state).
 
 Metrics go in batches (one request per 1000 points, not one per point): against a tracking
-server, single calls cost tens of milliseconds each.
+server, single calls cost tens of milliseconds each. Calls that fail because the server's database
+is busy (many jobs logging at once to a SQLite-backed server) are retried with backoff, so a
+finished run's record is not lost to a moment of contention.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 # MLflow otherwise phones home at start-up; clusters' compute nodes often have no internet.
@@ -22,6 +25,32 @@ MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100
 MAX_TAGS_PER_BATCH = 100
 MAX_PARAM_VALUE_CHARS = 6000
+
+# What a tracking server answers when its database is momentarily overloaded; MLflow's own HTTP
+# retries cover 429/5xx only, and these come back as 400 BAD_REQUEST.
+TRANSIENT_ERROR_MARKERS = ("QueuePool limit", "database is locked", "connection timed out")
+TRANSIENT_ERROR_CODES = ("TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED")
+RETRY_DELAYS_S = (1, 2, 4, 8, 15, 30, 30, 30, 30, 30)
+
+log = logging.getLogger(__name__)
+
+
+def is_transient(error: MlflowException) -> bool:
+    """True for errors that say 'busy, try again', not 'this request is wrong'."""
+    return error.error_code in TRANSIENT_ERROR_CODES or any(m in str(error) for m in TRANSIENT_ERROR_MARKERS)
+
+
+def with_retry(call: Callable, *args, **kwargs):
+    """Run one MLflow call, retrying transient server errors (about 3 minutes in all)."""
+    for delay in RETRY_DELAYS_S:
+        try:
+            return call(*args, **kwargs)
+        except MlflowException as error:
+            if not is_transient(error):
+                raise
+            log.warning("tracking server busy (%s); retrying in %d s", str(error).splitlines()[0][:200], delay)
+            time.sleep(delay)
+    return call(*args, **kwargs)
 
 
 def absolute_tracking_uri(uri: str, base_dir: str | Path) -> str:
@@ -51,44 +80,44 @@ class MlflowStore:
         self.experiment_id = self._experiment_id(experiment)
 
     def _experiment_id(self, name: str) -> str:
-        found = self.client.get_experiment_by_name(name)
+        found = with_retry(self.client.get_experiment_by_name, name)
         if found is not None:
             return found.experiment_id
         try:
             return self.client.create_experiment(name)
         except MlflowException:
             # Another job created it between our look-up and our create.
-            return self.client.get_experiment_by_name(name).experiment_id
+            return with_retry(self.client.get_experiment_by_name, name).experiment_id
 
     def start_run(self, run_name: str, tags: Mapping[str, str], parent_run_id: str | None = None) -> str:
         all_tags = dict(tags)
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
+        run = with_retry(self.client.create_run, self.experiment_id, run_name=run_name, tags=all_tags)
         return run.info.run_id
 
     def log_params(self, run_id: str, params: Mapping[str, str]) -> None:
         items = [Param(k, str(v)[:MAX_PARAM_VALUE_CHARS]) for k, v in params.items()]
         for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
-            self.client.log_batch(run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
+            with_retry(self.client.log_batch, run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
 
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
         items = [RunTag(k, str(v)) for k, v in tags.items()]
         for i in range(0, len(items), MAX_TAGS_PER_BATCH):
-            self.client.log_batch(run_id, tags=items[i : i + MAX_TAGS_PER_BATCH])
+            with_retry(self.client.log_batch, run_id, tags=items[i : i + MAX_TAGS_PER_BATCH])
 
     def log_metrics(self, run_id: str, points: Iterable[tuple[str, float, int]]) -> int:
         """Log (name, value, step) points in batches; returns how many were sent."""
         now_ms = int(time.time() * 1000)
         items = [Metric(name, float(value), now_ms, step) for name, value, step in points]
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
-            self.client.log_batch(run_id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
+            with_retry(self.client.log_batch, run_id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
         return len(items)
 
     def log_artifacts(self, run_id: str, paths: Iterable[Path], artifact_path: str | None = None) -> None:
         for path in paths:
             if path.exists():
-                self.client.log_artifact(run_id, str(path), artifact_path)
+                with_retry(self.client.log_artifact, run_id, str(path), artifact_path)
 
     def finish(self, run_id: str, status: str) -> None:
-        self.client.set_terminated(run_id, status=status)
+        with_retry(self.client.set_terminated, run_id, status=status)

@@ -1,0 +1,60 @@
+"""Which tracking-server errors MlflowStore retries, and that it gives up on the others at once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mlflow.exceptions import MlflowException, RestException
+
+from ghsweep.tracking.mlflow_store import absolute_tracking_uri, flatten, is_transient, with_retry
+
+# The body a SQLite-backed `mlflow server` returned when sixteen jobs logged at once.
+POOL_EXHAUSTED = {
+    "error_code": "BAD_REQUEST",
+    "message": "QueuePool limit of size 5 overflow 10 reached, connection timed out, timeout 30.00",
+}
+
+
+def test_busy_server_errors_are_transient_and_bad_requests_are_not():
+    assert is_transient(RestException(POOL_EXHAUSTED))
+    assert is_transient(RestException({"error_code": "BAD_REQUEST", "message": "(sqlite3.OperationalError) database is locked"}))
+    assert is_transient(RestException({"error_code": "TEMPORARILY_UNAVAILABLE", "message": "try later"}))
+    assert not is_transient(RestException({"error_code": "INVALID_PARAMETER_VALUE", "message": "Changing param values is not allowed"}))
+    assert not is_transient(MlflowException("Run 'abc' not found"))
+
+
+def test_with_retry_retries_a_busy_server_then_returns_the_answer():
+    answers = [RestException(POOL_EXHAUSTED), "logged"]
+
+    def flaky_log_batch():
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert with_retry(flaky_log_batch) == "logged"
+    assert answers == []
+
+
+def test_with_retry_raises_a_real_error_at_once():
+    calls = []
+
+    def rejected():
+        calls.append(1)
+        raise RestException({"error_code": "INVALID_PARAMETER_VALUE", "message": json.dumps({"bad": "value"})})
+
+    with pytest.raises(RestException, match="INVALID_PARAMETER_VALUE"):
+        with_retry(rejected)
+    assert len(calls) == 1
+
+
+def test_relative_sqlite_uri_becomes_absolute_and_others_stay(tmp_path):
+    assert absolute_tracking_uri("sqlite:///mlflow.db", tmp_path) == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    assert absolute_tracking_uri("sqlite:////abs/x.db", tmp_path) == "sqlite:////abs/x.db"
+    assert absolute_tracking_uri("http://127.0.0.1:5000", tmp_path) == "http://127.0.0.1:5000"
+
+
+def test_flatten_nests_keys_with_dots():
+    assert flatten({"peft": {"r": 16, "targets": ["q", "v"]}, "precision": None}) == {
+        "peft.r": "16", "peft.targets": "['q', 'v']", "precision": "None"}
