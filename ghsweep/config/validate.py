@@ -6,6 +6,8 @@ can record it as the reason a combination failed without spending GPU time on it
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -21,6 +23,39 @@ FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
 
 class ConfigError(ValueError):
     """A config value this run cannot use."""
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What validation needs to know about the model a run trains."""
+
+    source: str  # how error messages name the model
+    arch: str
+    num_layers: int
+    max_position_embeddings: int
+
+
+def model_facts(model: DictConfig) -> ModelFacts:
+    """The trained model's shape: its folder's config.json with `model.path`, else the model config.
+
+    A loaded checkpoint brings its own shape, so `offload.num_layers` and `train.seq_length` are
+    checked against the folder, not against the YAML the folder replaced.
+    """
+    if not model.path:
+        return ModelFacts(f"model={model.name}", model.arch, model.num_layers, model.max_position_embeddings)
+    folder = Path(model.path)
+    if not folder.is_dir():
+        raise ConfigError(f"model.path={model.path}: no such folder; expected a Hugging Face model folder")
+    config_file = folder / "config.json"
+    try:
+        hf = json.loads(config_file.read_text())
+        return ModelFacts(f"model.path={model.path}", hf["model_type"], int(hf["num_hidden_layers"]),
+                          int(hf["max_position_embeddings"]))
+    except (OSError, ValueError, KeyError) as error:
+        raise ConfigError(
+            f"model.path={model.path}: {config_file.name} is missing or lacks model_type, num_hidden_layers, "
+            f"max_position_embeddings ({type(error).__name__}: {error}); expected a folder written by save_pretrained"
+        ) from None
 
 
 def _accepted(values) -> str:
@@ -54,11 +89,12 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> None:
     on_gpu = run_device(cfg, gpu) == "cuda"
 
     _check_choice("backend", cfg.backend.name, ("torch", "nemo"))
-    _validate_model(cfg)
-    _validate_train(cfg)
-    _validate_peft(cfg)
+    model = model_facts(cfg.model)
+    _validate_model(cfg, model)
+    _validate_train(cfg, model)
+    _validate_peft(cfg, model)
     _validate_precision(cfg, gpu, on_gpu)
-    _validate_offload(cfg)
+    _validate_offload(cfg, model)
     _check_choice("memory", cfg.memory.name, ("device", "unified"))
     if cfg.memory.name == "unified" and not on_gpu:
         raise ConfigError(
@@ -89,16 +125,15 @@ def _validate_nemo(cfg: DictConfig, on_gpu: bool) -> None:
         )
 
 
-def _validate_model(cfg: DictConfig) -> None:
-    _check_choice("model.arch", cfg.model.arch, tuple(LINEAR_MODULES))
-    if cfg.model.path and not Path(cfg.model.path).is_dir():
-        raise ConfigError(f"model.path={cfg.model.path}: no such folder; expected a Hugging Face model folder")
+def _validate_model(cfg: DictConfig, model: ModelFacts) -> None:
+    key = "model.arch" if not cfg.model.path else f"{model.source}: model_type"
+    _check_choice(key, model.arch, tuple(LINEAR_MODULES))
     _check_choice("data.packing_mask", cfg.data.packing_mask, ("document", "causal"))
     if cfg.data.path and not Path(cfg.data.path).is_file():
         raise ConfigError(f"data.path={cfg.data.path}: no such file; expected a dolly-format JSONL file")
 
 
-def _validate_train(cfg: DictConfig) -> None:
+def _validate_train(cfg: DictConfig, model: ModelFacts) -> None:
     t = cfg.train
     _check_int("train.max_steps", t.max_steps, 1)
     _check_int("train.micro_batch_size", t.micro_batch_size, 1)
@@ -107,14 +142,14 @@ def _validate_train(cfg: DictConfig) -> None:
     _check_int("train.seq_length", t.seq_length, 8)
     _check_choice("train.compile", t.compile, ("auto", True, False))
     _check_choice("train.attention", t.attention, ("auto", "cudnn", "flash", "efficient", "math"))
-    if t.seq_length > cfg.model.max_position_embeddings:
+    if t.seq_length > model.max_position_embeddings:
         raise ConfigError(
-            f"train.seq_length={t.seq_length}: longer than model={cfg.model.name} supports; "
-            f"accepted: 8 to {cfg.model.max_position_embeddings}"
+            f"train.seq_length={t.seq_length}: longer than {model.source} supports; "
+            f"accepted: 8 to {model.max_position_embeddings}"
         )
 
 
-def _validate_peft(cfg: DictConfig) -> None:
+def _validate_peft(cfg: DictConfig, model: ModelFacts) -> None:
     peft = cfg.peft
     _check_choice("peft", peft.name, ("lora", "none"))
     if peft.name == "none":
@@ -124,15 +159,15 @@ def _validate_peft(cfg: DictConfig) -> None:
         raise ConfigError(f"peft.alpha={peft.alpha}: must be a number > 0")
     if not isinstance(peft.dropout, (int, float)) or not 0 <= peft.dropout < 1:
         raise ConfigError(f"peft.dropout={peft.dropout}: must be in [0, 1)")
-    available = LINEAR_MODULES[cfg.model.arch]
+    available = LINEAR_MODULES[model.arch]
     targets = list(peft.target_modules or [])
     if not targets:
         raise ConfigError(f"peft.target_modules=[]: name at least one; accepted: {_accepted(available)}")
     for target in targets:
         if target not in available:
             raise ConfigError(
-                f"peft.target_modules: {target!r} is not a linear module of model={cfg.model.name} "
-                f"({cfg.model.arch}); accepted: {_accepted(available)}"
+                f"peft.target_modules: {target!r} is not a linear module of {model.source} "
+                f"({model.arch}); accepted: {_accepted(available)}"
             )
 
 
@@ -158,15 +193,15 @@ def _validate_precision(cfg: DictConfig, gpu: GpuInfo | None, on_gpu: bool) -> N
         )
 
 
-def _validate_offload(cfg: DictConfig) -> None:
+def _validate_offload(cfg: DictConfig, model: ModelFacts) -> None:
     o = cfg.offload
     if not o.enabled:
         return
-    layers = cfg.model.num_layers
+    layers = model.num_layers
     _check_int("offload.num_layers", o.num_layers, 1)
     if o.num_layers > layers:
         raise ConfigError(
-            f"offload.num_layers={o.num_layers}: model={cfg.model.name} has only {layers} layers; "
+            f"offload.num_layers={o.num_layers}: {model.source} has only {layers} layers; "
             f"accepted: 1 to {layers}"
         )
 

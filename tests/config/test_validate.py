@@ -94,3 +94,39 @@ def test_seq_length_beyond_model():
 def test_missing_data_file(tmp_path):
     msg = error_of(composed("data=dolly_file", f"data.path={tmp_path}/nope.jsonl"))
     assert "nope.jsonl" in msg
+
+
+def hf_config_folder(tmp_path, **fields):
+    """A model folder as far as validation reads it: config.json written by save_pretrained."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "llama", "num_hidden_layers": 2, "max_position_embeddings": 512, **fields}))
+    return tmp_path
+
+
+def test_model_folder_shape_wins_over_the_model_yaml(tmp_path):
+    # llama2_7b.yaml says 32 layers and 4096 positions; the folder's checkpoint has 2 and 512.
+    folder = hf_config_folder(tmp_path)
+    msg = error_of(composed("model=llama2_7b", f"model.path={folder}", "offload=on", "offload.num_layers=8"))
+    assert msg.startswith("offload.num_layers=8:") and f"model.path={folder} has only 2 layers" in msg
+    msg = error_of(composed("model=llama2_7b", f"model.path={folder}", "train.seq_length=1024"))
+    assert "train.seq_length=1024" in msg and "8 to 512" in msg
+    validate(composed("model=llama2_7b", f"model.path={folder}", "train.seq_length=512", "offload=on",
+                      "offload.num_layers=2"), None)
+
+
+def test_model_folder_of_another_architecture(tmp_path):
+    folder = hf_config_folder(tmp_path, model_type="gpt2")
+    msg = error_of(composed(f"model.path={folder}"))
+    assert "model_type=gpt2" in msg and "accepted: llama" in msg
+
+
+def test_model_folder_without_config_json(tmp_path):
+    msg = error_of(composed(f"model.path={tmp_path}"))
+    assert f"model.path={tmp_path}: config.json is missing" in msg
+
+
+def test_model_folder_that_does_not_exist(tmp_path):
+    msg = error_of(composed(f"model.path={tmp_path}/nope"))
+    assert "nope: no such folder" in msg

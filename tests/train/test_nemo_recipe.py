@@ -171,6 +171,9 @@ def test_model_path_restores_the_imported_checkpoint_with_its_tokenizer(tmp_path
 
     folder = tmp_path / "Llama-2-7b-hf"
     folder.mkdir()
+    # What validation reads of the folder (the import itself happens on the GPU node).
+    (folder / "config.json").write_text(json.dumps(
+        {"model_type": "llama", "num_hidden_layers": 32, "max_position_embeddings": 4096}))
     recipe, _ = recipe_of(tmp_path, "model=llama2_7b", f"model.path={folder}")
     assert recipe.resume.restore_config.path == str(Path(NEMO_MODELS_CACHE) / "Llama-2-7b-hf")
     assert recipe.model.tokenizer.pretrained_model_name == str(folder)

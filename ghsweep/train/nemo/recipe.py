@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from ghsweep.config.validate import ConfigError
+from ghsweep.config.validate import ConfigError, model_facts
 
 # LoRA targets: transformers' module names -> Megatron's fused linear layers. Megatron fuses
 # q/k/v into one GEMM and gate/up into another, so a LoRA target is all of a group or none of it.
@@ -80,12 +80,13 @@ def check_config(cfg: DictConfig, runtime: bool) -> None:
         )
     if cfg.peft.name == "lora":
         lora_target_modules(list(cfg.peft.target_modules))
-    layers = cfg.model.num_layers
+    model = model_facts(cfg.model)
+    layers = model.num_layers
     if cfg.offload.enabled:
         if cfg.offload.num_layers >= layers:
             raise ConfigError(
                 f"offload.num_layers={cfg.offload.num_layers}: with backend=nemo Megatron offloads fewer "
-                f"layers than model={cfg.model.name} has ({layers}); accepted: 1 to {layers - 1}"
+                f"layers than {model.source} has ({layers}); accepted: 1 to {layers - 1}"
             )
         if b.pipeline_parallel > 1:
             raise ConfigError(
