@@ -1,4 +1,10 @@
-"""`dry_run=true`: what each combination would run, where, and with which SLURM parameters."""
+"""`dry_run=true`: what each combination would run, where, and with which SLURM parameters.
+
+The worker command is built by the code the job runs (worker_command, profiler_prefix) from the
+profile plans made on the submitting side from the config alone (plans_from_config): what only
+the node can decide (a GPU, where nsys is, the kernels an ncu pass picks) is said to be resolved
+on the node.
+"""
 
 from __future__ import annotations
 
@@ -9,22 +15,66 @@ from omegaconf import DictConfig
 
 from ghsweep.config.validate import ConfigError
 from ghsweep.launch.worker_process import worker_command
+from ghsweep.profile.plan import ProfilePlan, plans_from_config, profiler_prefix
+
+# Continuation lines line up with the text after "  worker:  ".
+INDENT = " " * 11
 
 
 def describe(num: int, name: str, run_dir: Path, cfg: DictConfig, launch: str) -> str:
-    """One combination: its run directory, its worker command and how it is launched."""
+    """One combination: its run directory, its worker command, how it is launched and profiled."""
+    lines = [f"#{num} {name}", f"  run dir: {run_dir}"]
     try:
-        command = shlex.join(worker_command(cfg, run_dir))
+        plans = plans_from_config(cfg.profile, str(cfg.device))
+        commands = [shlex.join(worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, p))) for p in plans]
     except ConfigError as exc:
-        command = f"(not runnable) {exc}"
-    lines = [f"#{num} {name}", f"  run dir: {run_dir}", f"  worker:  {command}", f"  launch:  {launch}"]
-    if cfg.profile.name not in ("none", "torch"):
-        # The profile plan needs the node's GPU and nsys, so it is made there, when the job starts.
-        lines.append(f"  profile: {cfg.profile.name}: where the node has a GPU and nsys, `nsys profile ...` goes "
-                     "between the container and python (plan made on the node)")
+        plans, commands = [], [f"(not runnable) {exc}"]
+    lines += [f"  worker:  {commands[0]}", f"  launch:  {launch}"]
+    if plans:
+        lines.append(f"  profile: {profile_text(cfg, run_dir, plans)}")
+    if len(commands) > 1:
+        # profile=auto: the node's other choice, as the job would run it.
+        lines.append(f"{INDENT}{commands[1]}")
     if cfg.backend.name == "nemo":
         # Imported only here: composing a NeMo recipe needs NeMo in this interpreter.
         from ghsweep.train.nemo.recipe import describe_recipe
 
         lines.append(describe_recipe(cfg, run_dir))
     return "\n".join(lines)
+
+
+def profile_text(cfg: DictConfig, run_dir: Path, plans: list[ProfilePlan]) -> str:
+    """The profile line of a dry run: which profiler, over which steps, and what the node decides."""
+    steps = f"steps {cfg.capture.start_step}-{cfg.capture.start_step + cfg.capture.num_steps - 1}"
+    plan = plans[0]
+    if plan.used == "none":
+        return "none"
+    if plan.used == "torch":
+        why = f" (no GPU in this run, device={cfg.device})" if plan.requested == "auto" else ""
+        return f"{plan.requested}: the PyTorch profiler inside the worker, {steps}{why}"
+    if plan.requested == "auto":
+        return (f"auto, resolved on the node: Nsight Systems over {steps} (the worker line above) where the node has a GPU "
+                f"and nsys {where('nsys', cfg.profile.nsys.path, plan.nsys_path)}; otherwise the PyTorch profiler inside "
+                "the worker, which then runs as")
+    text = f"{plan.requested}: Nsight Systems over {steps}; {tool_text('nsys', cfg.profile.nsys.path, plan.nsys_path)}; " \
+           "the node needs a GPU, else the run fails before training"
+    if plan.ncu:
+        text += (f"; then a short second run of the worker in {run_dir / 'ncu_pass'} under ncu in place of nsys "
+                 f"(--clock-control none --set {cfg.profile.ncu.section_set}) over one captured step, for the top "
+                 f"{cfg.profile.ncu.top_k} kernels of the nsys profile (picked on the node); "
+                 f"{tool_text('ncu', cfg.profile.ncu.path, plan.ncu_path)}")
+    return text
+
+
+def tool_text(name: str, configured: str | None, assumed: str) -> str:
+    """Where the node finds a profiler, marked where the node decides it."""
+    if configured:
+        return f"{name} {where(name, configured, assumed)}"
+    return f"{name} resolved on the node {where(name, configured, assumed)}"
+
+
+def where(name: str, configured: str | None, assumed: str) -> str:
+    if configured:
+        return f"at {assumed} (profile.{name}.path)"
+    found = f"here: {assumed}" if Path(assumed).is_absolute() else f"none on PATH here, so shown as `{name}`"
+    return f"(the first on its PATH; {found})"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shlex
 import signal
 import socket
 import subprocess
@@ -30,7 +31,7 @@ from ghsweep.launch.run_result import RunResult
 from ghsweep.launch.slurm_jobs import JobTimeout
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.launch.worker_process import WORKER_LOG, WorkerExit, run_worker, worker_command
-from ghsweep.profile.plan import after_worker, resolve as resolve_profile
+from ghsweep.profile.plan import after_worker, profiler_prefix, resolve as resolve_profile
 from ghsweep.report.run_report import write_run_report
 from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, flatten
 
@@ -125,8 +126,10 @@ def run_one(cfg: DictConfig) -> RunResult:
         profile_plan.save(run_dir)
         check_container(cfg)
         timeout_s = cfg.worker.timeout_min * 60 if cfg.worker.timeout_min else None
-        log.info("%s: training in a worker process (log: %s)", name, run_dir / WORKER_LOG)
-        exit = run_worker(worker_command(cfg, run_dir), run_dir, timeout_s)
+        command = worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, profile_plan))
+        # The command in the job's log: what `dry_run=true` printed for this combination, with the node's choices.
+        log.info("%s: training in a worker process (log: %s): %s", name, run_dir / WORKER_LOG, shlex.join(command))
+        exit = run_worker(command, run_dir, timeout_s)
         if exit.returncode == 0:
             summary = json.loads((run_dir / "summary.json").read_text())
             result.status = "FINISHED"
@@ -137,9 +140,9 @@ def run_one(cfg: DictConfig) -> RunResult:
                 "setup_s": train["setup_s"],
                 "train_s": train["train_s"],
             }
-            # The ncu pass reruns a short worker in a subfolder, under ncu, the same way.
+            # The ncu pass reruns a short worker in a subfolder, under ncu in place of nsys (inside the container).
             profile = after_worker(cfg, run_dir, profile_plan, lambda prefix, work: run_worker(
-                [*prefix, *worker_command(cfg, work)], work, timeout_s).returncode)
+                worker_command(cfg, work, prefix), work, timeout_s).returncode)
             result.metrics.update(profile.metrics)
             store.set_tags(run_id, profile.tags)
             store.log_artifacts(run_id, profile.artifacts, "profile")

@@ -9,13 +9,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from ghsweep.launch.container import container_prefix
-from ghsweep.profile.plan import profiler_prefix
 
 log = logging.getLogger(__name__)
 
@@ -32,16 +32,18 @@ class WorkerExit:
     wall_s: float
 
 
-def worker_command(cfg: DictConfig, run_dir: Path) -> list[str]:
-    """The argument list that starts the worker of `run_dir`.
+def worker_command(cfg: DictConfig, run_dir: Path, profiler: Sequence[str] = ()) -> list[str]:
+    """The argument list that starts the worker of `run_dir`, under `profiler` (the profiler's
+    command up to the program: ghsweep.profile.plan.profiler_prefix for nsys, the ncu pass's).
 
     Always an argument list, never a shell string: user values are never parsed by a shell.
-    Wrappers nest outside-in: [container exec ...] [profiler ...] python -m ghsweep.train.worker RUN_DIR.
+    Wrappers nest outside-in: [container exec ...] [profiler ...] python -m ghsweep.train.worker RUN_DIR;
+    the profiler runs inside the container, where the worker's CUDA libraries are.
     """
     container = container_prefix(cfg, run_dir)
     # Inside a container the image's Python runs the worker: the host interpreter's path means nothing there.
     python = cfg.container.python if container else sys.executable
-    return [*container, *profiler_prefix(cfg, run_dir), python, "-m", "ghsweep.train.worker", str(run_dir)]
+    return [*container, *profiler, python, "-m", "ghsweep.train.worker", str(run_dir)]
 
 
 def run_worker(command: list[str], run_dir: Path, timeout_s: float | None) -> WorkerExit:

@@ -2,9 +2,10 @@
 export, the optional Nsight Compute pass, analysis, report, plots and the files for MLflow.
 
 The plan is decided once in the job (before any GPU time), written to the run directory as
-profile_plan.json, and read by the worker command and by the worker (profile=torch). A profiler
-that is asked for by name and cannot run here is a ConfigError naming what is missing;
-profile=auto records its choice and why (ghsweep.profile_used / ghsweep.profile_note).
+profile_plan.json, and read by the worker (profile=torch); the job builds the worker command from
+it. A profiler that is asked for by name and cannot run here is a ConfigError naming what is
+missing; profile=auto records its choice and why (ghsweep.profile_used / ghsweep.profile_note).
+A dry run makes the same plans on the submitting side from the config alone (plans_from_config).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -50,12 +52,16 @@ class ProfilePlan:
         return cls(**json.loads(path.read_text())) if path.exists() else None
 
 
-def resolve(profile: DictConfig, on_gpu: bool, device: str) -> ProfilePlan:
-    """The plan for `profile` on this machine; ConfigError when a named profiler cannot run."""
+def resolve(profile: DictConfig, on_gpu: bool, device: str,
+            find_tool: Callable[[str, str | None], str | None] = capture.find_tool) -> ProfilePlan:
+    """The plan for `profile` on this machine; ConfigError when a named profiler cannot run.
+
+    find_tool(name, configured path) looks a profiler up; a dry run passes node_tool.
+    """
     name = profile.name
     if name in ("none", "torch"):
         return ProfilePlan(name, name)
-    nsys = capture.find_tool("nsys", profile.nsys.path)
+    nsys = find_tool("nsys", profile.nsys.path)
     where = f"profile.nsys.path={profile.nsys.path}" if profile.nsys.path else "PATH"
     if name == "auto":
         if not on_gpu:
@@ -71,7 +77,7 @@ def resolve(profile: DictConfig, on_gpu: bool, device: str) -> ProfilePlan:
                           "profile.nsys.path=/path/to/nsys; accepted here: profile=torch, auto, none")
     plan = ProfilePlan(name, "nsys", nsys_path=nsys)
     if profile.ncu.enabled:
-        plan.ncu_path = capture.find_tool("ncu", profile.ncu.path)
+        plan.ncu_path = find_tool("ncu", profile.ncu.path)
         if plan.ncu_path is None:
             where = f"profile.ncu.path={profile.ncu.path}" if profile.ncu.path else "PATH"
             raise ConfigError(f"profile={name}: ncu not found on {where}; install Nsight Compute or set "
@@ -80,10 +86,32 @@ def resolve(profile: DictConfig, on_gpu: bool, device: str) -> ProfilePlan:
     return plan
 
 
-def profiler_prefix(cfg: DictConfig, run_dir: Path) -> list[str]:
-    """`nsys profile ...` when this run's plan says nsys, else nothing."""
-    plan = ProfilePlan.load(run_dir)
-    if plan is None or plan.used != "nsys":
+def node_tool(name: str, configured: str | None) -> str:
+    """The path a dry run takes for a profiler the node looks up (capture.find_tool there): the
+    configured path, else the one on PATH here, else the bare name (the node's PATH decides)."""
+    if configured:
+        return str(Path(configured))
+    return shutil.which(name) or name
+
+
+def plans_from_config(profile: DictConfig, device: str) -> list[ProfilePlan]:
+    """The plans a run of this config can get on its node, decided on the submitting side from the
+    config alone, for a dry run: resolve() as the node runs it, taking profilers as node_tool finds
+    them. One plan, except for profile=auto on a device that may be a GPU: then the node picks
+    between two, nsys (a GPU and nsys there) first, torch second. ConfigError as resolve()."""
+    may_use_gpu = device == "auto" or device.startswith("cuda")
+    if not may_use_gpu:
+        return [resolve(profile, on_gpu=False, device=device)]
+    with_gpu = resolve(profile, on_gpu=True, device=device, find_tool=node_tool)
+    if profile.name == "auto":
+        return [with_gpu, resolve(profile, on_gpu=False, device=device)]
+    return [with_gpu]
+
+
+def profiler_prefix(cfg: DictConfig, run_dir: Path, plan: ProfilePlan) -> list[str]:
+    """`nsys profile ...` when `plan` says nsys, else nothing: what goes between the container and
+    the worker's python (the one builder of the nsys command, for the job and its dry run)."""
+    if plan.used != "nsys":
         return []
     opts = cfg.profile.nsys
     um = cfg.memory.name == "unified" if opts.um_page_faults == "auto" else bool(opts.um_page_faults)

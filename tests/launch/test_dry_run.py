@@ -3,9 +3,19 @@ SLURM parameters are printed, and nothing runs, is submitted or is recorded."""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import sys
+from pathlib import Path
 
-from tests.conftest import run_cli
+import pytest
+from hydra import compose, initialize_config_dir
+
+from ghsweep.config.validate import ConfigError
+from ghsweep.launch.worker_process import worker_command
+from ghsweep.profile.plan import profiler_prefix, resolve
+from tests.conftest import CONF_DIR, run_cli
 
 
 def blocks(stdout: str) -> list[list[str]]:
@@ -73,4 +83,140 @@ def test_wait_false_needs_a_slurm_launcher(tmp_path):
     assert proc.returncode != 0
     assert "wait=false: needs a SLURM launcher profile (e.g. hydra/launcher=gh200); this sweep uses " \
            "hydra/launcher=local" in proc.stderr
+    assert_nothing_ran(tmp_path)
+
+
+# --- The worker command a dry run prints is the one the job builds on the node (profile plans) ---
+
+NODE_MARK = "resolved on the node"
+
+
+def combinations(stdout: str) -> dict[str, dict[str, str]]:
+    """The printed combinations by their overrides: {'run dir': ..., 'worker': ..., 'launch': ...,
+    'profile': ..., 'else': the worker line of profile=auto's other choice}."""
+    found: dict[str, dict[str, str]] = {}
+    current: dict[str, str] = {}
+    for line in stdout.splitlines():
+        if re.match(r"^#\d+ ", line):
+            current = found.setdefault(line.split(" ", 1)[1], {})
+        elif re.match(r"^  [a-z ]+: ", line) and current is not None:
+            label, text = line.strip().split(": ", 1)
+            current.setdefault(label, text.strip())
+        elif line.startswith(" " * 11) and "profile" in current:
+            current["else"] = line.strip()
+    return found
+
+
+def overrides_of(name: str) -> dict[str, str]:
+    """`a=1,b=2` (a combination's name) as {'a': '1', 'b': '2'}, without dry_run."""
+    pairs = dict(p.split("=", 1) for p in name.split(","))
+    pairs.pop("dry_run")
+    return pairs
+
+
+def node_command(overrides: dict[str, str], run_dir: Path, on_gpu: bool) -> list[str]:
+    """What the job builds on a node with (on_gpu) or without a GPU, for the same config, on this
+    machine's PATH: the plan (resolve) and the worker command as ghsweep.launch.job.run_one makes them."""
+    cfg = compose_config(*(f"{k}={v}" for k, v in overrides.items()))
+    plan = resolve(cfg.profile, on_gpu=on_gpu, device=str(cfg.device))
+    return worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, plan))
+
+
+def compose_config(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def tool(directory: Path, name: str) -> Path:
+    """An executable standing in for an installed nsys/ncu (nothing runs it in a dry run)."""
+    directory.mkdir(exist_ok=True)
+    path = directory / name
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_nsys_worker_command_is_the_one_the_job_runs_with_and_without_container(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    nsys, _ = tool(bin_dir, "nsys"), tool(bin_dir, "ncu")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")  # the node's nsys and ncu, found on PATH
+    image = tmp_path / "ghsweep-nemo.sif"
+    proc = run_cli(["-m", "hydra/launcher=gh200", "experiment=smoke", "device=auto", "profile=nsys,nsys_ncu,auto",
+                    f"container.image={image},null", "dry_run=true"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = combinations(proc.stdout)
+    assert len(found) == 6
+    for name, block in found.items():
+        overrides = {"hydra/launcher": "gh200", **overrides_of(name)}
+        run_dir = Path(block["run dir"])
+        printed = shlex.split(block["worker"])
+        assert printed == node_command(overrides, run_dir, on_gpu=True), name
+        # Outside-in: the container, nsys inside it, then the worker's python.
+        python = "python3" if overrides["container.image"] != "null" else sys.executable
+        at = printed.index(str(nsys))
+        assert printed[at + 1] == "profile" and f"--output={run_dir / 'profile'}" in printed
+        assert printed[printed.index(python):] == [python, "-m", "ghsweep.train.worker", str(run_dir)]
+        assert at < printed.index(python)
+        if python == "python3":
+            assert printed[:3] == ["singularity", "exec", "--nv"] and printed.index(str(image)) == at - 1
+        else:
+            assert at == 0
+        if overrides["profile"] == "auto":
+            # The node picks: nsys with a GPU and nsys there, else the PyTorch profiler inside the worker.
+            assert block["profile"].startswith(f"auto, {NODE_MARK}: Nsight Systems over steps 5-7")
+            assert shlex.split(block["else"]) == node_command(overrides, run_dir, on_gpu=False)
+            assert str(nsys) not in block["else"]
+        else:
+            assert f"nsys {NODE_MARK} (the first on its PATH; here: {nsys})" in block["profile"]
+            assert "else" not in block
+        assert ("ncu_pass under ncu" in block["profile"]) == (overrides["profile"] == "nsys_ncu")
+    assert_nothing_ran(tmp_path)
+
+
+def test_in_process_dry_run_prints_the_nsys_command_the_job_runs(tmp_path):
+    nsys = tool(tmp_path / "opt", "nsys")
+    proc = run_cli(["hydra/launcher=local", "experiment=smoke", "device=cuda", "profile=nsys",
+                    f"profile.nsys.path={nsys}", "dry_run=true"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ((name, block),) = combinations(proc.stdout).items()
+    run_dir = Path(block["run dir"])
+    overrides = {"experiment": "smoke", "device": "cuda", "profile": "nsys", "profile.nsys.path": str(nsys)}
+    assert shlex.split(block["worker"]) == node_command(overrides, run_dir, on_gpu=True)
+    assert shlex.split(block["worker"])[:2] == [str(nsys), "profile"]
+    # A configured nsys is not the node's to choose.
+    assert block["profile"].startswith(f"nsys: Nsight Systems over steps 5-7; nsys at {nsys} (profile.nsys.path)")
+    assert NODE_MARK not in block["profile"]
+    assert block["launch"] == "in this process (hydra/launcher=local)"
+    assert not list(tmp_path.rglob("worker.log")) and not (tmp_path / "mlflow.db").exists()
+
+
+def test_without_nsys_here_the_node_resolves_it_and_what_never_runs_says_why(tmp_path, monkeypatch):
+    # This machine has no nsys: the dry run shows the command with `nsys`, the node's PATH decides.
+    path = [d for d in os.environ["PATH"].split(":") if not (Path(d) / "nsys").exists()]
+    monkeypatch.setenv("PATH", ":".join(path))
+    proc = run_cli(["-m", "hydra/launcher=local_slurm", "experiment=smoke", "profile=nsys,auto,torch",
+                    "device=auto,cpu", "dry_run=true"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = {(o["profile"], o["device"]): b for o, b in ((overrides_of(n), b) for n, b in combinations(proc.stdout).items())}
+    assert len(found) == 6
+
+    command = shlex.split(found["nsys", "auto"]["worker"])
+    assert command[:2] == ["nsys", "profile"] and command[-3:-1] == ["-m", "ghsweep.train.worker"]
+    assert f"nsys {NODE_MARK} (the first on its PATH; none on PATH here, so shown as `nsys`)" in \
+        found["nsys", "auto"]["profile"]
+    same_dir = found["auto", "auto"]["worker"].replace(found["auto", "auto"]["run dir"], found["nsys", "auto"]["run dir"])
+    assert shlex.split(same_dir) == command
+    assert found["auto", "auto"]["profile"].startswith(f"auto, {NODE_MARK}:")
+
+    # Decided by the config alone: no node mark, and the very command (or error) the job would have.
+    with pytest.raises(ConfigError) as refused:
+        resolve(compose_config("experiment=smoke", "profile=nsys").profile, on_gpu=False, device="cpu")
+    assert found["nsys", "cpu"]["worker"] == f"(not runnable) {refused.value}"
+    for profile, device in (("auto", "cpu"), ("torch", "auto"), ("torch", "cpu")):
+        block = found[profile, device]
+        assert NODE_MARK not in block["profile"] and "else" not in block
+        overrides = {"hydra/launcher": "local_slurm", "experiment": "smoke", "profile": profile, "device": device}
+        assert shlex.split(block["worker"]) == node_command(overrides, Path(block["run dir"]), on_gpu=False)
+    assert found["auto", "cpu"]["profile"] == \
+        "auto: the PyTorch profiler inside the worker, steps 5-7 (no GPU in this run, device=cpu)"
     assert_nothing_ran(tmp_path)

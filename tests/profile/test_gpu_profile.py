@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from ghsweep.launch.worker_process import run_worker, worker_command
 from ghsweep.profile import capture
-from ghsweep.profile.plan import ANALYSIS_FILE, METRICS, after_worker, resolve
+from ghsweep.profile.plan import ANALYSIS_FILE, METRICS, after_worker, profiler_prefix, resolve
 from tests.conftest import CONF_DIR
 
 pytestmark = pytest.mark.gpu
@@ -32,10 +32,10 @@ def profiled_run(tmp_path, *overrides: str) -> tuple[dict, object]:
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     plan = resolve(cfg.profile, on_gpu=True, device="cuda")
     plan.save(run_dir)
-    exit = run_worker(worker_command(cfg, run_dir), run_dir, 900)
+    exit = run_worker(worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, plan)), run_dir, 900)
     assert exit.returncode == 0, (run_dir / "worker.log").read_text()[-3000:]
     outcome = after_worker(cfg, run_dir, plan, lambda prefix, work: run_worker(
-        [*prefix, *worker_command(cfg, work)], work, 900).returncode)
+        worker_command(cfg, work, prefix), work, 900).returncode)
     assert "ghsweep.profile_error" not in outcome.tags, outcome.tags
     return json.loads((run_dir / ANALYSIS_FILE).read_text()), outcome
 

@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from ghsweep.config.validate import ConfigError
-from ghsweep.profile.plan import ProfilePlan, profiler_prefix, resolve
+from ghsweep.profile.plan import ProfilePlan, plans_from_config, profiler_prefix, resolve
 from tests.conftest import CONF_DIR, run_cli
 
 
@@ -60,15 +60,41 @@ def test_nsys_command_records_the_capture_window(tmp_path):
     nsys = fake_tool(tmp_path, "nsys")
     cfg = compose_cfg("profile=nsys", f"profile.nsys.path={nsys}", "memory=unified",
                       "profile.nsys.extra_args=['--sample=none']")
-    resolve(cfg.profile, on_gpu=True, device="cuda").save(tmp_path)
-    command = profiler_prefix(cfg, tmp_path)
+    command = profiler_prefix(cfg, tmp_path, resolve(cfg.profile, on_gpu=True, device="cuda"))
     assert command[:2] == [nsys, "profile"]
     assert "--trace=cuda,nvtx,osrt,cudnn,cublas" in command
     assert "--capture-range=cudaProfilerApi" in command and "--capture-range-end=stop" in command
     assert "--cuda-um-gpu-page-faults=true" in command  # um_page_faults=auto with memory=unified
     assert f"--output={tmp_path / 'profile'}" in command and command[-1] == "--sample=none"
-    ProfilePlan("torch", "torch").save(tmp_path)
-    assert profiler_prefix(cfg, tmp_path) == []
+    assert profiler_prefix(cfg, tmp_path, ProfilePlan("torch", "torch")) == []
+
+
+def test_plans_from_config_are_the_plans_the_node_makes(tmp_path, monkeypatch):
+    # A node with a GPU, nsys and ncu on its PATH: the dry run's plans are exactly the node's.
+    fake_tool(tmp_path, "nsys"), fake_tool(tmp_path, "ncu")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    for name in ("nsys", "nsys_ncu"):
+        profile = compose_cfg(f"profile={name}").profile
+        assert plans_from_config(profile, "auto") == [resolve(profile, on_gpu=True, device="auto")]
+    auto = compose_cfg("profile=auto").profile
+    assert plans_from_config(auto, "cuda:1") == [resolve(auto, on_gpu=True, device="cuda:1"),
+                                                 resolve(auto, on_gpu=False, device="cuda:1")]
+    # A CPU run: the config alone decides, as the node would, errors included.
+    for name in ("auto", "torch", "none"):
+        profile = compose_cfg(f"profile={name}").profile
+        assert plans_from_config(profile, "cpu") == [resolve(profile, on_gpu=False, device="cpu")]
+    with pytest.raises(ConfigError, match=r"^profile=nsys: Nsight Systems traces CUDA and this run has no GPU"):
+        plans_from_config(compose_cfg("profile=nsys").profile, "cpu")
+
+
+def test_plans_from_config_leave_the_profiler_path_to_the_node(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    (plan,) = plans_from_config(compose_cfg("profile=nsys_ncu").profile, "auto")
+    assert (plan.used, plan.nsys_path, plan.ncu, plan.ncu_path) == ("nsys", "nsys", True, "ncu")
+    # A configured path is the node's, whether or not it exists here.
+    (plan,) = plans_from_config(compose_cfg("profile=nsys", "profile.nsys.path=/opt/nsys/bin/nsys").profile, "auto")
+    assert plan.nsys_path == "/opt/nsys/bin/nsys"
+    assert profiler_prefix(compose_cfg("profile=nsys"), tmp_path, plan)[:2] == ["/opt/nsys/bin/nsys", "profile"]
 
 
 def test_profile_nsys_on_a_machine_without_gpu_fails_before_training(tmp_path):
