@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from ghsweep.config.validate import ConfigError
 from ghsweep.launch.worker_process import worker_command
 from ghsweep.profile.plan import ProfilePlan, plans_from_config, profiler_prefix
+from ghsweep.tracking.mlflow_store import absolute_tracking_uri
 
 # Continuation lines line up with the text after "  worker:  ".
 INDENT = " " * 11
@@ -35,6 +36,9 @@ def describe(num: int, name: str, run_dir: Path, cfg: DictConfig, launch: str) -
     if len(commands) > 1:
         # profile=auto: the node's other choice, as the job would run it.
         lines.append(f"{INDENT}{commands[1]}")
+    # Where the sweep's parent run and this run would be recorded (the sweep manifest's URI).
+    lines.append(f"  mlflow:  {absolute_tracking_uri(cfg.tracking.uri, Path.cwd())} "
+                 f"(experiment {cfg.tracking.experiment})")
     if cfg.backend.name == "nemo":
         # Imported only here: composing a NeMo recipe needs NeMo in this interpreter.
         from ghsweep.train.nemo.recipe import describe_recipe

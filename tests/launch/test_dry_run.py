@@ -67,6 +67,8 @@ def test_gh200_dry_run_shows_the_container_command(tmp_path):
     for option in ("--gpus-per-node=1", "--cpus-per-task=72", "--mem=400GB", "--time=120", "--partition=gh",
                    "--account=proj1"):
         assert option in launch.split(), option
+    # The profile's tracking server, with no tracking flag.
+    assert "  mlflow:  http://login-node:5000 (experiment ghsweep)" in proc.stdout.splitlines()
     assert_nothing_ran(tmp_path)
 
 
@@ -75,6 +77,7 @@ def test_local_dry_run_prints_and_trains_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     ((head, run_dir, worker, launch),) = [b[:4] for b in blocks(proc.stdout)]
     assert "-m ghsweep.train.worker" in worker and "launch:  in this process (hydra/launcher=local)" in launch
+    assert f"  mlflow:  sqlite:///{tmp_path.resolve()}/mlflow.db (experiment ghsweep)" in proc.stdout.splitlines()
     assert_nothing_ran(tmp_path)
 
 

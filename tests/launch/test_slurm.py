@@ -1,7 +1,7 @@
 """Sweeps through the Hydra submitit launcher on a real single-node SLURM cluster (tests/slurm/).
 
-Jobs log to a real MLflow tracking server, as on a cluster whose compute nodes cannot share a
-SQLite file. Every job trains the tiny smoke model for a few steps in fp32 on one CPU.
+Jobs log to a real MLflow tracking server, the one the profile names, as on a cluster whose compute
+nodes cannot share a SQLite file. Every job trains the tiny smoke model for a few steps in fp32 on one CPU.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ RUN_METRICS = {"loss", "step_time_ms", "tokens_per_s", "peak_mem_gb", "final_los
 
 
 def sweep_args(server, experiment: str, *args: str) -> list[str]:
-    return ["-m", "hydra/launcher=local_slurm", "experiment=smoke", "precision=fp32", "tracking=server",
-            f"tracking.uri={server.url}", f"tracking.experiment={experiment}", *args]
+    # The profile names its tracking server (tracking.server_uri); this session's server has its own port.
+    return ["-m", "hydra/launcher=local_slurm", "experiment=smoke", "precision=fp32",
+            f"tracking.server_uri={server.url}", f"tracking.experiment={experiment}", *args]
 
 
 def runs(server, experiment: str, role: str) -> list:
