@@ -47,10 +47,24 @@ def mlflow_server(tmp_path_factory):
     server.stop()
 
 
+# Modules whose tests share the session's smoke sweep: one worker runs them, so the sweep runs once.
+SMOKE_SWEEP_MODULES = {"tests/launch/test_sweep.py", "tests/report/test_cli.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups on its workers
 def pytest_collection_modifyitems(config, items):
-    """GPU tests run where CUDA is; elsewhere they are skipped with the reason, never silently."""
+    """Group tests for pytest-xdist; skip GPU tests without CUDA, with the reason, never silently.
+
+    With `--dist loadgroup` a module's tests stay on one worker, so its module fixtures (a sweep, a
+    browser, the SLURM cluster) are made once, while different modules run side by side. All GPU
+    tests share one worker: one GPU, and timings that must not compete with each other.
+    """
     import torch
 
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        group = "gpu" if "gpu" in item.keywords else "smoke_sweep" if module in SMOKE_SWEEP_MODULES else module
+        item.add_marker(pytest.mark.xdist_group(group))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU with CUDA; run `pytest -m gpu` on a GPU machine")
