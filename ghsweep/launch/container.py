@@ -7,6 +7,8 @@ pass through a shell.
 from __future__ import annotations
 
 import shutil
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -33,6 +35,21 @@ def container_prefix(cfg: DictConfig, run_dir: Path) -> list[str]:
         argv += ["--env", f"{name}={value}"]
     argv.append(str(c.image))
     return argv
+
+
+def tool_finder(prefix: list[str]) -> Callable[[str, str | None], str | None]:
+    """capture.find_tool for a worker that runs in the container `prefix` starts. Profilers wrap the
+    worker inside the container, so they must exist there (`command -v`), not on the host; the
+    command keeps the name (or configured path) the image's PATH resolves, which is also what a dry
+    run prints."""
+
+    def find(name: str, configured: str | None) -> str | None:
+        tool = configured or name
+        proc = subprocess.run([*prefix, "sh", "-c", 'command -v "$1"', "sh", tool],
+                              capture_output=True, text=True, timeout=300)
+        return tool if proc.returncode == 0 and proc.stdout.strip() else None
+
+    return find
 
 
 def check_container(cfg: DictConfig) -> None:

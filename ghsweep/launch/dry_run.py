@@ -14,6 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ghsweep.config.validate import ConfigError
+from ghsweep.launch.container import container_prefix
 from ghsweep.launch.worker_process import worker_command
 from ghsweep.profile.plan import ProfilePlan, plans_from_config, profiler_prefix
 from ghsweep.tracking.mlflow_store import absolute_tracking_uri
@@ -26,7 +27,10 @@ def describe(num: int, name: str, run_dir: Path, cfg: DictConfig, launch: str) -
     """One combination: its run directory, its worker command, how it is launched and profiled."""
     lines = [f"#{num} {name}", f"  run dir: {run_dir}"]
     try:
-        plans = plans_from_config(cfg.profile, str(cfg.device))
+        in_container = container_prefix(cfg, run_dir)
+        plans = plans_from_config(cfg.profile, str(cfg.device), in_container=bool(in_container))
+        for plan in plans:
+            plan.tool_prefix = in_container
         commands = [shlex.join(worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, p))) for p in plans]
     except ConfigError as exc:
         plans, commands = [], [f"(not runnable) {exc}"]
@@ -58,27 +62,30 @@ def profile_text(cfg: DictConfig, run_dir: Path, plans: list[ProfilePlan]) -> st
         return f"{plan.requested}: the PyTorch profiler inside the worker, {steps}{why}"
     if plan.requested == "auto":
         return (f"auto, resolved on the node: Nsight Systems over {steps} (the worker line above) where the node has a GPU "
-                f"and nsys {where('nsys', cfg.profile.nsys.path, plan.nsys_path)}; otherwise the PyTorch profiler inside "
+                f"and nsys {where('nsys', cfg.profile.nsys.path, plan)}; otherwise the PyTorch profiler inside "
                 "the worker, which then runs as")
-    text = f"{plan.requested}: Nsight Systems over {steps}; {tool_text('nsys', cfg.profile.nsys.path, plan.nsys_path)}; " \
+    text = f"{plan.requested}: Nsight Systems over {steps}; {tool_text('nsys', cfg.profile.nsys.path, plan)}; " \
            "the node needs a GPU, else the run fails before training"
     if plan.ncu:
         text += (f"; then a short second run of the worker in {run_dir / 'ncu_pass'} under ncu in place of nsys "
                  f"(--clock-control none --set {cfg.profile.ncu.section_set}) over one captured step, for the top "
                  f"{cfg.profile.ncu.top_k} kernels of the nsys profile (picked on the node); "
-                 f"{tool_text('ncu', cfg.profile.ncu.path, plan.ncu_path)}")
+                 f"{tool_text('ncu', cfg.profile.ncu.path, plan)}")
     return text
 
 
-def tool_text(name: str, configured: str | None, assumed: str) -> str:
+def tool_text(name: str, configured: str | None, plan: ProfilePlan) -> str:
     """Where the node finds a profiler, marked where the node decides it."""
     if configured:
-        return f"{name} {where(name, configured, assumed)}"
-    return f"{name} resolved on the node {where(name, configured, assumed)}"
+        return f"{name} {where(name, configured, plan)}"
+    return f"{name} resolved on the node {where(name, configured, plan)}"
 
 
-def where(name: str, configured: str | None, assumed: str) -> str:
+def where(name: str, configured: str | None, plan: ProfilePlan) -> str:
+    assumed = plan.nsys_path if name == "nsys" else plan.ncu_path
     if configured:
         return f"at {assumed} (profile.{name}.path)"
+    if plan.tool_prefix:
+        return "(inside the container: the first on the image's PATH)"
     found = f"here: {assumed}" if Path(assumed).is_absolute() else f"none on PATH here, so shown as `{name}`"
     return f"(the first on its PATH; {found})"

@@ -23,7 +23,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.config.validate import ConfigError, run_device, validate
-from ghsweep.launch.container import check_container
+from ghsweep.launch.container import check_container, container_prefix, tool_finder
 from ghsweep.launch.device_probe import probe_gpu
 from ghsweep.launch.dry_run import describe
 from ghsweep.launch.resume import RUN_HASH_TAG, finished_run, run_hash, skip_finished
@@ -31,7 +31,8 @@ from ghsweep.launch.run_result import RunResult
 from ghsweep.launch.slurm_jobs import JobTimeout
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.launch.worker_process import WORKER_LOG, WorkerExit, run_worker, worker_command
-from ghsweep.profile.plan import after_worker, profiler_prefix, resolve as resolve_profile
+from ghsweep.profile.capture import find_tool
+from ghsweep.profile.plan import ProfilePlan, after_worker, profiler_prefix, resolve as resolve_profile
 from ghsweep.report.run_report import write_run_report
 from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, flatten
 
@@ -70,6 +71,15 @@ def failure_reason(run_dir: Path, exit: WorkerExit, timeout_min: float | None) -
         return f"worker killed by {name}{hint}"
     lines = (run_dir / WORKER_LOG).read_text(errors="replace").strip().splitlines()
     return f"worker exited with status {exit.returncode}: {lines[-1] if lines else 'no output'}"
+
+
+def plan_profile(cfg: DictConfig, run_dir: Path, on_gpu: bool) -> ProfilePlan:
+    """The run's profile plan on this node. With a container the profilers run inside it, so they
+    are looked up there and their export runs there too."""
+    in_container = container_prefix(cfg, run_dir)
+    plan = resolve_profile(cfg.profile, on_gpu, str(cfg.device), tool_finder(in_container) if in_container else find_tool)
+    plan.tool_prefix = in_container
+    return plan
 
 
 def run_one(cfg: DictConfig) -> RunResult:
@@ -122,9 +132,9 @@ def run_one(cfg: DictConfig) -> RunResult:
             raise ConfigError(f"{missing[0]}=???: required and not set; set it on the command line, e.g. {missing[0]}=...")
         gpu = probe_gpu()
         validate(cfg, gpu)
-        profile_plan = resolve_profile(cfg.profile, run_device(cfg, gpu) == "cuda", str(cfg.device))
-        profile_plan.save(run_dir)
         check_container(cfg)
+        profile_plan = plan_profile(cfg, run_dir, run_device(cfg, gpu) == "cuda")
+        profile_plan.save(run_dir)
         timeout_s = cfg.worker.timeout_min * 60 if cfg.worker.timeout_min else None
         command = worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, profile_plan))
         # The command in the job's log: what `dry_run=true` printed for this combination, with the node's choices.

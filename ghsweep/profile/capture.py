@@ -48,11 +48,12 @@ def nsys_profile_command(nsys: str, report: Path, trace: Sequence[str], um_page_
     return command + list(extra_args)
 
 
-def export_sqlite(nsys: str, report: Path, timeout_s: float = 1800) -> Path:
-    """Export an .nsys-rep to SQLite beside it (nsys's own exporter) and return its path."""
+def export_sqlite(nsys: str, report: Path, prefix: Sequence[str] = (), timeout_s: float = 1800) -> Path:
+    """Export an .nsys-rep to SQLite beside it (nsys's own exporter, run under `prefix`, e.g. the
+    container the report was made in) and return its path."""
     out = report.with_suffix(".sqlite")
     proc = subprocess.run(
-        [nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={out}", str(report)],
+        [*prefix, nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={out}", str(report)],
         capture_output=True, text=True, timeout=timeout_s,
     )
     if proc.returncode != 0 or not out.exists():
@@ -89,10 +90,10 @@ def ncu_command(ncu: str, report: Path, kernel_names: Sequence[str], launch_coun
     return command
 
 
-def ncu_raw_csv(ncu: str, report: Path, out_csv: Path, timeout_s: float = 600) -> Path:
-    """`ncu --import REPORT --csv --page raw` written to `out_csv`: every metric of every kernel."""
+def ncu_raw_csv(ncu: str, report: Path, out_csv: Path, prefix: Sequence[str] = (), timeout_s: float = 600) -> Path:
+    """`ncu --import REPORT --csv --page raw` (under `prefix`) written to `out_csv`: every metric of every kernel."""
     proc = subprocess.run(
-        [ncu, "--import", str(report), "--csv", "--page", "raw"],
+        [*prefix, ncu, "--import", str(report), "--csv", "--page", "raw"],
         capture_output=True, text=True, timeout=timeout_s,
     )
     if proc.returncode != 0:

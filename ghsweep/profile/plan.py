@@ -42,6 +42,9 @@ class ProfilePlan:
     nsys_path: str | None = None
     ncu_path: str | None = None
     note: str | None = None
+    # What the profilers run under on the node: the container's `exec ... IMAGE` when the worker
+    # runs in one (the image brings nsys and ncu), so the export and ncu's import run there too.
+    tool_prefix: list[str] = field(default_factory=list)
 
     def save(self, run_dir: Path) -> None:
         (run_dir / PLAN_FILE).write_text(json.dumps(asdict(self), indent=2))
@@ -61,17 +64,18 @@ def resolve(profile: DictConfig, on_gpu: bool, device: str,
     name = profile.name
     if name in ("none", "torch"):
         return ProfilePlan(name, name)
-    nsys = find_tool("nsys", profile.nsys.path)
     where = f"profile.nsys.path={profile.nsys.path}" if profile.nsys.path else "PATH"
     if name == "auto":
         if not on_gpu:
             return ProfilePlan(name, "torch", note=f"auto: no GPU in this run (device={device}), PyTorch profiler")
+        nsys = find_tool("nsys", profile.nsys.path)
         if nsys is None:
             return ProfilePlan(name, "torch", note=f"auto: nsys not found on {where}, PyTorch profiler")
         return ProfilePlan(name, "nsys", nsys_path=nsys, note="auto: nsys found and a GPU: Nsight Systems")
     if not on_gpu:
         raise ConfigError(f"profile={name}: Nsight Systems traces CUDA and this run has no GPU (device={device}); "
                           "accepted here: profile=torch, auto, none")
+    nsys = find_tool("nsys", profile.nsys.path)
     if nsys is None:
         raise ConfigError(f"profile={name}: nsys not found on {where}; install Nsight Systems or set "
                           "profile.nsys.path=/path/to/nsys; accepted here: profile=torch, auto, none")
@@ -94,15 +98,22 @@ def node_tool(name: str, configured: str | None) -> str:
     return shutil.which(name) or name
 
 
-def plans_from_config(profile: DictConfig, device: str) -> list[ProfilePlan]:
+def container_tool(name: str, configured: str | None) -> str:
+    """The path a dry run takes for a profiler looked up inside the run's container on the node:
+    the configured path, else the bare name (the image's PATH decides, not this machine's)."""
+    return str(Path(configured)) if configured else name
+
+
+def plans_from_config(profile: DictConfig, device: str, in_container: bool = False) -> list[ProfilePlan]:
     """The plans a run of this config can get on its node, decided on the submitting side from the
-    config alone, for a dry run: resolve() as the node runs it, taking profilers as node_tool finds
-    them. One plan, except for profile=auto on a device that may be a GPU: then the node picks
-    between two, nsys (a GPU and nsys there) first, torch second. ConfigError as resolve()."""
+    config alone, for a dry run: resolve() as the node runs it, taking profilers as node_tool (or,
+    in a container, container_tool) finds them. One plan, except for profile=auto on a device that
+    may be a GPU: then the node picks between two, nsys (a GPU and nsys there) first, torch second.
+    ConfigError as resolve()."""
     may_use_gpu = device == "auto" or device.startswith("cuda")
     if not may_use_gpu:
         return [resolve(profile, on_gpu=False, device=device)]
-    with_gpu = resolve(profile, on_gpu=True, device=device, find_tool=node_tool)
+    with_gpu = resolve(profile, on_gpu=True, device=device, find_tool=container_tool if in_container else node_tool)
     if profile.name == "auto":
         return [with_gpu, resolve(profile, on_gpu=False, device=device)]
     return [with_gpu]
@@ -148,7 +159,7 @@ def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass
             rep = run_dir / capture.NSYS_REPORT
             if not rep.exists():
                 raise capture.ProfilerUnavailable(f"nsys wrote no report ({rep.name}); see worker.log")
-            profile_file = capture.export_sqlite(plan.nsys_path, rep)
+            profile_file = capture.export_sqlite(plan.nsys_path, rep, plan.tool_prefix)
             raw += [rep, profile_file]
         else:
             profile_file = run_dir / TORCH_TRACE
@@ -215,4 +226,4 @@ def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Pa
     if not report_path.exists():
         raise capture.ProfilerUnavailable(f"the ncu pass failed (counters not readable, or no kernel matched "
                                           f"{names}); see {work}/worker.log")
-    return capture.ncu_raw_csv(plan.ncu_path, report_path, run_dir / capture.NCU_CSV)
+    return capture.ncu_raw_csv(plan.ncu_path, report_path, run_dir / capture.NCU_CSV, plan.tool_prefix)

@@ -13,9 +13,12 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from ghsweep.config.validate import ConfigError
-from ghsweep.launch.container import check_container, container_prefix
+from ghsweep.launch.container import check_container, container_prefix, tool_finder
+from ghsweep.launch.job import plan_profile
 from ghsweep.launch.worker_process import worker_command
+from ghsweep.profile import capture
 from tests.conftest import CONF_DIR
+from tests.launch.stand_ins import fake_runtime
 
 
 def config(*overrides: str):
@@ -65,3 +68,35 @@ def test_missing_image_or_runtime_fails_before_training(tmp_path, monkeypatch):
     no_runtime = config("experiment=smoke", f"container.image={image}", "container.runtime=apptainer")
     with pytest.raises(ConfigError, match=r"^container.runtime=apptainer: not found on PATH of this node"):
         check_container(no_runtime)
+
+
+def test_profilers_are_looked_up_and_exported_inside_the_container(tmp_path, monkeypatch):
+    # The host has the runtime but no nsys; the image brings nsys (not ncu), as NGC images bring theirs.
+    host_bin, image = tmp_path / "host_bin", tmp_path / "ghsweep-nemo.sif"
+    fake_runtime(host_bin)
+    image_bin = Path(f"{image}.bin")
+    image_bin.mkdir()
+    (image_bin / "nsys").write_text('#!/bin/sh\nfor a in "$@"; do case "$a" in --output=*) : > "${a#--output=}";; esac; done\n')
+    (image_bin / "nsys").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{host_bin}:/usr/bin:/bin")
+    image.touch()
+    cfg = config("hydra/launcher=gh200", "experiment=smoke", f"container.image={image}", "profile=nsys_ncu")
+    prefix = container_prefix(cfg, tmp_path)
+    find = tool_finder(prefix)
+    assert find("nsys", None) == "nsys"
+    assert find("nsys", str(image_bin / "nsys")) == str(image_bin / "nsys")
+    assert find("ncu", None) is None and capture.find_tool("nsys", None) is None
+
+    # The job's plan: nsys from the image, and ncu missing there is the one-line error before training.
+    with pytest.raises(ConfigError, match=r"^profile=nsys_ncu: ncu not found on PATH"):
+        plan_profile(cfg, tmp_path, on_gpu=True)
+    plan = plan_profile(config("hydra/launcher=gh200", "experiment=smoke", f"container.image={image}",
+                               "profile=nsys"), tmp_path, on_gpu=True)
+    assert (plan.nsys_path, plan.tool_prefix) == ("nsys", prefix)
+
+    # The export runs where the report was made: through the container, not on the host.
+    report = tmp_path / capture.NSYS_REPORT
+    report.touch()
+    assert capture.export_sqlite(plan.nsys_path, report, plan.tool_prefix) == tmp_path / capture.NSYS_SQLITE
+    with pytest.raises(FileNotFoundError):
+        capture.export_sqlite(plan.nsys_path, report)

@@ -13,9 +13,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from ghsweep.config.validate import ConfigError
+from ghsweep.launch.job import plan_profile
 from ghsweep.launch.worker_process import worker_command
 from ghsweep.profile.plan import profiler_prefix, resolve
 from tests.conftest import CONF_DIR, run_cli
+from tests.launch.stand_ins import fake_runtime, tool
 
 
 def blocks(stdout: str) -> list[list[str]]:
@@ -119,9 +121,9 @@ def overrides_of(name: str) -> dict[str, str]:
 
 def node_command(overrides: dict[str, str], run_dir: Path, on_gpu: bool) -> list[str]:
     """What the job builds on a node with (on_gpu) or without a GPU, for the same config, on this
-    machine's PATH: the plan (resolve) and the worker command as ghsweep.launch.job.run_one makes them."""
+    machine's PATH: the plan (plan_profile) and the worker command as ghsweep.launch.job.run_one makes them."""
     cfg = compose_config(*(f"{k}={v}" for k, v in overrides.items()))
-    plan = resolve(cfg.profile, on_gpu=on_gpu, device=str(cfg.device))
+    plan = plan_profile(cfg, run_dir, on_gpu)
     return worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, plan))
 
 
@@ -130,20 +132,13 @@ def compose_config(*overrides: str):
         return compose(config_name="config", overrides=list(overrides))
 
 
-def tool(directory: Path, name: str) -> Path:
-    """An executable standing in for an installed nsys/ncu (nothing runs it in a dry run)."""
-    directory.mkdir(exist_ok=True)
-    path = directory / name
-    path.write_text("#!/bin/sh\nexit 0\n")
-    path.chmod(0o755)
-    return path
-
-
 def test_nsys_worker_command_is_the_one_the_job_runs_with_and_without_container(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     nsys, _ = tool(bin_dir, "nsys"), tool(bin_dir, "ncu")
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")  # the node's nsys and ncu, found on PATH
     image = tmp_path / "ghsweep-nemo.sif"
+    # The image brings its own nsys and ncu; the host's are not used inside it.
+    fake_runtime(bin_dir), tool(Path(f"{image}.bin"), "nsys"), tool(Path(f"{image}.bin"), "ncu")
     proc = run_cli(["-m", "hydra/launcher=gh200", "experiment=smoke", "device=auto", "profile=nsys,nsys_ncu,auto",
                     f"container.image={image},null", "dry_run=true"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -156,7 +151,8 @@ def test_nsys_worker_command_is_the_one_the_job_runs_with_and_without_container(
         assert printed == node_command(overrides, run_dir, on_gpu=True), name
         # Outside-in: the container, nsys inside it, then the worker's python.
         python = "python3" if overrides["container.image"] != "null" else sys.executable
-        at = printed.index(str(nsys))
+        # In the container the image's PATH resolves nsys; on the host, the one found here.
+        at = printed.index("nsys" if python == "python3" else str(nsys))
         assert printed[at + 1] == "profile" and f"--output={run_dir / 'profile'}" in printed
         assert printed[printed.index(python):] == [python, "-m", "ghsweep.train.worker", str(run_dir)]
         assert at < printed.index(python)
@@ -169,6 +165,9 @@ def test_nsys_worker_command_is_the_one_the_job_runs_with_and_without_container(
             assert block["profile"].startswith(f"auto, {NODE_MARK}: Nsight Systems over steps 5-7")
             assert shlex.split(block["else"]) == node_command(overrides, run_dir, on_gpu=False)
             assert str(nsys) not in block["else"]
+        elif python == "python3":
+            assert f"nsys {NODE_MARK} (inside the container: the first on the image's PATH)" in block["profile"]
+            assert "else" not in block
         else:
             assert f"nsys {NODE_MARK} (the first on its PATH; here: {nsys})" in block["profile"]
             assert "else" not in block
