@@ -49,6 +49,8 @@ def mlflow_server(tmp_path_factory):
 
 # Modules whose tests share the session's smoke sweep: one worker runs them, so the sweep runs once.
 SMOKE_SWEEP_MODULES = {"tests/launch/test_sweep.py", "tests/report/test_cli.py"}
+# The longest module (~10 min of SLURM jobs on 2 cores) starts first, so it does not run on alone at the end.
+FIRST_MODULE = "tests/launch/test_slurm.py"
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups on its workers
@@ -61,6 +63,7 @@ def pytest_collection_modifyitems(config, items):
     """
     import torch
 
+    items.sort(key=lambda item: not item.nodeid.startswith(FIRST_MODULE + "::"))
     for item in items:
         module = item.nodeid.split("::", 1)[0]
         group = "gpu" if "gpu" in item.keywords else "smoke_sweep" if module in SMOKE_SWEEP_MODULES else module

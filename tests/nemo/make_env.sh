@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 venv="${GHSWEEP_NEMO_VENV:-.venv-nemo}"
-pip_install() { "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@"; }
+# --no-compile: Python compiles what NeMo imports on first use, not the whole 2.6 GB up front.
+pip_install() { "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile "$@"; }
 
 # Debian's own python3 has venv only with the python3-venv package; virtualenv (PyPI) needs nothing.
 python3 -m venv "$venv" || { python3 -m pip install --quiet virtualenv && python3 -m virtualenv --quiet "$venv"; }
