@@ -32,7 +32,7 @@ from ghsweep.launch.slurm_jobs import JobTimeout
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.launch.worker_process import WORKER_LOG, WorkerExit, run_worker, worker_command
 from ghsweep.profile.capture import find_tool
-from ghsweep.profile.plan import ProfilePlan, after_worker, profiler_prefix, resolve as resolve_profile
+from ghsweep.profile.plan import ProfileOutcome, ProfilePlan, after_worker, profiler_prefix, resolve as resolve_profile
 from ghsweep.report.run_report import write_run_report
 from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, flatten
 
@@ -126,6 +126,7 @@ def run_one(cfg: DictConfig) -> RunResult:
     # On disk from the start: a job killed from outside leaves its MLflow run id to whoever settles it.
     dataclasses.replace(result, status="RUNNING").save()
     summary: dict = {}
+    profile = ProfileOutcome()
     try:
         missing = sorted(OmegaConf.missing_keys(cfg))
         if missing:
@@ -154,8 +155,6 @@ def run_one(cfg: DictConfig) -> RunResult:
             profile = after_worker(cfg, run_dir, profile_plan, lambda prefix, work: run_worker(
                 worker_command(cfg, work, prefix), work, timeout_s).returncode)
             result.metrics.update(profile.metrics)
-            store.set_tags(run_id, profile.tags)
-            store.log_artifacts(run_id, profile.artifacts, "profile")
         else:
             result.error = failure_reason(run_dir, exit, cfg.worker.timeout_min)
     except (ConfigError, JobTimeout) as exc:
@@ -171,15 +170,32 @@ def run_one(cfg: DictConfig) -> RunResult:
 
     if result.error:
         log.error("%s: FAILED: %s", name, result.error)
-    _record(store, run_id, cfg, run_dir, result, summary, started)
+    try:
+        _record(store, run_id, cfg, run_dir, result, summary, profile, started)
+    except Exception:  # MLflow unreachable even after retries: the run's own files hold the record
+        log.exception("%s: the MLflow record is incomplete; the run's record is complete in %s", name, run_dir)
     return result
 
 
+def _finish_timing(result: RunResult, started: float, record_started: float) -> None:
+    result.timing["record_s"] = time.time() - record_started
+    result.timing["wall_s"] = time.time() - started
+    if "train_s" in result.timing:
+        result.timing["overhead_s"] = result.timing["wall_s"] - result.timing["train_s"]
+
+
 def _record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, result: RunResult,
-            summary: dict, started: float) -> None:
-    """Report, result.json and MLflow: everything the run measured, whatever its status."""
+            summary: dict, profile: ProfileOutcome, started: float) -> None:
+    """Report, result.json and MLflow: everything the run measured, whatever its status.
+
+    The files come first, so an MLflow outage cannot take them with it; result.json is written
+    again at the end with the time the record itself took.
+    """
     record_started = time.time()
     info = summary.get("info", {})
+    _finish_timing(result, started, record_started)
+    write_run_report(result, cfg, info, run_dir / "report.md")
+    result.save()
     tags = {
         "ghsweep.status": result.status,
         "ghsweep.torch_version": info.get("torch_version", _package_version("torch")),
@@ -188,7 +204,7 @@ def _record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, res
     tags.update({f"ghsweep.{k}": v for k, v in info.items() if k not in ("torch_version", "device_name")})
     if result.error:
         tags["ghsweep.error"] = result.error
-    store.set_tags(run_id, tags)
+    store.set_tags(run_id, {**tags, **profile.tags})
 
     points = []
     metrics_file = run_dir / "metrics.jsonl"
@@ -200,10 +216,7 @@ def _record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, res
                if k != "first_loss" and isinstance(v, (int, float)) and not isinstance(v, bool)]
     store.log_metrics(run_id, points)
 
-    result.timing["record_s"] = time.time() - record_started
-    result.timing["wall_s"] = time.time() - started
-    if "train_s" in result.timing:
-        result.timing["overhead_s"] = result.timing["wall_s"] - result.timing["train_s"]
+    _finish_timing(result, started, record_started)
     store.log_metrics(run_id, [(k, v, 0) for k, v in result.timing.items()])
     write_run_report(result, cfg, info, run_dir / "report.md")
     result.save()
@@ -211,4 +224,5 @@ def _record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, res
     artifacts = ["config.yaml", "overrides.yaml", WORKER_LOG, "report.md", "metrics.jsonl", "summary.json", "result.json",
                  "recipe.txt", "recipe.json"]
     store.log_artifacts(run_id, [run_dir / a for a in artifacts])
+    store.log_artifacts(run_id, profile.artifacts, "profile")
     store.finish(run_id, result.status)
