@@ -27,10 +27,7 @@ def describe(num: int, name: str, run_dir: Path, cfg: DictConfig, launch: str) -
     """One combination: its run directory, its worker command, how it is launched and profiled."""
     lines = [f"#{num} {name}", f"  run dir: {run_dir}"]
     try:
-        in_container = container_prefix(cfg, run_dir)
-        plans = plans_from_config(cfg.profile, str(cfg.device), in_container=bool(in_container))
-        for plan in plans:
-            plan.tool_prefix = in_container
+        plans = plans_from_config(cfg.profile, str(cfg.device), container_prefix(cfg, run_dir))
         commands = [shlex.join(worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, p))) for p in plans]
     except ConfigError as exc:
         plans, commands = [], [f"(not runnable) {exc}"]

@@ -104,19 +104,22 @@ def container_tool(name: str, configured: str | None) -> str:
     return str(Path(configured)) if configured else name
 
 
-def plans_from_config(profile: DictConfig, device: str, in_container: bool = False) -> list[ProfilePlan]:
+def plans_from_config(profile: DictConfig, device: str, tool_prefix: list[str] | None = None) -> list[ProfilePlan]:
     """The plans a run of this config can get on its node, decided on the submitting side from the
     config alone, for a dry run: resolve() as the node runs it, taking profilers as node_tool (or,
-    in a container, container_tool) finds them. One plan, except for profile=auto on a device that
-    may be a GPU: then the node picks between two, nsys (a GPU and nsys there) first, torch second.
-    ConfigError as resolve()."""
+    under a container's `tool_prefix`, container_tool) finds them. One plan, except for
+    profile=auto on a device that may be a GPU: then the node picks between two, nsys (a GPU and
+    nsys there) first, torch second. ConfigError as resolve()."""
     may_use_gpu = device == "auto" or device.startswith("cuda")
     if not may_use_gpu:
-        return [resolve(profile, on_gpu=False, device=device)]
-    with_gpu = resolve(profile, on_gpu=True, device=device, find_tool=container_tool if in_container else node_tool)
-    if profile.name == "auto":
-        return [with_gpu, resolve(profile, on_gpu=False, device=device)]
-    return [with_gpu]
+        plans = [resolve(profile, on_gpu=False, device=device)]
+    else:
+        plans = [resolve(profile, on_gpu=True, device=device, find_tool=container_tool if tool_prefix else node_tool)]
+        if profile.name == "auto":
+            plans.append(resolve(profile, on_gpu=False, device=device))
+    for plan in plans:
+        plan.tool_prefix = list(tool_prefix or [])
+    return plans
 
 
 def profiler_prefix(cfg: DictConfig, run_dir: Path, plan: ProfilePlan) -> list[str]:
