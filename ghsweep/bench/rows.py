@@ -13,7 +13,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from ghsweep.train.flops import ModelShape, flops_per_token, peak_tflops
+from ghsweep.train.flops import ModelShape, add_throughput_metrics, flops_per_token
 
 LLAMA2_7B = dict(hidden_size=4096, intermediate_size=11008, num_layers=32, num_attention_heads=32,
                  num_key_value_heads=32, vocab_size=32000)
@@ -42,7 +42,7 @@ ROWS: dict[str, dict] = {
 def run_ours(overrides: list[str], seq: int, steps: int, warmup: int, layers: int) -> dict:
     from hydra import compose, initialize_config_dir
 
-    from ghsweep.train.unified_memory import setup_unified_memory
+    from ghsweep.train.worker import load_backend
 
     conf = Path(__file__).resolve().parents[2] / "conf"
     lora = [f"peft.r={LORA_RANK}", f"peft.alpha={LORA_RANK}"] if "peft=lora" in overrides else []
@@ -54,11 +54,9 @@ def run_ours(overrides: list[str], seq: int, steps: int, warmup: int, layers: in
             # The usual stack trains one causal block per sequence; do the same work here.
             "data.packing_mask=causal", *lora, *overrides,
         ])
-    managed = setup_unified_memory(cfg.memory) if cfg.memory.name == "unified" else None
-    from ghsweep.train import torch_backend  # after the allocator is set: transformers initialises CUDA
-
+    backend, managed = load_backend(cfg)
     with tempfile.TemporaryDirectory() as run_dir:
-        summary = torch_backend.train(cfg, Path(run_dir), managed)
+        summary = backend.train(cfg, Path(run_dir), managed)
     m = summary["metrics"]
     return {"step_time_ms": m["step_time_ms"], "tokens_per_s": m["tokens_per_s"], "peak_mem_gb": m["peak_mem_gb"],
             "tflops_per_gpu": m["tflops_per_gpu"], "mfu": m.get("mfu"), "info": summary["info"]}
@@ -73,12 +71,11 @@ def run_usual(settings: dict, seq: int, steps: int, warmup: int, layers: int) ->
     times, peak = train_steps(shape, seq, steps, settings["peft"], settings["compile"], settings.get("float8", False),
                               LORA_RANK)
     step_ms = statistics.median(times[warmup:])
-    tokens_per_s = seq / (step_ms / 1000)
+    row = {"step_time_ms": step_ms, "tokens_per_s": seq / (step_ms / 1000), "peak_mem_gb": peak, "mfu": None}
     lora = settings["peft"] != "none"
-    tflops = flops_per_token(shape, seq, LORA_RANK if lora else None) * tokens_per_s / 1e12
-    peak_t = peak_tflops(torch.cuda.get_device_name(), "fp8" if settings.get("float8") else "bf16")
-    return {"step_time_ms": step_ms, "tokens_per_s": tokens_per_s, "peak_mem_gb": peak, "tflops_per_gpu": tflops,
-            "mfu": tflops / peak_t if peak_t else None}
+    add_throughput_metrics(row, flops_per_token(shape, seq, LORA_RANK if lora else None), torch.cuda.get_device_name(),
+                           "fp8" if settings.get("float8") else "bf16")
+    return row
 
 
 def main(argv: list[str]) -> int:

@@ -67,7 +67,7 @@ def _check_choice(key: str, value, accepted) -> None:
         raise ConfigError(f"{key}={value}: not an accepted value; accepted: {_accepted(accepted)}")
 
 
-def _check_int(key: str, value, minimum: int) -> None:
+def check_int(key: str, value, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{key}={value}: must be an integer >= {minimum}")
 
@@ -135,11 +135,11 @@ def _validate_model(cfg: DictConfig, model: ModelFacts) -> None:
 
 def _validate_train(cfg: DictConfig, model: ModelFacts) -> None:
     t = cfg.train
-    _check_int("train.max_steps", t.max_steps, 1)
-    _check_int("train.micro_batch_size", t.micro_batch_size, 1)
-    _check_int("train.warmup_steps", t.warmup_steps, 0)
-    _check_int("train.log_every", t.log_every, 1)
-    _check_int("train.seq_length", t.seq_length, 8)
+    check_int("train.max_steps", t.max_steps, 1)
+    check_int("train.micro_batch_size", t.micro_batch_size, 1)
+    check_int("train.warmup_steps", t.warmup_steps, 0)
+    check_int("train.log_every", t.log_every, 1)
+    check_int("train.seq_length", t.seq_length, 8)
     _check_choice("train.compile", t.compile, ("auto", True, False))
     _check_choice("train.attention", t.attention, ("auto", "cudnn", "flash", "efficient", "math"))
     if t.seq_length > model.max_position_embeddings:
@@ -154,7 +154,7 @@ def _validate_peft(cfg: DictConfig, model: ModelFacts) -> None:
     _check_choice("peft", peft.name, ("lora", "none"))
     if peft.name == "none":
         return
-    _check_int("peft.r", peft.r, 1)
+    check_int("peft.r", peft.r, 1)
     if not isinstance(peft.alpha, (int, float)) or peft.alpha <= 0:
         raise ConfigError(f"peft.alpha={peft.alpha}: must be a number > 0")
     if not isinstance(peft.dropout, (int, float)) or not 0 <= peft.dropout < 1:
@@ -198,7 +198,7 @@ def _validate_offload(cfg: DictConfig, model: ModelFacts) -> None:
     if not o.enabled:
         return
     layers = model.num_layers
-    _check_int("offload.num_layers", o.num_layers, 1)
+    check_int("offload.num_layers", o.num_layers, 1)
     if o.num_layers > layers:
         raise ConfigError(
             f"offload.num_layers={o.num_layers}: {model.source} has only {layers} layers; "
@@ -208,9 +208,9 @@ def _validate_offload(cfg: DictConfig, model: ModelFacts) -> None:
 
 def _validate_dataloader(cfg: DictConfig) -> None:
     dl = cfg.dataloader
-    _check_int("dataloader.num_workers", dl.num_workers, 0)
+    check_int("dataloader.num_workers", dl.num_workers, 0)
     if dl.prefetch_factor is not None:
-        _check_int("dataloader.prefetch_factor", dl.prefetch_factor, 1)
+        check_int("dataloader.prefetch_factor", dl.prefetch_factor, 1)
 
 
 NSYS_TRACES = ("cuda", "nvtx", "osrt", "cudnn", "cublas", "cublas-verbose", "cusparse", "cusparse-verbose",
@@ -229,4 +229,4 @@ def _validate_profile(cfg: DictConfig) -> None:
             _check_choice("profile.nsys.trace", trace, NSYS_TRACES)
         _check_choice("profile.nsys.um_page_faults", p.nsys.um_page_faults, ("auto", True, False))
     if "ncu" in p:
-        _check_int("profile.ncu.top_k", p.ncu.top_k, 1)
+        check_int("profile.ncu.top_k", p.ncu.top_k, 1)

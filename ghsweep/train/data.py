@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
+from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
 IGNORE_INDEX = -100
@@ -89,6 +90,13 @@ def load_dolly_jsonl(path: str | Path, limit: int | None = None) -> list[dict]:
             if limit is not None and len(records) >= limit:
                 break
     return records
+
+
+def load_records(data: DictConfig, seed: int) -> list[dict]:
+    """The run's dolly records: `data.path` when set, else the synthetic set."""
+    if data.path:
+        return load_dolly_jsonl(data.path, data.num_examples)
+    return synthetic_dolly(data.num_examples, seed=seed)
 
 
 def write_dolly_jsonl(records: list[dict], path: str | Path) -> None:

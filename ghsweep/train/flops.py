@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from omegaconf import DictConfig
+
 # Dense tensor-core peaks in TFLOP/s (datasheet, SXM parts), by device-name fragment.
 PEAK_TFLOPS = {
     "GH200": {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "fp32": 66.9},
@@ -43,6 +45,13 @@ def flops_per_token(shape: ModelShape, seq_length: int, lora_rank: int | None, l
     # Adapters: two thin GEMMs per targeted projection, trained (3x); roughly r*(in+out) each.
     adapter_fwd = 2 * layers * lora_modules * lora_rank * 2 * h
     return 2 * linear_fwd + 3 * attention_fwd + 3 * adapter_fwd
+
+
+def run_flops_per_token(shape: ModelShape, cfg: DictConfig) -> float:
+    """flops_per_token for a run: its sequence length, and LoRA's rank and targets when peft=lora."""
+    if cfg.peft.name != "lora":
+        return flops_per_token(shape, cfg.train.seq_length, None)
+    return flops_per_token(shape, cfg.train.seq_length, cfg.peft.r, len(cfg.peft.target_modules))
 
 
 def peak_tflops(device_name: str, precision: str) -> float | None:

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from ghsweep.profile.torch_capture import torch_capture
 from ghsweep.train import data as dolly
-from ghsweep.train.flops import ModelShape, add_throughput_metrics, flops_per_token
+from ghsweep.train.flops import ModelShape, add_throughput_metrics, run_flops_per_token
 from ghsweep.train.loss import causal_lm_loss
 from ghsweep.train.model import apply_peft, build_model, count_parameters, pad_token_id
 from ghsweep.train.phases import Phases
@@ -56,11 +56,7 @@ def peak_memory_gib(device: torch.device) -> float:
 
 
 def load_blocks(cfg: DictConfig, tokenizer) -> dolly.PackedBlocks:
-    if cfg.data.path:
-        records = dolly.load_dolly_jsonl(cfg.data.path, cfg.data.num_examples)
-    else:
-        records = dolly.synthetic_dolly(cfg.data.num_examples, seed=cfg.seed)
-    examples = (dolly.tokenize(r, tokenizer) for r in records)
+    examples = (dolly.tokenize(r, tokenizer) for r in dolly.load_records(cfg.data, cfg.seed))
     return dolly.pack(examples, cfg.train.seq_length, pad_token_id(tokenizer))
 
 
@@ -171,7 +167,7 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
     shape = ModelShape(**{k: causal_lm.config.to_dict()[k] for k in (
         "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")},
         num_layers=causal_lm.config.num_hidden_layers)
-    flops = flops_per_token(shape, cfg.train.seq_length, cfg.peft.r if lora else None, len(cfg.peft.get("target_modules", [])))
+    flops = run_flops_per_token(shape, cfg)
     peak = add_throughput_metrics(metrics, flops, name, precision.name)
     info = {
         "device": str(device),

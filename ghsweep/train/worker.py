@@ -12,8 +12,32 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
+
+if TYPE_CHECKING:  # imported for real in load_backend, before anything touches CUDA
+    from ghsweep.train.unified_memory import ManagedMemory
+
+
+def load_backend(cfg: DictConfig) -> tuple[ModuleType, ManagedMemory | None]:
+    """(the backend module, the managed-memory allocator with memory=unified, else None).
+
+    The allocator is set up before the backend's imports: transformers initialises CUDA on import,
+    and the allocator can only be swapped before that.
+    """
+    if cfg.backend.name not in ("torch", "nemo"):
+        raise ValueError(f"backend={cfg.backend.name} is not known; accepted: torch, nemo")
+    from ghsweep.train.unified_memory import setup_unified_memory
+
+    managed = setup_unified_memory(cfg.memory) if cfg.memory.name == "unified" else None
+    # Imported only for its backend: the base install has no NeMo.
+    if cfg.backend.name == "nemo":
+        from ghsweep.train.nemo import backend
+    else:
+        from ghsweep.train import torch_backend as backend
+    return backend, managed
 
 
 def main(argv: list[str]) -> int:
@@ -24,19 +48,7 @@ def main(argv: list[str]) -> int:
     ready_at = time.time()
     cfg = OmegaConf.load(run_dir / "config.yaml")
     try:
-        if cfg.backend.name not in ("torch", "nemo"):
-            raise ValueError(f"backend={cfg.backend.name} is not known; accepted: torch, nemo")
-        # Before the backend's imports: transformers initialises CUDA on import, and the allocator
-        # can only be swapped before that.
-        from ghsweep.train.unified_memory import setup_unified_memory
-
-        managed = setup_unified_memory(cfg.memory) if cfg.memory.name == "unified" else None
-        # Imported only for its backend: the base install has no NeMo.
-        if cfg.backend.name == "nemo":
-            from ghsweep.train.nemo import backend
-        else:
-            from ghsweep.train import torch_backend as backend
-
+        backend, managed = load_backend(cfg)
         import_s = time.time() - ready_at
         summary = backend.train(cfg, run_dir, managed)
     except BaseException as exc:

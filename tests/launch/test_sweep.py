@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import mlflow
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import run_cli

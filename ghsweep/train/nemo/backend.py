@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig
 
 from ghsweep.train import data as dolly
-from ghsweep.train.flops import ModelShape, add_throughput_metrics, flops_per_token
+from ghsweep.train.flops import ModelShape, add_throughput_metrics, run_flops_per_token
 from ghsweep.train.nemo.metrics import StepMetricsCallback
 from ghsweep.train.nemo.recipe import DATASET_DIR, build_recipe, check_config, hf_import_path, save_recipe
 from ghsweep.train.torch_backend import device_name, peak_memory_gib
@@ -27,10 +27,7 @@ VALIDATION_RECORDS = 8
 
 def write_dataset(cfg: DictConfig, root: Path) -> int:
     """The run's dolly records in NeMo's fine-tuning format, one {"input", "output"} per line."""
-    if cfg.data.path:
-        records = dolly.load_dolly_jsonl(cfg.data.path, cfg.data.num_examples)
-    else:
-        records = dolly.synthetic_dolly(cfg.data.num_examples, seed=cfg.seed)
+    records = dolly.load_records(cfg.data, cfg.seed)
     root.mkdir(parents=True, exist_ok=True)
     splits = {"training.jsonl": records[VALIDATION_RECORDS:], "validation.jsonl": records[:VALIDATION_RECORDS]}
     for name, split in splits.items():
@@ -77,9 +74,7 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
     m = cfg.model
     shape = ModelShape(m.hidden_size, m.intermediate_size, m.num_layers, m.num_attention_heads,
                        m.num_key_value_heads, m.vocab_size)
-    lora = cfg.peft.name == "lora"
-    flops = flops_per_token(shape, cfg.train.seq_length, cfg.peft.r if lora else None,
-                            len(cfg.peft.target_modules) if lora else 7)
+    flops = run_flops_per_token(shape, cfg)
     name = device_name(device)
     peak = add_throughput_metrics(metrics, flops, name, cfg.precision.name,
                                   gpus=cfg.backend.num_nodes * cfg.backend.gpus_per_node)

@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from ghsweep.config.validate import ConfigError, model_facts
+from ghsweep.config.validate import ConfigError, check_int, model_facts
 
 # LoRA targets: transformers' module names -> Megatron's fused linear layers. Megatron fuses
 # q/k/v into one GEMM and gate/up into another, so a LoRA target is all of a group or none of it.
@@ -59,8 +59,7 @@ def check_config(cfg: DictConfig, runtime: bool) -> None:
     """
     b = cfg.backend
     for key in ("num_nodes", "gpus_per_node", "tensor_parallel", "pipeline_parallel"):
-        if isinstance(b[key], bool) or not isinstance(b[key], int) or b[key] < 1:
-            raise ConfigError(f"backend.{key}={b[key]}: must be an integer >= 1")
+        check_int(f"backend.{key}", b[key], 1)
     gpus = b.num_nodes * b.gpus_per_node
     if gpus % (b.tensor_parallel * b.pipeline_parallel):
         raise ConfigError(
@@ -128,7 +127,6 @@ def tokens_per_step(cfg: DictConfig) -> int:
 
 def build_recipe(cfg: DictConfig, run_dir: Path) -> Any:
     """The `run.Partial` of `llm.finetune` that trains `cfg`, logging into `run_dir`."""
-    import nemo_run as run
     from nemo.collections import llm
 
     b = cfg.backend
