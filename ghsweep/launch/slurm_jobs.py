@@ -125,7 +125,10 @@ def _record_lost(store: MlflowStore, manifest: SweepManifest, submitted: Submitt
 
     SLURM's account wins over what the job may have recorded while it was being stopped (a worker
     killed by SIGTERM is what a cancelled job looks like from inside); that stays in the reason.
+    A job settled before (`python -m ghsweep.status` run again) is left as it was recorded.
     """
+    if result is not None and result.status == status and (result.error or "").startswith(reason):
+        return result
     log.error("%s: %s: %s", submitted.name, status, reason)
     run_dir = Path(submitted.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -122,6 +122,13 @@ def test_job_cancelled_with_scancel_ends_killed_and_the_sweep_ends(mlflow_server
     assert json.loads((Path(long_job.run_dir) / "result.json").read_text())["status"] == "KILLED"
     (parent,) = runs(mlflow_server, "slurm_cancel", "sweep")
     assert parent.info.status == "FAILED"
+    # Collecting the ended sweep again changes nothing that was recorded.
+    again = subprocess.run([sys.executable, "-m", "ghsweep.status", str(sweep_dir)], capture_output=True, text=True,
+                           timeout=120)
+    assert "1 of 2 runs failed" in again.stdout + again.stderr, again.stderr[-2000:]
+    (still,) = [c for c in runs(mlflow_server, "slurm_cancel", "run") if c.data.params["train.max_steps"] == "5000"]
+    assert still.data.tags["ghsweep.error"] == cancelled.data.tags["ghsweep.error"]
+    assert json.loads((Path(long_job.run_dir) / "result.json").read_text())["error"] == cancelled.data.tags["ghsweep.error"]
 
 
 def test_time_limit_without_resumable_backend_is_recorded_timed_out(mlflow_server, tmp_path):
