@@ -291,8 +291,8 @@ def step_times(steps: list[db.Step], steady: list[db.Step]) -> dict:
 def whole_trace(con, schema: db.Schema, kernel_table: db.Table) -> dict:
     """Whole-trace totals computed the way `nsys stats` reports them (the cross-check)."""
     kernels = db.kernel_groups(con, kernel_table, None)
-    out: dict = {"kernels": kernels["ranked"][:WHOLE_TRACE_KERNELS], "kernel_count": kernels["count"],
-                 "kernel_total_ns": kernels["total_ns"]}
+    out: dict = {"kernels": kernels["ranked"][:WHOLE_TRACE_KERNELS], "distinct_kernels": len(kernels["ranked"]),
+                 "kernel_count": kernels["count"], "kernel_total_ns": kernels["total_ns"]}
     ops = {}
     if schema.has(db.MEMCPY):
         for kind, count, ns, nbytes in con.execute(

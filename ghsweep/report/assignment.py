@@ -51,9 +51,13 @@ def kernel_time_per_iteration(analysis: dict | None) -> dict[str, float]:
 
 
 def all_kernel_names(analysis: dict | None) -> set[str] | None:
-    """Every kernel name of the whole trace, when the analysis lists them (None: it does not)."""
-    kernels = ((analysis or {}).get("whole_trace") or {}).get("kernels")
-    return {k["name"] for k in kernels} if kernels else None
+    """Every kernel name of the whole trace, when the analysis lists them all (None: it does not,
+    e.g. only the first WHOLE_TRACE_KERNELS of a trace with more)."""
+    whole = (analysis or {}).get("whole_trace") or {}
+    kernels = whole.get("kernels")
+    if not kernels or len(kernels) < whole.get("distinct_kernels", len(kernels)):
+        return None
+    return {k["name"] for k in kernels}
 
 
 def profile_diff(baseline: dict | None, optimised: dict | None) -> list[KernelChange]:

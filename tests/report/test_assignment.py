@@ -52,6 +52,9 @@ def test_diff_of_hand_made_profiles_normalises_per_iteration():
     before.pop("whole_trace")
     assert {c.name: c.kind for c in profile_diff(after, before)}["fused"] == "left top"
     assert {c.name: c.kind for c in profile_diff(before, after)}["cast"] == "removed"
+    # A whole-trace list cut short (more distinct kernels than listed) cannot prove a kernel absent.
+    after["whole_trace"]["distinct_kernels"] = 60
+    assert {c.name: c.kind for c in profile_diff(before, after)}["cast"] == "left top"
 
 
 def test_diff_of_real_profiles_unified_memory_vs_clean():
