@@ -100,8 +100,9 @@ def node_tool(name: str, configured: str | None) -> str:
 
 def container_tool(name: str, configured: str | None) -> str:
     """The path a dry run takes for a profiler looked up inside the run's container on the node:
-    the configured path, else the bare name (the image's PATH decides, not this machine's)."""
-    return str(Path(configured)) if configured else name
+    the configured path as written, else the bare name (the image's PATH decides, not this
+    machine's): what the job's lookup in the container (container.tool_finder) keeps."""
+    return configured or name
 
 
 def plans_from_config(profile: DictConfig, device: str, tool_prefix: list[str] | None = None) -> list[ProfilePlan]:
