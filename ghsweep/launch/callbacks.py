@@ -19,6 +19,9 @@ from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri
 
 log = logging.getLogger(__name__)
 
+# Only ghsweep's SLURM launcher returns at once and records its jobs for `python -m ghsweep.status`.
+GHSWEEP_SLURM_LAUNCHER = "hydra_plugins.ghsweep_launcher.ghsweep_launcher.SlurmLauncher"
+
 
 def collect_results(sweep_dir: Path) -> list[RunResult]:
     """Every job's result.json under the sweep directory, in job order."""
@@ -30,7 +33,7 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.dry_run:
             return
-        if not config.wait and not config.hydra.launcher._target_.endswith("SlurmLauncher"):
+        if not config.wait and config.hydra.launcher._target_ != GHSWEEP_SLURM_LAUNCHER:
             # SystemExit: Hydra turns a callback's exceptions into warnings and would run the sweep anyway.
             raise SystemExit(f"wait=false: needs a SLURM launcher profile (e.g. hydra/launcher=gh200); "
                              f"this sweep uses hydra/launcher={config.hydra.runtime.choices['hydra/launcher']}")

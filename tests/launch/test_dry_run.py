@@ -89,6 +89,11 @@ def test_wait_false_needs_a_slurm_launcher(tmp_path):
     assert "wait=false: needs a SLURM launcher profile (e.g. hydra/launcher=gh200); this sweep uses " \
            "hydra/launcher=local" in proc.stderr
     assert_nothing_ran(tmp_path)
+    # hydra-submitit-launcher's own SLURM launcher blocks and records no jobs for `ghsweep.status`.
+    proc = run_cli(["-m", "experiment=smoke", "wait=false", "hydra/launcher=submitit_slurm"], tmp_path)
+    assert proc.returncode != 0
+    assert "this sweep uses hydra/launcher=submitit_slurm" in proc.stderr, proc.stderr[-2000:]
+    assert_nothing_ran(tmp_path)
 
 
 # --- The worker command a dry run prints is the one the job builds on the node (profile plans) ---
