@@ -13,6 +13,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
+from ghsweep.errors import one_line
 from ghsweep.train.flops import ModelShape, add_throughput_metrics, flops_per_token
 
 LLAMA2_7B = dict(hidden_size=4096, intermediate_size=11008, num_layers=32, num_attention_heads=32,
@@ -96,7 +97,7 @@ def main(argv: list[str]) -> int:
         result["ok"] = True
     except Exception as exc:  # a row that fails is reported in the table, not fatal to the benchmark
         traceback.print_exc()
-        result = {"ok": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+        result = {"ok": False, "error": one_line(exc)}
     args.out.write_text(json.dumps({"row": args.name, **result}))
     return 0
 

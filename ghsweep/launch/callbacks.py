@@ -11,6 +11,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from ghsweep.errors import one_line
 from ghsweep.launch.run_result import RESULT_FILE, RunResult
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.report.compare import COMPARISON_DIR, report_comparison
@@ -37,6 +38,14 @@ class SweepCallback(Callback):
             # SystemExit: Hydra turns a callback's exceptions into warnings and would run the sweep anyway.
             raise SystemExit(f"wait=false: needs a SLURM launcher profile (e.g. hydra/launcher=gh200); "
                              f"this sweep uses hydra/launcher={config.hydra.runtime.choices['hydra/launcher']}")
+        try:
+            self._start_sweep(config)
+        except Exception as exc:  # as above: the jobs must not run without their parent run and manifest
+            raise SystemExit(f"ghsweep: the sweep's MLflow run could not be created at {config.tracking.uri}: "
+                             f"{one_line(exc)}") from exc
+
+    @staticmethod
+    def _start_sweep(config: DictConfig) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         uri = absolute_tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
         store = MlflowStore(uri, config.tracking.experiment)

@@ -22,6 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from ghsweep.errors import one_line
 from ghsweep.config.validate import ConfigError, run_device, validate
 from ghsweep.launch.container import check_container, container_prefix, tool_finder
 from ghsweep.launch.device_probe import probe_gpu
@@ -162,7 +163,7 @@ def run_one(cfg: DictConfig) -> RunResult:
     except Exception as exc:  # a bug or an outage of ours must not stop the sweep or lose the run
         log.exception("%s: ghsweep failed around the worker", name)
         result.status = "FAILED"
-        result.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        result.error = one_line(exc)
     except KeyboardInterrupt:
         store.set_tags(run_id, {"ghsweep.error": "interrupted by the user"})
         store.finish(run_id, "KILLED")

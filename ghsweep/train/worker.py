@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
+from ghsweep.errors import first_line
+
 if TYPE_CHECKING:  # imported for real in load_backend, before anything touches CUDA
     from ghsweep.train.unified_memory import ManagedMemory
 
@@ -52,7 +54,7 @@ def main(argv: list[str]) -> int:
         import_s = time.time() - ready_at
         summary = backend.train(cfg, run_dir, managed)
     except BaseException as exc:
-        error = {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[0] if str(exc).strip() else ""}
+        error = {"type": type(exc).__name__, "message": first_line(exc)}
         (run_dir / "worker_error.json").write_text(json.dumps(error))
         traceback.print_exc()
         return 1
