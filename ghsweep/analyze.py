@@ -12,8 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from ghsweep.profile.capture import NCU_CSV, NSYS_REPORT, NSYS_SQLITE, ProfilerUnavailable
-from ghsweep.profile.torch_capture import TORCH_TRACE
+from ghsweep.profile.capture import NCU_CSV, NSYS_REPORT, NSYS_SQLITE, TORCH_TRACE, ProfilerUnavailable
 from ghsweep.profile import report
 from ghsweep.profile.analysis import analyze
 from ghsweep.profile.findings import evaluate, summary

@@ -18,6 +18,7 @@ NSYS_REPORT = "profile.nsys-rep"
 NSYS_SQLITE = "profile.sqlite"
 NCU_REPORT = "top_kernels.ncu-rep"
 NCU_CSV = "top_kernels_ncu.csv"
+TORCH_TRACE = "torch_trace.json"  # the PyTorch profiler's Chrome trace (profile=torch)
 
 
 class ProfilerUnavailable(RuntimeError):

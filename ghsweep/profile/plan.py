@@ -21,7 +21,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.config.validate import ConfigError
 from ghsweep.profile import capture, plots, report
-from ghsweep.profile.torch_capture import TORCH_TRACE
 
 log = logging.getLogger(__name__)
 
@@ -166,9 +165,9 @@ def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass
             profile_file = capture.export_sqlite(plan.nsys_path, rep, plan.tool_prefix)
             raw += [rep, profile_file]
         else:
-            profile_file = run_dir / TORCH_TRACE
+            profile_file = run_dir / capture.TORCH_TRACE
             if not profile_file.exists():
-                raise capture.ProfilerUnavailable(f"the PyTorch profiler wrote no trace ({TORCH_TRACE}): the capture "
+                raise capture.ProfilerUnavailable(f"the PyTorch profiler wrote no trace ({capture.TORCH_TRACE}): the capture "
                                                   "window (capture.start_step, capture.num_steps) never ran")
             raw.append(profile_file)
         ncu_csv = None

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import torch
 
-TORCH_TRACE = "torch_trace.json"
+from ghsweep.profile.capture import TORCH_TRACE
+from ghsweep.profile.plan import ProfilePlan
+
 
 
 class TorchCapture:
@@ -47,8 +49,6 @@ class TorchCapture:
 def torch_capture(run_dir: Path, device: torch.device, start_step: int, num_steps: int) -> TorchCapture:
     """The capture a worker runs with: active when the run's profile plan says torch (profile=torch,
     or profile=auto without nsys or GPU), a no-op otherwise."""
-    from ghsweep.profile.plan import ProfilePlan
-
     plan = ProfilePlan.load(run_dir)
     path = run_dir / TORCH_TRACE if plan is not None and plan.used == "torch" else None
     return TorchCapture(path, device, start_step, num_steps)
