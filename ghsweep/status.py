@@ -16,13 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
-from ghsweep.launch.callbacks import SweepCallback
+from ghsweep.launch.callbacks import finish_sweep
 from ghsweep.launch.slurm_jobs import JOBS_FILE, has_ended, load_jobs, settle
-
-# Hydra writes the sweep's composed config here when the sweep starts.
-SWEEP_CONFIG = "multirun.yaml"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,10 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
 
     settle(args.sweep_dir, jobs)
-    config = OmegaConf.load(args.sweep_dir / SWEEP_CONFIG)
-    config.hydra.sweep.dir = str(args.sweep_dir)
-    config.wait = True
-    SweepCallback().on_multirun_end(config)
+    finish_sweep(args.sweep_dir)
     return 0
 
 

@@ -30,6 +30,28 @@ def collect_results(sweep_dir: Path) -> list[RunResult]:
     return sorted(found, key=lambda r: (len(Path(r.run_dir).name), Path(r.run_dir).name))
 
 
+def finish_sweep(sweep_dir: Path) -> None:
+    """The end of a sweep whose jobs all ended: summary table, comparison report, the parent run
+    ended; SystemExit when a run failed. Run by the sweep itself, or by `python -m ghsweep.status`
+    for a sweep submitted with wait=false."""
+    manifest = SweepManifest.load(sweep_dir)
+    results = collect_results(sweep_dir)
+    table = format_table(results)
+    failed = [r for r in results if r.status != "FINISHED"]
+    print(f"\nghsweep: {len(results) - len(failed)} of {len(results)} runs finished "
+          f"(sweep directory {sweep_dir})\n{table}\n", flush=True)
+    (sweep_dir / "summary.md").write_text(f"# {manifest.command}\n\n```\n{table}\n```\n")
+    store = MlflowStore(manifest.tracking_uri, manifest.experiment)
+    store.set_tags(manifest.parent_run_id, {"ghsweep.runs": len(results), "ghsweep.failed_runs": len(failed)})
+    store.log_artifacts(manifest.parent_run_id, [sweep_dir / "summary.md"])
+    report_comparison(store, manifest.parent_run_id, sweep_dir / COMPARISON_DIR,
+                      [r.mlflow_run_id for r in results if r.mlflow_run_id])
+    store.finish(manifest.parent_run_id, "FAILED" if failed else "FINISHED")
+    if failed:
+        # Hydra's multirun has no exit status of its own; a failed combination must fail the command.
+        raise SystemExit(f"ghsweep: {len(failed)} of {len(results)} runs failed")
+
+
 class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.dry_run:
@@ -61,23 +83,7 @@ class SweepCallback(Callback):
         log.info("MLflow: sweep run %s in experiment '%s' at %s", parent, config.tracking.experiment, uri)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        # Without waiting, `python -m ghsweep.status` ends the sweep (through this method) once its jobs end.
+        # Without waiting, `python -m ghsweep.status` ends the sweep (finish_sweep) once its jobs end.
         if config.dry_run or not config.wait:
             return
-        sweep_dir = Path(config.hydra.sweep.dir)
-        manifest = SweepManifest.load(sweep_dir)
-        results = collect_results(sweep_dir)
-        table = format_table(results)
-        failed = [r for r in results if r.status != "FINISHED"]
-        print(f"\nghsweep: {len(results) - len(failed)} of {len(results)} runs finished "
-              f"(sweep directory {sweep_dir})\n{table}\n", flush=True)
-        (sweep_dir / "summary.md").write_text(f"# {manifest.command}\n\n```\n{table}\n```\n")
-        store = MlflowStore(manifest.tracking_uri, manifest.experiment)
-        store.set_tags(manifest.parent_run_id, {"ghsweep.runs": len(results), "ghsweep.failed_runs": len(failed)})
-        store.log_artifacts(manifest.parent_run_id, [sweep_dir / "summary.md"])
-        report_comparison(store, manifest.parent_run_id, sweep_dir / COMPARISON_DIR,
-                          [r.mlflow_run_id for r in results if r.mlflow_run_id])
-        store.finish(manifest.parent_run_id, "FAILED" if failed else "FINISHED")
-        if failed:
-            # Hydra's multirun has no exit status of its own; a failed combination must fail the command.
-            raise SystemExit(f"ghsweep: {len(failed)} of {len(results)} runs failed")
+        finish_sweep(Path(config.hydra.sweep.dir))
