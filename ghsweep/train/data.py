@@ -71,7 +71,7 @@ def sample_length(rng: random.Random, mean_tokens: float, max_tokens: int) -> in
     mu = math.log(mean_tokens) - LENGTH_SIGMA**2 / 2
     while True:
         length = round(rng.lognormvariate(mu, LENGTH_SIGMA))
-        if MIN_TOKENS <= length <= max_tokens:
+        if min(MIN_TOKENS, max_tokens) <= length <= max_tokens:
             return length
 
 

@@ -104,5 +104,6 @@ def test_synthetic_lengths_are_in_the_tokenizers_tokens():
 
 
 def test_synthetic_records_refuse_a_block_no_record_fits():
-    with pytest.raises(ValueError, match="train.seq_length=16"):
-        dolly.synthetic_dolly(3, seed=1, max_tokens=16)
+    for seq in (8, 16):
+        with pytest.raises(ValueError, match=f"train.seq_length={seq}"):
+            dolly.synthetic_dolly(3, seed=1, max_tokens=seq)
