@@ -58,7 +58,7 @@ def test_document_masking_equals_examples_trained_one_by_one_on_cpu():
 
 def test_causal_packing_lets_examples_see_each_other():
     packed, alone = _packed_and_alone("sdpa", torch.float32, "cpu", packing_mask="causal")
-    assert abs(packed - alone) > 1e-3
+    assert abs(packed - alone) / alone > 5e-5  # ten times what the equality test above allows
 
 
 @pytest.mark.gpu
