@@ -75,13 +75,13 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
         cfg.model, device, precision.frozen_dtype if lora else precision.trained_dtype, attention.hf_implementation
     )
     model = apply_peft(model, cfg.peft, precision.trained_dtype)
+    params_total, params_trainable = count_parameters(model)
     fp8_library = None
     if precision.name == "fp8":
         from ghsweep.train.fp8 import apply_fp8
 
         fp8_library = apply_fp8(model, cfg.precision, precision)
     model.train()
-    params_total, params_trainable = count_parameters(model)
 
     causal_lm = model.get_base_model() if lora else model
     decoder, lm_head = causal_lm.model, causal_lm.lm_head
