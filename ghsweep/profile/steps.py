@@ -1,0 +1,142 @@
+"""The training steps of a profile, whoever made it, and which of them are warm-up.
+
+Found, in this order:
+1. Named ranges (NVTX, or the PyTorch profiler's record_function): the common conventions,
+   case-insensitive, with or without separators and numbers (`step 3`, `step0`, `step_12`,
+   `Step 3`, `iteration 7`, `iter7`, `train_step`, `training_step`, `ProfilerStep#4`), nested
+   or not, on any thread. Ranges of one convention are one candidate; of several candidates the
+   one covering the most time wins (an outer `iteration` over its inner micro-`step`s). Unnumbered
+   ranges are numbered in time order.
+2. The repeating structure of the GPU work: one burst of optimizer kernels ends each step.
+3. Neither: no steps (the caller falls back to the whole trace and says so).
+
+Warm-up: leading steps much slower than the median of the steps after them (works from two
+steps on: a capture of steps 0-1 keeps step 1 only when step 0 is the slow start-up).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass, field
+
+import numpy as np
+
+STEP_NAME = re.compile(
+    r"^\s*(?P<kind>profiler[\s_]*step|train(?:ing)?[\s_\-]*(?:step|iter(?:ation)?|batch)|global[\s_\-]*step"
+    r"|step|iteration|iter)(?:[\s_#:.\-]*(?P<number>\d+))?\s*$",
+    re.IGNORECASE,
+)
+# SQL LIKE filters that keep every name STEP_NAME can match (LIKE is case-insensitive in SQLite).
+STEP_LIKE = ("%step%", "%iter%", "%batch%")
+# A leading step this much slower than the median of the steps after it is warm-up.
+WARMUP_FACTOR = 1.5
+# Between two optimizer kernels of one burst there are at most a few other kernels (grad-norm,
+# zeroing); between bursts a whole forward and backward. A gap of more other kernels than this,
+# and than half the largest gap, separates two bursts.
+BURST_MIN_GAP_KERNELS = 8
+
+NVTX_BASIS = "nvtx steps"
+INFERRED_BASIS = "inferred steps"
+WHOLE_TRACE = "whole trace"
+
+
+@dataclass(frozen=True)
+class Step:
+    step: int
+    start: int  # ns; CPU time for named ranges, GPU time for inferred steps
+    end: int
+
+    @property
+    def duration(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class Steps:
+    """The steps of a profile and how they were found."""
+    all: list[Step] = field(default_factory=list)
+    basis: str = WHOLE_TRACE  # NVTX_BASIS | INFERRED_BASIS | WHOLE_TRACE
+    source: str = ""  # what they were found from, in words
+    warmup: list[Step] = field(default_factory=list)
+    steady: list[Step] = field(default_factory=list)
+    warmup_reason: str = ""
+
+    def __post_init__(self):
+        self.warmup, self.steady, self.warmup_reason = split_warmup(self.all)
+
+
+def step_kind(name: str) -> tuple[str, int | None] | None:
+    """(convention, number) of a range named like a step, else None."""
+    match = STEP_NAME.match(name or "")
+    if not match:
+        return None
+    kind = re.sub(r"[\s_\-]", "", match.group("kind").lower())
+    number = match.group("number")
+    return kind, int(number) if number is not None else None
+
+
+def _outermost(ranges: list[tuple[int, int, int | None]]) -> list[tuple[int, int, int | None]]:
+    """Ranges not inside an earlier one (the same range on two threads, or a nested repeat)."""
+    kept: list[tuple[int, int, int | None]] = []
+    for start, end, number in sorted(ranges, key=lambda r: (r[0], -r[1])):
+        if kept and start < kept[-1][1]:
+            continue
+        kept.append((start, end, number))
+    return kept
+
+
+def from_ranges(ranges: list[tuple[str, int, int]], where: str) -> Steps | None:
+    """Steps from named ranges (name, start ns, end ns); None when no range is named like a step."""
+    families: dict[str, list[tuple[int, int, int | None]]] = {}
+    names: dict[str, str] = {}
+    for name, start, end in ranges:
+        kind = step_kind(name)
+        if kind is None or end is None or end <= start:
+            continue
+        families.setdefault(kind[0], []).append((start, end, kind[1]))
+        names.setdefault(kind[0], name)
+    if not families:
+        return None
+    best = max(families, key=lambda k: (sum(e - s for s, e, _ in _outermost(families[k])), len(families[k])))
+    kept = _outermost(families[best])
+    numbered = all(n is not None for _, _, n in kept) and len({n for _, _, n in kept}) == len(kept)
+    steps = [Step(n if numbered else i, s, e) for i, (s, e, n) in enumerate(kept)]
+    return Steps(steps, NVTX_BASIS, f'{where} named like "{names[best]}"')
+
+
+def from_optimizer_bursts(start: np.ndarray, end: np.ndarray, optimizer: np.ndarray, what: str) -> Steps | None:
+    """Steps of a trace without step ranges: kernels (sorted by start) with a mask of optimizer
+    kernels; each burst of optimizer kernels ends a step, the first step starts with the first
+    kernel. None with fewer than two bursts (nothing repeats)."""
+    index = np.flatnonzero(optimizer)
+    if len(index) < 2:
+        return None
+    between = np.diff(index) - 1
+    threshold = max(BURST_MIN_GAP_KERNELS, between.max() / 2)
+    last_of_burst = [*index[:-1][between > threshold].tolist(), int(index[-1])]
+    if len(last_of_burst) < 2:
+        return None
+    steps, begin = [], int(start[0])
+    for i, last in enumerate(last_of_burst):
+        finish = int(end[: last + 1].max())
+        steps.append(Step(i, begin, finish))
+        begin = finish
+    return Steps(steps, INFERRED_BASIS, f"the GPU work: one burst of optimizer kernels ({what}) per step")
+
+
+def split_warmup(steps: list[Step]) -> tuple[list[Step], list[Step], str]:
+    """(warm-up steps, steady steps, why): leading steps slower than WARMUP_FACTOR x the median of
+    the steps after them are warm-up; at least one step stays."""
+    warm = 0
+    while warm < len(steps) - 1:
+        rest = statistics.median(s.duration for s in steps[warm + 1:])
+        if steps[warm].duration <= WARMUP_FACTOR * rest:
+            break
+        warm += 1
+    if not warm:
+        return [], list(steps), ""
+    rest = statistics.median(s.duration for s in steps[warm:])
+    slow = ", ".join(f"step {s.step} {s.duration / 1e6:.1f} ms" for s in steps[:warm])
+    return steps[:warm], steps[warm:], (f"{slow}: slower than {WARMUP_FACTOR}x the median {rest / 1e6:.1f} ms "
+                                        f"of the {len(steps) - warm} steps after")
