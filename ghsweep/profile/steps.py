@@ -102,7 +102,7 @@ def from_ranges(ranges: list[tuple[str, int, int]], where: str) -> Steps | None:
     kept = _outermost(families[best])
     numbered = all(n is not None for _, _, n in kept) and len({n for _, _, n in kept}) == len(kept)
     steps = [Step(n if numbered else i, s, e) for i, (s, e, n) in enumerate(kept)]
-    return Steps(steps, NVTX_BASIS, f'{where} named like "{names[best]}"')
+    return Steps(steps, NVTX_BASIS, f'{where} named like "{re.sub(r"[0-9]+", "N", names[best])}"')
 
 
 def from_optimizer_bursts(start: np.ndarray, end: np.ndarray, optimizer: np.ndarray, what: str) -> Steps | None:
