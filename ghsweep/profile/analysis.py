@@ -290,6 +290,9 @@ def _analyze_nsys(con, path: Path) -> dict:
     if "OSRuntime" in traced and not schema.has(db.OSRT):
         health.append("OS runtime tracing was on but the export has no OSRT_API table")
     kernels = db.read_table(con, schema, db.KERNEL, db.kernel_columns(con, schema))
+    if not len(kernels):
+        health.append("the export has no CUDA kernels, only copies or memsets (did the capture range see the "
+                      "training's work?)")
     copies = db.read_table(con, schema, db.MEMCPY, db.GPU_COLUMNS)
     sets = db.read_table(con, schema, db.MEMSET, db.GPU_COLUMNS)
     gpu = [(kernels, KERNEL_OP), (copies, MEMCPY_OP), (sets, MEMSET_OP)]
