@@ -159,8 +159,14 @@ def document(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> tuple[Do
             if steps_in_window(run.analysis) is None:
                 doc.paragraph("This analysis does not say how many iterations it covers: the times per iteration "
                               "above are totals over its whole profiled window.")
+            found = run.analysis.get("roofline") or {}
             if not roofline(run.analysis)[0]:
                 doc.paragraph("No roofline points: this run's profile had no Nsight Compute pass.")
+            elif found.get("missing"):
+                doc.paragraph(f"Nsight Compute profiled none of: {', '.join(found['missing'])}.")
+            if found.get("ncu_pass"):
+                ncu = found["ncu_pass"]
+                doc.paragraph(f"Nsight Compute pass: {ncu['seconds']:.0f} s, {ncu['launches']} of the top kernels.")
         else:
             doc.paragraph(f"No profile analysis in run {run.name}: run it with a profile option to get its kernels.")
 

@@ -49,7 +49,7 @@ def test_nsys_ncu_run_is_analysed(tmp_path):
     assert set(analysis["window"]["steps"]) <= {4, 5, 6, 7} and len(analysis["window"]["steps"]) >= 3
     assert analysis["top_kernels"] and 0 < analysis["gpu_busy_pct"] <= 100
     assert analysis["phases_ms_per_step"]["forward"] > 0
-    assert set(outcome.metrics) == set(METRICS)
+    assert set(outcome.metrics) == {*METRICS, "ncu_s"} and outcome.metrics["ncu_s"] > 0
     roof = analysis["roofline"]
     top = {k["short_name"] for k in analysis["top_kernels"]}
     assert roof["kernels"] and len(roof["missing"]) <= len(top) // 2, roof["missing"]
