@@ -61,6 +61,26 @@ def test_findings_are_specific(results):
     assert "data_loading" not in [f["id"] for f in results["hostsync"]["findings"]]
     assert "um_migrations" not in [f["id"] for f in results["offload"]["findings"]]
     assert "pageable_copies" not in [f["id"] for f in results["offload"]["findings"]]
+    assert "data_loading" not in [f["id"] for f in results["unified"]["findings"]]
+    for scenario, result in results.items():  # every shipped run has its steps, from its NVTX ranges
+        assert result["window"]["basis"] == "nvtx steps" and len(result["window"]["steps"]) == 8, scenario
+
+
+def test_unified_memory_idle_time_is_unified_memory_not_data_loading(results):
+    """All the CPU page faults of the unified scenario start inside its "data" ranges (checked on the
+    raw events), so the data phase's idle time is unified memory, not the loader."""
+    import sqlite3
+
+    con = sqlite3.connect(DATA / "unified" / "profile.sqlite")
+    faults, inside = con.execute(
+        "SELECT COUNT(*), SUM(EXISTS (SELECT 1 FROM NVTX_EVENTS n WHERE n.text = 'data' AND f.start BETWEEN n.start "
+        "AND n.end)) FROM CUDA_UM_CPU_PAGE_FAULT_EVENTS f").fetchone()
+    assert faults == inside == 768
+    causes = results["unified"]["gaps"]["causes_ns"]
+    assert max(causes, key=causes.get) == "unified_memory" and causes["data_loading"] == 0
+    um = next(f for f in results["unified"]["findings"] if f["id"] == "um_migrations")
+    assert um["severity"] == "warning" and um["evidence"]["um_idle_ms_per_step"] > 1 and um["evidence"]["cpu"] == 768
+    assert "phases where the host faults on or migrates managed memory" in um["message"]
 
 
 def test_gap_causes_match_the_plant(results):
