@@ -210,3 +210,19 @@ def test_plots_are_written(results, tmp_path):
     roof = plots.roofline_plot(roofline.kernel_points(DATA / "clean" / "top_kernels_ncu.csv"), tmp_path / "roof.png")
     for png in (gap, roof):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_torch_trace_has_the_whole_trace_block_and_matches_ncu_names(results):
+    """The shipped trace's kernel names spell `(anonymous namespace)`, ncu's `<unnamed>`: the
+    roofline still finds every top kernel; and the whole-trace totals are the raw events'."""
+    path = DATA / "clean" / "torch_trace.json"
+    trace = full_analysis(path, ncu_csv=DATA / "clean" / "top_kernels_ncu.csv")
+    assert trace["roofline"]["missing"] == []
+    assert not [f for f in trace["findings"] if f["id"] == "profile_health"]
+    whole = trace["whole_trace"]
+    assert set(whole) == set(results["clean"]["whole_trace"])
+    kernels = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "kernel"]
+    assert whole["kernel_count"] == len(kernels)
+    assert whole["kernel_total_ns"] == pytest.approx(sum(e["dur"] for e in kernels) * 1000, abs=len(kernels))
+    assert whole["distinct_kernels"] == len({e["name"] for e in kernels})
+    assert {k["short_name"] for k in trace["top_kernels"]} >= {"multi_tensor_apply_kernel"}
