@@ -3,8 +3,9 @@
 Found, in this order:
 1. Named ranges (NVTX, or the PyTorch profiler's record_function): the common conventions,
    case-insensitive, with or without separators and numbers (`step 3`, `step0`, `step_12`,
-   `Step 3`, `iteration 7`, `iter7`, `train_step`, `training_step`, `ProfilerStep#4`), nested
-   or not, on any thread. Ranges of one convention are one candidate; of several candidates the
+   `Step 3`, `iteration 7`, `iter7`, `Batch 3`, `train_step`, `training_step`, `ProfilerStep#4`),
+   also behind a module or framework prefix (`megatron.train_step`,
+   `[pl][profile]...Strategy.training_step`, `NeMo/step_5`), nested or not, on any thread. Ranges of one convention are one candidate; of several candidates the
    one covering the most time wins (an outer `iteration` over its inner micro-`step`s). Unnumbered
    ranges are numbered in time order.
 2. The repeating structure of the GPU work: one burst of optimizer kernels ends each step.
@@ -23,10 +24,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 STEP_NAME = re.compile(
-    r"^\s*(?P<kind>profiler[\s_]*step|train(?:ing)?[\s_\-]*(?:step|iter(?:ation)?|batch)|global[\s_\-]*step"
-    r"|step|iteration|iter)(?:[\s_#:.\-]*(?P<number>\d+))?\s*$",
+    r"^\s*(?:\S*[.\]:/])?"  # a module or framework prefix: "megatron.", "[pl][profile]...Strategy.", "NeMo/"
+    r"(?P<kind>profiler[\s_]*step|(?:run[\s_]*)?train(?:ing)?[\s_\-]*(?:step|iter(?:ation)?|batch)"
+    r"|global[\s_\-]*step|step|iteration|iter|batch)(?:[\s_#:.\-]*(?P<number>\d+))?\s*$",
     re.IGNORECASE,
 )
+# Ranges of the optimizer's own step ("Optimizer.step#AdamW.step") are a phase, not a step; a bare
+# "batch" is a data-loading range unless numbered ("Batch 3").
+NOT_A_STEP = re.compile(r"optim|zero_grad", re.IGNORECASE)
+NUMBER_REQUIRED = ("batch",)
 # SQL LIKE filters that keep every name STEP_NAME can match (LIKE is case-insensitive in SQLite).
 STEP_LIKE = ("%step%", "%iter%", "%batch%")
 # A leading step this much slower than the median of the steps after it is warm-up.
@@ -69,10 +75,12 @@ class Steps:
 def step_kind(name: str) -> tuple[str, int | None] | None:
     """(convention, number) of a range named like a step, else None."""
     match = STEP_NAME.match(name or "")
-    if not match:
+    if not match or NOT_A_STEP.search(name):
         return None
     kind = re.sub(r"[\s_\-]", "", match.group("kind").lower())
     number = match.group("number")
+    if number is None and kind in NUMBER_REQUIRED:
+        return None
     return kind, int(number) if number is not None else None
 
 

@@ -20,6 +20,8 @@ CONVENTIONS = {
     "train_step": lambda i: "train_step",
     "training_step N": lambda i: f"training_step {i}",
     "ProfilerStep#N": lambda i: f"ProfilerStep#{i}",
+    "Batch N": lambda i: f"Batch {i}",
+    "module.train_step": lambda i: "megatron.training.train_step",
 }
 WRITERS = {"nsys": lambda run, d: write_nsys(run, d / "profile.sqlite"),
            "torch": lambda run, d: write_torch(run, d / "trace.json")}
@@ -96,8 +98,12 @@ def test_two_even_steps_keep_both():
 def test_step_names():
     assert step_kind("ProfilerStep#12") == ("profilerstep", 12)
     assert step_kind("step_3") == step_kind("Step 3") == step_kind("step3") == ("step", 3)
-    assert step_kind("train_step") == ("trainstep", None)
-    for not_a_step in ("Optimizer.step#AdamW.step", "optimizer_step", "steps", "data", "stepping 3"):
+    assert step_kind("train_step") == step_kind("megatron.train_step") == ("trainstep", None)
+    assert step_kind("[pl][profile][Strategy]SingleDeviceStrategy.training_step") == ("trainingstep", None)
+    assert step_kind("[pl][profile]run_training_batch") == ("runtrainingbatch", None)
+    assert step_kind("Batch 3") == ("batch", 3) and step_kind("NeMo/step_5") == ("step", 5)
+    for not_a_step in ("Optimizer.step#AdamW.step", "Optimizer.zero_grad#AdamW.zero_grad", "optimizer_step",
+                       "forward_step", "get_batch", "batch", "steps", "data", "stepping 3", "cub::DeviceScan"):
         assert step_kind(not_a_step) is None, not_a_step
 
 
