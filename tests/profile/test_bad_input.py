@@ -17,7 +17,7 @@ import pytest
 
 from ghsweep.analyze import main
 from ghsweep.profile.analysis import ProfileError, analyze
-from tests.profile.planted import training_run, write_nsys, write_torch
+from tests.profile.planted import training_run, write_torch
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "profiles"
 CLEAN = DATA / "clean" / "profile.sqlite"
