@@ -12,7 +12,8 @@ Found, in this order:
 3. Neither: no steps (the caller falls back to the whole trace and says so).
 
 Warm-up: leading steps much slower than the median of the steps after them (works from two
-steps on: a capture of steps 0-1 keeps step 1 only when step 0 is the slow start-up).
+steps on: a capture of steps 0-1 keeps step 1 only when step 0 is the slow start-up, more than
+twice as long).
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ NOT_A_STEP = re.compile(r"optim|zero_grad", re.IGNORECASE)
 NUMBER_REQUIRED = ("batch",)
 # SQL LIKE filters that keep every name STEP_NAME can match (LIKE is case-insensitive in SQLite).
 STEP_LIKE = ("%step%", "%iter%", "%batch%")
-# A leading step this much slower than the median of the steps after it is warm-up.
+# A leading step this much slower than the median of the steps after it is warm-up; against one
+# step alone (a capture of two) the bar is higher: a single step's time is noisier than a median.
 WARMUP_FACTOR = 1.5
+WARMUP_FACTOR_VS_ONE = 2.0
 # Between two optimizer kernels of one burst there are at most a few other kernels (grad-norm,
 # zeroing); between bursts a whole forward and backward. A gap of more other kernels than this,
 # and than half the largest gap, separates two bursts.
@@ -135,16 +138,20 @@ def from_optimizer_bursts(start: np.ndarray, end: np.ndarray, optimizer: np.ndar
 
 def split_warmup(steps: list[Step]) -> tuple[list[Step], list[Step], str]:
     """(warm-up steps, steady steps, why): leading steps slower than WARMUP_FACTOR x the median of
-    the steps after them are warm-up; at least one step stays."""
+    the steps after them (WARMUP_FACTOR_VS_ONE x when one step follows) are warm-up; at least one
+    step stays."""
     warm = 0
     while warm < len(steps) - 1:
-        rest = statistics.median(s.duration for s in steps[warm + 1:])
-        if steps[warm].duration <= WARMUP_FACTOR * rest:
+        after = steps[warm + 1:]
+        factor = WARMUP_FACTOR if len(after) > 1 else WARMUP_FACTOR_VS_ONE
+        if steps[warm].duration <= factor * statistics.median(s.duration for s in after):
             break
         warm += 1
     if not warm:
         return [], list(steps), ""
-    rest = statistics.median(s.duration for s in steps[warm:])
+    after = steps[warm:]
+    factor = WARMUP_FACTOR if len(after) > 1 else WARMUP_FACTOR_VS_ONE
     slow = ", ".join(f"step {s.step} {s.duration / 1e6:.1f} ms" for s in steps[:warm])
-    return steps[:warm], steps[warm:], (f"{slow}: slower than {WARMUP_FACTOR}x the median {rest / 1e6:.1f} ms "
-                                        f"of the {len(steps) - warm} steps after")
+    return steps[:warm], after, (f"{slow}: slower than {factor}x the median "
+                                 f"{statistics.median(s.duration for s in after) / 1e6:.1f} ms of the "
+                                 f"{len(after)} steps after")

@@ -88,11 +88,14 @@ def test_two_captured_steps_exclude_a_slow_first(tmp_path, reader):
     assert any(line.startswith("warm-up excluded: step 0") for line in a["summary"])
 
 
-def test_two_even_steps_keep_both():
-    steps = [Step(0, 0, 100), Step(1, 100, 190)]
-    assert split_warmup(steps) == ([], steps, "")
-    warm, steady, why = split_warmup([Step(0, 0, 400), Step(1, 400, 500)])
-    assert [s.step for s in warm] == [0] and [s.step for s in steady] == [1] and "4.0x" not in why
+def test_warmup_rule():
+    two = [Step(0, 0, 190), Step(1, 190, 290)]  # 1.9x: noise between two single steps, not warm-up
+    assert split_warmup(two) == ([], two, "")
+    warm, steady, why = split_warmup([Step(0, 0, 40_000_000), Step(1, 40_000_000, 50_000_000)])
+    assert [s.step for s in warm] == [0] and [s.step for s in steady] == [1]
+    assert why == "step 0 40.0 ms: slower than 2.0x the median 10.0 ms of the 1 steps after"
+    many = [Step(0, 0, 160), *(Step(i, 100 * i, 100 * i + 100) for i in range(1, 5))]  # 1.6x the median of 4
+    assert [s.step for s in split_warmup(many)[0]] == [0]
 
 
 def test_step_names():
