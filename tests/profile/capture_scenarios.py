@@ -12,7 +12,7 @@ PyTorch-profiler trace of the clean run. Needs torch with CUDA, nsys and ncu; no
     python tests/profile/capture_scenarios.py gpu-runs --out DIR [--nsys PATH]
 
 captures the runs the analysis is cross-checked on, into DIR/gpu_profiles.tar.gz (unpack it into
-tests/data/profiles): `bf16/` and `fp8/`, ghsweep's own training (`python -m ghsweep`, a two-layer
+tests/data/profiles): `bf16/` and `fp8/`, ghsweep's own training (`python -m ghsweep`, a four-layer
 Llama of the 7B's width, LoRA) under nsys with `precision=bf16` and `precision=fp8`; and
 `crosscheck/`, the offload scenario under nsys and the PyTorch profiler at once (the same steps
 of one run; two runs of the same program when the two profilers cannot share the GPU's counters,
@@ -295,8 +295,9 @@ def all_scenarios(out: Path, nsys: str, ncu: str | None, deadline_s: float) -> N
                   "--torch-trace", str(out / "clean" / "torch_trace.json")], log, 300)
 
 
-# A Llama of Llama-2-7B's width and two decoder layers: the 7B's GEMM shapes in a small export.
-LLAMA_SLICE = ("model.hidden_size=4096", "model.intermediate_size=11008", "model.num_layers=2",
+# A Llama of Llama-2-7B's width and four decoder layers: the 7B's GEMM shapes in a small export,
+# with enough decoder GEMMs beside the bf16 lm_head for fp8 to carry most of the GEMM time.
+LLAMA_SLICE = ("model.hidden_size=4096", "model.intermediate_size=11008", "model.num_layers=4",
                "model.num_attention_heads=32", "model.num_key_value_heads=32", "model.vocab_size=32000",
                "train.seq_length=2048", "train.micro_batch_size=1", "train.max_steps=8", "train.log_every=8",
                "capture.start_step=4", "capture.num_steps=3")
@@ -322,7 +323,10 @@ def ghsweep_run(precision: str, nsys: str, work: Path, log: Path) -> Path:
     with open(log, "a") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
-        subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=900, cwd=work, env=env)
+        try:
+            subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=900, cwd=work, env=env)
+        except subprocess.TimeoutExpired:
+            f.write("timed out after 900 s\n")
     return run_dir
 
 
@@ -379,7 +383,11 @@ def gpu_runs(out: Path, nsys: str) -> None:
             for path, context in ((sqlite, {"precision": "fp8"}), (d / "torch_trace.json.gz", {"precision": "fp8"})):
                 if not path.exists():
                     continue
-                a = full_analysis(path, context)
+                try:
+                    a = full_analysis(path, context)
+                except ValueError as exc:
+                    rows.append((f"{d.name}/{path.name}", str(exc)[:100], "", "", "", ""))
+                    continue
                 k = a["kernels"]
                 share = f"{100 * k['fp8_gemm_ns'] / k['gemm_ns']:.0f}%" if k.get("gemm_ns") else "-"
                 rows.append((f"{d.name}/{path.name}", f"{a['window']['basis']} {a['window']['steps']}",
