@@ -58,7 +58,8 @@ def trace_events(trace, path: Path) -> list[dict]:
 def find_steps(events: list[dict], gpu: list[dict]) -> step_finder.Steps | None:
     """Steps from record_function ranges (the PyTorch profiler's user annotations), else from the
     optimizer bursts of the GPU work, else None."""
-    ranges = [(e["name"], *_ns(e)) for e in events if e["cat"] == "user_annotation"]
+    # ProfilerStep#N is a cpu_op in some PyTorch versions; no operator is named like a step.
+    ranges = [(e["name"], *_ns(e)) for e in events if e["cat"] in ("user_annotation", "cpu_op")]
     found = step_finder.from_ranges(ranges, "profiler ranges (record_function)")
     kernels = sorted((e for e in gpu if e["cat"] == "kernel"), key=lambda e: e["ts"])
     if found is not None or not kernels:
