@@ -226,7 +226,7 @@ REQUIRED_COLUMNS = {db.KERNEL: ("start", "end", "deviceId", "globalPid", "correl
                                 "srcKind", "dstKind"),
                     db.MEMSET: ("start", "end", "deviceId", "globalPid", "correlationId", "bytes")}
 NO_STEPS = ('no step ranges (NVTX ranges named like "step N", "iteration N", "train_step", "ProfilerStep#N") '
-            "and no repeating optimizer-kernel bursts in the GPU work")
+            "and nothing in the GPU work that repeats once per step (optimizer-kernel bursts, a recurring kernel)")
 
 
 def analyze_nsys(path: Path) -> dict:
@@ -263,17 +263,27 @@ def check_export(con, schema: db.Schema, path: Path) -> None:
 
 def find_steps(con, schema: db.Schema, kernels: db.Table, pid: int, device: int) -> step_finder.Steps | None:
     """The steps of the main process: NVTX ranges of a step convention, else inferred from its
-    kernels (one optimizer burst per step), else None."""
+    kernels (steps.py), else None."""
     found = step_finder.from_ranges(db.step_candidates(con, schema, pid), "NVTX ranges")
     if found is not None:
         return found
     mine = kernels.where((kernels["pid"] == pid) & (kernels["dev"] == device))
     order = np.argsort(mine["start"], kind="stable")
-    ids = mine["short"][order]
+    ids = mine["name"][order]
     names = db.string_values(con, np.unique(ids).tolist())
-    optimizer = sorted(i for i, n in names.items() if kernel_kinds.is_optimizer(n))
-    what = ", ".join(sorted({names[i] for i in optimizer}))[:120]
-    return step_finder.from_optimizer_bursts(mine["start"][order], mine["end"][order], np.isin(ids, optimizer), what)
+    return infer_steps(mine["start"][order], mine["end"][order], ids, names)
+
+
+def infer_steps(start: np.ndarray, end: np.ndarray, keys: np.ndarray, names: dict[int, str]
+                ) -> step_finder.Steps | None:
+    """Steps from kernels sorted by start, keyed by name (`names`: key -> kernel name): optimizer
+    bursts, else the period of the kernel sequence."""
+    optimizer = sorted(k for k, n in names.items() if kernel_kinds.is_optimizer(n))
+    what = ", ".join(sorted({kernel_kinds.function_name(names[k]) for k in optimizer}))[:120]
+    found = step_finder.from_optimizer_bursts(start, end, np.isin(keys, optimizer), what)
+    if found is None:
+        found = step_finder.from_repeats(start, end, keys, {k: kernel_kinds.function_name(n) for k, n in names.items()})
+    return found
 
 
 def whole_trace_steps(health: list[str], why: str) -> step_finder.Steps:

@@ -8,7 +8,8 @@ Found, in this order:
    `[pl][profile]...Strategy.training_step`, `NeMo/step_5`), nested or not, on any thread. Ranges of one convention are one candidate; of several candidates the
    one covering the most time wins (an outer `iteration` over its inner micro-`step`s). Unnumbered
    ranges are numbered in time order.
-2. The repeating structure of the GPU work: one burst of optimizer kernels ends each step.
+2. The repeating structure of the GPU work: one burst of optimizer kernels ends each step; without
+   optimizer kernels, the kernel sequence's period (a kernel launched once every L kernels).
 3. Neither: no steps (the caller falls back to the whole trace and says so).
 
 Warm-up: leading steps much slower than the median of the steps after them (works from two
@@ -44,6 +45,8 @@ WARMUP_FACTOR_VS_ONE = 2.0
 # zeroing); between bursts a whole forward and backward. A gap of more other kernels than this,
 # and than half the largest gap, separates two bursts.
 BURST_MIN_GAP_KERNELS = 8
+# A kernel marks a step when this share of the gaps between its launches is the same number of kernels.
+REPEAT_SHARE = 0.8
 
 NVTX_BASIS = "nvtx steps"
 INFERRED_BASIS = "inferred steps"
@@ -134,6 +137,42 @@ def from_optimizer_bursts(start: np.ndarray, end: np.ndarray, optimizer: np.ndar
         steps.append(Step(i, begin, finish))
         begin = finish
     return Steps(steps, INFERRED_BASIS, f"the GPU work: one burst of optimizer kernels ({what}) per step")
+
+
+def from_repeats(start: np.ndarray, end: np.ndarray, keys: np.ndarray, names: dict[int, str]) -> Steps | None:
+    """Steps of a trace without step ranges or optimizer kernels: kernels (sorted by start) keyed by
+    name. A kernel launched once per step recurs every L kernels (L = the kernels of a step); the
+    marker with the longest such period, recurring exactly for most of the trace, ends a step at each
+    launch, and the next step begins after it (of equal periods, the marker followed by the longest
+    GPU idle time: the host between two steps). None when nothing recurs."""
+    n = len(keys)
+    if n < 2 * BURST_MIN_GAP_KERNELS:
+        return None
+    order = np.lexsort((np.arange(n), keys))
+    first = np.r_[True, keys[order][1:] != keys[order][:-1]]
+    best = None  # (period, idle after, key)
+    for group in np.split(order, np.flatnonzero(first)[1:]):
+        if len(group) < 3:
+            continue
+        gaps = np.diff(group)
+        values, counts = np.unique(gaps, return_counts=True)
+        period = int(values[np.argmax(counts)])
+        if period < BURST_MIN_GAP_KERNELS or counts.max() < REPEAT_SHARE * len(gaps):
+            continue
+        after = group[group + 1 < n]
+        idle = float(np.mean(start[after + 1] - end[after])) if len(after) else 0.0
+        candidate = (period, idle, int(keys[group[0]]))
+        best = max(best, candidate) if best else candidate
+    if best is None:
+        return None
+    marks = np.flatnonzero(keys == best[2])
+    steps, begin = [], int(start[0])
+    for i, mark in enumerate(marks):
+        finish = int(end[: mark + 1].max())
+        steps.append(Step(i, begin, finish))
+        begin = finish
+    return Steps(steps, INFERRED_BASIS, f"the GPU work: it repeats every {best[0]} kernels, one step each, ending at "
+                                        f"{names.get(best[2], best[2])}"[:200])
 
 
 def split_warmup(steps: list[Step]) -> tuple[list[Step], list[Step], str]:

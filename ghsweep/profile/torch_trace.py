@@ -17,8 +17,8 @@ import numpy as np
 
 from ghsweep.profile import kernel_kinds, steps as step_finder
 from ghsweep.profile.analysis import (IDLE_GAP_MIN_NS, MEMCPY_KIND, NO_STEPS, PHASES, GapEvidence, Intervals,
-                                      ProfileError, bucket_sums, device_metrics, gap_stats, load_json, memory_ops,
-                                      pct, step_times, whole_trace_block, whole_trace_steps, window_block)
+                                      ProfileError, bucket_sums, device_metrics, gap_stats, infer_steps, load_json,
+                                      memory_ops, pct, step_times, whole_trace_block, whole_trace_steps, window_block)
 from ghsweep.profile.nsys_db import PAGEABLE_MIN_BYTES, SHORT_KERNEL_NS
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -65,9 +65,8 @@ def find_steps(events: list[dict], gpu: list[dict]) -> step_finder.Steps | None:
     if found is not None or not kernels:
         return found
     spans = np.array([_ns(e) for e in kernels], dtype=np.int64)
-    optimizer = np.array([kernel_kinds.is_optimizer(e["name"]) for e in kernels])
-    what = ", ".join(sorted({kernel_kinds.function_name(e["name"]) for e, o in zip(kernels, optimizer) if o}))[:120]
-    return step_finder.from_optimizer_bursts(spans[:, 0], spans[:, 1], optimizer, what)
+    names, keys = np.unique([e["name"] for e in kernels], return_inverse=True)
+    return infer_steps(spans[:, 0], spans[:, 1], keys.ravel(), dict(enumerate(names.tolist())))
 
 
 def analyze_torch_trace(path: Path) -> dict:

@@ -53,9 +53,10 @@ class Run:
 
 
 def training_run(step_name: Callable[[int], str] | None, steps: int = 6, warmup: bool = True,
-                 nested: str | None = None) -> Run:
+                 nested: str | None = None, burst: tuple[str, ...] = (OPTIMIZER,) * 4, loss: str | None = None) -> Run:
     """The planted run; `step_name(i)` names step i's range (None: no step ranges); `nested` names a
-    range inside each step on another thread (a framework's own inner range)."""
+    range inside each step on another thread (a framework's own inner range); `burst`: the kernels
+    that end each step; `loss`: a kernel launched once in the middle of each step."""
     run = Run()
     t = 0
     for _ in range(4):  # start-up: weights uploaded from pageable memory with blocking copies
@@ -74,8 +75,10 @@ def training_run(step_name: Callable[[int], str] | None, steps: int = 6, warmup:
                 gpu += 130 * US
             else:
                 gpu = run.launch(host0 + j * 50 * US, gpu + 1 * US, 200 * US, GEMM)
-        for j in range(4):  # the optimizer burst
-            gpu = run.launch(host0 + (40 + j) * 50 * US, gpu + 1 * US, 100 * US, OPTIMIZER)
+            if loss is not None and j == 20:
+                gpu = run.launch(host0 + j * 50 * US, gpu + 1 * US, 20 * US, loss)
+        for j, name in enumerate(burst):  # the optimizer's update
+            gpu = run.launch(host0 + (40 + j) * 50 * US, gpu + 1 * US, 100 * US, name)
         end = gpu + 20 * US
         if step_name is not None:
             run.ranges.append((step_name(i), host0, end, MAIN_TID))

@@ -61,14 +61,31 @@ def test_steps_inferred_from_optimizer_bursts(tmp_path, reader):
     assert a["window"]["basis"] == "inferred steps"
     assert "optimizer kernels (multi_tensor_apply_kernel)" in a["window"]["source"]
     assert a["window"]["warmup_steps"] == [0] and a["window"]["steps"] == [1, 2, 3, 4, 5]
+    warmup_end = max(e for s, e, _, _ in run.kernels if s < run.steady_span[0])
+    assert (a["window"]["start_ns"], a["window"]["end_ns"]) == (warmup_end, run.steady_span[1])
     assert a["findings"] == [], a["findings"]
     assert any("steps from the GPU work" in line for line in a["summary"])
 
 
 @pytest.mark.parametrize("reader", WRITERS)
+def test_steps_inferred_from_the_period_of_the_kernels(tmp_path, reader):
+    """No optimizer kernel by name (a hand-written update): the kernel launched once per step and
+    followed by the host's time between steps marks the step's end."""
+    run = training_run(None, burst=("void scale_grads_kernel<float>()", "void apply_update_kernel<float>(float*)"),
+                       loss="void cross_entropy_kernel<float>()")
+    a = analysed(run, tmp_path, reader)
+    assert a["window"]["basis"] == "inferred steps"
+    assert a["window"]["source"].endswith("repeats every 43 kernels, one step each, ending at apply_update_kernel")
+    assert a["window"]["warmup_steps"] == [0] and a["window"]["steps"] == [1, 2, 3, 4, 5]
+    # A step seen on the GPU runs from the end of the previous step's update to the end of its own.
+    warmup_end = max(e for s, e, _, _ in run.kernels if s < run.steady_span[0])
+    assert (a["window"]["start_ns"], a["window"]["end_ns"]) == (warmup_end, run.steady_span[1])
+    assert a["findings"] == [], a["findings"]
+
+
+@pytest.mark.parametrize("reader", WRITERS)
 def test_whole_trace_is_the_last_resort_and_says_so(tmp_path, reader):
-    run = training_run(None)
-    run.kernels = [k for k in run.kernels if "multi_tensor" not in k[2]]  # nothing repeats that marks a step
+    run = training_run(None, burst=())  # nothing repeats once per step
     a = analysed(run, tmp_path, reader)
     assert a["window"]["basis"] == "whole trace" and a["window"]["steps"] == [] and a["window"]["warmup_steps"] == []
     health = [f for f in a["findings"] if f["id"] == "profile_health"]
