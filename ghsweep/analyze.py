@@ -26,19 +26,20 @@ TORCH_PROFILER_TRACES = ("*.pt.trace.json", "*.pt.trace.json.gz")
 
 
 def find_profile(directory: Path) -> Path:
-    """The profile in a run directory or a PyTorch profiler output directory; ProfileError if none,
-    or if several traces leave the choice open."""
+    """The profile in a run directory, or the newest trace of a PyTorch profiler output directory
+    (one per profiling cycle and rank; the others are named on stderr); ProfileError if none."""
     for name in (NSYS_SQLITE, NSYS_REPORT, TORCH_TRACE, TORCH_TRACE + ".gz"):
         if (directory / name).is_file():
             return directory / name
-    traces = sorted(p for pattern in TORCH_PROFILER_TRACES for p in directory.glob(pattern))
-    if len(traces) == 1:
-        return traces[0]
-    if traces:
-        raise ProfileError(f"{directory}: {len(traces)} PyTorch profiler traces ({', '.join(p.name for p in traces[:4])}"
-                           f"{', ...' if len(traces) > 4 else ''}): pass one of them")
-    raise ProfileError(f"{directory}: no profile in this directory (looked for {NSYS_SQLITE}, {NSYS_REPORT}, "
-                       f"{TORCH_TRACE}[.gz], {', '.join(TORCH_PROFILER_TRACES)})")
+    traces = sorted((p for pattern in TORCH_PROFILER_TRACES for p in directory.glob(pattern)),
+                    key=lambda p: (p.stat().st_mtime, p.name))
+    if not traces:
+        raise ProfileError(f"{directory}: no profile in this directory (looked for {NSYS_SQLITE}, {NSYS_REPORT}, "
+                           f"{TORCH_TRACE}[.gz], {', '.join(TORCH_PROFILER_TRACES)})")
+    if len(traces) > 1:
+        print(f"ghsweep.analyze: {directory}: {len(traces)} PyTorch profiler traces; analysing the newest, "
+              f"{traces[-1].name} (pass another one to analyse it)", file=sys.stderr)
+    return traces[-1]
 
 
 def full_analysis(path: Path, context: dict | None = None, ncu_csv: Path | None = None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
 import shutil
 import sqlite3
@@ -78,13 +79,18 @@ def test_unusable_exports_are_one_line_errors(tmp_path, capsys, edit, what):
     assert_refused(sqlite_copy(tmp_path, edit), capsys, what)
 
 
-def test_several_torch_traces_in_a_directory(tmp_path, capsys):
+def test_torch_profiler_output_directory(tmp_path, capsys):
     run = training_run(lambda i: f"step {i}")
-    write_torch(run, tmp_path / "host_1.1700000000.pt.trace.json")
-    assert main([str(tmp_path), "--json"]) == 0  # one trace: the profiler's output directory is read
-    capsys.readouterr()
-    write_torch(run, tmp_path / "host_1.1700000001.pt.trace.json.gz")
-    assert_refused(tmp_path, capsys, "2 PyTorch profiler traces")
+    older = write_torch(run, tmp_path / "host_1.1700000000.pt.trace.json")
+    assert main([str(tmp_path), "--json"]) == 0  # the profiler's output directory is read
+    assert json.loads(capsys.readouterr().out)["source"]["path"] == str(older)
+    newer = write_torch(run, tmp_path / "host_1.1700000001.pt.trace.json.gz")
+    os.utime(older, (1, 1))
+    assert main([str(tmp_path), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["source"]["path"] == str(newer)
+    assert captured.err.strip() == (f"ghsweep.analyze: {tmp_path}: 2 PyTorch profiler traces; analysing the newest, "
+                                    f"{newer.name} (pass another one to analyse it)")
 
 
 def test_missing_ncu_csv(tmp_path, capsys):
