@@ -225,6 +225,8 @@ REQUIRED_COLUMNS = {db.KERNEL: ("start", "end", "deviceId", "globalPid", "correl
                     db.MEMCPY: ("start", "end", "deviceId", "globalPid", "correlationId", "bytes", "copyKind",
                                 "srcKind", "dstKind"),
                     db.MEMSET: ("start", "end", "deviceId", "globalPid", "correlationId", "bytes")}
+TIME_MAPPED = ("no CUDA runtime API calls with correlation ids: the steps were mapped onto the GPU by time, not "
+               "through their launches (the GPU's lag behind the host shifts the window)")
 NO_STEPS = ('no step ranges (NVTX ranges named like "step N", "iteration N", "train_step", "ProfilerStep#N") '
             "and nothing in the GPU work that repeats once per step (optimizer-kernel bursts, a recurring kernel)")
 
@@ -322,8 +324,7 @@ def _analyze_nsys(con, path: Path) -> dict:
         if window is None:
             found = whole_trace_steps(health, f"the steps ({found.source}) launched no GPU work of the main process")
         elif not projected:
-            health.append("no CUDA runtime API table: the steps were mapped onto the GPU by time, not through their "
-                          "launches (the GPU's lag behind the host shifts the window)")
+            health.append(TIME_MAPPED)
     else:
         window = (found.steady[0].start, found.steady[-1].end)
     if window is None:

@@ -17,8 +17,9 @@ import numpy as np
 
 from ghsweep.profile import kernel_kinds, steps as step_finder
 from ghsweep.profile.analysis import (IDLE_GAP_MIN_NS, MEMCPY_KIND, NO_STEPS, PHASES, GapEvidence, Intervals,
-                                      ProfileError, bucket_sums, device_metrics, gap_stats, infer_steps, load_json,
-                                      memory_ops, pct, step_times, whole_trace_block, whole_trace_steps, window_block)
+                                      ProfileError, TIME_MAPPED, bucket_sums, device_metrics, gap_stats, infer_steps,
+                                      load_json, memory_ops, pct, step_times, whole_trace_block, whole_trace_steps,
+                                      window_block)
 from ghsweep.profile.nsys_db import PAGEABLE_MIN_BYTES, SHORT_KERNEL_NS
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -88,9 +89,11 @@ def analyze_torch_trace(path: Path) -> dict:
     if found is None:
         found = whole_trace_steps(health, NO_STEPS)
     elif found.basis == step_finder.NVTX_BASIS:
-        window = project(found.steady, runtime, gpu)
+        window, projected = project(found.steady, runtime, gpu)
         if window is None:
             found = whole_trace_steps(health, f"the steps ({found.source}) launched no GPU work")
+        elif not projected:
+            health.append(TIME_MAPPED)
     else:
         window = (found.steady[0].start, found.steady[-1].end)
     if window is None:
@@ -181,18 +184,21 @@ def _bytes(event: dict) -> int:
     return int(value) if isinstance(value, (int, float)) else 0
 
 
-def project(steady: list[step_finder.Step], runtime: list[dict], gpu: list[dict]) -> tuple[int, int] | None:
-    """GPU span of the work launched inside the steady steps (see nsys_db.gpu_window)."""
-    if not steady:
-        return None
+def project(steady: list[step_finder.Step], runtime: list[dict], gpu: list[dict]
+            ) -> tuple[tuple[int, int] | None, bool]:
+    """GPU span of the work launched inside the steady steps, and whether it was found through the
+    launches' correlation ids (else by time: see nsys_db.gpu_window)."""
     first, last = steady[0].start, steady[-1].end
-    corrs = [e["args"].get("correlation") for e in runtime if first <= _ns(e)[0] <= last]
-    corrs = [c for c in corrs if isinstance(c, int)]
+    launched = [(_ns(e)[0], c) for e in runtime if isinstance(c := e["args"].get("correlation"), int)]
+    if not launched:
+        spans = [_ns(e) for e in gpu if first <= _ns(e)[0] <= last]
+        return ((min(s for s, _ in spans), max(e for _, e in spans)) if spans else None), False
+    corrs = [c for start, c in launched if first <= start <= last]
     if not corrs:
-        return None
+        return None, True
     lo, hi = min(corrs), max(corrs)
     spans = [_ns(e) for e in gpu if isinstance(c := e["args"].get("correlation"), int) and lo <= c <= hi]
-    return (min(s for s, _ in spans), max(e for _, e in spans)) if spans else None
+    return ((min(s for s, _ in spans), max(e for _, e in spans)) if spans else None), True
 
 
 def cpu_only(path: Path, events: list[dict], found: step_finder.Steps | None, health: list[str]) -> dict:

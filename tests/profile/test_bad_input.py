@@ -103,6 +103,10 @@ def test_no_runtime_table_keeps_the_steps_and_says_how_they_were_mapped(tmp_path
     assert a["window"]["basis"] == "nvtx steps" and a["window"]["warmup_steps"] == [0]
     assert any("mapped onto the GPU by time" in h for h in a["health"])
     assert a["gpu_busy_pct"] > 90
+    run = training_run(lambda i: f"step {i}")
+    run.calls = []  # a trace without the runtime API's calls
+    a = analyze(write_torch(run, tmp_path / "t.json"))
+    assert a["window"]["steps"] == [1, 2, 3, 4, 5] and any("mapped onto the GPU by time" in h for h in a["health"])
 
 
 def test_subprocess_never_prints_a_traceback(tmp_path):
