@@ -228,7 +228,7 @@ REQUIRED_COLUMNS = {db.KERNEL: ("start", "end", "deviceId", "globalPid", "correl
 TIME_MAPPED = ("no CUDA runtime API calls with correlation ids: the steps were mapped onto the GPU by time, not "
                "through their launches (the GPU's lag behind the host shifts the window)")
 NO_STEPS = ('no step ranges (NVTX ranges named like "step N", "iteration N", "train_step", "ProfilerStep#N") '
-            "and nothing in the GPU work that repeats once per step (optimizer-kernel bursts, a recurring kernel)")
+            "and no repeating GPU work that marks steps (optimizer-kernel bursts, a kernel recurring at a fixed period)")
 
 
 def analyze_nsys(path: Path) -> dict:

@@ -58,7 +58,10 @@ def evaluate(a: dict, context: dict | None = None) -> list[dict]:
     if not a.get("window", {}).get("duration_ns") or a.get("gpu_busy_pct") is None:
         return out  # nothing captured, or a CPU run: no device to explain
     window_ns = a["window"]["duration_ns"]
+    # Amounts are per step over steady steps; over the whole trace they are totals, said so.
     steps = max(1, len(a["window"].get("steps") or []))
+    per_step = "per step" if a["window"].get("steps") else "in the whole trace"
+    of_step = "of each step" if a["window"].get("steps") else "of the whole trace"
     causes = a.get("gaps", {}).get("causes_ns", {})
     idle_ns = sum(causes.values())
     busy = a["gpu_busy_pct"]
@@ -68,8 +71,7 @@ def evaluate(a: dict, context: dict | None = None) -> list[dict]:
         out.append(finding(
             "gpu_starved", "warning",
             f"GPU busy only {busy:.1f}% of {window_words(a)} ({a['gpu_idle_pct']:.1f}% idle, "
-            + (f"{idle_ns / steps / 1e6:.2f} ms idle per step" if a["window"].get("steps") else
-               f"{idle_ns / 1e6:.2f} ms idle") + f"); most idle time: {top.replace('_', ' ')}",
+            f"{idle_ns / steps / 1e6:.2f} ms idle {per_step}); most idle time: {top.replace('_', ' ')}",
             gpu_busy_pct=busy, idle_ms_per_step=idle_ns / steps / 1e6, main_cause=top))
 
     loading = causes.get("data_loading", 0) + causes.get("host_wait", 0)
@@ -79,7 +81,7 @@ def evaluate(a: dict, context: dict | None = None) -> list[dict]:
         out.append(finding(
             "data_loading", "warning",
             f"data-loading bound: {100 * _share(loading, idle_ns):.0f}% of the GPU idle time "
-            f"({loading / steps / 1e6:.2f} ms per step) is the host loading data or waiting; {advice}, "
+            f"({loading / steps / 1e6:.2f} ms {per_step}) is the host loading data or waiting; {advice}, "
             "pin memory and prefetch",
             data_loading_ms_per_step=causes.get("data_loading", 0) / steps / 1e6,
             host_wait_ms_per_step=causes.get("host_wait", 0) / steps / 1e6,
@@ -89,8 +91,8 @@ def evaluate(a: dict, context: dict | None = None) -> list[dict]:
     if sync_pct >= SYNC_MIN_PCT:
         out.append(finding(
             "host_sync", "warning",
-            f"host synchronisation: the GPU sits idle at synchronising calls for {sync_pct:.1f}% of each step "
-            f"({causes['sync'] / steps / 1e6:.2f} ms per step); remove .item()/.cpu()/print of GPU values "
+            f"host synchronisation: the GPU sits idle at synchronising calls for {sync_pct:.1f}% {of_step} "
+            f"({causes['sync'] / steps / 1e6:.2f} ms {per_step}); remove .item()/.cpu()/print of GPU values "
             "from the step, or do them every N steps",
             sync_idle_pct=sync_pct, sync_ms_per_step=causes["sync"] / steps / 1e6))
 
@@ -101,7 +103,7 @@ def evaluate(a: dict, context: dict | None = None) -> list[dict]:
     if launch_pct >= LAUNCH_MIN_PCT and (short or launch_heavy):
         out.append(finding(
             "launch_bound", "warning",
-            f"launch bound: the GPU waits for the host to launch work for {launch_pct:.1f}% of each step "
+            f"launch bound: the GPU waits for the host to launch work for {launch_pct:.1f}% {of_step} "
             f"({kernels.get('short_pct', 0):.0f}% of kernels under {SHORT_KERNEL_NS / 1e3:.0f} us, launch calls "
             f"{kernels.get('launch_api_ns', 0) / 1e6:.1f} ms vs kernels {kernels.get('total_ns', 0) / 1e6:.1f} ms); "
             "use CUDA graphs or torch.compile to launch fewer, larger kernels",
@@ -112,8 +114,8 @@ def evaluate(a: dict, context: dict | None = None) -> list[dict]:
     if pageable.get("count"):
         out.append(finding(
             "pageable_copies", "warning",
-            f"{pageable['count'] / steps:.1f} copies per step of >= 1 MiB to or from pageable host memory "
-            f"({pageable['bytes'] / steps / 2**20:.0f} MiB per step); pageable copies are synchronous and slow: "
+            f"{pageable['count'] / steps:.1f} copies {per_step} of >= 1 MiB to or from pageable host memory "
+            f"({pageable['bytes'] / steps / 2**20:.0f} MiB {per_step}); pageable copies are synchronous and slow: "
             "use pinned memory (pin_memory=True, tensor.pin_memory()) and non_blocking=True",
             copies_per_step=pageable["count"] / steps, mib_per_step=pageable["bytes"] / steps / 2**20))
 
@@ -125,13 +127,13 @@ def evaluate(a: dict, context: dict | None = None) -> list[dict]:
             out.append(finding(
                 "offload_cost", "warning",
                 f"offload cost: copies to and from pinned host memory run with no kernel beside them for "
-                f"{exposed:.1f}% of the step ({a['h2d_gb'] / steps:.2f} GB in and {a['d2h_gb'] / steps:.2f} GB out "
-                "per step); overlap them with compute (separate stream, prefetch ahead of use) or offload fewer layers",
+                f"{exposed:.1f}% {of_step} ({a['h2d_gb'] / steps:.2f} GB in and {a['d2h_gb'] / steps:.2f} GB out "
+                f"{per_step}); overlap them with compute (separate stream, prefetch ahead of use) or offload fewer layers",
                 exposed_memcpy_pct=exposed, h2d_gb_per_step=a["h2d_gb"] / steps, d2h_gb_per_step=a["d2h_gb"] / steps))
         else:
             out.append(finding(
                 "exposed_memcpy", "warning",
-                f"copies not hidden behind compute: {exposed:.1f}% of the step only copies data "
+                f"copies not hidden behind compute: {exposed:.1f}% {of_step} only copies data "
                 f"(memcpy {a['memcpy_time_pct']:.1f}% of GPU operation time)",
                 exposed_memcpy_pct=exposed, memcpy_time_pct=a["memcpy_time_pct"]))
 
@@ -141,7 +143,7 @@ def evaluate(a: dict, context: dict | None = None) -> list[dict]:
     if um > 0 or um_idle:
         severity = "warning" if um >= UM_WARN_PCT or _share(um_idle, window_ns) * 100 >= IDLE_MIN_PCT else "info"
         fault_text = ", ".join(f"{v} {k.upper()} page faults" for k, v in faults.items()) or "page faults not traced"
-        idle_text = (f"; {um_idle / steps / 1e6:.2f} ms per step of GPU idle time ({100 * _share(um_idle, idle_ns):.0f}% "
+        idle_text = (f"; {um_idle / steps / 1e6:.2f} ms {per_step} of GPU idle time ({100 * _share(um_idle, idle_ns):.0f}% "
                      "of it) is in phases where the host faults on or migrates managed memory") if um_idle else ""
         out.append(finding(
             "um_migrations", severity,
