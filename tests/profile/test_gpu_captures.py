@@ -65,7 +65,8 @@ def test_torch_trace_and_nsys_agree_on_one_run():
     nsys, torch = full_analysis(sqlite), full_analysis(trace)
     assert nsys["window"]["steps"] == torch["window"]["steps"]
     assert torch["gpu_busy_pct"] == pytest.approx(nsys["gpu_busy_pct"], abs=close)
-    assert {k["name"] for k in torch["top_kernels"][:3]} == {k["name"] for k in nsys["top_kernels"][:3]}
+    # Demangled names differ between CUPTI and nsys for templated lambdas; short names match.
+    assert {k["short_name"] for k in torch["top_kernels"][:3]} == {k["short_name"] for k in nsys["top_kernels"][:3]}
     for key in ("kernel_time_pct", "memcpy_time_pct", "exposed_memcpy_pct"):
         assert torch[key] == pytest.approx(nsys[key], abs=close), key
     assert torch["whole_trace"]["kernel_count"] == pytest.approx(nsys["whole_trace"]["kernel_count"], rel=0.02)
