@@ -64,7 +64,7 @@ def test_fp8_replaces_decoder_linears():
     from omegaconf import OmegaConf
 
     from ghsweep.train.fp8 import apply_fp8
-    from ghsweep.train.model import build_model
+    from ghsweep.train.model import apply_peft, build_model
     from ghsweep.train.precision import Precision
 
     if torch.cuda.get_device_capability() < (8, 9):
@@ -76,6 +76,13 @@ def test_fp8_replaces_decoder_linears():
     kinds = {type(m).__name__ for name, m in model.named_modules() if name.endswith(("q_proj", "down_proj"))}
     assert kinds and all("Float8" in k for k in kinds), kinds
     assert type(model.lm_head).__name__ == "Linear"
+    # With LoRA the frozen base layers get fp8 weights quantised once; the adapters stay bf16.
+    lora_model = apply_peft(build_model(model_cfg, torch.device("cuda"), torch.bfloat16)[0],
+                            OmegaConf.load(CONF_DIR / "peft" / "lora.yaml"), torch.bfloat16)
+    apply_fp8(lora_model, prec_cfg, Precision(prec_cfg, torch.device("cuda")))
+    base = {type(m).__name__ for name, m in lora_model.named_modules() if name.endswith("q_proj.base_layer")}
+    adapters = {type(m).__name__ for name, m in lora_model.named_modules() if "lora_A" in name and "q_proj" in name}
+    assert base == {"FrozenFp8Linear"} and "Linear" in adapters, (base, adapters)
 
 
 def test_offload_keeps_losses_and_lowers_memory(tmp_path):
