@@ -1,0 +1,88 @@
+"""The tune sweeper: ask Optuna for a batch of combinations, run them through the sweep's launcher,
+tell Optuna each run's metrics, until the study has `tune.trials` trials; then report the answer.
+
+Each trial is one job of the sweep (its own run directory and MLflow child run, tagged with the
+study and trial number), so the launchers, the resume of finished runs and the sweep's summary
+and comparison work as for a grid. Hydra instantiates it from hydra_plugins.ghsweep_sweeper.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+from ghsweep.launch.sweep_manifest import SweepManifest
+from ghsweep.tracking.mlflow_store import MlflowStore
+from ghsweep.tune.report import REPORT_DIR, answer, command, summarize, write_report
+from ghsweep.tune.settings import TuneConfigError, TuneSettings
+from ghsweep.tune.space import SearchSpace
+from ghsweep.tune.study import STUDY_TAG, TRIAL_TAG, TrialOutcome, open_study, tell, trials_done
+
+
+class TuneSweeper(Sweeper):
+    def __init__(self, params: dict[str, str] | None = None) -> None:
+        # Presets give their search space here (hydra.sweeper.params), as for Hydra's basic sweeper.
+        self.params = dict(params or {})
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.hydra_context = hydra_context
+        self.config = config
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config)
+
+    def sweep(self, arguments: list[str]) -> Any:
+        cfg = self.config
+        settings = TuneSettings.from_config(cfg.tune)
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        space = SearchSpace.parse(parser, [f"{k}={v}" for k, v in self.params.items()] + list(arguments))
+        sweep_dir = Path(cfg.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, sweep_dir / "multirun.yaml")
+        if cfg.dry_run:
+            # What the first batch would run; the study's storage is not touched.
+            study = open_study(settings, space, cfg.hydra.runtime.cwd, in_memory=True)
+            batch = [space.overrides(study.ask(space.distributions).params) for _ in range(settings.parallel)]
+            return [self.launcher.launch(batch, initial_job_idx=0)]
+        if not cfg.wait:
+            raise TuneConfigError("wait=false: a tuning study needs each batch's results before it asks for the next; "
+                                  "accepted with hydra/sweeper=tune: wait=true")
+
+        study = open_study(settings, space, cfg.hydra.runtime.cwd)
+        manifest = SweepManifest.load(sweep_dir)
+        store = MlflowStore(manifest.tracking_uri, manifest.experiment)
+        store.set_tags(manifest.parent_run_id, {STUDY_TAG: study.study_name, "ghsweep.tune.storage": settings.storage})
+        store.log_params(manifest.parent_run_id, {f"tune.{k}": v for k, v in OmegaConf.to_container(cfg.tune).items()})
+        print(f"ghsweep tune: study {study.study_name} ({settings.storage}): {trials_done(study)} of "
+              f"{settings.trials} trials done before this sweep", flush=True)
+
+        returns = []
+        job_num = 0
+        while (left := settings.trials - trials_done(study)) > 0:
+            trials = [study.ask(space.distributions) for _ in range(min(settings.parallel, left))]
+            batch = [space.overrides(t.params) for t in trials]
+            self.validate_batch_is_legal(batch)
+            jobs = self.launcher.launch(batch, initial_job_idx=job_num)
+            job_num += len(batch)
+            returns.append(jobs)
+            for trial, overrides, job in zip(trials, batch, jobs):
+                outcome = TrialOutcome.from_job(job, overrides)
+                told = tell(study, settings, trial, outcome)
+                if outcome.run_id:
+                    store.set_tags(outcome.run_id, {STUDY_TAG: study.study_name, TRIAL_TAG: trial.number})
+                print(f"ghsweep tune: trial {trial.number} ({' '.join(overrides)}): {told}", flush=True)
+
+        files = write_report(study, settings, space, sweep_dir / REPORT_DIR)
+        store.log_artifacts(manifest.parent_run_id, files, REPORT_DIR)
+        best = answer(study)
+        if best:
+            store.set_tags(manifest.parent_run_id, {"ghsweep.tune.best_trials": ",".join(str(t.number) for t in best),
+                                                    "ghsweep.tune.best_command": command(best[0])})
+        print("\n" + summarize(study, settings, space) + f"\n  report: {sweep_dir / REPORT_DIR / 'tune.md'} "
+              "(and on the sweep's MLflow run under tune/)\n", flush=True)
+        return returns
