@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import shlex
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import matplotlib
@@ -58,6 +60,16 @@ def trial_table(study: optuna.Study, settings: TuneSettings, space: SearchSpace)
     return align(header, rows)
 
 
+@contextmanager
+def quiet_optuna() -> Iterator[None]:
+    """Optuna's warnings that say nothing to a user here: its matplotlib plots are marked experimental,
+    and its importance evaluator says it favours low targets whenever it is given one (_target is)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
+        yield
+
+
 def _target(settings: TuneSettings, i: int):
     """Objective i as a value to minimise: Optuna's importance evaluator ranks what achieves low targets."""
     sign = -1.0 if settings.objectives[i].direction == "maximize" else 1.0
@@ -68,10 +80,11 @@ def importances(study: optuna.Study, settings: TuneSettings) -> dict[str, dict[s
     """Per objective, each knob's share of the objective's variation over the finished trials."""
     found = {}
     for i, objective in enumerate(settings.objectives):
-        try:
-            found[objective.metric] = optuna.importance.get_param_importances(study, target=_target(settings, i))
-        except (ValueError, RuntimeError, ZeroDivisionError):  # too few finished trials, or no knob varied among them
-            found[objective.metric] = {}
+        with quiet_optuna():
+            try:
+                found[objective.metric] = optuna.importance.get_param_importances(study, target=_target(settings, i))
+            except (ValueError, RuntimeError, ZeroDivisionError):  # too few finished trials, or no knob varied
+                found[objective.metric] = {}
     return found
 
 
@@ -131,9 +144,7 @@ def summarize(study: optuna.Study, settings: TuneSettings, space: SearchSpace) -
 def write_report(study: optuna.Study, settings: TuneSettings, space: SearchSpace, out_dir: Path) -> list[Path]:
     """tune.md, best.txt (the reproducing command lines) and the plots, in out_dir."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        # Optuna marks its matplotlib plots experimental; they are what we want here.
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    with quiet_optuna():
         images = plots(study, settings, out_dir)
     text = summarize(study, settings, space)
     (out_dir / ANSWER_FILE).write_text("".join(command(t) + "\n" for t in answer(study)))

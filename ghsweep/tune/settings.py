@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 DIRECTIONS = ("maximize", "minimize")
 SAMPLERS = ("tpe", "random")
-BOUND = re.compile(r"^\s*(<=|>=)\s*([-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)\s*$")
 
 
 class TuneConfigError(ValueError):
@@ -59,7 +57,8 @@ class TuneSettings:
     @classmethod
     def from_config(cls, tune: DictConfig) -> TuneSettings:
         objectives = _objectives(tune.objective, tune.direction)
-        constraints = [_constraint(metric, bound) for metric, bound in (tune.constraints or {}).items()]
+        constraints = [Constraint(metric, op, _number(f"tune.{key}.{metric}", bound))
+                       for key, op in (("max", "<="), ("min", ">=")) for metric, bound in (tune[key] or {}).items()]
         if tune.max_peak_mem_gb is not None:
             constraints.append(Constraint("peak_mem_gb", "<=", _number("tune.max_peak_mem_gb", tune.max_peak_mem_gb)))
         if tune.sampler not in SAMPLERS:
@@ -106,9 +105,3 @@ def _objectives(metric: object, direction: object) -> list[Objective]:
             raise TuneConfigError(f"tune.direction={d}: accepted: {', '.join(DIRECTIONS)}")
     return [Objective(m, d) for m, d in zip(metrics, directions)]
 
-
-def _constraint(metric: str, bound: object) -> Constraint:
-    match = BOUND.match(str(bound))
-    if not match:
-        raise TuneConfigError(f"tune.constraints.{metric}={bound}: a bound such as '<=40' or '>=0.3'")
-    return Constraint(metric, match.group(1), float(match.group(2)))
