@@ -20,7 +20,8 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from tests.conftest import REPO, run_cli
+from ghsweep.launch.slurm_jobs import load_jobs
+from tests.conftest import run_cli
 
 SPACE = ["hydra/sweeper=tune", "experiment=smoke", "train.max_steps=6", "train.seq_length=64",
          "train.lr=1e-6,1e-4,3e-3"]
@@ -169,3 +170,14 @@ def test_bad_tune_settings_are_one_line_errors(tmp_path, bad, message):
 def test_nothing_to_search_is_an_error(tmp_path):
     proc = run_cli(["-m", "hydra/sweeper=tune", "experiment=smoke", "precision=bf16"], tmp_path)
     assert proc.returncode != 0 and "hydra/sweeper=tune: nothing to search" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_parallel_trials_run_as_one_batch_of_submitit_jobs(tmp_path):
+    proc = run_cli(["-m", "hydra/sweeper=tune", "hydra/launcher=submitit_local", "hydra.launcher.cpus_per_task=1",
+                    "experiment=smoke", "train.max_steps=2", "train.seq_length=64", "precision=fp32,bf16",
+                    "tune.objective=final_loss", "tune.direction=minimize", "tune.trials=2", "tune.parallel=2",
+                    "hydra.sweep.dir=sweep"], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len(load_jobs(tmp_path / "sweep")) == 2 and "ghsweep: submitted 2 jobs (local)" in proc.stdout
+    study = study_of(tmp_path, proc.stdout)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
