@@ -17,7 +17,7 @@ from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.report.compare import COMPARISON_DIR, report_comparison
 from ghsweep.report.sweep_table import format_table
 from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri
-from ghsweep.tune.report import require_answer
+from ghsweep.tune.answer import print_answer
 
 log = logging.getLogger(__name__)
 
@@ -92,4 +92,4 @@ class SweepCallback(Callback):
         tuning = config.hydra.sweeper._target_ == TUNE_SWEEPER
         finish_sweep(Path(config.hydra.sweep.dir), failures_expected=tuning)
         if tuning:
-            require_answer(Path(config.hydra.sweep.dir))
+            print_answer(Path(config.hydra.sweep.dir))

@@ -18,12 +18,10 @@ from optuna.trial import FrozenTrial, TrialState  # noqa: E402
 from optuna.visualization import matplotlib as optuna_plots  # noqa: E402
 
 from ghsweep.report.sweep_table import align  # noqa: E402
+from ghsweep.tune.answer import ANSWER_FILE, REPORT_FILE  # noqa: E402
 from ghsweep.tune.settings import TuneSettings  # noqa: E402
 from ghsweep.tune.space import SearchSpace  # noqa: E402
 
-REPORT_DIR = "tune"
-REPORT_FILE = "tune.md"
-ANSWER_FILE = "best.txt"
 
 
 def command(trial: FrozenTrial) -> str:
@@ -152,10 +150,3 @@ def write_report(study: optuna.Study, settings: TuneSettings, space: SearchSpace
         f"![{p.stem}]({p.name})\n\n" for p in images)
     (out_dir / REPORT_FILE).write_text(markdown)
     return [out_dir / REPORT_FILE, out_dir / ANSWER_FILE, *images]
-
-
-def require_answer(sweep_dir: Path) -> None:
-    """SystemExit when the study found no trial within its constraints: the command has no answer."""
-    best = sweep_dir / REPORT_DIR / ANSWER_FILE
-    if not best.exists() or not best.read_text().strip():
-        raise SystemExit(f"ghsweep tune: no trial finished within the constraints ({sweep_dir / REPORT_DIR / REPORT_FILE})")

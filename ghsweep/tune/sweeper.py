@@ -19,7 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking.mlflow_store import MlflowStore
-from ghsweep.tune.report import REPORT_DIR, answer, command, summarize, write_report
+from ghsweep.tune.answer import REPORT_DIR, REPORT_FILE
+from ghsweep.tune.report import answer, command, summarize, write_report
 from ghsweep.tune.settings import TuneConfigError, TuneSettings
 from ghsweep.tune.space import SearchSpace
 from ghsweep.tune.study import STUDY_TAG, TRIAL_TAG, TrialOutcome, open_study, tell, trials_done
@@ -83,6 +84,6 @@ class TuneSweeper(Sweeper):
         if best:
             store.set_tags(manifest.parent_run_id, {"ghsweep.tune.best_trials": ",".join(str(t.number) for t in best),
                                                     "ghsweep.tune.best_command": command(best[0])})
-        print("\n" + summarize(study, settings, space) + f"\n  report: {sweep_dir / REPORT_DIR / 'tune.md'} "
+        print("\n" + summarize(study, settings, space) + f"\n  report: {sweep_dir / REPORT_DIR / REPORT_FILE} "
               "(and on the sweep's MLflow run under tune/)\n", flush=True)
         return returns

@@ -72,8 +72,9 @@ def test_study_finds_the_best_and_learns_from_failed_runs(cwd, first):
     report = cwd / sweep_dir(first.stdout) / "tune"
     assert (report / "best.txt").read_text() == reproduce + "\n"
     assert (report / "history_final_loss.png").stat().st_size > 0
-    # Failed trials are part of the search: the command still succeeds with its answer.
+    # Failed trials are part of the search: the command still succeeds, and its answer is its last line.
     assert f"{len(failed)} failed" in first.stdout
+    assert first.stdout.rstrip().splitlines()[-1] == f"  {reproduce}"
 
 
 def test_trials_are_mlflow_children_of_the_tuning_parent(cwd, first):
