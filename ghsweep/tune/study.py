@@ -7,7 +7,8 @@ knob values are asked again first; if its run had finished in MLflow, the launch
 
 A run that failed (bad combination, out of memory, crash) is told as a PRUNED trial that violates
 the constraint `run_failed`: Optuna's samplers learn from COMPLETE and PRUNED trials only, and
-rank infeasible ones below every feasible one, so the sampler steers away from it.
+rank infeasible ones below every feasible one, so the sampler steers away from it. The same knob
+values asked again fail the same way without running (force=true runs them again).
 """
 
 from __future__ import annotations
@@ -101,6 +102,19 @@ def open_study(settings: TuneSettings, space: SearchSpace, cwd: str, in_memory: 
 
 def trials_done(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def earlier_failures(study: optuna.Study) -> dict[tuple, str]:
+    """The knob values of the study's failed trials, each with its first failure: a trial asking for
+    them again is told that failure instead of running it again (an OOM costs a whole run)."""
+    failures: dict[tuple, str] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)):
+        failures.setdefault(knob_values(t.params), f"as in trial {t.number}: {t.user_attrs.get('error')}")
+    return failures
+
+
+def knob_values(params: dict) -> tuple:
+    return tuple(sorted(params.items()))
 
 
 def tell(study: optuna.Study, settings: TuneSettings, trial: Trial, outcome: TrialOutcome) -> str:

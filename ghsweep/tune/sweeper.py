@@ -23,7 +23,8 @@ from ghsweep.tune.answer import REPORT_DIR, REPORT_FILE
 from ghsweep.tune.report import answer, command, summarize, write_report
 from ghsweep.tune.settings import TuneConfigError, TuneSettings
 from ghsweep.tune.space import SearchSpace
-from ghsweep.tune.study import STUDY_TAG, TRIAL_TAG, TrialOutcome, open_study, tell, trials_done
+from ghsweep.tune.study import (STUDY_TAG, TRIAL_TAG, TrialOutcome, earlier_failures, knob_values, open_study, tell,
+                                trials_done)
 
 
 class TuneSweeper(Sweeper):
@@ -66,17 +67,23 @@ class TuneSweeper(Sweeper):
         job_num = 0
         while (left := settings.trials - trials_done(study)) > 0:
             trials = [study.ask(space.distributions) for _ in range(min(settings.parallel, left))]
-            batch = [space.overrides(t.params) for t in trials]
-            self.validate_batch_is_legal(batch)
-            jobs = self.launcher.launch(batch, initial_job_idx=job_num)
-            job_num += len(batch)
-            returns.append(jobs)
-            for trial, overrides, job in zip(trials, batch, jobs):
-                outcome = TrialOutcome.from_job(job, overrides)
+            failed_before = {} if cfg.force else earlier_failures(study)
+            outcomes = {t.number: TrialOutcome(space.overrides(t.params), "FAILED", error=failed_before[key])
+                        for t in trials if (key := knob_values(t.params)) in failed_before}
+            to_run = [t for t in trials if t.number not in outcomes]
+            batch = [space.overrides(t.params) for t in to_run]
+            if batch:
+                self.validate_batch_is_legal(batch)
+                jobs = self.launcher.launch(batch, initial_job_idx=job_num)
+                job_num += len(batch)
+                returns.append(jobs)
+                outcomes.update((t.number, TrialOutcome.from_job(job, o)) for t, o, job in zip(to_run, batch, jobs))
+            for trial in trials:
+                outcome = outcomes[trial.number]
                 told = tell(study, settings, trial, outcome)
                 if outcome.run_id:
                     store.set_tags(outcome.run_id, {STUDY_TAG: study.study_name, TRIAL_TAG: trial.number})
-                print(f"ghsweep tune: trial {trial.number} ({' '.join(overrides)}): {told}", flush=True)
+                print(f"ghsweep tune: trial {trial.number} ({' '.join(outcome.overrides)}): {told}", flush=True)
 
         files = write_report(study, settings, space, sweep_dir / REPORT_DIR)
         store.log_artifacts(manifest.parent_run_id, files, REPORT_DIR)

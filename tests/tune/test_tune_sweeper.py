@@ -77,6 +77,18 @@ def test_study_finds_the_best_and_learns_from_failed_runs(cwd, first):
     assert first.stdout.rstrip().splitlines()[-1] == f"  {reproduce}"
 
 
+def test_a_failed_combination_asked_again_is_not_run_again(tmp_path):
+    proc = run_cli(["-m", *SPACE, "precision=fp8", "tune.trials=4", "hydra.sweep.dir=sweep"], tmp_path)
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert "ghsweep tune: no trial finished within the constraints" in proc.stderr
+    study = study_of(tmp_path, proc.stdout)
+    assert [t.state for t in study.trials] == [TrialState.PRUNED] * 4
+    # Four trials over three learning rates: at least one asks for a combination that failed already.
+    repeats = [t for t in study.trials if t.user_attrs["error"].startswith("as in trial ")]
+    assert repeats and all("precision=fp8: needs an NVIDIA GPU" in t.user_attrs["error"] for t in repeats)
+    assert len(list((tmp_path / "sweep").glob("*/result.json"))) == 4 - len(repeats)
+
+
 def test_trials_are_mlflow_children_of_the_tuning_parent(cwd, first):
     client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}")
     exp = client.get_experiment_by_name("ghsweep").experiment_id
