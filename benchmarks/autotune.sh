@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # experiment=autotune on one GPU, timed: the study's answer, plots and log into $OUT (default autotune-out/).
 #   OUT=results bash benchmarks/autotune.sh [more overrides, e.g. tune.trials=12]
-# The sweep, its MLflow store and the study's journal go to a fresh temporary folder, so every call
-# is a new study (nothing reused from earlier runs); the last lines are the study's trial table.
+# The sweep, its MLflow store and the study's journal go to $WORK (default: a fresh temporary folder,
+# so a new study). The study stops after $LIMIT_S seconds (default 540) as if interrupted; the same
+# command with the same WORK continues it. The last lines are the study's trial table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-autotune-out}
-work=$(mktemp -d)
-mkdir -p "$out"
+work=${WORK:-$(mktemp -d)}
+mkdir -p "$out" "$work"
 start=$(date +%s)
-python3 -m ghsweep -m experiment=autotune hydra.sweep.dir="$work/sweep" tracking.uri="sqlite:///$work/mlflow.db" \
-  tune.storage="$work/tune.journal" "$@" > "$out/autotune.log" 2>&1
+timeout -s INT "${LIMIT_S:-540}" python3 -m ghsweep -m experiment=autotune hydra.sweep.dir="$work/sweep-$start" \
+  tracking.uri="sqlite:///$work/mlflow.db" tune.storage="$work/tune.journal" "$@" > "$out/autotune.log" 2>&1
 status=$?
 wall_s=$(( $(date +%s) - start ))
-tune="$work/sweep/tune"
-cp "$tune/tune.md" "$tune/best.txt" "$tune"/history_*.png "$tune"/importance_*.png "$work/sweep/summary.md" "$out/" 2>/dev/null
+tune="$work/sweep-$start/tune"
+cp "$tune/tune.md" "$tune/best.txt" "$tune"/history_*.png "$tune"/importance_*.png "$work/sweep-$start/summary.md" "$out/" 2>/dev/null
 python3 - "$work/tune.journal" "$wall_s" "$status" > "$out/autotune.json" <<'PY'
 import json, sys
 import optuna
@@ -38,5 +39,5 @@ print(json.dumps({
                        "constraints": t.constraints, "error": t.user_attrs.get("error")} for t in done],
 }, indent=1))
 PY
-sed -n '/^```$/,/^```$/p' "$out/tune.md" | sed '1d;$d'
+if [ -f "$tune/tune.md" ]; then sed -n '/^```$/,/^```$/p' "$tune/tune.md" | sed '1d;$d'; else tail -30 "$out/autotune.log"; fi
 echo "wall time: ${wall_s} s; exit status ${status}; files in $out: $(ls "$out" | tr '\n' ' ')"

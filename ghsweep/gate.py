@@ -23,7 +23,7 @@ from pathlib import Path
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from ghsweep.launch.resume import NOT_IDENTITY
+from ghsweep.launch.resume import identity_overrides
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.report.sweep_source import SweepNotFound, SweepRun, find_run, load_sweep
 from ghsweep.tracking.mlflow_store import absolute_tracking_uri
@@ -54,8 +54,7 @@ def fraction(text: str) -> float:
 
 def combination(run: SweepRun) -> str:
     """The run's overrides that decide what it trains (not where it is recorded or launched), sorted."""
-    return " ".join(sorted(o for o in run.overrides
-                           if o.lstrip("+~").split("=")[0].split(".")[0].split("/")[0] not in NOT_IDENTITY))
+    return " ".join(sorted(identity_overrides(run.overrides)))
 
 
 def measured(run: SweepRun, checks: list[str]) -> dict:

@@ -28,6 +28,11 @@ NOT_IDENTITY = ("hydra", "dry_run", "force", "wait", "tracking", "report", "tune
 TIMING = ("startup_s", "setup_s", "train_s", "record_s", "wall_s", "overhead_s")
 
 
+def identity_overrides(overrides: list[str]) -> list[str]:
+    """The overrides that change what a run trains: those of NOT_IDENTITY keys left out."""
+    return [o for o in overrides if o.lstrip("+~").split("=")[0].split(".")[0].split("/")[0] not in NOT_IDENTITY]
+
+
 def run_hash(cfg: DictConfig) -> str:
     """A short stable hash of the resolved config, launch and tracking keys left out."""
     # Key by key: the hydra node of a launcher-side config does not resolve outside a job.

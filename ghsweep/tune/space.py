@@ -22,6 +22,8 @@ from optuna.distributions import (
     distribution_to_json,
 )
 
+from ghsweep.launch.resume import identity_overrides
+
 # Overrides that configure the study itself, not the runs it launches.
 TUNE_PREFIX = "tune."
 
@@ -71,7 +73,7 @@ class SearchSpace:
         return [*self.fixed, *(f"{k}={params[k]}" for k in self.distributions)]
 
     def fingerprint(self) -> str:
-        """Stable text of what is searched and what is fixed, for naming the study."""
-        spec = {"fixed": sorted(self.fixed),
+        """Stable text of what is searched and what is fixed (where runs are recorded left out), for naming the study."""
+        spec = {"fixed": sorted(identity_overrides(self.fixed)),
                 "space": {k: distribution_to_json(d) for k, d in sorted(self.distributions.items())}}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
