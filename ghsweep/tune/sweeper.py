@@ -9,13 +9,14 @@ and comparison work as for a grid. Hydra instantiates it from hydra_plugins.ghsw
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+import optuna
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
+from optuna.trial import Trial
 
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking.mlflow_store import MlflowStore
@@ -38,7 +39,7 @@ class TuneSweeper(Sweeper):
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config)
 
-    def sweep(self, arguments: list[str]) -> Any:
+    def sweep(self, arguments: list[str]) -> None:
         cfg = self.config
         settings = TuneSettings.from_config(cfg.tune)
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
@@ -50,7 +51,8 @@ class TuneSweeper(Sweeper):
             # What the first batch would run; the study's storage is not touched.
             study = open_study(settings, space, cfg.hydra.runtime.cwd, in_memory=True)
             batch = [space.overrides(study.ask(space.distributions).params) for _ in range(settings.parallel)]
-            return [self.launcher.launch(batch, initial_job_idx=0)]
+            self.launcher.launch(batch, initial_job_idx=0)
+            return
         if not cfg.wait:
             raise TuneConfigError("wait=false: a tuning study needs each batch's results before it asks for the next; "
                                   "accepted with hydra/sweeper=tune: wait=true")
@@ -63,21 +65,10 @@ class TuneSweeper(Sweeper):
         print(f"ghsweep tune: study {study.study_name} ({settings.storage}): {trials_done(study)} of "
               f"{settings.trials} trials done before this sweep", flush=True)
 
-        returns = []
-        job_num = 0
+        self.job_num = 0
         while (left := settings.trials - trials_done(study)) > 0:
             trials = [study.ask(space.distributions) for _ in range(min(settings.parallel, left))]
-            failed_before = {} if cfg.force else earlier_failures(study)
-            outcomes = {t.number: TrialOutcome(space.overrides(t.params), "FAILED", error=failed_before[key])
-                        for t in trials if (key := knob_values(t.params)) in failed_before}
-            to_run = [t for t in trials if t.number not in outcomes]
-            batch = [space.overrides(t.params) for t in to_run]
-            if batch:
-                self.validate_batch_is_legal(batch)
-                jobs = self.launcher.launch(batch, initial_job_idx=job_num)
-                job_num += len(batch)
-                returns.append(jobs)
-                outcomes.update((t.number, TrialOutcome.from_job(job, o)) for t, o, job in zip(to_run, batch, jobs))
+            outcomes = self._outcomes(study, space, trials)
             for trial in trials:
                 outcome = outcomes[trial.number]
                 told = tell(study, settings, trial, outcome)
@@ -93,4 +84,18 @@ class TuneSweeper(Sweeper):
                                                     "ghsweep.tune.best_command": command(best[0])})
         print("\n" + summarize(study, settings, space) + f"\n  report: {sweep_dir / REPORT_DIR / REPORT_FILE} "
               "(and on the sweep's MLflow run under tune/)\n", flush=True)
-        return returns
+
+    def _outcomes(self, study: optuna.Study, space: SearchSpace, trials: list[Trial]) -> dict[int, TrialOutcome]:
+        """Each trial's outcome by its number: the failure its knob values had before in the study, or
+        its run, the runs of a batch launched together as jobs numbered on from the sweep's last."""
+        failed_before = {} if self.config.force else earlier_failures(study)
+        outcomes = {t.number: TrialOutcome(space.overrides(t.params), "FAILED", error=failed_before[key])
+                    for t in trials if (key := knob_values(t.params)) in failed_before}
+        to_run = [t for t in trials if t.number not in outcomes]
+        batch = [space.overrides(t.params) for t in to_run]
+        if batch:
+            self.validate_batch_is_legal(batch)
+            jobs = self.launcher.launch(batch, initial_job_idx=self.job_num)
+            self.job_num += len(batch)
+            outcomes.update((t.number, TrialOutcome.from_job(job, o)) for t, o, job in zip(to_run, batch, jobs))
+        return outcomes
