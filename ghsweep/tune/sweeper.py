@@ -23,9 +23,19 @@ from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.tune.answer import REPORT_DIR, REPORT_FILE
 from ghsweep.tune.report import answer, command, summarize, write_report
 from ghsweep.tune.settings import TuneConfigError, TuneSettings
-from ghsweep.tune.space import SearchSpace
+from ghsweep.tune.space import SearchSpace, SpaceError
 from ghsweep.tune.study import (STUDY_TAG, TRIAL_TAG, TrialOutcome, earlier_failures, knob_values, open_study, tell,
                                 trials_done)
+
+
+def end_sweep_run(sweep_dir: Path, error: str) -> None:
+    """End the sweep's MLflow run as FAILED: the callback created it before the study could start,
+    and it must not stay RUNNING."""
+    manifest = SweepManifest.load(sweep_dir)
+    if manifest:
+        store = MlflowStore(manifest.tracking_uri, manifest.experiment)
+        store.set_tags(manifest.parent_run_id, {"ghsweep.error": error})
+        store.finish(manifest.parent_run_id, "FAILED")
 
 
 class TuneSweeper(Sweeper):
@@ -41,10 +51,17 @@ class TuneSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> None:
         cfg = self.config
-        settings = TuneSettings.from_config(cfg.tune)
-        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        space = SearchSpace.parse(parser, [f"{k}={v}" for k, v in self.params.items()] + list(arguments))
         sweep_dir = Path(cfg.hydra.sweep.dir)
+        try:
+            settings = TuneSettings.from_config(cfg.tune)
+            parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+            space = SearchSpace.parse(parser, [f"{k}={v}" for k, v in self.params.items()] + list(arguments))
+            if not cfg.wait and not cfg.dry_run:
+                raise TuneConfigError("wait=false: a tuning study needs each batch's results before it asks for the "
+                                      "next; accepted with hydra/sweeper=tune: wait=true")
+        except (TuneConfigError, SpaceError) as exc:
+            end_sweep_run(sweep_dir, str(exc))
+            raise
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, sweep_dir / "multirun.yaml")
         if cfg.dry_run:
@@ -53,9 +70,6 @@ class TuneSweeper(Sweeper):
             batch = [space.overrides(study.ask(space.distributions).params) for _ in range(settings.parallel)]
             self.launcher.launch(batch, initial_job_idx=0)
             return
-        if not cfg.wait:
-            raise TuneConfigError("wait=false: a tuning study needs each batch's results before it asks for the next; "
-                                  "accepted with hydra/sweeper=tune: wait=true")
 
         study = open_study(settings, space, cfg.hydra.runtime.cwd)
         manifest = SweepManifest.load(sweep_dir)

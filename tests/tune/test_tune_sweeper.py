@@ -174,10 +174,16 @@ def test_two_objectives_give_the_pareto_front(cwd, first):
     (["tune.objective=[a,b]"], "tune.direction=maximize: one direction per objective (2)"),
     (["+tune.min.mfu=high"], "tune.min.mfu=high: must be a number"),
     (["tune.trials=0"], "tune.trials=0: must be a whole number >= 1"),
+    # A SLURM profile, as wait=false asks; its jobs are never submitted.
+    (["wait=false", "hydra/launcher=local_slurm", "tracking=sqlite"], "wait=false: a tuning study needs each batch's"),
 ])
 def test_bad_tune_settings_are_one_line_errors(tmp_path, bad, message):
     proc = run_cli(["-m", *SPACE, *bad], tmp_path)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+    # The sweep's MLflow run, made before the study could start, ends FAILED with the reason.
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (parent,) = client.search_runs([client.get_experiment_by_name("ghsweep").experiment_id])
+    assert parent.info.status == "FAILED" and message in parent.data.tags["ghsweep.error"]
 
 
 def test_nothing_to_search_is_an_error(tmp_path):
