@@ -17,11 +17,13 @@ from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.report.compare import COMPARISON_DIR, report_comparison
 from ghsweep.report.sweep_table import format_table
 from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri
+from ghsweep.tune.answer import print_answer
 
 log = logging.getLogger(__name__)
 
 # Only ghsweep's SLURM launcher returns at once and records its jobs for `python -m ghsweep.status`.
 GHSWEEP_SLURM_LAUNCHER = "hydra_plugins.ghsweep_launcher.ghsweep_launcher.SlurmLauncher"
+TUNE_SWEEPER = "hydra_plugins.ghsweep_sweeper.ghsweep_sweeper.TuneSweeper"
 
 
 def collect_results(sweep_dir: Path) -> list[RunResult]:
@@ -30,9 +32,10 @@ def collect_results(sweep_dir: Path) -> list[RunResult]:
     return sorted(found, key=lambda r: (len(Path(r.run_dir).name), Path(r.run_dir).name))
 
 
-def finish_sweep(sweep_dir: Path) -> None:
+def finish_sweep(sweep_dir: Path, failures_expected: bool = False) -> None:
     """The end of a sweep whose jobs all ended: summary table, comparison report, the parent run
-    ended; SystemExit when a run failed. Run by the sweep itself, or by `python -m ghsweep.status`
+    ended; SystemExit when a run failed, unless failures are expected (a tuning study's failed
+    trials are part of its search). Run by the sweep itself, or by `python -m ghsweep.status`
     for a sweep submitted with wait=false."""
     manifest = SweepManifest.load(sweep_dir)
     results = collect_results(sweep_dir)
@@ -46,8 +49,8 @@ def finish_sweep(sweep_dir: Path) -> None:
     store.log_artifacts(manifest.parent_run_id, [sweep_dir / "summary.md"])
     report_comparison(store, manifest.parent_run_id, sweep_dir / COMPARISON_DIR,
                       [r.mlflow_run_id for r in results if r.mlflow_run_id])
-    store.finish(manifest.parent_run_id, "FAILED" if failed else "FINISHED")
-    if failed:
+    store.finish(manifest.parent_run_id, "FAILED" if failed and not failures_expected else "FINISHED")
+    if failed and not failures_expected:
         # Hydra's multirun has no exit status of its own; a failed combination must fail the command.
         raise SystemExit(f"ghsweep: {len(failed)} of {len(results)} runs failed")
 
@@ -86,4 +89,7 @@ class SweepCallback(Callback):
         # Without waiting, `python -m ghsweep.status` ends the sweep (finish_sweep) once its jobs end.
         if config.dry_run or not config.wait:
             return
-        finish_sweep(Path(config.hydra.sweep.dir))
+        tuning = config.hydra.sweeper._target_ == TUNE_SWEEPER
+        finish_sweep(Path(config.hydra.sweep.dir), failures_expected=tuning)
+        if tuning:
+            print_answer(Path(config.hydra.sweep.dir))
