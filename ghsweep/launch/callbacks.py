@@ -16,6 +16,7 @@ from ghsweep.launch.run_result import RESULT_FILE, RunResult
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.report.compare import COMPARISON_DIR, report_comparison
 from ghsweep.report.sweep_table import format_table
+from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri
 
 log = logging.getLogger(__name__)
@@ -70,15 +71,16 @@ class SweepCallback(Callback):
     def _start_sweep(config: DictConfig) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         uri = absolute_tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
+        redact.remember(config, config.hydra.overrides.task)
         store = MlflowStore(uri, config.tracking.experiment)
-        command = shlex.join(["python", "-m", "ghsweep", *sys.argv[1:]])
+        command = shlex.join(["python", "-m", "ghsweep", *redact.overrides(sys.argv[1:])])
         sweep_name = "sweep " + "/".join(sweep_dir.parts[-2:])
         parent = store.start_run(sweep_name, tags={
             "ghsweep.role": "sweep",
             "ghsweep.sweep_dir": str(sweep_dir.resolve()),
             "ghsweep.command": command,
         })
-        store.log_params(parent, {"sweep.overrides": " ".join(config.hydra.overrides.task)})
+        store.log_params(parent, {"sweep.overrides": " ".join(redact.overrides(config.hydra.overrides.task))})
         SweepManifest(uri, config.tracking.experiment, parent, command).save(sweep_dir)
         log.info("MLflow: sweep run %s in experiment '%s' at %s", parent, config.tracking.experiment, uri)
 

@@ -14,6 +14,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
@@ -35,6 +36,7 @@ from ghsweep.launch.worker_process import WORKER_LOG, WorkerExit, run_worker, wo
 from ghsweep.profile.capture import find_tool
 from ghsweep.profile.plan import ProfileOutcome, ProfilePlan, after_worker, profiler_prefix, resolve as resolve_profile
 from ghsweep.report.run_report import write_run_report
+from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, flatten
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,21 @@ def failure_reason(run_dir: Path, exit: WorkerExit, timeout_min: float | None) -
     return f"worker exited with status {exit.returncode}: {lines[-1] if lines else 'no output'}"
 
 
+def shown_config(cfg: DictConfig) -> str:
+    """The resolved config as records show it: secrets redacted."""
+    return OmegaConf.to_yaml(OmegaConf.create(redact.config(OmegaConf.to_container(cfg, resolve=True))))
+
+
+def write_worker_config(cfg: DictConfig, run_dir: Path) -> None:
+    """config.yaml, the worker's input, with the real values; readable by the user only when it
+    holds a secret (MLflow gets the redacted copy)."""
+    path = run_dir / "config.yaml"
+    real = OmegaConf.to_yaml(cfg, resolve=True)
+    path.write_text(real)
+    if real != shown_config(cfg):
+        path.chmod(0o600)
+
+
 def plan_profile(cfg: DictConfig, run_dir: Path, on_gpu: bool) -> ProfilePlan:
     """The run's profile plan on this node. With a container the profilers run inside it, so they
     are looked up there and their export runs there too."""
@@ -89,8 +106,10 @@ def run_one(cfg: DictConfig) -> RunResult:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
-    overrides = list(hydra_cfg.overrides.task)
-    name = hydra_cfg.job.override_dirname or "run"
+    redact.remember(cfg, hydra_cfg.overrides.task)
+    # What records and the console show; the worker gets the real values through config.yaml.
+    overrides = redact.overrides(hydra_cfg.overrides.task)
+    name = redact.run_name(hydra_cfg.job.override_dirname or "run")
     choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if k in KNOB_GROUPS}
     if cfg.dry_run:
         launcher = hydra_cfg.runtime.choices.get("hydra/launcher")
@@ -98,7 +117,7 @@ def run_one(cfg: DictConfig) -> RunResult:
               flush=True)
         return RunResult(name=name, run_dir=str(run_dir), overrides=overrides, status="DRY_RUN")
 
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    write_worker_config(cfg, run_dir)
     (run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(overrides)))
 
     manifest = SweepManifest.load(Path(hydra_cfg.sweep.dir)) if in_sweep else None
@@ -224,6 +243,10 @@ def _record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, res
     # recipe.*: the composed NeMo recipe (backend=nemo); files a run did not write are skipped.
     artifacts = ["config.yaml", "overrides.yaml", WORKER_LOG, "report.md", "metrics.jsonl", "summary.json", "result.json",
                  "recipe.txt", "recipe.json"]
-    store.log_artifacts(run_id, [run_dir / a for a in artifacts])
+    with tempfile.TemporaryDirectory() as shown_dir:
+        # config.yaml under its own name, its secrets redacted; the run directory's copy is the worker's.
+        (Path(shown_dir) / "config.yaml").write_text(shown_config(cfg))
+        store.log_artifacts(run_id, [Path(shown_dir) / "config.yaml"])
+    store.log_artifacts(run_id, [run_dir / a for a in artifacts if a != "config.yaml"])
     store.log_artifacts(run_id, profile.artifacts, "profile")
     store.finish(run_id, result.status)

@@ -21,6 +21,8 @@ from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
+from ghsweep.tracking import redact  # noqa: E402
+
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100
 MAX_TAGS_PER_BATCH = 100
@@ -89,20 +91,21 @@ class MlflowStore:
             # Another job created it between our look-up and our create.
             return with_retry(self.client.get_experiment_by_name, name).experiment_id
 
+    # Names, params and tags pass through ghsweep.tracking.redact: no secret reaches the store.
     def start_run(self, run_name: str, tags: Mapping[str, str], parent_run_id: str | None = None) -> str:
-        all_tags = dict(tags)
+        all_tags = {k: redact.text(str(v)) for k, v in tags.items()}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
-        run = with_retry(self.client.create_run, self.experiment_id, run_name=run_name, tags=all_tags)
+        run = with_retry(self.client.create_run, self.experiment_id, run_name=redact.run_name(run_name), tags=all_tags)
         return run.info.run_id
 
     def log_params(self, run_id: str, params: Mapping[str, str]) -> None:
-        items = [Param(k, str(v)[:MAX_PARAM_VALUE_CHARS]) for k, v in params.items()]
+        items = [Param(k, v[:MAX_PARAM_VALUE_CHARS]) for k, v in redact.params(params).items()]
         for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
             with_retry(self.client.log_batch, run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
 
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
-        items = [RunTag(k, str(v)) for k, v in tags.items()]
+        items = [RunTag(k, redact.text(str(v))) for k, v in tags.items()]
         for i in range(0, len(items), MAX_TAGS_PER_BATCH):
             with_retry(self.client.log_batch, run_id, tags=items[i : i + MAX_TAGS_PER_BATCH])
 
