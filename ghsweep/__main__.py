@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
+from ghsweep.launch import interrupts
+from ghsweep.launch.callbacks import SweepCallback, finish_sweep
 from ghsweep.launch.job import run_one
 
 
@@ -20,4 +24,11 @@ def main(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    interrupts.raise_on_sigterm()
+    try:
+        main()
+    except KeyboardInterrupt as interrupt:  # the run in progress has recorded itself KILLED
+        if SweepCallback.started_sweep_dir is None:
+            print(f"ghsweep: {interrupts.reason(interrupt)}", file=sys.stderr)
+            raise SystemExit(interrupts.exit_status(interrupt)) from None
+        finish_sweep(SweepCallback.started_sweep_dir, interrupt)

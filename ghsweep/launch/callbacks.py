@@ -12,12 +12,14 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ghsweep.errors import one_line
+from ghsweep.launch import interrupts
 from ghsweep.launch.run_result import RESULT_FILE, RunResult
+from ghsweep.launch.stale_runs import end_running_children, end_sweep_run, process_tags, settle_dead_sweeps
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.report.compare import COMPARISON_DIR, report_comparison
 from ghsweep.report.sweep_table import format_table
 from ghsweep.tracking import redact
-from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri
+from ghsweep.tracking.mlflow_store import MlflowStore, TrackingUriError, absolute_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -31,20 +33,32 @@ def collect_results(sweep_dir: Path) -> list[RunResult]:
     return sorted(found, key=lambda r: (len(Path(r.run_dir).name), Path(r.run_dir).name))
 
 
-def finish_sweep(sweep_dir: Path) -> None:
+def finish_sweep(sweep_dir: Path, interrupt: KeyboardInterrupt | None = None) -> None:
     """The end of a sweep whose jobs all ended: summary table, comparison report, the parent run
     ended; SystemExit when a run failed. Run by the sweep itself, or by `python -m ghsweep.status`
-    for a sweep submitted with wait=false."""
+    for a sweep submitted with wait=false.
+
+    With `interrupt` (Ctrl-C or SIGTERM of the sweep process): runs still RUNNING end KILLED, the
+    summary shows what finished, the parent run ends KILLED, and the exit status is 130 or 143.
+    The comparison report is left out: a stopped process should stop soon.
+    """
     manifest = SweepManifest.load(sweep_dir)
+    store = MlflowStore(manifest.tracking_uri, manifest.experiment)
+    if interrupt is not None:
+        end_running_children(store, manifest.parent_run_id, "KILLED", interrupts.reason(interrupt))
     results = collect_results(sweep_dir)
     table = format_table(results)
     failed = [r for r in results if r.status != "FINISHED"]
     print(f"\nghsweep: {len(results) - len(failed)} of {len(results)} runs finished "
           f"(sweep directory {sweep_dir})\n{table}\n", flush=True)
     (sweep_dir / "summary.md").write_text(f"# {manifest.command}\n\n```\n{table}\n```\n")
-    store = MlflowStore(manifest.tracking_uri, manifest.experiment)
     store.set_tags(manifest.parent_run_id, {"ghsweep.runs": len(results), "ghsweep.failed_runs": len(failed)})
     store.log_artifacts(manifest.parent_run_id, [sweep_dir / "summary.md"])
+    if interrupt is not None:
+        end_sweep_run(store, manifest.parent_run_id, "KILLED", interrupts.reason(interrupt))
+        print(f"ghsweep: {interrupts.reason(interrupt)}; the same command again resumes the sweep "
+              "(runs that finished are skipped)", file=sys.stderr, flush=True)
+        raise SystemExit(interrupts.exit_status(interrupt))
     report_comparison(store, manifest.parent_run_id, sweep_dir / COMPARISON_DIR,
                       [r.mlflow_run_id for r in results if r.mlflow_run_id])
     store.finish(manifest.parent_run_id, "FAILED" if failed else "FINISHED")
@@ -54,6 +68,9 @@ def finish_sweep(sweep_dir: Path) -> None:
 
 
 class SweepCallback(Callback):
+    # The sweep this process started, for ending it when the process is interrupted (ghsweep.__main__).
+    started_sweep_dir: Path | None = None
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.dry_run:
             return
@@ -63,6 +80,9 @@ class SweepCallback(Callback):
                              f"this sweep uses hydra/launcher={config.hydra.runtime.choices['hydra/launcher']}")
         try:
             self._start_sweep(config)
+            SweepCallback.started_sweep_dir = Path(config.hydra.sweep.dir)
+        except TrackingUriError as exc:
+            raise SystemExit(f"ghsweep: {exc}") from None
         except Exception as exc:  # as above: the jobs must not run without their parent run and manifest
             raise SystemExit(f"ghsweep: the sweep's MLflow run could not be created at {config.tracking.uri}: "
                              f"{one_line(exc)}") from exc
@@ -73,12 +93,14 @@ class SweepCallback(Callback):
         uri = absolute_tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
         redact.remember(config, config.hydra.overrides.task)
         store = MlflowStore(uri, config.tracking.experiment)
+        settle_dead_sweeps(store)
         command = shlex.join(["python", "-m", "ghsweep", *redact.overrides(sys.argv[1:])])
         sweep_name = "sweep " + "/".join(sweep_dir.parts[-2:])
         parent = store.start_run(sweep_name, tags={
             "ghsweep.role": "sweep",
             "ghsweep.sweep_dir": str(sweep_dir.resolve()),
             "ghsweep.command": command,
+            **process_tags(),
         })
         store.log_params(parent, {"sweep.overrides": " ".join(redact.overrides(config.hydra.overrides.task))})
         SweepManifest(uri, config.tracking.experiment, parent, command).save(sweep_dir)

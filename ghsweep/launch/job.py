@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.errors import one_line
 from ghsweep.config.validate import ConfigError, run_device, validate
+from ghsweep.launch import interrupts
 from ghsweep.launch.container import check_container, container_prefix, tool_finder
 from ghsweep.launch.device_probe import probe_gpu
 from ghsweep.launch.dry_run import describe
@@ -37,7 +38,7 @@ from ghsweep.profile.capture import find_tool
 from ghsweep.profile.plan import ProfileOutcome, ProfilePlan, after_worker, profiler_prefix, resolve as resolve_profile
 from ghsweep.report.run_report import write_run_report
 from ghsweep.tracking import redact
-from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, flatten
+from ghsweep.tracking.mlflow_store import MlflowStore, TrackingUriError, absolute_tracking_uri, flatten
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,10 @@ def run_one(cfg: DictConfig) -> RunResult:
 
     manifest = SweepManifest.load(Path(hydra_cfg.sweep.dir)) if in_sweep else None
     uri = manifest.tracking_uri if manifest else absolute_tracking_uri(cfg.tracking.uri, hydra_cfg.runtime.cwd)
-    store = MlflowStore(uri, manifest.experiment if manifest else cfg.tracking.experiment)
+    try:
+        store = MlflowStore(uri, manifest.experiment if manifest else cfg.tracking.experiment)
+    except TrackingUriError as exc:  # no run can be recorded: one line, not a traceback
+        raise SystemExit(f"ghsweep: {exc}") from None
     identity = run_hash(cfg)
     earlier = finished_run(store, identity) if in_sweep and not cfg.force else None
     if earlier is not None:
@@ -147,6 +151,7 @@ def run_one(cfg: DictConfig) -> RunResult:
     dataclasses.replace(result, status="RUNNING").save()
     summary: dict = {}
     profile = ProfileOutcome()
+    interrupt: KeyboardInterrupt | None = None
     try:
         missing = sorted(OmegaConf.missing_keys(cfg))
         if missing:
@@ -183,17 +188,18 @@ def run_one(cfg: DictConfig) -> RunResult:
         log.exception("%s: ghsweep failed around the worker", name)
         result.status = "FAILED"
         result.error = one_line(exc)
-    except KeyboardInterrupt:
-        store.set_tags(run_id, {"ghsweep.error": "interrupted by the user"})
-        store.finish(run_id, "KILLED")
-        raise
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: run_worker has stopped the worker's process group
+        result.status, result.error = "KILLED", interrupts.reason(exc)
+        interrupt = exc
 
     if result.error:
-        log.error("%s: FAILED: %s", name, result.error)
+        log.error("%s: %s: %s", name, result.status, result.error)
     try:
         _record(store, run_id, cfg, run_dir, result, summary, profile, started)
     except Exception:  # MLflow unreachable even after retries: the run's own files hold the record
         log.exception("%s: the MLflow record is incomplete; the run's record is complete in %s", name, run_dir)
+    if interrupt is not None:
+        raise interrupt
     return result
 
 

@@ -14,7 +14,7 @@ class RunResult:
     name: str
     run_dir: str
     overrides: list[str]
-    status: str  # an MLflow run status: FINISHED or FAILED
+    status: str  # an MLflow run status: FINISHED, FAILED or KILLED (RUNNING while it trains)
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)

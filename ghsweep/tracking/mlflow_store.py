@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
 
 # MLflow otherwise phones home at start-up; clusters' compute nodes often have no internet.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -34,7 +36,41 @@ TRANSIENT_ERROR_MARKERS = ("QueuePool limit", "database is locked", "connection 
 TRANSIENT_ERROR_CODES = ("TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED")
 RETRY_DELAYS_S = (1, 2, 4, 8, 15, 30, 30, 30, 30, 30)
 
+# Stores MLflow 3 opens: a tracking server, or a database through SQLAlchemy (dialect[+driver]://).
+ACCEPTED_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql")
+CONNECT_TIMEOUT_S = 5
+
 log = logging.getLogger(__name__)
+
+
+class TrackingUriError(ValueError):
+    """A tracking URI that cannot work: an unknown scheme, or no server where it points."""
+
+
+def check_tracking_uri(uri: str) -> None:
+    """Fail in seconds on a URI that cannot work, instead of in minutes of MLflow's HTTP retries.
+
+    A server that refuses the connection is not there (a busy one accepts and answers slowly, and
+    its answers are retried by with_retry).
+    """
+    parts = urlsplit(uri)
+    scheme = parts.scheme.split("+")[0]
+    if scheme not in ACCEPTED_SCHEMES:
+        raise TrackingUriError(
+            f"tracking.uri={uri}: not a tracking URI MLflow can open; accepted: http://HOST:PORT or https://... "
+            f"(a tracking server), sqlite:///FILE, or a database URL ({', '.join(ACCEPTED_SCHEMES[3:])})")
+    if scheme not in ("http", "https"):
+        return
+    port = parts.port or (443 if scheme == "https" else 80)
+    start_hint = (f"start one with `python -m ghsweep.tracking.server --port {port}`, "
+                  "or pass tracking=sqlite to log to ./mlflow.db")
+    try:
+        socket.create_connection((parts.hostname, port), timeout=CONNECT_TIMEOUT_S).close()
+    except ConnectionRefusedError:
+        raise TrackingUriError(f"tracking.uri={uri}: no tracking server there (connection refused); {start_hint}") from None
+    except OSError as error:  # host not found, unreachable, no answer in time
+        raise TrackingUriError(f"tracking.uri={uri}: cannot connect to {parts.hostname}:{port} "
+                               f"({error.strerror or error}); check the address, or pass tracking=sqlite") from None
 
 
 def is_transient(error: MlflowException) -> bool:
@@ -77,6 +113,7 @@ def flatten(tree: Mapping, prefix: str = "") -> dict[str, str]:
 
 class MlflowStore:
     def __init__(self, tracking_uri: str, experiment: str):
+        check_tracking_uri(tracking_uri)
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.tracking_uri = tracking_uri
         self.experiment_id = self._experiment_id(experiment)
