@@ -33,7 +33,7 @@ from ghsweep.launch.resume import RUN_HASH_TAG, finished_run, run_hash, skip_fin
 from ghsweep.launch.run_result import RunResult
 from ghsweep.launch.slurm_jobs import JobTimeout
 from ghsweep.launch.sweep_manifest import SweepManifest
-from ghsweep.launch.worker_process import WORKER_LOG, WorkerExit, run_worker, worker_command
+from ghsweep.launch.worker_process import WORKER_LOG, WorkerExit, run_worker, worker_command, worker_timeout_min
 from ghsweep.profile.capture import find_tool
 from ghsweep.profile.plan import ProfileOutcome, ProfilePlan, after_worker, profiler_prefix, resolve as resolve_profile
 from ghsweep.report.run_report import write_run_report
@@ -68,7 +68,7 @@ def failure_reason(run_dir: Path, exit: WorkerExit, timeout_min: float | None) -
         error = json.loads(error_file.read_text())
         return f"{error['type']}: {error['message']}"
     if exit.timed_out:
-        return f"worker timed out after {timeout_min} min (worker.timeout_min) and was killed"
+        return f"worker timed out after {timeout_min:g} min (worker.timeout_min) and was killed"
     if exit.returncode < 0:
         name = signal.Signals(-exit.returncode).name
         hint = " (killed from outside, often the out-of-memory killer)" if name == "SIGKILL" else ""
@@ -159,9 +159,11 @@ def run_one(cfg: DictConfig) -> RunResult:
         gpu = probe_gpu()
         validate(cfg, gpu)
         check_container(cfg)
-        profile_plan = plan_profile(cfg, run_dir, run_device(cfg, gpu) == "cuda")
+        on_gpu = run_device(cfg, gpu) == "cuda"
+        timeout_min = worker_timeout_min(cfg.worker.timeout_min, on_gpu)
+        timeout_s = timeout_min * 60 if timeout_min else None
+        profile_plan = plan_profile(cfg, run_dir, on_gpu)
         profile_plan.save(run_dir)
-        timeout_s = cfg.worker.timeout_min * 60 if cfg.worker.timeout_min else None
         command = worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, profile_plan))
         # The command in the job's log: what `dry_run=true` printed for this combination, with the node's choices.
         log.info("%s: training in a worker process (log: %s): %s", name, run_dir / WORKER_LOG, shlex.join(command))
@@ -181,7 +183,7 @@ def run_one(cfg: DictConfig) -> RunResult:
                 worker_command(cfg, work, prefix), work, timeout_s).returncode)
             result.metrics.update(profile.metrics)
         else:
-            result.error = failure_reason(run_dir, exit, cfg.worker.timeout_min)
+            result.error = failure_reason(run_dir, exit, timeout_min)
     except (ConfigError, JobTimeout) as exc:
         result.error = str(exc)
     except Exception as exc:  # a bug or an outage of ours must not stop the sweep or lose the run

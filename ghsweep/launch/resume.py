@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 RUN_HASH_TAG = "ghsweep.run_hash"
 # Keys that do not change what a run trains or measures.
-NOT_IDENTITY = ("hydra", "dry_run", "force", "wait", "tracking", "report")
+NOT_IDENTITY = ("hydra", "dry_run", "force", "wait", "tracking", "report", "worker")
 # The metrics of a run that are its timing (RunResult.timing), not its measurements.
 TIMING = ("startup_s", "setup_s", "train_s", "record_s", "wall_s", "overhead_s")
 

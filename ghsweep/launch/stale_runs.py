@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ghsweep.launch.run_result import RESULT_FILE, RunResult
 from ghsweep.launch.slurm_jobs import JOBS_FILE
+from ghsweep.launch.worker_process import stop_orphaned_worker
 from ghsweep.tracking.mlflow_store import MlflowStore, with_retry
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,8 @@ def end_running_children(store: MlflowStore, parent_run_id: str, status: str, re
         store.set_tags(child.info.run_id, {"ghsweep.status": status, "ghsweep.error": reason})
         store.finish(child.info.run_id, status)
         run_dir = Path(child.data.tags.get("ghsweep.run_dir", ""))
+        if child.data.tags.get(HOST_TAG) == socket.gethostname() and stop_orphaned_worker(run_dir):
+            log.warning("%s: stopped its worker, left running by the sweep process", child.info.run_name)
         if (run_dir / RESULT_FILE).is_file():
             result = RunResult.load(run_dir)
             if result.status == "RUNNING":
