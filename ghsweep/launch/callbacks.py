@@ -15,7 +15,7 @@ from ghsweep.errors import one_line
 from ghsweep.launch import interrupts
 from ghsweep.launch.run_result import RESULT_FILE, RunResult
 from ghsweep.launch.stale_runs import end_running_children, end_sweep_run, process_tags, settle_dead_sweeps
-from ghsweep.launch.sweep_manifest import SweepManifest
+from ghsweep.launch.sweep_manifest import SweepDirInUse, SweepManifest
 from ghsweep.report.compare import COMPARISON_DIR, report_comparison
 from ghsweep.report.sweep_table import format_table
 from ghsweep.tracking import redact
@@ -81,7 +81,7 @@ class SweepCallback(Callback):
         try:
             self._start_sweep(config)
             SweepCallback.started_sweep_dir = Path(config.hydra.sweep.dir)
-        except TrackingUriError as exc:
+        except (TrackingUriError, SweepDirInUse) as exc:
             raise SystemExit(f"ghsweep: {exc}") from None
         except Exception as exc:  # as above: the jobs must not run without their parent run and manifest
             raise SystemExit(f"ghsweep: the sweep's MLflow run could not be created at {config.tracking.uri}: "
@@ -90,6 +90,7 @@ class SweepCallback(Callback):
     @staticmethod
     def _start_sweep(config: DictConfig) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
+        SweepManifest.claim(sweep_dir)
         uri = absolute_tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
         redact.remember(config, config.hydra.overrides.task)
         store = MlflowStore(uri, config.tracking.experiment)

@@ -8,10 +8,12 @@ finished run's record is not lost to a moment of contention.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import socket
 import time
+from contextlib import contextmanager
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -111,12 +113,25 @@ def flatten(tree: Mapping, prefix: str = "") -> dict[str, str]:
     return flat
 
 
+@contextmanager
+def first_open_lock(uri: str):
+    """Held while a SQLite store is opened: MLflow creates a new file's tables on first open, and two
+    processes doing that at once fail ("table ... already exists"). A server needs no lock."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    with open(uri.removeprefix("sqlite:///") + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 class MlflowStore:
     def __init__(self, tracking_uri: str, experiment: str):
         check_tracking_uri(tracking_uri)
-        self.client = MlflowClient(tracking_uri=tracking_uri)
         self.tracking_uri = tracking_uri
-        self.experiment_id = self._experiment_id(experiment)
+        with first_open_lock(tracking_uri):
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+            self.experiment_id = self._experiment_id(experiment)
 
     def _experiment_id(self, name: str) -> str:
         found = with_retry(self.client.get_experiment_by_name, name)
