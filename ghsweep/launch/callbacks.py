@@ -13,13 +13,14 @@ from omegaconf import DictConfig
 
 from ghsweep.errors import one_line
 from ghsweep.launch import interrupts
+from ghsweep.launch.resume import result_from_run
 from ghsweep.launch.run_result import RESULT_FILE, RunResult
 from ghsweep.launch.stale_runs import end_running_children, end_sweep_run, process_tags, settle_dead_sweeps
 from ghsweep.launch.sweep_manifest import SweepDirInUse, SweepManifest
 from ghsweep.report.compare import COMPARISON_DIR, report_comparison
 from ghsweep.report.sweep_table import format_table
 from ghsweep.tracking import redact
-from ghsweep.tracking.mlflow_store import MlflowStore, TrackingUriError, absolute_tracking_uri
+from ghsweep.tracking.mlflow_store import MlflowStore, TrackingUriError, absolute_tracking_uri, with_retry
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +28,26 @@ log = logging.getLogger(__name__)
 GHSWEEP_SLURM_LAUNCHER = "hydra_plugins.ghsweep_launcher.ghsweep_launcher.SlurmLauncher"
 
 
+def _job_order(result: RunResult) -> tuple[int, str]:
+    return len(Path(result.run_dir).name), Path(result.run_dir).name
+
+
 def collect_results(sweep_dir: Path) -> list[RunResult]:
     """Every job's result.json under the sweep directory, in job order."""
-    found = [RunResult.load(p.parent) for p in sweep_dir.glob(f"*/{RESULT_FILE}")]
-    return sorted(found, key=lambda r: (len(Path(r.run_dir).name), Path(r.run_dir).name))
+    return sorted((RunResult.load(p.parent) for p in sweep_dir.glob(f"*/{RESULT_FILE}")), key=_job_order)
+
+
+def completed_from_mlflow(results: list[RunResult], store: MlflowStore, parent_run_id: str) -> list[RunResult]:
+    """The run directories' results, completed from MLflow where a run's files fell short (a full
+    disk): a child run with no result.json, or whose result.json still says RUNNING."""
+    children = with_retry(store.client.search_runs, [store.experiment_id],
+                          f"tags.mlflow.parentRunId = '{parent_run_id}'", max_results=10000)
+    ended = {c.info.run_id: c for c in children if c.info.status != "RUNNING"}
+    completed = [result_from_run(ended[r.mlflow_run_id]) if r.status == "RUNNING" and r.mlflow_run_id in ended else r
+                 for r in results]
+    known = {r.mlflow_run_id for r in results}
+    completed += [result_from_run(c) for run_id, c in ended.items() if run_id not in known]
+    return sorted(completed, key=_job_order)
 
 
 def finish_sweep(sweep_dir: Path, interrupt: KeyboardInterrupt | None = None) -> None:
@@ -46,7 +63,7 @@ def finish_sweep(sweep_dir: Path, interrupt: KeyboardInterrupt | None = None) ->
     store = MlflowStore(manifest.tracking_uri, manifest.experiment)
     if interrupt is not None:
         end_running_children(store, manifest.parent_run_id, "KILLED", interrupts.reason(interrupt))
-    results = collect_results(sweep_dir)
+    results = completed_from_mlflow(collect_results(sweep_dir), store, manifest.parent_run_id)
     table = format_table(results)
     failed = [r for r in results if r.status != "FINISHED"]
     print(f"\nghsweep: {len(results) - len(failed)} of {len(results)} runs finished "

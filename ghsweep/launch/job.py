@@ -8,9 +8,11 @@ sweep goes on.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -42,6 +44,8 @@ from ghsweep.tracking.mlflow_store import MlflowStore, TrackingUriError, absolut
 
 log = logging.getLogger(__name__)
 
+# Less free space than this under a failed run's directory: the disk was full.
+FULL_DISK_BYTES = 1 << 20
 # Config groups recorded as plain params (e.g. precision=bf16) beside the flattened config.
 KNOB_GROUPS = ("peft", "precision", "offload", "memory", "dataloader", "model", "data", "backend", "profile")
 
@@ -62,7 +66,17 @@ def _package_version(name: str) -> str:
         return "not installed"
 
 
+def no_space_left(run_dir: Path) -> str | None:
+    """The reason for a run whose file system is full, else None."""
+    free = shutil.disk_usage(run_dir).free
+    return f"no space left on device under {run_dir} ({free} bytes free)" if free < FULL_DISK_BYTES else None
+
+
 def failure_reason(run_dir: Path, exit: WorkerExit, timeout_min: float | None) -> str:
+    # A worker that filled the disk cannot say so: its error file and log are cut short too.
+    full = no_space_left(run_dir)
+    if full:
+        return full
     error_file = run_dir / "worker_error.json"
     if error_file.exists():
         error = json.loads(error_file.read_text())
@@ -118,9 +132,6 @@ def run_one(cfg: DictConfig) -> RunResult:
               flush=True)
         return RunResult(name=name, run_dir=str(run_dir), overrides=overrides, status="DRY_RUN")
 
-    write_worker_config(cfg, run_dir)
-    (run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(overrides)))
-
     manifest = SweepManifest.load(Path(hydra_cfg.sweep.dir)) if in_sweep else None
     uri = manifest.tracking_uri if manifest else absolute_tracking_uri(cfg.tracking.uri, hydra_cfg.runtime.cwd)
     try:
@@ -147,12 +158,14 @@ def run_one(cfg: DictConfig) -> RunResult:
     )
     store.log_params(run_id, {**choices, **flatten(OmegaConf.to_container(cfg, resolve=True))})
     result = RunResult(name=name, run_dir=str(run_dir), overrides=overrides, status="FAILED", mlflow_run_id=run_id)
-    # On disk from the start: a job killed from outside leaves its MLflow run id to whoever settles it.
-    dataclasses.replace(result, status="RUNNING").save()
     summary: dict = {}
     profile = ProfileOutcome()
     interrupt: KeyboardInterrupt | None = None
     try:
+        # On disk from the start: a job killed from outside leaves its MLflow run id to whoever settles it.
+        dataclasses.replace(result, status="RUNNING").save()
+        write_worker_config(cfg, run_dir)
+        (run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(overrides)))
         missing = sorted(OmegaConf.missing_keys(cfg))
         if missing:
             raise ConfigError(f"{missing[0]}=???: required and not set; set it on the command line, e.g. {missing[0]}=...")
@@ -186,10 +199,13 @@ def run_one(cfg: DictConfig) -> RunResult:
             result.error = failure_reason(run_dir, exit, timeout_min)
     except (ConfigError, JobTimeout) as exc:
         result.error = str(exc)
-    except Exception as exc:  # a bug or an outage of ours must not stop the sweep or lose the run
-        log.exception("%s: ghsweep failed around the worker", name)
+    except Exception as exc:  # a bug, an outage or a full disk must not stop the sweep or lose the run
         result.status = "FAILED"
-        result.error = one_line(exc)
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            result.error = no_space_left(run_dir) or f"no space left on device under {run_dir}: {one_line(exc)}"
+        else:
+            log.exception("%s: ghsweep failed around the worker", name)
+            result.error = one_line(exc)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: run_worker has stopped the worker's process group
         result.status, result.error = "KILLED", interrupts.reason(exc)
         interrupt = exc
@@ -212,6 +228,15 @@ def _finish_timing(result: RunResult, started: float, record_started: float) -> 
         result.timing["overhead_s"] = result.timing["wall_s"] - result.timing["train_s"]
 
 
+def _save_run_files(result: RunResult, cfg: DictConfig, info: dict, run_dir: Path) -> None:
+    """report.md and result.json. A full disk is logged, not raised: MLflow still gets the record."""
+    try:
+        write_run_report(result, cfg, info, run_dir / "report.md")
+        result.save()
+    except OSError as exc:
+        log.error("%s: the run's files could not be written in %s: %s", result.name, run_dir, exc)
+
+
 def _record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, result: RunResult,
             summary: dict, profile: ProfileOutcome, started: float) -> None:
     """Report, result.json and MLflow: everything the run measured, whatever its status.
@@ -222,8 +247,7 @@ def _record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, res
     record_started = time.time()
     info = summary.get("info", {})
     _finish_timing(result, started, record_started)
-    write_run_report(result, cfg, info, run_dir / "report.md")
-    result.save()
+    _save_run_files(result, cfg, info, run_dir)
     tags = {
         "ghsweep.status": result.status,
         "ghsweep.torch_version": info.get("torch_version", _package_version("torch")),
@@ -246,8 +270,7 @@ def _record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, res
 
     _finish_timing(result, started, record_started)
     store.log_metrics(run_id, [(k, v, 0) for k, v in result.timing.items()])
-    write_run_report(result, cfg, info, run_dir / "report.md")
-    result.save()
+    _save_run_files(result, cfg, info, run_dir)
     # recipe.*: the composed NeMo recipe (backend=nemo); files a run did not write are skipped.
     artifacts = ["config.yaml", "overrides.yaml", WORKER_LOG, "report.md", "metrics.jsonl", "summary.json", "result.json",
                  "recipe.txt", "recipe.json"]

@@ -21,7 +21,15 @@ class RunResult:
     mlflow_run_id: str | None = None
 
     def save(self) -> None:
-        (Path(self.run_dir) / RESULT_FILE).write_text(json.dumps(asdict(self), indent=2))
+        """Written whole or not at all: a full disk leaves the last complete result.json, never a cut one."""
+        path = Path(self.run_dir) / RESULT_FILE
+        partial = path.with_name(RESULT_FILE + ".partial")
+        try:
+            partial.write_text(json.dumps(asdict(self), indent=2))
+        except OSError:
+            partial.unlink(missing_ok=True)
+            raise
+        partial.replace(path)
 
     @classmethod
     def load(cls, run_dir: Path) -> RunResult:
