@@ -10,6 +10,34 @@ from omegaconf import DictConfig
 from ghsweep.launch import interrupts
 from ghsweep.launch.callbacks import SweepCallback, finish_sweep
 from ghsweep.launch.job import run_one
+from ghsweep.tracking import redact
+
+
+MAX_SHOWN_CHARS = 200
+
+
+def _shown(text: str) -> str:
+    """One line of at most MAX_SHOWN_CHARS characters."""
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= MAX_SHOWN_CHARS else f"{text[:MAX_SHOWN_CHARS]}... ({len(text)} characters)"
+
+
+def check_overrides(argv: list[str]) -> None:
+    """Hydra reports an override it cannot parse in several lines, some without the override: say which
+    one, on one line (a secret's value and the parser's view of it left out, long values cut)."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for item in get_args_parser().parse_known_args(argv)[0].overrides:
+        try:
+            parser.parse_overrides([item])
+        except OverrideParseException as exc:
+            shown = redact.override(item)
+            detail = "" if shown != item else f" ({_shown(exc.message.strip().splitlines()[0])})"
+            raise SystemExit(f"ghsweep: override {_shown(shown)} cannot be parsed{detail}; quote a value with spaces, "
+                             "brackets, quotes, $, newlines or non-ASCII characters: 'key=\"value\"'") from None
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -24,6 +52,7 @@ def main(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
+    check_overrides(sys.argv[1:])
     interrupts.raise_on_sigterm()
     try:
         main()
