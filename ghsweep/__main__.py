@@ -53,8 +53,8 @@ def main(cfg: DictConfig) -> dict:
 
 if __name__ == "__main__":
     check_overrides(sys.argv[1:])
-    interrupts.raise_on_sigterm()
     try:
+        interrupts.interrupt_on_signals()
         main()
     except KeyboardInterrupt as interrupt:  # the run in progress has recorded itself KILLED
         if SweepCallback.started_sweep_dir is None:

@@ -18,8 +18,11 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated()
 
 
-def raise_on_sigterm() -> None:
+def interrupt_on_signals() -> None:
+    """SIGTERM raises Terminated; SIGINT raises KeyboardInterrupt even where the process started with
+    it ignored (a background job of a non-interactive shell)."""
     signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def signal_of(interrupt: KeyboardInterrupt) -> signal.Signals:

@@ -94,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         server = start_server(args.root, args.host, args.port)
     except KeyboardInterrupt:  # start_server stopped what it had started
         return 130
-    print(f"MLflow tracking server at {server.url} (store and artifacts in {args.root}); Ctrl-C or SIGTERM stops it",
-          flush=True)
     try:
+        print(f"MLflow tracking server at {server.url} (store and artifacts in {args.root}); Ctrl-C or SIGTERM "
+              "stops it", flush=True)
         server.process.wait()
     except KeyboardInterrupt:
         server.stop()
