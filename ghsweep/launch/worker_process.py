@@ -83,7 +83,8 @@ def stop_orphaned_worker(run_dir: Path) -> bool:
 def run_worker(command: list[str], run_dir: Path, timeout_s: float | None) -> WorkerExit:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     started_at = time.time()
-    with open(run_dir / WORKER_LOG, "w", encoding="utf-8") as log_file:
+    # Line-buffered: `tail -f worker.log` follows the run as it trains.
+    with open(run_dir / WORKER_LOG, "w", encoding="utf-8", buffering=1) as log_file:
         # Own process group: a timeout kills the worker and its data-loader processes together.
         proc = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
