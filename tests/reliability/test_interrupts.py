@@ -21,7 +21,7 @@ from tests.reliability.records import (all_runs, assert_nothing_running, assert_
 
 LONG_STEPS = 60
 # Job 1 trains long enough to be stopped once it has started; jobs 0 and 2 are short.
-SWEEP = ["-m", "experiment=smoke", "precision=fp32", f"train.max_steps=3,{LONG_STEPS},4", "train.seq_length=32",
+SWEEP = ["-m", "experiment=smoke", "precision=fp32", f"train.max_steps=3,{LONG_STEPS},4", "train.seq_length=64",
          "train.log_every=1"]
 
 
