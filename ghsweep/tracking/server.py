@@ -50,7 +50,10 @@ def start_server(root: Path, host: str = "127.0.0.1", port: int = 5000, timeout_
     """Start `mlflow server` in its own process group and wait until /health answers."""
     root.mkdir(parents=True, exist_ok=True)
     log_path = root / "server.log"
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", MLFLOW_DISABLE_TELEMETRY="true")
+    # NullPool: a connection per request. SQLite serialises the writes itself (MLflow sets a 20 s busy
+    # timeout); SQLAlchemy's default pool (5 + 10) made the 16th concurrent job wait 30 s and fail.
+    env = {"MLFLOW_SQLALCHEMYSTORE_POOLCLASS": "NullPool", **os.environ,
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
     with open(log_path, "w") as log:
         process = subprocess.Popen(server_command(root, host, port), stdout=log, stderr=subprocess.STDOUT,
                                    env=env, start_new_session=True)
