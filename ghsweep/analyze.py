@@ -1,8 +1,10 @@
 """`python -m ghsweep.analyze PATH [--json]`: where the time of a profiled run went.
 
 PATH is an nsys SQLite export, an .nsys-rep (exported to SQLite first; needs nsys), a PyTorch
-profiler trace (.json / .json.gz), or a run directory (its profile is found there). An Nsight
-Compute CSV beside the profile (top_kernels_ncu.csv) adds the roofline of the top kernels.
+profiler trace (.json / .json.gz), a run directory (its profile is found there) or a PyTorch
+profiler output directory (`*.pt.trace.json[.gz]`). An Nsight Compute CSV beside the profile
+(top_kernels_ncu.csv) adds the roofline of the top kernels. A profile that cannot be analysed is
+one line on stderr naming the file and what is wrong, and exit status 2.
 """
 
 from __future__ import annotations
@@ -14,16 +16,30 @@ from pathlib import Path
 
 from ghsweep.profile.capture import NCU_CSV, NSYS_REPORT, NSYS_SQLITE, TORCH_TRACE, ProfilerUnavailable
 from ghsweep.profile import report
-from ghsweep.profile.analysis import analyze
+from ghsweep.errors import first_line, one_line
+from ghsweep.profile.analysis import ProfileError, analyze
 from ghsweep.profile.findings import evaluate, summary
 from ghsweep.profile.roofline import kernel_points
 
 
-def find_profile(run_dir: Path) -> Path | None:
+TORCH_PROFILER_TRACES = ("*.pt.trace.json", "*.pt.trace.json.gz")
+
+
+def find_profile(directory: Path) -> Path:
+    """The profile in a run directory, or the newest trace of a PyTorch profiler output directory
+    (one per profiling cycle and rank; the others are named on stderr); ProfileError if none."""
     for name in (NSYS_SQLITE, NSYS_REPORT, TORCH_TRACE, TORCH_TRACE + ".gz"):
-        if (run_dir / name).exists():
-            return run_dir / name
-    return None
+        if (directory / name).is_file():
+            return directory / name
+    traces = sorted((p for pattern in TORCH_PROFILER_TRACES for p in directory.glob(pattern)),
+                    key=lambda p: (p.stat().st_mtime, p.name))
+    if not traces:
+        raise ProfileError(f"{directory}: no profile in this directory (looked for {NSYS_SQLITE}, {NSYS_REPORT}, "
+                           f"{TORCH_TRACE}[.gz], {', '.join(TORCH_PROFILER_TRACES)})")
+    if len(traces) > 1:
+        print(f"ghsweep.analyze: {directory}: {len(traces)} PyTorch profiler traces; analysing the newest, "
+              f"{traces[-1].name} (pass another one to analyse it)", file=sys.stderr)
+    return traces[-1]
 
 
 def full_analysis(path: Path, context: dict | None = None, ncu_csv: Path | None = None,
@@ -43,22 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the whole analysis as JSON")
     parser.add_argument("--ncu", type=Path, default=None, help="Nsight Compute raw CSV of the top kernels")
     args = parser.parse_args(argv)
-    path = args.path
-    if path.is_dir():
-        found = find_profile(path)
-        if found is None:
-            print(f"ghsweep.analyze: {path}: no profile in this directory (looked for {NSYS_SQLITE}, {NSYS_REPORT}, "
-                  f"{TORCH_TRACE})", file=sys.stderr)
-            return 2
-        path = found
-    if not path.exists():
-        print(f"ghsweep.analyze: {path}: no such file", file=sys.stderr)
-        return 2
     try:
-        ncu_csv = args.ncu or (path.parent / NCU_CSV if (path.parent / NCU_CSV).exists() else None)
+        path = find_profile(args.path) if args.path.is_dir() else args.path
+        if args.ncu is not None and not args.ncu.is_file():
+            raise ProfileError(f"{args.ncu}: no such Nsight Compute CSV")
+        ncu_csv = args.ncu or (path.parent / NCU_CSV if (path.parent / NCU_CSV).is_file() else None)
         result = full_analysis(path, ncu_csv=ncu_csv)
-    except (ProfilerUnavailable, ValueError) as exc:
-        print(f"ghsweep.analyze: {exc}", file=sys.stderr)
+    except (ProfilerUnavailable, ValueError, OSError) as exc:
+        print(f"ghsweep.analyze: {first_line(exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - a tool ends in one line, never a traceback
+        print(f"ghsweep.analyze: {args.path}: could not be analysed ({one_line(exc)})", file=sys.stderr)
         return 2
     if args.json:
         json.dump(result, sys.stdout, indent=2, default=str)

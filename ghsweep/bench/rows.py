@@ -13,48 +13,67 @@ import tempfile
 import traceback
 from pathlib import Path
 
+import torch
+from omegaconf import DictConfig
+
 from ghsweep.errors import one_line
+from ghsweep.train.attention import attended_keys_per_token, document_ids
+from ghsweep.train.data import PackedBlocks
 from ghsweep.train.flops import ModelShape, add_throughput_metrics, flops_per_token
+from ghsweep.train.tokenizer import ByteTokenizer
 
 LLAMA2_7B = dict(hidden_size=4096, intermediate_size=11008, num_layers=32, num_attention_heads=32,
                  num_key_value_heads=32, vocab_size=32000)
-LORA_RANK = 32  # peft's usual rank for this comparison; alpha = rank
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
-# name -> (stack, settings)
+# name -> (stack, settings). Our rows are the CLI's groups with nothing else changed; the usual
+# stack trains the same packed dolly blocks with peft at the same LoRA rank.
 ROWS: dict[str, dict] = {
     "usual_lora_defaults_eager": {"stack": "usual", "peft": "defaults", "compile": False},
     "usual_lora_bf16_eager": {"stack": "usual", "peft": "bf16_adapters", "compile": False},
     "usual_lora_bf16_compiled": {"stack": "usual", "peft": "bf16_adapters", "compile": True},
+    "usual_lora_bf16_compiled_document": {"stack": "usual", "peft": "bf16_adapters", "compile": True,
+                                          "document": True},
     "usual_full_eager": {"stack": "usual", "peft": "none", "compile": False},
     "usual_full_compiled": {"stack": "usual", "peft": "none", "compile": True},
     "usual_full_fp8_compiled": {"stack": "usual", "peft": "none", "compile": True, "float8": True},
     "ours_lora_bf16": {"stack": "ours", "overrides": ["peft=lora", "precision=bf16"]},
-    "ours_lora_bf16_cudnn": {"stack": "ours", "overrides": ["peft=lora", "precision=bf16", "train.attention=cudnn"]},
-    "ours_lora_bf16_document": {"stack": "ours", "overrides": ["peft=lora", "precision=bf16",
-                                                                "data.packing_mask=document"]},
+    "ours_lora_bf16_causal": {"stack": "ours", "overrides": ["peft=lora", "precision=bf16", "data.packing_mask=causal"]},
     "ours_full_bf16": {"stack": "ours", "overrides": ["peft=none", "precision=bf16"]},
-    "ours_lora_fp8": {"stack": "ours", "overrides": ["peft=lora", "precision=fp8", "precision.scaling=current"]},
-    "ours_full_fp8": {"stack": "ours", "overrides": ["peft=none", "precision=fp8", "precision.scaling=current"]},
+    "ours_lora_fp8": {"stack": "ours", "overrides": ["peft=lora", "precision=fp8"]},
+    "ours_full_fp8": {"stack": "ours", "overrides": ["peft=none", "precision=fp8"]},
     "ours_lora_offload8": {"stack": "ours", "overrides": ["peft=lora", "precision=bf16", "offload=on", "offload.num_layers=8"]},
+    "ours_lora_offload16": {"stack": "ours", "overrides": ["peft=lora", "precision=bf16", "offload=on",
+                                                           "offload.num_layers=16"]},
     "ours_lora_unified": {"stack": "ours", "overrides": ["peft=lora", "precision=bf16", "memory=unified"]},
 }
 
 
-def run_ours(overrides: list[str], seq: int, steps: int, warmup: int, layers: int) -> dict:
+def compose_ours(overrides: list[str], seq: int, steps: int, warmup: int, layers: int) -> DictConfig:
+    """The run config a user gets from the CLI with these overrides, at the benchmark's shape."""
     from hydra import compose, initialize_config_dir
 
-    from ghsweep.train.worker import load_backend
-
-    conf = Path(__file__).resolve().parents[2] / "conf"
-    lora = [f"peft.r={LORA_RANK}", f"peft.alpha={LORA_RANK}"] if "peft=lora" in overrides else []
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=[
             "model=llama2_7b", f"model.num_layers={layers}", "device=cuda", "profile=none",
             f"train.seq_length={seq}", "train.micro_batch_size=1", f"train.max_steps={steps}",
-            f"train.warmup_steps={warmup}", f"train.log_every={steps}", "train.lr=1e-5",
-            # The usual stack trains one causal block per sequence; do the same work here.
-            "data.packing_mask=causal", *lora, *overrides,
+            f"train.warmup_steps={warmup}", f"train.log_every={steps}", *overrides,
         ])
+
+
+def document_lengths(position_ids: torch.Tensor) -> dict:
+    """Mean and percentiles of the packed examples' lengths in tokens (padding excluded where it
+    ends a block, as far as position ids tell)."""
+    lengths = sorted(int(n) for row in document_ids(position_ids) for n in torch.bincount(row))
+    pick = lambda q: lengths[min(len(lengths) - 1, int(q * len(lengths)))]  # noqa: E731
+    return {"examples": len(lengths), "mean": statistics.fmean(lengths), "p10": pick(0.1), "p50": pick(0.5),
+            "p90": pick(0.9), "p99": pick(0.99), "max": lengths[-1]}
+
+
+def run_ours(overrides: list[str], seq: int, steps: int, warmup: int, layers: int) -> dict:
+    from ghsweep.train.worker import load_backend
+
+    cfg = compose_ours(overrides, seq, steps, warmup, layers)
     backend, managed = load_backend(cfg)
     with tempfile.TemporaryDirectory() as run_dir:
         summary = backend.train(cfg, Path(run_dir), managed)
@@ -63,19 +82,27 @@ def run_ours(overrides: list[str], seq: int, steps: int, warmup: int, layers: in
             "tflops_per_gpu": m["tflops_per_gpu"], "mfu": m.get("mfu"), "info": summary["info"]}
 
 
-def run_usual(settings: dict, seq: int, steps: int, warmup: int, layers: int) -> dict:
-    import torch
+def default_blocks(cfg: DictConfig) -> PackedBlocks:
+    """The packed blocks a run of `cfg` trains on (random weights: the byte tokenizer)."""
+    from ghsweep.train.torch_backend import load_blocks
 
+    return load_blocks(cfg, ByteTokenizer())
+
+
+def run_usual(settings: dict, seq: int, steps: int, warmup: int, layers: int) -> dict:
     from ghsweep.bench.usual_stack import train_steps
 
+    cfg = compose_ours([], seq, steps, warmup, layers)
+    blocks = default_blocks(cfg)
     shape = ModelShape(**{**LLAMA2_7B, "num_layers": layers})
-    times, peak = train_steps(shape, seq, steps, settings["peft"], settings["compile"], settings.get("float8", False),
-                              LORA_RANK)
+    lora = settings["peft"] != "none"
+    times, peak = train_steps(shape, blocks, steps, settings["peft"], settings["compile"], settings.get("float8", False),
+                              cfg.peft if lora else None, settings.get("document", False))
     step_ms = statistics.median(times[warmup:])
     row = {"step_time_ms": step_ms, "tokens_per_s": seq / (step_ms / 1000), "peak_mem_gb": peak, "mfu": None}
-    lora = settings["peft"] != "none"
-    add_throughput_metrics(row, flops_per_token(shape, seq, LORA_RANK if lora else None), torch.cuda.get_device_name(),
-                           "fp8" if settings.get("float8") else "bf16")
+    keys = attended_keys_per_token(blocks.position_ids, settings.get("document", False))
+    flops = flops_per_token(shape, keys, cfg.peft.r if lora else None)
+    add_throughput_metrics(row, flops, torch.cuda.get_device_name(), "fp8" if settings.get("float8") else "bf16")
     return row
 
 

@@ -1,18 +1,23 @@
 """The usual fine-tuning stack, as people write it: transformers Llama (SDPA attention) + peft
-LoRA, fused AdamW, the model's own loss; optionally each decoder layer torch.compile'd and
-torchao float8 on every Linear but lm_head."""
+LoRA, fused AdamW, the model's own loss over the labels; optionally each decoder layer
+torch.compile'd, torchao float8 on every Linear but lm_head, and document masking of packed
+examples the usual way (position ids passed to the model, from which transformers builds the mask)."""
 
 from __future__ import annotations
 
 import torch
+from omegaconf import DictConfig
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from ghsweep.train.data import PackedBlocks
 from ghsweep.train.flops import ModelShape
 
 
-def train_steps(shape: ModelShape, seq_length: int, steps: int, peft: str, compile_layers: bool,
-                float8: bool, lora_rank: int) -> tuple[list[float], float]:
-    """Step times in ms and peak allocated GiB. peft: 'defaults', 'bf16_adapters' or 'none'."""
+def train_steps(shape: ModelShape, blocks: PackedBlocks, steps: int, peft: str, compile_layers: bool,
+                float8: bool, lora: DictConfig | None, document: bool) -> tuple[list[float], float]:
+    """Step times in ms and peak allocated GiB over micro-batches of one packed block.
+    peft: 'defaults', 'bf16_adapters' or 'none'; `lora` the rank, alpha and targets."""
+    seq_length = blocks.input_ids.shape[1]
     config = LlamaConfig(
         hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
         num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_attention_heads,
@@ -26,9 +31,9 @@ def train_steps(shape: ModelShape, seq_length: int, steps: int, peft: str, compi
     if peft != "none":
         from peft import LoraConfig, get_peft_model
 
-        lora = LoraConfig(r=lora_rank, lora_alpha=lora_rank, lora_dropout=0.0, task_type="CAUSAL_LM",
-                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-        model = get_peft_model(model, lora, autocast_adapter_dtype=peft == "defaults")
+        adapters = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
+                              target_modules=list(lora.target_modules))
+        model = get_peft_model(model, adapters, autocast_adapter_dtype=peft == "defaults")
     if float8:
         from torchao.float8 import convert_to_float8_training
 
@@ -38,12 +43,14 @@ def train_steps(shape: ModelShape, seq_length: int, steps: int, peft: str, compi
         for layer in base.model.layers:
             layer.compile()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
-    tokens = torch.randint(0, shape.vocab_size, (1, seq_length), device="cuda")
     times = []
-    for _ in range(steps):
+    for step in range(steps):
+        i = step % len(blocks)
+        ids, labels = blocks.input_ids[i:i + 1].cuda(), blocks.labels[i:i + 1].cuda()
+        positions = {"position_ids": blocks.position_ids[i:i + 1].cuda()} if document else {}
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        loss = model(input_ids=tokens, labels=tokens, use_cache=False).loss
+        loss = model(input_ids=ids, labels=labels, use_cache=False, **positions).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from ghsweep.launch.device_probe import GpuInfo
 
@@ -21,6 +22,9 @@ LINEAR_MODULES = {
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
 # A dolly record is a few KB; a longer line is not one record (a JSON array, a binary file).
 MAX_RECORD_BYTES = 1 << 20
+# train.attention (ghsweep/train/attention.py) and train.lr_schedule (ghsweep/train/optim.py).
+ATTENTION_CHOICES = ("auto", "flex", "cudnn", "flash", "efficient", "math")
+LR_SCHEDULES = ("cosine", "linear", "constant")
 
 
 class ConfigError(ValueError):
@@ -69,14 +73,18 @@ def _check_choice(key: str, value, accepted) -> None:
         raise ConfigError(f"{key}={value}: not an accepted value; accepted: {_accepted(accepted)}")
 
 
+def _check_number(key: str, value, low: float, high: float | None, inclusive: bool = False) -> None:
+    """A number above `low` (or from `low` with `inclusive`), up to `high` when given."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and (value >= low if inclusive else value > low) and (high is None or value <= high)
+    if not ok:
+        rng = f"{'>=' if inclusive else '>'} {low}" + (f" and <= {high}" if high is not None else "")
+        raise ConfigError(f"{key}={value}: must be a number {rng}")
+
+
 def check_int(key: str, value, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{key}={value}: must be an integer >= {minimum}")
-
-
-def check_number(key: str, value, minimum: float, inclusive: bool) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum or (value == minimum and not inclusive):
-        raise ConfigError(f"{key}={value}: must be a number {'>=' if inclusive else '>'} {minimum:g}")
 
 
 def run_device(cfg: DictConfig, gpu: GpuInfo | None) -> str:
@@ -98,7 +106,7 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> None:
     _check_choice("backend", cfg.backend.name, ("torch", "nemo"))
     model = model_facts(cfg.model)
     _validate_model(cfg, model)
-    _validate_train(cfg, model)
+    _validate_train(cfg, model, on_gpu)
     _validate_peft(cfg, model)
     _validate_precision(cfg, gpu, on_gpu)
     _validate_offload(cfg, model)
@@ -138,6 +146,8 @@ def _validate_model(cfg: DictConfig, model: ModelFacts) -> None:
     _check_choice("data.packing_mask", cfg.data.packing_mask, ("document", "causal"))
     if cfg.data.path:
         _validate_data_file(str(cfg.data.path))
+    else:
+        _check_number("data.mean_tokens", cfg.data.mean_tokens, 0, None)
 
 
 def _validate_data_file(path: str) -> None:
@@ -165,7 +175,7 @@ def _validate_data_file(path: str) -> None:
         raise ConfigError(f"data.path={path}: no records (the file is empty); {expected}")
 
 
-def _validate_train(cfg: DictConfig, model: ModelFacts) -> None:
+def _validate_train(cfg: DictConfig, model: ModelFacts, on_gpu: bool) -> None:
     t = cfg.train
     check_int("train.max_steps", t.max_steps, 1)
     check_int("train.micro_batch_size", t.micro_batch_size, 1)
@@ -173,10 +183,26 @@ def _validate_train(cfg: DictConfig, model: ModelFacts) -> None:
     check_int("train.log_every", t.log_every, 1)
     check_int("train.seq_length", t.seq_length, 8)
     check_int("seed", cfg.seed, 0)
-    check_number("train.lr", t.lr, 0, inclusive=False)
-    check_number("train.weight_decay", t.weight_decay, 0, inclusive=True)
+    _check_number("train.weight_decay", t.weight_decay, 0, None, inclusive=True)
     _check_choice("train.compile", t.compile, ("auto", True, False))
-    _check_choice("train.attention", t.attention, ("auto", "cudnn", "flash", "efficient", "math"))
+    _check_choice("train.attention", t.attention, ATTENTION_CHOICES)
+    if t.attention == "flex" and (cfg.data.packing_mask != "document" or not on_gpu):
+        raise ConfigError(
+            f"train.attention=flex: FlexAttention here needs data.packing_mask=document and a GPU (it has no CPU "
+            f"backward); this run has data.packing_mask={cfg.data.packing_mask}, device={cfg.device}; "
+            f"accepted here: {_accepted(a for a in ATTENTION_CHOICES if a != 'flex')}"
+        )
+    try:
+        lr = t.lr
+    except InterpolationResolutionError:
+        raise ConfigError(f"train.lr: {model.source} sets no rate for peft={cfg.peft.name} (model.lr.{cfg.peft.name}); "
+                          "set train.lr=RATE or model.lr.lora / model.lr.none") from None
+    _check_number("train.lr", lr, 0, None)
+    _check_choice("train.lr_schedule", t.lr_schedule, LR_SCHEDULES)
+    _check_number("train.lr_warmup_ratio", t.lr_warmup_ratio, 0, 1, inclusive=True)
+    _check_number("train.min_lr_ratio", t.min_lr_ratio, 0, 1, inclusive=True)
+    if t.grad_clip is not None:
+        _check_number("train.grad_clip", t.grad_clip, 0, None)
     if t.seq_length > model.max_position_embeddings:
         raise ConfigError(
             f"train.seq_length={t.seq_length}: longer than {model.source} supports; "

@@ -3,8 +3,9 @@
 here) or a PyTorch-profiler Chrome trace, plus findings in words (findings.py).
 
 Definitions (the same for every source):
-- window: the steady-state steps (NVTX "step N" ranges, warm-up steps excluded), projected onto
-  the GPU; the whole trace when there are no step ranges.
+- window: the steady-state steps, projected onto the GPU (steps.py: named ranges of the common
+  conventions, else steps inferred from the repeating GPU work; slow leading warm-up steps
+  excluded); the whole trace only when neither exists, and then every statement says so.
 - gpu_busy_pct: union of kernel, memcpy and memset time on the device over the window (never a
   sum of per-stream times); gpu_idle_pct = 100 - busy.
 - kernel/memcpy/memset_time_pct: shares of the summed durations of GPU operations (how nsys's
@@ -18,11 +19,15 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
+import sqlite3
 import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ghsweep.errors import first_line
+from ghsweep.profile import kernel_kinds, steps as step_finder
 from ghsweep.profile import nsys_db as db
 from ghsweep.profile.capture import ProfilerUnavailable, export_sqlite, find_tool
 from ghsweep.profile.timeline import KERNEL as KERNEL_OP, MEMCPY as MEMCPY_OP, MEMSET as MEMSET_OP, Ops, timeline
@@ -32,7 +37,8 @@ GAP_BUCKETS = ((0, 10_000, "<10us"), (10_000, 100_000, "10-100us"), (100_000, 1_
 # Gaps shorter than this are the normal spacing of back-to-back kernels, not idle periods.
 IDLE_GAP_MIN_NS = 10_000
 # short_gaps: gaps under IDLE_GAP_MIN_NS, the spacing of back-to-back work, not attributed one by one.
-GAP_CAUSES = ("sync", "host_wait", "data_loading", "launch_latency", "unattributed", "short_gaps")
+# In the order attribute() tries them (first match wins).
+GAP_CAUSES = ("sync", "host_wait", "unified_memory", "data_loading", "launch_latency", "unattributed", "short_gaps")
 SYNC_CALLS = ("cudaDeviceSynchronize%", "cudaStreamSynchronize%", "cudaEventSynchronize%", "cudaMemcpy\\_%",
               "cudaMemcpy", "cuCtxSynchronize%", "cuStreamSynchronize%", "cuEventSynchronize%", "cuMemcpyDtoH\\_%",
               "cuMemcpyHtoD\\_%", "cudaStreamQuery%")
@@ -44,12 +50,20 @@ MEMCPY_KIND = {1: "HtoD", 2: "DtoH", 8: "DtoD", 10: "PtoP", 11: "UM HtoD", 12: "
 UM_KINDS = (11, 12, 13)
 MEM_KIND = {0: "pageable", 1: "pinned", 2: "device", 4: "managed", 7: "unknown"}
 PHASES = ("data", "forward", "backward", "optimizer")
+PHASE_LIKE = tuple(f"{p}%" for p in PHASES)
 WHOLE_TRACE_KERNELS = 50
 
 
+class ProfileError(ValueError):
+    """A profile that cannot be analysed; the message is one line naming the file."""
+
+
 def analyze(path: Path, nsys_path: str | None = None) -> dict:
-    """Analyse a profile file; the type is told by its name (.sqlite, .nsys-rep, .json[.gz])."""
+    """Analyse a profile file; the type is told by its name (.sqlite, .nsys-rep, .json[.gz]).
+    ProfileError (or ProfilerUnavailable for an .nsys-rep without nsys) when it cannot be."""
     path = Path(path)
+    if not path.is_file():
+        raise ProfileError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
     name = path.name
     if name.endswith(".sqlite"):
         return analyze_nsys(path)
@@ -66,8 +80,8 @@ def analyze(path: Path, nsys_path: str | None = None) -> dict:
         from ghsweep.profile.torch_trace import analyze_torch_trace
 
         return analyze_torch_trace(path)
-    raise ValueError(f"{path}: not a profile this tool reads; accepted: .sqlite (nsys export), .nsys-rep, "
-                     ".json or .json.gz (PyTorch profiler trace)")
+    raise ProfileError(f"{path}: not a profile this tool reads; accepted: .sqlite (nsys export), .nsys-rep, "
+                       ".json or .json.gz (PyTorch profiler trace)")
 
 
 def pct(part: float, whole: float) -> float:
@@ -117,43 +131,73 @@ class Intervals:
         return i > 0 and self.ends[i - 1] > start
 
 
-def attribute_gaps(con, schema: db.Schema, gaps: list[tuple[int, int, int]], pid: int, window: tuple[int, int]
-                   ) -> dict[str, int]:
-    """Idle time per cause. For each idle gap, first match wins: a synchronising call in the process
-    overlaps it; the thread that launched the work ending the gap was in an OS wait; a "data*"
-    NVTX range overlaps it; that launch came after the gap began (the host was late); else
-    unattributed. (Other threads' waits say nothing: an idle autograd or loader thread always waits.)
-    """
-    causes = dict.fromkeys(GAP_CAUSES, 0)
-    if not gaps:
+@dataclass
+class GapEvidence:
+    """What the host was doing while the GPU idled, as interval sets (host times, ns)."""
+    sync: Intervals = field(default_factory=lambda: Intervals([]))  # synchronising calls, blocking copies
+    waits: dict[int, Intervals] = field(default_factory=dict)  # OS waits, per thread
+    unified_memory: Intervals = field(default_factory=lambda: Intervals([]))  # phases with UM faults/migrations
+    data: Intervals = field(default_factory=lambda: Intervals([]))  # "data*" ranges
+    launches: dict[int, tuple[int, int | None]] = field(default_factory=dict)  # correlation -> (launch, thread)
+
+    def cause(self, start: int, end: int, corr: int) -> str:
+        """The cause of the idle gap (start, end) ended by the operation launched as `corr`; the
+        first match of GAP_CAUSES' order wins (findings.py writes the order down)."""
+        launch_start, launch_tid = self.launches.get(corr, (start, None))
+        if self.sync.overlaps(start, end):
+            return "sync"
+        if launch_tid in self.waits and self.waits[launch_tid].overlaps(start, end):
+            return "host_wait"
+        if self.unified_memory.overlaps(start, end):
+            return "unified_memory"
+        if self.data.overlaps(start, end):
+            return "data_loading"
+        if launch_start > start:
+            return "launch_latency"
+        return "unattributed"
+
+    def attribute(self, gaps: list[tuple[int, int, int]]) -> dict[str, int]:
+        """Idle time per cause of the idle gaps (start, end, correlation id of the op ending it)."""
+        causes = dict.fromkeys(GAP_CAUSES, 0)
+        for start, end, corr in gaps:
+            causes[self.cause(start, end, corr)] += end - start
         return causes
-    data = Intervals((s, e) for _, s, e in db.nvtx_intervals(con, schema, pid, "data%", window))
-    sync, launched = Intervals([]), {}
+
+
+def um_phase_ranges(phases: list[tuple[int, int]], faults: np.ndarray, migrations: Intervals) -> Intervals:
+    """The phase ranges that contain a unified-memory CPU page fault or overlap a UM migration: the
+    host's time there goes to unified memory, whatever the phase is called."""
+    faults = np.sort(faults)
+    hit = [(s, e) for s, e in phases
+           if np.searchsorted(faults, s) < np.searchsorted(faults, e, side="right") or migrations.overlaps(s, e)]
+    return Intervals(hit + [(int(t), int(t) + 1) for t in faults])
+
+
+def nsys_gap_evidence(con, schema: db.Schema, gaps: list[tuple[int, int, int]], pid: int, device: int,
+                      window: tuple[int, int]) -> GapEvidence:
+    """Evidence from the export: synchronising calls of the process; OS waits of the thread that
+    launched the work ending a gap (other threads' waits say nothing: an idle autograd or loader
+    thread always waits); phase ranges with unified-memory faults or migrations; "data*" ranges."""
+    evidence = GapEvidence(data=Intervals((s, e) for _, s, e in db.nvtx_intervals(con, schema, pid, "data%", window)))
+    if not gaps:
+        return evidence
     if schema.has(db.RUNTIME):
         calls = db.process_intervals(con, db.RUNTIME, pid, db.names_like(con, SYNC_CALLS), window)
-        sync = Intervals((s, e) for _, s, e in calls)
-        launched = db.launch_calls(con, pid, [c for _, _, c in gaps])
-    waits: dict[int, Intervals] = {}
+        evidence.sync = Intervals((s, e) for _, s, e in calls)
+        evidence.launches = db.launch_calls(con, pid, [c for _, _, c in gaps])
     if schema.has(db.OSRT):
         per_thread: dict[int, list] = {}
         for tid, s, e in db.process_intervals(con, db.OSRT, pid, db.names_like(con, OS_WAITS), window):
             per_thread.setdefault(tid, []).append((s, e))
-        waits = {tid: Intervals(spans) for tid, spans in per_thread.items()}
-    no_waits = Intervals([])
-    for start, end, corr in gaps:
-        launch_start, launch_tid = launched.get(corr, (start, None))
-        if sync.overlaps(start, end):
-            cause = "sync"
-        elif waits.get(launch_tid, no_waits).overlaps(start, end):
-            cause = "host_wait"
-        elif data.overlaps(start, end):
-            cause = "data_loading"
-        elif launch_start > start:
-            cause = "launch_latency"
-        else:
-            cause = "unattributed"
-        causes[cause] += end - start
-    return causes
+        evidence.waits = {tid: Intervals(spans) for tid, spans in per_thread.items()}
+    faults = db.cpu_page_faults(con, schema, pid, window)
+    migrations = Intervals(con.execute(
+        f"SELECT start, end FROM {db.MEMCPY} WHERE globalPid = ? AND deviceId = ? AND copyKind IN {UM_KINDS} "
+        "AND end > ? AND start < ?", (pid, device, *window)).fetchall()) if schema.has(db.MEMCPY) else Intervals([])
+    if len(faults) or migrations.starts:
+        phases = [(s, e) for like in PHASE_LIKE for _, s, e in db.nvtx_intervals(con, schema, pid, like, window)]
+        evidence.unified_memory = um_phase_ranges(phases, faults, migrations)
+    return evidence
 
 
 def memory_ops(groups: list[tuple]) -> dict:
@@ -176,59 +220,121 @@ def memory_ops(groups: list[tuple]) -> dict:
     return {"copies": sorted(rows, key=lambda r: -r["total_ns"]), "by_kind": by_kind, "pageable_big": big_pageable}
 
 
+# Columns a GPU table must have to be analysed (the analysis reads no other).
+REQUIRED_COLUMNS = {db.KERNEL: ("start", "end", "deviceId", "globalPid", "correlationId"),
+                    db.MEMCPY: ("start", "end", "deviceId", "globalPid", "correlationId", "bytes", "copyKind",
+                                "srcKind", "dstKind"),
+                    db.MEMSET: ("start", "end", "deviceId", "globalPid", "correlationId", "bytes")}
+TIME_MAPPED = ("no CUDA runtime API calls with correlation ids: the steps were mapped onto the GPU by time, not "
+               "through their launches (the GPU's lag behind the host shifts the window)")
+NO_STEPS = ('no step ranges (NVTX ranges named like "step N", "iteration N", "train_step", "ProfilerStep#N") '
+            "and no repeating GPU work that marks steps (optimizer-kernel bursts, a kernel recurring at a fixed period)")
+
+
 def analyze_nsys(path: Path) -> dict:
-    con = db.open_readonly(path)
     try:
-        return _analyze_nsys(con, path)
-    finally:
-        con.close()
+        con = db.open_readonly(path)
+        try:
+            return _analyze_nsys(con, path)
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise ProfileError(f"{path}: not a readable nsys SQLite export ({first_line(exc)})") from None
+
+
+def check_export(con, schema: db.Schema, path: Path) -> None:
+    """ProfileError unless the export has GPU activity this analysis can read."""
+    if not schema.tables:
+        raise ProfileError(f"{path}: not an nsys SQLite export: it has no tables (an empty or truncated file?)")
+    present = [t for t in REQUIRED_COLUMNS if schema.has(t)]
+    if not present:
+        raise ProfileError(f"{path}: no GPU activity: the export has no kernel, memcpy or memset table (was CUDA "
+                           "traced, --trace=cuda, and did the capture range run any GPU work?)")
+    for table in present:
+        missing = [c for c in REQUIRED_COLUMNS[table] if not schema.has(table, con, c)]
+        if missing:
+            raise ProfileError(f"{path}: table {table} lacks the columns {', '.join(missing)}: not an nsys export "
+                               "this tool reads (nsys export --type=sqlite writes them)")
+    if schema.has(db.KERNEL) and not schema.has("StringIds"):
+        raise ProfileError(f"{path}: no StringIds table, so kernel names cannot be read: an incomplete export "
+                           "(export the .nsys-rep again with nsys export --type=sqlite)")
+    if schema.has(db.KERNEL) and not (schema.has(db.KERNEL, con, "demangledName")
+                                      or schema.has(db.KERNEL, con, "shortName")):
+        raise ProfileError(f"{path}: table {db.KERNEL} has no kernel name column (demangledName, shortName)")
+
+
+def find_steps(con, schema: db.Schema, kernels: db.Table, pid: int, device: int) -> step_finder.Steps | None:
+    """The steps of the main process: NVTX ranges of a step convention, else inferred from its
+    kernels (steps.py), else None."""
+    found = step_finder.from_ranges(db.step_candidates(con, schema, pid), "NVTX ranges")
+    if found is not None:
+        return found
+    mine = kernels.where((kernels["pid"] == pid) & (kernels["dev"] == device))
+    order = np.argsort(mine["start"], kind="stable")
+    ids = mine["name"][order]
+    names = db.string_values(con, np.unique(ids).tolist())
+    return infer_steps(mine["start"][order], mine["end"][order], ids, names)
+
+
+def infer_steps(start: np.ndarray, end: np.ndarray, keys: np.ndarray, names: dict[int, str]
+                ) -> step_finder.Steps | None:
+    """Steps from kernels sorted by start, keyed by name (`names`: key -> kernel name): optimizer
+    bursts, else the period of the kernel sequence."""
+    optimizer = sorted(k for k, n in names.items() if kernel_kinds.is_optimizer(n))
+    what = ", ".join(sorted({kernel_kinds.function_name(names[k]) for k in optimizer}))[:120]
+    found = step_finder.from_optimizer_bursts(start, end, np.isin(keys, optimizer), what)
+    if found is None:
+        found = step_finder.from_repeats(start, end, keys, {k: kernel_kinds.function_name(n) for k, n in names.items()})
+    return found
+
+
+def whole_trace_steps(health: list[str], why: str) -> step_finder.Steps:
+    health.append(f"{why}: the window is the whole trace, start-up and warm-up included")
+    return step_finder.Steps()
 
 
 def _analyze_nsys(con, path: Path) -> dict:
     schema = db.Schema.read(con)
+    check_export(con, schema, path)
     info = db.meta(con, schema)
     health: list[str] = []
     traced = set(info.get("traced", []))
     if "OSRuntime" in traced and not schema.has(db.OSRT):
         health.append("OS runtime tracing was on but the export has no OSRT_API table")
-    if not schema.has(db.KERNEL):
-        health.append("the export has no CUDA kernels (was CUDA traced, and did the capture range see any work?)")
     kernels = db.read_table(con, schema, db.KERNEL, db.kernel_columns(con, schema))
+    if not len(kernels):
+        health.append("the export has no CUDA kernels, only copies or memsets (did the capture range see the "
+                      "training's work?)")
     copies = db.read_table(con, schema, db.MEMCPY, db.GPU_COLUMNS)
     sets = db.read_table(con, schema, db.MEMSET, db.GPU_COLUMNS)
-    pid, device = db.main_process_device(kernels)
-    steps = db.step_ranges(con, schema)
-    warm, steady = db.split_warmup(steps)
     gpu = [(kernels, KERNEL_OP), (copies, MEMCPY_OP), (sets, MEMSET_OP)]
-
-    window = db.gpu_window(con, schema, [t for t, _ in gpu], steady, pid, device) if pid is not None else None
-    basis = "nvtx steps"
+    pid, device = db.main_process_device([t for t, _ in gpu])
+    if pid is None:
+        raise ProfileError(f"{path}: no GPU activity: the export has no kernels, copies or memsets (did the capture "
+                           "range run any GPU work?)")
     ops = Ops.concat([Ops(t["start"][m], t["end"][m], np.full(int(m.sum()), kind), t["corr"][m])
                       for t, kind in gpu for m in [(t["pid"] == pid) & (t["dev"] == device)]])
-    if window is None and pid is not None:
-        basis = "whole trace"
-        if not steps:
-            health.append('no NVTX "step N" ranges: the window is the whole trace, warm-up included')
-        window = (int(ops.start.min()), int(ops.end.max())) if len(ops.start) else None
 
-    result: dict = {
-        "source": {"path": str(path), "kind": "nsys", **info},
-        "window": {"start_ns": window[0] if window else 0, "end_ns": window[1] if window else 0,
-                   "steps": [s.step for s in steady] if basis == "nvtx steps" else [],
-                   "warmup_steps": [s.step for s in warm], "basis": basis},
-        "whole_trace": whole_trace(con, schema, kernels),
-    }
+    found = find_steps(con, schema, kernels, pid, device)
+    window = None
+    if found is None:
+        found = whole_trace_steps(health, NO_STEPS)
+    elif found.basis == step_finder.NVTX_BASIS:
+        window, projected = db.gpu_window(con, schema, [t for t, _ in gpu], found.steady, pid, device)
+        if window is None:
+            found = whole_trace_steps(health, f"the steps ({found.source}) launched no GPU work of the main process")
+        elif not projected:
+            health.append(TIME_MAPPED)
+    else:
+        window = (found.steady[0].start, found.steady[-1].end)
     if window is None:
-        health.append("no GPU activity in the main process: nothing to analyse")
-        result.update(empty_metrics())
-        result["health"] = health
-        return result
+        window = (int(ops.start.min()), int(ops.end.max()))
 
     span = window[1] - window[0]
-    n_steps = len(steady) if basis == "nvtx steps" else 0
+    n_steps = len(found.steady)
     params = {"w0": window[0], "w1": window[1], "pid": pid, "dev": device}
     line = timeline(ops.clip(*window), [(lo, hi) for lo, hi, _ in GAP_BUCKETS], IDLE_GAP_MIN_NS)
-    causes = attribute_gaps(con, schema, line.long_gaps, pid, window)
+    causes = nsys_gap_evidence(con, schema, line.long_gaps, pid, device, window).attribute(line.long_gaps)
     gap_info = gap_stats(line.gap_buckets, [e - s for s, e, _ in line.long_gaps], line.gap_max_ns, n_steps)
     causes["short_gaps"] = gap_info["total_ns"] - sum(causes.values())
     gap_info["causes_ns"] = causes
@@ -240,59 +346,75 @@ def _analyze_nsys(con, path: Path) -> dict:
     c_n, c_ns, c_b = db.sums(con, db.MEMCPY, params) if schema.has(db.MEMCPY) else (0, 0, 0)
     s_n, s_ns, s_b = db.sums(con, db.MEMSET, params) if schema.has(db.MEMSET) else (0, 0, 0)
     mem = memory_ops(db.memcpy_groups(con, params)) if schema.has(db.MEMCPY) else memory_ops([])
-    um_ns = sum(v["total_ns"] for k, v in mem["by_kind"].items() if k.startswith("UM"))
-    um_bytes = sum(v["bytes"] for k, v in mem["by_kind"].items() if k.startswith("UM"))
-    ops_ns = k_ns + c_ns + s_ns
     launch_ns = db.call_time(con, db.RUNTIME, pid, db.names_like(con, LAUNCH_CALLS), window) \
         if schema.has(db.RUNTIME) else 0
     phases = {}
-    if steady and basis == "nvtx steps":
-        cpu_window = (steady[0].start, steady[-1].end)
+    if found.basis == step_finder.NVTX_BASIS:
+        cpu_window = (found.steady[0].start, found.steady[-1].end)
         for name in PHASES:
             spans = db.nvtx_intervals(con, schema, pid, name, cpu_window)
-            phases[name] = sum(e - s for _, s, e in spans) / len(steady) / 1e6
-    h2d = sum(v["bytes"] for k, v in mem["by_kind"].items() if k in ("HtoD", "UM HtoD"))
-    d2h = sum(v["bytes"] for k, v in mem["by_kind"].items() if k in ("DtoH", "UM DtoH"))
+            phases[name] = sum(e - s for _, s, e in spans) / n_steps / 1e6
+    top = groups["ranked"][:5]
+    configs = db.launch_configs(con, schema, db.kernel_name_column(con, schema, "demangledName"), [k["name"] for k in top], params)
+    for k in top:
+        k["launch_configs"] = configs.get(k["name"])
 
-    result.update({
-        "gpu_busy_pct": pct(line.busy_ns, span),
-        "gpu_idle_pct": 100.0 - pct(line.busy_ns, span),
-        "idle_gaps_per_step": gap_info["idle_gaps_per_step"],
-        "kernel_time_pct": pct(k_ns, ops_ns),
-        "memcpy_time_pct": pct(c_ns, ops_ns),
-        "memset_time_pct": pct(s_ns, ops_ns),
-        "exposed_memcpy_pct": pct(line.kernel_or_copy_ns - line.kernel_union_ns, span),
-        "um_migration_pct": pct(um_ns, c_ns + s_ns),
-        "um_migration_bytes_pct": pct(um_bytes, c_b + s_b),
-        "h2d_gb": h2d / 1e9,
-        "d2h_gb": d2h / 1e9,
-        "top_kernels": groups["ranked"][:5],
-        "kernels": {"count": k_n, "total_ns": k_ns, "short_pct": pct(groups["short"], k_n),
-                    "launch_api_ns": launch_ns},
+    result = {
+        "source": {"path": str(path), "kind": "nsys", **info},
+        "window": window_block(window, found),
+        "whole_trace": whole_trace(con, schema, kernels),
+        **device_metrics(line.busy_ns, span, gap_info, k_ns, c_ns, s_ns, line.kernel_or_copy_ns - line.kernel_union_ns,
+                         mem),
+        "um_migration_bytes_pct": pct(sum(v["bytes"] for k, v in mem["by_kind"].items() if k.startswith("UM")),
+                                      c_b + s_b),
+        "top_kernels": top,
+        "kernels": {"count": k_n, "total_ns": k_ns, "short_pct": pct(groups["short"], k_n), "launch_api_ns": launch_ns,
+                    **kernel_kinds.gemm_time(groups["ranked"])},
         "memcpy": {"count": c_n, "total_ns": c_ns, "bytes": c_b, **mem},
         "memset": {"count": s_n, "total_ns": s_ns, "bytes": s_b},
         "page_faults": db.page_faults(con, schema),
         "gaps": gap_info,
         "phases_ms_per_step": phases,
-        "step_ms": step_times(steps, steady),
+        "step_ms": step_times(found),
         "health": health,
-    })
-    result["window"]["duration_ns"] = span
+    }
     return result
 
 
-def step_times(steps: list[db.Step], steady: list[db.Step]) -> dict:
-    if not steady:
+def window_block(window: tuple[int, int], found: step_finder.Steps) -> dict:
+    return {"start_ns": window[0], "end_ns": window[1], "duration_ns": window[1] - window[0], "basis": found.basis,
+            "source": found.source, "steps": [s.step for s in found.steady],
+            "warmup_steps": [s.step for s in found.warmup], "warmup_reason": found.warmup_reason}
+
+
+def device_metrics(busy_ns: int, span: int, gap_info: dict, kernel_ns: int, copy_ns: int, set_ns: int,
+                   exposed_ns: int, mem: dict) -> dict:
+    """The metrics of METRICS (plan.py), the same for both sources."""
+    ops_ns = kernel_ns + copy_ns + set_ns
+    um_ns = sum(v["total_ns"] for k, v in mem["by_kind"].items() if k.startswith("UM"))
+    return {
+        "gpu_busy_pct": pct(busy_ns, span),
+        "gpu_idle_pct": 100.0 - pct(busy_ns, span),
+        "idle_gaps_per_step": gap_info["idle_gaps_per_step"],
+        "kernel_time_pct": pct(kernel_ns, ops_ns),
+        "memcpy_time_pct": pct(copy_ns, ops_ns),
+        "memset_time_pct": pct(set_ns, ops_ns),
+        "exposed_memcpy_pct": pct(exposed_ns, span),
+        "um_migration_pct": pct(um_ns, copy_ns + set_ns),
+        "h2d_gb": sum(v["bytes"] for k, v in mem["by_kind"].items() if k in ("HtoD", "UM HtoD")) / 1e9,
+        "d2h_gb": sum(v["bytes"] for k, v in mem["by_kind"].items() if k in ("DtoH", "UM DtoH")) / 1e9,
+    }
+
+
+def step_times(found: step_finder.Steps) -> dict:
+    if not found.steady:
         return {}
-    return {"median": statistics.median(s.duration for s in steady) / 1e6,
-            "first": steps[0].duration / 1e6, "all": [round(s.duration / 1e6, 3) for s in steps]}
+    return {"median": statistics.median(s.duration for s in found.steady) / 1e6,
+            "first": found.all[0].duration / 1e6, "all": [round(s.duration / 1e6, 3) for s in found.all]}
 
 
 def whole_trace(con, schema: db.Schema, kernel_table: db.Table) -> dict:
     """Whole-trace totals computed the way `nsys stats` reports them (the cross-check)."""
-    kernels = db.kernel_groups(con, kernel_table, None)
-    out: dict = {"kernels": kernels["ranked"][:WHOLE_TRACE_KERNELS], "distinct_kernels": len(kernels["ranked"]),
-                 "kernel_count": kernels["count"], "kernel_total_ns": kernels["total_ns"]}
     ops = {}
     if schema.has(db.MEMCPY):
         for kind, count, ns, nbytes in con.execute(
@@ -302,17 +424,19 @@ def whole_trace(con, schema: db.Schema, kernel_table: db.Table) -> dict:
         count, ns, nbytes = db.sums(con, db.MEMSET, None)
         if count:
             ops["memset"] = {"count": count, "total_ns": ns, "bytes": nbytes}
-    out["memory_ops"] = ops
-    return out
+    return whole_trace_block(db.kernel_groups(con, kernel_table, None), ops)
 
 
-def empty_metrics() -> dict:
-    return {k: 0.0 for k in ("gpu_busy_pct", "gpu_idle_pct", "idle_gaps_per_step", "kernel_time_pct",
-                             "memcpy_time_pct", "memset_time_pct", "exposed_memcpy_pct", "um_migration_pct",
-                             "h2d_gb", "d2h_gb")} | {"top_kernels": []}
+def whole_trace_block(kernels: dict, memory_ops: dict) -> dict:
+    """kernels: {ranked, count, total_ns} of every kernel; memory_ops: {kind: {count, total_ns, bytes}}."""
+    return {"kernels": kernels["ranked"][:WHOLE_TRACE_KERNELS], "distinct_kernels": len(kernels["ranked"]),
+            "kernel_count": kernels["count"], "kernel_total_ns": kernels["total_ns"], "memory_ops": memory_ops}
 
 
 def load_json(path: Path):
     opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"{path}: not a readable JSON trace ({first_line(exc)})") from None

@@ -69,9 +69,11 @@ def kernel_name_regex(names: Sequence[str]) -> str:
 
 
 def ncu_command(ncu: str, report: Path, kernel_names: Sequence[str], launch_count: int,
-                section_set: str, metrics: Sequence[str] = ()) -> list[str]:
+                section_set: str, metrics: Sequence[str] = (), per_launch_config: bool = False) -> list[str]:
     """`ncu ...` for the named kernels (all kernels when none are named) inside the capture window,
-    up to the program's own argv.
+    up to the program's own argv. `per_launch_config`: `launch_count` launches of each launch
+    configuration (kernel, grid, block, shared memory) instead of `launch_count` in all, so every
+    named kernel is profiled a few times and none is profiled at every launch of a step.
 
     `--clock-control none` keeps the GPU's own clocks (ncu otherwise locks them to base clock,
     which changes what is measured and is not allowed on shared machines).
@@ -84,6 +86,8 @@ def ncu_command(ncu: str, report: Path, kernel_names: Sequence[str], launch_coun
         "--export", str(report.with_suffix("")),
         "--force-overwrite",
     ]
+    if per_launch_config:
+        command += ["--filter-mode", "per-launch-config"]
     if kernel_names:
         command += ["--kernel-name-base", "function", "--kernel-name", kernel_name_regex(kernel_names)]
     if metrics:

@@ -4,11 +4,26 @@ H200 scenarios in tests/data/profiles (a clean compute-bound run fires none).
 
 `context` is what the run's config says (precision, offload, memory; empty from the command line):
 it sharpens the wording and enables the rules that need to know what was asked for (fp8).
+
+Attribution follows the evidence. Each idle gap of the GPU gets one cause, the first that matches
+in this order (analysis.GapEvidence.cause):
+  1. sync            a synchronising call or blocking copy of the process overlaps the gap
+  2. host_wait       the thread that launched the work ending the gap was in an OS wait
+  3. unified_memory  the gap overlaps a phase range (data/forward/backward/optimizer) inside which
+                     unified-memory CPU page faults or migrations happened, or a fault itself
+  4. data_loading    the gap overlaps a "data*" range (with no unified-memory evidence in it)
+  5. launch_latency  the work ending the gap was launched after the gap began (the host was late)
+  6. unattributed
+The findings then read those shares: data_loading fires on causes 2 + 4 only, so a data phase
+slowed by page faults is a unified-memory finding, never "raise num_workers".
+Rules (all that match fire): profile_health, gpu_starved, data_loading, host_sync, launch_bound,
+pageable_copies, offload_cost / exposed_memcpy, um_migrations, fp8_not_effective, roofline_*.
 """
 
 from __future__ import annotations
 
 from ghsweep.profile.nsys_db import SHORT_KERNEL_NS
+from ghsweep.profile.steps import WHOLE_TRACE
 
 STARVED_BUSY_PCT = 85.0  # steady-state device utilisation below this: the GPU waits
 IDLE_MIN_PCT = 10.0  # idle share of the window worth explaining
@@ -17,7 +32,9 @@ SYNC_MIN_PCT = 5.0  # idle time at synchronising calls, % of the window
 LAUNCH_MIN_PCT = 5.0  # idle time waiting for late launches, % of the window
 EXPOSED_MEMCPY_MIN_PCT = 5.0
 UM_WARN_PCT = 5.0  # unified-memory migrations' share of memory-operation time
-FP8_MARKERS = ("e4m3", "e5m2", "fp8", "f8f8", "float8")
+# With precision=fp8, fp8 GEMMs (kernel_kinds.is_fp8_gemm) below this share of GEMM time: the
+# matmuls still run in bf16/fp16 (a working fp8 recipe leaves only lm_head and adapters in bf16).
+FP8_MIN_GEMM_SHARE = 0.5
 
 
 def finding(id_: str, severity: str, message: str, **evidence) -> dict:
@@ -28,6 +45,11 @@ def _share(part: float, whole: float) -> float:
     return part / whole if whole else 0.0
 
 
+def window_words(a: dict) -> str:
+    """What the window is, for sentences: the steady-state steps, or the whole trace."""
+    return "the whole trace" if a.get("window", {}).get("basis") == WHOLE_TRACE else "the steady state"
+
+
 def evaluate(a: dict, context: dict | None = None) -> list[dict]:
     """The findings of analysis `a` (see analysis.py for the numbers' definitions)."""
     context = context or {}
@@ -36,7 +58,10 @@ def evaluate(a: dict, context: dict | None = None) -> list[dict]:
     if not a.get("window", {}).get("duration_ns") or a.get("gpu_busy_pct") is None:
         return out  # nothing captured, or a CPU run: no device to explain
     window_ns = a["window"]["duration_ns"]
+    # Amounts are per step over steady steps; over the whole trace they are totals, said so.
     steps = max(1, len(a["window"].get("steps") or []))
+    per_step = "per step" if a["window"].get("steps") else "in the whole trace"
+    of_step = "of each step" if a["window"].get("steps") else "of the whole trace"
     causes = a.get("gaps", {}).get("causes_ns", {})
     idle_ns = sum(causes.values())
     busy = a["gpu_busy_pct"]
@@ -45,8 +70,8 @@ def evaluate(a: dict, context: dict | None = None) -> list[dict]:
         top = max(causes, key=causes.get) if idle_ns else "unattributed"
         out.append(finding(
             "gpu_starved", "warning",
-            f"GPU busy only {busy:.1f}% of the steady-state steps ({a['gpu_idle_pct']:.1f}% idle, "
-            f"{idle_ns / steps / 1e6:.2f} ms idle per step); most idle time: {top.replace('_', ' ')}",
+            f"GPU busy only {busy:.1f}% of {window_words(a)} ({a['gpu_idle_pct']:.1f}% idle, "
+            f"{idle_ns / steps / 1e6:.2f} ms idle {per_step}); most idle time: {top.replace('_', ' ')}",
             gpu_busy_pct=busy, idle_ms_per_step=idle_ns / steps / 1e6, main_cause=top))
 
     loading = causes.get("data_loading", 0) + causes.get("host_wait", 0)
@@ -56,7 +81,7 @@ def evaluate(a: dict, context: dict | None = None) -> list[dict]:
         out.append(finding(
             "data_loading", "warning",
             f"data-loading bound: {100 * _share(loading, idle_ns):.0f}% of the GPU idle time "
-            f"({loading / steps / 1e6:.2f} ms per step) is the host loading data or waiting; {advice}, "
+            f"({loading / steps / 1e6:.2f} ms {per_step}) is the host loading data or waiting; {advice}, "
             "pin memory and prefetch",
             data_loading_ms_per_step=causes.get("data_loading", 0) / steps / 1e6,
             host_wait_ms_per_step=causes.get("host_wait", 0) / steps / 1e6,
@@ -66,8 +91,8 @@ def evaluate(a: dict, context: dict | None = None) -> list[dict]:
     if sync_pct >= SYNC_MIN_PCT:
         out.append(finding(
             "host_sync", "warning",
-            f"host synchronisation: the GPU sits idle at synchronising calls for {sync_pct:.1f}% of each step "
-            f"({causes['sync'] / steps / 1e6:.2f} ms per step); remove .item()/.cpu()/print of GPU values "
+            f"host synchronisation: the GPU sits idle at synchronising calls for {sync_pct:.1f}% {of_step} "
+            f"({causes['sync'] / steps / 1e6:.2f} ms {per_step}); remove .item()/.cpu()/print of GPU values "
             "from the step, or do them every N steps",
             sync_idle_pct=sync_pct, sync_ms_per_step=causes["sync"] / steps / 1e6))
 
@@ -78,7 +103,7 @@ def evaluate(a: dict, context: dict | None = None) -> list[dict]:
     if launch_pct >= LAUNCH_MIN_PCT and (short or launch_heavy):
         out.append(finding(
             "launch_bound", "warning",
-            f"launch bound: the GPU waits for the host to launch work for {launch_pct:.1f}% of each step "
+            f"launch bound: the GPU waits for the host to launch work for {launch_pct:.1f}% {of_step} "
             f"({kernels.get('short_pct', 0):.0f}% of kernels under {SHORT_KERNEL_NS / 1e3:.0f} us, launch calls "
             f"{kernels.get('launch_api_ns', 0) / 1e6:.1f} ms vs kernels {kernels.get('total_ns', 0) / 1e6:.1f} ms); "
             "use CUDA graphs or torch.compile to launch fewer, larger kernels",
@@ -89,8 +114,8 @@ def evaluate(a: dict, context: dict | None = None) -> list[dict]:
     if pageable.get("count"):
         out.append(finding(
             "pageable_copies", "warning",
-            f"{pageable['count'] / steps:.1f} copies per step of >= 1 MiB to or from pageable host memory "
-            f"({pageable['bytes'] / steps / 2**20:.0f} MiB per step); pageable copies are synchronous and slow: "
+            f"{pageable['count'] / steps:.1f} copies {per_step} of >= 1 MiB to or from pageable host memory "
+            f"({pageable['bytes'] / steps / 2**20:.0f} MiB {per_step}); pageable copies are synchronous and slow: "
             "use pinned memory (pin_memory=True, tensor.pin_memory()) and non_blocking=True",
             copies_per_step=pageable["count"] / steps, mib_per_step=pageable["bytes"] / steps / 2**20))
 
@@ -102,36 +127,40 @@ def evaluate(a: dict, context: dict | None = None) -> list[dict]:
             out.append(finding(
                 "offload_cost", "warning",
                 f"offload cost: copies to and from pinned host memory run with no kernel beside them for "
-                f"{exposed:.1f}% of the step ({a['h2d_gb'] / steps:.2f} GB in and {a['d2h_gb'] / steps:.2f} GB out "
-                "per step); overlap them with compute (separate stream, prefetch ahead of use) or offload fewer layers",
+                f"{exposed:.1f}% {of_step} ({a['h2d_gb'] / steps:.2f} GB in and {a['d2h_gb'] / steps:.2f} GB out "
+                f"{per_step}); overlap them with compute (separate stream, prefetch ahead of use) or offload fewer layers",
                 exposed_memcpy_pct=exposed, h2d_gb_per_step=a["h2d_gb"] / steps, d2h_gb_per_step=a["d2h_gb"] / steps))
         else:
             out.append(finding(
                 "exposed_memcpy", "warning",
-                f"copies not hidden behind compute: {exposed:.1f}% of the step only copies data "
+                f"copies not hidden behind compute: {exposed:.1f}% {of_step} only copies data "
                 f"(memcpy {a['memcpy_time_pct']:.1f}% of GPU operation time)",
                 exposed_memcpy_pct=exposed, memcpy_time_pct=a["memcpy_time_pct"]))
 
     um = a.get("um_migration_pct", 0.0)
     faults = a.get("page_faults", {})
-    if um > 0:
-        severity = "warning" if um >= UM_WARN_PCT else "info"
+    um_idle = causes.get("unified_memory", 0)
+    if um > 0 or um_idle:
+        severity = "warning" if um >= UM_WARN_PCT or _share(um_idle, window_ns) * 100 >= IDLE_MIN_PCT else "info"
         fault_text = ", ".join(f"{v} {k.upper()} page faults" for k, v in faults.items()) or "page faults not traced"
+        idle_text = (f"; {um_idle / steps / 1e6:.2f} ms {per_step} of GPU idle time ({100 * _share(um_idle, idle_ns):.0f}% "
+                     "of it) is in phases where the host faults on or migrates managed memory") if um_idle else ""
         out.append(finding(
             "um_migrations", severity,
             f"unified memory: migrations are {um:.1f}% of memory-operation time and "
-            f"{a.get('um_migration_bytes_pct', 0):.1f}% of the bytes moved ({fault_text}); prefetch managed memory "
-            "to the GPU (cudaMemPrefetchAsync) or keep hot data in device memory",
-            um_migration_pct=um, um_migration_bytes_pct=a.get("um_migration_bytes_pct", 0), **faults))
+            f"{a.get('um_migration_bytes_pct', 0):.1f}% of the bytes moved ({fault_text}){idle_text}; prefetch "
+            "managed memory to the GPU (cudaMemPrefetchAsync) or keep hot data in device memory",
+            um_migration_pct=um, um_migration_bytes_pct=a.get("um_migration_bytes_pct", 0),
+            um_idle_ms_per_step=um_idle / steps / 1e6, **faults))
 
-    if context.get("precision") == "fp8":
-        names = [k["name"].lower() for k in a.get("top_kernels", [])]
-        if not any(m in n for n in names for m in FP8_MARKERS):
-            out.append(finding(
-                "fp8_not_effective", "warning",
-                "precision=fp8 but none of the top kernels is an fp8 GEMM: the matmuls still run in "
-                "bf16/fp16 (check the fp8 recipe is applied to the Linear layers)",
-                top_kernels=[k["name"][:80] for k in a.get("top_kernels", [])]))
+    gemm_ns, fp8_ns = kernels.get("gemm_ns", 0), kernels.get("fp8_gemm_ns", 0)
+    if context.get("precision") == "fp8" and gemm_ns and fp8_ns < FP8_MIN_GEMM_SHARE * gemm_ns:
+        out.append(finding(
+            "fp8_not_effective", "warning",
+            f"precision=fp8 but only {100 * fp8_ns / gemm_ns:.0f}% of the GEMM time is in fp8 GEMMs: the matmuls "
+            "still run in bf16/fp16 (check the fp8 recipe is applied to the Linear layers)",
+            fp8_gemm_pct=100 * fp8_ns / gemm_ns,
+            top_kernels=[k["name"][:80] for k in a.get("top_kernels", [])]))
 
     for point in a.get("roofline", {}).get("kernels", []):
         out.append(finding(
@@ -156,17 +185,19 @@ def health(a: dict) -> list[dict]:
 
 
 def summary(a: dict) -> list[str]:
-    """Plain statements about the run (not problems): the compute/transfer split, warm-up."""
+    """Plain statements about the run (not problems): the window, warm-up, the compute/transfer split."""
     lines = []
     if a.get("source", {}).get("device") == "cpu":
         lines.append("a CPU run (no GPU activity in the trace): top_kernels are CPU operators by self time")
-    warm = a.get("window", {}).get("warmup_steps") or []
-    if warm:
-        first = a.get("step_ms", {}).get("first", 0)
-        lines.append(f"warm-up excluded: step {', '.join(map(str, warm))} ({first:.0f} ms against a median of "
-                     f"{a.get('step_ms', {}).get('median', 0):.1f} ms)")
-    if a.get("gpu_busy_pct") is not None and a.get("window", {}).get("duration_ns"):
+    window = a.get("window", {})
+    if window.get("basis") == WHOLE_TRACE:
+        lines.append("window: the whole trace (no steps found; see profile_health)")
+    elif window.get("source"):
+        lines.append(f"steps from {window['source']}")
+    if window.get("warmup_steps"):
+        lines.append(f"warm-up excluded: {window.get('warmup_reason')}")
+    if a.get("gpu_busy_pct") is not None and window.get("duration_ns"):
         kind = "compute" if a["kernel_time_pct"] >= 90 else "transfer"
         lines.append(f"{a['kernel_time_pct']:.1f}% kernels vs {a['memcpy_time_pct'] + a['memset_time_pct']:.1f}% "
-                     f"memory operations: {kind}-dominated; GPU busy {a['gpu_busy_pct']:.1f}% of the steady state")
+                     f"memory operations: {kind}-dominated; GPU busy {a['gpu_busy_pct']:.1f}% of {window_words(a)}")
     return lines

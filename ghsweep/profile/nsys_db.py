@@ -11,15 +11,14 @@ every query first checks what the export has.
 
 from __future__ import annotations
 
-import re
 import sqlite3
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ghsweep.profile import timeline
+from ghsweep.profile.steps import STEP_LIKE, Step
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -33,9 +32,6 @@ UM_GPU_FAULTS = "CUDA_UM_GPU_PAGE_FAULT_EVENTS"
 
 # NVTX_EVENTS.eventType of a push/pop range (59) and a start/end range (60).
 NVTX_RANGE_TYPES = (59, 60)
-STEP_RANGE = re.compile(r"^step (\d+)$")
-# A leading step this much slower than the median of the captured steps is warm-up.
-WARMUP_FACTOR = 1.5
 # globalPid = globalTid with the 24 thread bits cleared (0xFFFFFFFFFF000000 as SQLite's signed
 # 64-bit integer; the unsigned literal would turn into a float there).
 PID_MASK = ~0xFFFFFF
@@ -69,52 +65,32 @@ class Schema:
         return column in self.columns.get(table, set())
 
 
-@dataclass(frozen=True)
-class Step:
-    step: int
-    start: int  # CPU time of the NVTX range, ns
-    end: int
-
-    @property
-    def duration(self) -> int:
-        return self.end - self.start
-
-
-def step_ranges(con: sqlite3.Connection, schema: Schema) -> list[Step]:
-    """The NVTX "step N" ranges, in time order (text inline or through StringIds)."""
-    if not schema.has(NVTX):
-        return []
-    name = "e.text"
-    join = ""
+def _nvtx_name(con: sqlite3.Connection, schema: Schema) -> tuple[str, str]:
+    """(SQL expression of an NVTX event's name, the join it needs): text inline or through StringIds."""
     if schema.has(NVTX, con, "textId") and schema.has("StringIds"):
-        name = "COALESCE(e.text, s.value)"
-        join = "LEFT JOIN StringIds s ON s.id = e.textId"
-    rows = con.execute(
-        f"SELECT {name}, e.start, e.end FROM {NVTX} e {join} "
-        f"WHERE e.eventType IN {NVTX_RANGE_TYPES} AND e.end IS NOT NULL AND {name} LIKE 'step %' "
-        "ORDER BY e.start"
+        return "COALESCE(e.text, s.value)", "LEFT JOIN StringIds s ON s.id = e.textId"
+    return "e.text", ""
+
+
+def step_candidates(con: sqlite3.Connection, schema: Schema, pid: int | None) -> list[tuple[str, int, int]]:
+    """(name, start, end) of the NVTX ranges of process `pid` (any thread) whose name may be a
+    step's (steps.STEP_LIKE); steps.from_ranges decides which are."""
+    if not schema.has(NVTX) or not schema.has(NVTX, con, "globalTid"):
+        return []
+    name, join = _nvtx_name(con, schema)
+    like = " OR ".join(f"{name} LIKE ?" for _ in STEP_LIKE)
+    thread = f"AND (e.globalTid & {PID_MASK}) = ?" if pid is not None else ""
+    return con.execute(
+        f"SELECT {name}, e.start, e.end FROM {NVTX} e {join} WHERE e.eventType IN {NVTX_RANGE_TYPES} "
+        f"AND e.end IS NOT NULL AND ({like}) {thread} ORDER BY e.start",
+        [*STEP_LIKE, *([pid] if pid is not None else [])],
     ).fetchall()
-    steps = []
-    for text, start, end in rows:
-        match = STEP_RANGE.match(text or "")
-        if match:
-            steps.append(Step(int(match.group(1)), start, end))
-    return steps
-
-
-def split_warmup(steps: list[Step]) -> tuple[list[Step], list[Step]]:
-    """(warm-up steps, steady steps): leading steps much slower than the median are warm-up."""
-    if len(steps) < 3:
-        return [], steps
-    median = statistics.median(s.duration for s in steps)
-    warm = 0
-    while warm < len(steps) - 2 and steps[warm].duration > WARMUP_FACTOR * median:
-        warm += 1
-    return steps[:warm], steps[warm:]
 
 
 def kernel_name_column(con: sqlite3.Connection, schema: Schema, column: str) -> str:
-    return column if schema.has(KERNEL, con, column) else "demangledName"
+    """`column` (demangledName or shortName) when the kernel table has it, else the other one."""
+    other = "shortName" if column == "demangledName" else "demangledName"
+    return column if schema.has(KERNEL, con, column) else other
 
 
 # A kernel shorter than this does too little work to hide its launch.
@@ -168,41 +144,51 @@ def kernel_columns(con: sqlite3.Connection, schema: Schema) -> dict[str, str]:
     return cols
 
 
-def main_process_device(kernels: Table) -> tuple[int | None, int | None]:
-    """(globalPid, deviceId) that ran the most kernel time: the trainer on its GPU, not helpers."""
-    if not len(kernels):
+def main_process_device(tables: list[Table]) -> tuple[int | None, int | None]:
+    """(globalPid, deviceId) that ran the most GPU time (kernels, copies, memsets): the trainer on
+    its GPU, not helpers. (None, None) without GPU activity."""
+    pid = np.concatenate([t["pid"] for t in tables])
+    if not len(pid):
         return None, None
-    dur = kernels["end"] - kernels["start"]
-    pairs, inverse = np.unique(np.stack([kernels["pid"], kernels["dev"]], axis=1), axis=0, return_inverse=True)
+    dev = np.concatenate([t["dev"] for t in tables])
+    dur = np.concatenate([t["end"] - t["start"] for t in tables])
+    pairs, inverse = np.unique(np.stack([pid, dev], axis=1), axis=0, return_inverse=True)
     best = int(np.argmax(np.bincount(inverse.ravel(), weights=dur.astype(np.float64))))
     return int(pairs[best][0]), int(pairs[best][1])
 
 
 def gpu_window(con: sqlite3.Connection, schema: Schema, gpu: list[Table], steps: list[Step], pid: int,
-               device: int) -> tuple[int, int] | None:
-    """The GPU time span of the work launched inside `steps` (NVTX ranges projected on the GPU).
+               device: int) -> tuple[tuple[int, int] | None, bool]:
+    """The GPU time span of the work launched inside `steps` (NVTX ranges projected on the GPU),
+    and whether it was projected through the launches (False: by time alone).
 
     NVTX ranges are CPU times; the GPU runs behind the CPU, and at the start of a capture it is
     still busy with work launched before the capture (which is not traced). So the window starts
     at the first GPU operation launched in the first step and ends at the end of the last one
     launched in the last step. CUDA correlation ids grow with launch order within a process.
+    Without the runtime API table the launches are unknown: the window is then the GPU work that
+    started inside the steps' CPU span (a lag of the GPU behind the CPU shifts it).
     """
-    if not steps or not schema.has(RUNTIME):
-        return None
-    lo, hi = con.execute(
-        f"SELECT MIN(CASE WHEN start >= ? THEN correlationId END), "
-        f"MAX(CASE WHEN start <= ? THEN correlationId END) FROM {RUNTIME} WHERE (globalTid & {PID_MASK}) = ?",
-        (steps[0].start, steps[-1].end, pid),
-    ).fetchone()
-    if lo is None or hi is None:
-        return None
+    if not steps:
+        return None, False
+    first, last = steps[0].start, steps[-1].end
+    projected = schema.has(RUNTIME) and schema.has(RUNTIME, con, "correlationId")
+    if projected:
+        lo, hi = con.execute(
+            f"SELECT MIN(CASE WHEN start >= ? THEN correlationId END), "
+            f"MAX(CASE WHEN start <= ? THEN correlationId END) FROM {RUNTIME} WHERE (globalTid & {PID_MASK}) = ?",
+            (first, last, pid),
+        ).fetchone()
+        if lo is None or hi is None:
+            return None, True
     starts, ends = [], []
     for t in gpu:
-        inside = (t["pid"] == pid) & (t["dev"] == device) & (t["corr"] >= lo) & (t["corr"] <= hi)
+        inside = (t["pid"] == pid) & (t["dev"] == device)
+        inside &= ((t["corr"] >= lo) & (t["corr"] <= hi)) if projected else ((t["start"] >= first) & (t["start"] <= last))
         if inside.any():
             starts.append(t["start"][inside].min())
             ends.append(t["end"][inside].max())
-    return (int(min(starts)), int(max(ends))) if starts else None
+    return ((int(min(starts)), int(max(ends))) if starts else None), projected
 
 
 def kernel_groups(con: sqlite3.Connection, kernels: Table, mask: np.ndarray | None) -> dict:
@@ -317,12 +303,9 @@ def nvtx_intervals(con: sqlite3.Connection, schema: Schema, pid: int | None, lik
                    ) -> list[tuple[str, int, int]]:
     """NVTX push/pop or start/end ranges of process `pid` whose name is LIKE `like`, overlapping
     `window` (CPU time)."""
-    if not schema.has(NVTX):
+    if not schema.has(NVTX) or not schema.has(NVTX, con, "globalTid"):
         return []
-    name = "e.text"
-    join = ""
-    if schema.has(NVTX, con, "textId") and schema.has("StringIds"):
-        name, join = "COALESCE(e.text, s.value)", "LEFT JOIN StringIds s ON s.id = e.textId"
+    name, join = _nvtx_name(con, schema)
     thread = f"AND (e.globalTid & {PID_MASK}) = :pid" if pid is not None else ""
     return con.execute(
         f"SELECT {name}, e.start, e.end FROM {NVTX} e {join} WHERE e.eventType IN {NVTX_RANGE_TYPES} "
@@ -347,6 +330,14 @@ def meta(con: sqlite3.Connection, schema: Schema) -> dict:
     return out
 
 
+def cpu_page_faults(con: sqlite3.Connection, schema: Schema, pid: int, window: tuple[int, int]) -> np.ndarray:
+    """Times of the unified-memory CPU page faults of process `pid` inside the window."""
+    if not schema.has(UM_CPU_FAULTS) or not schema.has(UM_CPU_FAULTS, con, "globalPid"):
+        return np.empty(0, np.int64)
+    return read_columns(con, f"SELECT start FROM {UM_CPU_FAULTS} WHERE (globalPid & {PID_MASK}) = ? "
+                             "AND start >= ? AND start <= ?", (pid, *window))[0]
+
+
 def page_faults(con: sqlite3.Connection, schema: Schema) -> dict[str, int]:
     out = {}
     if schema.has(UM_CPU_FAULTS):
@@ -355,3 +346,20 @@ def page_faults(con: sqlite3.Connection, schema: Schema) -> dict[str, int]:
         column = "numberOfPageFaults" if schema.has(UM_GPU_FAULTS, con, "numberOfPageFaults") else "1"
         out["gpu"] = con.execute(f"SELECT COALESCE(SUM({column}), 0) FROM {UM_GPU_FAULTS}").fetchone()[0]
     return out
+
+
+def launch_configs(con: sqlite3.Connection, schema: Schema, name_column: str, names: list[str], params: dict
+                   ) -> dict[str, int]:
+    """Distinct launch configurations (grid, block, dynamic shared memory) of the kernels named
+    `names` in the window: how many launches Nsight Compute profiles with one per configuration."""
+    columns = ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ", "dynamicSharedMemory")
+    if not names or not all(schema.has(KERNEL, con, c) for c in columns):
+        return {}
+    config = " || ',' || ".join(columns)
+    marks = ",".join("?" * len(names))
+    return dict(con.execute(
+        f"SELECT s.value, COUNT(DISTINCT {config}) FROM {KERNEL} k JOIN StringIds s ON s.id = k.{name_column} "
+        f"WHERE k.globalPid = ? AND k.deviceId = ? AND k.start >= ? AND k.end <= ? AND s.value IN ({marks}) "
+        "GROUP BY s.value",
+        [params["pid"], params["dev"], params["w0"], params["w1"], *names],
+    ).fetchall())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,7 +28,11 @@ log = logging.getLogger(__name__)
 PLAN_FILE = "profile_plan.json"
 ANALYSIS_FILE = "profile_analysis.json"
 NCU_PASS_DIR = "ncu_pass"
-NCU_MAX_LAUNCHES = 500
+# Nsight Compute replays each profiled launch dozens of times (and saves and restores the memory it
+# writes): on Llama-2-7B a whole step's ~250 launches ran past 4.5 minutes. A roofline point needs a
+# few launches of each top kernel: one per launch configuration, and never more than this in all.
+NCU_LAUNCHES_PER_CONFIG = 1
+NCU_MAX_LAUNCHES = 64
 # The numbers logged as MLflow metrics (one vocabulary for every backend and profiler).
 METRICS = ("gpu_busy_pct", "gpu_idle_pct", "idle_gaps_per_step", "kernel_time_pct", "memcpy_time_pct",
            "memset_time_pct", "exposed_memcpy_pct", "um_migration_pct", "h2d_gb", "d2h_gb")
@@ -170,11 +175,14 @@ def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass
                 raise capture.ProfilerUnavailable(f"the PyTorch profiler wrote no trace ({capture.TORCH_TRACE}): the capture "
                                                   "window (capture.start_step, capture.num_steps) never ran")
             raw.append(profile_file)
-        ncu_csv = None
+        ncu_csv, ncu_info = None, None
         if plan.ncu:
-            ncu_csv = ncu_pass(cfg, run_dir, plan, profile_file, run_ncu_pass)
+            ncu_csv, ncu_info = ncu_pass(cfg, run_dir, plan, profile_file, run_ncu_pass)
+            outcome.metrics["ncu_s"] = ncu_info["seconds"]
             raw.append(ncu_csv)
         analysis = full_analysis(profile_file, context_of(cfg), ncu_csv)
+        if ncu_info:
+            analysis["roofline"]["ncu_pass"] = ncu_info
     except (capture.ProfilerUnavailable, OSError, ValueError) as exc:
         log.error("profile analysis failed: %s", exc)
         outcome.tags["ghsweep.profile_error"] = str(exc)[:500]
@@ -185,7 +193,7 @@ def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass
         outcome.artifacts.append(plots.gap_histogram(analysis, run_dir / plots.GAP_PLOT))
     if analysis.get("roofline", {}).get("kernels"):
         outcome.artifacts.append(plots.roofline_plot(analysis["roofline"], run_dir / plots.ROOFLINE_PLOT))
-    outcome.metrics = {k: float(analysis[k]) for k in METRICS if analysis.get(k) is not None}
+    outcome.metrics |= {k: float(analysis[k]) for k in METRICS if analysis.get(k) is not None}
     outcome.tags["ghsweep.findings"] = ",".join(f["id"] for f in analysis["findings"]) or "none"
     limit = cfg.profile.get("artifact_max_mb")
     for path in raw:
@@ -197,8 +205,21 @@ def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass
     return outcome
 
 
-def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Path, run_ncu_pass) -> Path:
-    """Second, short run of the worker under ncu over one captured step, for the top-k kernels."""
+def ncu_plan(top: list[dict]) -> tuple[int, bool, str]:
+    """(--launch-count, per launch configuration?, in words) for the ncu pass over the top kernels:
+    NCU_LAUNCHES_PER_CONFIG of each launch configuration the nsys profile saw (launch_configs),
+    unless that exceeds NCU_MAX_LAUNCHES, then the first NCU_MAX_LAUNCHES launches of these kernels."""
+    configs = sum(k.get("launch_configs") or 1 for k in top)
+    if configs * NCU_LAUNCHES_PER_CONFIG <= NCU_MAX_LAUNCHES:
+        return NCU_LAUNCHES_PER_CONFIG, True, (f"{NCU_LAUNCHES_PER_CONFIG} launch per launch configuration "
+                                               f"(~{configs * NCU_LAUNCHES_PER_CONFIG} launches)")
+    return NCU_MAX_LAUNCHES, False, f"the first {NCU_MAX_LAUNCHES} launches ({configs} launch configurations)"
+
+
+def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Path, run_ncu_pass
+             ) -> tuple[Path, dict]:
+    """Second, short run of the worker under ncu over one captured step, for a few launches of each
+    of the top-k kernels; (raw CSV, {seconds, kernels, launches}: what the pass did)."""
     from ghsweep.profile.analysis import analyze
 
     first = analyze(profile_file)
@@ -206,10 +227,7 @@ def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Pa
     if not top:
         raise capture.ProfilerUnavailable("ncu pass skipped: the nsys profile has no kernels to pick from")
     names = sorted({k["short_name"] for k in top})
-    steps = max(1, len(first["window"]["steps"]))
-    # Room for twice the average launches of these kernels in one step: ncu replays every
-    # profiled launch dozens of times, so this bounds the pass's length.
-    launches = max(1, min(NCU_MAX_LAUNCHES, round(2 * sum(k["count"] for k in top) / steps)))
+    launches, per_config, planned = ncu_plan(top)
     work = run_dir / NCU_PASS_DIR
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
@@ -219,14 +237,18 @@ def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Pa
     (work / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(short)))
     report_path = work / capture.NCU_REPORT
     metrics = list(cfg.profile.ncu.metrics)
-    prefix = capture.ncu_command(plan.ncu_path, report_path, names, launches, cfg.profile.ncu.section_set, metrics)
+    section_set = cfg.profile.ncu.section_set
+    started = time.monotonic()
+    prefix = capture.ncu_command(plan.ncu_path, report_path, names, launches, section_set, metrics, per_config)
     if run_ncu_pass(prefix, work) != 0 and metrics:
         # A metric this GPU or ncu version does not know: the section set alone still gives time
         # and FLOPs (bytes then read 0 and the roofline says so).
-        log.warning("ncu with profile.ncu.metrics failed; retrying with --set %s only", cfg.profile.ncu.section_set)
-        prefix = capture.ncu_command(plan.ncu_path, report_path, names, launches, cfg.profile.ncu.section_set)
+        log.warning("ncu with profile.ncu.metrics failed; retrying with --set %s only", section_set)
+        prefix = capture.ncu_command(plan.ncu_path, report_path, names, launches, section_set, (), per_config)
         run_ncu_pass(prefix, work)
+    seconds = time.monotonic() - started
     if not report_path.exists():
         raise capture.ProfilerUnavailable(f"the ncu pass failed (counters not readable, or no kernel matched "
                                           f"{names}); see {work}/worker.log")
-    return capture.ncu_raw_csv(plan.ncu_path, report_path, run_dir / capture.NCU_CSV, plan.tool_prefix)
+    csv_path = capture.ncu_raw_csv(plan.ncu_path, report_path, run_dir / capture.NCU_CSV, plan.tool_prefix)
+    return csv_path, {"seconds": seconds, "kernels": names, "launches": planned}

@@ -18,8 +18,9 @@ def top_kernels_table(analysis: dict) -> str:
 
 def render(analysis: dict) -> str:
     w = analysis.get("window", {})
+    steps = f", steps {w.get('steps')}" if w.get("steps") else ""
     lines = [f"# Profile analysis ({analysis['source']['kind']})", "",
-             f"Window: {w.get('basis')}, steps {w.get('steps')}, {w.get('duration_ns', 0) / 1e6:.1f} ms"
+             f"Window: {w.get('basis')}{steps}, {w.get('duration_ns', 0) / 1e6:.1f} ms"
              + (f"; warm-up excluded: {w['warmup_steps']}" if w.get("warmup_steps") else ""), ""]
     lines += [f"- {s}" for s in analysis.get("summary", [])]
     lines += ["", "## Findings", ""]

@@ -17,6 +17,9 @@ import csv
 import re
 from pathlib import Path
 
+from ghsweep.profile.analysis import ProfileError
+from ghsweep.profile.kernel_kinds import function_name
+
 TENSOR_FLOPS_PER_OP = 1.0
 # Far below the roof that applies to it: neither bandwidth nor compute limits the kernel, but
 # latency (too few warps, too little work per launch, dependencies).
@@ -36,8 +39,11 @@ SCALE = {"": 1, "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e
 
 def read_rows(path: Path) -> list[dict[str, float | str]]:
     """Rows of an ncu raw CSV with every numeric value in base units (bytes, seconds, Hz)."""
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f))
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except (csv.Error, UnicodeDecodeError) as exc:
+        raise ProfileError(f"{path}: not an Nsight Compute CSV ({exc})") from None
     if len(rows) < 3:
         return []
     header, units = rows[0], rows[1]
@@ -94,8 +100,11 @@ def kernel_points(path: Path, top_names: list[str] | None = None) -> dict:
 
 
 def same_function(short_name: str, full_name: str) -> bool:
-    """Whether ncu's (demangled) kernel name is the function nsys calls `short_name`."""
-    return full_name == short_name or re.search(rf"(^|::|\s){re.escape(short_name)}[<(]", full_name) is not None
+    """Whether ncu's (demangled) kernel name is the function nsys calls `short_name`. A full name
+    given as `short_name` (a PyTorch trace's) is reduced to its function name first: the two tools
+    spell namespaces differently (`(anonymous namespace)` vs ncu's `<unnamed>`)."""
+    short_name = function_name(short_name)
+    return full_name == short_name or function_name(full_name) == short_name
 
 
 def peaks(row: dict) -> dict[str, float]:

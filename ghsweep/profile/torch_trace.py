@@ -3,7 +3,8 @@ portable fallback (profile=torch), which also works on a CPU-only run.
 
 Trace times are microseconds (floats); they are turned into integer nanoseconds so every number
 has the unit of the nsys path. A trace without GPU activity (a CPU run) reports the top CPU
-operators by self time in `top_kernels`, and the GPU metrics as null.
+operators by self time in `top_kernels`, and the GPU metrics as null. Both Chrome trace layouts
+are read: an object with `traceEvents`, and a bare array of events.
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from ghsweep.profile import nsys_db as db
-from ghsweep.profile.analysis import (GAP_CAUSES, IDLE_GAP_MIN_NS, PHASES, Intervals, bucket_sums, empty_metrics,
-                                      gap_stats, load_json, memory_ops, pct, step_times)
+import numpy as np
+
+from ghsweep.profile import kernel_kinds, steps as step_finder
+from ghsweep.profile.analysis import (IDLE_GAP_MIN_NS, MEMCPY_KIND, NO_STEPS, PHASES, GapEvidence, Intervals,
+                                      ProfileError, TIME_MAPPED, bucket_sums, device_metrics, gap_stats, infer_steps,
+                                      load_json, memory_ops, pct, step_times, whole_trace_block, whole_trace_steps,
+                                      window_block)
 from ghsweep.profile.nsys_db import PAGEABLE_MIN_BYTES, SHORT_KERNEL_NS
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -28,31 +33,74 @@ HOST_KIND = {"Pageable": 0, "Pinned": 1, "Device": 2, "Managed": 4}
 
 def _ns(event: dict) -> tuple[int, int]:
     start = int(round(event["ts"] * 1000))
-    return start, start + int(round(event.get("dur", 0) * 1000))
+    return start, start + int(round(event["dur"] * 1000))
+
+
+def trace_events(trace, path: Path) -> list[dict]:
+    """The complete ("X") events of a trace, each with name, cat, ts, dur and args present."""
+    raw = trace.get("traceEvents") if isinstance(trace, dict) else trace
+    if not isinstance(raw, list):
+        raise ProfileError(f"{path}: not a Chrome trace: no list of trace events (traceEvents)")
+    events = []
+    for e in raw:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        ts, dur = e.get("ts"), e.get("dur", 0)
+        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
+            continue
+        args = e.get("args")
+        events.append({"name": str(e.get("name", "")), "cat": str(e.get("cat", "")), "ts": ts, "dur": dur,
+                       "args": args if isinstance(args, dict) else {}, "pid": e.get("pid"), "tid": e.get("tid")})
+    if not events:
+        raise ProfileError(f"{path}: an empty trace: no complete events (was the profiler's window ever reached?)")
+    return events
+
+
+def find_steps(events: list[dict], gpu: list[dict]) -> step_finder.Steps | None:
+    """Steps from record_function ranges (the PyTorch profiler's user annotations), else from the
+    optimizer bursts of the GPU work, else None."""
+    # ProfilerStep#N is a cpu_op in some PyTorch versions; no operator is named like a step.
+    ranges = [(e["name"], *_ns(e)) for e in events if e["cat"] in ("user_annotation", "cpu_op")]
+    found = step_finder.from_ranges(ranges, "profiler ranges (record_function)")
+    kernels = sorted((e for e in gpu if e["cat"] == "kernel"), key=lambda e: e["ts"])
+    if found is not None or not kernels:
+        return found
+    spans = np.array([_ns(e) for e in kernels], dtype=np.int64)
+    names, keys = np.unique([e["name"] for e in kernels], return_inverse=True)
+    return infer_steps(spans[:, 0], spans[:, 1], keys.ravel(), dict(enumerate(names.tolist())))
 
 
 def analyze_torch_trace(path: Path) -> dict:
-    trace = load_json(Path(path))
-    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "ts" in e]
-    steps = sorted((db.Step(int(m.group(1)), *_ns(e)) for e in events
-                    if e.get("cat") == "user_annotation" and (m := db.STEP_RANGE.match(e.get("name", "")))),
-                   key=lambda s: s.start)
-    warm, steady = db.split_warmup(steps)
-    gpu = [e for e in events if e.get("cat") in GPU_CATS]
-    runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
-    props = (trace.get("deviceProperties") or [{}])[0]
-    result: dict = {"source": {"path": str(path), "kind": "torch", "gpu_name": props.get("name"),
+    path = Path(path)
+    trace = load_json(path)
+    events = trace_events(trace, path)
+    gpu = [e for e in events if e["cat"] in GPU_CATS]
+    runtime = [e for e in events if e["cat"] in ("cuda_runtime", "cuda_driver")]
+    props = ((trace.get("deviceProperties") if isinstance(trace, dict) else None) or [{}])[0]
+    result: dict = {"source": {"path": str(path), "kind": "torch",
+                               "gpu_name": props.get("name") if isinstance(props, dict) else None,
                                "device": "cuda" if gpu else "cpu"}}
+    health: list[str] = []
+    found = find_steps(events, gpu)
     if not gpu:
-        return result | cpu_only(events, steps, warm, steady)
+        return result | cpu_only(path, events, found, health)
 
-    window = project(steady, runtime, gpu)
-    basis = "nvtx steps" if window else "whole trace"
+    window = None
+    if found is None:
+        found = whole_trace_steps(health, NO_STEPS)
+    elif found.basis == step_finder.NVTX_BASIS:
+        window, projected = project(found.steady, runtime, gpu)
+        if window is None:
+            found = whole_trace_steps(health, f"the steps ({found.source}) launched no GPU work")
+        elif not projected:
+            health.append(TIME_MAPPED)
+    else:
+        window = (found.steady[0].start, found.steady[-1].end)
     if window is None:
         spans = [_ns(e) for e in gpu]
         window = (min(s for s, _ in spans), max(e for _, e in spans))
     w0, w1 = window
-    ops = sorted((max(s, w0), min(e, w1), e_["args"].get("correlation"), e_) for e_ in gpu
+    ops = sorted((max(s, w0), min(e, w1), e_["args"].get("correlation", -1), e_) for e_ in gpu
                  for s, e in [_ns(e_)] if e > w0 and s < w1)
     busy, gaps, prev = 0, [], None
     for s, e, corr, _ in ops:
@@ -65,95 +113,110 @@ def analyze_torch_trace(path: Path) -> dict:
     set_ns = sum(e - s for s, e, _, ev in ops if ev["cat"] == "gpu_memset")
     kernel_union = Intervals((s, e) for s, e, _, ev in ops if ev["cat"] == "kernel")
     both = Intervals((s, e) for s, e, _, ev in ops if ev["cat"] in ("kernel", "gpu_memcpy"))
-    exposed = _length(both) - _length(kernel_union)
 
-    sync = Intervals(_ns(e) for e in runtime if SYNC_NAMES.match(e.get("name", "")))
-    data = Intervals(_ns(e) for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("data"))
-    launch = {e["args"].get("correlation"): _ns(e)[0] for e in runtime}
-    causes = dict.fromkeys(GAP_CAUSES, 0)
+    evidence = GapEvidence(
+        sync=Intervals(_ns(e) for e in runtime if SYNC_NAMES.match(e["name"])),
+        data=Intervals(_ns(e) for e in events if e["cat"] == "user_annotation" and e["name"].startswith("data")),
+        launches={e["args"].get("correlation"): (_ns(e)[0], None) for e in runtime})
     lengths = [e - s for s, e, _ in gaps]
     gaps = [g for g in gaps if g[1] - g[0] >= IDLE_GAP_MIN_NS]
-    for s, e, corr in gaps:
-        if sync.overlaps(s, e):
-            cause = "sync"
-        elif data.overlaps(s, e):
-            cause = "data_loading"
-        elif launch.get(corr, s) > s:
-            cause = "launch_latency"
-        else:
-            cause = "unattributed"
-        causes[cause] += e - s
-    n_steps = len(steady) if basis == "nvtx steps" else 0
-    gap_info = gap_stats(bucket_sums(lengths), [e - s for s, e, _ in gaps], max(lengths, default=0), n_steps)
+    causes = evidence.attribute(gaps)
+    gap_info = gap_stats(bucket_sums(lengths), [e - s for s, e, _ in gaps], max(lengths, default=0), len(found.steady))
     causes["short_gaps"] = gap_info["total_ns"] - sum(causes.values())
     gap_info["causes_ns"] = causes
 
+    mem = memory_ops([(*k, *v) for k, v in copy_groups((s, e, ev) for s, e, _, ev in ops).items()])
+    kernels = ranked((ev["name"], e - s) for s, e, _, ev in ops if ev["cat"] == "kernel")
+    result.update({
+        "window": window_block(window, found),
+        "whole_trace": whole_trace_block(ranked((e["name"], e["dur"] * 1000) for e in gpu if e["cat"] == "kernel"),
+                                         whole_trace_memory_ops(gpu)),
+        **device_metrics(busy, w1 - w0, gap_info, kernel_ns, copy_ns, set_ns, _length(both) - _length(kernel_union),
+                         mem),
+        "top_kernels": kernels["ranked"][:5],
+        "kernels": {"count": kernels["count"], "total_ns": kernel_ns,
+                    "short_pct": pct(kernels["short"], kernels["count"]),
+                    "launch_api_ns": sum(_ns(e)[1] - _ns(e)[0] for e in runtime if "Launch" in e["name"]),
+                    **kernel_kinds.gemm_time(kernels["ranked"])},
+        "memcpy": {"count": sum(r["count"] for r in mem["copies"]), "total_ns": copy_ns, **mem},
+        "memset": {"count": sum(ev["cat"] == "gpu_memset" for *_, ev in ops), "total_ns": set_ns},
+        "gaps": gap_info,
+        "phases_ms_per_step": phases(events, found),
+        "step_ms": step_times(found),
+        "health": health,
+    })
+    return result
+
+
+def copy_groups(copies) -> dict[tuple, list[int]]:
+    """(copyKind, srcKind, dstKind) -> [count, ns, bytes, big count, big bytes] of (start, end, event) copies."""
     groups: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
-    for s, e, _, ev in ops:
+    for s, e, ev in copies:
         m = MEMCPY_NAME.match(ev["name"]) if ev["cat"] == "gpu_memcpy" else None
         if m:
-            nbytes = int(ev["args"].get("bytes", 0))
+            nbytes = _bytes(ev)
             g = groups[(COPY_KIND.get(m.group(1), 0), HOST_KIND.get(m.group(2), 7), HOST_KIND.get(m.group(3), 7))]
             g[0] += 1
             g[1] += e - s
             g[2] += nbytes
             g[3] += nbytes >= PAGEABLE_MIN_BYTES
             g[4] += nbytes if nbytes >= PAGEABLE_MIN_BYTES else 0
-    mem = memory_ops([(*k, *v) for k, v in groups.items()])
-    span = w1 - w0
-    result.update({
-        "window": {"start_ns": w0, "end_ns": w1, "duration_ns": span, "basis": basis,
-                   "steps": [s.step for s in steady] if basis == "nvtx steps" else [],
-                   "warmup_steps": [s.step for s in warm]},
-        "gpu_busy_pct": pct(busy, span),
-        "gpu_idle_pct": 100.0 - pct(busy, span),
-        "idle_gaps_per_step": gap_info["idle_gaps_per_step"],
-        "kernel_time_pct": pct(kernel_ns, kernel_ns + copy_ns + set_ns),
-        "memcpy_time_pct": pct(copy_ns, kernel_ns + copy_ns + set_ns),
-        "memset_time_pct": pct(set_ns, kernel_ns + copy_ns + set_ns),
-        "exposed_memcpy_pct": pct(exposed, span),
-        "um_migration_pct": 0.0,  # the PyTorch profiler does not record unified-memory migrations
-        "h2d_gb": mem["by_kind"].get("HtoD", {}).get("bytes", 0) / 1e9,
-        "d2h_gb": mem["by_kind"].get("DtoH", {}).get("bytes", 0) / 1e9,
-        "top_kernels": top_by_name([(ev["name"], e - s) for s, e, _, ev in ops if ev["cat"] == "kernel"]),
-        "kernels": {"count": sum(ev["cat"] == "kernel" for *_, ev in ops), "total_ns": kernel_ns,
-                    "short_pct": pct(sum(e - s < SHORT_KERNEL_NS for s, e, _, ev in ops if ev["cat"] == "kernel"),
-                                     sum(ev["cat"] == "kernel" for *_, ev in ops)),
-                    "launch_api_ns": sum(_ns(e)[1] - _ns(e)[0] for e in runtime if "Launch" in e.get("name", ""))},
-        "memcpy": {"count": sum(v[0] for v in groups.values()), "total_ns": copy_ns, **mem},
-        "memset": {"count": sum(ev["cat"] == "gpu_memset" for *_, ev in ops), "total_ns": set_ns},
-        "gaps": gap_info,
-        "phases_ms_per_step": phases(events, steady),
-        "step_ms": step_times(steps, steady),
-        "health": [] if steps else ['no "step N" ranges in the trace: the window is the whole trace'],
-    })
-    return result
+    return groups
 
 
-def project(steady: list[db.Step], runtime: list[dict], gpu: list[dict]) -> tuple[int, int] | None:
-    """GPU span of the work launched inside the steady steps (see nsys_db.gpu_window)."""
-    if not steady:
-        return None
+def whole_trace_memory_ops(gpu: list[dict]) -> dict:
+    """Copies per direction and memsets of the whole trace, as analysis.whole_trace counts them."""
+    out: dict[str, dict] = {}
+    for (kind, _, _), (count, ns, nbytes, _, _) in copy_groups((*_ns(e), e) for e in gpu).items():
+        entry = out.setdefault(MEMCPY_KIND.get(kind, f"kind {kind}"), {"count": 0, "total_ns": 0, "bytes": 0})
+        entry["count"] += count
+        entry["total_ns"] += ns
+        entry["bytes"] += nbytes
+    sets = [e for e in gpu if e["cat"] == "gpu_memset"]
+    if sets:
+        out["memset"] = {"count": len(sets), "total_ns": sum(_ns(e)[1] - _ns(e)[0] for e in sets),
+                         "bytes": sum(_bytes(e) for e in sets)}
+    return out
+
+
+def _bytes(event: dict) -> int:
+    value = event["args"].get("bytes", 0)
+    return int(value) if isinstance(value, (int, float)) else 0
+
+
+def project(steady: list[step_finder.Step], runtime: list[dict], gpu: list[dict]
+            ) -> tuple[tuple[int, int] | None, bool]:
+    """GPU span of the work launched inside the steady steps, and whether it was found through the
+    launches' correlation ids (else by time: see nsys_db.gpu_window)."""
     first, last = steady[0].start, steady[-1].end
-    corrs = [e["args"].get("correlation") for e in runtime if first <= _ns(e)[0] <= last]
-    corrs = [c for c in corrs if c is not None]
+    launched = [(_ns(e)[0], c) for e in runtime if isinstance(c := e["args"].get("correlation"), int)]
+    if not launched:
+        spans = [_ns(e) for e in gpu if first <= _ns(e)[0] <= last]
+        return ((min(s for s, _ in spans), max(e for _, e in spans)) if spans else None), False
+    corrs = [c for start, c in launched if first <= start <= last]
     if not corrs:
-        return None
+        return None, True
     lo, hi = min(corrs), max(corrs)
-    spans = [_ns(e) for e in gpu if lo <= e["args"].get("correlation", -1) <= hi]
-    return (min(s for s, _ in spans), max(e for _, e in spans)) if spans else None
+    spans = [_ns(e) for e in gpu if isinstance(c := e["args"].get("correlation"), int) and lo <= c <= hi]
+    return ((min(s for s, _ in spans), max(e for _, e in spans)) if spans else None), True
 
 
-def cpu_only(events: list[dict], steps, warm, steady) -> dict:
+def cpu_only(path: Path, events: list[dict], found: step_finder.Steps | None, health: list[str]) -> dict:
     """A CPU run: top operators by self time in the steady steps; no device metrics."""
-    window = (steady[0].start, steady[-1].end) if steady else None
-    ops = [e for e in events if e.get("cat") == "cpu_op"]
-    if window:
+    ops = [e for e in events if e["cat"] == "cpu_op"]
+    if not ops:
+        raise ProfileError(f"{path}: neither GPU activity nor CPU operators in the trace: nothing to analyse")
+    if found is None:
+        found = whole_trace_steps(health, "no step ranges")
+        spans = [_ns(e) for e in ops]
+        window = (min(s for s, _ in spans), max(e for _, e in spans))
+    else:
+        window = (found.steady[0].start, found.steady[-1].end)
         ops = [e for e in ops if window[0] <= _ns(e)[0] and _ns(e)[1] <= window[1]]
     self_ns = []
     by_thread: dict = defaultdict(list)
     for e in ops:
-        by_thread[(e.get("pid"), e.get("tid"))].append(_ns(e) + (e["name"],))
+        by_thread[(e["pid"], e["tid"])].append(_ns(e) + (e["name"],))
     for spans in by_thread.values():
         spans.sort(key=lambda x: (x[0], -x[1]))
         stack: list[list] = []  # [end, name, self]
@@ -165,43 +228,47 @@ def cpu_only(events: list[dict], steps, warm, steady) -> dict:
                 stack[-1][2] -= end - start
             stack.append([end, name, end - start])
         self_ns += [(name, own) for _, name, own in stack]
-    result = empty_metrics() | {k: None for k in ("gpu_busy_pct", "gpu_idle_pct", "idle_gaps_per_step",
-                                                   "kernel_time_pct", "memcpy_time_pct", "memset_time_pct",
-                                                   "exposed_memcpy_pct", "um_migration_pct", "h2d_gb", "d2h_gb")}
-    result.update({
-        "window": {"start_ns": window[0] if window else 0, "end_ns": window[1] if window else 0,
-                   "duration_ns": (window[1] - window[0]) if window else 0, "basis": "cpu steps",
-                   "steps": [s.step for s in steady], "warmup_steps": [s.step for s in warm]},
-        "top_kernels": top_by_name(self_ns),
-        "phases_ms_per_step": phases(events, steady),
-        "step_ms": step_times(steps, steady),
-        "health": [],
-    })
-    return result
+    block = window_block(window, found)
+    block["basis"] = "cpu steps" if found.steady else block["basis"]
+    return {
+        **dict.fromkeys(("gpu_busy_pct", "gpu_idle_pct", "idle_gaps_per_step", "kernel_time_pct", "memcpy_time_pct",
+                         "memset_time_pct", "exposed_memcpy_pct", "um_migration_pct", "h2d_gb", "d2h_gb")),
+        "window": block,
+        "top_kernels": ranked(self_ns, function_names=False)["ranked"][:5],
+        "phases_ms_per_step": phases(events, found),
+        "step_ms": step_times(found),
+        "health": health,
+    }
 
 
-def phases(events: list[dict], steady: list[db.Step]) -> dict[str, float]:
-    if not steady:
+def phases(events: list[dict], found: step_finder.Steps) -> dict[str, float]:
+    if found.basis != step_finder.NVTX_BASIS or not found.steady:
         return {}
-    lo, hi = steady[0].start, steady[-1].end
+    lo, hi = found.steady[0].start, found.steady[-1].end
     out = dict.fromkeys(PHASES, 0.0)
     for e in events:
-        if e.get("cat") == "user_annotation" and e["name"] in out:
+        if e["cat"] == "user_annotation" and e["name"] in out:
             s, end = _ns(e)
             if lo <= s and end <= hi:
-                out[e["name"]] += (end - s) / len(steady) / 1e6
+                out[e["name"]] += (end - s) / len(found.steady) / 1e6
     return out
 
 
-def top_by_name(items: list[tuple[str, int]], limit: int = 5) -> list[dict]:
+def ranked(items, function_names: bool = True) -> dict:
+    """(name, ns) items grouped by name: {ranked: [{name, short_name, total_ns, count, mean_ns, pct}]
+    by total time, count, total_ns, short: how many ran < SHORT_KERNEL_NS} (nsys_db.kernel_groups' shape)."""
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    short = 0
     for name, ns in items:
+        ns = int(round(ns))
         totals[name][0] += ns
         totals[name][1] += 1
+        short += ns < SHORT_KERNEL_NS
     whole = sum(t for t, _ in totals.values())
-    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:limit]
-    return [{"name": n, "short_name": n, "total_ns": t, "count": c, "mean_ns": t / c, "pct": pct(t, whole)}
-            for n, (t, c) in ranked]
+    order = sorted(totals.items(), key=lambda kv: -kv[1][0])
+    return {"ranked": [{"name": n, "short_name": kernel_kinds.function_name(n) if function_names else n,
+                        "total_ns": t, "count": c, "mean_ns": t / c, "pct": pct(t, whole)} for n, (t, c) in order],
+            "count": sum(c for _, c in totals.values()), "total_ns": whole, "short": short}
 
 
 def _length(intervals: Intervals) -> int:

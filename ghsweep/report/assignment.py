@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ghsweep.profile.roofline import same_function
 from ghsweep.report import plots
 from ghsweep.report.document import Document
 from ghsweep.report.sweep_source import SweepRun
@@ -102,12 +103,20 @@ def roofline(analysis: dict | None) -> tuple[list[dict], dict]:
     return found.get("kernels") or [], found.get("peaks") or {}
 
 
+def kernel_point(kernel: dict, points: list[dict]) -> dict:
+    """The roofline point of a top kernel: Nsight Compute's name of the same kernel, else of the same
+    function (the tools spell templates and namespaces differently; points come by time, largest first)."""
+    same = [p for p in points if p["name"] == kernel["name"]]
+    same = same or [p for p in points if same_function(kernel.get("short_name") or kernel["name"], p["name"])]
+    return same[0] if same else {}
+
+
 def top_kernel_rows(analysis: dict) -> list[list[str]]:
     steps = steps_in_window(analysis) or 1
-    points = {p["name"]: p for p in roofline(analysis)[0]}
+    points = roofline(analysis)[0]
     rows = []
     for i, k in enumerate((analysis.get("top_kernels") or [])[:TOP_K]):
-        p = points.get(k["name"], {})
+        p = kernel_point(k, points)
         rows.append([
             str(i + 1), plots.short_name(k["name"], 90), fmt_value(k["total_ns"] / steps / 1e6, ".3f"),
             fmt_value(k["count"] / steps, ".1f"), fmt_value(k["mean_ns"] / 1e3, ".1f"), fmt_value(k["pct"], ".1f"),
@@ -150,8 +159,14 @@ def document(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> tuple[Do
             if steps_in_window(run.analysis) is None:
                 doc.paragraph("This analysis does not say how many iterations it covers: the times per iteration "
                               "above are totals over its whole profiled window.")
+            found = run.analysis.get("roofline") or {}
             if not roofline(run.analysis)[0]:
                 doc.paragraph("No roofline points: this run's profile had no Nsight Compute pass.")
+            elif found.get("missing"):
+                doc.paragraph(f"Nsight Compute profiled none of: {', '.join(found['missing'])}.")
+            if found.get("ncu_pass"):
+                ncu = found["ncu_pass"]
+                doc.paragraph(f"Nsight Compute pass: {ncu['seconds']:.0f} s, {ncu['launches']} of the top kernels.")
         else:
             doc.paragraph(f"No profile analysis in run {run.name}: run it with a profile option to get its kernels.")
 

@@ -9,6 +9,7 @@ packed SFT data does.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,32 +47,104 @@ _COUNTRIES = {
     "France": "Paris", "Japan": "Tokyo", "Kenya": "Nairobi", "Peru": "Lima", "Norway": "Oslo",
     "Egypt": "Cairo", "Canada": "Ottawa", "Chile": "Santiago", "India": "New Delhi",
 }
+# Shape of databricks-dolly-15k's record lengths: log-normal, most records short, a long tail of
+# records with long contexts or responses. The mean (data.mean_tokens, default 210 tokens under
+# the Llama-2 tokenizer) is the dataset's text size over its record count: the JSONL file is
+# ~13.1 MB for 15,011 records, ~800 characters of instruction + context + response each, at ~3.8
+# characters per Llama-2 token. The spread (sigma) and the response share are assumptions in line
+# with the dataset's character statistics, not measured token percentiles. A record cannot be
+# shorter than its prompt template and task (~53 byte-level tokens), which lifts the short end:
+# with the byte tokenizer, mean_tokens=210 and seq 4096 the examples (template, BOS and EOS
+# included) measure mean 235, p10 73, p50 133, p90 459, p99 1366 tokens (the log-normal itself:
+# median 127, p90 458, p99 1300; tests/train/test_data.py checks these figures).
+LENGTH_SIGMA = 1.0
+RESPONSE_SHARE = 0.45
+MIN_TOKENS = 16
 
 
-def synthetic_dolly(num_examples: int, seed: int) -> list[dict]:
-    """Dolly-format records of small tasks a tiny model can learn within a smoke run."""
+def sample_length(rng: random.Random, mean_tokens: float, max_tokens: int) -> int:
+    """A record length in tokens: log-normal of mean `mean_tokens`, redrawn above `max_tokens`.
+
+    Records longer than a packed block would be dropped by packing; the synthetic set does not
+    make them, so the lengths are the distribution conditioned on fitting a block.
+    """
+    mu = math.log(mean_tokens) - LENGTH_SIGMA**2 / 2
+    while True:
+        length = round(rng.lognormvariate(mu, LENGTH_SIGMA))
+        if min(MIN_TOKENS, max_tokens) <= length <= max_tokens:
+            return length
+
+
+def _task(rng: random.Random) -> tuple[str, str, str, str]:
+    """(category, instruction, context, answer) of a small task a tiny model can learn."""
+    kind = rng.randrange(5)
+    word = rng.choice(_WORDS)
+    if kind == 0:
+        a, b = rng.randrange(50), rng.randrange(50)
+        return "open_qa", f"What is {a} plus {b}?", "", str(a + b)
+    if kind == 1:
+        country = rng.choice(sorted(_COUNTRIES))
+        return ("closed_qa", f"What is the capital of {country}?",
+                f"The capital of {country} is {_COUNTRIES[country]}.", _COUNTRIES[country])
+    if kind == 2:
+        return "creative_writing", f"Repeat the word {word} three times.", "", " ".join([word] * 3)
+    if kind == 3:
+        return "general_qa", f"Spell {word} backwards.", "", word[::-1]
+    name, age = rng.choice(_WORDS).title(), rng.randrange(18, 90)
+    return ("information_extraction", "How old is the person described?",
+            f"Name: {name}. Age: {age}. Favourite word: {word}.", str(age))
+
+
+def _words(first: int, chars: int, step: int = 1) -> str:
+    """Words of _WORDS from index `first` on, every `step`-th, cyclically, up to `chars` characters."""
+    out: list[str] = []
+    i, size = first, 0
+    while size + len(_WORDS[i % len(_WORDS)]) + 1 <= chars:
+        out.append(_WORDS[i % len(_WORDS)])
+        size += len(out[-1]) + 1
+        i += step
+    return " ".join(out)
+
+
+def _record(rng: random.Random, chars: int) -> dict:
+    """One task record of about `chars` characters, template included."""
+    category, instruction, context, answer = _task(rng)
+    start = rng.randrange(len(_WORDS))
+    response = answer
+    if chars > len(prompt_text({"instruction": instruction, "context": context})) + len(answer) + 40:
+        # Room for more than the answer: the response goes on with a list the instruction asks for.
+        instruction += f" Then list words from {_WORDS[start]}."
+        response_chars = max(len(answer) + 1, round(RESPONSE_SHARE * chars))
+        response = f"{answer}. {_words(start, response_chars - len(answer) - 2)}".rstrip()
+    record = {"category": category, "instruction": instruction, "context": context, "response": response}
+    # What the template and the answer leave of the length goes to the context.
+    context_chars = chars - len(prompt_text(record)) - len(response) - 2
+    if context_chars > 2:
+        padding = _words(rng.randrange(len(_WORDS)), context_chars - len(context) - 1, step=7)
+        record["context"] = f"{context} {padding}".strip()
+    return record
+
+
+def synthetic_dolly(num_examples: int, seed: int, mean_tokens: float = 210, max_tokens: int = 4096,
+                    chars_per_token: float = 1.0) -> list[dict]:
+    """Dolly-format records with dolly-like lengths (sample_length) made of learnable tasks.
+
+    Each record is a small task (arithmetic, a capital, spelling...) whose answer is followed by a
+    list of words continuing from a word the instruction names, in a fixed order, so a tiny model's
+    loss falls within a smoke run; the context is padded with other words (masked from the loss).
+    `chars_per_token` of the run's tokenizer turns token lengths into text lengths.
+    """
     rng = random.Random(seed)
-    records = []
-    for _ in range(num_examples):
-        kind = rng.randrange(5)
-        word = rng.choice(_WORDS)
-        if kind == 0:
-            a, b = rng.randrange(50), rng.randrange(50)
-            rec = ("open_qa", f"What is {a} plus {b}?", "", str(a + b))
-        elif kind == 1:
-            country = rng.choice(sorted(_COUNTRIES))
-            rec = ("closed_qa", f"What is the capital of {country}?",
-                   f"The capital of {country} is {_COUNTRIES[country]}.", _COUNTRIES[country])
-        elif kind == 2:
-            rec = ("creative_writing", f"Repeat the word {word} three times.", "",
-                   " ".join([word] * 3))
-        elif kind == 3:
-            rec = ("general_qa", f"Spell {word} backwards.", "", word[::-1])
-        else:
-            name, age = rng.choice(_WORDS).title(), rng.randrange(18, 90)
-            rec = ("information_extraction", "How old is the person described?",
-                   f"Name: {name}. Age: {age}. Favourite word: {word}.", str(age))
-        records.append(dict(zip(("category", "instruction", "context", "response"), rec)))
+    records: list[dict] = []
+    misses = 0
+    while len(records) < num_examples:
+        record = _record(rng, round(sample_length(rng, mean_tokens, max_tokens) * chars_per_token))
+        # A short length can fall below what the task itself takes: draw again rather than overflow a block.
+        if (len(prompt_text(record)) + len(record["response"])) / chars_per_token + 2 <= max_tokens:
+            records.append(record)
+            misses = 0
+        elif (misses := misses + 1) > 1000:
+            raise ValueError(f"train.seq_length={max_tokens}: shorter than any synthetic dolly record; raise it")
     return records
 
 
@@ -92,11 +165,18 @@ def load_dolly_jsonl(path: str | Path, limit: int | None = None) -> list[dict]:
     return records
 
 
-def load_records(data: DictConfig, seed: int) -> list[dict]:
-    """The run's dolly records: `data.path` when set, else the synthetic set."""
+def chars_per_token(tokenizer: Tokenizer) -> float:
+    """Characters per token of `tokenizer` on the synthetic records' words (1.0 for bytes)."""
+    text = _words(0, 2000)
+    return len(text) / len(tokenizer.encode(text))
+
+
+def load_records(data: DictConfig, seed: int, seq_length: int, tokenizer: Tokenizer) -> list[dict]:
+    """The run's dolly records: `data.path` when set, else the synthetic set sized in `tokenizer`'s
+    tokens to fit blocks of `seq_length`."""
     if data.path:
         return load_dolly_jsonl(data.path, data.num_examples)
-    return synthetic_dolly(data.num_examples, seed=seed)
+    return synthetic_dolly(data.num_examples, seed, data.mean_tokens, seq_length, chars_per_token(tokenizer))
 
 
 def write_dolly_jsonl(records: list[dict], path: str | Path) -> None:

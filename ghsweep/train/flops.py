@@ -1,7 +1,9 @@
 """Training FLOPs per token and the peak they are measured against (MFU).
 
 Counted the way MFU is usually reported: GEMM FLOPs of every linear layer (lm_head included,
-embeddings excluded) and attention's two batched GEMMs without causal halving. Backward costs
+embeddings excluded) and attention's two batched GEMMs without causal halving, over the keys each
+token is masked to see: the whole block with causal masking, only its own example with document
+masking (the blocks a document-masked kernel computes; attention.attended_keys_per_token). Backward costs
 twice the forward for each trained weight (input gradient + weight gradient) but only once for a
 frozen one: LoRA skips the frozen base's weight-gradient GEMMs, about a third of the work.
 """
@@ -33,13 +35,14 @@ class ModelShape:
     vocab_size: int
 
 
-def flops_per_token(shape: ModelShape, seq_length: int, lora_rank: int | None, lora_modules: int = 7) -> float:
-    """Forward + backward FLOPs per token; `lora_rank` None means full fine-tuning."""
+def flops_per_token(shape: ModelShape, attended_keys: float, lora_rank: int | None, lora_modules: int = 7) -> float:
+    """Forward + backward FLOPs per token, each token attending to `attended_keys` keys (the
+    sequence length for a causal block); `lora_rank` None means full fine-tuning."""
     h, layers = shape.hidden_size, shape.num_layers
     kv = h * shape.num_key_value_heads // shape.num_attention_heads
     per_layer_weights = h * h * 2 + h * kv * 2 + 3 * h * shape.intermediate_size  # q,o + k,v + MLP
     linear_fwd = 2 * (layers * per_layer_weights + h * shape.vocab_size)
-    attention_fwd = 2 * 2 * seq_length * h * layers  # QK^T and PV
+    attention_fwd = 2 * 2 * attended_keys * h * layers  # QK^T and PV
     if lora_rank is None:
         return 3 * (linear_fwd + attention_fwd)
     # Adapters: two thin GEMMs per targeted projection, trained (3x); roughly r*(in+out) each.
@@ -47,11 +50,13 @@ def flops_per_token(shape: ModelShape, seq_length: int, lora_rank: int | None, l
     return 2 * linear_fwd + 3 * attention_fwd + 3 * adapter_fwd
 
 
-def run_flops_per_token(shape: ModelShape, cfg: DictConfig) -> float:
-    """flops_per_token for a run: its sequence length, and LoRA's rank and targets when peft=lora."""
+def run_flops_per_token(shape: ModelShape, cfg: DictConfig, attended_keys: float | None = None) -> float:
+    """flops_per_token for a run: the keys each token attends to (default: the whole sequence),
+    and LoRA's rank and targets when peft=lora."""
+    keys = cfg.train.seq_length if attended_keys is None else attended_keys
     if cfg.peft.name != "lora":
-        return flops_per_token(shape, cfg.train.seq_length, None)
-    return flops_per_token(shape, cfg.train.seq_length, cfg.peft.r, len(cfg.peft.target_modules))
+        return flops_per_token(shape, keys, None)
+    return flops_per_token(shape, keys, cfg.peft.r, len(cfg.peft.target_modules))
 
 
 def peak_tflops(device_name: str, precision: str) -> float | None:

@@ -2,7 +2,8 @@
 
 Transformer Engine when it is importable (NeMo containers ship it): its te.Linear layers under
 te.fp8_autocast with a delayed- or current-scaling recipe; format hybrid = E4M3 forward, E5M2
-backward. Otherwise torchao's float8 training (tensorwise dynamic scaling = current scaling).
+backward. Otherwise torchao's float8 training (tensorwise dynamic scaling = current scaling) for
+trained weights, and fp8_frozen's once-quantised copies for frozen ones (a LoRA base model).
 lm_head and the LoRA adapters stay in bf16: fp8 pays off only on large GEMMs.
 """
 
@@ -44,6 +45,10 @@ def apply_fp8(model: nn.Module, precision_cfg: DictConfig, precision: Precision)
             )
         from torchao.float8 import convert_to_float8_training
 
+        from ghsweep.train.fp8_frozen import freeze_to_fp8
+
+        # Frozen weights (a LoRA base) are quantised once; trained ones by torchao every step.
+        freeze_to_fp8(model, _is_fp8_target)
         convert_to_float8_training(model, module_filter_fn=lambda m, fqn: _is_fp8_target(fqn, m))
         return library
 

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 import torch
 from omegaconf import DictConfig
 
+from ghsweep.train.optim import clip_gradients
+
 _DTYPES = {
     "fp32": (torch.float32, torch.float32, None),
     "bf16": (torch.bfloat16, torch.bfloat16, None),
@@ -58,7 +60,11 @@ class Precision:
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def step(self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], max_norm: float | None) -> None:
+        """Clip the gradients to `max_norm` (None: no clipping), then step; fp16 unscales first."""
+        if self.scaler:
+            self.scaler.unscale_(optimizer)
+        clip_gradients(params, max_norm)
         if self.scaler:
             self.scaler.step(optimizer)
             self.scaler.update()

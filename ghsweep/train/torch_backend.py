@@ -8,29 +8,25 @@ and train.compile compiles each decoder layer and the loss.
 
 from __future__ import annotations
 
-import contextlib
 import platform
 import resource
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
 
 from ghsweep.profile.torch_capture import torch_capture
+from ghsweep.train import attention as attn
 from ghsweep.train import data as dolly
 from ghsweep.train.flops import ModelShape, add_throughput_metrics, run_flops_per_token
 from ghsweep.train.loss import causal_lm_loss
 from ghsweep.train.model import apply_peft, build_model, count_parameters, pad_token_id
+from ghsweep.train.optim import make_optimizer
 from ghsweep.train.phases import Phases
 from ghsweep.train.precision import Precision
 from ghsweep.train.step_log import StepLog
 from ghsweep.train.unified_memory import ManagedMemory
-
-SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
-                 "math": "MATH"}
-
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
@@ -56,17 +52,9 @@ def peak_memory_gib(device: torch.device) -> float:
 
 
 def load_blocks(cfg: DictConfig, tokenizer) -> dolly.PackedBlocks:
-    examples = (dolly.tokenize(r, tokenizer) for r in dolly.load_records(cfg.data, cfg.seed))
+    records = dolly.load_records(cfg.data, cfg.seed, cfg.train.seq_length, tokenizer)
+    examples = (dolly.tokenize(r, tokenizer) for r in records)
     return dolly.pack(examples, cfg.train.seq_length, pad_token_id(tokenizer))
-
-
-def _attention_region(name: str) -> Callable[[], contextlib.AbstractContextManager]:
-    """A fresh context per step that pins scaled-dot-product attention to one kernel."""
-    if name == "auto":
-        return contextlib.nullcontext
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return lambda: sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[name])])
 
 
 def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) -> dict:
@@ -80,18 +68,20 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
     torch.manual_seed(cfg.seed)
     precision = Precision(cfg.precision, device)
     lora = cfg.peft.name == "lora"
+    attention = attn.PackedAttention(attn.resolve(cfg.train.attention, cfg.data.packing_mask, device.type),
+                                     cfg.data.packing_mask)
 
     model, tokenizer, random_init = build_model(
-        cfg.model, device, precision.frozen_dtype if lora else precision.trained_dtype
+        cfg.model, device, precision.frozen_dtype if lora else precision.trained_dtype, attention.hf_implementation
     )
     model = apply_peft(model, cfg.peft, precision.trained_dtype)
+    params_total, params_trainable = count_parameters(model)
     fp8_library = None
     if precision.name == "fp8":
         from ghsweep.train.fp8 import apply_fp8
 
         fp8_library = apply_fp8(model, cfg.precision, precision)
     model.train()
-    params_total, params_trainable = count_parameters(model)
 
     causal_lm = model.get_base_model() if lora else model
     decoder, lm_head = causal_lm.model, causal_lm.lm_head
@@ -118,19 +108,11 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
         prefetch_factor=dl.prefetch_factor,
         persistent_workers=dl.persistent_workers,
     )
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=cfg.train.lr,
-        weight_decay=cfg.train.weight_decay,
-        fused=device.type == "cuda",
-    )
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer, schedule = make_optimizer(trained, cfg.train, device)
     tokens_per_step = cfg.train.micro_batch_size * cfg.train.seq_length
     log = StepLog(run_dir / "metrics.jsonl", device, tokens_per_step)
     batches = dolly.endless(loader)
-    attention = _attention_region(cfg.train.attention)
-    # document: each packed example attends only to itself (transformers builds a block-diagonal
-    # mask from the restarting position ids); causal: one causal block over the whole sequence.
-    positions = (lambda b: b["position_ids"]) if cfg.data.packing_mask == "document" else (lambda b: None)
     setup_s = time.time() - t_setup
 
     phases = Phases(device, cfg.capture.start_step, cfg.capture.num_steps)
@@ -142,13 +124,14 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
             started = log.start()
             with phases.range("data"):
                 batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
-            with phases.range("forward"), precision.forward_region(), attention():
-                hidden = decoder(input_ids=batch["input_ids"], position_ids=positions(batch), use_cache=False)[0]
+            with phases.range("forward"), precision.forward_region(), attention.region():
+                hidden = decoder(input_ids=batch["input_ids"], use_cache=False, **attention.decoder_kwargs(batch))[0]
                 loss = loss_fn(hidden, lm_head.weight, batch["labels"])
             with phases.range("backward"):
                 precision.backward(loss)
             with phases.range("optimizer"):
-                precision.step(optimizer)
+                precision.step(optimizer, trained, cfg.train.grad_clip)
+                schedule.step()
                 optimizer.zero_grad(set_to_none=True)
             log.end(step, loss, started)
         if (step + 1) % cfg.train.log_every == 0 or step + 1 == cfg.train.max_steps:
@@ -167,7 +150,7 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
     shape = ModelShape(**{k: causal_lm.config.to_dict()[k] for k in (
         "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")},
         num_layers=causal_lm.config.num_hidden_layers)
-    flops = run_flops_per_token(shape, cfg)
+    flops = run_flops_per_token(shape, cfg, attn.attended_keys_per_token(blocks.position_ids, attention.document))
     peak = add_throughput_metrics(metrics, flops, name, precision.name)
     info = {
         "device": str(device),
@@ -180,6 +163,7 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
         "examples_dropped_too_long": blocks.dropped,
         "dataloader_workers": loader.num_workers,
         "compiled": compile_enabled,
+        "attention": attention.implementation,
         "flops_per_token": flops,
         "mfu_peak_tflops": peak,
         # Activation offload moves saved tensors from GPU to host memory; on the CPU they already live there.

@@ -130,3 +130,34 @@ def test_model_folder_without_config_json(tmp_path):
 def test_model_folder_that_does_not_exist(tmp_path):
     msg = error_of(composed(f"model.path={tmp_path}/nope"))
     assert "nope: no such folder" in msg
+
+
+def test_learning_rate_comes_from_the_model_and_peft():
+    assert composed("model=llama2_7b").train.lr == 1e-4
+    assert composed("model=llama2_7b", "peft=none").train.lr == 5e-6
+    assert composed("model=llama2_7b", "train.lr=3e-4").train.lr == 3e-4
+
+
+def test_a_model_without_a_rate_for_this_peft_names_the_keys():
+    msg = error_of(composed("~model.lr"))
+    assert msg.startswith("train.lr:") and "model.lr.lora" in msg and "train.lr=RATE" in msg
+
+
+@pytest.mark.parametrize("override, start, accepted", [
+    ("train.lr=0", "train.lr=0:", "> 0"),
+    ("train.lr_schedule=step", "train.lr_schedule=step:", "cosine, linear, constant"),
+    ("train.lr_warmup_ratio=1.5", "train.lr_warmup_ratio=1.5:", "<= 1"),
+    ("train.grad_clip=-1", "train.grad_clip=-1:", "> 0"),
+    ("data.mean_tokens=0", "data.mean_tokens=0:", "> 0"),
+])
+def test_training_settings_out_of_range(override, start, accepted):
+    msg = error_of(composed(override))
+    assert msg.startswith(start) and accepted in msg
+
+
+def test_flex_attention_needs_document_masking_on_a_gpu():
+    validate(composed("train.attention=flex"), H100)
+    msg = error_of(composed("train.attention=flex"))
+    assert msg.startswith("train.attention=flex:") and "device=auto" in msg and "flex" not in msg.split("accepted here:")[1]
+    msg = error_of(composed("train.attention=flex", "data.packing_mask=causal"), H100)
+    assert "data.packing_mask=causal" in msg

@@ -9,6 +9,15 @@ the same steps without nsys (nsys overhead), runs one Nsight Compute roofline pa
 run's top-5 kernels plus a bf16 GEMM of known FLOPs (tensor-core calibration), and writes a
 PyTorch-profiler trace of the clean run. Needs torch with CUDA, nsys and ncu; not run in CI.
 
+    python tests/profile/capture_scenarios.py gpu-runs --out DIR [--nsys PATH]
+
+captures the runs the analysis is cross-checked on, into DIR/gpu_profiles.tar.gz (unpack it into
+tests/data/profiles): `bf16/` and `fp8/`, ghsweep's own training (`python -m ghsweep`, a four-layer
+Llama of the 7B's width, LoRA) under nsys with `precision=bf16` and `precision=fp8`; and
+`crosscheck/`, the offload scenario under nsys and the PyTorch profiler at once (the same steps
+of one run; two runs of the same program when the two profilers cannot share the GPU's counters,
+said in crosscheck/capture.json). Each export comes with its `nsys stats` CSVs.
+
     python tests/profile/capture_scenarios.py train SCENARIO [--steps N ...]
 
 is the profiled program itself. Scenarios: clean (compute-bound, data already on the GPU),
@@ -24,11 +33,15 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import ctypes
+import gzip
 import json
 import math
+import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -282,6 +295,111 @@ def all_scenarios(out: Path, nsys: str, ncu: str | None, deadline_s: float) -> N
                   "--torch-trace", str(out / "clean" / "torch_trace.json")], log, 300)
 
 
+# A Llama of Llama-2-7B's width and four decoder layers: the 7B's GEMM shapes in a small export,
+# with enough decoder GEMMs beside the bf16 lm_head for fp8 to carry most of the GEMM time.
+LLAMA_SLICE = ("model.hidden_size=4096", "model.intermediate_size=11008", "model.num_layers=4",
+               "model.num_attention_heads=32", "model.num_key_value_heads=32", "model.vocab_size=32000",
+               "train.seq_length=2048", "train.micro_batch_size=1", "train.max_steps=8", "train.log_every=8",
+               "capture.start_step=4", "capture.num_steps=3")
+GPU_RUN_STATS = ("cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "cuda_gpu_mem_size_sum")
+# What the tests read from each captured run directory.
+KEPT = ("profile.sqlite", "torch_trace.json.gz", "capture.json", *(f"profile_stats_{r}.csv" for r in GPU_RUN_STATS))
+
+
+def stats_csvs(nsys: str, sqlite: Path, log: Path) -> None:
+    cmd = [nsys, "stats", "--format", "csv", "--force-export=false", "--output", str(sqlite.parent / "profile_stats")]
+    for r in GPU_RUN_STATS:
+        cmd += ["--report", r]
+    run(cmd + [str(sqlite)], log, 300)
+
+
+def ghsweep_run(precision: str, nsys: str, work: Path, log: Path) -> Path:
+    """One `python -m ghsweep` run under nsys; its run directory."""
+    run_dir = work / precision
+    cmd = [sys.executable, "-m", "ghsweep", f"precision={precision}", "device=cuda", "profile=nsys",
+           f"profile.nsys.path={nsys}", *LLAMA_SLICE, "tracking=sqlite", f"tracking.uri=sqlite:///{work}/mlflow.db",
+           f"hydra.run.dir={run_dir}"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        try:
+            subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=900, cwd=work, env=env)
+        except subprocess.TimeoutExpired:
+            f.write("timed out after 900 s\n")
+    return run_dir
+
+
+def has_kernels(trace: Path) -> bool:
+    if not trace.exists():
+        return False
+    events = json.loads(trace.read_text()).get("traceEvents", [])
+    return any(e.get("cat") == "kernel" for e in events)
+
+
+def crosscheck_run(nsys: str, work: Path, log: Path) -> Path:
+    """The offload scenario under nsys and the PyTorch profiler over the same steps of one run."""
+    d = work / "crosscheck"
+    d.mkdir(parents=True, exist_ok=True)
+    trace = d / "torch_trace.json"
+    args = ["train", "offload", "--steps", "6", "--capture-start", "2", "--capture-steps", "3", "--torch-trace", str(trace)]
+    me = [sys.executable, str(Path(__file__).resolve())]
+    report = d / capture.NSYS_REPORT
+    run(capture.nsys_profile_command(nsys, report, NSYS_TRACE, False, NSYS_EXTRA) + me + args, log, 600)
+    simultaneous = has_kernels(trace)
+    if not simultaneous:  # the profilers could not share the counters: the same program again
+        run(me + args, log, 600)
+    capture.export_sqlite(nsys, report)
+    with open(trace, "rb") as src, gzip.open(d / "torch_trace.json.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    (d / "capture.json").write_text(json.dumps({"simultaneous": simultaneous, "command": args}))
+    return d
+
+
+def gpu_runs(out: Path, nsys: str) -> None:
+    from ghsweep.analyze import full_analysis
+
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "work"
+    work.mkdir(exist_ok=True)
+    log = out / "capture.log"
+    dirs = [ghsweep_run(p, nsys, work, log) for p in ("bf16", "fp8")]
+    try:
+        dirs.append(crosscheck_run(nsys, work, log))
+    except Exception as exc:  # keep the precision runs
+        with open(log, "a") as f:
+            f.write(f"crosscheck failed: {exc}\n")
+    rows = []
+    with tarfile.open(out / "gpu_profiles.tar.gz", "w:gz") as tar:
+        for d in dirs:
+            sqlite = d / capture.NSYS_SQLITE
+            if not sqlite.exists():
+                rows.append((d.name, "no export (see capture.log)", "", "", "", ""))
+                continue
+            stats_csvs(nsys, sqlite, log)
+            for name in KEPT:
+                if (d / name).exists():
+                    tar.add(d / name, arcname=f"{d.name}/{name}")
+            for path, context in ((sqlite, {"precision": "fp8"}), (d / "torch_trace.json.gz", {"precision": "fp8"})):
+                if not path.exists():
+                    continue
+                try:
+                    a = full_analysis(path, context)
+                except ValueError as exc:
+                    rows.append((f"{d.name}/{path.name}", str(exc)[:100], "", "", "", ""))
+                    continue
+                k = a["kernels"]
+                share = f"{100 * k['fp8_gemm_ns'] / k['gemm_ns']:.0f}%" if k.get("gemm_ns") else "-"
+                rows.append((f"{d.name}/{path.name}", f"{a['window']['basis']} {a['window']['steps']}",
+                             f"{a['gpu_busy_pct']:.1f}", share, a["top_kernels"][0]["short_name"][:48],
+                             ",".join(f["id"] for f in a["findings"]) or "none"))
+    shutil.rmtree(work, ignore_errors=True)
+    header = ("run", "window", "busy %", "fp8 GEMM share", "top kernel", "findings (read as precision=fp8)")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)))
+
+
 def calibrate() -> None:
     """One bf16 GEMM of known FLOPs (2*M*N*K) inside the profiler capture window."""
     n = CALIBRATION_MNK
@@ -311,6 +429,9 @@ def main() -> None:
     a.add_argument("--nsys", default=None)
     a.add_argument("--ncu", default=None)
     a.add_argument("--deadline-s", type=float, default=300)
+    g = sub.add_parser("gpu-runs")
+    g.add_argument("--out", type=Path, required=True)
+    g.add_argument("--nsys", default=None)
     sub.add_parser("calibrate")
     args = parser.parse_args()
     if args.mode == "train":
@@ -321,7 +442,10 @@ def main() -> None:
         nsys = capture.find_tool("nsys", args.nsys)
         if nsys is None:
             sys.exit("nsys not found: pass --nsys PATH")
-        all_scenarios(args.out, nsys, capture.find_tool("ncu", args.ncu), args.deadline_s)
+        if args.mode == "gpu-runs":
+            gpu_runs(args.out.resolve(), nsys)
+        else:
+            all_scenarios(args.out, nsys, capture.find_tool("ncu", args.ncu), args.deadline_s)
 
 
 if __name__ == "__main__":

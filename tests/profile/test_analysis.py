@@ -61,6 +61,26 @@ def test_findings_are_specific(results):
     assert "data_loading" not in [f["id"] for f in results["hostsync"]["findings"]]
     assert "um_migrations" not in [f["id"] for f in results["offload"]["findings"]]
     assert "pageable_copies" not in [f["id"] for f in results["offload"]["findings"]]
+    assert "data_loading" not in [f["id"] for f in results["unified"]["findings"]]
+    for scenario, result in results.items():  # every shipped run has its steps, from its NVTX ranges
+        assert result["window"]["basis"] == "nvtx steps" and len(result["window"]["steps"]) == 8, scenario
+
+
+def test_unified_memory_idle_time_is_unified_memory_not_data_loading(results):
+    """All the CPU page faults of the unified scenario start inside its "data" ranges (checked on the
+    raw events), so the data phase's idle time is unified memory, not the loader."""
+    import sqlite3
+
+    con = sqlite3.connect(DATA / "unified" / "profile.sqlite")
+    faults, inside = con.execute(
+        "SELECT COUNT(*), SUM(EXISTS (SELECT 1 FROM NVTX_EVENTS n WHERE n.text = 'data' AND f.start BETWEEN n.start "
+        "AND n.end)) FROM CUDA_UM_CPU_PAGE_FAULT_EVENTS f").fetchone()
+    assert faults == inside == 768
+    causes = results["unified"]["gaps"]["causes_ns"]
+    assert max(causes, key=causes.get) == "unified_memory" and causes["data_loading"] == 0
+    um = next(f for f in results["unified"]["findings"] if f["id"] == "um_migrations")
+    assert um["severity"] == "warning" and um["evidence"]["um_idle_ms_per_step"] > 1 and um["evidence"]["cpu"] == 768
+    assert "phases where the host faults on or migrates managed memory" in um["message"]
 
 
 def test_gap_causes_match_the_plant(results):
@@ -190,3 +210,19 @@ def test_plots_are_written(results, tmp_path):
     roof = plots.roofline_plot(roofline.kernel_points(DATA / "clean" / "top_kernels_ncu.csv"), tmp_path / "roof.png")
     for png in (gap, roof):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_torch_trace_has_the_whole_trace_block_and_matches_ncu_names(results):
+    """The shipped trace's kernel names spell `(anonymous namespace)`, ncu's `<unnamed>`: the
+    roofline still finds every top kernel; and the whole-trace totals are the raw events'."""
+    path = DATA / "clean" / "torch_trace.json"
+    trace = full_analysis(path, ncu_csv=DATA / "clean" / "top_kernels_ncu.csv")
+    assert trace["roofline"]["missing"] == []
+    assert not [f for f in trace["findings"] if f["id"] == "profile_health"]
+    whole = trace["whole_trace"]
+    assert set(whole) == set(results["clean"]["whole_trace"])
+    kernels = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "kernel"]
+    assert whole["kernel_count"] == len(kernels)
+    assert whole["kernel_total_ns"] == pytest.approx(sum(e["dur"] for e in kernels) * 1000, abs=len(kernels))
+    assert whole["distinct_kernels"] == len({e["name"] for e in kernels})
+    assert {k["short_name"] for k in trace["top_kernels"]} >= {"multi_tensor_apply_kernel"}

@@ -117,3 +117,16 @@ def test_assignment_command_names_a_missing_run(two_runs):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "ghsweep.report: 'no-such-run': no run of that name or id with tag ghsweep.role=run in sqlite:///")
+
+
+def test_every_top_kernel_of_a_torch_trace_gets_its_roofline_point():
+    """The PyTorch trace spells `at::native::(anonymous namespace)::`, Nsight Compute `at::<unnamed>::`:
+    the assignment's Top-5 rows still carry each kernel's point (none shows "-")."""
+    from ghsweep.analyze import full_analysis
+    from ghsweep.report.assignment import top_kernel_rows
+
+    a = full_analysis(PROFILES / "clean" / "torch_trace.json", ncu_csv=PROFILES / "clean" / "top_kernels_ncu.csv")
+    rows = top_kernel_rows(a)
+    assert len(rows) == 5 and all(row[-1] != "-" and row[-3] != "-" for row in rows), rows
+    adam = next(row for row in rows if "multi_tensor_apply_kernel" in row[1])
+    assert adam[-1] == "memory bound"

@@ -75,3 +75,36 @@ def test_num_workers_starts_worker_processes():
     assert batch["input_ids"].shape == (2, 256) and batch["input_ids"].dtype == torch.long
     assert len(iterator._workers) == 2 and all(w.is_alive() for w in iterator._workers)
     del iterator
+
+
+def test_synthetic_lengths_follow_the_documented_distribution():
+    lengths = sorted(len(dolly.tokenize(r, TOK)[0]) for r in dolly.synthetic_dolly(3000, seed=4, mean_tokens=210))
+    mean = sum(lengths) / len(lengths)
+    p50, p90 = lengths[len(lengths) // 2], lengths[int(0.9 * len(lengths))]
+    # The figures data.py's comment states: mean 235, p50 133, p90 459 (log-normal of mean 210 and
+    # sigma 1, lifted at the short end by the prompt template).
+    assert 220 <= mean <= 250 and 120 <= p50 <= 150 and 420 <= p90 <= 500
+    assert max(lengths) > 900  # the long tail of long contexts
+    short = [len(dolly.tokenize(r, TOK)[0]) for r in dolly.synthetic_dolly(500, seed=4, mean_tokens=210, max_tokens=128)]
+    assert max(short) <= 128 + 2  # BOS and EOS
+
+
+def test_synthetic_lengths_are_in_the_tokenizers_tokens():
+    class FourCharTokenizer:
+        bos_token_id, eos_token_id = 1, 2
+
+        def encode(self, text: str) -> list[int]:
+            return [0] * ((len(text) + 3) // 4)
+
+    tok = FourCharTokenizer()
+    assert dolly.chars_per_token(tok) == pytest.approx(4, rel=0.01)
+    records = dolly.synthetic_dolly(2000, seed=4, mean_tokens=210, chars_per_token=dolly.chars_per_token(tok))
+    mean = sum(len(dolly.tokenize(r, tok)[0]) for r in records) / len(records)
+    assert 195 <= mean <= 240  # four characters a token: the template weighs less than in bytes
+
+
+def test_synthetic_records_refuse_a_block_no_record_fits():
+    assert len(dolly.synthetic_dolly(20, seed=1, max_tokens=64)) == 20  # short tasks fit short blocks
+    for seq in (8, 16):
+        with pytest.raises(ValueError, match=f"train.seq_length={seq}"):
+            dolly.synthetic_dolly(3, seed=1, max_tokens=seq)

@@ -17,6 +17,7 @@ from ghsweep.train import data as dolly
 from ghsweep.train.flops import ModelShape, add_throughput_metrics, run_flops_per_token
 from ghsweep.train.nemo.metrics import StepMetricsCallback
 from ghsweep.train.nemo.recipe import DATASET_DIR, build_recipe, check_config, hf_import_path, save_recipe
+from ghsweep.train.tokenizer import ByteTokenizer
 from ghsweep.train.torch_backend import device_name, peak_memory_gib
 from ghsweep.train.unified_memory import ManagedMemory
 
@@ -27,7 +28,7 @@ VALIDATION_RECORDS = 8
 
 def write_dataset(cfg: DictConfig, root: Path) -> int:
     """The run's dolly records in NeMo's fine-tuning format, one {"input", "output"} per line."""
-    records = dolly.load_records(cfg.data, cfg.seed)
+    records = dolly.load_records(cfg.data, cfg.seed, cfg.train.seq_length, _tokenizer(cfg))
     root.mkdir(parents=True, exist_ok=True)
     splits = {"training.jsonl": records[VALIDATION_RECORDS:], "validation.jsonl": records[:VALIDATION_RECORDS]}
     for name, split in splits.items():
@@ -36,6 +37,15 @@ def write_dataset(cfg: DictConfig, root: Path) -> int:
                 # The same prompt as the torch backend's; NeMo masks it out of the loss as well.
                 f.write(json.dumps({"input": dolly.prompt_text(r), "output": r["response"]}) + "\n")
     return len(splits["training.jsonl"])
+
+
+def _tokenizer(cfg: DictConfig) -> dolly.Tokenizer:
+    """The tokenizer NeMo trains with: the checkpoint's, else byte-level (as the recipe sets it)."""
+    if not cfg.model.path:
+        return ByteTokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(cfg.model.path)
 
 
 def import_hf_model(model_path: str) -> None:

@@ -1,0 +1,61 @@
+"""What a GPU kernel is, told by its name: a matrix multiply (GEMM), an fp8 GEMM, an optimizer
+update; and the base function name that nsys (shortName) and Nsight Compute match on.
+
+Names seen on real runs: cuBLASLt on Hopper launches `nvjet_sm90_<types>_...` kernels whose type
+code starts with the A/B operand types: `tst` is bf16, `qqtst` e4m3 x e4m3 and `qrtst` e4m3 x
+e5m2 (torchao float8 forward and backward); older cuBLAS and cutlass name the types
+(`sm90_xmma_gemm_e4m3e4m3_...`, `cutlass3x_sm90_tensorop_gemm_e4m3_...`, Transformer Engine's
+`..._fp8_...`), torch's `_scaled_mm` row-wise kernels are `f8f8bf16_rowwise`.
+"""
+
+from __future__ import annotations
+
+import re
+
+GEMM = re.compile(r"gemm|nvjet|xmma|matmul|scaled_mm|wgmma|f8f8|cutlass.*(tensorop|simt)", re.IGNORECASE)
+# Attention kernels are built from cutlass/xmma pieces too; they are not the GEMMs fp8 replaces.
+ATTENTION = re.compile(r"flash|attention|sdpa|fmha|mha_", re.IGNORECASE)
+FP8 = re.compile(r"e4m3|e5m2|fp8|float8|f8f8|scaled_mm|^nvjet_sm\d+[a-z]?_[qr]", re.IGNORECASE)
+OPTIMIZER = re.compile(r"adam|multi_tensor_apply|sgd|lamb|lion|adafactor|optimizer", re.IGNORECASE)
+
+
+def is_gemm(name: str) -> bool:
+    return bool(GEMM.search(name)) and not ATTENTION.search(name)
+
+
+def is_fp8_gemm(name: str) -> bool:
+    return is_gemm(name) and bool(FP8.search(name))
+
+
+def is_optimizer(name: str) -> bool:
+    return bool(OPTIMIZER.search(name))
+
+
+def gemm_time(kernels: list[dict]) -> dict[str, float]:
+    """GEMM and fp8-GEMM time (ns) of ranked kernels ({name, total_ns})."""
+    gemm = [k for k in kernels if is_gemm(k["name"])]
+    return {"gemm_ns": sum(k["total_ns"] for k in gemm),
+            "fp8_gemm_ns": sum(k["total_ns"] for k in gemm if is_fp8_gemm(k["name"]))}
+
+
+def _strip_brackets(text: str, open_: str, close: str) -> str:
+    """`text` without the (nested) bracketed parts."""
+    out, depth = [], 0
+    for ch in text:
+        if ch == open_:
+            depth += 1
+        elif ch == close and depth:
+            depth -= 1
+        elif not depth:
+            out.append(ch)
+    return "".join(out)
+
+
+def function_name(demangled: str) -> str:
+    """The base function name of a demangled kernel name, as nsys's shortName:
+    `void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>(...)` ->
+    `multi_tensor_apply_kernel`; a plain name (`nvjet_sm90_tst_...`) is itself."""
+    name = demangled.replace("(anonymous namespace)", "{anonymous}")
+    name = _strip_brackets(_strip_brackets(name, "<", ">"), "(", ")").strip()
+    name = name.split()[-1] if name else demangled
+    return name.rsplit("::", 1)[-1] or demangled

@@ -1,0 +1,99 @@
+"""How a packed batch's attention is computed: which kernel, and how document boundaries reach it.
+
+Packed blocks hold several examples back to back; `data.packing_mask=document` lets each token
+attend only to earlier tokens of its own example (as NeMo's packed SFT), `causal` to every earlier
+token of the block (as plain transformers training over a packed block).
+
+| train.attention | document masking | causal block |
+|---|---|---|
+| auto | flex on a GPU; dense on CPU (FlexAttention has no CPU backward) | SDPA, PyTorch's kernel choice |
+| flex | FlexAttention with a block mask: blocks of 128 x 128 tokens that cross documents are skipped | - |
+| cudnn, flash, efficient, math | SDPA with a dense (S x S) document mask, that SDPA kernel | SDPA, that kernel |
+
+The block mask is built once per step from the batch's position ids (each example restarts at 0)
+and handed to every layer; no S x S mask is materialised on the GPU's default path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                 "math": "MATH"}
+
+
+def resolve(attention: str, packing_mask: str, device_type: str) -> str:
+    """The implementation a run uses: 'flex', 'sdpa' (PyTorch's choice), or an SDPA kernel name."""
+    if attention != "auto":
+        return attention
+    if packing_mask == "document" and device_type == "cuda":
+        return "flex"
+    return "sdpa"
+
+
+def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """Index of the example each token belongs to: a new example starts where its position is 0."""
+    return (position_ids == 0).cumsum(-1) - 1
+
+
+class PackedAttention:
+    """Per-step keyword arguments for the decoder, and the region its forward runs in."""
+
+    def __init__(self, implementation: str, packing_mask: str):
+        self.implementation = implementation
+        self.document = packing_mask == "document"
+        self._create_block_mask: Callable[..., Any] | None = None
+        if implementation == "flex":
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            # Compiled, the mask is built from the mask function without the S x S intermediate.
+            self._create_block_mask = torch.compile(create_block_mask)
+
+    @property
+    def hf_implementation(self) -> str:
+        """transformers' attn_implementation for the model."""
+        return "flex_attention" if self.implementation == "flex" else "sdpa"
+
+    def decoder_kwargs(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """What the decoder's forward gets besides input_ids: positions, and the document mask."""
+        if not self.document:
+            return {}
+        positions = batch["position_ids"]
+        if self._create_block_mask is None:
+            # transformers builds the dense block-diagonal mask from the restarting position ids.
+            return {"position_ids": positions}
+        docs = document_ids(positions)
+
+        def same_document_causal(b, h, q, kv):
+            return (docs[b, q] == docs[b, kv]) & (q >= kv)
+
+        batch_size, seq = positions.shape
+        mask = self._create_block_mask(same_document_causal, batch_size, None, seq, seq, device=positions.device)
+        return {"position_ids": positions, "attention_mask": mask}
+
+    def region(self) -> contextlib.AbstractContextManager:
+        """A fresh context per step that pins SDPA to the chosen kernel (none for flex or auto)."""
+        if self.implementation not in SDPA_BACKENDS:
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[self.implementation])])
+
+
+def attended_keys_per_token(position_ids: torch.Tensor, document: bool) -> float:
+    """Keys each query token is counted against for attention FLOPs, averaged over the blocks.
+
+    Counted without causal halving (as MFU is usually reported): the whole block for causal
+    masking, only the token's own example for document masking (sum of squared example lengths
+    over the block length), i.e. the blocks a document-masked kernel really computes.
+    """
+    seq = position_ids.shape[-1]
+    if not document:
+        return float(seq)
+    rows = document_ids(position_ids).reshape(-1, seq)
+    squared = sum(float((torch.bincount(row).double() ** 2).sum()) for row in rows)
+    return squared / rows.numel()

@@ -1,0 +1,44 @@
+"""The learning-rate schedule and gradient clipping of the torch backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from ghsweep.train.optim import lr_factor, make_optimizer
+from ghsweep.train.precision import Precision
+
+
+def test_cosine_warms_up_linearly_then_decays_to_the_floor():
+    factors = [lr_factor(s, 30, "cosine", 0.1, 0.1) for s in range(30)]
+    assert factors[:3] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    assert factors[3] == pytest.approx(1.0)
+    assert factors[-1] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(factors[3:], factors[4:]))
+
+
+def test_linear_and_constant_schedules():
+    assert lr_factor(29, 30, "linear", 0.0, 0.0) == pytest.approx(0.0)
+    assert lr_factor(15, 31, "linear", 0.0, 0.0) == pytest.approx(0.5)
+    assert [lr_factor(s, 10, "constant", 0.2, 0.0) for s in (0, 1, 2, 9)] == [0.5, 1.0, 1.0, 1.0]
+
+
+def test_optimizer_follows_the_schedule_and_clips_gradients():
+    layer = torch.nn.Linear(4, 4)
+    train = OmegaConf.create({"lr": 1e-2, "weight_decay": 0.0, "max_steps": 10, "lr_schedule": "cosine",
+                              "lr_warmup_ratio": 0.2, "min_lr_ratio": 0.0})
+    params = list(layer.parameters())
+    optimizer, schedule = make_optimizer(params, train, torch.device("cpu"))
+    precision = Precision(OmegaConf.create({"name": "fp32"}), torch.device("cpu"))
+    rates = []
+    for _ in range(10):
+        rates.append(optimizer.param_groups[0]["lr"])
+        (layer(torch.full((2, 4), 100.0)) ** 2).sum().backward()
+        precision.step(optimizer, params, max_norm=1.0)
+        norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
+        assert norm == pytest.approx(1.0, rel=1e-4)
+        schedule.step()
+        optimizer.zero_grad()
+    assert rates[:2] == pytest.approx([5e-3, 1e-2])
+    assert rates[-1] < 1e-3
