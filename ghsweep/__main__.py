@@ -60,4 +60,4 @@ if __name__ == "__main__":
         if SweepCallback.started_sweep_dir is None:
             print(f"ghsweep: {interrupts.reason(interrupt)}", file=sys.stderr)
             raise SystemExit(interrupts.exit_status(interrupt)) from None
-        finish_sweep(SweepCallback.started_sweep_dir, interrupt)
+        finish_sweep(SweepCallback.started_sweep_dir, interrupt=interrupt)

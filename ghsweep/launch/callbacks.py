@@ -21,11 +21,13 @@ from ghsweep.report.compare import COMPARISON_DIR, report_comparison
 from ghsweep.report.sweep_table import format_table
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore, TrackingUriError, absolute_tracking_uri, with_retry
+from ghsweep.tune.answer import print_answer
 
 log = logging.getLogger(__name__)
 
 # Only ghsweep's SLURM launcher returns at once and records its jobs for `python -m ghsweep.status`.
 GHSWEEP_SLURM_LAUNCHER = "hydra_plugins.ghsweep_launcher.ghsweep_launcher.SlurmLauncher"
+TUNE_SWEEPER = "hydra_plugins.ghsweep_sweeper.ghsweep_sweeper.TuneSweeper"
 
 
 def _job_order(result: RunResult) -> tuple[int, str]:
@@ -50,9 +52,10 @@ def completed_from_mlflow(results: list[RunResult], store: MlflowStore, parent_r
     return sorted(completed, key=_job_order)
 
 
-def finish_sweep(sweep_dir: Path, interrupt: KeyboardInterrupt | None = None) -> None:
+def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: KeyboardInterrupt | None = None) -> None:
     """The end of a sweep whose jobs all ended: summary table, comparison report, the parent run
-    ended; SystemExit when a run failed. Run by the sweep itself, or by `python -m ghsweep.status`
+    ended; SystemExit when a run failed, unless failures are expected (a tuning study's failed
+    trials are part of its search). Run by the sweep itself, or by `python -m ghsweep.status`
     for a sweep submitted with wait=false.
 
     With `interrupt` (Ctrl-C or SIGTERM of the sweep process): runs still RUNNING end KILLED, the
@@ -78,8 +81,8 @@ def finish_sweep(sweep_dir: Path, interrupt: KeyboardInterrupt | None = None) ->
         raise SystemExit(interrupts.exit_status(interrupt))
     report_comparison(store, manifest.parent_run_id, sweep_dir / COMPARISON_DIR,
                       [r.mlflow_run_id for r in results if r.mlflow_run_id])
-    store.finish(manifest.parent_run_id, "FAILED" if failed else "FINISHED")
-    if failed:
+    store.finish(manifest.parent_run_id, "FAILED" if failed and not failures_expected else "FINISHED")
+    if failed and not failures_expected:
         # Hydra's multirun has no exit status of its own; a failed combination must fail the command.
         raise SystemExit(f"ghsweep: {len(failed)} of {len(results)} runs failed")
 
@@ -107,10 +110,10 @@ class SweepCallback(Callback):
     @staticmethod
     def _start_sweep(config: DictConfig) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        SweepManifest.claim(sweep_dir)
         uri = absolute_tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
         redact.remember(config, config.hydra.overrides.task)
         store = MlflowStore(uri, config.tracking.experiment)
+        SweepManifest.claim(sweep_dir)
         settle_dead_sweeps(store)
         command = shlex.join(["python", "-m", "ghsweep", *redact.overrides(sys.argv[1:])])
         sweep_name = "sweep " + "/".join(sweep_dir.parts[-2:])
@@ -128,4 +131,7 @@ class SweepCallback(Callback):
         # Without waiting, `python -m ghsweep.status` ends the sweep (finish_sweep) once its jobs end.
         if config.dry_run or not config.wait:
             return
-        finish_sweep(Path(config.hydra.sweep.dir))
+        tuning = config.hydra.sweeper._target_ == TUNE_SWEEPER
+        finish_sweep(Path(config.hydra.sweep.dir), failures_expected=tuning)
+        if tuning:
+            print_answer(Path(config.hydra.sweep.dir))

@@ -23,9 +23,16 @@ log = logging.getLogger(__name__)
 
 RUN_HASH_TAG = "ghsweep.run_hash"
 # Keys that do not change what a run trains or measures.
-NOT_IDENTITY = ("hydra", "dry_run", "force", "wait", "tracking", "report", "worker")
+# `tune`: the settings of a tuning study (hydra/sweeper=tune), not of its runs.
+# `worker`: how long a worker may run, not what it trains.
+NOT_IDENTITY = ("hydra", "dry_run", "force", "wait", "tracking", "report", "tune", "worker")
 # The metrics of a run that are its timing (RunResult.timing), not its measurements.
 TIMING = ("startup_s", "setup_s", "train_s", "record_s", "wall_s", "overhead_s")
+
+
+def identity_overrides(overrides: list[str]) -> list[str]:
+    """The overrides that change what a run trains: those of NOT_IDENTITY keys left out."""
+    return [o for o in overrides if o.lstrip("+~").split("=")[0].split(".")[0].split("/")[0] not in NOT_IDENTITY]
 
 
 def run_hash(cfg: DictConfig) -> str:

@@ -34,6 +34,9 @@ EXPECTED = {
     "precision_ladder": ([], {"precision=fp32": "FINISHED", "precision=bf16": "FINISHED", "precision=fp8": FP8_ON_CPU}),
     "peft_vs_full": ([], {"peft=lora": "FINISHED", "peft=none": "FINISHED"}),
     "top5_roofline": (["profile=torch"], {"precision=fp32": "FINISHED", "precision=bf16": "FINISHED"}),
+    # A tuning study: its trials are sampled; with precision fixed its random start covers offload's two values.
+    "autotune": (["precision=bf16", "tune.trials=3", "tune.startup_trials=3"],
+                 {"precision=bf16 offload=off": "FINISHED", "precision=bf16 offload=on": "FINISHED"}),
 }
 PRESETS = sorted(p.stem for p in (REPO / "experiments").glob("*.yaml"))
 

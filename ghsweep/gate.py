@@ -1,0 +1,192 @@
+"""Regression gate: compare a sweep's runs with a committed reference, one line per regression.
+
+    python -m ghsweep.gate SWEEP --against benchmarks/REFERENCE.json [--tolerance 5%]
+    python -m ghsweep.gate SWEEP --against benchmarks/REFERENCE.json --write [--checks loss,overhead_ratio]
+
+SWEEP is a sweep directory (multirun/<date>/<time>, or the hydra.sweep.dir a CI job set) or a
+sweep's MLflow name or parent run id. Each combination of the reference must be in the sweep and
+FINISHED; throughput metrics must not drop, memory and time metrics not rise, by more than the
+tolerance; each step's loss must stay within the loss band of the reference's. `overhead_ratio` is a
+run's time outside its training loop (overhead_s) over its worker's start (startup_s: a fresh Python
+importing torch), a reference measured in the same run on the same machine: ghsweep's own per-run
+cost, comparable on CI machines whose absolute timings mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from ghsweep.launch.resume import identity_overrides
+from ghsweep.launch.sweep_manifest import SweepManifest
+from ghsweep.report.sweep_source import SweepNotFound, SweepRun, find_run, load_sweep
+from ghsweep.tracking.mlflow_store import absolute_tracking_uri
+
+HIGHER_IS_BETTER = ("tokens_per_s", "mfu", "tflops_per_gpu")
+LOWER_IS_BETTER = ("peak_mem_gb", "step_time_ms", "overhead_ratio")
+LOSS = "loss"
+CHECKS = (*HIGHER_IS_BETTER, *LOWER_IS_BETTER, LOSS)
+DEFAULT_CHECKS = "tokens_per_s,mfu,peak_mem_gb,loss"
+# The ratio varied by +-7% between runs on a loaded 2-core machine; a slower MLflow record or job still fails.
+OWN_TOLERANCES = {"overhead_ratio": 0.2}
+
+
+class GateError(ValueError):
+    """A sweep or reference the gate cannot compare."""
+
+
+def fraction(text: str) -> float:
+    """'5%' or '0.05' -> 0.05."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a fraction such as 5% or 0.05") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 0% and below 100%")
+    return value
+
+
+def combination(run: SweepRun) -> str:
+    """The run's overrides that decide what it trains (not where it is recorded or launched), sorted."""
+    return " ".join(sorted(identity_overrides(run.overrides)))
+
+
+def measured(run: SweepRun, checks: list[str]) -> dict:
+    """The run's values of the checked metrics it recorded (the loss as [step, value] pairs)."""
+    values: dict = {m: run.metrics[m] for m in checks if m in run.metrics}
+    if "overhead_ratio" in checks and "overhead_s" in run.metrics and run.metrics.get("startup_s"):
+        values["overhead_ratio"] = run.metrics["overhead_s"] / run.metrics["startup_s"]
+    if LOSS in checks and run.loss:
+        values[LOSS] = [[step, value] for step, value in run.loss]
+    return values
+
+
+def load_runs(sweep: str, tracking_uri: str) -> tuple[str, list[SweepRun]]:
+    """The sweep's command (or name) and its runs, from MLflow."""
+    manifest = SweepManifest.load(Path(sweep)) if Path(sweep).is_dir() else None
+    client = MlflowClient(tracking_uri=manifest.tracking_uri if manifest else absolute_tracking_uri(tracking_uri, Path.cwd()))
+    parent = client.get_run(manifest.parent_run_id) if manifest else find_run(client, sweep, "sweep")
+    return (manifest.command if manifest else parent.info.run_name), load_sweep(client, parent)
+
+
+def write_reference(command: str, runs: list[SweepRun], checks: list[str], path: Path) -> dict:
+    failed = [r for r in runs if not r.finished]
+    if failed:
+        raise GateError(f"{combination(failed[0])}: {failed[0].status} ({failed[0].error}); a reference needs "
+                        "every run FINISHED")
+    reference = {
+        "command": command,
+        "device": runs[0].tags.get("ghsweep.device_name", "unknown") if runs else "unknown",
+        "checks": checks,
+        "tolerances": {k: v for k, v in OWN_TOLERANCES.items() if k in checks},
+        "runs": {combination(r): measured(r, checks) for r in runs},
+    }
+    path.write_text(json.dumps(reference, indent=1) + "\n")
+    return reference
+
+
+def _loss_regression(ref: list, got: list, band: float) -> str | None:
+    got_by_step = dict((int(s), v) for s, v in got)
+    for step, expected in ref:
+        if int(step) not in got_by_step:
+            return f"loss at step {int(step)} not recorded"
+        value = got_by_step[int(step)]
+        if abs(value - expected) > band * abs(expected):
+            return f"loss at step {int(step)} {value:.4g}, outside {expected:.4g} +- {band:.0%}"
+    return None
+
+
+def regressions(reference: dict, runs: list[SweepRun], tolerance: float, loss_band: float) -> list[str]:
+    """One line per regression; [] when the sweep passes."""
+    found = []
+    by_combination = {combination(r): r for r in runs}
+    tolerances = reference.get("tolerances", {})
+    for name, expected in reference["runs"].items():
+        run = by_combination.get(name)
+        if run is None:
+            found.append(f"{name}: not in the sweep (every combination of the reference must be run)")
+            continue
+        if not run.finished:
+            found.append(f"{name}: {run.status}: {run.error}")
+            continue
+        got = measured(run, reference["checks"])
+        for metric, ref_value in expected.items():
+            if metric not in got:
+                found.append(f"{name}: {metric} not recorded")
+            elif metric == LOSS:
+                problem = _loss_regression(ref_value, got[LOSS], loss_band)
+                if problem:
+                    found.append(f"{name}: {problem}")
+            else:
+                allowed = tolerances.get(metric, tolerance)
+                change = got[metric] / ref_value - 1 if ref_value else 0.0
+                worse = -change if metric in HIGHER_IS_BETTER else change
+                if worse > allowed:
+                    found.append(f"{name}: {metric} {got[metric]:.4g} against {ref_value:.4g} "
+                                 f"({change:+.1%}, tolerance {allowed:.0%})")
+    return found
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    doc = __doc__.splitlines()
+    parser = argparse.ArgumentParser(prog="python -m ghsweep.gate", description=doc[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n".join(doc[2:]))
+    parser.add_argument("sweep", metavar="SWEEP", help="a sweep directory, or a sweep's MLflow name or parent run id")
+    parser.add_argument("--against", type=Path, required=True, metavar="REFERENCE.json", help="the reference file")
+    parser.add_argument("--tolerance", type=fraction, default=0.05,
+                        help="largest drop of throughput / rise of memory and time allowed (default: 5%%)")
+    parser.add_argument("--loss-band", type=fraction, default=0.05,
+                        help="largest deviation of each step's loss from the reference's (default: 5%%)")
+    parser.add_argument("--write", action="store_true", help="record the sweep as the new reference")
+    parser.add_argument("--checks", default=DEFAULT_CHECKS,
+                        help=f"with --write: what the reference gates, of {', '.join(CHECKS)} (default: %(default)s)")
+    parser.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"),
+                        help="MLflow tracking URI for a sweep given by name (default: $MLFLOW_TRACKING_URI, else "
+                             "%(default)s); a sweep directory names its own")
+    args = parser.parse_args(argv)
+    args.checks = [c.strip() for c in args.checks.split(",") if c.strip()]
+    unknown = [c for c in args.checks if c not in CHECKS]
+    if unknown:
+        parser.error(f"--checks {unknown[0]}: unknown; accepted: {', '.join(CHECKS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        command, runs = load_runs(args.sweep, args.tracking_uri)
+        if args.write:
+            reference = write_reference(command, runs, args.checks, args.against)
+            print(f"ghsweep.gate: wrote {args.against}: {len(reference['runs'])} combinations, "
+                  f"checks {', '.join(args.checks)}")
+            return 0
+        if not args.against.exists():
+            raise GateError(f"--against {args.against}: no such file; record one with --write")
+        reference = json.loads(args.against.read_text())
+        found = regressions(reference, runs, args.tolerance, args.loss_band)
+    except (GateError, SweepNotFound) as exc:
+        print(f"ghsweep.gate: {exc}", file=sys.stderr)
+        return 2
+    except MlflowException as exc:
+        print(f"ghsweep.gate: {exc.message.splitlines()[0]}", file=sys.stderr)
+        return 2
+    for line in found:
+        print(f"REGRESSION {line}")
+    extra = sorted({combination(r) for r in runs} - set(reference["runs"]))
+    for name in extra:
+        print(f"note: {name}: in the sweep, not in the reference (not gated)")
+    verdict = "FAILED" if found else "passed"
+    print(f"ghsweep.gate: {verdict}: {len(found)} regressions in {len(reference['runs'])} combinations against "
+          f"{args.against} (checks {', '.join(reference['checks'])}; tolerance {args.tolerance:.0%}, "
+          f"loss band {args.loss_band:.0%})")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

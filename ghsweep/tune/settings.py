@@ -1,0 +1,107 @@
+"""The `tune.*` keys of a tuning study, checked: what to optimise, under which constraints, how long."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+DIRECTIONS = ("maximize", "minimize")
+SAMPLERS = ("tpe", "random")
+
+
+class TuneConfigError(ValueError):
+    """A `tune.*` value the study cannot use."""
+
+
+@dataclass(frozen=True)
+class Objective:
+    metric: str
+    direction: str
+
+
+@dataclass(frozen=True)
+class Constraint:
+    metric: str
+    op: str  # "<=" or ">="
+    bound: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.metric}{self.op}{self.bound:g}"
+
+    def violation(self, metrics: dict[str, float]) -> float:
+        """How far the run is outside the bound (0 when it holds); 1 when it did not record the metric."""
+        if self.metric not in metrics:
+            return 1.0
+        value = metrics[self.metric]
+        return max(0.0, value - self.bound if self.op == "<=" else self.bound - value)
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    trials: int
+    parallel: int
+    objectives: tuple[Objective, ...]
+    constraints: tuple[Constraint, ...]
+    sampler: str
+    startup_trials: int
+    seed: int
+    storage: str
+    study: str | None
+
+    @property
+    def multi_objective(self) -> bool:
+        return len(self.objectives) > 1
+
+    @classmethod
+    def from_config(cls, tune: DictConfig) -> TuneSettings:
+        objectives = _objectives(tune.objective, tune.direction)
+        constraints = [Constraint(metric, op, _number(f"tune.{key}.{metric}", bound))
+                       for key, op in (("max", "<="), ("min", ">=")) for metric, bound in (tune[key] or {}).items()]
+        if tune.max_peak_mem_gb is not None:
+            constraints.append(Constraint("peak_mem_gb", "<=", _number("tune.max_peak_mem_gb", tune.max_peak_mem_gb)))
+        if tune.sampler not in SAMPLERS:
+            raise TuneConfigError(f"tune.sampler={tune.sampler}: unknown; accepted: {', '.join(SAMPLERS)}")
+        return cls(
+            trials=_count("tune.trials", tune.trials, 1),
+            parallel=_count("tune.parallel", tune.parallel, 1),
+            objectives=tuple(objectives),
+            constraints=tuple(constraints),
+            sampler=tune.sampler,
+            startup_trials=_count("tune.startup_trials", tune.startup_trials, 0),
+            seed=_count("tune.seed", tune.seed, 0),
+            storage=str(tune.storage),
+            study=None if tune.study is None else str(tune.study),
+        )
+
+
+def _count(key: str, value: object, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise TuneConfigError(f"{key}={value}: must be a whole number >= {least}")
+    return value
+
+
+def _number(key: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TuneConfigError(f"{key}={value}: must be a number")
+    return float(value)
+
+
+def _as_list(value: object) -> list:
+    return list(OmegaConf.to_container(value)) if isinstance(value, ListConfig) else [value]
+
+
+def _objectives(metric: object, direction: object) -> list[Objective]:
+    metrics, directions = _as_list(metric), _as_list(direction)
+    if not 1 <= len(metrics) <= 2 or not all(isinstance(m, str) and m for m in metrics):
+        raise TuneConfigError(f"tune.objective={metric}: one metric name (e.g. tokens_per_s) or two for a Pareto "
+                              "front (e.g. [tokens_per_s,peak_mem_gb])")
+    if len(directions) != len(metrics):
+        raise TuneConfigError(f"tune.direction={direction}: one direction per objective ({len(metrics)}), "
+                              f"e.g. tune.direction=[maximize,minimize]")
+    for d in directions:
+        if d not in DIRECTIONS:
+            raise TuneConfigError(f"tune.direction={d}: accepted: {', '.join(DIRECTIONS)}")
+    return [Objective(m, d) for m, d in zip(metrics, directions)]
+

@@ -1,0 +1,146 @@
+"""The Optuna study behind a tuning sweep: opened from its storage, told each trial's run.
+
+The study lives in an Optuna storage beside the sweeps (`tune.storage`, a journal file in the launch
+directory by default) under a name fixed by what is searched: rerunning the same command loads it
+and goes on to `tune.trials` trials. A trial left running by a stopped sweep is marked FAIL and its
+knob values are asked again first; if its run had finished in MLflow, the launcher reuses it.
+
+A run that failed (bad combination, out of memory, crash) is told as a PRUNED trial that violates
+the constraint `run_failed`: Optuna's samplers learn from COMPLETE and PRUNED trials only, and
+rank infeasible ones below every feasible one, so the sampler steers away from it. The same knob
+values asked again fail the same way without running (force=true runs them again).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+from hydra.core.utils import JobReturn
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import Trial, TrialState
+
+from ghsweep.errors import one_line
+from ghsweep.tune.settings import TuneSettings
+from ghsweep.tune.space import SearchSpace
+
+RUN_FAILED = "run_failed"
+# The tags that tie an MLflow run to its trial.
+STUDY_TAG = "ghsweep.tune.study"
+TRIAL_TAG = "ghsweep.tune.trial"
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@dataclass
+class TrialOutcome:
+    """What a trial's run ended with, from the job's return value (a RunResult as a dict)."""
+    overrides: list[str]
+    status: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    run_id: str | None = None
+    run_dir: str | None = None
+
+    @classmethod
+    def from_job(cls, job: JobReturn, overrides: list[str]) -> TrialOutcome:
+        try:
+            result = job.return_value
+        except Exception as exc:  # the task itself raised: Hydra keeps the exception in the JobReturn
+            return cls(overrides, "FAILED", error=one_line(exc))
+        if not result:
+            return cls(overrides, "FAILED", error="the job returned no result")
+        return cls(overrides, result["status"], dict(result.get("metrics") or {}), result.get("error"),
+                   result.get("mlflow_run_id"), result.get("run_dir"))
+
+
+def study_name(settings: TuneSettings, space: SearchSpace) -> str:
+    """The default name: the same search, objective and constraints give the same study."""
+    spec = {"space": space.fingerprint(), "objectives": [(o.metric, o.direction) for o in settings.objectives],
+            "constraints": sorted(c.label for c in settings.constraints)}
+    return "tune-" + hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _storage(storage: str, cwd: str) -> str | JournalStorage:
+    if "://" in storage:
+        return storage  # any Optuna storage URL: sqlite:///..., postgresql://...
+    path = Path(cwd, storage)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+def _sampler(settings: TuneSettings, seed: int) -> optuna.samplers.BaseSampler:
+    if settings.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    # constant_liar: trials asked together in one batch are spread out instead of asked twice.
+    # Multivariate TPE (knobs modelled jointly) is marked experimental; it is what we want here.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=settings.startup_trials, multivariate=True,
+                                          constant_liar=settings.parallel > 1)
+
+
+def open_study(settings: TuneSettings, space: SearchSpace, cwd: str, in_memory: bool = False) -> optuna.Study:
+    study = optuna.create_study(
+        storage=None if in_memory else _storage(settings.storage, cwd),
+        study_name=settings.study or study_name(settings, space),
+        directions=[o.direction for o in settings.objectives],
+        load_if_exists=True,
+    )
+    for stale in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study.tell(stale.number, state=TrialState.FAIL)
+        study.enqueue_trial(stale.params, user_attrs={"retry_of": stale.number})
+    # Seeded by the trials so far: a resumed study goes on with a new, still reproducible, stream.
+    study.sampler = _sampler(settings, settings.seed + len(study.trials))
+    return study
+
+
+def trials_done(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def earlier_failures(study: optuna.Study) -> dict[tuple, str]:
+    """The knob values of the study's failed trials, each with its first failure: a trial asking for
+    them again is told that failure instead of running it again (an OOM costs a whole run)."""
+    failures: dict[tuple, str] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)):
+        failures.setdefault(knob_values(t.params), f"as in trial {t.number}: {t.user_attrs.get('error')}")
+    return failures
+
+
+def knob_values(params: dict) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+def tell(study: optuna.Study, settings: TuneSettings, trial: Trial, outcome: TrialOutcome) -> str:
+    """Tell the study how the trial's run went; returns a one-line account of it."""
+    trial.set_user_attr("overrides", outcome.overrides)
+    for key in ("run_id", "run_dir"):
+        if getattr(outcome, key):
+            trial.set_user_attr(key, getattr(outcome, key))
+    missing = [o.metric for o in settings.objectives if o.metric not in outcome.metrics]
+    error = outcome.error or (f"status {outcome.status}" if outcome.status != "FINISHED" else None)
+    if error is None and missing:
+        error = (f"the run recorded no {missing[0]} (tune.objective); it recorded: "
+                 f"{', '.join(sorted(outcome.metrics)) or 'nothing'}")
+    if error is not None:
+        trial.set_user_attr("error", error)
+        trial.set_constraint(RUN_FAILED, 1.0)
+        study.tell(trial, state=TrialState.PRUNED)
+        return f"failed: {error}"
+    trial.set_constraint(RUN_FAILED, 0.0)
+    broken = []
+    for constraint in settings.constraints:
+        violation = constraint.violation(outcome.metrics)
+        trial.set_constraint(constraint.label, violation)
+        if violation > 0:
+            broken.append(constraint.label)
+    values = [outcome.metrics[o.metric] for o in settings.objectives]
+    study.tell(trial, values)
+    told = ", ".join(f"{o.metric}={v:.4g}" for o, v in zip(settings.objectives, values))
+    return told + (f" (infeasible: {', '.join(broken)} does not hold)" if broken else "")

@@ -1,0 +1,115 @@
+"""The tune sweeper: ask Optuna for a batch of combinations, run them through the sweep's launcher,
+tell Optuna each run's metrics, until the study has `tune.trials` trials; then report the answer.
+
+Each trial is one job of the sweep (its own run directory and MLflow child run, tagged with the
+study and trial number), so the launchers, the resume of finished runs and the sweep's summary
+and comparison work as for a grid. Hydra instantiates it from hydra_plugins.ghsweep_sweeper.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+from optuna.trial import Trial
+
+from ghsweep.launch.sweep_manifest import SweepManifest
+from ghsweep.tracking.mlflow_store import MlflowStore
+from ghsweep.tune.answer import REPORT_DIR, REPORT_FILE
+from ghsweep.tune.report import answer, command, summarize, write_report
+from ghsweep.tune.settings import TuneConfigError, TuneSettings
+from ghsweep.tune.space import SearchSpace, SpaceError
+from ghsweep.tune.study import (STUDY_TAG, TRIAL_TAG, TrialOutcome, earlier_failures, knob_values, open_study, tell,
+                                trials_done)
+
+
+def end_sweep_run(sweep_dir: Path, error: str) -> None:
+    """End the sweep's MLflow run as FAILED: the callback created it before the study could start,
+    and it must not stay RUNNING."""
+    manifest = SweepManifest.load(sweep_dir)
+    if manifest:
+        store = MlflowStore(manifest.tracking_uri, manifest.experiment)
+        store.set_tags(manifest.parent_run_id, {"ghsweep.error": error})
+        store.finish(manifest.parent_run_id, "FAILED")
+
+
+class TuneSweeper(Sweeper):
+    def __init__(self, params: dict[str, str] | None = None) -> None:
+        # Presets give their search space here (hydra.sweeper.params), as for Hydra's basic sweeper.
+        self.params = dict(params or {})
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.hydra_context = hydra_context
+        self.config = config
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config)
+
+    def sweep(self, arguments: list[str]) -> None:
+        cfg = self.config
+        sweep_dir = Path(cfg.hydra.sweep.dir)
+        try:
+            settings = TuneSettings.from_config(cfg.tune)
+            parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+            space = SearchSpace.parse(parser, [f"{k}={v}" for k, v in self.params.items()] + list(arguments))
+            if not cfg.wait and not cfg.dry_run:
+                raise TuneConfigError("wait=false: a tuning study needs each batch's results before it asks for the "
+                                      "next; accepted with hydra/sweeper=tune: wait=true")
+        except (TuneConfigError, SpaceError) as exc:
+            end_sweep_run(sweep_dir, str(exc))
+            raise
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, sweep_dir / "multirun.yaml")
+        if cfg.dry_run:
+            # What the first batch would run; the study's storage is not touched.
+            study = open_study(settings, space, cfg.hydra.runtime.cwd, in_memory=True)
+            batch = [space.overrides(study.ask(space.distributions).params) for _ in range(settings.parallel)]
+            self.launcher.launch(batch, initial_job_idx=0)
+            return
+
+        study = open_study(settings, space, cfg.hydra.runtime.cwd)
+        manifest = SweepManifest.load(sweep_dir)
+        store = MlflowStore(manifest.tracking_uri, manifest.experiment)
+        store.set_tags(manifest.parent_run_id, {STUDY_TAG: study.study_name, "ghsweep.tune.storage": settings.storage})
+        store.log_params(manifest.parent_run_id, {f"tune.{k}": v for k, v in OmegaConf.to_container(cfg.tune).items()})
+        print(f"ghsweep tune: study {study.study_name} ({settings.storage}): {trials_done(study)} of "
+              f"{settings.trials} trials done before this sweep", flush=True)
+
+        self.job_num = 0
+        while (left := settings.trials - trials_done(study)) > 0:
+            trials = [study.ask(space.distributions) for _ in range(min(settings.parallel, left))]
+            outcomes = self._outcomes(study, space, trials)
+            for trial in trials:
+                outcome = outcomes[trial.number]
+                told = tell(study, settings, trial, outcome)
+                if outcome.run_id:
+                    store.set_tags(outcome.run_id, {STUDY_TAG: study.study_name, TRIAL_TAG: trial.number})
+                print(f"ghsweep tune: trial {trial.number} ({' '.join(outcome.overrides)}): {told}", flush=True)
+
+        files = write_report(study, settings, space, sweep_dir / REPORT_DIR)
+        store.log_artifacts(manifest.parent_run_id, files, REPORT_DIR)
+        best = answer(study)
+        if best:
+            store.set_tags(manifest.parent_run_id, {"ghsweep.tune.best_trials": ",".join(str(t.number) for t in best),
+                                                    "ghsweep.tune.best_command": command(best[0])})
+        print("\n" + summarize(study, settings, space) + f"\n  report: {sweep_dir / REPORT_DIR / REPORT_FILE} "
+              "(and on the sweep's MLflow run under tune/)\n", flush=True)
+
+    def _outcomes(self, study: optuna.Study, space: SearchSpace, trials: list[Trial]) -> dict[int, TrialOutcome]:
+        """Each trial's outcome by its number: the failure its knob values had before in the study, or
+        its run, the runs of a batch launched together as jobs numbered on from the sweep's last."""
+        failed_before = {} if self.config.force else earlier_failures(study)
+        outcomes = {t.number: TrialOutcome(space.overrides(t.params), "FAILED", error=failed_before[key])
+                    for t in trials if (key := knob_values(t.params)) in failed_before}
+        to_run = [t for t in trials if t.number not in outcomes]
+        batch = [space.overrides(t.params) for t in to_run]
+        if batch:
+            self.validate_batch_is_legal(batch)
+            jobs = self.launcher.launch(batch, initial_job_idx=self.job_num)
+            self.job_num += len(batch)
+            outcomes.update((t.number, TrialOutcome.from_job(job, o)) for t, o, job in zip(to_run, batch, jobs))
+        return outcomes

@@ -1,0 +1,202 @@
+"""hydra/sweeper=tune through the real CLI on CPU: the tiny model, a real MLflow store, a real Optuna journal.
+
+The studies minimise or maximise `final_loss`, which is deterministic on CPU for a given learning
+rate (same seed, same batches): lr 3e-3 trains most in 6 steps, 1e-6 barely at all. fp8 fails
+validation on CPU, so every fp8 trial is a failed run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
+
+from ghsweep.launch.slurm_jobs import load_jobs
+from tests.conftest import run_cli
+
+SPACE = ["hydra/sweeper=tune", "experiment=smoke", "train.max_steps=6", "train.seq_length=64",
+         "train.lr=1e-6,1e-4,3e-3"]
+STUDY = ["-m", *SPACE, "precision=fp32,fp8", "tune.objective=final_loss", "tune.direction=minimize",
+         "tune.startup_trials=2"]
+
+
+@pytest.fixture(scope="module")
+def cwd(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tune")
+
+
+def load_studies(cwd: Path) -> dict[str, optuna.Study]:
+    storage = JournalStorage(JournalFileBackend(str(cwd / "tune.journal")))
+    return {name: optuna.load_study(study_name=name, storage=storage) for name in optuna.get_all_study_names(storage)}
+
+
+def study_of(cwd: Path, out: str) -> optuna.Study:
+    name = next(line.split()[3] for line in out.splitlines() if line.startswith("ghsweep tune: study "))
+    return load_studies(cwd)[name]
+
+
+def sweep_dir(out: str) -> Path:
+    line = next(line for line in out.splitlines() if "runs finished (sweep directory" in line)
+    return Path(line.split("(sweep directory ")[1].rstrip(")"))
+
+
+@pytest.fixture(scope="module")
+def first(cwd):
+    proc = run_cli([*STUDY, "tune.trials=6"], cwd)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_study_finds_the_best_and_learns_from_failed_runs(cwd, first):
+    study = study_of(cwd, first.stdout)
+    assert len(study.trials) == 6
+    assert study.best_trial.params == {"train.lr": "0.003", "precision": "fp32"}
+    failed = [t for t in study.trials if t.state == TrialState.PRUNED]
+    assert failed, "the space's fp8 half should have been tried"
+    for t in failed:
+        assert t.params["precision"] == "fp8" and t.constraints["run_failed"] == 1.0
+        assert "precision=fp8: needs an NVIDIA GPU" in t.user_attrs["error"]
+    assert "Best: trial" in first.stdout and "train.lr=0.003 precision=fp32" in first.stdout
+    reproduce = "python -m ghsweep experiment=smoke train.max_steps=6 train.seq_length=64 train.lr=0.003 precision=fp32"
+    assert f"reproduce: {reproduce}" in first.stdout
+    assert "Knob importance for final_loss (Optuna): " in first.stdout
+    report = cwd / sweep_dir(first.stdout) / "tune"
+    assert (report / "best.txt").read_text() == reproduce + "\n"
+    assert (report / "history_final_loss.png").stat().st_size > 0
+    # Failed trials are part of the search: the command still succeeds, and its answer is its last line.
+    assert f"{len(failed)} failed" in first.stdout
+    assert first.stdout.rstrip().splitlines()[-1] == f"  {reproduce}"
+
+
+def test_a_failed_combination_asked_again_is_not_run_again(tmp_path):
+    proc = run_cli(["-m", *SPACE, "precision=fp8", "tune.trials=4", "hydra.sweep.dir=sweep"], tmp_path)
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert "ghsweep tune: no trial finished within the constraints" in proc.stderr
+    study = study_of(tmp_path, proc.stdout)
+    assert [t.state for t in study.trials] == [TrialState.PRUNED] * 4
+    # Four trials over three learning rates: at least one asks for a combination that failed already.
+    repeats = [t for t in study.trials if t.user_attrs["error"].startswith("as in trial ")]
+    assert repeats and all("precision=fp8: needs an NVIDIA GPU" in t.user_attrs["error"] for t in repeats)
+    assert len(list((tmp_path / "sweep").glob("*/result.json"))) == 4 - len(repeats)
+
+
+def test_trials_are_mlflow_children_of_the_tuning_parent(cwd, first):
+    client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("ghsweep").experiment_id
+    study = study_of(cwd, first.stdout)
+    (parent,) = client.search_runs([exp], filter_string=f"tags.`ghsweep.tune.study` = '{study.study_name}' "
+                                                        "and tags.`ghsweep.role` = 'sweep'")
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["ghsweep.tune.best_command"].endswith("train.lr=0.003 precision=fp32")
+    assert {"tune/tune.md", "tune/best.txt", "tune/history_final_loss.png"} <= {
+        a.path for a in client.list_artifacts(parent.info.run_id, "tune")}
+    for trial in study.trials:
+        run = client.get_run(trial.user_attrs["run_id"])
+        assert run.data.tags["ghsweep.tune.study"] == study.study_name
+        assert run.data.params["train.lr"] == str(float(trial.params["train.lr"]))
+        assert run.info.status == ("FINISHED" if trial.state == TrialState.COMPLETE else "FAILED")
+    own = [t for t in study.trials if client.get_run(t.user_attrs["run_id"]).data.tags.get("mlflow.parentRunId")
+           == parent.info.run_id]
+    assert own, "the trials that trained are children of the tuning run"
+
+
+def test_rerun_continues_the_study_and_reuses_finished_runs(cwd, first):
+    proc = run_cli([*STUDY, "tune.trials=8"], cwd)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "6 of 8 trials done before this sweep" in proc.stdout
+    study = study_of(cwd, proc.stdout)
+    assert len(study.trials) == 8
+    # Both new trials picked combinations the study had already run: reused, not trained again.
+    assert proc.stdout.count("skipped, already FINISHED in MLflow") + proc.stdout.count("FAILED: precision=fp8") == 2
+
+
+def test_a_stopped_study_resumes_with_the_interrupted_trial(cwd, first):
+    args = [*STUDY, "train.max_steps=5", "tune.trials=3"]  # new runs: 5 steps were never trained
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
+    proc = subprocess.Popen([sys.executable, "-m", "ghsweep", *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    for line in proc.stdout:
+        if "training in a worker process" in line:  # the first trial is training: stop the sweep there
+            proc.send_signal(signal.SIGINT)
+            break
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    (stopped,) = [s for s in load_studies(cwd).values()
+                  if any(t.state == TrialState.RUNNING for t in s.trials)]
+    interrupted = stopped.trials[-1]
+
+    again = run_cli(args, cwd)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    study = study_of(cwd, again.stdout)
+    assert study.study_name == stopped.study_name
+    assert study.trials[interrupted.number].state == TrialState.FAIL
+    retry = study.trials[interrupted.number + 1]
+    assert retry.params == interrupted.params and retry.user_attrs["retry_of"] == interrupted.number
+    assert len([t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]) == 3
+
+
+def test_a_constraint_rules_out_the_unconstrained_best(cwd, first):
+    # Maximising the loss would pick lr 1e-6 (5.79); the bound leaves lr 1e-4 (5.62). The runs are reused.
+    proc = run_cli(["-m", *SPACE, "precision=fp32", "tune.objective=final_loss", "tune.direction=maximize",
+                    "+tune.max.final_loss=5.7", "tune.trials=6", "tune.startup_trials=6"], cwd)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    study = study_of(cwd, proc.stdout)
+    tried = {t.params["train.lr"] for t in study.trials}
+    assert tried == {"1e-06", "0.0001", "0.003"}, "the seeded random start covers the three rates"
+    assert study.best_trial.params["train.lr"] == "0.0001"
+    for t in study.trials:
+        assert (t.constraints["final_loss<=5.7"] > 0) == (t.params["train.lr"] == "1e-06")
+    assert "violates final_loss<=5.7" in proc.stdout
+
+
+def test_two_objectives_give_the_pareto_front(cwd, first):
+    proc = run_cli(["-m", *SPACE, "precision=fp32", "tune.objective=[final_loss,steps]",
+                    "tune.direction=[minimize,maximize]", "tune.trials=4", "tune.startup_trials=4"], cwd)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    study = study_of(cwd, proc.stdout)
+    front = {t.params["train.lr"] for t in study.best_trials}
+    assert front == {"0.003"}  # same steps for all: the lowest loss dominates
+    assert "Pareto front: trial" in proc.stdout
+    assert (cwd / sweep_dir(proc.stdout) / "tune" / "pareto_front.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["tune.direction=up"], "tune.direction=up: accepted: maximize, minimize"),
+    (["tune.objective=[a,b]"], "tune.direction=maximize: one direction per objective (2)"),
+    (["+tune.min.mfu=high"], "tune.min.mfu=high: must be a number"),
+    (["tune.trials=0"], "tune.trials=0: must be a whole number >= 1"),
+    # A SLURM profile, as wait=false asks; its jobs are never submitted.
+    (["wait=false", "hydra/launcher=local_slurm", "tracking=sqlite"], "wait=false: a tuning study needs each batch's"),
+])
+def test_bad_tune_settings_are_one_line_errors(tmp_path, bad, message):
+    proc = run_cli(["-m", *SPACE, *bad], tmp_path)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+    # The sweep's MLflow run, made before the study could start, ends FAILED with the reason.
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (parent,) = client.search_runs([client.get_experiment_by_name("ghsweep").experiment_id])
+    assert parent.info.status == "FAILED" and message in parent.data.tags["ghsweep.error"]
+
+
+def test_nothing_to_search_is_an_error(tmp_path):
+    proc = run_cli(["-m", "hydra/sweeper=tune", "experiment=smoke", "precision=bf16"], tmp_path)
+    assert proc.returncode != 0 and "hydra/sweeper=tune: nothing to search" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_parallel_trials_run_as_one_batch_of_submitit_jobs(tmp_path):
+    proc = run_cli(["-m", "hydra/sweeper=tune", "hydra/launcher=submitit_local", "hydra.launcher.cpus_per_task=1",
+                    "experiment=smoke", "train.max_steps=2", "train.seq_length=64", "precision=fp32,bf16",
+                    "tune.objective=final_loss", "tune.direction=minimize", "tune.trials=2", "tune.parallel=2",
+                    "hydra.sweep.dir=sweep"], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len(load_jobs(tmp_path / "sweep")) == 2 and "ghsweep: submitted 2 jobs (local)" in proc.stdout
+    study = study_of(tmp_path, proc.stdout)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
