@@ -2,10 +2,42 @@
 
 from __future__ import annotations
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
+from ghsweep.launch import interrupts
+from ghsweep.launch.callbacks import SweepCallback, finish_sweep
 from ghsweep.launch.job import run_one
+from ghsweep.tracking import redact
+
+
+MAX_SHOWN_CHARS = 200
+
+
+def _shown(text: str) -> str:
+    """One line of at most MAX_SHOWN_CHARS characters."""
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= MAX_SHOWN_CHARS else f"{text[:MAX_SHOWN_CHARS]}... ({len(text)} characters)"
+
+
+def check_overrides(argv: list[str]) -> None:
+    """Hydra reports an override it cannot parse in several lines, some without the override: say which
+    one, on one line (a secret's value and the parser's view of it left out, long values cut)."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for item in get_args_parser().parse_known_args(argv)[0].overrides:
+        try:
+            parser.parse_overrides([item])
+        except OverrideParseException as exc:
+            shown = redact.override(item)
+            detail = "" if shown != item else f" ({_shown(exc.message.strip().splitlines()[0])})"
+            raise SystemExit(f"ghsweep: override {_shown(shown)} cannot be parsed{detail}; quote a value with spaces, "
+                             "brackets, quotes, $, newlines or non-ASCII characters: 'key=\"value\"'") from None
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -20,4 +52,12 @@ def main(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    check_overrides(sys.argv[1:])
+    try:
+        interrupts.interrupt_on_signals()
+        main()
+    except KeyboardInterrupt as interrupt:  # the run in progress has recorded itself KILLED
+        if SweepCallback.started_sweep_dir is None:
+            print(f"ghsweep: {interrupts.reason(interrupt)}", file=sys.stderr)
+            raise SystemExit(interrupts.exit_status(interrupt)) from None
+        finish_sweep(SweepCallback.started_sweep_dir, interrupt=interrupt)

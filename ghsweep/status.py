@@ -7,6 +7,9 @@ Collecting is what a waiting sweep does at its end: jobs that ended without reco
 (cancelled, killed at the time limit) are recorded FAILED/KILLED in MLflow with their SLURM log, the
 summary table is printed and the sweep's MLflow run is ended. The exit status is non-zero when a
 run failed, as for a waiting sweep.
+
+A local sweep whose process died (`kill -9`) is collected the same way: its runs left RUNNING end
+FAILED with "the sweep process died".
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from pathlib import Path
 
 from ghsweep.launch.callbacks import finish_sweep
 from ghsweep.launch.slurm_jobs import JOBS_FILE, has_ended, load_jobs, settle
+from ghsweep.launch.stale_runs import PID_TAG, died_reason, end_running_children, process_died
+from ghsweep.launch.sweep_manifest import MANIFEST_FILE, SweepManifest
+from ghsweep.tracking.mlflow_store import MlflowStore, with_retry
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,8 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     submitted = load_jobs(args.sweep_dir)
     if not submitted:
-        parser.error(f"{args.sweep_dir}: no submitted jobs recorded ({JOBS_FILE}); accepted: the directory of a "
-                     "sweep launched with a SLURM profile")
+        manifest = SweepManifest.load(args.sweep_dir)
+        if manifest is None:
+            parser.error(f"{args.sweep_dir}: not a sweep directory (no {MANIFEST_FILE} or {JOBS_FILE}); accepted: "
+                         "the directory a sweep printed, e.g. multirun/2026-11-21/10-00-00")
+        return collect_local(args.sweep_dir, manifest)
     jobs = [(s, s.submitit_job()) for s in submitted]
     while True:
         states = {s.job_id: j.state for s, j in jobs}
@@ -46,6 +55,21 @@ def main(argv: list[str] | None = None) -> int:
 
     settle(args.sweep_dir, jobs)
     finish_sweep(args.sweep_dir)
+    return 0
+
+
+def collect_local(sweep_dir: Path, manifest: SweepManifest) -> int:
+    """A sweep whose jobs ran in its own process: ended already, still running, or its process died."""
+    store = MlflowStore(manifest.tracking_uri, manifest.experiment)
+    parent = with_retry(store.client.get_run, manifest.parent_run_id)
+    if parent.info.status != "RUNNING":
+        print(f"ghsweep: the sweep ended {parent.info.status} (MLflow run {manifest.parent_run_id})")
+        return 0
+    if not process_died(parent.data.tags):
+        print(f"ghsweep: the sweep is still running (pid {parent.data.tags.get(PID_TAG)}); run this again later")
+        return 0
+    end_running_children(store, manifest.parent_run_id, "FAILED", died_reason(parent.data.tags))
+    finish_sweep(sweep_dir)
     return 0
 
 

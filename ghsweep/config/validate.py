@@ -20,6 +20,8 @@ LINEAR_MODULES = {
     "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
 }
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
+# A dolly record is a few KB; a longer line is not one record (a JSON array, a binary file).
+MAX_RECORD_BYTES = 1 << 20
 # train.attention (ghsweep/train/attention.py) and train.lr_schedule (ghsweep/train/optim.py).
 ATTENTION_CHOICES = ("auto", "flex", "cudnn", "flash", "efficient", "math")
 LR_SCHEDULES = ("cosine", "linear", "constant")
@@ -142,10 +144,35 @@ def _validate_model(cfg: DictConfig, model: ModelFacts) -> None:
     key = "model.arch" if not cfg.model.path else f"{model.source}: model_type"
     _check_choice(key, model.arch, tuple(LINEAR_MODULES))
     _check_choice("data.packing_mask", cfg.data.packing_mask, ("document", "causal"))
-    if cfg.data.path and not Path(cfg.data.path).is_file():
-        raise ConfigError(f"data.path={cfg.data.path}: no such file; expected a dolly-format JSONL file")
-    if not cfg.data.path:
+    if cfg.data.path:
+        _validate_data_file(str(cfg.data.path))
+    else:
         _check_number("data.mean_tokens", cfg.data.mean_tokens, 0, None)
+
+
+def _validate_data_file(path: str) -> None:
+    """Every line one dolly record, read before any training (bad lines would otherwise fail deep in the worker)."""
+    if not Path(path).is_file():
+        raise ConfigError(f"data.path={path}: no such file; expected a dolly-format JSONL file")
+    expected = "expected one dolly record (a JSON object with instruction and response) per line"
+    records = 0
+    with open(path, "rb") as lines:
+        for line_no, line in enumerate(lines, 1):
+            if len(line) > MAX_RECORD_BYTES:
+                raise ConfigError(f"data.path={path}: line {line_no} is {len(line):,} bytes, over "
+                                  f"{MAX_RECORD_BYTES:,}; {expected}")
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as error:
+                raise ConfigError(f"data.path={path}: line {line_no} is not JSON ({str(error).splitlines()[0]}); "
+                                  f"{expected}") from None
+            if not isinstance(record, dict) or not {"instruction", "response"} <= record.keys():
+                raise ConfigError(f"data.path={path}: line {line_no} lacks instruction or response; {expected}")
+            records += 1
+    if not records:
+        raise ConfigError(f"data.path={path}: no records (the file is empty); {expected}")
 
 
 def _validate_train(cfg: DictConfig, model: ModelFacts, on_gpu: bool) -> None:
@@ -155,6 +182,8 @@ def _validate_train(cfg: DictConfig, model: ModelFacts, on_gpu: bool) -> None:
     check_int("train.warmup_steps", t.warmup_steps, 0)
     check_int("train.log_every", t.log_every, 1)
     check_int("train.seq_length", t.seq_length, 8)
+    check_int("seed", cfg.seed, 0)
+    _check_number("train.weight_decay", t.weight_decay, 0, None, inclusive=True)
     _check_choice("train.compile", t.compile, ("auto", True, False))
     _check_choice("train.attention", t.attention, ATTENTION_CHOICES)
     if t.attention == "flex" and (cfg.data.packing_mask != "document" or not on_gpu):

@@ -12,11 +12,15 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ghsweep.errors import one_line
+from ghsweep.launch import interrupts
+from ghsweep.launch.resume import result_from_run
 from ghsweep.launch.run_result import RESULT_FILE, RunResult
-from ghsweep.launch.sweep_manifest import SweepManifest
+from ghsweep.launch.stale_runs import end_running_children, end_sweep_run, process_tags, settle_dead_sweeps
+from ghsweep.launch.sweep_manifest import SweepDirInUse, SweepManifest
 from ghsweep.report.compare import COMPARISON_DIR, report_comparison
 from ghsweep.report.sweep_table import format_table
-from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri
+from ghsweep.tracking import redact
+from ghsweep.tracking.mlflow_store import MlflowStore, TrackingUriError, absolute_tracking_uri, with_retry
 from ghsweep.tune.answer import print_answer
 
 log = logging.getLogger(__name__)
@@ -26,27 +30,55 @@ GHSWEEP_SLURM_LAUNCHER = "hydra_plugins.ghsweep_launcher.ghsweep_launcher.SlurmL
 TUNE_SWEEPER = "hydra_plugins.ghsweep_sweeper.ghsweep_sweeper.TuneSweeper"
 
 
+def _job_order(result: RunResult) -> tuple[int, str]:
+    return len(Path(result.run_dir).name), Path(result.run_dir).name
+
+
 def collect_results(sweep_dir: Path) -> list[RunResult]:
     """Every job's result.json under the sweep directory, in job order."""
-    found = [RunResult.load(p.parent) for p in sweep_dir.glob(f"*/{RESULT_FILE}")]
-    return sorted(found, key=lambda r: (len(Path(r.run_dir).name), Path(r.run_dir).name))
+    return sorted((RunResult.load(p.parent) for p in sweep_dir.glob(f"*/{RESULT_FILE}")), key=_job_order)
 
 
-def finish_sweep(sweep_dir: Path, failures_expected: bool = False) -> None:
+def completed_from_mlflow(results: list[RunResult], store: MlflowStore, parent_run_id: str) -> list[RunResult]:
+    """The run directories' results, completed from MLflow where a run's files fell short (a full
+    disk): a child run with no result.json, or whose result.json still says RUNNING."""
+    children = with_retry(store.client.search_runs, [store.experiment_id],
+                          f"tags.mlflow.parentRunId = '{parent_run_id}'", max_results=10000)
+    ended = {c.info.run_id: c for c in children if c.info.status != "RUNNING"}
+    completed = [result_from_run(ended[r.mlflow_run_id]) if r.status == "RUNNING" and r.mlflow_run_id in ended else r
+                 for r in results]
+    known = {r.mlflow_run_id for r in results}
+    completed += [result_from_run(c) for run_id, c in ended.items() if run_id not in known]
+    return sorted(completed, key=_job_order)
+
+
+def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: KeyboardInterrupt | None = None) -> None:
     """The end of a sweep whose jobs all ended: summary table, comparison report, the parent run
     ended; SystemExit when a run failed, unless failures are expected (a tuning study's failed
     trials are part of its search). Run by the sweep itself, or by `python -m ghsweep.status`
-    for a sweep submitted with wait=false."""
+    for a sweep submitted with wait=false.
+
+    With `interrupt` (Ctrl-C or SIGTERM of the sweep process): runs still RUNNING end KILLED, the
+    summary shows what finished, the parent run ends KILLED, and the exit status is 130 or 143.
+    The comparison report is left out: a stopped process should stop soon.
+    """
     manifest = SweepManifest.load(sweep_dir)
-    results = collect_results(sweep_dir)
+    store = MlflowStore(manifest.tracking_uri, manifest.experiment)
+    if interrupt is not None:
+        end_running_children(store, manifest.parent_run_id, "KILLED", interrupts.reason(interrupt))
+    results = completed_from_mlflow(collect_results(sweep_dir), store, manifest.parent_run_id)
     table = format_table(results)
     failed = [r for r in results if r.status != "FINISHED"]
     print(f"\nghsweep: {len(results) - len(failed)} of {len(results)} runs finished "
           f"(sweep directory {sweep_dir})\n{table}\n", flush=True)
     (sweep_dir / "summary.md").write_text(f"# {manifest.command}\n\n```\n{table}\n```\n")
-    store = MlflowStore(manifest.tracking_uri, manifest.experiment)
     store.set_tags(manifest.parent_run_id, {"ghsweep.runs": len(results), "ghsweep.failed_runs": len(failed)})
     store.log_artifacts(manifest.parent_run_id, [sweep_dir / "summary.md"])
+    if interrupt is not None:
+        end_sweep_run(store, manifest.parent_run_id, "KILLED", interrupts.reason(interrupt))
+        print(f"ghsweep: {interrupts.reason(interrupt)}; the same command again resumes the sweep "
+              "(runs that finished are skipped)", file=sys.stderr, flush=True)
+        raise SystemExit(interrupts.exit_status(interrupt))
     report_comparison(store, manifest.parent_run_id, sweep_dir / COMPARISON_DIR,
                       [r.mlflow_run_id for r in results if r.mlflow_run_id])
     store.finish(manifest.parent_run_id, "FAILED" if failed and not failures_expected else "FINISHED")
@@ -56,6 +88,9 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False) -> None:
 
 
 class SweepCallback(Callback):
+    # The sweep this process started, for ending it when the process is interrupted (ghsweep.__main__).
+    started_sweep_dir: Path | None = None
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.dry_run:
             return
@@ -65,6 +100,9 @@ class SweepCallback(Callback):
                              f"this sweep uses hydra/launcher={config.hydra.runtime.choices['hydra/launcher']}")
         try:
             self._start_sweep(config)
+            SweepCallback.started_sweep_dir = Path(config.hydra.sweep.dir)
+        except (TrackingUriError, SweepDirInUse) as exc:
+            raise SystemExit(f"ghsweep: {exc}") from None
         except Exception as exc:  # as above: the jobs must not run without their parent run and manifest
             raise SystemExit(f"ghsweep: the sweep's MLflow run could not be created at {config.tracking.uri}: "
                              f"{one_line(exc)}") from exc
@@ -73,15 +111,19 @@ class SweepCallback(Callback):
     def _start_sweep(config: DictConfig) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         uri = absolute_tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
+        redact.remember(config, config.hydra.overrides.task)
         store = MlflowStore(uri, config.tracking.experiment)
-        command = shlex.join(["python", "-m", "ghsweep", *sys.argv[1:]])
+        SweepManifest.claim(sweep_dir)
+        settle_dead_sweeps(store)
+        command = shlex.join(["python", "-m", "ghsweep", *redact.overrides(sys.argv[1:])])
         sweep_name = "sweep " + "/".join(sweep_dir.parts[-2:])
         parent = store.start_run(sweep_name, tags={
             "ghsweep.role": "sweep",
             "ghsweep.sweep_dir": str(sweep_dir.resolve()),
             "ghsweep.command": command,
+            **process_tags(),
         })
-        store.log_params(parent, {"sweep.overrides": " ".join(config.hydra.overrides.task)})
+        store.log_params(parent, {"sweep.overrides": " ".join(redact.overrides(config.hydra.overrides.task))})
         SweepManifest(uri, config.tracking.experiment, parent, command).save(sweep_dir)
         log.info("MLflow: sweep run %s in experiment '%s' at %s", parent, config.tracking.experiment, uri)
 

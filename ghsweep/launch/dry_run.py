@@ -17,6 +17,7 @@ from ghsweep.config.validate import ConfigError
 from ghsweep.launch.container import container_prefix
 from ghsweep.launch.worker_process import worker_command
 from ghsweep.profile.plan import ProfilePlan, plans_from_config, profiler_prefix
+from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import absolute_tracking_uri
 
 # Continuation lines line up with the text after "  worker:  ".
@@ -45,7 +46,7 @@ def describe(num: int, name: str, run_dir: Path, cfg: DictConfig, launch: str) -
         from ghsweep.train.nemo.recipe import describe_recipe
 
         lines.append(describe_recipe(cfg, run_dir))
-    return "\n".join(lines)
+    return redact.text("\n".join(lines))
 
 
 def profile_text(cfg: DictConfig, run_dir: Path, plans: list[ProfilePlan]) -> str:

@@ -8,12 +8,15 @@ sweep goes on.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
@@ -24,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.errors import one_line
 from ghsweep.config.validate import ConfigError, run_device, validate
+from ghsweep.launch import interrupts
 from ghsweep.launch.container import check_container, container_prefix, tool_finder
 from ghsweep.launch.device_probe import probe_gpu
 from ghsweep.launch.dry_run import describe
@@ -31,14 +35,17 @@ from ghsweep.launch.resume import RUN_HASH_TAG, finished_run, run_hash, skip_fin
 from ghsweep.launch.run_result import RunResult
 from ghsweep.launch.slurm_jobs import JobTimeout
 from ghsweep.launch.sweep_manifest import SweepManifest
-from ghsweep.launch.worker_process import WORKER_LOG, WorkerExit, run_worker, worker_command
+from ghsweep.launch.worker_process import WORKER_LOG, WorkerExit, run_worker, worker_command, worker_timeout_min
 from ghsweep.profile.capture import find_tool
 from ghsweep.profile.plan import ProfileOutcome, ProfilePlan, after_worker, profiler_prefix, resolve as resolve_profile
 from ghsweep.report.run_report import write_run_report
-from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, flatten
+from ghsweep.tracking import redact
+from ghsweep.tracking.mlflow_store import MlflowStore, TrackingUriError, absolute_tracking_uri, flatten
 
 log = logging.getLogger(__name__)
 
+# Less free space than this under a failed run's directory: the disk was full.
+FULL_DISK_BYTES = 1 << 20
 # Config groups recorded as plain params (e.g. precision=bf16) beside the flattened config.
 KNOB_GROUPS = ("peft", "precision", "offload", "memory", "dataloader", "model", "data", "backend", "profile")
 
@@ -59,19 +66,44 @@ def _package_version(name: str) -> str:
         return "not installed"
 
 
+def no_space_left(run_dir: Path) -> str | None:
+    """The reason for a run whose file system is full, else None."""
+    free = shutil.disk_usage(run_dir).free
+    return f"no space left on device under {run_dir} ({free} bytes free)" if free < FULL_DISK_BYTES else None
+
+
 def failure_reason(run_dir: Path, exit: WorkerExit, timeout_min: float | None) -> str:
+    # A worker that filled the disk cannot say so: its error file and log are cut short too.
+    full = no_space_left(run_dir)
+    if full:
+        return full
     error_file = run_dir / "worker_error.json"
     if error_file.exists():
         error = json.loads(error_file.read_text())
         return f"{error['type']}: {error['message']}"
     if exit.timed_out:
-        return f"worker timed out after {timeout_min} min (worker.timeout_min) and was killed"
+        return f"worker timed out after {timeout_min:g} min (worker.timeout_min) and was killed"
     if exit.returncode < 0:
         name = signal.Signals(-exit.returncode).name
         hint = " (killed from outside, often the out-of-memory killer)" if name == "SIGKILL" else ""
         return f"worker killed by {name}{hint}"
     lines = (run_dir / WORKER_LOG).read_text(errors="replace").strip().splitlines()
     return f"worker exited with status {exit.returncode}: {lines[-1] if lines else 'no output'}"
+
+
+def shown_config(cfg: DictConfig) -> str:
+    """The resolved config as records show it: secrets redacted."""
+    return OmegaConf.to_yaml(OmegaConf.create(redact.config(OmegaConf.to_container(cfg, resolve=True))))
+
+
+def write_worker_config(cfg: DictConfig, run_dir: Path) -> None:
+    """config.yaml, the worker's input, with the real values; readable by the user only when it
+    holds a secret (MLflow gets the redacted copy)."""
+    path = run_dir / "config.yaml"
+    real = OmegaConf.to_yaml(cfg, resolve=True)
+    path.write_text(real)
+    if real != shown_config(cfg):
+        path.chmod(0o600)
 
 
 def plan_profile(cfg: DictConfig, run_dir: Path, on_gpu: bool) -> ProfilePlan:
@@ -89,8 +121,10 @@ def run_one(cfg: DictConfig) -> RunResult:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
-    overrides = list(hydra_cfg.overrides.task)
-    name = hydra_cfg.job.override_dirname or "run"
+    redact.remember(cfg, hydra_cfg.overrides.task)
+    # What records and the console show; the worker gets the real values through config.yaml.
+    overrides = redact.overrides(hydra_cfg.overrides.task)
+    name = redact.run_name(hydra_cfg.job.override_dirname or "run")
     choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if k in KNOB_GROUPS}
     if cfg.dry_run:
         launcher = hydra_cfg.runtime.choices.get("hydra/launcher")
@@ -98,12 +132,12 @@ def run_one(cfg: DictConfig) -> RunResult:
               flush=True)
         return RunResult(name=name, run_dir=str(run_dir), overrides=overrides, status="DRY_RUN")
 
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    (run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(overrides)))
-
     manifest = SweepManifest.load(Path(hydra_cfg.sweep.dir)) if in_sweep else None
     uri = manifest.tracking_uri if manifest else absolute_tracking_uri(cfg.tracking.uri, hydra_cfg.runtime.cwd)
-    store = MlflowStore(uri, manifest.experiment if manifest else cfg.tracking.experiment)
+    try:
+        store = MlflowStore(uri, manifest.experiment if manifest else cfg.tracking.experiment)
+    except TrackingUriError as exc:  # no run can be recorded: one line, not a traceback
+        raise SystemExit(f"ghsweep: {exc}") from None
     identity = run_hash(cfg)
     earlier = finished_run(store, identity) if in_sweep and not cfg.force else None
     if earlier is not None:
@@ -124,20 +158,25 @@ def run_one(cfg: DictConfig) -> RunResult:
     )
     store.log_params(run_id, {**choices, **flatten(OmegaConf.to_container(cfg, resolve=True))})
     result = RunResult(name=name, run_dir=str(run_dir), overrides=overrides, status="FAILED", mlflow_run_id=run_id)
-    # On disk from the start: a job killed from outside leaves its MLflow run id to whoever settles it.
-    dataclasses.replace(result, status="RUNNING").save()
     summary: dict = {}
     profile = ProfileOutcome()
+    interrupt: KeyboardInterrupt | None = None
     try:
+        # On disk from the start: a job killed from outside leaves its MLflow run id to whoever settles it.
+        dataclasses.replace(result, status="RUNNING").save()
+        write_worker_config(cfg, run_dir)
+        (run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(overrides)))
         missing = sorted(OmegaConf.missing_keys(cfg))
         if missing:
             raise ConfigError(f"{missing[0]}=???: required and not set; set it on the command line, e.g. {missing[0]}=...")
         gpu = probe_gpu()
         validate(cfg, gpu)
         check_container(cfg)
-        profile_plan = plan_profile(cfg, run_dir, run_device(cfg, gpu) == "cuda")
+        on_gpu = run_device(cfg, gpu) == "cuda"
+        timeout_min = worker_timeout_min(cfg.worker.timeout_min, on_gpu)
+        timeout_s = timeout_min * 60 if timeout_min else None
+        profile_plan = plan_profile(cfg, run_dir, on_gpu)
         profile_plan.save(run_dir)
-        timeout_s = cfg.worker.timeout_min * 60 if cfg.worker.timeout_min else None
         command = worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, profile_plan))
         # The command in the job's log: what `dry_run=true` printed for this combination, with the node's choices.
         log.info("%s: training in a worker process (log: %s): %s", name, run_dir / WORKER_LOG, shlex.join(command))
@@ -157,24 +196,28 @@ def run_one(cfg: DictConfig) -> RunResult:
                 worker_command(cfg, work, prefix), work, timeout_s).returncode)
             result.metrics.update(profile.metrics)
         else:
-            result.error = failure_reason(run_dir, exit, cfg.worker.timeout_min)
+            result.error = failure_reason(run_dir, exit, timeout_min)
     except (ConfigError, JobTimeout) as exc:
         result.error = str(exc)
-    except Exception as exc:  # a bug or an outage of ours must not stop the sweep or lose the run
-        log.exception("%s: ghsweep failed around the worker", name)
+    except Exception as exc:  # a bug, an outage or a full disk must not stop the sweep or lose the run
         result.status = "FAILED"
-        result.error = one_line(exc)
-    except KeyboardInterrupt:
-        store.set_tags(run_id, {"ghsweep.error": "interrupted by the user"})
-        store.finish(run_id, "KILLED")
-        raise
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            result.error = no_space_left(run_dir) or f"no space left on device under {run_dir}: {one_line(exc)}"
+        else:
+            log.exception("%s: ghsweep failed around the worker", name)
+            result.error = one_line(exc)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: run_worker has stopped the worker's process group
+        result.status, result.error = "KILLED", interrupts.reason(exc)
+        interrupt = exc
 
     if result.error:
-        log.error("%s: FAILED: %s", name, result.error)
+        log.error("%s: %s: %s", name, result.status, result.error)
     try:
         _record(store, run_id, cfg, run_dir, result, summary, profile, started)
     except Exception:  # MLflow unreachable even after retries: the run's own files hold the record
         log.exception("%s: the MLflow record is incomplete; the run's record is complete in %s", name, run_dir)
+    if interrupt is not None:
+        raise interrupt
     return result
 
 
@@ -183,6 +226,15 @@ def _finish_timing(result: RunResult, started: float, record_started: float) -> 
     result.timing["wall_s"] = time.time() - started
     if "train_s" in result.timing:
         result.timing["overhead_s"] = result.timing["wall_s"] - result.timing["train_s"]
+
+
+def _save_run_files(result: RunResult, cfg: DictConfig, info: dict, run_dir: Path) -> None:
+    """report.md and result.json. A full disk is logged, not raised: MLflow still gets the record."""
+    try:
+        write_run_report(result, cfg, info, run_dir / "report.md")
+        result.save()
+    except OSError as exc:
+        log.error("%s: the run's files could not be written in %s: %s", result.name, run_dir, exc)
 
 
 def _record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, result: RunResult,
@@ -195,8 +247,7 @@ def _record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, res
     record_started = time.time()
     info = summary.get("info", {})
     _finish_timing(result, started, record_started)
-    write_run_report(result, cfg, info, run_dir / "report.md")
-    result.save()
+    _save_run_files(result, cfg, info, run_dir)
     tags = {
         "ghsweep.status": result.status,
         "ghsweep.torch_version": info.get("torch_version", _package_version("torch")),
@@ -219,11 +270,14 @@ def _record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, res
 
     _finish_timing(result, started, record_started)
     store.log_metrics(run_id, [(k, v, 0) for k, v in result.timing.items()])
-    write_run_report(result, cfg, info, run_dir / "report.md")
-    result.save()
+    _save_run_files(result, cfg, info, run_dir)
     # recipe.*: the composed NeMo recipe (backend=nemo); files a run did not write are skipped.
     artifacts = ["config.yaml", "overrides.yaml", WORKER_LOG, "report.md", "metrics.jsonl", "summary.json", "result.json",
                  "recipe.txt", "recipe.json"]
-    store.log_artifacts(run_id, [run_dir / a for a in artifacts])
+    with tempfile.TemporaryDirectory() as shown_dir:
+        # config.yaml under its own name, its secrets redacted; the run directory's copy is the worker's.
+        (Path(shown_dir) / "config.yaml").write_text(shown_config(cfg))
+        store.log_artifacts(run_id, [Path(shown_dir) / "config.yaml"])
+    store.log_artifacts(run_id, [run_dir / a for a in artifacts if a != "config.yaml"])
     store.log_artifacts(run_id, profile.artifacts, "profile")
     store.finish(run_id, result.status)

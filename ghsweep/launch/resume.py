@@ -7,6 +7,7 @@ hash. `force=true` reruns everything.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -23,7 +24,8 @@ log = logging.getLogger(__name__)
 RUN_HASH_TAG = "ghsweep.run_hash"
 # Keys that do not change what a run trains or measures.
 # `tune`: the settings of a tuning study (hydra/sweeper=tune), not of its runs.
-NOT_IDENTITY = ("hydra", "dry_run", "force", "wait", "tracking", "report", "tune")
+# `worker`: how long a worker may run, not what it trains.
+NOT_IDENTITY = ("hydra", "dry_run", "force", "wait", "tracking", "report", "tune", "worker")
 # The metrics of a run that are its timing (RunResult.timing), not its measurements.
 TIMING = ("startup_s", "setup_s", "train_s", "record_s", "wall_s", "overhead_s")
 
@@ -53,15 +55,22 @@ def finished_run(store: MlflowStore, identity: str) -> Run | None:
     return runs[0] if runs else None
 
 
+def result_from_run(run: Run) -> RunResult:
+    """A run's result as MLflow recorded it."""
+    tags, metrics = run.data.tags, run.data.metrics
+    return RunResult(
+        name=run.info.run_name, run_dir=tags.get("ghsweep.run_dir", ""), overrides=tags.get("ghsweep.overrides", "").split(),
+        status=run.info.status, error=tags.get("ghsweep.error"),
+        metrics={k: v for k, v in metrics.items() if k not in TIMING},
+        timing={k: v for k, v in metrics.items() if k in TIMING},
+        mlflow_run_id=run.info.run_id,
+    )
+
+
 def skip_finished(run: Run, name: str, run_dir: Path, overrides: list[str]) -> RunResult:
     """Write this combination's result.json from the earlier run instead of training again."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    result = RunResult(
-        name=name, run_dir=str(run_dir), overrides=overrides, status="FINISHED",
-        metrics={k: v for k, v in run.data.metrics.items() if k not in TIMING},
-        timing={k: v for k, v in run.data.metrics.items() if k in TIMING},
-        mlflow_run_id=run.info.run_id,
-    )
+    result = dataclasses.replace(result_from_run(run), name=name, run_dir=str(run_dir), overrides=overrides)
     result.save()
     log.info("%s: skipped, already FINISHED in MLflow run %s with the same config (force=true reruns it)",
              name, run.info.run_id)

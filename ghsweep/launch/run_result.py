@@ -14,14 +14,22 @@ class RunResult:
     name: str
     run_dir: str
     overrides: list[str]
-    status: str  # an MLflow run status: FINISHED or FAILED
+    status: str  # an MLflow run status: FINISHED, FAILED or KILLED (RUNNING while it trains)
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)
     mlflow_run_id: str | None = None
 
     def save(self) -> None:
-        (Path(self.run_dir) / RESULT_FILE).write_text(json.dumps(asdict(self), indent=2))
+        """Written whole or not at all: a full disk leaves the last complete result.json, never a cut one."""
+        path = Path(self.run_dir) / RESULT_FILE
+        partial = path.with_name(RESULT_FILE + ".partial")
+        try:
+            partial.write_text(json.dumps(asdict(self), indent=2))
+        except OSError:
+            partial.unlink(missing_ok=True)
+            raise
+        partial.replace(path)
 
     @classmethod
     def load(cls, run_dir: Path) -> RunResult:

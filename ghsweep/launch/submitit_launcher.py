@@ -34,6 +34,7 @@ from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.run_result import RunResult
 from ghsweep.launch.slurm_jobs import JobTimeout, SubmittedJob, save_jobs, settle, wait_until_ended
 from ghsweep.launch.sweep_manifest import SweepManifest
+from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore
 
 log = logging.getLogger(__name__)
@@ -43,14 +44,16 @@ class _Combination:
     """One combination of the sweep as the launcher sees it before submitting."""
 
     def __init__(self, launcher: plugin.BaseSubmititLauncher, overrides: Sequence[str], num: int):
-        self.overrides = list(overrides)
+        self.overrides = list(overrides)  # the real values: what the job composes its config from
         self.num = num
         self.cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, self.overrides)
         with open_dict(self.cfg.hydra.job):
             self.cfg.hydra.job.num = num
+        redact.remember(self.cfg, self.overrides)
+        self.shown_overrides = redact.overrides(self.overrides)
         # The run directory run_job will use in the job: sweep.dir/subdir, relative to the submit directory.
         self.run_dir = Path(str(self.cfg.hydra.sweep.dir), str(self.cfg.hydra.sweep.subdir)).absolute()
-        self.name = self.cfg.hydra.job.override_dirname or "run"
+        self.name = redact.run_name(self.cfg.hydra.job.override_dirname or "run")
         self.run_hash = run_hash(self.cfg)
 
 
@@ -108,7 +111,7 @@ class GhsweepLauncher:
         for c in combos:
             earlier = None if cfg.force else finished_run(store, c.run_hash)
             if earlier is not None:
-                done[c.num] = skip_finished(earlier, c.name, c.run_dir, c.overrides)
+                done[c.num] = skip_finished(earlier, c.name, c.run_dir, c.shown_overrides)
         to_submit = [c for c in combos if c.num not in done]
         if done:
             print(f"ghsweep: resume: {len(done)} of {len(combos)} combinations already FINISHED in MLflow "
@@ -124,7 +127,7 @@ class GhsweepLauncher:
                 [Singleton.get_state()] * len(to_submit),
             )
             jobs = [(SubmittedJob(job_id=j.job_id, num=c.num, name=c.name, run_dir=str(c.run_dir),
-                                  overrides=c.overrides, run_hash=c.run_hash, folder=str(j.paths.folder),
+                                  overrides=c.shown_overrides, run_hash=c.run_hash, folder=str(j.paths.folder),
                                   stdout=str(j.paths.stdout), stderr=str(j.paths.stderr)), j)
                     for c, j in zip(to_submit, submitted)]
             save_jobs(sweep_dir, [s for s, _ in jobs])

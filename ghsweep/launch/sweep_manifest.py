@@ -13,12 +13,28 @@ from pathlib import Path
 MANIFEST_FILE = "ghsweep_sweep.json"
 
 
+class SweepDirInUse(Exception):
+    """The sweep directory already belongs to another sweep."""
+
+
 @dataclass(frozen=True)
 class SweepManifest:
     tracking_uri: str
     experiment: str
     parent_run_id: str
     command: str
+
+    @staticmethod
+    def claim(sweep_dir: Path) -> None:
+        """Take the sweep directory for a new sweep, atomically: two sweeps in one directory would mix
+        their run directories and results (sweeps started in the same second get the same default one)."""
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            (sweep_dir / MANIFEST_FILE).open("x").close()
+        except FileExistsError:
+            raise SweepDirInUse(f"hydra.sweep.dir={sweep_dir}: already holds a sweep ({MANIFEST_FILE}); start the "
+                                "sweep again (the default directory is named by the second) or set hydra.sweep.dir "
+                                "to a new directory") from None
 
     def save(self, sweep_dir: Path) -> None:
         sweep_dir.mkdir(parents=True, exist_ok=True)

@@ -15,13 +15,33 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from ghsweep.config.validate import ConfigError
 from ghsweep.launch.container import container_prefix
 
 log = logging.getLogger(__name__)
 
 WORKER_LOG = "worker.log"
+# The worker's pid, which is also its process group: what stops it if the sweep process dies first.
+WORKER_PID = "worker.pid"
 # Lines of the worker's output shown on the console as progress (the full output goes to the log).
 PROGRESS_PREFIX = "step "
+
+
+# worker.timeout_min=auto on a GPU: a hang on a cluster node must not hold its allocation until the
+# scheduler's limit. On CPU (smoke runs, 7B shapes on a workstation) auto sets no limit.
+GPU_TIMEOUT_MIN = 60
+
+
+def worker_timeout_min(value: object, on_gpu: bool) -> float | None:
+    """worker.timeout_min as minutes (None: no limit): a positive number, null, or auto."""
+    if value == "auto":
+        return GPU_TIMEOUT_MIN if on_gpu else None
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    raise ConfigError(f"worker.timeout_min={value}: must be a number of minutes > 0, null (no limit) or auto "
+                      f"({GPU_TIMEOUT_MIN} on a GPU, no limit on CPU)")
 
 
 @dataclass(frozen=True)
@@ -46,15 +66,31 @@ def worker_command(cfg: DictConfig, run_dir: Path, profiler: Sequence[str] = ())
     return [*container, *profiler, python, "-m", "ghsweep.train.worker", str(run_dir)]
 
 
+def stop_orphaned_worker(run_dir: Path) -> bool:
+    """Kill the process group of a worker whose sweep process died (run on the run's host). The pid
+    is checked to still be that run's worker (its command line names the run directory)."""
+    try:
+        pid = int((run_dir / WORKER_PID).read_text())
+        command_line = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except (OSError, ValueError):
+        return False
+    if str(run_dir) not in command_line.split("\0"):
+        return False
+    os.killpg(pid, signal.SIGKILL)
+    return True
+
+
 def run_worker(command: list[str], run_dir: Path, timeout_s: float | None) -> WorkerExit:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     started_at = time.time()
-    with open(run_dir / WORKER_LOG, "w", encoding="utf-8") as log_file:
+    # Line-buffered: `tail -f worker.log` follows the run as it trains.
+    with open(run_dir / WORKER_LOG, "w", encoding="utf-8", buffering=1) as log_file:
         # Own process group: a timeout kills the worker and its data-loader processes together.
         proc = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
             start_new_session=True,
         )
+        (run_dir / WORKER_PID).write_text(str(proc.pid))
         timed_out = threading.Event()
 
         def kill_on_timeout() -> None:

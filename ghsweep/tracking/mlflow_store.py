@@ -8,11 +8,15 @@ finished run's record is not lost to a moment of contention.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import socket
 import time
+from contextlib import contextmanager
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
 
 # MLflow otherwise phones home at start-up; clusters' compute nodes often have no internet.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -20,6 +24,8 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
+
+from ghsweep.tracking import redact  # noqa: E402
 
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100
@@ -32,7 +38,41 @@ TRANSIENT_ERROR_MARKERS = ("QueuePool limit", "database is locked", "connection 
 TRANSIENT_ERROR_CODES = ("TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED")
 RETRY_DELAYS_S = (1, 2, 4, 8, 15, 30, 30, 30, 30, 30)
 
+# Stores MLflow 3 opens: a tracking server, or a database through SQLAlchemy (dialect[+driver]://).
+ACCEPTED_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql")
+CONNECT_TIMEOUT_S = 5
+
 log = logging.getLogger(__name__)
+
+
+class TrackingUriError(ValueError):
+    """A tracking URI that cannot work: an unknown scheme, or no server where it points."""
+
+
+def check_tracking_uri(uri: str) -> None:
+    """Fail in seconds on a URI that cannot work, instead of in minutes of MLflow's HTTP retries.
+
+    A server that refuses the connection is not there (a busy one accepts and answers slowly, and
+    its answers are retried by with_retry).
+    """
+    parts = urlsplit(uri)
+    scheme = parts.scheme.split("+")[0]
+    if scheme not in ACCEPTED_SCHEMES:
+        raise TrackingUriError(
+            f"tracking.uri={uri}: not a tracking URI MLflow can open; accepted: http://HOST:PORT or https://... "
+            f"(a tracking server), sqlite:///FILE, or a database URL ({', '.join(ACCEPTED_SCHEMES[3:])})")
+    if scheme not in ("http", "https"):
+        return
+    port = parts.port or (443 if scheme == "https" else 80)
+    start_hint = (f"start one with `python -m ghsweep.tracking.server --port {port}`, "
+                  "or pass tracking=sqlite to log to ./mlflow.db")
+    try:
+        socket.create_connection((parts.hostname, port), timeout=CONNECT_TIMEOUT_S).close()
+    except ConnectionRefusedError:
+        raise TrackingUriError(f"tracking.uri={uri}: no tracking server there (connection refused); {start_hint}") from None
+    except OSError as error:  # host not found, unreachable, no answer in time
+        raise TrackingUriError(f"tracking.uri={uri}: cannot connect to {parts.hostname}:{port} "
+                               f"({error.strerror or error}); check the address, or pass tracking=sqlite") from None
 
 
 def is_transient(error: MlflowException) -> bool:
@@ -73,11 +113,25 @@ def flatten(tree: Mapping, prefix: str = "") -> dict[str, str]:
     return flat
 
 
+@contextmanager
+def first_open_lock(uri: str):
+    """Held while a SQLite store is opened: MLflow creates a new file's tables on first open, and two
+    processes doing that at once fail ("table ... already exists"). A server needs no lock."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    with open(uri.removeprefix("sqlite:///") + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 class MlflowStore:
     def __init__(self, tracking_uri: str, experiment: str):
-        self.client = MlflowClient(tracking_uri=tracking_uri)
+        check_tracking_uri(tracking_uri)
         self.tracking_uri = tracking_uri
-        self.experiment_id = self._experiment_id(experiment)
+        with first_open_lock(tracking_uri):
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+            self.experiment_id = self._experiment_id(experiment)
 
     def _experiment_id(self, name: str) -> str:
         found = with_retry(self.client.get_experiment_by_name, name)
@@ -89,20 +143,21 @@ class MlflowStore:
             # Another job created it between our look-up and our create.
             return with_retry(self.client.get_experiment_by_name, name).experiment_id
 
+    # Names, params and tags pass through ghsweep.tracking.redact: no secret reaches the store.
     def start_run(self, run_name: str, tags: Mapping[str, str], parent_run_id: str | None = None) -> str:
-        all_tags = dict(tags)
+        all_tags = {k: redact.text(str(v)) for k, v in tags.items()}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
-        run = with_retry(self.client.create_run, self.experiment_id, run_name=run_name, tags=all_tags)
+        run = with_retry(self.client.create_run, self.experiment_id, run_name=redact.run_name(run_name), tags=all_tags)
         return run.info.run_id
 
     def log_params(self, run_id: str, params: Mapping[str, str]) -> None:
-        items = [Param(k, str(v)[:MAX_PARAM_VALUE_CHARS]) for k, v in params.items()]
+        items = [Param(k, v[:MAX_PARAM_VALUE_CHARS]) for k, v in redact.params(params).items()]
         for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
             with_retry(self.client.log_batch, run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
 
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
-        items = [RunTag(k, str(v)) for k, v in tags.items()]
+        items = [RunTag(k, redact.text(str(v))) for k, v in tags.items()]
         for i in range(0, len(items), MAX_TAGS_PER_BATCH):
             with_retry(self.client.log_batch, run_id, tags=items[i : i + MAX_TAGS_PER_BATCH])
 

@@ -50,24 +50,39 @@ def start_server(root: Path, host: str = "127.0.0.1", port: int = 5000, timeout_
     """Start `mlflow server` in its own process group and wait until /health answers."""
     root.mkdir(parents=True, exist_ok=True)
     log_path = root / "server.log"
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", MLFLOW_DISABLE_TELEMETRY="true")
+    # NullPool: a connection per request. SQLite serialises the writes itself (MLflow sets a 20 s busy
+    # timeout); SQLAlchemy's default pool (5 + 10) made the 16th concurrent job wait 30 s and fail.
+    env = {"MLFLOW_SQLALCHEMYSTORE_POOLCLASS": "NullPool", **os.environ,
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
     with open(log_path, "w") as log:
         process = subprocess.Popen(server_command(root, host, port), stdout=log, stderr=subprocess.STDOUT,
                                    env=env, start_new_session=True)
     server = TrackingServer(process, f"http://{host}:{port}", log_path)
+    try:
+        _wait_until_healthy(server, timeout_s)
+    except BaseException:  # also Ctrl-C or SIGTERM while waiting: no server left behind
+        server.stop()
+        raise
+    return server
+
+
+def _wait_until_healthy(server: TrackingServer, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"mlflow server exited with status {process.returncode}; see {log_path}")
+        if server.process.poll() is not None:
+            raise RuntimeError(f"mlflow server exited with status {server.process.returncode}; see {server.log_path}")
         try:
             with urllib.request.urlopen(server.url + "/health", timeout=2) as response:
                 if response.status == 200:
-                    return server
+                    return
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.5)
-    server.stop()
-    raise TimeoutError(f"mlflow server at {server.url} did not answer /health within {timeout_s} s; see {log_path}")
+    raise TimeoutError(f"mlflow server at {server.url} did not answer /health within {timeout_s} s; see {server.log_path}")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,9 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     parser.add_argument("--port", type=int, default=5000)
     args = parser.parse_args(argv)
-    server = start_server(args.root, args.host, args.port)
-    print(f"MLflow tracking server at {server.url} (store and artifacts in {args.root}); Ctrl-C stops it", flush=True)
+    # Process managers, `timeout` and `kill` stop with SIGTERM: it must stop the server too, as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
+        server = start_server(args.root, args.host, args.port)
+    except KeyboardInterrupt:  # start_server stopped what it had started
+        return 130
+    try:
+        print(f"MLflow tracking server at {server.url} (store and artifacts in {args.root}); Ctrl-C or SIGTERM "
+              "stops it", flush=True)
         server.process.wait()
     except KeyboardInterrupt:
         server.stop()

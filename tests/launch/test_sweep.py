@@ -95,15 +95,16 @@ def test_failing_combination_does_not_stop_the_sweep(tmp_path):
 
 
 def test_worker_crash_is_recorded_with_its_log(tmp_path):
-    # A data file with a broken record makes the worker itself fail after it started.
+    # A record that passes the checks before training (its fields are there) but is not text makes the
+    # worker itself fail after it started.
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"instruction": "hi"}\n')
+    bad.write_text('{"instruction": "hi", "response": {"nested": 1}}\n')
     proc = run_cli(["-m", "experiment=smoke", "data=dolly_file", f"data.path={bad}", "train.max_steps=2"], tmp_path)
     assert proc.returncode != 0
     client, exp_id = client_for(tmp_path)
     (child,) = runs_by_role(client, exp_id, "run")
     assert child.info.status == "FAILED"
-    assert "lacks ['response']" in child.data.tags["ghsweep.error"]
+    assert child.data.tags["ghsweep.error"] == "AttributeError: 'dict' object has no attribute 'encode'"
     assert "worker.log" in {a.path for a in client.list_artifacts(child.info.run_id)}
 
 

@@ -1,4 +1,6 @@
-"""Sixteen jobs logging to one real tracking server at the same moment lose no run and no metric point."""
+"""Many jobs logging to one real tracking server at the same moment lose no run and no metric point.
+
+The README's load figure comes from this test (its printed line)."""
 
 from __future__ import annotations
 
@@ -13,11 +15,11 @@ from ghsweep.tracking.mlflow_store import MlflowStore
 from tests.conftest import REPO
 from tests.tracking.log_like_a_job import value
 
-JOBS = 16
+JOBS = int(os.environ.get("GHSWEEP_LOAD_JOBS", "48"))
 STEPS = 500
 
 
-def test_sixteen_concurrent_jobs_lose_nothing(mlflow_server, tmp_path):
+def test_concurrent_jobs_lose_nothing(mlflow_server, tmp_path):
     store = MlflowStore(mlflow_server.url, "concurrent_jobs")
     # As a sweep does: the experiment and the parent exist before any job starts.
     parent = store.start_run("sweep concurrent", {"ghsweep.role": "sweep"})
@@ -28,7 +30,9 @@ def test_sixteen_concurrent_jobs_lose_nothing(mlflow_server, tmp_path):
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for job in range(JOBS)]
     outputs = [p.communicate(timeout=600)[0] for p in procs]
-    print(f"{JOBS} jobs x {STEPS} loss points: {time.monotonic() - started:.1f} s wall, including start-up")
+    retries = sum(o.count("tracking server busy") for o in outputs)
+    print(f"{JOBS} jobs x {STEPS} loss points: {time.monotonic() - started:.1f} s wall, including start-up; "
+          f"{retries} busy-server retries")
     assert [p.returncode for p in procs] == [0] * JOBS, "\n".join(o[-1500:] for o in outputs if o)
 
     client = MlflowClient(tracking_uri=mlflow_server.url)

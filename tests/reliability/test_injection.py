@@ -1,0 +1,68 @@
+"""Override values that a shell would act on (metacharacters, newlines, 10,000 characters, non-ASCII)
+stay values: the worker command is an argument list, so the dry run's command line, split as a
+shell splits it, gives each value back whole, and nothing is executed. A value Hydra cannot parse
+is one line naming the override."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.reliability.records import assert_one_line_errors
+
+VALUES = {
+    "SHELL": "$(touch PWNED); `touch PWNED2` | rm -rf ~ && echo 'q\" > PWNED3",
+    "NEWLINE": "line1\nline2; touch PWNED4",
+    "LONG": "x" * 10_000,
+    "UNICODE": "héllo ☃ 日本語 \u202e",
+}
+# Through Hydra's quoted-string syntax, the way a value with such characters is given.
+OVERRIDES = [f"+container.env.{name}='" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+             for name, value in VALUES.items()]
+
+
+def worker_commands(stdout: str) -> list[str]:
+    """The printed worker commands; a quoted newline continues one onto the next line."""
+    return [part.split("\n  launch:  ", 1)[0] for part in stdout.split("\n  worker:  ")[1:]]
+
+
+def launchers() -> list:
+    slurm = pytest.param("local_slurm", marks=pytest.mark.skipif(
+        shutil.which("srun") is None, reason="the SLURM dry run needs srun (Debian's slurm-client; .ci/run installs it)"))
+    return ["local", slurm]
+
+
+@pytest.mark.parametrize("launcher", launchers())
+def test_values_stay_whole_arguments_of_the_worker_command(tmp_path, launcher):
+    proc = run_cli(["-m", f"hydra/launcher={launcher}", "experiment=smoke", "dry_run=true",
+                    "container.image=img.sif", *OVERRIDES], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_one_line_errors(proc.stdout, proc.stderr)
+    [line] = worker_commands(proc.stdout)
+    argv = shlex.split(line)
+    for name, value in VALUES.items():
+        assert argv[argv.index(f"{name}={value}") - 1] == "--env"
+    assert argv[-3:-1] == ["-m", "ghsweep.train.worker"]
+    assert not list(tmp_path.rglob("PWNED*"))
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("override, shown", [
+    ("+notes.a=$(touch PWNED)", "+notes.a=$(touch PWNED)"),
+    ("+notes.b=line1\nline2", "+notes.b=line1\\nline2"),
+    ("+notes.c=héllo☃", "+notes.c=héllo☃"),
+    ("+notes.d=" + "x(" * 5000, "+notes.d=" + ("x(" * 5000)[:191] + "... (10009 characters)"),
+    ("+db.password=hun(ter2", "+db.password=***"),
+])
+def test_an_override_hydra_cannot_parse_is_one_line_naming_it(tmp_path, override, shown):
+    proc = run_cli(["-m", "experiment=smoke", override], tmp_path)
+    assert proc.returncode == 1
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(f"ghsweep: override {shown} cannot be parsed"), line
+    assert line.endswith("""quote a value with spaces, brackets, quotes, $, newlines or non-ASCII characters: 'key="value"'""")
+    assert "hun(ter2" not in line and len(line) < 800
+    assert_one_line_errors(proc.stdout, proc.stderr)
+    assert not list(tmp_path.iterdir())

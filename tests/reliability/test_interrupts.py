@@ -1,0 +1,135 @@
+"""Stopping a real local sweep: Ctrl-C (SIGINT) or SIGTERM stops the running worker, records that run
+and the sweep KILLED with the reason, prints what finished and exits 130/143; the same command then
+resumes. A sweep killed outright (SIGKILL) leaves RUNNING runs, which `python -m ghsweep.status` or the
+next sweep ends FAILED with "the sweep process died", stopping the worker it left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import run_cli
+from tests.reliability.records import (all_runs, assert_nothing_running, assert_one_line_errors, by_role, results,
+                                       sqlite_uri)
+
+LONG_STEPS = 60
+# Job 1 trains long enough to be stopped once it has started; jobs 0 and 2 are short.
+SWEEP = ["-m", "experiment=smoke", "precision=fp32", f"train.max_steps=3,{LONG_STEPS},4", "train.seq_length=64",
+         "train.log_every=1"]
+
+
+def start_sweep(cwd: Path, sweep_dir: str) -> subprocess.Popen:
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", HYDRA_FULL_ERROR="0")
+    return subprocess.Popen([sys.executable, "-m", "ghsweep", *SWEEP, f"hydra.sweep.dir={sweep_dir}"], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_until_training(run_dir: Path, proc: subprocess.Popen, timeout_s: float = 300) -> int:
+    """The pid of job 1's worker, once it has trained a step."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        log = run_dir / "worker.log"
+        if log.exists() and f"step 1/{LONG_STEPS}" in log.read_text():
+            return int((run_dir / "worker.pid").read_text())
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    raise TimeoutError("job 1 never trained")
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pid: int, timeout_s: float = 30) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not alive(pid)
+
+
+@pytest.mark.parametrize("stop, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_sweep_ends_killed_with_its_summary_and_resumes(tmp_path, stop, status):
+    proc = start_sweep(tmp_path, "first")
+    worker = wait_until_training(tmp_path / "first" / "1", proc)
+    proc.send_signal(stop)
+    stdout, stderr = proc.communicate(timeout=120)
+    reason = f"interrupted by {stop.name}" + (" (Ctrl-C)" if stop == signal.SIGINT else "")
+    assert proc.returncode == status, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == (f"ghsweep: {reason}; the same command again resumes the sweep "
+                                               "(runs that finished are skipped)")
+    assert_one_line_errors(stdout, stderr)
+    assert "1 of 2 runs finished" in stdout and reason in stdout
+    assert wait_gone(worker), "the worker outlived the sweep"
+
+    on_disk = results(tmp_path / "first")
+    assert {n: (r["status"], r["error"]) for n, r in on_disk.items()} == {0: ("FINISHED", None), 1: ("KILLED", reason)}
+    runs = all_runs(sqlite_uri(tmp_path))
+    assert_nothing_running(runs)
+    [parent] = by_role(runs, "sweep")
+    assert parent.info.status == "KILLED" and parent.data.tags["ghsweep.error"] == reason
+    children = {int(c.data.tags["ghsweep.job_num"]): c for c in by_role(runs, "run")}
+    assert children[0].info.status == "FINISHED"
+    assert children[1].info.status == "KILLED" and children[1].data.tags["ghsweep.error"] == reason
+    assert "worker.log" in {a.path for a in MlflowClient(sqlite_uri(tmp_path)).list_artifacts(children[1].info.run_id)}
+
+    if stop == signal.SIGINT:  # resuming is the same for both signals: run it once
+        again = run_cli([*SWEEP, "hydra.sweep.dir=again"], tmp_path)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert "3 of 3 runs finished" in again.stdout and "skipped, already FINISHED" in again.stdout
+        resumed = results(tmp_path / "again")
+        assert [resumed[n]["status"] for n in range(3)] == ["FINISHED"] * 3
+        assert resumed[0]["mlflow_run_id"] == children[0].info.run_id  # not trained again
+        assert_nothing_running(all_runs(sqlite_uri(tmp_path)))
+
+
+def kill_in_the_middle(cwd: Path, sweep_dir: str) -> int:
+    """SIGKILL the sweep while job 1 trains; the pid of the worker it leaves behind."""
+    proc = start_sweep(cwd, sweep_dir)
+    worker = wait_until_training(cwd / sweep_dir / "1", proc)
+    proc.kill()
+    proc.communicate(timeout=60)
+    runs = all_runs(sqlite_uri(cwd))
+    assert sorted(r.info.status for r in runs) == ["FINISHED", "RUNNING", "RUNNING"]
+    assert alive(worker)
+    return worker
+
+
+def assert_settled_as_died(cwd: Path, sweep_dir: str, worker: int) -> None:
+    assert wait_gone(worker), "the orphaned worker was not stopped"
+    runs = all_runs(sqlite_uri(cwd))
+    assert_nothing_running(runs)
+    parent = next(r for r in by_role(runs, "sweep") if r.data.tags["ghsweep.sweep_dir"].endswith(sweep_dir))
+    assert parent.info.status == "FAILED"
+    died = [c for c in by_role(runs, "run") if c.data.tags["mlflow.parentRunId"] == parent.info.run_id
+            and c.info.status == "FAILED"]
+    assert len(died) == 1 and died[0].data.tags["ghsweep.error"].startswith("the sweep process died (pid ")
+    assert results(cwd / sweep_dir)[1]["status"] == "FAILED"
+
+
+def test_a_killed_sweep_is_settled_by_ghsweep_status(tmp_path):
+    worker = kill_in_the_middle(tmp_path, "killed")
+    status = subprocess.run([sys.executable, "-m", "ghsweep.status", "killed"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300)
+    assert status.returncode == 1 and "1 of 2 runs finished" in status.stdout, status.stderr[-3000:]
+    assert "the sweep process died (pid " in status.stdout
+    assert_one_line_errors(status.stdout, status.stderr)
+    assert_settled_as_died(tmp_path, "killed", worker)
+
+
+def test_a_killed_sweep_is_settled_by_the_next_sweep(tmp_path):
+    worker = kill_in_the_middle(tmp_path, "killed")
+    # Any sweep into the experiment on this host settles it; a short one keeps the test short.
+    again = run_cli(["-m", "experiment=smoke", "precision=bf16", "train.max_steps=2", "hydra.sweep.dir=again"], tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "1 of 1 runs finished" in again.stdout
+    assert_settled_as_died(tmp_path, "killed", worker)

@@ -1,0 +1,86 @@
+"""A tracking URI that cannot work fails in seconds, before any job, with one line that says what to
+do; the tracking-server wrapper stops its server on SIGTERM as on Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ghsweep.tracking.mlflow_store import check_tracking_uri
+from tests.conftest import REPO, free_port, run_cli
+from tests.reliability.records import assert_one_line_errors
+
+START_HINT = "start one with `python -m ghsweep.tracking.server --port {port}`, or pass tracking=sqlite"
+
+
+@pytest.mark.parametrize("mode", [["-m", "precision=fp32,bf16"], ["precision=fp32"]], ids=["sweep", "single run"])
+def test_no_server_at_the_uri_fails_in_seconds_before_any_job(tmp_path, mode):
+    port = free_port()  # nothing listens there
+    started = time.monotonic()
+    proc = run_cli([*mode, "experiment=smoke", "tracking=server", f"tracking.uri=http://127.0.0.1:{port}"], tmp_path)
+    took = time.monotonic() - started
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"ghsweep: tracking.uri=http://127.0.0.1:{port}: no tracking server there (connection refused); "
+        + START_HINT.format(port=port) + " to log to ./mlflow.db")
+    assert_one_line_errors(proc.stdout, proc.stderr)
+    # MLflow's own HTTP retries took minutes here; the check answers before them.
+    assert took < 60, f"took {took:.0f} s"
+    assert not list(tmp_path.rglob("worker.log")) and not list(tmp_path.rglob("result.json"))
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("uri", ["htp://127.0.0.1:5000", "mlruns", "ftp://host/store"])
+def test_a_uri_of_no_store_mlflow_knows_is_one_line(tmp_path, uri):
+    proc = run_cli(["-m", "experiment=smoke", "precision=fp32", f"tracking.uri={uri}"], tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"ghsweep: tracking.uri={uri}: not a tracking URI MLflow can open; accepted: http://HOST:PORT or https://... "
+        "(a tracking server), sqlite:///FILE, or a database URL (postgresql, mysql, mssql)")
+    assert_one_line_errors(proc.stdout, proc.stderr)
+    assert not list(tmp_path.rglob("result.json"))
+
+
+def test_an_unknown_host_is_one_line_too():
+    with pytest.raises(ValueError, match=r"^tracking.uri=http://no-such-host.invalid:5000: cannot connect to "
+                                         r"no-such-host.invalid:5000 \(.+\); check the address, or pass tracking=sqlite$"):
+        check_tracking_uri("http://no-such-host.invalid:5000")
+
+
+def test_a_listening_server_and_sqlite_pass_the_check(mlflow_server, tmp_path):
+    check_tracking_uri(mlflow_server.url)
+    check_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+
+
+def _refuses(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_the_server_wrapper_stops_its_server_on_sigterm_as_on_ctrl_c(tmp_path, stop):
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(REPO), MLFLOW_DISABLE_TELEMETRY="true")
+    wrapper = subprocess.Popen([sys.executable, "-m", "ghsweep.tracking.server", "--root", str(tmp_path / "server"),
+                                "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        first_line = wrapper.stdout.readline()
+        assert first_line.startswith(f"MLflow tracking server at http://127.0.0.1:{port}"), first_line
+        assert not _refuses(port)
+        wrapper.send_signal(stop)
+        assert wrapper.wait(timeout=60) == 0
+        deadline = time.monotonic() + 10
+        while not _refuses(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _refuses(port), "the mlflow server outlived its wrapper"
+    finally:
+        wrapper.kill()
