@@ -72,15 +72,16 @@ def test_smoke_sweep_2x2(mlflow_server, tmp_path):
 
 
 def test_failing_job_is_failed_with_its_slurm_log(mlflow_server, tmp_path):
+    # Passes the checks before training (its fields are there) but is not text: the worker fails on the node.
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"instruction": "hi"}\n')
+    bad.write_text('{"instruction": "hi", "response": {"nested": 1}}\n')
     proc = run_cli(sweep_args(mlflow_server, "slurm_fail", "data=dolly_file", f"data.path={bad}",
                               "train.max_steps=2"), tmp_path)
     assert proc.returncode != 0
     assert "1 of 1 runs failed" in proc.stderr
     (child,) = runs(mlflow_server, "slurm_fail", "run")
     assert child.info.status == "FAILED"
-    assert "lacks ['response']" in child.data.tags["ghsweep.error"]
+    assert child.data.tags["ghsweep.error"] == "AttributeError: 'dict' object has no attribute 'encode'"
     assert "worker.log" in artifacts(mlflow_server, child.info.run_id)
     slurm_logs = artifacts(mlflow_server, child.info.run_id, "slurm")
     assert any(p.endswith("_log.out") for p in slurm_logs) and any(p.endswith("_log.err") for p in slurm_logs)
