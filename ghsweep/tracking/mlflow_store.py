@@ -120,7 +120,9 @@ def first_open_lock(uri: str):
     if not uri.startswith("sqlite:///"):
         yield
         return
-    with open(uri.removeprefix("sqlite:///") + ".lock", "a") as lock:
+    path = Path(uri.removeprefix("sqlite:///"))
+    path.parent.mkdir(parents=True, exist_ok=True)  # a store named in a new folder gets the folder
+    with open(f"{path}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
