@@ -21,6 +21,7 @@ import gzip
 import json
 import sqlite3
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -288,6 +289,26 @@ def infer_steps(start: np.ndarray, end: np.ndarray, keys: np.ndarray, names: dic
     return found
 
 
+def steady_window(found: step_finder.Steps | None, health: list[str],
+                  project: Callable[[list[step_finder.Step]], tuple[tuple[int, int] | None, bool]], no_gpu_work: str,
+                  ) -> tuple[step_finder.Steps, tuple[int, int] | None]:
+    """The steps and the GPU time window of their steady state; None: the whole trace (health says why).
+
+    NVTX steps are CPU ranges: `project` maps them onto the GPU work they launched and says whether
+    it could do so through correlation ids (else by time). Inferred steps are GPU time already.
+    """
+    if found is None:
+        return whole_trace_steps(health, NO_STEPS), None
+    if found.basis != step_finder.NVTX_BASIS:
+        return found, (found.steady[0].start, found.steady[-1].end)
+    window, projected = project(found.steady)
+    if window is None:
+        return whole_trace_steps(health, f"the steps ({found.source}) {no_gpu_work}"), None
+    if not projected:
+        health.append(TIME_MAPPED)
+    return found, window
+
+
 def whole_trace_steps(health: list[str], why: str) -> step_finder.Steps:
     health.append(f"{why}: the window is the whole trace, start-up and warm-up included")
     return step_finder.Steps()
@@ -316,17 +337,9 @@ def _analyze_nsys(con, path: Path) -> dict:
                       for t, kind in gpu for m in [(t["pid"] == pid) & (t["dev"] == device)]])
 
     found = find_steps(con, schema, kernels, pid, device)
-    window = None
-    if found is None:
-        found = whole_trace_steps(health, NO_STEPS)
-    elif found.basis == step_finder.NVTX_BASIS:
-        window, projected = db.gpu_window(con, schema, [t for t, _ in gpu], found.steady, pid, device)
-        if window is None:
-            found = whole_trace_steps(health, f"the steps ({found.source}) launched no GPU work of the main process")
-        elif not projected:
-            health.append(TIME_MAPPED)
-    else:
-        window = (found.steady[0].start, found.steady[-1].end)
+    found, window = steady_window(
+        found, health, lambda steady: db.gpu_window(con, schema, [t for t, _ in gpu], steady, pid, device),
+        "launched no GPU work of the main process")
     if window is None:
         window = (int(ops.start.min()), int(ops.end.max()))
 

@@ -16,10 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from ghsweep.profile import kernel_kinds, steps as step_finder
-from ghsweep.profile.analysis import (IDLE_GAP_MIN_NS, MEMCPY_KIND, NO_STEPS, PHASES, GapEvidence, Intervals,
-                                      ProfileError, TIME_MAPPED, bucket_sums, device_metrics, gap_stats, infer_steps,
-                                      load_json, memory_ops, pct, step_times, whole_trace_block, whole_trace_steps,
-                                      window_block)
+from ghsweep.profile.analysis import (IDLE_GAP_MIN_NS, MEMCPY_KIND, PHASES, GapEvidence, Intervals, ProfileError,
+                                      bucket_sums, device_metrics, gap_stats, infer_steps, load_json, memory_ops, pct,
+                                      steady_window, step_times, whole_trace_block, whole_trace_steps, window_block)
 from ghsweep.profile.nsys_db import PAGEABLE_MIN_BYTES, SHORT_KERNEL_NS
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -85,17 +84,7 @@ def analyze_torch_trace(path: Path) -> dict:
     if not gpu:
         return result | cpu_only(path, events, found, health)
 
-    window = None
-    if found is None:
-        found = whole_trace_steps(health, NO_STEPS)
-    elif found.basis == step_finder.NVTX_BASIS:
-        window, projected = project(found.steady, runtime, gpu)
-        if window is None:
-            found = whole_trace_steps(health, f"the steps ({found.source}) launched no GPU work")
-        elif not projected:
-            health.append(TIME_MAPPED)
-    else:
-        window = (found.steady[0].start, found.steady[-1].end)
+    found, window = steady_window(found, health, lambda steady: project(steady, runtime, gpu), "launched no GPU work")
     if window is None:
         spans = [_ns(e) for e in gpu]
         window = (min(s for s, _ in spans), max(e for _, e in spans))
