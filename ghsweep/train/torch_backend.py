@@ -28,6 +28,7 @@ from ghsweep.train.precision import Precision
 from ghsweep.train.step_log import StepLog
 from ghsweep.train.unified_memory import ManagedMemory
 
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
