@@ -21,6 +21,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.config.validate import ConfigError
+from ghsweep.launch.world import world_of
 from ghsweep.profile import capture, plots, report
 
 log = logging.getLogger(__name__)
@@ -128,14 +129,16 @@ def plans_from_config(profile: DictConfig, device: str, tool_prefix: list[str] |
 
 
 def profiler_prefix(cfg: DictConfig, run_dir: Path, plan: ProfilePlan) -> list[str]:
-    """`nsys profile ...` when `plan` says nsys, else nothing: what goes between the container and
-    the worker's python (the one builder of the nsys command, for the job and its dry run)."""
+    """`nsys profile ...` when `plan` says nsys, else nothing: what goes between the container (or
+    torchrun) and the worker's python (the one builder of the nsys command, for the job and its dry
+    run). With several ranks each rank writes its own report, profile_rank<RANK>.nsys-rep (nsys
+    expands %q{RANK} from the rank's environment)."""
     if plan.used != "nsys":
         return []
     opts = cfg.profile.nsys
     um = cfg.memory.name == "unified" if opts.um_page_faults == "auto" else bool(opts.um_page_faults)
-    return capture.nsys_profile_command(plan.nsys_path, run_dir / capture.NSYS_REPORT, list(opts.trace), um,
-                                        list(opts.extra_args))
+    report = capture.NSYS_REPORT if world_of(cfg).size == 1 else capture.NSYS_RANK_REPORT
+    return capture.nsys_profile_command(plan.nsys_path, run_dir / report, list(opts.trace), um, list(opts.extra_args))
 
 
 @dataclass
