@@ -401,8 +401,9 @@ def _analyze_nsys(con, path: Path) -> dict:
 def nccl_communication(kernels: db.Table, nccl_names: list[int], span: int, steps: int) -> dict:
     """Communication on the device in the window: NCCL kernels' share of kernel time, and exposed
     communication, the time NCCL kernels run while no compute kernel does (what the step waits for).
-    Also the compute time per step (union of the other kernels), which tells a straggler from the
-    ranks waiting for it. {} without NCCL kernels (a run on one GPU)."""
+    A collective's kernel runs from the moment its rank launches it until every rank has joined, so
+    NCCL time per step includes waiting for the slowest rank: across ranks, it tells who waits and
+    who is waited for. {} without NCCL kernels (a run on one GPU)."""
     comm = np.isin(kernels["name"], nccl_names)
     if not comm.any():
         return {}
@@ -417,6 +418,7 @@ def nccl_communication(kernels: db.Table, nccl_names: list[int], span: int, step
         "nccl_time_pct": pct(int(durations[comm].sum()), int(durations.sum())),
         "exposed_nccl_ns": int(exposed_ns),
         "exposed_nccl_pct": pct(exposed_ns, span),
+        "nccl_ms_per_step": int(durations[comm].sum()) / max(steps, 1) / 1e6,
         "compute_ms_per_step": compute_ns / max(steps, 1) / 1e6,
     }
 

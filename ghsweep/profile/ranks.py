@@ -6,9 +6,14 @@ kernels, communication: analysis.nccl_communication). The run's analysis is rank
   compute time per step);
 - the run's metrics over the ranks: gpu_busy_pct / gpu_idle_pct, nccl_time_pct and
   exposed_nccl_pct are means over the ranks;
-- findings: a straggler (one rank's compute per step well above the median rank's: the others
-  wait for it in every collective), and exposed communication (the GPUs idle on NCCL for a
-  share of the window the overlap of data parallelism should hide).
+- findings: a straggler, and exposed communication (the GPUs idle on NCCL for a share of the
+  window the overlap of data parallelism should hide).
+
+The straggler is told by waiting, not by step times: every rank's step lasts as long as the
+slowest's (the collectives line them up), and a collective's kernel runs from its launch until all
+ranks have joined it, so the ranks that wait spend more time in NCCL kernels per step than the
+rank they wait for. When the spread of NCCL time per step between the ranks is a sizeable share of
+the step, the rank with the least is the one the others wait for.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pathlib import Path
 
 from ghsweep.profile.findings import finding
 
-# A rank whose compute per step is this much above the median rank's is a straggler.
+# The others wait this share of a step (or more) for the rank with the least NCCL time: a straggler.
 STRAGGLER_MIN_PCT = 10.0
 # Communication no compute kernel overlaps, % of the window, worth a finding.
 EXPOSED_COMM_MIN_PCT = 10.0
@@ -45,6 +50,7 @@ def rank_row(rank: int, path: Path, a: dict) -> dict:
         "nccl_time_pct": comm.get("nccl_time_pct", 0.0),
         "exposed_nccl_pct": comm.get("exposed_nccl_pct", 0.0),
         "step_ms": (a.get("step_ms") or {}).get("median"),
+        "nccl_ms_per_step": comm.get("nccl_ms_per_step"),
         "compute_ms_per_step": comm.get("compute_ms_per_step"),
     }
 
@@ -73,21 +79,21 @@ def combine(per_rank: dict[int, tuple[Path, dict]], world_size: int) -> dict:
 
 def rank_findings(rows: list[dict]) -> list[dict]:
     out = []
-    # Compute per step tells the straggler: the others' steps last as long, waiting in the collectives.
-    key = "compute_ms_per_step" if all(r["compute_ms_per_step"] for r in rows) else "step_ms"
-    times = [r[key] for r in rows if r[key]]
-    if len(times) == len(rows) > 1:
-        middle = statistics.median(times)
-        slowest = max(rows, key=lambda r: r[key])
-        over = 100.0 * (slowest[key] - middle) / middle if middle else 0.0
-        if over >= STRAGGLER_MIN_PCT:
-            what = "computes" if key == "compute_ms_per_step" else "steps take"
+    measured = [r for r in rows if r["nccl_ms_per_step"] is not None and r["step_ms"]]
+    if len(measured) == len(rows) > 1:
+        waited_for = min(measured, key=lambda r: r["nccl_ms_per_step"])
+        others = [r["nccl_ms_per_step"] for r in measured if r is not waited_for]
+        wait_ms = statistics.median(others) - waited_for["nccl_ms_per_step"]
+        step_ms = statistics.median(r["step_ms"] for r in measured)
+        share = 100.0 * wait_ms / step_ms
+        if share >= STRAGGLER_MIN_PCT:
             out.append(finding("straggler", "warning",
-                               f"rank {slowest['rank']} is a straggler: it {what} {slowest[key]:.1f} ms per step against "
-                               f"a median of {middle:.1f} ms over the {len(rows)} ranks (+{over:.0f}%); the other ranks "
-                               "wait for it in every collective (a slower GPU, a throttled or shared device, or "
-                               "uneven data)", rank=slowest["rank"], ms_per_step=slowest[key], median_ms=middle,
-                               over_pct=over))
+                               f"rank {waited_for['rank']} is a straggler: the other ranks wait {wait_ms:.1f} ms per "
+                               f"step for it in NCCL collectives ({share:.0f}% of a {step_ms:.1f} ms step; its NCCL time "
+                               f"{waited_for['nccl_ms_per_step']:.1f} ms per step, the others' median "
+                               f"{statistics.median(others):.1f}): a slower or shared GPU, a busier host, or more work "
+                               "in its micro-batches (uneven sequence lengths)", rank=waited_for["rank"],
+                               wait_ms_per_step=wait_ms, step_ms=step_ms, share_pct=share))
     exposed = [r["exposed_nccl_pct"] for r in rows if r["exposed_nccl_pct"] is not None]
     if exposed and statistics.fmean(exposed) >= EXPOSED_COMM_MIN_PCT:
         worst = max(rows, key=lambda r: r["exposed_nccl_pct"] or 0.0)
@@ -108,10 +114,10 @@ def ranks_summary(rows: list[dict]) -> str:
 
 def table(rows: list[dict]) -> str:
     """The per-rank table of the profile report (markdown)."""
-    lines = ["| rank | GPU busy % | GPU idle % | NCCL % of kernel time | exposed NCCL % | step ms | compute ms/step |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| rank | GPU busy % | GPU idle % | NCCL % of kernel time | exposed NCCL % | step ms | NCCL ms/step "
+             "| compute ms/step |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cells = [r[k] for k in ("gpu_busy_pct", "gpu_idle_pct", "nccl_time_pct", "exposed_nccl_pct", "step_ms",
-                                "compute_ms_per_step")]
+                                "nccl_ms_per_step", "compute_ms_per_step")]
         lines.append(f"| {r['rank']} | " + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |")
     return "\n".join(lines) + "\n"

@@ -80,15 +80,20 @@ def parallelize(step: TrainStep, cfg: DictConfig, ranks: Ranks) -> tuple[nn.Modu
         return step, None
     mode = data_parallel(cfg)
     if mode == "ddp":
-        # Every rank built the same weights from the same seed (or folder): no broadcast at start.
-        # No device_ids: the batch is on the device already, and DDP would copy the attention mask object.
-        return nn.parallel.DistributedDataParallel(step, init_sync=False), mode
+        # Every rank built the same weights from the same seed (or folder): no broadcast at start; the buffers
+        # (rotary frequencies) never change: no broadcast before every forward either, which would line the
+        # ranks up at each step's start. No device_ids: the batch is on the device already, and DDP would
+        # copy the attention mask object.
+        return nn.parallel.DistributedDataParallel(step, init_sync=False, broadcast_buffers=False), mode
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(reduce_dtype=REDUCE_DTYPES[cfg.precision.get("reduce_dtype", "fp32")])
+    # false: a layer's gathered weights stay until its backward (one all-gather per step instead of two,
+    # the full weights in memory as with DDP); true: resharded after forward (ZeRO-3, least memory).
+    reshard = bool(cfg.backend.get("fsdp_reshard_after_forward", False))
     for layer in step.decoder.layers:
-        fully_shard(layer, mp_policy=policy)
-    fully_shard(step, mp_policy=policy)
+        fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard)
+    fully_shard(step, mp_policy=policy, reshard_after_forward=reshard)
     return step, mode
 
 

@@ -92,9 +92,12 @@ def test_ranks_are_combined_and_the_straggler_named(two_ranks):
     # Rank 0 waits for rank 1 in the tail all-reduce: more exposed communication, less busy compute.
     assert rows[0]["exposed_nccl_pct"] > rows[1]["exposed_nccl_pct"] > 0
     assert rows[1]["compute_ms_per_step"] == pytest.approx(1.3 * rows[0]["compute_ms_per_step"], rel=0.02)
+    # Rank 0 waits 40 x 60 us per step in the tail all-reduce: that is its extra NCCL time.
+    assert rows[0]["nccl_ms_per_step"] - rows[1]["nccl_ms_per_step"] == pytest.approx(GEMMS * 60 / 1000, rel=0.01)
     assert result["nccl_time_pct"] == pytest.approx((rows[0]["nccl_time_pct"] + rows[1]["nccl_time_pct"]) / 2)
     straggler = next(f for f in result["findings"] if f["id"] == "straggler")
     assert straggler["evidence"]["rank"] == 1 and "rank 1 is a straggler" in straggler["message"]
+    assert straggler["evidence"]["wait_ms_per_step"] == pytest.approx(GEMMS * 60 / 1000, rel=0.01)
     # The waiting shows as exposed communication (rank 0: 12 ms waited per 5 steps of ~10 ms windows).
     assert "exposed_communication" in [f["id"] for f in result["findings"]]
 
