@@ -4,7 +4,9 @@ with NCCL collectives beside and after the compute, and one rank slower than the
 
 from __future__ import annotations
 
+import gzip
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ghsweep.analyze import full_analysis, rank_analysis
+from ghsweep.profile.ranks import STRAGGLER_MIN_PCT
 from tests.profile.planted import GEMM, MS, OPTIMIZER, US, Run, write_nsys
 
 ALLREDUCE = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -130,3 +133,63 @@ def test_cli_analyses_every_rank_of_a_run_directory(two_ranks):
     text = subprocess.run([sys.executable, "-m", "ghsweep.analyze", str(folder)], capture_output=True, text=True,
                           check=True).stdout
     assert "## Ranks" in text and "rank 1 is a straggler" in text
+
+
+# Real per-rank exports of two H200s (benchmarks/h200x2_scaling.sh, steps 10-11 captured): Llama-2-7B
+# shape, seq 4096, LoRA bf16 with DDP (all-reduce) and full bf16 with FSDP2 (all-gather, reduce-scatter).
+REAL = Path(__file__).resolve().parents[1] / "data" / "profiles"
+
+
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory) -> dict[str, list[Path]]:
+    out = {}
+    for name in ("ddp2_lora_7b", "fsdp2_full_7b"):
+        folder = tmp_path_factory.mktemp(name)
+        for packed in sorted((REAL / name).glob("profile_rank*.sqlite.gz")):
+            (folder / packed.name.removesuffix(".gz")).write_bytes(gzip.decompress(packed.read_bytes()))
+        out[name] = sorted(folder.glob("profile_rank*.sqlite"))
+    return out
+
+
+def nccl_ms_in_window(path: Path, window: dict) -> dict[str, float]:
+    """NCCL kernel time (ms) per collective inside the window, summed straight from the export."""
+    con = sqlite3.connect(path)
+    rows = con.execute(
+        "SELECT s.value, SUM(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName "
+        "WHERE s.value LIKE '%nccl%' AND k.start >= ? AND k.end <= ? GROUP BY s.value",
+        (window["start_ns"], window["end_ns"])).fetchall()
+    con.close()
+    return {name: ns / 1e6 for name, ns in rows}
+
+
+@pytest.mark.parametrize("name,collectives", [("ddp2_lora_7b", {"AllReduce"}),
+                                              ("fsdp2_full_7b", {"AllGather", "ReduceScatter"})])
+def test_real_two_gpu_captures_show_each_rank_and_its_communication(real_runs, name, collectives):
+    paths = real_runs[name]
+    result = rank_analysis(paths, None, 2)
+    assert [r["rank"] for r in result["ranks"]] == [0, 1]
+    for path, row in zip(paths, result["ranks"]):
+        single = full_analysis(path)
+        assert single["window"]["steps"] == [10, 11]
+        by_kernel = nccl_ms_in_window(path, single["window"])
+        # The collectives data parallelism needs, and nothing counted twice: the SQL sum over the window.
+        assert {c for c in collectives if any(c in k for k in by_kernel)} == collectives
+        assert row["nccl_ms_per_step"] == pytest.approx(sum(by_kernel.values()) / 2, rel=1e-6)
+        comm = single["communication"]
+        # Time with only NCCL running is part of NCCL time; most of it overlaps compute here.
+        assert row["gpu_busy_pct"] > 90 and 0 < comm["exposed_nccl_ns"] < comm["nccl_ns"] / 2
+    assert result["nccl_time_pct"] == pytest.approx(sum(r["nccl_time_pct"] for r in result["ranks"]) / 2)
+
+
+def test_real_straggler_is_the_rank_the_other_waits_for(real_runs):
+    result = rank_analysis(real_runs["ddp2_lora_7b"], None, 2)
+    rows = result["ranks"]
+    waits = [f for f in result["findings"] if f["id"] == "straggler"]
+    fast, slow = sorted(rows, key=lambda r: -r["nccl_ms_per_step"])
+    # A finding exactly when the extra wait is at least STRAGGLER_MIN_PCT of the step, naming the other rank.
+    extra = fast["nccl_ms_per_step"] - slow["nccl_ms_per_step"]
+    step = (rows[0]["step_ms"] + rows[1]["step_ms"]) / 2
+    assert bool(waits) == (100 * extra / step >= STRAGGLER_MIN_PCT)
+    if waits:
+        assert waits[0]["evidence"]["rank"] == slow["rank"]
+        assert waits[0]["evidence"]["wait_ms_per_step"] == pytest.approx(extra)
