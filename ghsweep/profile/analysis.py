@@ -12,6 +12,8 @@ Definitions (the same for every source):
   timeline and the seed talk's "99.5% kernels vs 0.5% memory" count them).
 - exposed_memcpy_pct: time a copy runs with no kernel running, over the window.
 - um_migration_pct: unified-memory migrations' share of memory-operation time.
+- nccl_time_pct / exposed_nccl_pct (runs on several GPUs): NCCL kernels' share of kernel time, and
+  the time NCCL kernels run with no compute kernel on the device, over the window.
 """
 
 from __future__ import annotations

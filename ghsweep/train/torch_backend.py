@@ -3,7 +3,9 @@
 On a GPU each knob does what its name says: precision sets parameter dtypes and fp8 layers
 (precision.py, fp8.py), offload parks the first layers' activations in pinned host memory
 (offload.py), memory=unified serves every CUDA allocation from managed memory (unified_memory.py),
-and train.compile compiles each decoder layer and the loss.
+and train.compile compiles each decoder layer and the loss. With several ranks (torchrun or SLURM
+tasks) each trains its share of the data under DDP or FSDP2 (distributed.py) and rank 0 writes the
+records.
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ def _train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None, ranks:
     setup_s = time.time() - t_setup
 
     phases = Phases(device, cfg.capture.start_step, cfg.capture.num_steps)
-    profiler = torch_capture(run_dir, device, cfg.capture.start_step, cfg.capture.num_steps)
+    profiler = torch_capture(run_dir, device, cfg.capture.start_step, cfg.capture.num_steps, ranks.rank)
     t_train = time.time()
     for step in range(cfg.train.max_steps):
         profiler.step(step)
