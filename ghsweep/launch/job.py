@@ -8,7 +8,6 @@ sweep goes on.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 import errno
 import json
 import logging
@@ -20,6 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -284,8 +284,8 @@ def run_rank(cfg: DictConfig, run_dir: Path, rank: int, slurm_tasks: int, result
             result.status = "FINISHED"
         else:
             result.error = failure_reason(run_dir, exit, launch.timeout_min, rank)
-    except ConfigError as exc:
-        result.error = str(exc)
+    except Exception as exc:  # whatever stops this rank, rank 0 must hear of it rather than wait
+        result.error = str(exc) if isinstance(exc, ConfigError) else one_line(exc)
     rank_report(run_dir, rank).write_text(json.dumps({"job_id": slurm_job_id(), "status": result.status,
                                                       "error": result.error}))
     return result
