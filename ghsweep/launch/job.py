@@ -33,6 +33,7 @@ from ghsweep.launch import interrupts
 from ghsweep.launch.container import check_container, container_prefix, tool_finder
 from ghsweep.launch.device_probe import probe_gpu
 from ghsweep.launch.dry_run import describe
+from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
 from ghsweep.launch.resume import RUN_HASH_TAG, finished_run, run_hash, skip_finished
 from ghsweep.launch.run_result import RunResult
 from ghsweep.launch.slurm_jobs import JobTimeout
@@ -264,14 +265,6 @@ def run_one(cfg: DictConfig) -> RunResult:
     return result
 
 
-# How long rank 0 waits, after its own worker ended, for the other ranks' tasks to say how theirs ended.
-RANK_REPORT_WAIT_S = 300
-
-
-def rank_report(run_dir: Path, rank: int) -> Path:
-    return run_dir / f"rank{rank}.json"
-
-
 def run_rank(cfg: DictConfig, run_dir: Path, rank: int, slurm_tasks: int, result: RunResult) -> RunResult:
     """A SLURM task of rank > 0: train this rank and say how it ended in rankN.json; rank 0's task
     records the run (MLflow, profile analysis over every rank's report)."""
@@ -286,36 +279,8 @@ def run_rank(cfg: DictConfig, run_dir: Path, rank: int, slurm_tasks: int, result
             result.error = failure_reason(run_dir, exit, launch.timeout_min, rank)
     except Exception as exc:  # whatever stops this rank, rank 0 must hear of it rather than wait
         result.error = str(exc) if isinstance(exc, ConfigError) else one_line(exc)
-    rank_report(run_dir, rank).write_text(json.dumps({"job_id": slurm_job_id(), "status": result.status,
-                                                      "error": result.error}))
+    write_rank_report(run_dir, rank, result.status, result.error)
     return result
-
-
-def wait_for_ranks(run_dir: Path, world_size: int, wait_s: float = RANK_REPORT_WAIT_S) -> str | None:
-    """Rank 0: wait for every other rank's report of this job; the first failure (or silence), else None."""
-    job_id = slurm_job_id()
-    deadline = time.monotonic() + wait_s
-    for rank in range(1, world_size):
-        path = rank_report(run_dir, rank)
-        while (report := _read_report(path)).get("job_id") != job_id:
-            if time.monotonic() > deadline:
-                return f"rank {rank} did not report how its worker ended within {wait_s:g} s ({path.name})"
-            time.sleep(1)
-        if report["status"] != "FINISHED":
-            return f"rank {rank}: {report['error']}"
-    return None
-
-
-def _read_report(path: Path) -> dict:
-    """A rank's report, {} while it is missing or half written."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def slurm_job_id() -> str:
-    return os.environ.get("SLURM_JOB_ID", "")
 
 
 def _finish_timing(result: RunResult, started: float, record_started: float) -> None:
