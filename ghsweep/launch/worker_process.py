@@ -59,15 +59,16 @@ def worker_command(cfg: DictConfig, run_dir: Path, profiler: Sequence[str] = (),
     `local_ranks` ranks on this machine (torchrun when more than one).
 
     Always an argument list, never a shell string: user values are never parsed by a shell.
-    Wrappers nest outside-in: [container exec ...] [torchrun ... --no-python] [profiler ...]
-    python -m ghsweep.train.worker RUN_DIR; the profiler runs inside the container, where the
-    worker's CUDA libraries are, and wraps each rank, so each rank has its own report.
+    Wrappers nest outside-in: [torchrun ... --no-python] [container exec ...] [profiler ...]
+    python -m ghsweep.train.worker RUN_DIR, as srun starts a SLURM task's: each rank is its own
+    container process (the rank's environment passes in), and the profiler runs inside the
+    container, where the worker's CUDA libraries are, one report per rank.
     """
     container = container_prefix(cfg, run_dir)
     # Inside a container the image's Python runs the worker: the host interpreter's path means nothing there.
     python = cfg.container.python if container else sys.executable
-    return [*container, *torchrun_prefix(python, local_ranks), *profiler, python, "-m", "ghsweep.train.worker",
-            str(run_dir)]
+    return [*torchrun_prefix(sys.executable, local_ranks), *container, *profiler, python, "-m",
+            "ghsweep.train.worker", str(run_dir)]
 
 
 def rank_file(name: str, rank: int) -> str:
