@@ -108,5 +108,5 @@ def test_torchrun_starts_one_container_per_rank(tmp_path):
     command = worker_command(cfg, tmp_path, local_ranks=2)
     assert command[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                            "--no-python"]
-    assert command[6:8] == ["apptainer", "exec"] or command[6:8] == ["singularity", "exec"]
+    assert command[6:9] == ["apptainer", "exec", "--nv"]
     assert command[-4:] == ["python3", "-m", "ghsweep.train.worker", str(tmp_path)]
