@@ -1,8 +1,9 @@
 """`python -m ghsweep.analyze PATH [--json]`: where the time of a profiled run went.
 
 PATH is an nsys SQLite export, an .nsys-rep (exported to SQLite first; needs nsys), a PyTorch
-profiler trace (.json / .json.gz), a run directory (its profile is found there) or a PyTorch
-profiler output directory (`*.pt.trace.json[.gz]`). An Nsight Compute CSV beside the profile
+profiler trace (.json / .json.gz), a run directory (its profile is found there; a run on several
+GPUs: every rank's profile_rank<N> report, analysed together) or a PyTorch profiler output
+directory (`*.pt.trace.json[.gz]`). An Nsight Compute CSV beside the profile
 (top_kernels_ncu.csv) adds the roofline of the top kernels. A profile that cannot be analysed is
 one line on stderr naming the file and what is wrong, and exit status 2.
 """
@@ -14,11 +15,12 @@ import json
 import sys
 from pathlib import Path
 
-from ghsweep.profile.capture import NCU_CSV, NSYS_REPORT, NSYS_SQLITE, TORCH_TRACE, ProfilerUnavailable
+from ghsweep.profile.capture import NCU_CSV, NSYS_RANK_GLOB, NSYS_REPORT, NSYS_SQLITE, TORCH_TRACE, ProfilerUnavailable
 from ghsweep.profile import report
 from ghsweep.errors import first_line, one_line
 from ghsweep.profile.analysis import ProfileError, analyze
 from ghsweep.profile.findings import evaluate, summary
+from ghsweep.profile.ranks import combine, rank_of
 from ghsweep.profile.roofline import kernel_points
 
 
@@ -53,6 +55,20 @@ def full_analysis(path: Path, context: dict | None = None, ncu_csv: Path | None 
     return result
 
 
+def rank_analysis(paths: list[Path], context: dict | None, world_size: int, nsys_path: str | None = None) -> dict:
+    """One run on several GPUs: each rank's report (profile_rank<N>.*) analysed, combined (profile/ranks.py)."""
+    per_rank = {rank_of(p): (p, full_analysis(p, context, nsys_path=nsys_path)) for p in paths}
+    return combine(per_rank, world_size)
+
+
+def rank_profiles(directory: Path) -> list[Path]:
+    """A run directory's per-rank nsys profiles, one per rank (the export where there is one), in rank order."""
+    found: dict[int, Path] = {}
+    for pattern in (NSYS_RANK_GLOB, NSYS_RANK_GLOB.replace(".nsys-rep", ".sqlite")):
+        found |= {rank_of(p): p for p in directory.glob(pattern)}
+    return [found[r] for r in sorted(found)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ghsweep.analyze", description=__doc__.splitlines()[0])
     parser.add_argument("path", type=Path, help="nsys .sqlite / .nsys-rep, torch trace .json[.gz], or a run directory")
@@ -60,11 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ncu", type=Path, default=None, help="Nsight Compute raw CSV of the top kernels")
     args = parser.parse_args(argv)
     try:
-        path = find_profile(args.path) if args.path.is_dir() else args.path
-        if args.ncu is not None and not args.ncu.is_file():
-            raise ProfileError(f"{args.ncu}: no such Nsight Compute CSV")
-        ncu_csv = args.ncu or (path.parent / NCU_CSV if (path.parent / NCU_CSV).is_file() else None)
-        result = full_analysis(path, ncu_csv=ncu_csv)
+        ranks = rank_profiles(args.path) if args.path.is_dir() else []
+        if len(ranks) > 1:
+            # The world is what the reports show: the run's config may be elsewhere.
+            result = rank_analysis(ranks, None, max(rank_of(p) for p in ranks) + 1)
+        else:
+            path = find_profile(args.path) if args.path.is_dir() else args.path
+            if args.ncu is not None and not args.ncu.is_file():
+                raise ProfileError(f"{args.ncu}: no such Nsight Compute CSV")
+            ncu_csv = args.ncu or (path.parent / NCU_CSV if (path.parent / NCU_CSV).is_file() else None)
+            result = full_analysis(path, ncu_csv=ncu_csv)
     except (ProfilerUnavailable, ValueError, OSError) as exc:
         print(f"ghsweep.analyze: {first_line(exc)}", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from ghsweep.config.validate import ConfigError
 from ghsweep.launch.container import container_prefix
 from ghsweep.launch.worker_process import worker_command
+from ghsweep.launch.world import World, world_of
 from ghsweep.profile.plan import ProfilePlan, plans_from_config, profiler_prefix
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import absolute_tracking_uri
@@ -24,15 +25,23 @@ from ghsweep.tracking.mlflow_store import absolute_tracking_uri
 INDENT = " " * 11
 
 
-def describe(num: int, name: str, run_dir: Path, cfg: DictConfig, launch: str) -> str:
-    """One combination: its run directory, its worker command, how it is launched and profiled."""
+def describe(num: int, name: str, run_dir: Path, cfg: DictConfig, launch: str, ranks: str | None = None,
+             slurm_ranks: bool = False) -> str:
+    """One combination: its run directory, its worker command, how it is launched (and, on several
+    GPUs, who starts its ranks) and profiled. `slurm_ranks`: srun starts the ranks (the worker line
+    is one task's); else torchrun in the worker line starts them on this machine."""
     lines = [f"#{num} {name}", f"  run dir: {run_dir}"]
     try:
+        world = world_of(cfg)
+        local_ranks = 1 if slurm_ranks else world.gpus_per_node
         plans = plans_from_config(cfg.profile, str(cfg.device), container_prefix(cfg, run_dir))
-        commands = [shlex.join(worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, p))) for p in plans]
+        commands = [shlex.join(worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, p), local_ranks))
+                    for p in plans]
     except ConfigError as exc:
-        plans, commands = [], [f"(not runnable) {exc}"]
+        world, plans, commands = None, [], [f"(not runnable) {exc}"]
     lines += [f"  worker:  {commands[0]}", f"  launch:  {launch}"]
+    if world and world.size > 1:
+        lines.append(f"  ranks:   {ranks or local_ranks_text(world)}")
     if plans:
         lines.append(f"  profile: {profile_text(cfg, run_dir, plans)}")
     if len(commands) > 1:
@@ -47,6 +56,14 @@ def describe(num: int, name: str, run_dir: Path, cfg: DictConfig, launch: str) -
 
         lines.append(describe_recipe(cfg, run_dir))
     return redact.text("\n".join(lines))
+
+
+def local_ranks_text(world: World) -> str | None:
+    """The ranks line of a run on several GPUs of this machine (torchrun, in the worker line)."""
+    if world.size == 1:
+        return None
+    return (f"{world.gpus_per_node} ranks on this machine, one per GPU, started by torch.distributed.run (torchrun) "
+            "in the worker line")
 
 
 def profile_text(cfg: DictConfig, run_dir: Path, plans: list[ProfilePlan]) -> str:

@@ -11,6 +11,7 @@ import dataclasses
 import errno
 import json
 import logging
+import os
 import shlex
 import shutil
 import signal
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -31,11 +33,14 @@ from ghsweep.launch import interrupts
 from ghsweep.launch.container import check_container, container_prefix, tool_finder
 from ghsweep.launch.device_probe import probe_gpu
 from ghsweep.launch.dry_run import describe
+from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
 from ghsweep.launch.resume import RUN_HASH_TAG, finished_run, run_hash, skip_finished
 from ghsweep.launch.run_result import RunResult
 from ghsweep.launch.slurm_jobs import JobTimeout
 from ghsweep.launch.sweep_manifest import SweepManifest
-from ghsweep.launch.worker_process import WORKER_LOG, WorkerExit, run_worker, worker_command, worker_timeout_min
+from ghsweep.launch.worker_process import (WORKER_LOG, WorkerExit, rank_file, run_worker, worker_command,
+                                           worker_timeout_min)
+from ghsweep.launch.world import check_world, export_slurm_rendezvous, slurm_task_ranks
 from ghsweep.profile.capture import find_tool
 from ghsweep.profile.plan import ProfileOutcome, ProfilePlan, after_worker, profiler_prefix, resolve as resolve_profile
 from ghsweep.report.run_report import write_run_report
@@ -72,7 +77,7 @@ def no_space_left(run_dir: Path) -> str | None:
     return f"no space left on device under {run_dir} ({free} bytes free)" if free < FULL_DISK_BYTES else None
 
 
-def failure_reason(run_dir: Path, exit: WorkerExit, timeout_min: float | None) -> str:
+def failure_reason(run_dir: Path, exit: WorkerExit, timeout_min: float | None, rank: int = 0) -> str:
     # A worker that filled the disk cannot say so: its error file and log are cut short too.
     full = no_space_left(run_dir)
     if full:
@@ -87,7 +92,7 @@ def failure_reason(run_dir: Path, exit: WorkerExit, timeout_min: float | None) -
         name = signal.Signals(-exit.returncode).name
         hint = " (killed from outside, often the out-of-memory killer)" if name == "SIGKILL" else ""
         return f"worker killed by {name}{hint}"
-    lines = (run_dir / WORKER_LOG).read_text(errors="replace").strip().splitlines()
+    lines = (run_dir / rank_file(WORKER_LOG, rank)).read_text(errors="replace").strip().splitlines()
     return f"worker exited with status {exit.returncode}: {lines[-1] if lines else 'no output'}"
 
 
@@ -99,11 +104,13 @@ def shown_config(cfg: DictConfig) -> str:
 def write_worker_config(cfg: DictConfig, run_dir: Path) -> None:
     """config.yaml, the worker's input, with the real values; readable by the user only when it
     holds a secret (MLflow gets the redacted copy)."""
-    path = run_dir / "config.yaml"
     real = OmegaConf.to_yaml(cfg, resolve=True)
-    path.write_text(real)
-    if real != shown_config(cfg):
-        path.chmod(0o600)
+    # Written aside and renamed: the SLURM tasks of one run all write it, and a rank's worker may read it meanwhile.
+    with tempfile.NamedTemporaryFile("w", dir=run_dir, prefix=".config.", suffix=".yaml", delete=False) as tmp:
+        tmp.write(real)
+    if real == shown_config(cfg):
+        os.chmod(tmp.name, 0o644)
+    os.replace(tmp.name, run_dir / "config.yaml")
 
 
 def plan_profile(cfg: DictConfig, run_dir: Path, on_gpu: bool) -> ProfilePlan:
@@ -113,6 +120,42 @@ def plan_profile(cfg: DictConfig, run_dir: Path, on_gpu: bool) -> ProfilePlan:
     plan = resolve_profile(cfg.profile, on_gpu, str(cfg.device), tool_finder(in_container) if in_container else find_tool)
     plan.tool_prefix = in_container
     return plan
+
+
+@dataclass(frozen=True)
+class WorkerLaunch:
+    """How this task starts its worker, decided on the node before any training."""
+
+    command: list[str]
+    timeout_min: float | None
+    profile_plan: ProfilePlan
+    world_size: int
+    # The other ranks are SLURM tasks that report through rank files (False: torchrun's, or none).
+    slurm_ranks: bool
+
+
+def prepare_worker(cfg: DictConfig, run_dir: Path, slurm_tasks: int | None) -> WorkerLaunch:
+    """Check the config on this node and build the worker command; ConfigError for a run that cannot
+    start here. Every SLURM task of a run makes the same checks, so a config rank 0 refuses is
+    refused by all ranks before any of them waits for the others."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"{missing[0]}=???: required and not set; set it on the command line, e.g. {missing[0]}=...")
+    write_worker_config(cfg, run_dir)
+    gpu = probe_gpu()
+    validate(cfg, gpu)
+    check_container(cfg)
+    on_gpu = run_device(cfg, gpu) == "cuda"
+    world = check_world(cfg, on_gpu, gpu.count if gpu else 0, slurm_tasks is not None)
+    if slurm_tasks is not None and slurm_tasks != world.size:
+        raise ConfigError(f"backend.num_nodes x backend.gpus_per_node = {world.size} ranks, but this SLURM job has "
+                          f"{slurm_tasks} tasks; let ghsweep's launcher set hydra.launcher.nodes and tasks_per_node")
+    timeout_min = worker_timeout_min(cfg.worker.timeout_min, on_gpu)
+    plan = plan_profile(cfg, run_dir, on_gpu)
+    # Locally torchrun starts the node's ranks; on SLURM srun already started one task per rank.
+    local_ranks = world.gpus_per_node if slurm_tasks is None else 1
+    command = worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, plan), local_ranks)
+    return WorkerLaunch(command, timeout_min, plan, world.size, slurm_tasks is not None and world.size > 1)
 
 
 def run_one(cfg: DictConfig) -> RunResult:
@@ -131,6 +174,12 @@ def run_one(cfg: DictConfig) -> RunResult:
         print(describe(hydra_cfg.job.num if in_sweep else 0, name, run_dir, cfg, f"in this process (hydra/launcher={launcher})"),
               flush=True)
         return RunResult(name=name, run_dir=str(run_dir), overrides=overrides, status="DRY_RUN")
+
+    slurm_tasks = slurm_task_ranks()
+    rank = export_slurm_rendezvous() if slurm_tasks and slurm_tasks > 1 else 0
+    if rank > 0:
+        return run_rank(cfg, run_dir, rank, slurm_tasks, RunResult(name=name, run_dir=str(run_dir), overrides=overrides,
+                                                                  status="FAILED"))
 
     manifest = SweepManifest.load(Path(hydra_cfg.sweep.dir)) if in_sweep else None
     uri = manifest.tracking_uri if manifest else absolute_tracking_uri(cfg.tracking.uri, hydra_cfg.runtime.cwd)
@@ -164,24 +213,19 @@ def run_one(cfg: DictConfig) -> RunResult:
     try:
         # On disk from the start: a job killed from outside leaves its MLflow run id to whoever settles it.
         dataclasses.replace(result, status="RUNNING").save()
-        write_worker_config(cfg, run_dir)
         (run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(overrides)))
-        missing = sorted(OmegaConf.missing_keys(cfg))
-        if missing:
-            raise ConfigError(f"{missing[0]}=???: required and not set; set it on the command line, e.g. {missing[0]}=...")
-        gpu = probe_gpu()
-        validate(cfg, gpu)
-        check_container(cfg)
-        on_gpu = run_device(cfg, gpu) == "cuda"
-        timeout_min = worker_timeout_min(cfg.worker.timeout_min, on_gpu)
+        launch = prepare_worker(cfg, run_dir, slurm_tasks)
+        timeout_min = launch.timeout_min
         timeout_s = timeout_min * 60 if timeout_min else None
-        profile_plan = plan_profile(cfg, run_dir, on_gpu)
+        profile_plan = launch.profile_plan
         profile_plan.save(run_dir)
-        command = worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, profile_plan))
         # The command in the job's log: what `dry_run=true` printed for this combination, with the node's choices.
-        log.info("%s: training in a worker process (log: %s): %s", name, run_dir / WORKER_LOG, shlex.join(command))
-        exit = run_worker(command, run_dir, timeout_s)
-        if exit.returncode == 0:
+        log.info("%s: training in a worker process (log: %s): %s", name, run_dir / WORKER_LOG, shlex.join(launch.command))
+        exit = run_worker(launch.command, run_dir, timeout_s)
+        other_ranks_error = wait_for_ranks(run_dir, launch.world_size) if launch.slurm_ranks else None
+        if exit.returncode == 0 and other_ranks_error:
+            result.error = other_ranks_error
+        elif exit.returncode == 0:
             summary = json.loads((run_dir / "summary.json").read_text())
             result.status = "FINISHED"
             result.metrics = summary["metrics"]
@@ -218,6 +262,24 @@ def run_one(cfg: DictConfig) -> RunResult:
         log.exception("%s: the MLflow record is incomplete; the run's record is complete in %s", name, run_dir)
     if interrupt is not None:
         raise interrupt
+    return result
+
+
+def run_rank(cfg: DictConfig, run_dir: Path, rank: int, slurm_tasks: int, result: RunResult) -> RunResult:
+    """A SLURM task of rank > 0: train this rank and say how it ended in rankN.json; rank 0's task
+    records the run (MLflow, profile analysis over every rank's report)."""
+    try:
+        launch = prepare_worker(cfg, run_dir, slurm_tasks)
+        log.info("%s: rank %d training in a worker process (log: %s): %s", result.name, rank,
+                 run_dir / rank_file(WORKER_LOG, rank), shlex.join(launch.command))
+        exit = run_worker(launch.command, run_dir, launch.timeout_min * 60 if launch.timeout_min else None, rank)
+        if exit.returncode == 0:
+            result.status = "FINISHED"
+        else:
+            result.error = failure_reason(run_dir, exit, launch.timeout_min, rank)
+    except Exception as exc:  # whatever stops this rank, rank 0 must hear of it rather than wait
+        result.error = str(exc) if isinstance(exc, ConfigError) else one_line(exc)
+    write_rank_report(run_dir, rank, result.status, result.error)
     return result
 
 

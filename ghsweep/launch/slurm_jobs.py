@@ -87,7 +87,8 @@ def job_failure(job: submitit.Job) -> tuple[str, str] | None:
     if state == "TIMEOUT":
         return "FAILED", f"SLURM job {job.job_id} was killed at its time limit (TIMEOUT) and not requeued"
     try:
-        returned = job.result()
+        # A job of several tasks (one per rank) returns one result per task; rank 0's records the run.
+        returned = job.results()[0]
     except UncompletedJobError as exc:
         return "FAILED", f"SLURM job {job.job_id} ended {state}: {str(exc).strip().splitlines()[0]}"
     except FailedJobError as exc:

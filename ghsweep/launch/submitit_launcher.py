@@ -29,11 +29,12 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import OmegaConf, open_dict
 from submitit.slurm.slurm import _make_sbatch_string
 
-from ghsweep.launch.dry_run import describe
+from ghsweep.launch.dry_run import describe, local_ranks_text
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.run_result import RunResult
 from ghsweep.launch.slurm_jobs import JobTimeout, SubmittedJob, save_jobs, settle, wait_until_ended
 from ghsweep.launch.sweep_manifest import SweepManifest
+from ghsweep.launch.world import World, world_of
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore
 
@@ -55,6 +56,7 @@ class _Combination:
         self.run_dir = Path(str(self.cfg.hydra.sweep.dir), str(self.cfg.hydra.sweep.subdir)).absolute()
         self.name = redact.run_name(self.cfg.hydra.job.override_dirname or "run")
         self.run_hash = run_hash(self.cfg)
+        self.world = world_of(self.cfg)
 
 
 class GhsweepLauncher:
@@ -73,9 +75,15 @@ class GhsweepLauncher:
             "was not requeued"
         )
 
-    def _executor(self) -> submitit.AutoExecutor:
+    def _executor(self, world: World) -> submitit.AutoExecutor:
         # Built as the plugin's launch() builds it (it offers no hook): plugin keys -> submitit parameters.
         params = dict(self.params)
+        if self._EXECUTOR == "slurm" and world.size > 1:
+            # One task per GPU on each node; srun starts them. GPUs are asked for where the profile asks for any
+            # (a CPU cluster's profile asks for none, and its tasks train with gloo).
+            params.update(nodes=world.num_nodes, tasks_per_node=world.gpus_per_node)
+            if params.get("gpus_per_node"):
+                params["gpus_per_node"] = world.gpus_per_node
         folder = params.pop("submitit_folder")
         init = {f"{self._EXECUTOR}_max_num_timeout": params.pop("max_num_timeout")} if "max_num_timeout" in params else {}
         executor = submitit.AutoExecutor(cluster=self._EXECUTOR, folder=folder, **init)
@@ -83,25 +91,35 @@ class GhsweepLauncher:
         executor.update_parameters(**{k if k in generic else f"{self._EXECUTOR}_{k}": v for k, v in params.items()})
         return executor
 
-    def _launch_description(self, executor: submitit.AutoExecutor, count: int) -> str:
+    def _launch_description(self, executor: submitit.AutoExecutor, count: int, world: World) -> tuple[str, str | None]:
+        """(the launch line, the ranks line of a run on several GPUs or None)."""
         parameters = executor._executor.parameters
         if self._EXECUTOR != "slurm":
-            return f"submitit {self._EXECUTOR} job with {parameters}"
-        # The #SBATCH lines submitit writes for this sweep's job array.
-        script = _make_sbatch_string(command="", folder=executor.folder, map_count=count, **parameters)
-        return "sbatch " + " ".join(line.removeprefix("#SBATCH ") for line in script.splitlines()
-                                    if line.startswith("#SBATCH"))
+            return f"submitit {self._EXECUTOR} job with {parameters}", local_ranks_text(world)
+        # The #SBATCH lines and the srun line submitit writes for this job array.
+        script = _make_sbatch_string(command=executor._executor._submitit_command_str, folder=executor.folder,
+                                     map_count=count, **parameters).splitlines()
+        sbatch = "sbatch " + " ".join(line.removeprefix("#SBATCH ") for line in script if line.startswith("#SBATCH"))
+        if world.size == 1:
+            return sbatch, None
+        srun = next(line for line in script if line.startswith("srun "))
+        return sbatch, (f"{world.num_nodes} node(s) x {world.gpus_per_node} tasks = {world.size} ranks, one per GPU, "
+                        f"started by `{srun}`; each task runs the worker line with RANK, LOCAL_RANK, WORLD_SIZE, "
+                        "MASTER_ADDR (the first node) and MASTER_PORT from SLURM's environment")
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         cfg = self.config
         sweep_dir = Path(str(cfg.hydra.sweep.dir))
         combos = [_Combination(self, o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
-        executor = self._executor()
+        # One job array per world: a SLURM array has one set of nodes and tasks for all its jobs.
+        worlds = {c.world: self._executor(c.world) for c in combos}
+        slurm = self._EXECUTOR == "slurm"
 
         if cfg.dry_run:
-            launch = self._launch_description(executor, len(combos))
             for c in combos:
-                print(describe(c.num, c.name, c.run_dir, c.cfg, launch), flush=True)
+                launch, ranks = self._launch_description(worlds[c.world], sum(d.world == c.world for d in combos),
+                                                         c.world)
+                print(describe(c.num, c.name, c.run_dir, c.cfg, launch, ranks, slurm_ranks=slurm), flush=True)
             print(f"ghsweep: dry run, {len(combos)} combinations; nothing was submitted", flush=True)
             return [self._job_return(c, None) for c in combos]
 
@@ -121,15 +139,20 @@ class GhsweepLauncher:
         if to_submit:
             for c in to_submit:
                 log.info("\t#%d : %s", c.num, " ".join(filter_overrides(c.overrides)))
-            submitted = executor.map_array(
-                self, [c.overrides for c in to_submit], ["hydra.sweep.dir"] * len(to_submit),
-                [c.num for c in to_submit], [f"job_id_for_{c.num}" for c in to_submit],
-                [Singleton.get_state()] * len(to_submit),
-            )
-            jobs = [(SubmittedJob(job_id=j.job_id, num=c.num, name=c.name, run_dir=str(c.run_dir),
-                                  overrides=c.shown_overrides, run_hash=c.run_hash, folder=str(j.paths.folder),
-                                  stdout=str(j.paths.stdout), stderr=str(j.paths.stderr)), j)
-                    for c, j in zip(to_submit, submitted)]
+            for world, executor in worlds.items():
+                group = [c for c in to_submit if c.world == world]
+                if not group:
+                    continue
+                submitted = executor.map_array(
+                    self, [c.overrides for c in group], ["hydra.sweep.dir"] * len(group),
+                    [c.num for c in group], [f"job_id_for_{c.num}" for c in group],
+                    [Singleton.get_state()] * len(group),
+                )
+                jobs += [(SubmittedJob(job_id=j.job_id, num=c.num, name=c.name, run_dir=str(c.run_dir),
+                                       overrides=c.shown_overrides, run_hash=c.run_hash, folder=str(j.paths.folder),
+                                       stdout=str(j.paths.stdout), stderr=str(j.paths.stderr)), j)
+                         for c, j in zip(group, submitted)]
+            jobs.sort(key=lambda pair: pair[0].num)
             save_jobs(sweep_dir, [s for s, _ in jobs])
             print(f"ghsweep: submitted {len(jobs)} jobs ({self._EXECUTOR}): "
                   f"{', '.join(s.job_id for s, _ in jobs)}", flush=True)

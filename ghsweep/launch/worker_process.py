@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from ghsweep.config.validate import ConfigError
 from ghsweep.launch.container import container_prefix
+from ghsweep.launch.world import torchrun_prefix
 
 log = logging.getLogger(__name__)
 
@@ -52,18 +53,30 @@ class WorkerExit:
     wall_s: float
 
 
-def worker_command(cfg: DictConfig, run_dir: Path, profiler: Sequence[str] = ()) -> list[str]:
+def worker_command(cfg: DictConfig, run_dir: Path, profiler: Sequence[str] = (), local_ranks: int = 1) -> list[str]:
     """The argument list that starts the worker of `run_dir`, under `profiler` (the profiler's
-    command up to the program: ghsweep.profile.plan.profiler_prefix for nsys, the ncu pass's).
+    command up to the program: ghsweep.profile.plan.profiler_prefix for nsys, the ncu pass's), as
+    `local_ranks` ranks on this machine (torchrun when more than one).
 
     Always an argument list, never a shell string: user values are never parsed by a shell.
-    Wrappers nest outside-in: [container exec ...] [profiler ...] python -m ghsweep.train.worker RUN_DIR;
-    the profiler runs inside the container, where the worker's CUDA libraries are.
+    Wrappers nest outside-in: [torchrun ... --no-python] [container exec ...] [profiler ...]
+    python -m ghsweep.train.worker RUN_DIR, as srun starts a SLURM task's: each rank is its own
+    container process (the rank's environment passes in), and the profiler runs inside the
+    container, where the worker's CUDA libraries are, one report per rank.
     """
     container = container_prefix(cfg, run_dir)
     # Inside a container the image's Python runs the worker: the host interpreter's path means nothing there.
     python = cfg.container.python if container else sys.executable
-    return [*container, *profiler, python, "-m", "ghsweep.train.worker", str(run_dir)]
+    return [*torchrun_prefix(sys.executable, local_ranks), *container, *profiler, python, "-m",
+            "ghsweep.train.worker", str(run_dir)]
+
+
+def rank_file(name: str, rank: int) -> str:
+    """A file of the run's rank `rank`: the name itself for rank 0, else name.rankN (worker.rank1.log)."""
+    if rank == 0:
+        return name
+    stem, dot, suffix = name.partition(".")
+    return f"{stem}.rank{rank}{dot}{suffix}"
 
 
 def stop_orphaned_worker(run_dir: Path) -> bool:
@@ -80,17 +93,18 @@ def stop_orphaned_worker(run_dir: Path) -> bool:
     return True
 
 
-def run_worker(command: list[str], run_dir: Path, timeout_s: float | None) -> WorkerExit:
+def run_worker(command: list[str], run_dir: Path, timeout_s: float | None, rank: int = 0) -> WorkerExit:
+    """Run the worker, its output in worker.log (a SLURM task of rank N > 0: worker.rankN.log)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     started_at = time.time()
     # Line-buffered: `tail -f worker.log` follows the run as it trains.
-    with open(run_dir / WORKER_LOG, "w", encoding="utf-8", buffering=1) as log_file:
+    with open(run_dir / rank_file(WORKER_LOG, rank), "w", encoding="utf-8", buffering=1) as log_file:
         # Own process group: a timeout kills the worker and its data-loader processes together.
         proc = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
             start_new_session=True,
         )
-        (run_dir / WORKER_PID).write_text(str(proc.pid))
+        (run_dir / rank_file(WORKER_PID, rank)).write_text(str(proc.pid))
         timed_out = threading.Event()
 
         def kill_on_timeout() -> None:

@@ -12,6 +12,8 @@ Definitions (the same for every source):
   timeline and the seed talk's "99.5% kernels vs 0.5% memory" count them).
 - exposed_memcpy_pct: time a copy runs with no kernel running, over the window.
 - um_migration_pct: unified-memory migrations' share of memory-operation time.
+- nccl_time_pct / exposed_nccl_pct (runs on several GPUs): NCCL kernels' share of kernel time, and
+  the time NCCL kernels run with no compute kernel on the device, over the window.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ghsweep.errors import first_line
 from ghsweep.profile import kernel_kinds, steps as step_finder
 from ghsweep.profile import nsys_db as db
 from ghsweep.profile.capture import ProfilerUnavailable, export_sqlite, find_tool
-from ghsweep.profile.timeline import KERNEL as KERNEL_OP, MEMCPY as MEMCPY_OP, MEMSET as MEMSET_OP, Ops, timeline
+from ghsweep.profile.timeline import KERNEL as KERNEL_OP, MEMCPY as MEMCPY_OP, MEMSET as MEMSET_OP, Ops, timeline, union_ns
 
 GAP_BUCKETS = ((0, 10_000, "<10us"), (10_000, 100_000, "10-100us"), (100_000, 1_000_000, "0.1-1ms"),
                (1_000_000, 10_000_000, "1-10ms"), (10_000_000, None, ">=10ms"))
@@ -367,6 +369,7 @@ def _analyze_nsys(con, path: Path) -> dict:
         for name in PHASES:
             spans = db.nvtx_intervals(con, schema, pid, name, cpu_window)
             phases[name] = sum(e - s for _, s, e in spans) / n_steps / 1e6
+    communication = nccl_communication(kernels.where(inside), db.names_like(con, ("%nccl%",)), span, n_steps)
     top = groups["ranked"][:5]
     configs = db.launch_configs(con, schema, db.kernel_name_column(con, schema, "demangledName"), [k["name"] for k in top], params)
     for k in top:
@@ -387,11 +390,39 @@ def _analyze_nsys(con, path: Path) -> dict:
         "memset": {"count": s_n, "total_ns": s_ns, "bytes": s_b},
         "page_faults": db.page_faults(con, schema),
         "gaps": gap_info,
+        "communication": communication,
+        "nccl_time_pct": communication.get("nccl_time_pct"),
+        "exposed_nccl_pct": communication.get("exposed_nccl_pct"),
         "phases_ms_per_step": phases,
         "step_ms": step_times(found),
         "health": health,
     }
     return result
+
+
+def nccl_communication(kernels: db.Table, nccl_names: list[int], span: int, steps: int) -> dict:
+    """Communication on the device in the window: NCCL kernels' share of kernel time, and exposed
+    communication, the time NCCL kernels run while no compute kernel does (what the step waits for).
+    A collective's kernel runs from the moment its rank launches it until every rank has joined, so
+    NCCL time per step includes waiting for the slowest rank: across ranks, it tells who waits and
+    who is waited for. {} without NCCL kernels (a run on one GPU)."""
+    comm = np.isin(kernels["name"], nccl_names)
+    if not comm.any():
+        return {}
+    order = np.argsort(kernels["start"], kind="stable")
+    start, end, comm = kernels["start"][order], kernels["end"][order], comm[order]
+    compute_ns = union_ns(start[~comm], end[~comm])
+    exposed_ns = union_ns(start, end) - compute_ns
+    durations = end - start
+    return {
+        "nccl_ns": int(durations[comm].sum()),
+        "nccl_kernels": int(comm.sum()),
+        "nccl_time_pct": pct(int(durations[comm].sum()), int(durations.sum())),
+        "exposed_nccl_ns": int(exposed_ns),
+        "exposed_nccl_pct": pct(exposed_ns, span),
+        "nccl_ms_per_step": int(durations[comm].sum()) / max(steps, 1) / 1e6,
+        "compute_ms_per_step": compute_ns / max(steps, 1) / 1e6,
+    }
 
 
 def window_block(window: tuple[int, int], found: step_finder.Steps) -> dict:

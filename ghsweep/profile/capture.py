@@ -16,6 +16,9 @@ from pathlib import Path
 
 NSYS_REPORT = "profile.nsys-rep"
 NSYS_SQLITE = "profile.sqlite"
+# One report per rank when a run spans several GPUs: nsys expands %q{RANK} from the rank's environment.
+NSYS_RANK_REPORT = "profile_rank%q{RANK}.nsys-rep"
+NSYS_RANK_GLOB = "profile_rank*.nsys-rep"
 NCU_REPORT = "top_kernels.ncu-rep"
 NCU_CSV = "top_kernels_ncu.csv"
 TORCH_TRACE = "torch_trace.json"  # the PyTorch profiler's Chrome trace (profile=torch)

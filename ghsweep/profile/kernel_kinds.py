@@ -16,6 +16,8 @@ GEMM = re.compile(r"gemm|nvjet|xmma|matmul|scaled_mm|wgmma|f8f8|cutlass.*(tensor
 # Attention kernels are built from cutlass/xmma pieces too; they are not the GEMMs fp8 replaces.
 ATTENTION = re.compile(r"flash|attention|sdpa|fmha|mha_", re.IGNORECASE)
 FP8 = re.compile(r"e4m3|e5m2|fp8|float8|f8f8|scaled_mm|^nvjet_sm\d+[a-z]?_[qr]", re.IGNORECASE)
+# NCCL's collectives run as kernels (ncclKernel_AllReduce_..., ncclDevKernel_ReduceScatter_...).
+NCCL = re.compile(r"nccl", re.IGNORECASE)
 OPTIMIZER = re.compile(r"adam|multi_tensor_apply|sgd|lamb|lion|adafactor|optimizer", re.IGNORECASE)
 
 
@@ -25,6 +27,10 @@ def is_gemm(name: str) -> bool:
 
 def is_fp8_gemm(name: str) -> bool:
     return is_gemm(name) and bool(FP8.search(name))
+
+
+def is_nccl(name: str) -> bool:
+    return bool(NCCL.search(name))
 
 
 def is_optimizer(name: str) -> bool:

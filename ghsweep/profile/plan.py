@@ -21,6 +21,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.config.validate import ConfigError
+from ghsweep.launch.world import world_of
 from ghsweep.profile import capture, plots, report
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,8 @@ NCU_LAUNCHES_PER_CONFIG = 1
 NCU_MAX_LAUNCHES = 64
 # The numbers logged as MLflow metrics (one vocabulary for every backend and profiler).
 METRICS = ("gpu_busy_pct", "gpu_idle_pct", "idle_gaps_per_step", "kernel_time_pct", "memcpy_time_pct",
-           "memset_time_pct", "exposed_memcpy_pct", "um_migration_pct", "h2d_gb", "d2h_gb")
+           "memset_time_pct", "exposed_memcpy_pct", "um_migration_pct", "h2d_gb", "d2h_gb", "nccl_time_pct",
+           "exposed_nccl_pct")
 
 
 @dataclass
@@ -128,14 +130,16 @@ def plans_from_config(profile: DictConfig, device: str, tool_prefix: list[str] |
 
 
 def profiler_prefix(cfg: DictConfig, run_dir: Path, plan: ProfilePlan) -> list[str]:
-    """`nsys profile ...` when `plan` says nsys, else nothing: what goes between the container and
-    the worker's python (the one builder of the nsys command, for the job and its dry run)."""
+    """`nsys profile ...` when `plan` says nsys, else nothing: what goes between the container (or
+    torchrun) and the worker's python (the one builder of the nsys command, for the job and its dry
+    run). With several ranks each rank writes its own report, profile_rank<RANK>.nsys-rep (nsys
+    expands %q{RANK} from the rank's environment)."""
     if plan.used != "nsys":
         return []
     opts = cfg.profile.nsys
     um = cfg.memory.name == "unified" if opts.um_page_faults == "auto" else bool(opts.um_page_faults)
-    return capture.nsys_profile_command(plan.nsys_path, run_dir / capture.NSYS_REPORT, list(opts.trace), um,
-                                        list(opts.extra_args))
+    report = capture.NSYS_REPORT if world_of(cfg).size == 1 else capture.NSYS_RANK_REPORT
+    return capture.nsys_profile_command(plan.nsys_path, run_dir / report, list(opts.trace), um, list(opts.extra_args))
 
 
 @dataclass
@@ -154,7 +158,7 @@ def context_of(cfg: DictConfig) -> dict:
 def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass) -> ProfileOutcome:
     """Export, ncu pass, analysis, report and plots of a finished worker; never raises for a
     profiling problem (the training result stands): it is recorded as ghsweep.profile_error."""
-    from ghsweep.analyze import full_analysis
+    from ghsweep.analyze import full_analysis, rank_analysis
 
     outcome = ProfileOutcome(tags={"ghsweep.profile_used": plan.used})
     if plan.note:
@@ -163,12 +167,12 @@ def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass
         return outcome
     raw: list[Path] = []
     try:
+        world_size = world_of(cfg).size
         if plan.used == "nsys":
-            rep = run_dir / capture.NSYS_REPORT
-            if not rep.exists():
-                raise capture.ProfilerUnavailable(f"nsys wrote no report ({rep.name}); see worker.log")
-            profile_file = capture.export_sqlite(plan.nsys_path, rep, plan.tool_prefix)
-            raw += [rep, profile_file]
+            reports = nsys_reports(run_dir, world_size)
+            profile_files = [capture.export_sqlite(plan.nsys_path, rep, plan.tool_prefix) for rep in reports]
+            raw += [*reports, *profile_files]
+            profile_file = profile_files[0]
         else:
             profile_file = run_dir / capture.TORCH_TRACE
             if not profile_file.exists():
@@ -180,7 +184,8 @@ def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass
             ncu_csv, ncu_info = ncu_pass(cfg, run_dir, plan, profile_file, run_ncu_pass)
             outcome.metrics["ncu_s"] = ncu_info["seconds"]
             raw.append(ncu_csv)
-        analysis = full_analysis(profile_file, context_of(cfg), ncu_csv)
+        analysis = full_analysis(profile_file, context_of(cfg), ncu_csv) if world_size == 1 or plan.used != "nsys" \
+            else rank_analysis(profile_files, context_of(cfg), world_size)
         if ncu_info:
             analysis["roofline"]["ncu_pass"] = ncu_info
     except (capture.ProfilerUnavailable, OSError, ValueError) as exc:
@@ -203,6 +208,20 @@ def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass
             outcome.tags.setdefault("ghsweep.profile_not_uploaded", "")
             outcome.tags["ghsweep.profile_not_uploaded"] += f"{path.name} ({path.stat().st_size / 2**20:.0f} MiB) "
     return outcome
+
+
+def nsys_reports(run_dir: Path, world_size: int) -> list[Path]:
+    """The run's nsys reports: profile.nsys-rep, or one per rank (profile_rank<N>.nsys-rep, in rank order)."""
+    if world_size == 1:
+        reports = [run_dir / capture.NSYS_REPORT] if (run_dir / capture.NSYS_REPORT).exists() else []
+    else:
+        from ghsweep.profile.ranks import rank_of
+
+        reports = sorted(run_dir.glob(capture.NSYS_RANK_GLOB), key=rank_of)
+    if not reports:
+        wanted = capture.NSYS_REPORT if world_size == 1 else capture.NSYS_RANK_GLOB
+        raise capture.ProfilerUnavailable(f"nsys wrote no report ({wanted}); see worker.log")
+    return reports
 
 
 def ncu_plan(top: list[dict]) -> tuple[int, bool, str]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ghsweep.profile.ranks import table as ranks_table
+
 PROFILE_REPORT = "profile_report.md"
 TOP_KERNELS_TABLE = "top_kernels.md"
 
@@ -27,8 +29,11 @@ def render(analysis: dict) -> str:
     lines += [f"- **{f['severity']}** `{f['id']}`: {f['message']}" for f in analysis.get("findings", [])] or ["- none"]
     lines += ["", "## Where the time went", "", "| metric | value |", "|---|---|"]
     for key in ("gpu_busy_pct", "gpu_idle_pct", "idle_gaps_per_step", "kernel_time_pct", "memcpy_time_pct",
-                "memset_time_pct", "exposed_memcpy_pct", "um_migration_pct", "h2d_gb", "d2h_gb"):
+                "memset_time_pct", "exposed_memcpy_pct", "um_migration_pct", "h2d_gb", "d2h_gb", "nccl_time_pct",
+                "exposed_nccl_pct"):
         value = analysis.get(key)
+        if value is None and "nccl" in key:
+            continue  # one GPU: no communication to show
         lines.append(f"| {key} | {'n/a' if value is None else f'{value:.3g}'} |")
     causes = analysis.get("gaps", {}).get("causes_ns")
     if causes:
@@ -37,6 +42,9 @@ def render(analysis: dict) -> str:
     phases = analysis.get("phases_ms_per_step")
     if phases:
         lines += ["", "Phases per step (ms, host time): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())]
+    if analysis.get("ranks"):
+        lines += ["", "## Ranks", "", "Each rank's own steady window; the metrics above are means over the ranks "
+                  "(top kernels and idle causes: rank 0).", "", ranks_table(analysis["ranks"])]
     lines += ["", "## Top kernels", "", top_kernels_table(analysis)]
     roof = analysis.get("roofline")
     if roof:

@@ -46,9 +46,11 @@ class TorchCapture:
         self.path = None  # one window per run
 
 
-def torch_capture(run_dir: Path, device: torch.device, start_step: int, num_steps: int) -> TorchCapture:
+def torch_capture(run_dir: Path, device: torch.device, start_step: int, num_steps: int, rank: int = 0
+                  ) -> TorchCapture:
     """The capture a worker runs with: active when the run's profile plan says torch (profile=torch,
-    or profile=auto without nsys or GPU), a no-op otherwise."""
+    or profile=auto without nsys or GPU), a no-op otherwise. With several ranks rank 0 traces (one
+    trace file per run)."""
     plan = ProfilePlan.load(run_dir)
-    path = run_dir / TORCH_TRACE if plan is not None and plan.used == "torch" else None
+    path = run_dir / TORCH_TRACE if plan is not None and plan.used == "torch" and rank == 0 else None
     return TorchCapture(path, device, start_step, num_steps)

@@ -36,6 +36,8 @@ METRIC_COLUMNS = (
     ("peak_mem_gb", "peak GiB", ".2f"),
     ("gpu_idle_pct", "GPU idle %", ".1f"),
 )
+# Overrides that set a combination's world: without them, a multi-GPU run names its 1-GPU twin.
+WORLD_KEYS = ("backend.num_nodes=", "backend.gpus_per_node=")
 # MLflow's limit on a tag value.
 MAX_TAG_CHARS = 8000
 # Most severe first; a severity not listed ranks after these.
@@ -54,6 +56,8 @@ class Comparison:
     baseline: int | None  # index into runs; None when no run finished
     speedups: list[float | None]
     pareto: set[int]
+    # Tokens/s per GPU over the same combination's on one GPU, for runs on several GPUs.
+    scaling: list[float | None]
 
     def number(self, i: int) -> int:
         """The run's job number in its sweep (its position where a job number is missing)."""
@@ -99,6 +103,24 @@ def speedup(run: SweepRun, base: SweepRun) -> float | None:
     return bs / s if s and bs else None
 
 
+def scaling_efficiency(runs: list[tuple[list[str], dict | None]]) -> list[float | None]:
+    """For each (overrides, metrics of a finished run or None): its tokens/s per GPU over the
+    tokens/s of the same combination (the overrides without the world keys) on one GPU in the same
+    list; None for one-GPU runs and where there is no finished one-GPU twin."""
+
+    def combination(overrides: list[str]) -> tuple[str, ...]:
+        return tuple(sorted(o for o in overrides if not o.startswith(WORLD_KEYS)))
+
+    single = {combination(o): m["tokens_per_s"] for o, m in runs
+              if m and m.get("tokens_per_s") and (m.get("world_size") or 1) == 1}
+    out = []
+    for overrides, m in runs:
+        world = (m or {}).get("world_size") or 1
+        base = single.get(combination(overrides))
+        out.append(m["tokens_per_s"] / world / base if m and world > 1 and base and m.get("tokens_per_s") else None)
+    return out
+
+
 def pareto_front(points: dict[int, tuple[float, float]]) -> set[int]:
     """Keys of the (throughput, memory) points no other point beats on both: more throughput, less memory."""
     front = set()
@@ -130,20 +152,27 @@ def build(title: str, runs: list[SweepRun], baseline: int | str | None = None) -
     speedups = [speedup(r, runs[base]) if base is not None else None for r in runs]
     points = {i: (r.metrics["tokens_per_s"], r.metrics["peak_mem_gb"]) for i, r in enumerate(runs)
               if r.finished and "tokens_per_s" in r.metrics and "peak_mem_gb" in r.metrics}
-    return Comparison(title, runs, knob_columns([r.overrides for r in runs]), base, speedups, pareto_front(points))
+    scaling = scaling_efficiency([(r.overrides, r.metrics if r.finished else None) for r in runs])
+    return Comparison(title, runs, knob_columns([r.overrides for r in runs]), base, speedups, pareto_front(points),
+                      scaling)
 
 
 def table(c: Comparison) -> tuple[list[str], list[list[str]]]:
     """Header and rows shared by the markdown and HTML renderings."""
-    header = ["#", *c.knobs, "status", *(h for _, h, _ in METRIC_COLUMNS[:2]), "speedup",
+    # Only a sweep with multi-GPU runs gets the world's columns.
+    multi_gpu = any((r.metrics.get("world_size") or 1) > 1 for r in c.runs)
+    world_header = ["GPUs", "tokens/s/GPU", "scaling eff"] if multi_gpu else []
+    header = ["#", *c.knobs, "status", *(h for _, h, _ in METRIC_COLUMNS[:2]), "speedup", *world_header,
               *(h for _, h, _ in METRIC_COLUMNS[2:]), "Pareto", "top finding / error"]
     rows = []
     for i, r in enumerate(c.runs):
         metrics = [fmt_value(r.metrics.get(name), spec) for name, _, spec in METRIC_COLUMNS]
         mark = "baseline" if i == c.baseline else fmt_value(c.speedups[i], ".2f") + ("x" if c.speedups[i] else "")
+        world = [fmt_value(r.metrics.get("world_size"), ".0f"), fmt_value(r.metrics.get("tokens_per_s_per_gpu"), ",.0f"),
+                 fmt_value(c.scaling[i], ".2f")] if multi_gpu else []
         note = r.error if not r.finished else top_finding(r)
         rows.append([str(c.number(i)), *(r.knobs.get(k, "-") for k in c.knobs), r.status,
-                     *metrics[:2], mark, *metrics[2:],
+                     *metrics[:2], mark, *world, *metrics[2:],
                      "yes" if i in c.pareto else "", note or "-"])
     return header, rows
 

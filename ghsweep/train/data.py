@@ -18,7 +18,7 @@ from typing import Protocol
 
 import torch
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 IGNORE_INDEX = -100
 DOLLY_FIELDS = ("instruction", "context", "response", "category")
@@ -257,14 +257,20 @@ def make_dataloader(
     pin_memory: bool,
     prefetch_factor: int | None,
     persistent_workers: bool,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> DataLoader:
-    generator = torch.Generator().manual_seed(seed)
+    """Shuffled micro-batches; with several ranks each rank reads its own share of the blocks."""
+    dataset = PackedDataset(blocks)
+    sampler = DistributedSampler(dataset, world_size, rank, shuffle=True, seed=seed, drop_last=True) \
+        if world_size > 1 else None
     return DataLoader(
-        PackedDataset(blocks),
+        dataset,
         batch_size=batch_size,
-        shuffle=True,
+        shuffle=sampler is None,
+        sampler=sampler,
         drop_last=True,
-        generator=generator,
+        generator=torch.Generator().manual_seed(seed),
         num_workers=num_workers,
         pin_memory=pin_memory,
         prefetch_factor=prefetch_factor if num_workers > 0 else None,

@@ -34,8 +34,9 @@ def _is_fp8_target(name: str, module: nn.Module) -> bool:
     return module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
-def apply_fp8(model: nn.Module, precision_cfg: DictConfig, precision: Precision) -> str:
-    """Swap the target linear layers for fp8 ones; returns the library used."""
+def apply_fp8(model: nn.Module, precision_cfg: DictConfig, precision: Precision, fsdp_all_gather: bool = False) -> str:
+    """Swap the target linear layers for fp8 ones; returns the library used. `fsdp_all_gather`:
+    torchao casts the weights to fp8 before FSDP2 gathers them (half the bytes of bf16)."""
     library = fp8_library(precision_cfg.library)
     if library == "torchao":
         if precision_cfg.scaling != "current":
@@ -43,13 +44,14 @@ def apply_fp8(model: nn.Module, precision_cfg: DictConfig, precision: Precision)
                 f"precision.scaling={precision_cfg.scaling}: torchao float8 scales from the current "
                 "tensor only; accepted with torchao: current"
             )
-        from torchao.float8 import convert_to_float8_training
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         from ghsweep.train.fp8_frozen import freeze_to_fp8
 
         # Frozen weights (a LoRA base) are quantised once; trained ones by torchao every step.
         freeze_to_fp8(model, _is_fp8_target)
-        convert_to_float8_training(model, module_filter_fn=lambda m, fqn: _is_fp8_target(fqn, m))
+        convert_to_float8_training(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=fsdp_all_gather),
+                                   module_filter_fn=lambda m, fqn: _is_fp8_target(fqn, m))
         return library
 
     import transformer_engine.pytorch as te

@@ -16,8 +16,9 @@ import torch
 
 
 class StepLog:
-    def __init__(self, path: Path, device: torch.device, tokens_per_step: int):
-        self._file: IO[str] = open(path, "a", encoding="utf-8")
+    def __init__(self, path: Path | None, device: torch.device, tokens_per_step: int):
+        """`path` None: measure without writing (a rank other than 0)."""
+        self._file: IO[str] | None = open(path, "a", encoding="utf-8") if path else None
         self._cuda = device.type == "cuda"
         self._tokens_per_step = tokens_per_step
         self._pending: list[tuple[int, torch.Tensor, object, object]] = []
@@ -47,17 +48,20 @@ class StepLog:
             else:
                 ms = (ended - started) * 1000.0
             row = {"step": step, "loss": float(loss), "step_time_ms": ms, "tokens": self._tokens_per_step}
-            self._file.write(json.dumps(row) + "\n")
+            if self._file:
+                self._file.write(json.dumps(row) + "\n")
             self.losses.append(row["loss"])
             self.step_times_ms.append(ms)
             rows.append(row)
-        self._file.flush()
+        if self._file:
+            self._file.flush()
         self._pending.clear()
         return rows
 
     def close(self) -> None:
         self.flush()
-        self._file.close()
+        if self._file:
+            self._file.close()
 
     def summary(self, warmup_steps: int) -> dict:
         """step_time_ms is the median of the steps after `warmup_steps` (all steps if too few)."""

@@ -3,7 +3,9 @@
 On a GPU each knob does what its name says: precision sets parameter dtypes and fp8 layers
 (precision.py, fp8.py), offload parks the first layers' activations in pinned host memory
 (offload.py), memory=unified serves every CUDA allocation from managed memory (unified_memory.py),
-and train.compile compiles each decoder layer and the loss.
+and train.compile compiles each decoder layer and the loss. With several ranks (torchrun or SLURM
+tasks) each trains its share of the data under DDP or FSDP2 (distributed.py) and rank 0 writes the
+records.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import torch
 from omegaconf import DictConfig
 
 from ghsweep.profile.torch_capture import torch_capture
+from ghsweep.train import distributed
 from ghsweep.train import attention as attn
 from ghsweep.train import data as dolly
+from ghsweep.launch.world import data_parallel
 from ghsweep.train.flops import ModelShape, add_throughput_metrics, run_flops_per_token
 from ghsweep.train.loss import causal_lm_loss
 from ghsweep.train.model import apply_peft, build_model, count_parameters, pad_token_id
@@ -65,7 +69,18 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
     anything touched CUDA (unified_memory.setup_unified_memory).
     """
     t_setup = time.time()
-    device = resolve_device(cfg.device)
+    ranks = distributed.ranks_from_env()
+    device = distributed.rank_device(resolve_device(cfg.device), ranks)
+    distributed.start(ranks, device)
+    try:
+        return _train(cfg, run_dir, managed, ranks, device, t_setup)
+    finally:
+        distributed.stop(ranks)
+
+
+def _train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None, ranks: distributed.Ranks,
+           device: torch.device, t_setup: float) -> dict:
+    # The same seed on every rank: the same initial weights (DDP and FSDP2 start from them unbroadcast).
     torch.manual_seed(cfg.seed)
     precision = Precision(cfg.precision, device)
     lora = cfg.peft.name == "lora"
@@ -81,7 +96,7 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
     if precision.name == "fp8":
         from ghsweep.train.fp8 import apply_fp8
 
-        fp8_library = apply_fp8(model, cfg.precision, precision)
+        fp8_library = apply_fp8(model, cfg.precision, precision, fsdp_all_gather=data_parallel(cfg) == "fsdp")
     model.train()
 
     causal_lm = model.get_base_model() if lora else model
@@ -92,6 +107,7 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
         for layer in decoder.layers:
             layer.compile()
         loss_fn = torch.compile(causal_lm_loss)
+    train_step, parallel = distributed.parallelize(distributed.TrainStep(decoder, lm_head, loss_fn), cfg, ranks)
     offload = None
     if cfg.offload.enabled and device.type == "cuda":
         from ghsweep.train.offload import ActivationOffload
@@ -108,16 +124,20 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
         pin_memory=dl.pin_memory and device.type == "cuda",
         prefetch_factor=dl.prefetch_factor,
         persistent_workers=dl.persistent_workers,
+        rank=ranks.rank,
+        world_size=ranks.world_size,
     )
-    trained = [p for p in model.parameters() if p.requires_grad]
+    # After parallelize: FSDP2 replaced the parameters with their shards.
+    trained = [p for p in train_step.parameters() if p.requires_grad]
     optimizer, schedule = make_optimizer(trained, cfg.train, device)
-    tokens_per_step = cfg.train.micro_batch_size * cfg.train.seq_length
-    log = StepLog(run_dir / "metrics.jsonl", device, tokens_per_step)
+    # The global batch: every rank trains micro_batch_size blocks per step.
+    tokens_per_step = cfg.train.micro_batch_size * cfg.train.seq_length * ranks.world_size
+    log = StepLog(run_dir / "metrics.jsonl" if ranks.is_main else None, device, tokens_per_step)
     batches = dolly.endless(loader)
     setup_s = time.time() - t_setup
 
     phases = Phases(device, cfg.capture.start_step, cfg.capture.num_steps)
-    profiler = torch_capture(run_dir, device, cfg.capture.start_step, cfg.capture.num_steps)
+    profiler = torch_capture(run_dir, device, cfg.capture.start_step, cfg.capture.num_steps, ranks.rank)
     t_train = time.time()
     for step in range(cfg.train.max_steps):
         profiler.step(step)
@@ -126,19 +146,20 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
             with phases.range("data"):
                 batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
             with phases.range("forward"), precision.forward_region(), attention.region():
-                hidden = decoder(input_ids=batch["input_ids"], use_cache=False, **attention.decoder_kwargs(batch))[0]
-                loss = loss_fn(hidden, lm_head.weight, batch["labels"])
+                loss = train_step(batch["input_ids"], batch["labels"], **attention.decoder_kwargs(batch))
             with phases.range("backward"):
                 precision.backward(loss)
             with phases.range("optimizer"):
                 precision.step(optimizer, trained, cfg.train.grad_clip)
+                distributed.after_optimizer_step(train_step, parallel, fp8_library)
                 schedule.step()
                 optimizer.zero_grad(set_to_none=True)
             log.end(step, loss, started)
         if (step + 1) % cfg.train.log_every == 0 or step + 1 == cfg.train.max_steps:
             log.flush()
-            print(f"step {step + 1}/{cfg.train.max_steps} loss {log.losses[-1]:.4f} "
-                  f"step_time_ms {log.step_times_ms[-1]:.1f}", flush=True)
+            if ranks.is_main:
+                print(f"step {step + 1}/{cfg.train.max_steps} loss {log.losses[-1]:.4f} "
+                      f"step_time_ms {log.step_times_ms[-1]:.1f}", flush=True)
     profiler.close()
     phases.close()
     log.close()
@@ -146,13 +167,20 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
 
     metrics = log.summary(cfg.train.warmup_steps)
     managed_peak = managed.peak_gib() if managed else None
-    metrics["peak_mem_gb"] = managed_peak if managed_peak is not None else peak_memory_gib(device)
+    peak_gib = managed_peak if managed_peak is not None else peak_memory_gib(device)
+    ranks_seen = distributed.rank_summary(distributed.gather(log.step_times_ms, ranks),
+                                          distributed.gather(peak_gib, ranks), cfg.train.warmup_steps)
+    metrics["peak_mem_gb"] = max(ranks_seen["rank_peak_mem_gb"])
     name = device_name(device)
     shape = ModelShape(**{k: causal_lm.config.to_dict()[k] for k in (
         "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")},
         num_layers=causal_lm.config.num_hidden_layers)
     flops = run_flops_per_token(shape, cfg, attn.attended_keys_per_token(blocks.position_ids, attention.document))
-    peak = add_throughput_metrics(metrics, flops, name, precision.name)
+    peak = add_throughput_metrics(metrics, flops, name, precision.name, gpus=ranks.world_size)
+    metrics["world_size"] = ranks.world_size
+    metrics["tokens_per_s_per_gpu"] = metrics["tokens_per_s"] / ranks.world_size
+    if ranks.world_size > 1:
+        metrics |= {k: ranks_seen[k] for k in ("slowest_rank", "slowest_rank_step_time_ms", "rank_spread_pct")}
     info = {
         "device": str(device),
         "device_name": name,
@@ -169,7 +197,10 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
         "mfu_peak_tflops": peak,
         # Activation offload moves saved tensors from GPU to host memory; on the CPU they already live there.
         "offload_applied": offload is not None,
+        "data_parallel": parallel or "none",
     }
+    if ranks.world_size > 1:
+        info["rank_step_time_ms"] = " ".join(f"{t:.1f}" for t in ranks_seen["rank_step_time_ms"])
     if offload is not None:
         info["offload_gb_per_step"] = offload.bytes_offloaded / 2**30 / cfg.train.max_steps
     if fp8_library:

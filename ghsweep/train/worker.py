@@ -7,7 +7,9 @@ anything touches it, and a crash cannot take the sweep down.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 import time
 import traceback
@@ -54,12 +56,17 @@ def main(argv: list[str]) -> int:
         import_s = time.time() - ready_at
         summary = backend.train(cfg, run_dir, managed)
     except BaseException as exc:
-        error = {"type": type(exc).__name__, "message": first_line(exc)}
-        (run_dir / "worker_error.json").write_text(json.dumps(error))
+        rank = os.environ.get("RANK")
+        message = first_line(exc) if rank is None else f"rank {rank}: {first_line(exc)}"
+        # With several ranks the first to fail explains the run; the others often fail because of it.
+        with contextlib.suppress(FileExistsError), open(run_dir / "worker_error.json", "x") as error_file:
+            error_file.write(json.dumps({"type": type(exc).__name__, "message": message}))
         traceback.print_exc()
         return 1
-    summary["timing"].update(ready_at=ready_at, import_s=import_s)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    # Rank 0 writes the run's summary (it holds every rank's step times); other ranks only train.
+    if int(os.environ.get("RANK", 0)) == 0:
+        summary["timing"].update(ready_at=ready_at, import_s=import_s)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return 0
 
 

@@ -100,3 +100,13 @@ def test_profilers_are_looked_up_and_exported_inside_the_container(tmp_path, mon
     assert capture.export_sqlite(plan.nsys_path, report, plan.tool_prefix) == tmp_path / capture.NSYS_SQLITE
     with pytest.raises(FileNotFoundError):
         capture.export_sqlite(plan.nsys_path, report)
+
+
+def test_torchrun_starts_one_container_per_rank(tmp_path):
+    """Locally, as srun on SLURM: each rank is its own container process with the rank's environment."""
+    cfg = config("experiment=smoke", "container.image=/c.sif", "backend.gpus_per_node=2")
+    command = worker_command(cfg, tmp_path, local_ranks=2)
+    assert command[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           "--no-python"]
+    assert command[6:9] == ["apptainer", "exec", "--nv"]
+    assert command[-4:] == ["python3", "-m", "ghsweep.train.worker", str(tmp_path)]

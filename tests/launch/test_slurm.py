@@ -217,3 +217,28 @@ def test_wait_false_returns_at_once_and_status_collects_later(mlflow_server, tmp
     (parent,) = runs(mlflow_server, "slurm_nowait", "sweep")
     assert parent.info.status == "FINISHED"
     assert {c.info.status for c in runs(mlflow_server, "slurm_nowait", "run")} == {"FINISHED"}
+
+
+def test_one_combination_on_two_nodes_runs_four_ranks(mlflow_server, tmp_path):
+    """backend.num_nodes=2 x gpus_per_node=2: one job on both nodes of the cluster, srun's 4 tasks train
+    one gloo world (rendezvous from SLURM's environment), rank 0 records it."""
+    proc = run_cli(sweep_args(mlflow_server, "slurm_world", "backend.num_nodes=2", "backend.gpus_per_node=2",
+                              "train.max_steps=3"), tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (sweep_dir,) = [p.parent for p in tmp_path.glob(f"multirun/*/*/{JOBS_FILE}")]
+    (job_id,) = job_ids(sweep_dir)
+    accounted = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "State,NNodes,NTasks,NodeList", "-j", job_id],
+                               capture_output=True, text=True, check=True).stdout.split("|")
+    assert accounted[:2] == ["COMPLETED", "2"] and accounted[3].strip() == "node[1-2]"
+    (child,) = runs(mlflow_server, "slurm_world", "run")
+    assert child.info.status == "FINISHED", child.data.tags.get("ghsweep.error")
+    m = child.data.metrics
+    assert m["world_size"] == 4 and m["tokens_per_s_per_gpu"] == pytest.approx(m["tokens_per_s"] / 4)
+    assert len(child.data.tags["ghsweep.rank_step_time_ms"].split()) == 4
+    assert len(MlflowClient(tracking_uri=mlflow_server.url).get_metric_history(child.info.run_id, "loss")) == 3
+    run_dir = Path(child.data.tags["ghsweep.run_dir"])
+    for rank in (1, 2, 3):
+        assert json.loads((run_dir / f"rank{rank}.json").read_text())["status"] == "FINISHED"
+        assert (run_dir / f"worker.rank{rank}.log").exists()
+    # Only rank 0's task made an MLflow run.
+    assert len(runs(mlflow_server, "slurm_world", "run")) == 1

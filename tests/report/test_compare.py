@@ -158,3 +158,16 @@ def test_runs_listed_on_the_parent_include_runs_reused_from_an_earlier_sweep(db,
     runs = load_sweep(client, client.get_run(parent))
     assert [(r.run_id, r.job_num) for r in runs] == [(fresh, 0), (reused, 1)]
     assert compare.build("resumed", runs).speedups == [1.0, 3.0]
+
+
+def test_scaling_efficiency_is_per_gpu_throughput_over_the_one_gpu_twin():
+    runs = [
+        (["peft=lora", "backend.gpus_per_node=1"], {"tokens_per_s": 1000.0, "world_size": 1}),
+        (["peft=lora", "backend.gpus_per_node=2"], {"tokens_per_s": 1900.0, "world_size": 2}),
+        (["peft=lora", "backend.num_nodes=2", "backend.gpus_per_node=2"], {"tokens_per_s": 3600.0, "world_size": 4}),
+        # No finished one-GPU twin: nothing to scale against.
+        (["peft=none", "backend.gpus_per_node=1"], None),
+        (["peft=none", "backend.gpus_per_node=2"], {"tokens_per_s": 900.0, "world_size": 2}),
+        (["peft=lora", "backend.gpus_per_node=2", "precision=fp8"], {"tokens_per_s": 2500.0, "world_size": 2}),
+    ]
+    assert compare.scaling_efficiency(runs) == pytest.approx([None, 0.95, 0.9, None, None, None])

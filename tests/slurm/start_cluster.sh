@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Start a single-node SLURM cluster on this machine from Debian's packages, for tests and CI:
-# munged, mariadbd (local socket only), slurmdbd (so sacct works), slurmctld and slurmd.
+# Start a two-node SLURM cluster on this machine from Debian's packages, for tests and CI:
+# munged, mariadbd (local socket only), slurmdbd (so sacct works), slurmctld and two slurmd.
 #
 #   sudo apt-get install slurmctld slurmd slurm-client munge slurmdbd mariadb-server
 #   sudo tests/slurm/start_cluster.sh [STATE_DIR]      # stop: tests/slurm/stop_cluster.sh [STATE_DIR]
 #
-# The node `localhost` advertises 8 CPUs and 8 fake GPUs (gres files are links to /dev/null) so that
+# Two nodes, node1 and node2, are two slurmd on this host (each its own NodeName, spool and Port;
+# Debian's slurmd runs several per host as long as each has its own NodeHostname), so that a job can
+# span two nodes (srun across them). Node names need not resolve: NodeAddr is 127.0.0.1, and jobs
+# that rendezvous across nodes take 127.0.0.1 from GHSWEEP_MASTER_ADDR (launchers/local_slurm.yaml).
+# Each node advertises 8 CPUs and 8 fake GPUs (gres files are links to /dev/null) so that
 # `gpus_per_node=1` can be requested and 8 one-CPU jobs run at once; they time-share the real cores.
 # Every daemon uses sockets and pid files under STATE_DIR, so services a package may have started
 # are left alone. The pid files are what stop_cluster.sh stops, never a process name.
@@ -16,6 +20,9 @@ CONF_DIR=/etc/slurm
 MARKER="# written by ghsweep tests/slurm/start_cluster.sh"
 NODE_CPUS=8
 NODE_GPUS=8
+NODES="node1 node2"
+# slurmd ports: node1 6818 (SLURM's default), node2 6820 (6819 is slurmdbd's).
+node_port() { [ "$1" = node1 ] && echo 6818 || echo 6820; }
 
 die() { echo "start_cluster.sh: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root (it writes $CONF_DIR and starts daemons)"
@@ -28,7 +35,7 @@ for f in slurm.conf slurmdbd.conf gres.conf; do
     fi
 done
 
-mkdir -p "$STATE"/{run,log,spool/ctld,spool/d,dev,munge,mysql}
+mkdir -p "$STATE"/{run,log,spool/ctld,spool/d/node1,spool/d/node2,dev,munge,mysql}
 STATE=$(cd "$STATE" && pwd)
 RUN=$STATE/run
 waitfor() {  # waitfor SECONDS WHAT COMMAND...: retry COMMAND until it succeeds
@@ -63,7 +70,7 @@ fi
 waitfor 60 mariadbd mariadb --socket="$DB_SOCKET" -e "select 1"
 
 # Fake GPUs: gres needs one device file per GPU; links to /dev/null are accepted (regular files are not).
-for i in $(seq 0 $((NODE_GPUS - 1))); do ln -sfn /dev/null "$STATE/dev/nvidia$i"; done
+for i in $(seq 0 $((2 * NODE_GPUS - 1))); do ln -sfn /dev/null "$STATE/dev/nvidia$i"; done
 
 MEM_MB=$(( $(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p') - 512 ))
 
@@ -89,11 +96,12 @@ SlurmctldHost=localhost
 SlurmUser=root
 AuthType=auth/munge
 StateSaveLocation=$STATE/spool/ctld
-SlurmdSpoolDir=$STATE/spool/d
+# %n: the node's name; every slurmd of this host has its own spool, pid file and log.
+SlurmdSpoolDir=$STATE/spool/d/%n
 SlurmctldPidFile=$RUN/slurmctld.pid
-SlurmdPidFile=$RUN/slurmd.pid
+SlurmdPidFile=$RUN/slurmd.%n.pid
 SlurmctldLogFile=$STATE/log/slurmctld.log
-SlurmdLogFile=$STATE/log/slurmd.log
+SlurmdLogFile=$STATE/log/slurmd.%n.log
 # No cgroups on a plain machine or in a container.
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -112,13 +120,16 @@ AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStorageTRES=gres/gpu
 KillWait=5
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=$NODE_CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$NODE_CPUS ThreadsPerCore=1 RealMemory=$MEM_MB Gres=gpu:$NODE_GPUS State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+$(for node in $NODES; do
+    echo "NodeName=$node NodeAddr=127.0.0.1 Port=$(node_port $node) CPUs=$NODE_CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$NODE_CPUS ThreadsPerCore=1 RealMemory=$MEM_MB Gres=gpu:$NODE_GPUS State=UNKNOWN"
+done)
+PartitionName=debug Nodes=node1,node2 Default=YES MaxTime=INFINITE State=UP
 CONF
 
 cat >"$CONF_DIR/gres.conf" <<CONF
 $MARKER
-Name=gpu File=$STATE/dev/nvidia[0-$((NODE_GPUS - 1))]
+NodeName=node1 Name=gpu File=$STATE/dev/nvidia[0-$((NODE_GPUS - 1))]
+NodeName=node2 Name=gpu File=$STATE/dev/nvidia[$NODE_GPUS-$((2 * NODE_GPUS - 1))]
 CONF
 
 # slurmdbd finds mariadb's socket through the client library's MYSQL_UNIX_PORT.
@@ -126,7 +137,9 @@ running "$RUN/slurmdbd.pid" || MYSQL_UNIX_PORT=$DB_SOCKET slurmdbd
 waitfor 60 slurmdbd sacctmgr -i list cluster
 running "$RUN/slurmctld.pid" || slurmctld
 waitfor 60 slurmctld scontrol ping
-running "$RUN/slurmd.pid" || slurmd -N localhost
-waitfor 60 "the node localhost" bash -c "sinfo -h -N -o %t | grep -qE '^(idle|mix|alloc)'"
+for node in $NODES; do
+    running "$RUN/slurmd.$node.pid" || slurmd -N "$node"
+done
+waitfor 60 "the nodes node1 and node2" bash -c "[ \$(sinfo -h -N -o %t | grep -cE '^(idle|mix|alloc)') = 2 ]"
 # A node left DOWN/INVAL by an earlier run comes back with resume (harmless when it is idle).
 echo "SLURM cluster up: $(sinfo -h -N -o '%N %t CPUs=%c gres=%G') (state in $STATE)"

@@ -27,7 +27,7 @@ stop() {  # stop PIDFILE NAME
     fi
     rm -f "$pidfile"
 }
-stop "$STATE/run/slurmd.pid" slurmd
+for pidfile in "$STATE"/run/slurmd*.pid; do stop "$pidfile" "slurmd ($(basename "$pidfile"))"; done
 stop "$STATE/run/slurmctld.pid" slurmctld
 stop "$STATE/run/slurmdbd.pid" slurmdbd
 stop "$STATE/run/mariadbd.pid" mariadbd

@@ -86,8 +86,11 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
                        m.num_key_value_heads, m.vocab_size)
     flops = run_flops_per_token(shape, cfg)
     name = device_name(device)
-    peak = add_throughput_metrics(metrics, flops, name, cfg.precision.name,
-                                  gpus=cfg.backend.num_nodes * cfg.backend.gpus_per_node)
+    gpus = cfg.backend.num_nodes * cfg.backend.gpus_per_node
+    peak = add_throughput_metrics(metrics, flops, name, cfg.precision.name, gpus=gpus)
+    # The same world metrics as the torch backend: the comparison's scaling column reads them.
+    metrics["world_size"] = gpus
+    metrics["tokens_per_s_per_gpu"] = metrics["tokens_per_s"] / gpus
     info = {
         "device": str(device),
         "device_name": name,

@@ -41,7 +41,8 @@ class StepMetricsCallback(Callback):
         # After the PEFT transform: the frozen base and the adapters as they train.
         self.params_total = sum(p.numel() for p in pl_module.parameters())
         self.params_trainable = sum(p.numel() for p in pl_module.parameters() if p.requires_grad)
-        self.log = StepLog(self.metrics_path, device, self.tokens_per_step)
+        # Rank 0 writes the run's metrics.jsonl; the other ranks (one per GPU) only measure.
+        self.log = StepLog(self.metrics_path if trainer.global_rank == 0 else None, device, self.tokens_per_step)
         # Ranges only: NsysCallback owns the capture window.
         self._phases = Phases(device, capture_start=-1, capture_steps=0)
 
@@ -57,8 +58,9 @@ class StepMetricsCallback(Callback):
         self._step.close()
         if (step + 1) % self.log_every == 0 or step + 1 == self.max_steps:
             self.log.flush()
-            print(f"step {step + 1}/{self.max_steps} loss {self.log.losses[-1]:.4f} "
-                  f"step_time_ms {self.log.step_times_ms[-1]:.1f}", flush=True)
+            if trainer.global_rank == 0:
+                print(f"step {step + 1}/{self.max_steps} loss {self.log.losses[-1]:.4f} "
+                      f"step_time_ms {self.log.step_times_ms[-1]:.1f}", flush=True)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.log.close()

@@ -1,0 +1,111 @@
+"""The world of one combination: how many nodes and GPUs its training spans, and who starts the ranks.
+
+`backend.num_nodes` x `backend.gpus_per_node` ranks, one process per GPU (on CPU, one gloo process
+per "GPU"). Locally the worker runs under torchrun (`python -m torch.distributed.run --standalone`),
+which starts the ranks of one node. On SLURM the launcher asks for the nodes and one task per GPU,
+srun starts the tasks, and each task's job exports the rendezvous from SLURM's environment
+(submitit's TorchDistributedEnvironment) before it starts its one worker.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+from ghsweep.config.validate import ConfigError, check_int
+
+# What each rank's worker reads (torch.distributed's env:// rendezvous and torchrun's names).
+RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+DATA_PARALLEL = ("auto", "ddp", "fsdp")
+
+
+@dataclass(frozen=True)
+class World:
+    num_nodes: int
+    gpus_per_node: int
+
+    @property
+    def size(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+
+def world_of(cfg: DictConfig) -> World:
+    """The combination's world from `backend.num_nodes` / `backend.gpus_per_node` (1 x 1 when unset)."""
+    backend = cfg.backend
+    num_nodes, gpus_per_node = backend.get("num_nodes", 1), backend.get("gpus_per_node", 1)
+    check_int("backend.num_nodes", num_nodes, 1)
+    check_int("backend.gpus_per_node", gpus_per_node, 1)
+    return World(num_nodes, gpus_per_node)
+
+
+def check_world(cfg: DictConfig, on_gpu: bool, visible_gpus: int, slurm_task: bool) -> World:
+    """The world, or ConfigError when this launch cannot give it: several nodes without SLURM, more
+    GPUs per node than this machine shows on a local launch, a data_parallel this run cannot use."""
+    world = world_of(cfg)
+    if world.num_nodes > 1 and not slurm_task:
+        raise ConfigError(f"backend.num_nodes={world.num_nodes}: several nodes need a SLURM launch profile "
+                          "(hydra/launcher=local_slurm, gh200 or your site's); this launch runs on one machine; "
+                          "accepted here: 1")
+    if on_gpu and not slurm_task and world.gpus_per_node > visible_gpus:
+        raise ConfigError(f"backend.gpus_per_node={world.gpus_per_node}: this machine shows {visible_gpus} GPU(s) "
+                          f"to the run; accepted here: 1 to {visible_gpus}")
+    if world.size > 1 and cfg.profile.name == "nsys_ncu":
+        raise ConfigError(f"profile=nsys_ncu with {world.size} ranks: the Nsight Compute pass reruns one process; "
+                          "accepted here: profile=nsys, torch, auto, none (or backend.gpus_per_node=1)")
+    if cfg.backend.name == "torch":
+        mode = cfg.backend.get("data_parallel", "auto")
+        if mode not in DATA_PARALLEL:
+            raise ConfigError(f"backend.data_parallel={mode}: not an accepted value; accepted: {', '.join(DATA_PARALLEL)}")
+        if world.size > 1 and data_parallel(cfg) == "fsdp" and cfg.precision.name == "fp8" and cfg.peft.name == "lora":
+            raise ConfigError("backend.data_parallel=fsdp with precision=fp8 and peft=lora: the frozen fp8 base "
+                              "weights are not sharded; accepted: backend.data_parallel=ddp (or auto)")
+        reduce = cfg.precision.get("reduce_dtype", "fp32")
+        if reduce not in ("fp32", "param"):
+            raise ConfigError(f"precision.reduce_dtype={reduce}: not an accepted value; accepted: fp32, param")
+    return world
+
+
+def data_parallel(cfg: DictConfig) -> str:
+    """ddp or fsdp: auto is DDP for LoRA (only the adapters' gradients travel) and FSDP2 for full
+    fine-tuning (parameters, gradients and optimizer state sharded)."""
+    mode = cfg.backend.get("data_parallel", "auto")
+    if mode == "auto":
+        return "ddp" if cfg.peft.name == "lora" else "fsdp"
+    return mode
+
+
+def torchrun_prefix(python: str, local_ranks: int) -> list[str]:
+    """`python -m torch.distributed.run ... --no-python` that starts `local_ranks` ranks of the
+    program that follows it on this machine; [] for one (the worker runs as it is).
+    --no-python: the program is a full command line, so a profiler can wrap each rank."""
+    if local_ranks == 1:
+        return []
+    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={local_ranks}", "--no-python"]
+
+
+def slurm_task_ranks() -> int | None:
+    """The number of tasks of the submitit SLURM job this process is a task of, None outside one."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return None
+    import submitit
+
+    return submitit.JobEnvironment().num_tasks
+
+
+# Where rank 0's rendezvous listens when the first node's name does not resolve on the nodes (a
+# launch profile's `setup` line exports it); else the first node of the job.
+MASTER_ADDR_ENV = "GHSWEEP_MASTER_ADDR"
+
+
+def export_slurm_rendezvous() -> int:
+    """Set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT from SLURM's environment for the
+    worker this task starts; returns this task's global rank."""
+    import submitit
+
+    # CUDA_VISIBLE_DEVICES stays as SLURM set it: the worker picks its GPU by LOCAL_RANK, as under torchrun.
+    env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    if os.environ.get(MASTER_ADDR_ENV):
+        os.environ["MASTER_ADDR"] = os.environ[MASTER_ADDR_ENV]
+    return env.rank

@@ -1,0 +1,123 @@
+"""One run on several GPUs: every rank's Nsight Systems report analysed, and what they say together.
+
+Each rank's report gets the single-GPU analysis (its own steady window, busy/idle time, top
+kernels, communication: analysis.nccl_communication). The run's analysis is rank 0's, with:
+- `ranks`: one row per rank (device busy/idle, NCCL share, exposed communication, step and
+  compute time per step);
+- the run's metrics over the ranks: gpu_busy_pct / gpu_idle_pct, nccl_time_pct and
+  exposed_nccl_pct are means over the ranks;
+- findings: a straggler, and exposed communication (the GPUs idle on NCCL for a share of the
+  window the overlap of data parallelism should hide).
+
+The straggler is told by waiting, not by step times: every rank's step lasts as long as the
+slowest's (the collectives line them up), and a collective's kernel runs from its launch until all
+ranks have joined it, so the ranks that wait spend more time in NCCL kernels per step than the
+rank they wait for. When the spread of NCCL time per step between the ranks is a sizeable share of
+the step, the rank with the least is the one the others wait for.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+
+from ghsweep.profile.findings import finding
+
+# The others wait this share of a step (or more) for the rank with the least NCCL time: a straggler.
+STRAGGLER_MIN_PCT = 10.0
+# Communication no compute kernel overlaps, % of the window, worth a finding.
+EXPOSED_COMM_MIN_PCT = 10.0
+RANK_IN_NAME = re.compile(r"rank(\d+)")
+AVERAGED = ("gpu_busy_pct", "gpu_idle_pct", "nccl_time_pct", "exposed_nccl_pct")
+
+
+def rank_of(path: Path) -> int:
+    """The rank in a per-rank report's name (profile_rank3.sqlite -> 3)."""
+    found = RANK_IN_NAME.search(path.name)
+    if not found:
+        raise ValueError(f"{path}: no rank in the file name; expected profile_rank<N>.sqlite")
+    return int(found.group(1))
+
+
+def rank_row(rank: int, path: Path, a: dict) -> dict:
+    comm = a.get("communication") or {}
+    return {
+        "rank": rank,
+        "profile": path.name,
+        "gpu_busy_pct": a.get("gpu_busy_pct"),
+        "gpu_idle_pct": a.get("gpu_idle_pct"),
+        "nccl_time_pct": comm.get("nccl_time_pct", 0.0),
+        "exposed_nccl_pct": comm.get("exposed_nccl_pct", 0.0),
+        "step_ms": (a.get("step_ms") or {}).get("median"),
+        "nccl_ms_per_step": comm.get("nccl_ms_per_step"),
+        "compute_ms_per_step": comm.get("compute_ms_per_step"),
+    }
+
+
+def combine(per_rank: dict[int, tuple[Path, dict]], world_size: int) -> dict:
+    """The run's analysis from each rank's ({rank: (report, analysis)}); rank 0's (else the lowest's)
+    is the base, the rows, means and findings are added."""
+    ranks = sorted(per_rank)
+    result = dict(per_rank[ranks[0]][1])
+    rows = [rank_row(r, *per_rank[r]) for r in ranks]
+    result["ranks"] = rows
+    for key in AVERAGED:
+        values = [row[key] for row in rows if row[key] is not None]
+        result[key] = statistics.fmean(values) if values else None
+    missing = sorted(set(range(world_size)) - set(ranks))
+    extra = []
+    if missing:
+        extra.append(finding("profile_health", "warning",
+                             f"no profile of rank(s) {', '.join(map(str, missing))} of {world_size}: the analysis "
+                             "covers the others only", missing_ranks=missing))
+    extra += rank_findings(rows)
+    result["findings"] = [*result.get("findings", []), *extra]
+    result["summary"] = [*result.get("summary", []), ranks_summary(rows)]
+    return result
+
+
+def rank_findings(rows: list[dict]) -> list[dict]:
+    out = []
+    measured = [r for r in rows if r["nccl_ms_per_step"] is not None and r["step_ms"]]
+    if len(measured) == len(rows) > 1:
+        waited_for = min(measured, key=lambda r: r["nccl_ms_per_step"])
+        others = [r["nccl_ms_per_step"] for r in measured if r is not waited_for]
+        wait_ms = statistics.median(others) - waited_for["nccl_ms_per_step"]
+        step_ms = statistics.median(r["step_ms"] for r in measured)
+        share = 100.0 * wait_ms / step_ms
+        if share >= STRAGGLER_MIN_PCT:
+            out.append(finding("straggler", "warning",
+                               f"rank {waited_for['rank']} is a straggler: the other ranks wait {wait_ms:.1f} ms per "
+                               f"step for it in NCCL collectives ({share:.0f}% of a {step_ms:.1f} ms step; its NCCL time "
+                               f"{waited_for['nccl_ms_per_step']:.1f} ms per step, the others' median "
+                               f"{statistics.median(others):.1f}): a slower or shared GPU, a busier host, or more work "
+                               "in its micro-batches (uneven sequence lengths)", rank=waited_for["rank"],
+                               wait_ms_per_step=wait_ms, step_ms=step_ms, share_pct=share))
+    exposed = [r["exposed_nccl_pct"] for r in rows if r["exposed_nccl_pct"] is not None]
+    if exposed and statistics.fmean(exposed) >= EXPOSED_COMM_MIN_PCT:
+        worst = max(rows, key=lambda r: r["exposed_nccl_pct"] or 0.0)
+        out.append(finding("exposed_communication", "warning",
+                           f"communication is exposed: NCCL kernels run with no compute beside them for "
+                           f"{statistics.fmean(exposed):.1f}% of the steady state on average (rank {worst['rank']}: "
+                           f"{worst['exposed_nccl_pct']:.1f}%); the GPUs wait for gradients or parameters (larger "
+                           "buckets or micro-batches, FSDP prefetch, or a faster link)",
+                           exposed_nccl_pct=statistics.fmean(exposed), worst_rank=worst["rank"]))
+    return out
+
+
+def ranks_summary(rows: list[dict]) -> str:
+    parts = [f"rank {r['rank']}: busy {r['gpu_busy_pct']:.1f}%, NCCL {r['nccl_time_pct']:.1f}% of kernel time, "
+             f"exposed {r['exposed_nccl_pct']:.1f}%" for r in rows if r["gpu_busy_pct"] is not None]
+    return f"{len(rows)} ranks profiled; " + "; ".join(parts)
+
+
+def table(rows: list[dict]) -> str:
+    """The per-rank table of the profile report (markdown)."""
+    lines = ["| rank | GPU busy % | GPU idle % | NCCL % of kernel time | exposed NCCL % | step ms | NCCL ms/step "
+             "| compute ms/step |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = [r[k] for k in ("gpu_busy_pct", "gpu_idle_pct", "nccl_time_pct", "exposed_nccl_pct", "step_ms",
+                                "nccl_ms_per_step", "compute_ms_per_step")]
+        lines.append(f"| {r['rank']} | " + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |")
+    return "\n".join(lines) + "\n"

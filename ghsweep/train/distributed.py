@@ -1,0 +1,129 @@
+"""Data parallelism in the worker: the rank's place in the world, its device, DDP or FSDP2.
+
+The launch side (ghsweep.launch.world) starts one worker per GPU, under torchrun or as SLURM
+tasks; both give the worker torch.distributed's env:// variables (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT). A worker without them is a world of one and runs as before.
+NCCL on GPUs, gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+from torch import nn
+
+from ghsweep.launch.world import data_parallel
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes the run's records (metrics.jsonl, summary.json); the others only train."""
+        return self.rank == 0
+
+
+def ranks_from_env() -> Ranks:
+    return Ranks(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                 int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def rank_device(device: torch.device, ranks: Ranks) -> torch.device:
+    """The rank's own GPU (LOCAL_RANK among those visible), or the device as it is."""
+    if device.type != "cuda" or ranks.world_size == 1:
+        return device
+    index = ranks.local_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def start(ranks: Ranks, device: torch.device) -> None:
+    """Join the process group (nothing for a world of one)."""
+    if ranks.world_size > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                device_id=device if device.type == "cuda" else None)
+
+
+def stop(ranks: Ranks) -> None:
+    if ranks.world_size > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class TrainStep(nn.Module):
+    """Decoder, LM head and loss as one module, so DDP and FSDP2 see the whole step's forward."""
+
+    def __init__(self, decoder: nn.Module, lm_head: nn.Module, loss_fn):
+        super().__init__()
+        self.decoder, self.lm_head, self.loss_fn = decoder, lm_head, loss_fn
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, **decoder_kwargs) -> torch.Tensor:
+        hidden = self.decoder(input_ids=input_ids, use_cache=False, **decoder_kwargs)[0]
+        return self.loss_fn(hidden, self.lm_head.weight, labels)
+
+
+REDUCE_DTYPES = {"fp32": torch.float32, "param": None}
+
+
+def parallelize(step: TrainStep, cfg: DictConfig, ranks: Ranks) -> tuple[nn.Module, str | None]:
+    """(the module the loop calls, ddp | fsdp | None). FSDP2 shards each decoder layer and then the
+    rest (embedding, norm, LM head); gradients are reduced in precision.reduce_dtype."""
+    if ranks.world_size == 1:
+        return step, None
+    mode = data_parallel(cfg)
+    if mode == "ddp":
+        # Every rank built the same weights from the same seed (or folder): no broadcast at start; the buffers
+        # (rotary frequencies) never change: no broadcast before every forward either, which would line the
+        # ranks up at each step's start. No device_ids: the batch is on the device already, and DDP would
+        # copy the attention mask object.
+        return nn.parallel.DistributedDataParallel(step, init_sync=False, broadcast_buffers=False), mode
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(reduce_dtype=REDUCE_DTYPES[cfg.precision.get("reduce_dtype", "fp32")])
+    # false: a layer's gathered weights stay until its backward (one all-gather per step instead of two,
+    # the full weights in memory as with DDP); true: resharded after forward (ZeRO-3, least memory).
+    reshard = bool(cfg.backend.get("fsdp_reshard_after_forward", False))
+    for layer in step.decoder.layers:
+        fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard)
+    fully_shard(step, mp_policy=policy, reshard_after_forward=reshard)
+    return step, mode
+
+
+def after_optimizer_step(model: nn.Module, mode: str | None, fp8_library: str | None) -> None:
+    """torchao's fp8 all-gather under FSDP2 needs the weights' scales once per step, in one all-reduce."""
+    if mode == "fsdp" and fp8_library == "torchao":
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+        precompute_float8_dynamic_scale_for_fsdp(model)
+
+
+def gather(value: object, ranks: Ranks) -> list:
+    """`value` of every rank, in rank order (a world of one: [value])."""
+    if ranks.world_size == 1:
+        return [value]
+    out: list = [None] * ranks.world_size
+    dist.all_gather_object(out, value)
+    return out
+
+
+def rank_summary(step_times_ms: list[list[float]], peaks_gib: list[float], warmup_steps: int) -> dict:
+    """Per-rank steady step times (median after warm-up), the slowest rank and the spread."""
+    medians = [statistics.median(t[warmup_steps:] or t) for t in step_times_ms]
+    slowest = max(range(len(medians)), key=medians.__getitem__)
+    middle = statistics.median(medians)
+    return {
+        "rank_step_time_ms": medians,
+        "rank_peak_mem_gb": peaks_gib,
+        "slowest_rank": slowest,
+        "slowest_rank_step_time_ms": medians[slowest],
+        # How much slower the slowest rank's steps are than the median rank's.
+        "rank_spread_pct": 100.0 * (medians[slowest] - middle) / middle if middle else 0.0,
+    }
