@@ -160,6 +160,8 @@ def _map_model(recipe: Any, cfg: DictConfig) -> None:
 
     m = cfg.model
     c = recipe.model.config
+    if not transformer_engine_available():
+        _use_local_spec(c)
     c.num_layers = m.num_layers
     c.hidden_size = m.hidden_size
     c.ffn_hidden_size = m.intermediate_size
@@ -178,6 +180,17 @@ def _map_model(recipe: Any, cfg: DictConfig) -> None:
         c.vocab_size = m.vocab_size
         recipe.model.tokenizer = run.Config(ByteLevelTokenizer, vocab_size=256)
         recipe.resume = None
+
+
+def _use_local_spec(c: Any) -> None:
+    """Megatron's layers without Transformer Engine: PyTorch attention, and no fusion that needs TE or apex."""
+    from ghsweep.train.nemo.attention import local_layer_spec
+
+    c.transformer_layer_spec = local_layer_spec
+    c.apply_rope_fusion = False
+    c.gradient_accumulation_fusion = False
+    c.persist_layer_norm = False
+    c.masked_softmax_fusion = False
 
 
 def hf_import_path(model_path: str) -> Path:
