@@ -14,12 +14,13 @@ import torch
 from omegaconf import DictConfig
 
 from ghsweep.train import data as dolly
+from ghsweep.train.attention import attended_keys_per_token
 from ghsweep.train.flops import add_throughput_metrics, run_flops_per_token
 from ghsweep.train.nemo.metrics import StepMetricsCallback
 from ghsweep.train.nemo.recipe import (DATASET_DIR, build_recipe, check_config, hf_import_path, llama_architecture,
                                        model_shape, save_recipe)
 from ghsweep.train.tokenizer import load_tokenizer
-from ghsweep.train.torch_backend import device_name, peak_memory_gib
+from ghsweep.train.torch_backend import device_name, load_blocks, peak_memory_gib
 from ghsweep.train.unified_memory import ManagedMemory
 
 # Records held out as NeMo's validation file, which its data module requires (never evaluated:
@@ -82,7 +83,10 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
     metrics = log.summary(cfg.train.warmup_steps)
     managed_peak = managed.peak_gib() if managed else None
     metrics["peak_mem_gb"] = managed_peak if managed_peak is not None else peak_memory_gib(device)
-    flops = run_flops_per_token(model_shape(cfg.model), cfg)
+    # Attention FLOPs over the documents each token sees, counted on the torch backend's packing of
+    # the same records (NeMo packs them differently, but every token still sees only its own document).
+    blocks = load_blocks(cfg, load_tokenizer(cfg.model))
+    flops = run_flops_per_token(model_shape(cfg.model), cfg, attended_keys_per_token(blocks.position_ids, True))
     name = device_name(device)
     peak = add_throughput_metrics(metrics, flops, name, cfg.precision.name,
                                   gpus=cfg.backend.num_nodes * cfg.backend.gpus_per_node)

@@ -99,6 +99,11 @@ def check_config(cfg: DictConfig, runtime: bool) -> None:
                 f"backend.recompute_granularity={b.recompute_granularity}: Megatron refuses activation "
                 "recomputation together with offload=on; accepted with offload=on: null"
             )
+    if cfg.data.packing_mask != "document":
+        raise ConfigError(
+            f"data.packing_mask={cfg.data.packing_mask}: NeMo's packed sequences always keep each example to "
+            "itself; accepted with backend=nemo: document"
+        )
     if cfg.dataloader.prefetch_factor not in (None, 2):
         raise ConfigError(
             f"dataloader.prefetch_factor={cfg.dataloader.prefetch_factor}: NeMo's data module always "
