@@ -28,7 +28,8 @@ def test_lora_bf16_maps_onto_automodel_s_peft_model_and_loop(tmp_path):
                       "train.micro_batch_size=2", "train.max_steps=12", "dataloader=sync")
     recipe = recipe_config(cfg, tmp_path, "cuda")
     assert recipe["peft"] == {"_target_": "nemo_automodel.components._peft.lora.PeftConfig", "dim": 32, "alpha": 64,
-                              "dropout": cfg.peft.dropout, "target_modules": list(cfg.peft.target_modules)}
+                              "dropout": cfg.peft.dropout,
+                              "target_modules": [f"*.{m}" for m in cfg.peft.target_modules]}
     model = recipe["model"]
     assert model["_target_"] == "nemo_automodel.NeMoAutoModelForCausalLM.from_config"
     assert model["torch_dtype"] == "bfloat16" and model["attn_implementation"] == "flex_attention"

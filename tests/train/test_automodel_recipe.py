@@ -38,7 +38,16 @@ def test_automodel_reads_the_loop_sections_as_ghsweep_set_them(tmp_path):
     assert recipe.checkpoint.enabled is False
     assert recipe.optimizer is not None and recipe.loss_fn is not None and recipe.dataloader is not None
     lora = recipe.peft.instantiate()
-    assert (lora.dim, lora.alpha, lora.target_modules) == (cfg.peft.r, cfg.peft.alpha, list(cfg.peft.target_modules))
+    assert (lora.dim, lora.alpha) == (cfg.peft.r, cfg.peft.alpha)
+    # The adapters go where the torch backend's peft puts them: the named projections, not lm_head.
+    from nemo_automodel.components._peft.module_matcher import ModuleMatcher
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    matcher = ModuleMatcher(target_modules=lora.target_modules)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, vocab_size=64))
+    adapted = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if matcher.match(module, name)}
+    assert adapted == set(cfg.peft.target_modules)
 
 
 def test_the_dataset_is_the_torch_backend_s_blocks_with_next_token_labels(tmp_path):

@@ -45,6 +45,12 @@ def _measured_recipe(cfg: DictConfig, run_dir: Path, tokens_per_step: int) -> An
         # largest per-step peak it reports.
         peak_gib = 0.0
 
+        def setup(self) -> None:
+            # On one GPU AutoModel builds a Hugging Face model on the CPU and initialises it there (minutes
+            # at 7B); built under the CUDA device it is initialised where it trains.
+            with torch.device("cuda", torch.cuda.current_device()):
+                super().setup()
+
         def run_train_validation_loop(self) -> None:
             device = torch.device("cuda", torch.cuda.current_device())
             self.step_log = StepLog(run_dir / "metrics.jsonl", device, tokens_per_step)

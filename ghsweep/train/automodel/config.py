@@ -104,7 +104,8 @@ def recipe_config(cfg: DictConfig, run_dir: Path, device_type: str) -> dict[str,
     if cfg.peft.name == "lora":
         p = cfg.peft
         recipe["peft"] = {"_target_": "nemo_automodel.components._peft.lora.PeftConfig",
-                          "target_modules": list(p.target_modules), "dim": p.r, "alpha": p.alpha,
+                          # AutoModel matches patterns against a module's full name.
+                          "target_modules": [f"*.{name}" for name in p.target_modules], "dim": p.r, "alpha": p.alpha,
                           "dropout": p.dropout}
     if cfg.precision.name == "fp8":
         recipe["fp8"] = {"enabled": True, "recipe_name": "tensorwise",

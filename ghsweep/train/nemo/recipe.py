@@ -328,6 +328,9 @@ def _map_train(recipe: Any, cfg: DictConfig, run_dir: Path) -> None:
     trainer.limit_val_batches = 0
     trainer.val_check_interval = None
     trainer.enable_checkpointing = False
+    # NeMo's asynchronous checkpoint wrapper is built even when nothing is saved, and it needs
+    # megatron-core's tensorstore strategy, which megatron-core 0.16 no longer has.
+    trainer.strategy.ckpt_async_save = False
     recipe.log.ckpt = None
     recipe.log.tensorboard = None
     recipe.optim.config.lr = t.lr
