@@ -35,4 +35,7 @@ def packed_dolly(run_dir: str) -> ShiftedPackedDataset:
     from ghsweep.train.torch_backend import load_blocks
 
     cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
-    return ShiftedPackedDataset(load_blocks(cfg, load_tokenizer(cfg.model)))
+    # On the CPU even inside the recipe's setup, which the backend runs under the CUDA device: the
+    # dataloader's workers and pinned memory take host tensors.
+    with torch.device("cpu"):
+        return ShiftedPackedDataset(load_blocks(cfg, load_tokenizer(cfg.model)))
