@@ -88,7 +88,8 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
     if not torch.cuda.is_available():
         raise RuntimeError("backend=automodel: training needs an NVIDIA GPU (FSDP2 over NCCL)")
     _single_process_env()
-    recipe_path = write_recipe(recipe_config(cfg, run_dir, "cuda"), run_dir)
+    recipe_cfg = recipe_config(cfg, run_dir, "cuda")
+    recipe_path = write_recipe(recipe_cfg, run_dir)
     tokens_per_step = cfg.train.micro_batch_size * cfg.train.seq_length
     recipe = _measured_recipe(cfg, run_dir, tokens_per_step)(load_yaml_config(str(recipe_path)))
     recipe.setup()
@@ -118,11 +119,17 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
         "random_init": not cfg.model.path,
         "params_total": params_total,
         "params_trainable": params_trainable,
-        "examples": len(blocks),
+        "packed_blocks": len(blocks),
+        "examples_dropped_too_long": blocks.dropped,
+        "dataloader_workers": cfg.dataloader.num_workers,
+        "compiled": recipe_cfg["compile"]["enabled"],
+        "attention": recipe_cfg["model"]["attn_implementation"],
         "flops_per_token": flops,
         "mfu_peak_tflops": peak,
         "offload_applied": False,
     }
+    if cfg.precision.name == "fp8":
+        info["fp8_library"] = "torchao"
     if managed:
         info["unified_allocator"] = managed.allocator
     return {
