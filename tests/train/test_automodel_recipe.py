@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.automodel, pytest.mark.usefixtures("automodel")]
 
 
 def written_recipe(run_dir, *overrides: str):
-    """A run directory as the job leaves it (config.yaml) with the recipe YAML the worker writes, loaded by AutoModel."""
+    """A run directory as the job leaves it (config.yaml), and the worker's recipe YAML as AutoModel reads it."""
     from nemo_automodel.components.config.loader import load_yaml_config
     from nemo_automodel.recipes._typed_config import RecipeConfig
 

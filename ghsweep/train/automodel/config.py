@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from ghsweep.config.validate import ConfigError
 from ghsweep.train.attention import resolve
+from ghsweep.train.tokenizer import ByteTokenizer
 
 # The recipe config a run trained with, as AutoModel's own YAML (its CLI takes the same file).
 RECIPE_YAML = "automodel.yaml"
@@ -51,14 +52,13 @@ def attn_implementation(cfg: DictConfig, device_type: str) -> str:
 
 def _model(cfg: DictConfig, device_type: str) -> dict[str, Any]:
     m = cfg.model
-    common = {"torch_dtype": TORCH_DTYPES[cfg.precision.name], "attn_implementation": attn_implementation(cfg, device_type),
+    common = {"torch_dtype": TORCH_DTYPES[cfg.precision.name],
+              "attn_implementation": attn_implementation(cfg, device_type),
               # The torch backend's model as it is: no Liger kernels swapped in.
               "use_liger_kernel": False}
     if m.path:
         return {"_target_": "nemo_automodel.NeMoAutoModelForCausalLM.from_pretrained",
                 "pretrained_model_name_or_path": str(m.path), **common}
-    from ghsweep.train.tokenizer import ByteTokenizer
-
     config = {"_target_": "transformers.LlamaConfig", "hidden_size": m.hidden_size,
               "intermediate_size": m.intermediate_size, "num_hidden_layers": m.num_layers,
               "num_attention_heads": m.num_attention_heads, "num_key_value_heads": m.num_key_value_heads,
