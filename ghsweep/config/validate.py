@@ -103,7 +103,7 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> None:
         raise ConfigError(f"device={device}: no NVIDIA GPU is visible to this job; accepted here: auto, cpu")
     on_gpu = run_device(cfg, gpu) == "cuda"
 
-    _check_choice("backend", cfg.backend.name, ("torch", "nemo"))
+    _check_choice("backend", cfg.backend.name, ("torch", "nemo", "automodel"))
     model = model_facts(cfg.model)
     _validate_model(cfg, model)
     _validate_train(cfg, model, on_gpu)
@@ -125,6 +125,8 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> None:
     _validate_profile(cfg)
     if cfg.backend.name == "nemo":
         _validate_nemo(cfg, on_gpu)
+    if cfg.backend.name == "automodel":
+        _validate_automodel(cfg, on_gpu)
 
 
 def _validate_nemo(cfg: DictConfig, on_gpu: bool) -> None:
@@ -137,6 +139,18 @@ def _validate_nemo(cfg: DictConfig, on_gpu: bool) -> None:
         raise ConfigError(
             f"backend=nemo: training needs an NVIDIA GPU (Megatron) and this run has none (device={cfg.device}); "
             "accepted here: backend=torch"
+        )
+
+
+def _validate_automodel(cfg: DictConfig, on_gpu: bool) -> None:
+    # Imported here: ghsweep.train.automodel.config imports ConfigError from this module (and no AutoModel).
+    from ghsweep.train.automodel.config import check_config
+
+    check_config(cfg)
+    if not on_gpu:
+        raise ConfigError(
+            f"backend=automodel: training needs an NVIDIA GPU (FSDP2 over NCCL) and this run has none "
+            f"(device={cfg.device}); accepted here: backend=torch"
         )
 
 

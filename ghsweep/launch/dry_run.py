@@ -55,6 +55,10 @@ def describe(num: int, name: str, run_dir: Path, cfg: DictConfig, launch: str, r
         from ghsweep.train.nemo.recipe import describe_recipe
 
         lines.append(describe_recipe(cfg, run_dir))
+    if cfg.backend.name == "automodel":
+        from ghsweep.train.automodel.config import describe_recipe as describe_automodel_recipe
+
+        lines.append(describe_automodel_recipe(cfg, run_dir))
     return redact.text("\n".join(lines))
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from omegaconf import DictConfig
+
 
 class ByteTokenizer:
     """UTF-8 bytes are token ids 0-255; BOS, EOS and PAD follow them."""
@@ -16,3 +20,12 @@ class ByteTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def load_tokenizer(model: DictConfig) -> Any:
+    """The tokenizer a run trains with: the checkpoint's (`model.path`), else the byte tokenizer."""
+    if not model.path:
+        return ByteTokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model.path)

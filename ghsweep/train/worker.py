@@ -31,14 +31,16 @@ def load_backend(cfg: DictConfig) -> tuple[ModuleType, ManagedMemory | None]:
     The allocator is set up before the backend's imports: transformers initialises CUDA on import,
     and the allocator can only be swapped before that.
     """
-    if cfg.backend.name not in ("torch", "nemo"):
-        raise ValueError(f"backend={cfg.backend.name} is not known; accepted: torch, nemo")
+    if cfg.backend.name not in ("torch", "nemo", "automodel"):
+        raise ValueError(f"backend={cfg.backend.name} is not known; accepted: torch, nemo, automodel")
     from ghsweep.train.unified_memory import setup_unified_memory
 
     managed = setup_unified_memory(cfg.memory) if cfg.memory.name == "unified" else None
     # Imported only for its backend: the base install has no NeMo.
     if cfg.backend.name == "nemo":
         from ghsweep.train.nemo import backend
+    elif cfg.backend.name == "automodel":
+        from ghsweep.train.automodel import backend
     else:
         from ghsweep.train import torch_backend as backend
     return backend, managed

@@ -19,8 +19,9 @@ from hydra import compose, initialize_config_dir
 
 from ghsweep.config.validate import ConfigError
 from ghsweep.train import data as dolly
+from ghsweep.train.flops import ModelShape
 from ghsweep.train.nemo.recipe import (
-    DATASET_DIR, RECIPE_JSON, RECIPE_TEXT, build_recipe, check_config, load_recipe, save_recipe,
+    DATASET_DIR, RECIPE_JSON, RECIPE_TEXT, build_recipe, check_config, load_recipe, model_shape, save_recipe,
 )
 from tests.conftest import CONF_DIR
 from tests.nemo import nemo_llm  # noqa: F401  (the fixture)
@@ -166,17 +167,26 @@ def test_model_shape_reaches_megatron(tmp_path, model):
     assert recipe.model.tokenizer.__fn_or_cls__.__name__ == "ByteLevelTokenizer"
 
 
-def test_model_path_restores_the_imported_checkpoint_with_its_tokenizer(tmp_path):
+def test_model_path_restores_the_imported_checkpoint_in_its_own_shape_with_its_tokenizer(tmp_path):
     from nemo.lightning.base import NEMO_MODELS_CACHE
 
-    folder = tmp_path / "Llama-2-7b-hf"
+    folder = tmp_path / "two-layer-llama"
     folder.mkdir()
-    # What validation reads of the folder (the import itself happens on the GPU node).
-    (folder / "config.json").write_text(json.dumps(
-        {"model_type": "llama", "num_hidden_layers": 32, "max_position_embeddings": 4096}))
-    recipe, _ = recipe_of(tmp_path, "model=llama2_7b", f"model.path={folder}")
-    assert recipe.resume.restore_config.path == str(Path(NEMO_MODELS_CACHE) / "Llama-2-7b-hf")
+    # A Llama that is not Llama-2-7B, as transformers >= 5 writes it (rope_theta inside rope_parameters).
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 2, "max_position_embeddings": 4096, "hidden_size": 512,
+        "intermediate_size": 1376, "num_attention_heads": 8, "num_key_value_heads": 4, "rms_norm_eps": 1e-6,
+        "vocab_size": 1000, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+        "tie_word_embeddings": True}))
+    recipe, cfg = recipe_of(tmp_path, "model=llama2_7b", f"model.path={folder}")
+    assert recipe.resume.restore_config.path == str(Path(NEMO_MODELS_CACHE) / "two-layer-llama")
     assert recipe.model.tokenizer.pretrained_model_name == str(folder)
+    c = recipe.model.config
+    # The checkpoint's shape, not model=llama2_7b's.
+    assert (c.num_layers, c.hidden_size, c.ffn_hidden_size, c.num_attention_heads, c.num_query_groups) == (
+        2, 512, 1376, 8, 4)
+    assert (c.layernorm_epsilon, c.rotary_base, c.share_embeddings_and_output_weights) == (1e-6, 500000.0, True)
+    assert model_shape(cfg.model) == ModelShape(512, 1376, 2, 8, 4, 1000)
 
 
 def test_dolly_file_is_packed_by_nemo_s_own_data_module(tmp_path):

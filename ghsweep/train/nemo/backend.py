@@ -14,11 +14,13 @@ import torch
 from omegaconf import DictConfig
 
 from ghsweep.train import data as dolly
-from ghsweep.train.flops import ModelShape, add_throughput_metrics, run_flops_per_token
+from ghsweep.train.attention import attended_keys_per_token
+from ghsweep.train.flops import add_throughput_metrics, run_flops_per_token
 from ghsweep.train.nemo.metrics import StepMetricsCallback
-from ghsweep.train.nemo.recipe import DATASET_DIR, build_recipe, check_config, hf_import_path, save_recipe
-from ghsweep.train.tokenizer import ByteTokenizer
-from ghsweep.train.torch_backend import device_name, peak_memory_gib
+from ghsweep.train.nemo.recipe import (DATASET_DIR, build_recipe, check_config, hf_import_path, llama_architecture,
+                                       model_shape, save_recipe)
+from ghsweep.train.tokenizer import load_tokenizer
+from ghsweep.train.torch_backend import device_name, load_blocks, peak_memory_gib
 from ghsweep.train.unified_memory import ManagedMemory
 
 # Records held out as NeMo's validation file, which its data module requires (never evaluated:
@@ -28,7 +30,7 @@ VALIDATION_RECORDS = 8
 
 def write_dataset(cfg: DictConfig, root: Path) -> int:
     """The run's dolly records in NeMo's fine-tuning format, one {"input", "output"} per line."""
-    records = dolly.load_records(cfg.data, cfg.seed, cfg.train.seq_length, _tokenizer(cfg))
+    records = dolly.load_records(cfg.data, cfg.seed, cfg.train.seq_length, load_tokenizer(cfg.model))
     root.mkdir(parents=True, exist_ok=True)
     splits = {"training.jsonl": records[VALIDATION_RECORDS:], "validation.jsonl": records[:VALIDATION_RECORDS]}
     for name, split in splits.items():
@@ -39,21 +41,21 @@ def write_dataset(cfg: DictConfig, root: Path) -> int:
     return len(splits["training.jsonl"])
 
 
-def _tokenizer(cfg: DictConfig) -> dolly.Tokenizer:
-    """The tokenizer NeMo trains with: the checkpoint's, else byte-level (as the recipe sets it)."""
-    if not cfg.model.path:
-        return ByteTokenizer()
-    from transformers import AutoTokenizer
+def import_hf_model(model: DictConfig) -> None:
+    """Convert a Hugging Face folder into NeMo's model cache once (NeMo skips it when present).
 
-    return AutoTokenizer.from_pretrained(cfg.model.path)
-
-
-def import_hf_model(model_path: str) -> None:
-    """Convert a Hugging Face folder into NeMo's model cache once (NeMo skips it when present)."""
+    NeMo's Llama importer reads the folder's config.json itself; the model passed here only picks
+    that importer, and is given the same shape so nothing suggests another.
+    """
     from nemo.collections import llm
 
-    if not hf_import_path(model_path).exists():
-        llm.import_ckpt(model=llm.LlamaModel(llm.Llama2Config7B()), source=f"hf://{model_path}")
+    if hf_import_path(model.path).exists():
+        return
+    a = llama_architecture(model)
+    config = llm.LlamaConfig(num_layers=a["num_hidden_layers"], hidden_size=a["hidden_size"],
+                             ffn_hidden_size=a["intermediate_size"], num_attention_heads=a["num_attention_heads"],
+                             num_query_groups=a["num_key_value_heads"])
+    llm.import_ckpt(model=llm.LlamaModel(config), source=f"hf://{model.path}")
 
 
 def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) -> dict:
@@ -69,7 +71,7 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
         torch.backends.cuda.matmul.allow_tf32 = bool(cfg.precision.allow_tf32)
     examples = write_dataset(cfg, run_dir / DATASET_DIR)
     if cfg.model.path:
-        import_hf_model(cfg.model.path)
+        import_hf_model(cfg.model)
     recipe = build_recipe(cfg, run_dir)
     save_recipe(recipe, run_dir)
     finetune = fdl.build(recipe)
@@ -81,10 +83,10 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
     metrics = log.summary(cfg.train.warmup_steps)
     managed_peak = managed.peak_gib() if managed else None
     metrics["peak_mem_gb"] = managed_peak if managed_peak is not None else peak_memory_gib(device)
-    m = cfg.model
-    shape = ModelShape(m.hidden_size, m.intermediate_size, m.num_layers, m.num_attention_heads,
-                       m.num_key_value_heads, m.vocab_size)
-    flops = run_flops_per_token(shape, cfg)
+    # Attention FLOPs over the documents each token sees, counted on the torch backend's packing of
+    # the same records (NeMo packs them differently, but every token still sees only its own document).
+    blocks = load_blocks(cfg, load_tokenizer(cfg.model))
+    flops = run_flops_per_token(model_shape(cfg.model), cfg, attended_keys_per_token(blocks.position_ids, True))
     name = device_name(device)
     gpus = cfg.backend.num_nodes * cfg.backend.gpus_per_node
     peak = add_throughput_metrics(metrics, flops, name, cfg.precision.name, gpus=gpus)

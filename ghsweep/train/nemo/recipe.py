@@ -7,12 +7,14 @@ or reads a recipe imports NeMo lazily, inside the function.
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from ghsweep.config.validate import ConfigError, check_int, model_facts
+from ghsweep.train.flops import ModelShape
 
 # LoRA targets: transformers' module names -> Megatron's fused linear layers. Megatron fuses
 # q/k/v into one GEMM and gate/up into another, so a LoRA target is all of a group or none of it.
@@ -97,6 +99,11 @@ def check_config(cfg: DictConfig, runtime: bool) -> None:
                 f"backend.recompute_granularity={b.recompute_granularity}: Megatron refuses activation "
                 "recomputation together with offload=on; accepted with offload=on: null"
             )
+    if cfg.data.packing_mask != "document":
+        raise ConfigError(
+            f"data.packing_mask={cfg.data.packing_mask}: NeMo's packed sequences always keep each example to "
+            "itself; accepted with backend=nemo: document"
+        )
     if cfg.dataloader.prefetch_factor not in (None, 2):
         raise ConfigError(
             f"dataloader.prefetch_factor={cfg.dataloader.prefetch_factor}: NeMo's data module always "
@@ -160,12 +167,17 @@ def _map_model(recipe: Any, cfg: DictConfig) -> None:
 
     m = cfg.model
     c = recipe.model.config
-    c.num_layers = m.num_layers
-    c.hidden_size = m.hidden_size
-    c.ffn_hidden_size = m.intermediate_size
-    c.num_attention_heads = m.num_attention_heads
-    c.num_query_groups = m.num_key_value_heads
-    c.layernorm_epsilon = m.rms_norm_eps
+    if not transformer_engine_available():
+        _use_local_spec(c)
+    arch = llama_architecture(m)
+    c.num_layers = arch["num_hidden_layers"]
+    c.hidden_size = arch["hidden_size"]
+    c.ffn_hidden_size = arch["intermediate_size"]
+    c.num_attention_heads = arch["num_attention_heads"]
+    c.num_query_groups = arch["num_key_value_heads"]
+    c.layernorm_epsilon = arch["rms_norm_eps"]
+    c.rotary_base = arch["rope_theta"]
+    c.share_embeddings_and_output_weights = arch["tie_word_embeddings"]
     if m.path:
         # A Hugging Face folder: the worker converts it once into NeMo's model cache (`hf_import_path`).
         recipe.model.tokenizer = run.Config(AutoTokenizer, pretrained_model_name=str(m.path))
@@ -175,9 +187,48 @@ def _map_model(recipe: Any, cfg: DictConfig) -> None:
     else:
         # Random weights of the configured shape, byte-level tokens (no vocabulary to download),
         # the configured vocabulary size so the output layer costs what the real one does.
-        c.vocab_size = m.vocab_size
+        c.vocab_size = arch["vocab_size"]
         recipe.model.tokenizer = run.Config(ByteLevelTokenizer, vocab_size=256)
         recipe.resume = None
+
+
+def llama_architecture(model: DictConfig) -> dict[str, Any]:
+    """The trained Llama's shape in Hugging Face's names: the checkpoint's config.json with `model.path`
+    (NeMo imports the checkpoint with it), else the model config."""
+    if not model.path:
+        return {"num_hidden_layers": model.num_layers, "hidden_size": model.hidden_size,
+                "intermediate_size": model.intermediate_size, "num_attention_heads": model.num_attention_heads,
+                "num_key_value_heads": model.num_key_value_heads, "rms_norm_eps": model.rms_norm_eps,
+                "vocab_size": model.vocab_size, "rope_theta": 10000.0, "tie_word_embeddings": False}
+    hf = json.loads((Path(model.path) / "config.json").read_text())
+    # transformers >= 5 writes rope_theta inside rope_parameters.
+    rope = hf.get("rope_parameters") or {}
+    return {
+        "num_hidden_layers": hf["num_hidden_layers"], "hidden_size": hf["hidden_size"],
+        "intermediate_size": hf["intermediate_size"], "num_attention_heads": hf["num_attention_heads"],
+        "num_key_value_heads": hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        "rms_norm_eps": hf["rms_norm_eps"], "vocab_size": hf["vocab_size"],
+        "rope_theta": float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+        "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
+    }
+
+
+def model_shape(model: DictConfig) -> ModelShape:
+    """The FLOPs-relevant shape of `llama_architecture(model)`."""
+    a = llama_architecture(model)
+    return ModelShape(a["hidden_size"], a["intermediate_size"], a["num_hidden_layers"], a["num_attention_heads"],
+                      a["num_key_value_heads"], a["vocab_size"])
+
+
+def _use_local_spec(c: Any) -> None:
+    """Megatron's layers without Transformer Engine: PyTorch attention, and no fusion that needs TE or apex."""
+    from ghsweep.train.nemo.attention import local_layer_spec
+
+    c.transformer_layer_spec = local_layer_spec
+    c.apply_rope_fusion = False
+    c.gradient_accumulation_fusion = False
+    c.persist_layer_norm = False
+    c.masked_softmax_fusion = False
 
 
 def hf_import_path(model_path: str) -> Path:
@@ -277,6 +328,9 @@ def _map_train(recipe: Any, cfg: DictConfig, run_dir: Path) -> None:
     trainer.limit_val_batches = 0
     trainer.val_check_interval = None
     trainer.enable_checkpointing = False
+    # NeMo's asynchronous checkpoint wrapper is built even when nothing is saved, and it needs
+    # megatron-core's tensorstore strategy, which megatron-core 0.16 no longer has.
+    trainer.strategy.ckpt_async_save = False
     recipe.log.ckpt = None
     recipe.log.tensorboard = None
     recipe.optim.config.lr = t.lr

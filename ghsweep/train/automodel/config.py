@@ -1,0 +1,130 @@
+"""The config groups mapped onto the config of NeMo AutoModel's `TrainFinetuneRecipeForNextTokenPrediction`.
+
+Everything here is plain data: no AutoModel import, so the job process validates a backend=automodel
+run and the dry run prints its recipe config on any machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig
+
+from ghsweep.config.validate import ConfigError
+from ghsweep.train.attention import resolve
+from ghsweep.train.tokenizer import ByteTokenizer
+
+# The recipe config a run trained with, as AutoModel's own YAML (its CLI takes the same file).
+RECIPE_YAML = "automodel.yaml"
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp8": "bfloat16"}
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Raise ConfigError for what the AutoModel recipe cannot do, before any GPU time."""
+    if cfg.precision.name not in TORCH_DTYPES:
+        raise ConfigError(
+            f"precision={cfg.precision.name}: AutoModel trains in one dtype without loss scaling; "
+            "accepted with backend=automodel: fp32, bf16, fp8"
+        )
+    if cfg.precision.name == "fp8" and cfg.precision.library not in ("auto", "torchao"):
+        raise ConfigError(
+            f"precision.library={cfg.precision.library}: AutoModel's fp8 is torchao's float8 training; "
+            "accepted with backend=automodel: auto, torchao"
+        )
+    if cfg.precision.name == "fp8" and cfg.precision.scaling != "current":
+        raise ConfigError(
+            f"precision.scaling={cfg.precision.scaling}: torchao's float8 training scales from the tensor itself; "
+            "accepted with backend=automodel: current"
+        )
+    if cfg.offload.enabled:
+        raise ConfigError(
+            "offload=on: AutoModel offloads parameters and optimizer state (FSDP2's CPUOffloadPolicy), "
+            "not activations; accepted with backend=automodel: off"
+        )
+
+
+def attn_implementation(cfg: DictConfig, device_type: str) -> str:
+    """transformers' attention for the model: the torch backend's choice for the same packing mask."""
+    return "flex_attention" if resolve(cfg.train.attention, cfg.data.packing_mask, device_type) == "flex" else "sdpa"
+
+
+def _model(cfg: DictConfig, device_type: str) -> dict[str, Any]:
+    m = cfg.model
+    common = {"torch_dtype": TORCH_DTYPES[cfg.precision.name],
+              "attn_implementation": attn_implementation(cfg, device_type),
+              # The torch backend's model as it is: no Liger kernels swapped in.
+              "use_liger_kernel": False}
+    if m.path:
+        return {"_target_": "nemo_automodel.NeMoAutoModelForCausalLM.from_pretrained",
+                "pretrained_model_name_or_path": str(m.path), **common}
+    config = {"_target_": "transformers.LlamaConfig", "hidden_size": m.hidden_size,
+              "intermediate_size": m.intermediate_size, "num_hidden_layers": m.num_layers,
+              "num_attention_heads": m.num_attention_heads, "num_key_value_heads": m.num_key_value_heads,
+              "vocab_size": m.vocab_size, "max_position_embeddings": m.max_position_embeddings,
+              "rms_norm_eps": m.rms_norm_eps, "bos_token_id": ByteTokenizer.bos_token_id,
+              "eos_token_id": ByteTokenizer.eos_token_id, "pad_token_id": ByteTokenizer.pad_token_id,
+              "use_cache": False}
+    return {"_target_": "nemo_automodel.NeMoAutoModelForCausalLM.from_config", "config": config, **common}
+
+
+def recipe_config(cfg: DictConfig, run_dir: Path, device_type: str) -> dict[str, Any]:
+    """The AutoModel recipe config that trains `cfg`, logging into `run_dir`."""
+    t = cfg.train
+    dl = cfg.dataloader
+    # Never reached: ghsweep measures training steps, without validation passes or checkpoints.
+    never = t.max_steps + 1
+    recipe: dict[str, Any] = {
+        "seed": cfg.seed,
+        "step_scheduler": {"global_batch_size": t.micro_batch_size, "local_batch_size": t.micro_batch_size,
+                           "max_steps": t.max_steps, "ckpt_every_steps": never, "val_every_steps": never,
+                           "num_epochs": t.max_steps},
+        "dist_env": {"backend": "nccl", "timeout_minutes": 10},
+        "model": _model(cfg, device_type),
+        "checkpoint": {"enabled": False, "checkpoint_dir": str(run_dir / "automodel")},
+        "distributed": {"strategy": "fsdp2", "dp_size": None, "tp_size": 1, "cp_size": 1,
+                        "sequence_parallel": False},
+        "loss_fn": {"_target_": "nemo_automodel.components.loss.masked_ce.MaskedCrossEntropy"},
+        # The torch backend's packed blocks, read back from this run's config.
+        "dataset": {"_target_": "ghsweep.train.automodel.data.packed_dolly", "run_dir": str(run_dir)},
+        "dataloader": {"_target_": "torchdata.stateful_dataloader.StatefulDataLoader",
+                       "batch_size": t.micro_batch_size, "shuffle": True, "drop_last": True,
+                       "num_workers": dl.num_workers, "pin_memory": dl.pin_memory,
+                       "persistent_workers": dl.persistent_workers and dl.num_workers > 0,
+                       "collate_fn": "torch.utils.data.default_collate"},
+        "optimizer": {"_target_": "torch.optim.AdamW", "lr": t.lr, "weight_decay": t.weight_decay,
+                      "betas": [0.9, 0.999], "eps": 1.0e-8},
+        "compile": {"enabled": t.compile is True or (t.compile == "auto" and device_type == "cuda")},
+    }
+    if dl.num_workers > 0 and dl.prefetch_factor is not None:
+        recipe["dataloader"]["prefetch_factor"] = dl.prefetch_factor
+    if t.grad_clip is not None:
+        recipe["clip_grad_norm"] = {"max_norm": t.grad_clip}
+    if cfg.peft.name == "lora":
+        p = cfg.peft
+        recipe["peft"] = {"_target_": "nemo_automodel.components._peft.lora.PeftConfig",
+                          # AutoModel matches patterns against a module's full name.
+                          "target_modules": [f"*.{name}" for name in p.target_modules], "dim": p.r, "alpha": p.alpha,
+                          "dropout": p.dropout}
+    if cfg.precision.name == "fp8":
+        recipe["fp8"] = {"enabled": True, "recipe_name": "tensorwise",
+                         "filter_fqns": ["lm_head"], "emulate": False}
+    return recipe
+
+
+def write_recipe(recipe: dict[str, Any], run_dir: Path) -> Path:
+    path = run_dir / RECIPE_YAML
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def describe_recipe(cfg: DictConfig, run_dir: Path) -> str:
+    """The dry run of a backend=automodel combination: the recipe config it would train with (on a GPU)."""
+    try:
+        check_config(cfg)
+    except ConfigError as exc:
+        return f"  recipe:  (not runnable) {exc}"
+    text = yaml.safe_dump(recipe_config(cfg, run_dir, "cuda"), sort_keys=False)
+    return f"  recipe:  AutoModel TrainFinetuneRecipeForNextTokenPrediction, {run_dir / RECIPE_YAML}\n" + \
+        "\n".join("    " + line for line in text.splitlines())

@@ -1,0 +1,41 @@
+"""The dataset AutoModel's recipe trains on: the torch backend's packed dolly blocks.
+
+The recipe instantiates `packed_dolly` from its YAML (`dataset._target_`), in its own data setup; it
+reads the run's config.yaml, so records, tokenizer and packing are exactly the torch backend's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from torch.utils.data import Dataset
+
+from ghsweep.train.data import IGNORE_INDEX, PackedBlocks
+
+
+class ShiftedPackedDataset(Dataset):
+    """Packed blocks with next-token labels: AutoModel's loss compares logits[i] with labels[i]."""
+
+    def __init__(self, blocks: PackedBlocks):
+        self.blocks = blocks
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        labels = torch.full_like(self.blocks.labels[i], IGNORE_INDEX)
+        labels[:-1] = self.blocks.labels[i][1:]
+        return {"input_ids": self.blocks.input_ids[i], "labels": labels, "position_ids": self.blocks.position_ids[i]}
+
+
+def packed_dolly(run_dir: str) -> ShiftedPackedDataset:
+    from ghsweep.train.tokenizer import load_tokenizer
+    from ghsweep.train.torch_backend import load_blocks
+
+    cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
+    # On the CPU even inside the recipe's setup, which the backend runs under the CUDA device: the
+    # dataloader's workers and pinned memory take host tensors.
+    with torch.device("cpu"):
+        return ShiftedPackedDataset(load_blocks(cfg, load_tokenizer(cfg.model)))
