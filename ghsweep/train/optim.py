@@ -5,6 +5,12 @@ NeMo's fine-tuning recipe: 1e-4 for LoRA, 5e-6 for full fine-tuning). The schedu
 linearly over `train.lr_warmup_ratio` of the steps, then decays to `train.min_lr_ratio` of the
 peak: cosine (NeMo's and most recipes' choice), linear, or constant. Gradients are clipped to a
 global norm of `train.grad_clip` (1.0 in NeMo and transformers' Trainer).
+
+With `train.optimizer_in_backward` (AdamStepsInBackward) each tensor is stepped by its own AdamW as
+soon as its gradient is accumulated, while backward goes on through earlier layers, and its gradient
+is freed at once: the optimizer's memory traffic hides behind backward compute and the gradients of
+the whole model never exist together. A global norm needs every gradient before the first step, so
+there `train.grad_clip` clips each tensor's gradient to that norm on its own.
 """
 
 from __future__ import annotations
@@ -34,6 +40,29 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], train: DictConfig, devi
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(
         step, train.max_steps, train.lr_schedule, train.lr_warmup_ratio, train.min_lr_ratio))
     return optimizer, schedule
+
+
+class AdamStepsInBackward:
+    """One AdamW (and its schedule) per trained tensor, stepped from the tensor's
+    post-accumulate-grad hook; the training loop only advances the schedules."""
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], train: DictConfig, device: torch.device):
+        self.max_norm = train.grad_clip
+        self.optimizers: dict[torch.nn.Parameter, torch.optim.Optimizer] = {}
+        self.schedules = []
+        for param in params:
+            self.optimizers[param], schedule = make_optimizer([param], train, device)
+            self.schedules.append(schedule)
+            param.register_post_accumulate_grad_hook(self._step)
+
+    def _step(self, param: torch.nn.Parameter) -> None:
+        clip_gradients([param], self.max_norm)
+        self.optimizers[param].step()
+        param.grad = None
+
+    def advance_schedule(self) -> None:
+        for schedule in self.schedules:
+            schedule.step()
 
 
 def clip_gradients(params: list[torch.nn.Parameter], max_norm: float | None) -> None:

@@ -22,7 +22,7 @@ from ghsweep.train import data as dolly
 from ghsweep.train.flops import ModelShape, add_throughput_metrics, run_flops_per_token
 from ghsweep.train.loss import causal_lm_loss
 from ghsweep.train.model import apply_peft, build_model, count_parameters, pad_token_id
-from ghsweep.train.optim import make_optimizer
+from ghsweep.train.optim import AdamStepsInBackward, make_optimizer
 from ghsweep.train.phases import Phases
 from ghsweep.train.precision import Precision
 from ghsweep.train.step_log import StepLog
@@ -110,7 +110,10 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
         persistent_workers=dl.persistent_workers,
     )
     trained = [p for p in model.parameters() if p.requires_grad]
-    optimizer, schedule = make_optimizer(trained, cfg.train, device)
+    if cfg.train.optimizer_in_backward:
+        steps_in_backward = AdamStepsInBackward(trained, cfg.train, device)
+    else:
+        optimizer, schedule = make_optimizer(trained, cfg.train, device)
     tokens_per_step = cfg.train.micro_batch_size * cfg.train.seq_length
     log = StepLog(run_dir / "metrics.jsonl", device, tokens_per_step)
     batches = dolly.endless(loader)
@@ -119,26 +122,31 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
     phases = Phases(device, cfg.capture.start_step, cfg.capture.num_steps)
     profiler = torch_capture(run_dir, device, cfg.capture.start_step, cfg.capture.num_steps)
     t_train = time.time()
-    for step in range(cfg.train.max_steps):
-        profiler.step(step)
-        with phases.step(step):
-            started = log.start()
-            with phases.range("data"):
-                batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
-            with phases.range("forward"), precision.forward_region(), attention.region():
-                hidden = decoder(input_ids=batch["input_ids"], use_cache=False, **attention.decoder_kwargs(batch))[0]
-                loss = loss_fn(hidden, lm_head.weight, batch["labels"])
-            with phases.range("backward"):
-                precision.backward(loss)
-            with phases.range("optimizer"):
-                precision.step(optimizer, trained, cfg.train.grad_clip)
-                schedule.step()
-                optimizer.zero_grad(set_to_none=True)
-            log.end(step, loss, started)
-        if (step + 1) % cfg.train.log_every == 0 or step + 1 == cfg.train.max_steps:
-            log.flush()
-            print(f"step {step + 1}/{cfg.train.max_steps} loss {log.losses[-1]:.4f} "
-                  f"step_time_ms {log.step_times_ms[-1]:.1f}", flush=True)
+    # The partitioner reads the budget when each compiled region is first traced (in the first step).
+    with torch._functorch.config.patch(activation_memory_budget=cfg.train.activation_memory_budget):
+        for step in range(cfg.train.max_steps):
+            profiler.step(step)
+            with phases.step(step):
+                started = log.start()
+                with phases.range("data"):
+                    batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
+                with phases.range("forward"), precision.forward_region(), attention.region():
+                    hidden = decoder(input_ids=batch["input_ids"], use_cache=False, **attention.decoder_kwargs(batch))[0]
+                    loss = loss_fn(hidden, lm_head.weight, batch["labels"])
+                with phases.range("backward"):
+                    precision.backward(loss)
+                with phases.range("optimizer"):
+                    if cfg.train.optimizer_in_backward:
+                        steps_in_backward.advance_schedule()
+                    else:
+                        precision.step(optimizer, trained, cfg.train.grad_clip)
+                        schedule.step()
+                        optimizer.zero_grad(set_to_none=True)
+                log.end(step, loss, started)
+            if (step + 1) % cfg.train.log_every == 0 or step + 1 == cfg.train.max_steps:
+                log.flush()
+                print(f"step {step + 1}/{cfg.train.max_steps} loss {log.losses[-1]:.4f} "
+                      f"step_time_ms {log.step_times_ms[-1]:.1f}", flush=True)
     profiler.close()
     phases.close()
     log.close()
