@@ -44,10 +44,15 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], train: DictConfig, devi
 
 class AdamStepsInBackward:
     """One AdamW (and its schedule) per trained tensor, stepped from the tensor's
-    post-accumulate-grad hook; the training loop only advances the schedules."""
+    post-accumulate-grad hook; the training loop only ends the step.
+
+    On a GPU the steps run on a side stream, so AdamW's memory-bound kernels run beside the
+    backward kernels of earlier layers instead of after all of them.
+    """
 
     def __init__(self, params: Iterable[torch.nn.Parameter], train: DictConfig, device: torch.device):
         self.max_norm = train.grad_clip
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.optimizers: dict[torch.nn.Parameter, torch.optim.Optimizer] = {}
         self.schedules = []
         for param in params:
@@ -56,11 +61,22 @@ class AdamStepsInBackward:
             param.register_post_accumulate_grad_hook(self._step)
 
     def _step(self, param: torch.nn.Parameter) -> None:
-        clip_gradients([param], self.max_norm)
-        self.optimizers[param].step()
+        if self.stream is None:
+            clip_gradients([param], self.max_norm)
+            self.optimizers[param].step()
+        else:
+            # The gradient (and every use of the weight in this backward) is queued before this point.
+            self.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.stream):
+                clip_gradients([param], self.max_norm)
+                self.optimizers[param].step()
+            param.grad.record_stream(self.stream)
         param.grad = None
 
-    def advance_schedule(self) -> None:
+    def end_step(self) -> None:
+        """Advance the schedules; the next forward waits for the last weight updates."""
+        if self.stream is not None:
+            torch.cuda.current_stream().wait_stream(self.stream)
         for schedule in self.schedules:
             schedule.step()
 

@@ -20,6 +20,7 @@ from ghsweep.profile.torch_capture import torch_capture
 from ghsweep.train import attention as attn
 from ghsweep.train import data as dolly
 from ghsweep.train.flops import ModelShape, add_throughput_metrics, run_flops_per_token
+from ghsweep.train.fused import fuse_enabled, fuse_projections
 from ghsweep.train.loss import causal_lm_loss
 from ghsweep.train.model import apply_peft, build_model, count_parameters, pad_token_id
 from ghsweep.train.optim import AdamStepsInBackward, make_optimizer
@@ -76,6 +77,9 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
         cfg.model, device, precision.frozen_dtype if lora else precision.trained_dtype, attention.hf_implementation
     )
     model = apply_peft(model, cfg.peft, precision.trained_dtype)
+    causal_lm = model.get_base_model() if lora else model
+    decoder, lm_head = causal_lm.model, causal_lm.lm_head
+    fused_groups = fuse_projections(decoder.layers) if fuse_enabled(cfg.train, cfg.peft) else 0
     params_total, params_trainable = count_parameters(model)
     fp8_library = None
     if precision.name == "fp8":
@@ -84,8 +88,6 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
         fp8_library = apply_fp8(model, cfg.precision, precision)
     model.train()
 
-    causal_lm = model.get_base_model() if lora else model
-    decoder, lm_head = causal_lm.model, causal_lm.lm_head
     compile_enabled = cfg.train.compile is True or (cfg.train.compile == "auto" and device.type == "cuda")
     loss_fn = causal_lm_loss
     if compile_enabled:
@@ -137,7 +139,7 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
                     precision.backward(loss)
                 with phases.range("optimizer"):
                     if cfg.train.optimizer_in_backward:
-                        steps_in_backward.advance_schedule()
+                        steps_in_backward.end_step()
                     else:
                         precision.step(optimizer, trained, cfg.train.grad_clip)
                         schedule.step()
@@ -172,6 +174,7 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
         "examples_dropped_too_long": blocks.dropped,
         "dataloader_workers": loader.num_workers,
         "compiled": compile_enabled,
+        "fused_projection_groups": fused_groups,
         "attention": attention.implementation,
         "flops_per_token": flops,
         "mfu_peak_tflops": peak,

@@ -67,7 +67,7 @@ def test_adam_stepped_in_backward_is_adamw_with_per_tensor_clipping():
         optimizer.zero_grad()
         (overlapped(x) ** 2).sum().backward()
         assert all(p.grad is None for p in overlapped.parameters())
-        in_backward.advance_schedule()
+        in_backward.end_step()
     for ours, theirs in zip(overlapped.parameters(), reference.parameters()):
         torch.testing.assert_close(ours, theirs)
     assert in_backward.optimizers[next(overlapped.parameters())].param_groups[0]["lr"] == pytest.approx(
