@@ -62,13 +62,13 @@ class AdamStepsInBackward:
 
     def _step(self, param: torch.nn.Parameter) -> None:
         if self.stream is None:
-            clip_gradients([param], self.max_norm)
+            clip_gradients([param], self.max_norm, self.optimizers[param])
             self.optimizers[param].step()
         else:
             # The gradient (and every use of the weight in this backward) is queued before this point.
             self.stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self.stream):
-                clip_gradients([param], self.max_norm)
+                clip_gradients([param], self.max_norm, self.optimizers[param])
                 self.optimizers[param].step()
             param.grad.record_stream(self.stream)
         param.grad = None
@@ -81,7 +81,20 @@ class AdamStepsInBackward:
             schedule.step()
 
 
-def clip_gradients(params: list[torch.nn.Parameter], max_norm: float | None) -> None:
-    """Clip to a global norm without a host sync (the norm stays on the device)."""
-    if max_norm is not None:
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float | None,
+                   optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Clip to a global norm without a host sync (the norm stays on the device).
+
+    Given a fused optimizer, the clip is folded into its next step instead: its `grad_scale` (the
+    attribute through which GradScaler hands fused optimizers a divisor) divides every gradient
+    inside the AdamW kernel, which saves a read and a write of every gradient (27 GB a step for
+    full fine-tuning of a 7B model in bf16).
+    """
+    if max_norm is None:
+        return
+    if optimizer is None or not optimizer.defaults.get("fused"):
         torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+        return
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
+    # clip_grad_norm_ multiplies by min(1, max_norm / (norm + 1e-6)); the step divides by its inverse.
+    optimizer.grad_scale = ((norm.float() + 1e-6) / max_norm).clamp(min=1.0)

@@ -72,3 +72,27 @@ def test_adam_stepped_in_backward_is_adamw_with_per_tensor_clipping():
         torch.testing.assert_close(ours, theirs)
     assert in_backward.optimizers[next(overlapped.parameters())].param_groups[0]["lr"] == pytest.approx(
         optimizer.param_groups[0]["lr"])
+
+
+def test_clip_folded_into_a_fused_step_equals_clipping_first():
+    """With a fused AdamW the global-norm clip becomes the step's gradient divisor: the weights end
+    where clip_grad_norm_ followed by the step puts them."""
+    from ghsweep.train.optim import clip_gradients
+
+    torch.manual_seed(0)
+    models = [torch.nn.Linear(16, 8) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2, fused=True) for m in models]
+    for _ in range(3):
+        x = torch.randn(4, 16) * 100
+        for model in models:
+            model(x).square().sum().backward()
+        torch.nn.utils.clip_grad_norm_(models[0].parameters(), 0.5)
+        optimizers[0].step()
+        clip_gradients(list(models[1].parameters()), 0.5, optimizers[1])
+        assert optimizers[1].grad_scale > 1  # the clip was active
+        optimizers[1].step()
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+    for ours, theirs in zip(models[1].parameters(), models[0].parameters()):
+        torch.testing.assert_close(ours, theirs)
