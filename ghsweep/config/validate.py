@@ -211,10 +211,6 @@ def _validate_train(cfg: DictConfig, model: ModelFacts, on_gpu: bool) -> None:
             f"run does not compile (train.compile={t.compile}, device={cfg.device}); accepted here: 1.0, or "
             "train.compile=true"
         )
-    _check_choice("train.fuse_projections", t.fuse_projections, ("auto", True, False))
-    if t.fuse_projections is True and cfg.peft.name == "lora" and cfg.peft.dropout > 0:
-        raise ConfigError(f"train.fuse_projections=true: fused projections share one LoRA dropout mask, and "
-                          f"peft.dropout={cfg.peft.dropout}; accepted with LoRA dropout: auto, false")
     _check_choice("train.optimizer_in_backward", t.optimizer_in_backward, (True, False))
     if t.optimizer_in_backward and cfg.precision.name == "fp16":
         raise ConfigError("train.optimizer_in_backward=true: fp16's loss scaling must see every gradient before "

@@ -20,7 +20,6 @@ from ghsweep.profile.torch_capture import torch_capture
 from ghsweep.train import attention as attn
 from ghsweep.train import data as dolly
 from ghsweep.train.flops import ModelShape, add_throughput_metrics, run_flops_per_token
-from ghsweep.train.fused import fuse_enabled, fuse_projections
 from ghsweep.train.loss import causal_lm_loss
 from ghsweep.train.model import apply_peft, build_model, count_parameters, pad_token_id
 from ghsweep.train.optim import AdamStepsInBackward, make_optimizer
@@ -79,7 +78,6 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
     model = apply_peft(model, cfg.peft, precision.trained_dtype)
     causal_lm = model.get_base_model() if lora else model
     decoder, lm_head = causal_lm.model, causal_lm.lm_head
-    fused_groups = fuse_projections(decoder.layers) if fuse_enabled(cfg.train, cfg.peft) else 0
     params_total, params_trainable = count_parameters(model)
     fp8_library = None
     if precision.name == "fp8":
@@ -174,7 +172,6 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
         "examples_dropped_too_long": blocks.dropped,
         "dataloader_workers": loader.num_workers,
         "compiled": compile_enabled,
-        "fused_projection_groups": fused_groups,
         "attention": attention.implementation,
         "flops_per_token": flops,
         "mfu_peak_tflops": peak,

@@ -179,8 +179,3 @@ def test_optimizer_in_backward_refuses_fp16_loss_scaling():
     msg = error_of(composed("train.optimizer_in_backward=true", "precision=fp16"))
     assert msg.startswith("train.optimizer_in_backward=true:") and "accepted with precision=fp16: false" in msg
 
-
-def test_fused_projections_refuse_lora_dropout():
-    validate(composed("train.fuse_projections=true"), None)
-    msg = error_of(composed("train.fuse_projections=true", "peft.dropout=0.1"))
-    assert msg.startswith("train.fuse_projections=true:") and "peft.dropout=0.1" in msg and "auto, false" in msg
