@@ -108,7 +108,7 @@ def test_activation_memory_budget_lowers_memory_and_keeps_losses(tmp_path):
 
 
 def test_optimizer_in_backward_trains_full_fine_tuning(tmp_path):
-    losses, summary = train(tmp_path, "peft=none", "precision=bf16", "train.optimizer_in_backward=true")
+    losses, _ = train(tmp_path, "peft=none", "precision=bf16", "train.optimizer_in_backward=true")
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, losses
 
 
