@@ -211,7 +211,6 @@ def _validate_train(cfg: DictConfig, model: ModelFacts, on_gpu: bool) -> None:
             f"run does not compile (train.compile={t.compile}, device={cfg.device}); accepted here: 1.0, or "
             "train.compile=true"
         )
-    check_int("train.loss_chunks", t.loss_chunks, 1)
     _check_choice("train.optimizer_in_backward", t.optimizer_in_backward, (True, False))
     if t.optimizer_in_backward and cfg.precision.name == "fp16":
         raise ConfigError("train.optimizer_in_backward=true: fp16's loss scaling must see every gradient before "

@@ -8,7 +8,6 @@ and train.compile compiles each decoder layer and the loss.
 
 from __future__ import annotations
 
-import functools
 import platform
 import resource
 import time
@@ -21,7 +20,7 @@ from ghsweep.profile.torch_capture import torch_capture
 from ghsweep.train import attention as attn
 from ghsweep.train import data as dolly
 from ghsweep.train.flops import ModelShape, add_throughput_metrics, run_flops_per_token
-from ghsweep.train.loss import causal_lm_loss, chunked_causal_lm_loss
+from ghsweep.train.loss import causal_lm_loss
 from ghsweep.train.model import apply_peft, build_model, count_parameters, pad_token_id
 from ghsweep.train.optim import AdamStepsInBackward, make_optimizer
 from ghsweep.train.phases import Phases
@@ -93,8 +92,6 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
         for layer in decoder.layers:
             layer.compile()
         loss_fn = torch.compile(causal_lm_loss)
-    if cfg.train.loss_chunks > 1:
-        loss_fn = functools.partial(chunked_causal_lm_loss, chunks=cfg.train.loss_chunks)
     offload = None
     if cfg.offload.enabled and device.type == "cuda":
         from ghsweep.train.offload import ActivationOffload

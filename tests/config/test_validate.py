@@ -149,7 +149,6 @@ def test_a_model_without_a_rate_for_this_peft_names_the_keys():
     ("train.lr_warmup_ratio=1.5", "train.lr_warmup_ratio=1.5:", "<= 1"),
     ("train.grad_clip=-1", "train.grad_clip=-1:", "> 0"),
     ("train.activation_memory_budget=1.5", "train.activation_memory_budget=1.5:", "<= 1"),
-    ("train.loss_chunks=0", "train.loss_chunks=0:", ">= 1"),
     ("train.optimizer_in_backward=maybe", "train.optimizer_in_backward=maybe:", "True, False"),
     ("data.mean_tokens=0", "data.mean_tokens=0:", "> 0"),
 ])
