@@ -3,7 +3,9 @@
 On a GPU each knob does what its name says: precision sets parameter dtypes and fp8 layers
 (precision.py, fp8.py), offload parks the first layers' activations in pinned host memory
 (offload.py), memory=unified serves every CUDA allocation from managed memory (unified_memory.py),
-and train.compile compiles each decoder layer and the loss.
+and train.compile compiles each decoder layer and the loss (train.activation_memory_budget: how
+much of their saved activations the compiled layers keep). The optimizer is fused AdamW (optim.py),
+or with train.optimizer_in_backward one AdamW per tensor stepped during backward.
 """
 
 from __future__ import annotations
@@ -76,8 +78,6 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
         cfg.model, device, precision.frozen_dtype if lora else precision.trained_dtype, attention.hf_implementation
     )
     model = apply_peft(model, cfg.peft, precision.trained_dtype)
-    causal_lm = model.get_base_model() if lora else model
-    decoder, lm_head = causal_lm.model, causal_lm.lm_head
     params_total, params_trainable = count_parameters(model)
     fp8_library = None
     if precision.name == "fp8":
@@ -86,6 +86,8 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
         fp8_library = apply_fp8(model, cfg.precision, precision)
     model.train()
 
+    causal_lm = model.get_base_model() if lora else model
+    decoder, lm_head = causal_lm.model, causal_lm.lm_head
     compile_enabled = cfg.train.compile is True or (cfg.train.compile == "auto" and device.type == "cuda")
     loss_fn = causal_lm_loss
     if compile_enabled:
@@ -131,7 +133,8 @@ def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) 
                 with phases.range("data"):
                     batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
                 with phases.range("forward"), precision.forward_region(), attention.region():
-                    hidden = decoder(input_ids=batch["input_ids"], use_cache=False, **attention.decoder_kwargs(batch))[0]
+                    hidden = decoder(input_ids=batch["input_ids"], use_cache=False,
+                                     **attention.decoder_kwargs(batch))[0]
                     loss = loss_fn(hidden, lm_head.weight, batch["labels"])
                 with phases.range("backward"):
                     precision.backward(loss)
