@@ -217,6 +217,18 @@ def _validate_train(cfg: DictConfig, model: ModelFacts, on_gpu: bool) -> None:
     _check_number("train.min_lr_ratio", t.min_lr_ratio, 0, 1, inclusive=True)
     if t.grad_clip is not None:
         _check_number("train.grad_clip", t.grad_clip, 0, None)
+    _check_number("train.activation_memory_budget", t.activation_memory_budget, 0, 1, inclusive=True)
+    compiled = t.compile is True or (t.compile == "auto" and on_gpu)
+    if t.activation_memory_budget < 1 and not compiled:
+        raise ConfigError(
+            f"train.activation_memory_budget={t.activation_memory_budget}: only compiled layers recompute, and this "
+            f"run does not compile (train.compile={t.compile}, device={cfg.device}); accepted here: 1.0, or "
+            "train.compile=true"
+        )
+    _check_choice("train.optimizer_in_backward", t.optimizer_in_backward, (True, False))
+    if t.optimizer_in_backward and cfg.precision.name == "fp16":
+        raise ConfigError("train.optimizer_in_backward=true: fp16's loss scaling must see every gradient before "
+                          "any step; accepted with precision=fp16: false")
     if t.seq_length > model.max_position_embeddings:
         raise ConfigError(
             f"train.seq_length={t.seq_length}: longer than {model.source} supports; "

@@ -54,6 +54,10 @@ def check_world(cfg: DictConfig, on_gpu: bool, visible_gpus: int, slurm_task: bo
     if world.size > 1 and cfg.profile.name == "nsys_ncu":
         raise ConfigError(f"profile=nsys_ncu with {world.size} ranks: the Nsight Compute pass reruns one process; "
                           "accepted here: profile=nsys, torch, auto, none (or backend.gpus_per_node=1)")
+    if world.size > 1 and cfg.train.get("optimizer_in_backward"):
+        raise ConfigError(f"train.optimizer_in_backward=true with {world.size} ranks: each tensor would step on its "
+                          "own rank's gradient before DDP/FSDP2 averages it; accepted here: false "
+                          "(or backend.gpus_per_node=1)")
     if cfg.backend.name == "torch":
         mode = cfg.backend.get("data_parallel", "auto")
         if mode not in DATA_PARALLEL:

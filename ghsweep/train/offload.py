@@ -4,9 +4,10 @@ memory between forward and backward (what Megatron's cpu_offloading_num_layers d
 Forward: each large tensor an offloaded layer saves for backward is copied to pinned host memory
 on a side stream while later layers compute; `record_stream` lets the caching allocator reuse its
 GPU memory as soon as the copy is done. Backward runs the layers in reverse: when it reaches layer
-i + N, the tensors of offloaded layer i start coming back on another side stream. By then the
-layers after i + N have freed more memory than comes back, so the peak stays down, and the copy
-has N layers of backward compute to hide behind.
+i + d, the tensors of offloaded layer i start coming back on another side stream, d = N layers
+ahead, but never before backward has finished a layer: with N or more of L layers offloaded,
+d = L - N - 1. By then the layers after i + d have freed at least as much memory as comes back, so
+the peak stays down, and the copy has d layers of backward compute to hide behind.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class ActivationOffload:
 
     def __init__(self, layers: nn.ModuleList, num_layers: int):
         self.num_layers = num_layers
+        self.prefetch_distance = max(1, min(num_layers, len(layers) - num_layers - 1))
         self.d2h = torch.cuda.Stream()
         self.h2d = torch.cuda.Stream()
         # Per offloaded layer: its parked tensors not yet fetched back.
@@ -85,10 +87,10 @@ class ActivationOffload:
 
     def unpack(self, saved: tuple[int, Any]) -> torch.Tensor:
         index, value = saved
-        self._prefetch(index - self.num_layers)
+        self._prefetch(index - self.prefetch_distance)
         if not isinstance(value, _Parked):
             return value
-        self._prefetch(index)  # not fetched ahead (fewer layers after it than num_layers)
+        self._prefetch(index)  # not fetched ahead (fewer layers after it than the prefetch distance)
         current = torch.cuda.current_stream()
         current.wait_event(value.ready)
         value.on_device.record_stream(current)

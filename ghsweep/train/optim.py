@@ -5,6 +5,12 @@ NeMo's fine-tuning recipe: 1e-4 for LoRA, 5e-6 for full fine-tuning). The schedu
 linearly over `train.lr_warmup_ratio` of the steps, then decays to `train.min_lr_ratio` of the
 peak: cosine (NeMo's and most recipes' choice), linear, or constant. Gradients are clipped to a
 global norm of `train.grad_clip` (1.0 in NeMo and transformers' Trainer).
+
+With `train.optimizer_in_backward` (AdamStepsInBackward) each tensor is stepped by its own AdamW as
+soon as its gradient is accumulated, while backward goes on through earlier layers, and its gradient
+is freed at once: the optimizer's memory traffic hides behind backward compute and the gradients of
+the whole model never exist together. A global norm needs every gradient before the first step, so
+there `train.grad_clip` clips each tensor's gradient to that norm on its own.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from collections.abc import Iterable
 
 import torch
 from omegaconf import DictConfig
+from torch.distributed.tensor import DTensor
 
 def lr_factor(step: int, max_steps: int, schedule: str, warmup_ratio: float, min_ratio: float) -> float:
     """The multiple of the peak rate used at `step` (0-based)."""
@@ -36,7 +43,62 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], train: DictConfig, devi
     return optimizer, schedule
 
 
-def clip_gradients(params: list[torch.nn.Parameter], max_norm: float | None) -> None:
-    """Clip to a global norm without a host sync (the norm stays on the device)."""
-    if max_norm is not None:
+class AdamStepsInBackward:
+    """One AdamW (and its schedule) per trained tensor, stepped from the tensor's
+    post-accumulate-grad hook; the training loop only ends the step.
+
+    On a GPU the steps run on a side stream, so AdamW's memory-bound kernels run beside the
+    backward kernels of earlier layers instead of after all of them.
+    """
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], train: DictConfig, device: torch.device):
+        self.max_norm = train.grad_clip
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.optimizers: dict[torch.nn.Parameter, torch.optim.Optimizer] = {}
+        self.schedules = []
+        for param in params:
+            self.optimizers[param], schedule = make_optimizer([param], train, device)
+            self.schedules.append(schedule)
+            param.register_post_accumulate_grad_hook(self._step)
+
+    def _step(self, param: torch.nn.Parameter) -> None:
+        if self.stream is None:
+            clip_gradients([param], self.max_norm, self.optimizers[param])
+            self.optimizers[param].step()
+        else:
+            # The gradient (and every use of the weight in this backward) is queued before this point.
+            self.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.stream):
+                clip_gradients([param], self.max_norm, self.optimizers[param])
+                self.optimizers[param].step()
+            param.grad.record_stream(self.stream)
+        param.grad = None
+
+    def end_step(self) -> None:
+        """Advance the schedules; the next forward waits for the last weight updates."""
+        if self.stream is not None:
+            torch.cuda.current_stream().wait_stream(self.stream)
+        for schedule in self.schedules:
+            schedule.step()
+
+
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float | None,
+                   optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Clip to a global norm without a host sync (the norm stays on the device).
+
+    Given a fused optimizer, the clip is folded into its next step instead: its `grad_scale` (the
+    attribute through which GradScaler hands fused optimizers a divisor) divides every gradient
+    inside the AdamW kernel, which saves a read and a write of every gradient (27 GB a step for
+    full fine-tuning of a 7B model in bf16).
+    """
+    if max_norm is None:
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    # FSDP2's gradients are shards (DTensors): their global norm needs clip_grad_norm_'s reduction.
+    sharded = any(isinstance(g, DTensor) for g in grads)
+    if optimizer is None or not optimizer.defaults.get("fused") or sharded:
         torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+        return
+    norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    # clip_grad_norm_ multiplies by min(1, max_norm / (norm + 1e-6)); the step divides by its inverse.
+    optimizer.grad_scale = ((norm.float() + 1e-6) / max_norm).clamp(min=1.0)

@@ -64,9 +64,9 @@ class Precision:
         """Clip the gradients to `max_norm` (None: no clipping), then step; fp16 unscales first."""
         if self.scaler:
             self.scaler.unscale_(optimizer)
-        clip_gradients(params, max_norm)
-        if self.scaler:
+            clip_gradients(params, max_norm)
             self.scaler.step(optimizer)
             self.scaler.update()
         else:
+            clip_gradients(params, max_norm, optimizer)
             optimizer.step()

@@ -3,9 +3,11 @@
 On a GPU each knob does what its name says: precision sets parameter dtypes and fp8 layers
 (precision.py, fp8.py), offload parks the first layers' activations in pinned host memory
 (offload.py), memory=unified serves every CUDA allocation from managed memory (unified_memory.py),
-and train.compile compiles each decoder layer and the loss. With several ranks (torchrun or SLURM
-tasks) each trains its share of the data under DDP or FSDP2 (distributed.py) and rank 0 writes the
-records.
+and train.compile compiles each decoder layer and the loss (train.activation_memory_budget: how
+much of their saved activations the compiled layers keep). The optimizer is fused AdamW (optim.py),
+or with train.optimizer_in_backward one AdamW per tensor stepped during backward. With several ranks
+(torchrun or SLURM tasks) each trains its share of the data under DDP or FSDP2 (distributed.py) and
+rank 0 writes the records.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from ghsweep.launch.world import data_parallel
 from ghsweep.train.flops import ModelShape, add_throughput_metrics, run_flops_per_token
 from ghsweep.train.loss import causal_lm_loss
 from ghsweep.train.model import apply_peft, build_model, count_parameters, pad_token_id
-from ghsweep.train.optim import make_optimizer
+from ghsweep.train.optim import AdamStepsInBackward, make_optimizer
 from ghsweep.train.phases import Phases
 from ghsweep.train.precision import Precision
 from ghsweep.train.step_log import StepLog
@@ -129,7 +131,10 @@ def _train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None, ranks:
     )
     # After parallelize: FSDP2 replaced the parameters with their shards.
     trained = [p for p in train_step.parameters() if p.requires_grad]
-    optimizer, schedule = make_optimizer(trained, cfg.train, device)
+    if cfg.train.optimizer_in_backward:
+        steps_in_backward = AdamStepsInBackward(trained, cfg.train, device)
+    else:
+        optimizer, schedule = make_optimizer(trained, cfg.train, device)
     # The global batch: every rank trains micro_batch_size blocks per step.
     tokens_per_step = cfg.train.micro_batch_size * cfg.train.seq_length * ranks.world_size
     log = StepLog(run_dir / "metrics.jsonl" if ranks.is_main else None, device, tokens_per_step)
@@ -139,27 +144,32 @@ def _train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None, ranks:
     phases = Phases(device, cfg.capture.start_step, cfg.capture.num_steps)
     profiler = torch_capture(run_dir, device, cfg.capture.start_step, cfg.capture.num_steps, ranks.rank)
     t_train = time.time()
-    for step in range(cfg.train.max_steps):
-        profiler.step(step)
-        with phases.step(step):
-            started = log.start()
-            with phases.range("data"):
-                batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
-            with phases.range("forward"), precision.forward_region(), attention.region():
-                loss = train_step(batch["input_ids"], batch["labels"], **attention.decoder_kwargs(batch))
-            with phases.range("backward"):
-                precision.backward(loss)
-            with phases.range("optimizer"):
-                precision.step(optimizer, trained, cfg.train.grad_clip)
-                distributed.after_optimizer_step(train_step, parallel, fp8_library)
-                schedule.step()
-                optimizer.zero_grad(set_to_none=True)
-            log.end(step, loss, started)
-        if (step + 1) % cfg.train.log_every == 0 or step + 1 == cfg.train.max_steps:
-            log.flush()
-            if ranks.is_main:
-                print(f"step {step + 1}/{cfg.train.max_steps} loss {log.losses[-1]:.4f} "
-                      f"step_time_ms {log.step_times_ms[-1]:.1f}", flush=True)
+    # The partitioner reads the budget when each compiled region is first traced (in the first step).
+    with torch._functorch.config.patch(activation_memory_budget=cfg.train.activation_memory_budget):
+        for step in range(cfg.train.max_steps):
+            profiler.step(step)
+            with phases.step(step):
+                started = log.start()
+                with phases.range("data"):
+                    batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
+                with phases.range("forward"), precision.forward_region(), attention.region():
+                    loss = train_step(batch["input_ids"], batch["labels"], **attention.decoder_kwargs(batch))
+                with phases.range("backward"):
+                    precision.backward(loss)
+                with phases.range("optimizer"):
+                    if cfg.train.optimizer_in_backward:
+                        steps_in_backward.end_step()
+                    else:
+                        precision.step(optimizer, trained, cfg.train.grad_clip)
+                        schedule.step()
+                        optimizer.zero_grad(set_to_none=True)
+                    distributed.after_optimizer_step(train_step, parallel, fp8_library)
+                log.end(step, loss, started)
+            if (step + 1) % cfg.train.log_every == 0 or step + 1 == cfg.train.max_steps:
+                log.flush()
+                if ranks.is_main:
+                    print(f"step {step + 1}/{cfg.train.max_steps} loss {log.losses[-1]:.4f} "
+                          f"step_time_ms {log.step_times_ms[-1]:.1f}", flush=True)
     profiler.close()
     phases.close()
     log.close()

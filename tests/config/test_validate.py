@@ -148,6 +148,8 @@ def test_a_model_without_a_rate_for_this_peft_names_the_keys():
     ("train.lr_schedule=step", "train.lr_schedule=step:", "cosine, linear, constant"),
     ("train.lr_warmup_ratio=1.5", "train.lr_warmup_ratio=1.5:", "<= 1"),
     ("train.grad_clip=-1", "train.grad_clip=-1:", "> 0"),
+    ("train.activation_memory_budget=1.5", "train.activation_memory_budget=1.5:", "<= 1"),
+    ("train.optimizer_in_backward=maybe", "train.optimizer_in_backward=maybe:", "True, False"),
     ("data.mean_tokens=0", "data.mean_tokens=0:", "> 0"),
 ])
 def test_training_settings_out_of_range(override, start, accepted):
@@ -161,3 +163,19 @@ def test_flex_attention_needs_document_masking_on_a_gpu():
     assert msg.startswith("train.attention=flex:") and "device=auto" in msg and "flex" not in msg.split("accepted here:")[1]
     msg = error_of(composed("train.attention=flex", "data.packing_mask=causal"), H100)
     assert "data.packing_mask=causal" in msg
+
+
+def test_activation_memory_budget_needs_compiled_layers():
+    validate(composed("train.activation_memory_budget=0.5"), H100)
+    validate(composed("train.activation_memory_budget=0.5", "train.compile=true"), None)
+    msg = error_of(composed("train.activation_memory_budget=0.5"))
+    assert msg.startswith("train.activation_memory_budget=0.5:") and "train.compile=auto, device=auto" in msg
+    assert "train.compile=true" in msg.split("accepted here:")[1]
+    assert "train.compile=False" in error_of(composed("train.activation_memory_budget=0.5", "train.compile=false"), H100)
+
+
+def test_optimizer_in_backward_refuses_fp16_loss_scaling():
+    validate(composed("train.optimizer_in_backward=true", "precision=bf16"), None)
+    msg = error_of(composed("train.optimizer_in_backward=true", "precision=fp16"))
+    assert msg.startswith("train.optimizer_in_backward=true:") and "accepted with precision=fp16: false" in msg
+

@@ -115,6 +115,9 @@ def compose_run(*overrides: str):
     (["backend.gpus_per_node=2", "profile=nsys_ncu"], True, 2, False,
      "profile=nsys_ncu with 2 ranks: the Nsight Compute pass reruns one process; accepted here: profile=nsys, "
      "torch, auto, none (or backend.gpus_per_node=1)"),
+    (["backend.gpus_per_node=2", "train.optimizer_in_backward=true"], True, 2, False,
+     "train.optimizer_in_backward=true with 2 ranks: each tensor would step on its own rank's gradient before "
+     "DDP/FSDP2 averages it; accepted here: false (or backend.gpus_per_node=1)"),
     (["precision.reduce_dtype=fp16"], False, 0, False,
      "precision.reduce_dtype=fp16: not an accepted value; accepted: fp32, param"),
 ])

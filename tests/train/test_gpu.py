@@ -97,6 +97,21 @@ def test_offload_keeps_losses_and_lowers_memory(tmp_path):
     assert on["metrics"]["peak_mem_gb"] < off["metrics"]["peak_mem_gb"]
 
 
+def test_activation_memory_budget_lowers_memory_and_keeps_losses(tmp_path):
+    big = ["model.hidden_size=1024", "model.intermediate_size=2816", "model.num_attention_heads=8",
+           "model.num_key_value_heads=8", "train.seq_length=1024", "precision=bf16", "train.compile=true"]
+    full_losses, full = train(tmp_path, *big)
+    half_losses, half = train(tmp_path, *big, "train.activation_memory_budget=0.5")
+    print(f"budget 0.5: peak {full['metrics']['peak_mem_gb']:.3f} -> {half['metrics']['peak_mem_gb']:.3f} GiB")
+    assert half["metrics"]["peak_mem_gb"] < full["metrics"]["peak_mem_gb"]
+    assert mean_abs_diff(half_losses, full_losses) < 0.02, (half_losses, full_losses)
+
+
+def test_optimizer_in_backward_trains_full_fine_tuning(tmp_path):
+    losses, _ = train(tmp_path, "peft=none", "precision=bf16", "train.optimizer_in_backward=true")
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.2, losses
+
+
 def test_unified_memory_keeps_losses(tmp_path):
     device_losses, _ = train(tmp_path, "memory=device", "precision=bf16")
     unified_losses, unified = train(tmp_path, "memory=unified", "precision=bf16")
@@ -121,8 +136,8 @@ def test_mfu_is_reported_against_the_device_peak(tmp_path):
 def test_llama2_7b_lora_loss_falls_alike_in_bf16_and_fp8(tmp_path):
     """The default training settings on the seed's model: 30 steps from random weights.
 
-    Measured on an H200 (benchmarks/h200_loss_llama2_7b.json): 11.0 -> 2.9 in both precisions,
-    the fp8 curve within 2.3% of bf16's at every step.
+    Measured on an H200 (benchmarks/h200_loss_llama2_7b.json): 11.1 -> 2.8 in both precisions,
+    the fp8 curve within 1.7% of bf16's at every step.
     """
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 needs compute capability >= 8.9")
