@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import os
+from types import ModuleType
 
 import pytest
 
+from tests.optional_env import require
 
-def require_nemo():
-    """`nemo.collections.llm`, or a skip with the reason; in CI (CI=true) a failure, never a skip."""
-    try:
-        from nemo.collections import llm
-    except ImportError as exc:
-        reason = (f"NeMo does not import here ({exc}); build its environment with `bash tests/nemo/make_env.sh` "
-                  "and run `.venv-nemo/bin/python -m pytest -m nemo`")
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true: {reason}", pytrace=False)
-        pytest.skip(reason)
+
+def require_nemo() -> ModuleType:
+    """`nemo.collections.llm` with its recipes (see tests/optional_env.py for the skip)."""
+    llm = require("nemo.collections.llm", "tests/nemo/make_env.sh", ".venv-nemo", "nemo")
     # Without nvidia-modelopt the collection imports but has no recipes.
     if not hasattr(llm, "llama2_7b"):
         pytest.fail("nemo.collections.llm has no llama2_7b recipe: is nvidia-modelopt installed?", pytrace=False)
