@@ -10,24 +10,18 @@ from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
-from torch.utils.data import Dataset
 
-from ghsweep.train.data import IGNORE_INDEX, PackedBlocks
+from ghsweep.train.data import IGNORE_INDEX, PackedDataset
 
 
-class ShiftedPackedDataset(Dataset):
+class ShiftedPackedDataset(PackedDataset):
     """Packed blocks with next-token labels: AutoModel's loss compares logits[i] with labels[i]."""
 
-    def __init__(self, blocks: PackedBlocks):
-        self.blocks = blocks
-
-    def __len__(self) -> int:
-        return len(self.blocks)
-
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        labels = torch.full_like(self.blocks.labels[i], IGNORE_INDEX)
-        labels[:-1] = self.blocks.labels[i][1:]
-        return {"input_ids": self.blocks.input_ids[i], "labels": labels, "position_ids": self.blocks.position_ids[i]}
+        item = super().__getitem__(i)
+        labels = torch.full_like(item["labels"], IGNORE_INDEX)
+        labels[:-1] = item["labels"][1:]
+        return item | {"labels": labels}
 
 
 def packed_dolly(run_dir: str) -> ShiftedPackedDataset:
