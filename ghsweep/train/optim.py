@@ -62,16 +62,13 @@ class AdamStepsInBackward:
             param.register_post_accumulate_grad_hook(self._step)
 
     def _step(self, param: torch.nn.Parameter) -> None:
-        if self.stream is None:
-            clip_gradients([param], self.max_norm, self.optimizers[param])
-            self.optimizers[param].step()
-        else:
+        if self.stream is not None:
             # The gradient (and every use of the weight in this backward) is queued before this point.
             self.stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self.stream):
-                clip_gradients([param], self.max_norm, self.optimizers[param])
-                self.optimizers[param].step()
             param.grad.record_stream(self.stream)
+        with torch.cuda.stream(self.stream):  # None (CPU): a no-op, the step runs where it is
+            clip_gradients([param], self.max_norm, self.optimizers[param])
+            self.optimizers[param].step()
         param.grad = None
 
     def end_step(self) -> None:
