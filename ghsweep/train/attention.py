@@ -40,18 +40,32 @@ def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
     return (position_ids == 0).cumsum(-1) - 1
 
 
+_create_block_mask: Callable[..., Any] | None = None
+
+
+def document_block_mask(docs: torch.Tensor) -> Any:
+    """FlexAttention's BlockMask for causal attention within each document (`docs[b, t]`: the
+    document of token t in row b); tiles of 128 x 128 tokens that cross documents are skipped."""
+    global _create_block_mask
+    if _create_block_mask is None:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        # Compiled, the mask is built from the mask function without the S x S intermediate.
+        _create_block_mask = torch.compile(create_block_mask)
+
+    def same_document_causal(b, h, q, kv):
+        return (docs[b, q] == docs[b, kv]) & (q >= kv)
+
+    batch_size, seq = docs.shape
+    return _create_block_mask(same_document_causal, batch_size, None, seq, seq, device=docs.device)
+
+
 class PackedAttention:
     """Per-step keyword arguments for the decoder, and the region its forward runs in."""
 
     def __init__(self, implementation: str, packing_mask: str):
         self.implementation = implementation
         self.document = packing_mask == "document"
-        self._create_block_mask: Callable[..., Any] | None = None
-        if implementation == "flex":
-            from torch.nn.attention.flex_attention import create_block_mask
-
-            # Compiled, the mask is built from the mask function without the S x S intermediate.
-            self._create_block_mask = torch.compile(create_block_mask)
 
     @property
     def hf_implementation(self) -> str:
@@ -63,17 +77,10 @@ class PackedAttention:
         if not self.document:
             return {}
         positions = batch["position_ids"]
-        if self._create_block_mask is None:
+        if self.implementation != "flex":
             # transformers builds the dense block-diagonal mask from the restarting position ids.
             return {"position_ids": positions}
-        docs = document_ids(positions)
-
-        def same_document_causal(b, h, q, kv):
-            return (docs[b, q] == docs[b, kv]) & (q >= kv)
-
-        batch_size, seq = positions.shape
-        mask = self._create_block_mask(same_document_causal, batch_size, None, seq, seq, device=positions.device)
-        return {"position_ids": positions, "attention_mask": mask}
+        return {"position_ids": positions, "attention_mask": document_block_mask(document_ids(positions))}
 
     def region(self) -> contextlib.AbstractContextManager:
         """A fresh context per step that pins SDPA to the chosen kernel (none for flex or auto)."""

@@ -86,3 +86,9 @@ def test_attended_keys_count_only_each_tokens_own_example():
     # Row 1: examples of 3, 2, 3 tokens -> (9 + 4 + 9) / 8; row 2: one example of 8 -> 64 / 8.
     assert attn.attended_keys_per_token(positions, document=True) == pytest.approx((22 + 64) / 16)
     assert attn.attended_keys_per_token(positions, document=False) == 8.0
+
+
+def test_flex_block_mask_equals_examples_one_by_one_on_cpu():
+    # FlexAttention has a CPU forward (no backward): enough to check the document block mask itself.
+    packed, alone = _packed_and_alone("flex", torch.float32, "cpu")
+    assert packed == pytest.approx(alone, rel=1e-5)

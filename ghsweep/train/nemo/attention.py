@@ -15,30 +15,21 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
+from ghsweep.train.attention import document_block_mask
+
 _flex_attention: Any = None
-_create_block_mask: Any = None
 # One block mask per pack: every layer of a step attends over the same documents.
 _mask_cache: dict[int, tuple[torch.Tensor, Any]] = {}
 
 
-def _document_block_mask(cu_seqlens: torch.Tensor, tokens: int) -> Any:
-    global _create_block_mask
+def _pack_block_mask(cu_seqlens: torch.Tensor, tokens: int) -> Any:
     key = id(cu_seqlens)
     cached = _mask_cache.get(key)
     if cached is not None and cached[0] is cu_seqlens:
         return cached[1]
-    if _create_block_mask is None:
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        # Compiled, the mask is built from the mask function without the S x S intermediate.
-        _create_block_mask = torch.compile(create_block_mask)
     positions = torch.arange(tokens, device=cu_seqlens.device)
     docs = torch.searchsorted(cu_seqlens[1:].to(positions.dtype), positions, right=True)
-
-    def same_document_causal(b, h, q, kv):
-        return (docs[q] == docs[kv]) & (q >= kv)
-
-    mask = _create_block_mask(same_document_causal, None, None, tokens, tokens, device=cu_seqlens.device)
+    mask = document_block_mask(docs.unsqueeze(0))
     _mask_cache.clear()
     _mask_cache[key] = (cu_seqlens, mask)
     return mask
@@ -73,7 +64,7 @@ class TorchCoreAttention(DotProductAttention):
         cu_seqlens = packed_seq_params.cu_seqlens_q_padded
         if cu_seqlens is None:
             cu_seqlens = packed_seq_params.cu_seqlens_q
-        out = _flex(q, k, v, _document_block_mask(cu_seqlens, tokens), self.softmax_scale)
+        out = _flex(q, k, v, _pack_block_mask(cu_seqlens, tokens), self.softmax_scale)
         # -> [tokens, heads * dim]; Megatron's attention adds the batch dimension back.
         return out.squeeze(0).transpose(0, 1).reshape(tokens, -1)
 
