@@ -13,7 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ghsweep.launch.run_result import RESULT_FILE, RunResult
+from ghsweep.core.run_dir import RESULT
+from ghsweep.core.run_result import RunResult
 from ghsweep.report.compare import WORLD_KEYS, scaling_efficiency
 
 ROW_METRICS = ("world_size", "step_time_ms", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "peak_mem_gb",
@@ -21,7 +22,7 @@ ROW_METRICS = ("world_size", "step_time_ms", "tokens_per_s", "tokens_per_s_per_g
 
 
 def rows(sweep_dir: Path) -> list[dict]:
-    results = [RunResult.load(p.parent) for p in sorted(sweep_dir.glob(f"*/{RESULT_FILE}"))]
+    results = [RunResult.load(p.parent) for p in sorted(sweep_dir.glob(f"*/{RESULT}"))]
     runs = [{"overrides": r.overrides, "status": r.status, "error": r.error,
              **{k: r.metrics.get(k) for k in ROW_METRICS}} for r in results]
     finished = [(r["overrides"], r if r["status"] == "FINISHED" else None) for r in runs]

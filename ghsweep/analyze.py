@@ -15,13 +15,13 @@ import json
 import sys
 from pathlib import Path
 
-from ghsweep.profile.capture import NCU_CSV, NSYS_RANK_GLOB, NSYS_REPORT, NSYS_SQLITE, TORCH_TRACE, ProfilerUnavailable
+from ghsweep.profile.capture import NCU_CSV, NSYS_RANK_GLOB, NSYS_REPORT, NSYS_SQLITE, TORCH_TRACE
 from ghsweep.profile import report
-from ghsweep.errors import first_line, one_line
-from ghsweep.profile.analysis import ProfileError, analyze
+from ghsweep.profile.analysis import analyze
 from ghsweep.profile.findings import evaluate, summary
 from ghsweep.profile.ranks import combine, rank_of
 from ghsweep.profile.roofline import kernel_points
+from ghsweep.core.errors import ProfileError, ProfilerUnavailable, first_line, one_line
 
 
 TORCH_PROFILER_TRACES = ("*.pt.trace.json", "*.pt.trace.json.gz")

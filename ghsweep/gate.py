@@ -25,8 +25,9 @@ from mlflow.tracking import MlflowClient
 
 from ghsweep.launch.resume import identity_overrides
 from ghsweep.launch.sweep_manifest import SweepManifest
-from ghsweep.report.sweep_source import SweepNotFound, SweepRun, find_run, load_sweep
+from ghsweep.report.sweep_source import SweepRun, find_run, load_sweep
 from ghsweep.tracking.mlflow_store import absolute_tracking_uri
+from ghsweep.core.errors import GateError, SweepNotFound
 
 HIGHER_IS_BETTER = ("tokens_per_s", "mfu", "tflops_per_gpu")
 LOWER_IS_BETTER = ("peak_mem_gb", "step_time_ms", "overhead_ratio")
@@ -35,10 +36,6 @@ CHECKS = (*HIGHER_IS_BETTER, *LOWER_IS_BETTER, LOSS)
 DEFAULT_CHECKS = "tokens_per_s,mfu,peak_mem_gb,loss"
 # The ratio varied by +-7% between runs on a loaded 2-core machine; a slower MLflow record or job still fails.
 OWN_TOLERANCES = {"overhead_ratio": 0.2}
-
-
-class GateError(ValueError):
-    """A sweep or reference the gate cannot compare."""
 
 
 def fraction(text: str) -> float:

@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from ghsweep.errors import one_line
 from ghsweep.train.attention import attended_keys_per_token, document_ids
 from ghsweep.train.data import PackedBlocks
 from ghsweep.train.flops import ModelShape, add_throughput_metrics, flops_per_token
 from ghsweep.train.tokenizer import ByteTokenizer
+from ghsweep.core.errors import one_line
 
 LLAMA2_7B = dict(hidden_size=4096, intermediate_size=11008, num_layers=32, num_attention_heads=32,
                  num_key_value_heads=32, vocab_size=32000)

@@ -13,7 +13,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from ghsweep.launch.device_probe import GpuInfo
+from ghsweep.core.gpu import GpuInfo
+from ghsweep.core.errors import ConfigError
 
 # Linear layers of each architecture that LoRA can target (transformers' module names).
 LINEAR_MODULES = {
@@ -25,10 +26,6 @@ MAX_RECORD_BYTES = 1 << 20
 # train.attention (ghsweep/train/attention.py) and train.lr_schedule (ghsweep/train/optim.py).
 ATTENTION_CHOICES = ("auto", "flex", "cudnn", "flash", "efficient", "math")
 LR_SCHEDULES = ("cosine", "linear", "constant")
-
-
-class ConfigError(ValueError):
-    """A config value this run cannot use."""
 
 
 @dataclass(frozen=True)

@@ -11,17 +11,18 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from ghsweep.errors import one_line
 from ghsweep.launch import interrupts
 from ghsweep.launch.resume import result_from_run
-from ghsweep.launch.run_result import RESULT_FILE, RunResult
+from ghsweep.core.run_dir import RESULT
+from ghsweep.core.run_result import RunResult
 from ghsweep.launch.stale_runs import end_running_children, end_sweep_run, process_tags, settle_dead_sweeps
-from ghsweep.launch.sweep_manifest import SweepDirInUse, SweepManifest
+from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.report.compare import COMPARISON_DIR, report_comparison
 from ghsweep.report.sweep_table import format_table
 from ghsweep.tracking import redact
-from ghsweep.tracking.mlflow_store import MlflowStore, TrackingUriError, absolute_tracking_uri, with_retry
+from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, with_retry
 from ghsweep.tune.answer import print_answer
+from ghsweep.core.errors import SweepDirInUse, TrackingUriError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ def _job_order(result: RunResult) -> tuple[int, str]:
 
 def collect_results(sweep_dir: Path) -> list[RunResult]:
     """Every job's result.json under the sweep directory, in job order."""
-    return sorted((RunResult.load(p.parent) for p in sweep_dir.glob(f"*/{RESULT_FILE}")), key=_job_order)
+    return sorted((RunResult.load(p.parent) for p in sweep_dir.glob(f"*/{RESULT}")), key=_job_order)
 
 
 def completed_from_mlflow(results: list[RunResult], store: MlflowStore, parent_run_id: str) -> list[RunResult]:

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig
+from ghsweep.core.errors import ConfigError
 
-from ghsweep.config.validate import ConfigError
 
 RUNTIMES = ("apptainer", "singularity")
 

@@ -5,17 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class GpuInfo:
-    name: str
-    compute_capability: tuple[int, int]
-    total_mem_gib: float
-    free_mem_gib: float
-    # GPUs visible to the run (CUDA_VISIBLE_DEVICES, else all): what a local launch may give one combination.
-    count: int = 1
+from ghsweep.core.gpu import GpuInfo
 
 
 def probe_gpu() -> GpuInfo | None:

@@ -13,13 +13,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ghsweep.config.validate import ConfigError
 from ghsweep.launch.container import container_prefix
 from ghsweep.launch.worker_process import worker_command
 from ghsweep.launch.world import World, world_of
 from ghsweep.profile.plan import ProfilePlan, plans_from_config, profiler_prefix
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import absolute_tracking_uri
+from ghsweep.core.errors import ConfigError
 
 # Continuation lines line up with the text after "  worker:  ".
 INDENT = " " * 11

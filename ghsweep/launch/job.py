@@ -27,16 +27,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ghsweep.errors import one_line
-from ghsweep.config.validate import ConfigError, run_device, validate
+from ghsweep.config.validate import run_device, validate
 from ghsweep.launch import interrupts
 from ghsweep.launch.container import check_container, container_prefix, tool_finder
 from ghsweep.launch.device_probe import probe_gpu
 from ghsweep.launch.dry_run import describe
 from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
 from ghsweep.launch.resume import RUN_HASH_TAG, finished_run, run_hash, skip_finished
-from ghsweep.launch.run_result import RunResult
-from ghsweep.launch.slurm_jobs import JobTimeout
+from ghsweep.core.run_result import RunResult
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.launch.worker_process import (WORKER_LOG, WorkerExit, rank_file, run_worker, worker_command,
                                            worker_timeout_min)
@@ -45,7 +43,8 @@ from ghsweep.profile.capture import find_tool
 from ghsweep.profile.plan import ProfileOutcome, ProfilePlan, after_worker, profiler_prefix, resolve as resolve_profile
 from ghsweep.report.run_report import write_run_report
 from ghsweep.tracking import redact
-from ghsweep.tracking.mlflow_store import MlflowStore, TrackingUriError, absolute_tracking_uri, flatten
+from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, flatten
+from ghsweep.core.errors import ConfigError, JobTimeout, TrackingUriError, one_line
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from mlflow.entities import Run
 from omegaconf import DictConfig, OmegaConf
 
-from ghsweep.launch.run_result import RunResult
+from ghsweep.core.run_result import RunResult
 from ghsweep.tracking.mlflow_store import MlflowStore
 
 log = logging.getLogger(__name__)

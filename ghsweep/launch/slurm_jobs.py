@@ -21,10 +21,12 @@ from hydra.core.utils import JobStatus
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
 from ghsweep.launch.resume import RUN_HASH_TAG
-from ghsweep.launch.run_result import RESULT_FILE, RunResult
+from ghsweep.core.run_dir import RESULT
+from ghsweep.core.run_result import RunResult
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.launch.worker_process import WORKER_LOG
 from ghsweep.tracking.mlflow_store import MlflowStore
+from ghsweep.core.errors import JobTimeout
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +35,6 @@ JOBS_FILE = "ghsweep_jobs.json"
 CANCELLED = "KILLED"
 # SLURM states of a job that has not ended (UNKNOWN is not one: sacct may be unavailable for good).
 ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
-
-
-class JobTimeout(Exception):
-    """Raised inside a job when SLURM signals its time limit and the run is not requeued."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +108,7 @@ def settle(sweep_dir: Path, jobs: list[tuple[SubmittedJob, submitit.Job]]) -> li
     results = []
     for submitted, job in jobs:
         run_dir = Path(submitted.run_dir)
-        result = RunResult.load(run_dir) if (run_dir / RESULT_FILE).exists() else None
+        result = RunResult.load(run_dir) if (run_dir / RESULT).exists() else None
         failure = job_failure(job)
         if failure and (result is None or result.status != "FINISHED"):
             result = _record_lost(store, manifest, submitted, result, *failure)

@@ -14,7 +14,8 @@ import os
 import socket
 from pathlib import Path
 
-from ghsweep.launch.run_result import RESULT_FILE, RunResult
+from ghsweep.core.run_dir import RESULT
+from ghsweep.core.run_result import RunResult
 from ghsweep.launch.slurm_jobs import JOBS_FILE
 from ghsweep.launch.worker_process import stop_orphaned_worker
 from ghsweep.tracking.mlflow_store import MlflowStore, with_retry
@@ -62,7 +63,7 @@ def end_running_children(store: MlflowStore, parent_run_id: str, status: str, re
         run_dir = Path(child.data.tags.get("ghsweep.run_dir", ""))
         if child.data.tags.get(HOST_TAG) == socket.gethostname() and stop_orphaned_worker(run_dir):
             log.warning("%s: stopped its worker, left running by the sweep process", child.info.run_name)
-        if (run_dir / RESULT_FILE).is_file():
+        if (run_dir / RESULT).is_file():
             result = RunResult.load(run_dir)
             if result.status == "RUNNING":
                 result.status, result.error = status, reason

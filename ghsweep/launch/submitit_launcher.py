@@ -31,12 +31,13 @@ from submitit.slurm.slurm import _make_sbatch_string
 
 from ghsweep.launch.dry_run import describe, local_ranks_text
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
-from ghsweep.launch.run_result import RunResult
-from ghsweep.launch.slurm_jobs import JobTimeout, SubmittedJob, save_jobs, settle, wait_until_ended
+from ghsweep.core.run_result import RunResult
+from ghsweep.launch.slurm_jobs import SubmittedJob, save_jobs, settle, wait_until_ended
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.launch.world import World, world_of
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore
+from ghsweep.core.errors import JobTimeout
 
 log = logging.getLogger(__name__)
 

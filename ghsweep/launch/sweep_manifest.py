@@ -9,12 +9,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from ghsweep.core.errors import SweepDirInUse
 
 MANIFEST_FILE = "ghsweep_sweep.json"
-
-
-class SweepDirInUse(Exception):
-    """The sweep directory already belongs to another sweep."""
 
 
 @dataclass(frozen=True)

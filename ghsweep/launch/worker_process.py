@@ -15,9 +15,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ghsweep.config.validate import ConfigError
 from ghsweep.launch.container import container_prefix
 from ghsweep.launch.world import torchrun_prefix
+from ghsweep.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from ghsweep.config.validate import ConfigError, check_int
+from ghsweep.config.validate import check_int
+from ghsweep.core.errors import ConfigError
 
 # What each rank's worker reads (torch.distributed's env:// rendezvous and torchrun's names).
 RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ghsweep.errors import first_line
 from ghsweep.profile import kernel_kinds, steps as step_finder
 from ghsweep.profile import nsys_db as db
-from ghsweep.profile.capture import ProfilerUnavailable, export_sqlite, find_tool
+from ghsweep.profile.capture import export_sqlite, find_tool
 from ghsweep.profile.timeline import KERNEL as KERNEL_OP, MEMCPY as MEMCPY_OP, MEMSET as MEMSET_OP, Ops, timeline, union_ns
+from ghsweep.core.errors import ProfileError, ProfilerUnavailable, first_line
 
 GAP_BUCKETS = ((0, 10_000, "<10us"), (10_000, 100_000, "10-100us"), (100_000, 1_000_000, "0.1-1ms"),
                (1_000_000, 10_000_000, "1-10ms"), (10_000_000, None, ">=10ms"))
@@ -55,10 +55,6 @@ MEM_KIND = {0: "pageable", 1: "pinned", 2: "device", 4: "managed", 7: "unknown"}
 PHASES = ("data", "forward", "backward", "optimizer")
 PHASE_LIKE = tuple(f"{p}%" for p in PHASES)
 WHOLE_TRACE_KERNELS = 50
-
-
-class ProfileError(ValueError):
-    """A profile that cannot be analysed; the message is one line naming the file."""
 
 
 def analyze(path: Path, nsys_path: str | None = None) -> dict:

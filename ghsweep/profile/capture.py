@@ -13,6 +13,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from ghsweep.core.errors import ProfilerUnavailable
 
 NSYS_REPORT = "profile.nsys-rep"
 NSYS_SQLITE = "profile.sqlite"
@@ -22,10 +23,6 @@ NSYS_RANK_GLOB = "profile_rank*.nsys-rep"
 NCU_REPORT = "top_kernels.ncu-rep"
 NCU_CSV = "top_kernels_ncu.csv"
 TORCH_TRACE = "torch_trace.json"  # the PyTorch profiler's Chrome trace (profile=torch)
-
-
-class ProfilerUnavailable(RuntimeError):
-    """A profiler the config asks for cannot run here."""
 
 
 def find_tool(name: str, configured: str | None) -> str | None:

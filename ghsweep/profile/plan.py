@@ -20,9 +20,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ghsweep.config.validate import ConfigError
 from ghsweep.launch.world import world_of
 from ghsweep.profile import capture, plots, report
+from ghsweep.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

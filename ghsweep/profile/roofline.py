@@ -17,8 +17,8 @@ import csv
 import re
 from pathlib import Path
 
-from ghsweep.profile.analysis import ProfileError
 from ghsweep.profile.kernel_kinds import function_name
+from ghsweep.core.errors import ProfileError
 
 TENSOR_FLOPS_PER_OP = 1.0
 # Far below the roof that applies to it: neither bandwidth nor compute limits the kernel, but

@@ -16,10 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from ghsweep.profile import kernel_kinds, steps as step_finder
-from ghsweep.profile.analysis import (IDLE_GAP_MIN_NS, MEMCPY_KIND, PHASES, GapEvidence, Intervals, ProfileError,
-                                      bucket_sums, device_metrics, gap_stats, infer_steps, load_json, memory_ops, pct,
-                                      steady_window, step_times, whole_trace_block, whole_trace_steps, window_block)
+from ghsweep.profile.analysis import IDLE_GAP_MIN_NS, MEMCPY_KIND, PHASES, GapEvidence, Intervals, bucket_sums, device_metrics, gap_stats, infer_steps, load_json, memory_ops, pct, steady_window, step_times, whole_trace_block, whole_trace_steps, window_block
 from ghsweep.profile.nsys_db import PAGEABLE_MIN_BYTES, SHORT_KERNEL_NS
+from ghsweep.core.errors import ProfileError
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 SYNC_NAMES = re.compile(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|cudaMemcpy$|"

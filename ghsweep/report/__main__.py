@@ -17,8 +17,9 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from ghsweep.report import assignment, compare
-from ghsweep.report.sweep_source import SweepNotFound, find_run, load_run, load_sweep
+from ghsweep.report.sweep_source import find_run, load_run, load_sweep
 from ghsweep.tracking.mlflow_store import absolute_tracking_uri
+from ghsweep.core.errors import SweepNotFound
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 

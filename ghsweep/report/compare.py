@@ -19,6 +19,7 @@ from ghsweep.report.document import Document
 from ghsweep.report.sweep_source import RUN_IDS_TAG, SweepRun, load_sweep
 from ghsweep.report.sweep_table import align, fmt_value, knob_columns
 from ghsweep.tracking.mlflow_store import MlflowStore
+from ghsweep.core.errors import BaselineError
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,6 @@ WORLD_KEYS = ("backend.num_nodes=", "backend.gpus_per_node=")
 MAX_TAG_CHARS = 8000
 # Most severe first; a severity not listed ranks after these.
 SEVERITY_ORDER = ("critical", "error", "high", "warning", "medium", "info", "low")
-
-
-class BaselineError(ValueError):
-    """report.baseline names no combination of the sweep."""
 
 
 @dataclass

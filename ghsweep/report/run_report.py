@@ -6,7 +6,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ghsweep.launch.run_result import RunResult
+from ghsweep.core.run_result import RunResult
 
 METRIC_UNITS = {
     "step_time_ms": "ms (median of steady-state steps)",

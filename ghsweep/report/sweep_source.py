@@ -17,6 +17,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from ghsweep.profile.plan import ANALYSIS_FILE
+from ghsweep.core.errors import SweepNotFound
 
 # A progress bar per downloaded analysis would bury the report's own output (MLflow reads it per download).
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -27,10 +28,6 @@ SWEEP_NAME_PREFIX = "sweep "
 # On a sweep's parent run: its runs' ids in job order, comma-separated.
 RUN_IDS_TAG = "ghsweep.run_ids"
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
-
-
-class SweepNotFound(LookupError):
-    """The name or id given does not lead to a run of the kind asked for."""
 
 
 @dataclass

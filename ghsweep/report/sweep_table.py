@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ghsweep.launch.run_result import RunResult
+from ghsweep.core.run_result import RunResult
 
 
 def knob_columns(overrides: Sequence[Sequence[str]]) -> list[str]:

@@ -26,6 +26,7 @@ from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from ghsweep.tracking import redact  # noqa: E402
+from ghsweep.core.errors import TrackingUriError
 
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100
@@ -43,10 +44,6 @@ ACCEPTED_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql")
 CONNECT_TIMEOUT_S = 5
 
 log = logging.getLogger(__name__)
-
-
-class TrackingUriError(ValueError):
-    """A tracking URI that cannot work: an unknown scheme, or no server where it points."""
 
 
 def check_tracking_uri(uri: str) -> None:

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 
 import torch
 
-STEP_RANGE_PREFIX = "step "
+from ghsweep.core.names import STEP_RANGE_PREFIX
+
 PHASES = ("data", "forward", "backward", "optimizer")
 
 

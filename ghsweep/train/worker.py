@@ -18,8 +18,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
+from ghsweep.core.errors import first_line
 
-from ghsweep.errors import first_line
 
 if TYPE_CHECKING:  # imported for real in load_backend, before anything touches CUDA
     from ghsweep.train.unified_memory import ManagedMemory

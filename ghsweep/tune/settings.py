@@ -5,13 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from ghsweep.core.errors import TuneConfigError
 
 DIRECTIONS = ("maximize", "minimize")
 SAMPLERS = ("tpe", "random")
-
-
-class TuneConfigError(ValueError):
-    """A `tune.*` value the study cannot use."""
 
 
 @dataclass(frozen=True)

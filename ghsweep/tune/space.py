@@ -23,13 +23,10 @@ from optuna.distributions import (
 )
 
 from ghsweep.launch.resume import identity_overrides
+from ghsweep.core.errors import SpaceError
 
 # Overrides that configure the study itself, not the runs it launches.
 TUNE_PREFIX = "tune."
-
-
-class SpaceError(ValueError):
-    """An override the search space cannot take."""
 
 
 def _distribution(override: Override) -> BaseDistribution:

@@ -25,9 +25,9 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import Trial, TrialState
 
-from ghsweep.errors import one_line
 from ghsweep.tune.settings import TuneSettings
 from ghsweep.tune.space import SearchSpace
+from ghsweep.core.errors import one_line
 
 RUN_FAILED = "run_failed"
 # The tags that tie an MLflow run to its trial.

@@ -22,10 +22,11 @@ from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.tune.answer import REPORT_DIR, REPORT_FILE
 from ghsweep.tune.report import answer, command, summarize, write_report
-from ghsweep.tune.settings import TuneConfigError, TuneSettings
-from ghsweep.tune.space import SearchSpace, SpaceError
+from ghsweep.tune.settings import TuneSettings
+from ghsweep.tune.space import SearchSpace
 from ghsweep.tune.study import (STUDY_TAG, TRIAL_TAG, TrialOutcome, earlier_failures, knob_values, open_study, tell,
                                 trials_done)
+from ghsweep.core.errors import SpaceError, TuneConfigError
 
 
 def end_sweep_run(sweep_dir: Path, error: str) -> None:

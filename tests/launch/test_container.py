@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from ghsweep.config.validate import ConfigError
 from ghsweep.launch.container import check_container, container_prefix, tool_finder
 from ghsweep.launch.job import plan_profile
 from ghsweep.launch.worker_process import worker_command
 from ghsweep.profile import capture
+from ghsweep.core.errors import ConfigError
 from tests.conftest import CONF_DIR
 from tests.launch.stand_ins import fake_runtime
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from ghsweep.config.validate import ConfigError
 from ghsweep.launch.job import plan_profile
 from ghsweep.launch.worker_process import worker_command
 from ghsweep.profile.plan import profiler_prefix, resolve
+from ghsweep.core.errors import ConfigError
 from tests.conftest import CONF_DIR, run_cli
 from tests.launch.stand_ins import fake_runtime, tool
 

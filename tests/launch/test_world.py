@@ -12,8 +12,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
-from ghsweep.config.validate import ConfigError
 from ghsweep.launch.world import check_world
+from ghsweep.core.errors import ConfigError
 from tests.conftest import CONF_DIR, run_cli
 
 SMOKE = ["experiment=smoke", "train.max_steps=4", "train.seq_length=64", "train.log_every=2", "train.warmup_steps=1"]

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from ghsweep.analyze import main
-from ghsweep.profile.analysis import ProfileError, analyze
+from ghsweep.profile.analysis import analyze
+from ghsweep.core.errors import ProfileError
 from tests.profile.planted import training_run, write_torch
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "profiles"

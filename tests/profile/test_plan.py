@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from ghsweep.config.validate import ConfigError
 from ghsweep.profile.plan import ProfilePlan, plans_from_config, profiler_prefix, resolve
+from ghsweep.core.errors import ConfigError
 from tests.conftest import CONF_DIR, run_cli
 
 

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ghsweep.config.validate import ConfigError
 from ghsweep.launch.worker_process import GPU_TIMEOUT_MIN, worker_timeout_min
+from ghsweep.core.errors import ConfigError
 from tests.conftest import run_cli
 from tests.reliability.records import all_runs, assert_nothing_running, assert_one_line_errors, by_role, results, sqlite_uri
 

@@ -6,8 +6,9 @@ import pytest
 from pathlib import Path
 
 from ghsweep.report import compare
-from ghsweep.report.sweep_source import RUN_IDS_TAG, SweepNotFound, find_run, load_sweep
+from ghsweep.report.sweep_source import RUN_IDS_TAG, find_run, load_sweep
 from ghsweep.tracking.mlflow_store import MlflowStore
+from ghsweep.core.errors import SweepNotFound
 from tests.report.sweeps import four_run_sweep, log_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

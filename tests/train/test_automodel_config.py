@@ -13,8 +13,8 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
-from ghsweep.config.validate import ConfigError
 from ghsweep.train.automodel.config import check_config, recipe_config
+from ghsweep.core.errors import ConfigError
 from tests.conftest import CONF_DIR, run_cli
 
 

@@ -17,12 +17,12 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from ghsweep.config.validate import ConfigError
 from ghsweep.train import data as dolly
 from ghsweep.train.flops import ModelShape
 from ghsweep.train.nemo.recipe import (
     DATASET_DIR, RECIPE_JSON, RECIPE_TEXT, build_recipe, check_config, load_recipe, model_shape, save_recipe,
 )
+from ghsweep.core.errors import ConfigError
 from tests.conftest import CONF_DIR
 from tests.nemo import nemo_llm  # noqa: F401  (the fixture)
 

@@ -10,8 +10,9 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
-from ghsweep.config.validate import ConfigError, validate
-from ghsweep.launch.device_probe import GpuInfo
+from ghsweep.config.validate import validate
+from ghsweep.core.gpu import GpuInfo
+from ghsweep.core.errors import ConfigError
 from tests.conftest import CONF_DIR, run_cli
 
 H100 = GpuInfo("NVIDIA H100", (9, 0), 80.0, 79.0)

@@ -12,9 +12,9 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig
 
-from ghsweep.config.validate import ConfigError
 from ghsweep.train.attention import resolve
 from ghsweep.train.tokenizer import ByteTokenizer
+from ghsweep.core.errors import ConfigError
 
 # The recipe config a run trained with, as AutoModel's own YAML (its CLI takes the same file).
 RECIPE_YAML = "automodel.yaml"

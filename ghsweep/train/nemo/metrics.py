@@ -13,7 +13,8 @@ import time
 import torch
 from lightning.pytorch.callbacks.callback import Callback
 
-from ghsweep.train.phases import STEP_RANGE_PREFIX, Phases
+from ghsweep.core.names import STEP_RANGE_PREFIX
+from ghsweep.train.phases import Phases
 from ghsweep.train.step_log import StepLog
 
 

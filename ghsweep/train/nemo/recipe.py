@@ -13,8 +13,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from ghsweep.config.validate import ConfigError, check_int, model_facts
+from ghsweep.config.validate import check_int, model_facts
 from ghsweep.train.flops import ModelShape
+from ghsweep.core.errors import ConfigError
 
 # LoRA targets: transformers' module names -> Megatron's fused linear layers. Megatron fuses
 # q/k/v into one GEMM and gate/up into another, so a LoRA target is all of a group or none of it.

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-RESULT_FILE = "result.json"
+from ghsweep.core.run_dir import RESULT
 
 
 @dataclass
@@ -22,8 +22,8 @@ class RunResult:
 
     def save(self) -> None:
         """Written whole or not at all: a full disk leaves the last complete result.json, never a cut one."""
-        path = Path(self.run_dir) / RESULT_FILE
-        partial = path.with_name(RESULT_FILE + ".partial")
+        path = Path(self.run_dir) / RESULT
+        partial = path.with_name(RESULT + ".partial")
         try:
             partial.write_text(json.dumps(asdict(self), indent=2))
         except OSError:
@@ -33,4 +33,4 @@ class RunResult:
 
     @classmethod
     def load(cls, run_dir: Path) -> RunResult:
-        return cls(**json.loads((run_dir / RESULT_FILE).read_text()))
+        return cls(**json.loads((run_dir / RESULT).read_text()))

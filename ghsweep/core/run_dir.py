@@ -1,0 +1,59 @@
+"""One combination's run directory: the name of every file a stage writes there, in one place.
+
+The job, the worker process, the profile analysis, tracking and the reports all meet in this
+directory; they agree on file names by importing them from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+CONFIG = "config.yaml"  # the composed config, as Hydra saves it (.hydra/config.yaml is also kept)
+OVERRIDES = "overrides.yaml"
+RUN_PLAN = "run_plan.json"  # what the job decided for this combination; the worker reads it
+WORKER_LOG = "worker.log"
+WORKER_ERROR = "worker_error.json"  # the worker's exception, one line, when training failed
+SUMMARY = "summary.json"  # the worker's measurements (metrics, timing, info)
+METRICS = "metrics.jsonl"  # one line per logged step
+RESULT = "result.json"  # what the combination ended with (RunResult)
+REPORT = "report.md"
+PROFILE_PLAN = "profile_plan.json"
+PROFILE_ANALYSIS = "profile_analysis.json"
+PROFILE_REPORT = "profile_report.md"
+TORCH_TRACE = "torch_trace.json"  # the PyTorch profiler's Chrome trace (profile=torch)
+RECIPE_JSON = "recipe.json"  # NeMo's recipe as run (fiddle), to rebuild it
+RECIPE_TXT = "recipe.txt"
+SLURM_JOBS = "ghsweep_jobs.json"  # SLURM job ids of a sweep, in its sweep directory
+SWEEP_MANIFEST = "ghsweep_sweep.json"  # which sweep a sweep directory belongs to
+
+# What a finished combination logs to MLflow from its directory, when present.
+ARTIFACTS = (CONFIG, OVERRIDES, WORKER_LOG, REPORT, METRICS, SUMMARY, RESULT, RECIPE_TXT, RECIPE_JSON)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def summary(self) -> Path:
+        return self.path / SUMMARY
+
+    @property
+    def result(self) -> Path:
+        return self.path / RESULT
+
+    @property
+    def worker_log(self) -> Path:
+        return self.path / WORKER_LOG
+
+    @property
+    def worker_error(self) -> Path:
+        return self.path / WORKER_ERROR
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / METRICS
