@@ -15,8 +15,10 @@ from omegaconf import DictConfig
 
 from ghsweep.launch.container import container_prefix
 from ghsweep.launch.worker_process import worker_command
-from ghsweep.launch.world import World, world_of
-from ghsweep.profile.plan import ProfilePlan, plans_from_config, profiler_prefix
+from ghsweep.core.run_plan import World
+from ghsweep.launch.world import world_of
+from ghsweep.core.run_plan import ProfilePlan
+from ghsweep.profile.plan import plans_from_config, profiler_prefix
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import absolute_tracking_uri
 from ghsweep.core.errors import ConfigError

@@ -40,7 +40,8 @@ from ghsweep.launch.worker_process import (WORKER_LOG, WorkerExit, rank_file, ru
                                            worker_timeout_min)
 from ghsweep.launch.world import check_world, export_slurm_rendezvous, slurm_task_ranks
 from ghsweep.profile.capture import find_tool
-from ghsweep.profile.plan import ProfileOutcome, ProfilePlan, after_worker, profiler_prefix, resolve as resolve_profile
+from ghsweep.core.run_plan import ProfilePlan
+from ghsweep.profile.plan import ProfileOutcome, after_worker, profiler_prefix, resolve as resolve_profile, save_plan
 from ghsweep.report.run_report import write_run_report
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, flatten
@@ -217,7 +218,7 @@ def run_one(cfg: DictConfig) -> RunResult:
         timeout_min = launch.timeout_min
         timeout_s = timeout_min * 60 if timeout_min else None
         profile_plan = launch.profile_plan
-        profile_plan.save(run_dir)
+        save_plan(profile_plan, run_dir)
         # The command in the job's log: what `dry_run=true` printed for this combination, with the node's choices.
         log.info("%s: training in a worker process (log: %s): %s", name, run_dir / WORKER_LOG, shlex.join(launch.command))
         exit = run_worker(launch.command, run_dir, timeout_s)

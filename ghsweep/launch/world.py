@@ -10,26 +10,15 @@ srun starts the tasks, and each task's job exports the rendezvous from SLURM's e
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-
 from omegaconf import DictConfig
 
 from ghsweep.config.validate import check_int
 from ghsweep.core.errors import ConfigError
+from ghsweep.core.run_plan import World
 
 # What each rank's worker reads (torch.distributed's env:// rendezvous and torchrun's names).
 RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DATA_PARALLEL = ("auto", "ddp", "fsdp")
-
-
-@dataclass(frozen=True)
-class World:
-    num_nodes: int
-    gpus_per_node: int
-
-    @property
-    def size(self) -> int:
-        return self.num_nodes * self.gpus_per_node
 
 
 def world_of(cfg: DictConfig) -> World:

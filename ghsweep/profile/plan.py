@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from ghsweep.launch.world import world_of
 from ghsweep.profile import capture, plots, report
 from ghsweep.core.errors import ConfigError
+from ghsweep.core.run_plan import ProfilePlan
 
 log = logging.getLogger(__name__)
 
@@ -40,25 +41,13 @@ METRICS = ("gpu_busy_pct", "gpu_idle_pct", "idle_gaps_per_step", "kernel_time_pc
            "exposed_nccl_pct")
 
 
-@dataclass
-class ProfilePlan:
-    requested: str
-    used: str  # none | torch | nsys
-    ncu: bool = False
-    nsys_path: str | None = None
-    ncu_path: str | None = None
-    note: str | None = None
-    # What the profilers run under on the node: the container's `exec ... IMAGE` when the worker
-    # runs in one (the image brings nsys and ncu), so the export and ncu's import run there too.
-    tool_prefix: list[str] = field(default_factory=list)
+def save_plan(plan: ProfilePlan, run_dir: Path) -> None:
+    (run_dir / PLAN_FILE).write_text(json.dumps(asdict(plan), indent=2))
 
-    def save(self, run_dir: Path) -> None:
-        (run_dir / PLAN_FILE).write_text(json.dumps(asdict(self), indent=2))
 
-    @classmethod
-    def load(cls, run_dir: Path) -> ProfilePlan | None:
-        path = run_dir / PLAN_FILE
-        return cls(**json.loads(path.read_text())) if path.exists() else None
+def load_plan(run_dir: Path) -> ProfilePlan | None:
+    path = run_dir / PLAN_FILE
+    return ProfilePlan(**json.loads(path.read_text())) if path.exists() else None
 
 
 def resolve(profile: DictConfig, on_gpu: bool, device: str,

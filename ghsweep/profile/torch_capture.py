@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ghsweep.profile.capture import TORCH_TRACE
-from ghsweep.profile.plan import ProfilePlan
+from ghsweep.profile.plan import load_plan
 
 
 
@@ -51,6 +51,6 @@ def torch_capture(run_dir: Path, device: torch.device, start_step: int, num_step
     """The capture a worker runs with: active when the run's profile plan says torch (profile=torch,
     or profile=auto without nsys or GPU), a no-op otherwise. With several ranks rank 0 traces (one
     trace file per run)."""
-    plan = ProfilePlan.load(run_dir)
+    plan = load_plan(run_dir)
     path = run_dir / TORCH_TRACE if plan is not None and plan.used == "torch" and rank == 0 else None
     return TorchCapture(path, device, start_step, num_steps)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from ghsweep.profile.plan import ProfilePlan, plans_from_config, profiler_prefix, resolve
+from ghsweep.core.run_plan import ProfilePlan
+from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve
 from ghsweep.core.errors import ConfigError
 from tests.conftest import CONF_DIR, run_cli
 

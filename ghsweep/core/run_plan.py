@@ -1,0 +1,69 @@
+"""What the job decided for one combination, decided once: the dry run prints it, the local and
+SLURM paths execute it, and the worker reads it from the run directory (run_plan.json).
+
+Built by ghsweep.launch.plan from the composed config and the node's facts, before any GPU time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ghsweep.core.gpu import GpuInfo
+from ghsweep.core.run_dir import RUN_PLAN
+
+
+@dataclass(frozen=True)
+class World:
+    """How many nodes and GPUs one combination's training spans (one rank per GPU)."""
+
+    num_nodes: int = 1
+    gpus_per_node: int = 1
+
+    @property
+    def size(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+
+@dataclass
+class ProfilePlan:
+    """Which profiler a run gets; profile=auto records its choice and why in `note`."""
+
+    requested: str
+    used: str  # none | torch | nsys
+    ncu: bool = False
+    nsys_path: str | None = None
+    ncu_path: str | None = None
+    note: str | None = None
+    # What the profilers run under on the node: the container's `exec ... IMAGE` when the worker
+    # runs in one (the image brings nsys and ncu), so the export and ncu's import run there too.
+    tool_prefix: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunPlan:
+    name: str  # the combination's name: its MLflow run name and the folder of its run directory
+    run_dir: str
+    overrides: list[str]
+    backend: str  # a name in ghsweep.core.backends.BACKENDS
+    device: str  # cuda | cpu
+    gpu: GpuInfo | None
+    world: World
+    data_parallel: str  # ddp | fsdp (what several ranks use; decided for one rank too)
+    profile: ProfilePlan
+    container_prefix: list[str]  # `apptainer exec ... IMAGE` or [] when the worker runs on the node
+    worker_command: list[str]  # one worker's argv: container, profiler and torchrun prefixes included
+    timeout_min: float | None  # the worker's wall-clock limit, None for none
+
+    def save(self, run_dir: Path) -> None:
+        (run_dir / RUN_PLAN).write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, run_dir: Path) -> RunPlan:
+        raw = json.loads((run_dir / RUN_PLAN).read_text())
+        gpu = raw.pop("gpu")
+        if gpu is not None:
+            gpu["compute_capability"] = tuple(gpu["compute_capability"])
+        return cls(**raw | {"gpu": GpuInfo(**gpu) if gpu else None, "world": World(**raw.pop("world")),
+                            "profile": ProfilePlan(**raw.pop("profile"))})
