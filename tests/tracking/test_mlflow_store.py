@@ -7,7 +7,8 @@ import json
 import pytest
 from mlflow.exceptions import MlflowException, RestException
 
-from ghsweep.tracking.mlflow_store import absolute_tracking_uri, flatten, is_transient, with_retry
+from ghsweep.core.errors import TrackingError
+from ghsweep.tracking.mlflow_store import RETRY_DELAYS_S, Retry, absolute_tracking_uri, flatten, is_transient
 
 # The body a SQLite-backed `mlflow server` returned when sixteen jobs logged at once.
 POOL_EXHAUSTED = {
@@ -24,8 +25,9 @@ def test_busy_server_errors_are_transient_and_bad_requests_are_not():
     assert not is_transient(MlflowException("Run 'abc' not found"))
 
 
-def test_with_retry_retries_a_busy_server_then_returns_the_answer():
-    answers = [RestException(POOL_EXHAUSTED), "logged"]
+def test_retry_waits_out_a_busy_server_then_returns_the_answer():
+    answers = [RestException(POOL_EXHAUSTED), RestException(POOL_EXHAUSTED), "logged"]
+    slept: list[float] = []
 
     def flaky_log_batch():
         answer = answers.pop(0)
@@ -33,20 +35,35 @@ def test_with_retry_retries_a_busy_server_then_returns_the_answer():
             raise answer
         return answer
 
-    assert with_retry(flaky_log_batch) == "logged"
+    assert Retry(sleep=slept.append)(flaky_log_batch) == "logged"
     assert answers == []
+    assert slept == list(RETRY_DELAYS_S[:2])
 
 
-def test_with_retry_raises_a_real_error_at_once():
+def test_retry_gives_up_after_its_last_delay():
+    calls = []
+
+    def always_busy():
+        calls.append(1)
+        raise RestException(POOL_EXHAUSTED)
+
+    slept: list[float] = []
+    with pytest.raises(TrackingError, match="QueuePool limit"):
+        Retry(delays_s=(0.5, 2), sleep=slept.append)(always_busy)
+    assert len(calls) == 3 and slept == [0.5, 2]
+
+
+def test_retry_raises_a_real_error_at_once():
     calls = []
 
     def rejected():
         calls.append(1)
         raise RestException({"error_code": "INVALID_PARAMETER_VALUE", "message": json.dumps({"bad": "value"})})
 
-    with pytest.raises(RestException, match="INVALID_PARAMETER_VALUE"):
-        with_retry(rejected)
+    with pytest.raises(TrackingError, match="INVALID_PARAMETER_VALUE") as raised:
+        Retry(sleep=pytest.fail)(rejected)
     assert len(calls) == 1
+    assert isinstance(raised.value.__cause__, RestException)
 
 
 def test_relative_sqlite_uri_becomes_absolute_and_others_stay(tmp_path):
