@@ -300,3 +300,8 @@ class MlflowStore:
 
     def artifact_paths(self, run_id: str, folder: str | None = None) -> set[str]:
         return {a.path for a in self.retry(self.client.list_artifacts, run_id, folder)}
+
+    def download_artifacts(self, run_id: str, dest: Path) -> Path:
+        """Every artifact of the run, under `dest`."""
+        dest.mkdir(parents=True, exist_ok=True)
+        return Path(self.retry(self.client.download_artifacts, run_id, "", str(dest)))
