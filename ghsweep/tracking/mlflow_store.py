@@ -188,7 +188,11 @@ class StoredRun:
 
 
 def _quoted(value: str) -> str:
-    return "'" + value.replace("'", "\\'") + "'"
+    """A string literal of MLflow's filter syntax, which has no escape character: single or double quotes."""
+    for quote in ("'", '"'):
+        if quote not in value:
+            return f"{quote}{value}{quote}"
+    raise ValueError(f"{value!r}: holds both quote characters, which an MLflow search filter cannot match")
 
 
 def run_filter(role: str | None = None, status: str | None = None, parent_run_id: str | None = None,
