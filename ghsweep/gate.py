@@ -20,14 +20,12 @@ import os
 import sys
 from pathlib import Path
 
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
-
 from ghsweep.launch.resume import identity_overrides
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.report.sweep_source import SweepRun, find_run, load_sweep
-from ghsweep.tracking.mlflow_store import absolute_tracking_uri
-from ghsweep.core.errors import GateError, SweepNotFound
+from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri
+from ghsweep.core.errors import GateError, SweepNotFound, TrackingError, TrackingUriError
+from ghsweep.core.names import ROLE_SWEEP
 
 HIGHER_IS_BETTER = ("tokens_per_s", "mfu", "tflops_per_gpu")
 LOWER_IS_BETTER = ("peak_mem_gb", "step_time_ms", "overhead_ratio")
@@ -67,9 +65,10 @@ def measured(run: SweepRun, checks: list[str]) -> dict:
 def load_runs(sweep: str, tracking_uri: str) -> tuple[str, list[SweepRun]]:
     """The sweep's command (or name) and its runs, from MLflow."""
     manifest = SweepManifest.load(Path(sweep)) if Path(sweep).is_dir() else None
-    client = MlflowClient(tracking_uri=manifest.tracking_uri if manifest else absolute_tracking_uri(tracking_uri, Path.cwd()))
-    parent = client.get_run(manifest.parent_run_id) if manifest else find_run(client, sweep, "sweep")
-    return (manifest.command if manifest else parent.info.run_name), load_sweep(client, parent)
+    store = MlflowStore(manifest.tracking_uri if manifest else absolute_tracking_uri(tracking_uri, Path.cwd()),
+                        experiment=None)
+    parent = store.get_run(manifest.parent_run_id) if manifest else find_run(store, sweep, ROLE_SWEEP)
+    return (manifest.command if manifest else parent.name), load_sweep(store, parent)
 
 
 def write_reference(command: str, runs: list[SweepRun], checks: list[str], path: Path) -> dict:
@@ -167,11 +166,11 @@ def main(argv: list[str] | None = None) -> int:
             raise GateError(f"--against {args.against}: no such file; record one with --write")
         reference = json.loads(args.against.read_text())
         found = regressions(reference, runs, args.tolerance, args.loss_band)
-    except (GateError, SweepNotFound) as exc:
+    except (GateError, SweepNotFound, TrackingUriError) as exc:
         print(f"ghsweep.gate: {exc}", file=sys.stderr)
         return 2
-    except MlflowException as exc:
-        print(f"ghsweep.gate: {exc.message.splitlines()[0]}", file=sys.stderr)
+    except TrackingError as exc:
+        print(f"ghsweep.gate: {exc}", file=sys.stderr)
         return 2
     for line in found:
         print(f"REGRESSION {line}")

@@ -23,7 +23,7 @@ from ghsweep.launch.callbacks import finish_sweep
 from ghsweep.launch.slurm_jobs import JOBS_FILE, has_ended, load_jobs, settle
 from ghsweep.launch.stale_runs import PID_TAG, died_reason, end_running_children, process_died
 from ghsweep.launch.sweep_manifest import MANIFEST_FILE, SweepManifest
-from ghsweep.tracking.mlflow_store import MlflowStore, with_retry
+from ghsweep.tracking.mlflow_store import MlflowStore
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,14 +61,14 @@ def main(argv: list[str] | None = None) -> int:
 def collect_local(sweep_dir: Path, manifest: SweepManifest) -> int:
     """A sweep whose jobs ran in its own process: ended already, still running, or its process died."""
     store = MlflowStore(manifest.tracking_uri, manifest.experiment)
-    parent = with_retry(store.client.get_run, manifest.parent_run_id)
-    if parent.info.status != "RUNNING":
-        print(f"ghsweep: the sweep ended {parent.info.status} (MLflow run {manifest.parent_run_id})")
+    parent = store.get_run(manifest.parent_run_id)
+    if parent.status != "RUNNING":
+        print(f"ghsweep: the sweep ended {parent.status} (MLflow run {manifest.parent_run_id})")
         return 0
-    if not process_died(parent.data.tags):
-        print(f"ghsweep: the sweep is still running (pid {parent.data.tags.get(PID_TAG)}); run this again later")
+    if not process_died(parent.tags):
+        print(f"ghsweep: the sweep is still running (pid {parent.tags.get(PID_TAG)}); run this again later")
         return 0
-    end_running_children(store, manifest.parent_run_id, "FAILED", died_reason(parent.data.tags))
+    end_running_children(store, manifest.parent_run_id, "FAILED", died_reason(parent.tags))
     finish_sweep(sweep_dir)
     return 0
 

@@ -43,6 +43,10 @@ class TrackingUriError(ValueError):
     """A tracking URI that cannot work: an unknown scheme, or no server where it points."""
 
 
+class TrackingError(RuntimeError):
+    """The tracking store refused a request (not a busy moment: those are retried); one line."""
+
+
 class JobTimeout(Exception):
     """Raised inside a job when SLURM signals its time limit and the run is not requeued."""
 

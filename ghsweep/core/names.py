@@ -10,3 +10,14 @@ ROLE_RUN = "run"
 # Every training step is an NVTX / record_function range named f"{STEP_RANGE_PREFIX}{n}"; the profile
 # analysis finds steps by it and the job reads the worker's progress lines by it.
 STEP_RANGE_PREFIX = "step "
+
+# Tags of ghsweep's MLflow runs that more than one stage writes or reads (the full list is in README).
+RUN_DIR_TAG = "ghsweep.run_dir"
+OVERRIDES_TAG = "ghsweep.overrides"  # the combination's overrides, space-separated
+JOB_NUM_TAG = "ghsweep.job_num"  # the combination's number in its sweep
+STATUS_TAG = "ghsweep.status"
+ERROR_TAG = "ghsweep.error"  # one line: why the run failed
+HOST_TAG = "ghsweep.host"
+RUN_HASH_TAG = "ghsweep.run_hash"  # the run's identity (a hash of its resolved config), for resume
+SWEEP_DIR_TAG = "ghsweep.sweep_dir"
+RUN_IDS_TAG = "ghsweep.run_ids"  # on a sweep's parent run: its runs' ids in job order, comma-separated

@@ -20,7 +20,8 @@ from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.report.compare import COMPARISON_DIR, report_comparison
 from ghsweep.report.sweep_table import format_table
 from ghsweep.tracking import redact
-from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, with_retry
+from ghsweep.core.names import ROLE_SWEEP, SWEEP_DIR_TAG
+from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri
 from ghsweep.tune.answer import print_answer
 from ghsweep.core.errors import SweepDirInUse, TrackingUriError, one_line
 
@@ -43,9 +44,7 @@ def collect_results(sweep_dir: Path) -> list[RunResult]:
 def completed_from_mlflow(results: list[RunResult], store: MlflowStore, parent_run_id: str) -> list[RunResult]:
     """The run directories' results, completed from MLflow where a run's files fell short (a full
     disk): a child run with no result.json, or whose result.json still says RUNNING."""
-    children = with_retry(store.client.search_runs, [store.experiment_id],
-                          f"tags.mlflow.parentRunId = '{parent_run_id}'", max_results=10000)
-    ended = {c.info.run_id: c for c in children if c.info.status != "RUNNING"}
+    ended = {c.run_id: c for c in store.search(parent_run_id=parent_run_id) if c.status != "RUNNING"}
     completed = [result_from_run(ended[r.mlflow_run_id]) if r.status == "RUNNING" and r.mlflow_run_id in ended else r
                  for r in results]
     known = {r.mlflow_run_id for r in results}
@@ -118,9 +117,8 @@ class SweepCallback(Callback):
         settle_dead_sweeps(store)
         command = shlex.join(["python", "-m", "ghsweep", *redact.overrides(sys.argv[1:])])
         sweep_name = "sweep " + "/".join(sweep_dir.parts[-2:])
-        parent = store.start_run(sweep_name, tags={
-            "ghsweep.role": "sweep",
-            "ghsweep.sweep_dir": str(sweep_dir.resolve()),
+        parent = store.start_run(sweep_name, ROLE_SWEEP, tags={
+            SWEEP_DIR_TAG: str(sweep_dir.resolve()),
             "ghsweep.command": command,
             **process_tags(),
         })

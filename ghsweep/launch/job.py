@@ -33,7 +33,8 @@ from ghsweep.launch.container import check_container, container_prefix, tool_fin
 from ghsweep.launch.device_probe import probe_gpu
 from ghsweep.launch.dry_run import describe
 from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
-from ghsweep.launch.resume import RUN_HASH_TAG, finished_run, run_hash, skip_finished
+from ghsweep.core.names import ERROR_TAG, HOST_TAG, JOB_NUM_TAG, OVERRIDES_TAG, ROLE_RUN, RUN_DIR_TAG, RUN_HASH_TAG, STATUS_TAG
+from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.core.run_result import RunResult
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.launch.worker_process import (WORKER_LOG, WorkerExit, rank_file, run_worker, worker_command,
@@ -193,15 +194,15 @@ def run_one(cfg: DictConfig) -> RunResult:
         return skip_finished(earlier, name, run_dir, overrides)
     run_id = store.start_run(
         name,
+        ROLE_RUN,
         tags={
-            "ghsweep.role": "run",
-            "ghsweep.run_dir": str(run_dir),
-            "ghsweep.overrides": " ".join(overrides),
+            RUN_DIR_TAG: str(run_dir),
+            OVERRIDES_TAG: " ".join(overrides),
             "mlflow.source.git.commit": git_commit(),
-            "ghsweep.host": socket.gethostname(),
+            HOST_TAG: socket.gethostname(),
             RUN_HASH_TAG: identity,
             # Job order is the sweep's combination order; run start times are not, with parallel launchers.
-            "ghsweep.job_num": str(hydra_cfg.job.num) if in_sweep else "0",
+            JOB_NUM_TAG: str(hydra_cfg.job.num) if in_sweep else "0",
         },
         parent_run_id=manifest.parent_run_id if manifest else None,
     )
@@ -311,13 +312,13 @@ def _record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, res
     _finish_timing(result, started, record_started)
     _save_run_files(result, cfg, info, run_dir)
     tags = {
-        "ghsweep.status": result.status,
+        STATUS_TAG: result.status,
         "ghsweep.torch_version": info.get("torch_version", _package_version("torch")),
         "ghsweep.device_name": info.get("device_name", "unknown (worker did not start)"),
     }
     tags.update({f"ghsweep.{k}": v for k, v in info.items() if k not in ("torch_version", "device_name")})
     if result.error:
-        tags["ghsweep.error"] = result.error
+        tags[ERROR_TAG] = result.error
     store.set_tags(run_id, {**tags, **profile.tags})
 
     points = []

@@ -13,15 +13,14 @@ import json
 import logging
 from pathlib import Path
 
-from mlflow.entities import Run
 from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.core.run_result import RunResult
-from ghsweep.tracking.mlflow_store import MlflowStore
+from ghsweep.core.names import ROLE_RUN, RUN_HASH_TAG
+from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 
 log = logging.getLogger(__name__)
 
-RUN_HASH_TAG = "ghsweep.run_hash"
 # Keys that do not change what a run trains or measures.
 # `tune`: the settings of a tuning study (hydra/sweeper=tune), not of its runs.
 # `worker`: how long a worker may run, not what it trains.
@@ -43,35 +42,27 @@ def run_hash(cfg: DictConfig) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def finished_run(store: MlflowStore, identity: str) -> Run | None:
+def finished_run(store: MlflowStore, identity: str) -> StoredRun | None:
     """The latest FINISHED child run with this identity in the store's experiment, if any."""
-    runs = store.client.search_runs(
-        [store.experiment_id],
-        filter_string=f"tags.`{RUN_HASH_TAG}` = '{identity}' and attributes.status = 'FINISHED' "
-        "and tags.`ghsweep.role` = 'run'",
-        order_by=["attributes.start_time DESC"],
-        max_results=1,
-    )
+    runs = store.search(role=ROLE_RUN, status="FINISHED", tags={RUN_HASH_TAG: identity}, limit=1)
     return runs[0] if runs else None
 
 
-def result_from_run(run: Run) -> RunResult:
+def result_from_run(run: StoredRun) -> RunResult:
     """A run's result as MLflow recorded it."""
-    tags, metrics = run.data.tags, run.data.metrics
     return RunResult(
-        name=run.info.run_name, run_dir=tags.get("ghsweep.run_dir", ""), overrides=tags.get("ghsweep.overrides", "").split(),
-        status=run.info.status, error=tags.get("ghsweep.error"),
-        metrics={k: v for k, v in metrics.items() if k not in TIMING},
-        timing={k: v for k, v in metrics.items() if k in TIMING},
-        mlflow_run_id=run.info.run_id,
+        name=run.name, run_dir=run.run_dir, overrides=run.overrides, status=run.status, error=run.error,
+        metrics={k: v for k, v in run.metrics.items() if k not in TIMING},
+        timing={k: v for k, v in run.metrics.items() if k in TIMING},
+        mlflow_run_id=run.run_id,
     )
 
 
-def skip_finished(run: Run, name: str, run_dir: Path, overrides: list[str]) -> RunResult:
+def skip_finished(run: StoredRun, name: str, run_dir: Path, overrides: list[str]) -> RunResult:
     """Write this combination's result.json from the earlier run instead of training again."""
     run_dir.mkdir(parents=True, exist_ok=True)
     result = dataclasses.replace(result_from_run(run), name=name, run_dir=str(run_dir), overrides=overrides)
     result.save()
     log.info("%s: skipped, already FINISHED in MLflow run %s with the same config (force=true reruns it)",
-             name, run.info.run_id)
+             name, run.run_id)
     return result

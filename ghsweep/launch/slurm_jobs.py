@@ -20,11 +20,11 @@ import submitit
 from hydra.core.utils import JobStatus
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
-from ghsweep.launch.resume import RUN_HASH_TAG
 from ghsweep.core.run_dir import RESULT
 from ghsweep.core.run_result import RunResult
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.launch.worker_process import WORKER_LOG
+from ghsweep.core.names import HOST_TAG, JOB_NUM_TAG, OVERRIDES_TAG, ROLE_RUN, RUN_DIR_TAG, RUN_HASH_TAG
 from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.core.errors import JobTimeout
 
@@ -132,12 +132,11 @@ def _record_lost(store: MlflowStore, manifest: SweepManifest, submitted: Submitt
     run_dir = Path(submitted.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if result is None or result.mlflow_run_id is None:
-        run_id = store.start_run(submitted.name, tags={
-            "ghsweep.role": "run",
-            "ghsweep.run_dir": str(run_dir),
-            "ghsweep.overrides": " ".join(submitted.overrides),
-            "ghsweep.job_num": str(submitted.num),
-            "ghsweep.host": socket.gethostname(),
+        run_id = store.start_run(submitted.name, ROLE_RUN, tags={
+            RUN_DIR_TAG: str(run_dir),
+            OVERRIDES_TAG: " ".join(submitted.overrides),
+            JOB_NUM_TAG: str(submitted.num),
+            HOST_TAG: socket.gethostname(),
             RUN_HASH_TAG: submitted.run_hash,
         }, parent_run_id=manifest.parent_run_id)
         result = RunResult(name=submitted.name, run_dir=str(run_dir), overrides=submitted.overrides,
@@ -145,9 +144,7 @@ def _record_lost(store: MlflowStore, manifest: SweepManifest, submitted: Submitt
     if result.error and result.status != "RUNNING":
         reason = f"{reason}; the job recorded: {result.error}"
     result.status, result.error = status, reason
-    store.set_tags(result.mlflow_run_id, {"ghsweep.status": status, "ghsweep.error": reason,
-                                          "ghsweep.slurm_job_id": submitted.job_id})
     store.log_artifacts(result.mlflow_run_id, [run_dir / WORKER_LOG])
-    store.finish(result.mlflow_run_id, status)
+    store.end_run(result.mlflow_run_id, status, reason, {"ghsweep.slurm_job_id": submitted.job_id})
     result.save()
     return result

@@ -18,11 +18,12 @@ from ghsweep.core.run_dir import RESULT
 from ghsweep.core.run_result import RunResult
 from ghsweep.launch.slurm_jobs import JOBS_FILE
 from ghsweep.launch.worker_process import stop_orphaned_worker
-from ghsweep.tracking.mlflow_store import MlflowStore, with_retry
+from ghsweep.core.names import ERROR_TAG, HOST_TAG, ROLE_SWEEP, SWEEP_DIR_TAG
+from ghsweep.tracking.mlflow_store import MlflowStore
 
 log = logging.getLogger(__name__)
 
-PID_TAG, PID_START_TAG, HOST_TAG = "ghsweep.pid", "ghsweep.pid_start", "ghsweep.host"
+PID_TAG, PID_START_TAG = "ghsweep.pid", "ghsweep.pid_start"
 
 
 def _start_time(pid: int) -> str | None:
@@ -53,16 +54,13 @@ def died_reason(tags: dict[str, str]) -> str:
 
 def end_running_children(store: MlflowStore, parent_run_id: str, status: str, reason: str) -> int:
     """End every child run of the sweep still RUNNING in MLflow, and its result.json; returns how many."""
-    children = with_retry(store.client.search_runs, [store.experiment_id],
-                          f"tags.mlflow.parentRunId = '{parent_run_id}' and attributes.status = 'RUNNING'",
-                          max_results=10000)
+    children = store.search(parent_run_id=parent_run_id, status="RUNNING")
     for child in children:
-        log.error("%s: %s: %s", child.info.run_name, status, reason)
-        store.set_tags(child.info.run_id, {"ghsweep.status": status, "ghsweep.error": reason})
-        store.finish(child.info.run_id, status)
-        run_dir = Path(child.data.tags.get("ghsweep.run_dir", ""))
-        if child.data.tags.get(HOST_TAG) == socket.gethostname() and stop_orphaned_worker(run_dir):
-            log.warning("%s: stopped its worker, left running by the sweep process", child.info.run_name)
+        log.error("%s: %s: %s", child.name, status, reason)
+        store.end_run(child.run_id, status, reason)
+        run_dir = Path(child.run_dir)
+        if child.tags.get(HOST_TAG) == socket.gethostname() and stop_orphaned_worker(run_dir):
+            log.warning("%s: stopped its worker, left running by the sweep process", child.name)
         if (run_dir / RESULT).is_file():
             result = RunResult.load(run_dir)
             if result.status == "RUNNING":
@@ -73,17 +71,14 @@ def end_running_children(store: MlflowStore, parent_run_id: str, status: str, re
 
 def end_sweep_run(store: MlflowStore, parent_run_id: str, status: str, reason: str) -> None:
     end_running_children(store, parent_run_id, status, reason)
-    store.set_tags(parent_run_id, {"ghsweep.error": reason})
+    store.set_tags(parent_run_id, {ERROR_TAG: reason})
     store.finish(parent_run_id, status)
 
 
 def settle_dead_sweeps(store: MlflowStore) -> None:
     """End, FAILED, the local sweeps of the store's experiment whose process died on this host."""
-    sweeps = with_retry(store.client.search_runs, [store.experiment_id],
-                        f"tags.`ghsweep.role` = 'sweep' and attributes.status = 'RUNNING' "
-                        f"and tags.`{HOST_TAG}` = '{socket.gethostname()}'", max_results=1000)
-    for sweep in sweeps:
-        tags = sweep.data.tags
-        if process_died(tags) and not (Path(tags.get("ghsweep.sweep_dir", "")) / JOBS_FILE).exists():
-            log.warning("MLflow: %s was left RUNNING: %s; ending it FAILED", sweep.info.run_name, died_reason(tags))
-            end_sweep_run(store, sweep.info.run_id, "FAILED", died_reason(tags))
+    for sweep in store.search(role=ROLE_SWEEP, status="RUNNING", tags={HOST_TAG: socket.gethostname()}, limit=1000):
+        tags = sweep.tags
+        if process_died(tags) and not (Path(tags.get(SWEEP_DIR_TAG, "")) / JOBS_FILE).exists():
+            log.warning("MLflow: %s was left RUNNING: %s; ending it FAILED", sweep.name, died_reason(tags))
+            end_sweep_run(store, sweep.run_id, "FAILED", died_reason(tags))

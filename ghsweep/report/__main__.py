@@ -13,13 +13,11 @@ import os
 import sys
 from pathlib import Path
 
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
-
+from ghsweep.core.errors import SweepNotFound, TrackingError, TrackingUriError
+from ghsweep.core.names import ROLE_RUN, ROLE_SWEEP
 from ghsweep.report import assignment, compare
 from ghsweep.report.sweep_source import find_run, load_run, load_sweep
-from ghsweep.tracking.mlflow_store import absolute_tracking_uri
-from ghsweep.core.errors import SweepNotFound
+from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 
@@ -46,15 +44,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    client = MlflowClient(tracking_uri=absolute_tracking_uri(args.tracking_uri, Path.cwd()))
+    uri = absolute_tracking_uri(args.tracking_uri, Path.cwd())
     try:
+        store = MlflowStore(uri, experiment=None)
         if args.assignment and len(args.runs) == 2:
-            baseline, optimised = (load_run(client, find_run(client, ref, "run")) for ref in args.runs)
+            baseline, optimised = (load_run(store, find_run(store, ref, ROLE_RUN)) for ref in args.runs)
             files = assignment.write_assignment(baseline, optimised, args.out)
             print(assignment.summary(baseline, optimised))
         elif args.assignment:
-            parent = find_run(client, args.runs[0], "sweep")
-            c = compare.build(parent.info.run_name, load_sweep(client, parent), args.baseline)
+            parent = find_run(store, args.runs[0], ROLE_SWEEP)
+            c = compare.build(parent.name, load_sweep(store, parent), args.baseline)
             others = [i for i, s in enumerate(c.speedups) if s is not None and i != c.baseline]
             if not others:
                 raise SweepNotFound(f"sweep {args.runs[0]!r}: needs two finished runs for --assignment, has "
@@ -63,14 +62,14 @@ def main(argv: list[str] | None = None) -> int:
             files = assignment.write_assignment(c.runs[c.baseline], optimised, args.out)
             print(assignment.summary(c.runs[c.baseline], optimised))
         else:
-            parent = find_run(client, args.runs[0], "sweep")
-            c, files = compare.compare_sweep(client, parent, args.out, args.baseline)
+            parent = find_run(store, args.runs[0], ROLE_SWEEP)
+            c, files = compare.compare_sweep(store, parent, args.out, args.baseline)
             print("\n".join(compare.verdict(c)))
-    except (SweepNotFound, compare.BaselineError) as exc:
+    except (SweepNotFound, compare.BaselineError, TrackingUriError) as exc:
         print(f"ghsweep.report: {exc}", file=sys.stderr)
         return 2
-    except MlflowException as exc:
-        print(f"ghsweep.report: {exc.message.splitlines()[0]} (tracking URI {client.tracking_uri})", file=sys.stderr)
+    except TrackingError as exc:
+        print(f"ghsweep.report: {exc} (tracking URI {uri})", file=sys.stderr)
         return 2
     print("wrote " + ", ".join(str(f) for f in files[:2]) + (f" and {len(files) - 2} plots" if len(files) > 2 else ""))
     return 0

@@ -11,14 +11,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from mlflow.entities import Run
-from mlflow.tracking import MlflowClient
-
 from ghsweep.report import plots
 from ghsweep.report.document import Document
-from ghsweep.report.sweep_source import RUN_IDS_TAG, SweepRun, load_sweep
+from ghsweep.core.names import RUN_IDS_TAG
+from ghsweep.report.sweep_source import SweepRun, load_sweep
 from ghsweep.report.sweep_table import align, fmt_value, knob_columns
-from ghsweep.tracking.mlflow_store import MlflowStore
+from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 from ghsweep.core.errors import BaselineError
 
 log = logging.getLogger(__name__)
@@ -246,10 +244,10 @@ def write_report(c: Comparison, out_dir: Path) -> list[Path]:
     return [*document(c, drawn).write(out_dir, REPORT_STEM), *drawn.values()]
 
 
-def compare_sweep(client: MlflowClient, parent: Run, out_dir: Path,
+def compare_sweep(store: MlflowStore, parent: StoredRun, out_dir: Path,
                   baseline: int | str | None = None) -> tuple[Comparison, list[Path]]:
     """Read the sweep under `parent` from MLflow, compare its runs and write the report."""
-    c = build(parent.info.run_name, load_sweep(client, parent), baseline)
+    c = build(parent.name, load_sweep(store, parent), baseline)
     return c, write_report(c, out_dir)
 
 
@@ -265,7 +263,7 @@ def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run
     if len(listed) <= MAX_TAG_CHARS:
         store.set_tags(parent_run_id, {RUN_IDS_TAG: listed})
     try:
-        comparison, files = compare_sweep(store.client, store.client.get_run(parent_run_id), out_dir)
+        comparison, files = compare_sweep(store, store.get_run(parent_run_id), out_dir)
     except BaselineError as exc:
         print(f"ghsweep: no comparison report: {exc}", flush=True)
         store.set_tags(parent_run_id, {"ghsweep.report_error": str(exc)})

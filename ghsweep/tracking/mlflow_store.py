@@ -1,4 +1,8 @@
-"""MLflow records of sweeps and runs, through MlflowClient (no global active-run state).
+"""MLflow records of sweeps and runs: the only module of ghsweep that talks to MLflow.
+
+It owns the record format: which tags mark a sweep's parent run and its combinations' runs, how a
+run that ended badly says why, how runs are found again. Callers get StoredRun, not MLflow's types.
+It uses MlflowClient (no global active-run state).
 
 Metrics go in batches (one request per 1000 points, not one per point): against a tracking
 server, single calls cost tens of milliseconds each. Calls that fail because the server's database
@@ -12,21 +16,27 @@ import fcntl
 import logging
 import os
 import socket
+import tempfile
 import time
-from contextlib import contextmanager
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 # MLflow otherwise phones home at start-up; clusters' compute nodes often have no internet.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# A progress bar per downloaded artifact would bury a report's own output.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
-from mlflow.entities import Metric, Param, RunTag  # noqa: E402
+from mlflow.entities import Metric, Param, Run, RunTag  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
+from ghsweep.core.errors import TrackingError, TrackingUriError, first_line  # noqa: E402
+from ghsweep.core.names import ERROR_TAG, JOB_NUM_TAG, OVERRIDES_TAG, ROLE_RUN, ROLE_SWEEP, ROLE_TAG, RUN_DIR_TAG, STATUS_TAG  # noqa: E402
 from ghsweep.tracking import redact  # noqa: E402
-from ghsweep.core.errors import TrackingUriError
 
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100
@@ -38,6 +48,8 @@ MAX_PARAM_VALUE_CHARS = 6000
 TRANSIENT_ERROR_MARKERS = ("QueuePool limit", "database is locked", "connection timed out")
 TRANSIENT_ERROR_CODES = ("TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED")
 RETRY_DELAYS_S = (1, 2, 4, 8, 15, 30, 30, 30, 30, 30)
+PARENT_TAG = "mlflow.parentRunId"
+SEARCH_PAGE = 1000
 
 # Stores MLflow 3 opens: a tracking server, or a database through SQLAlchemy (dialect[+driver]://).
 ACCEPTED_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql")
@@ -77,17 +89,27 @@ def is_transient(error: MlflowException) -> bool:
     return error.error_code in TRANSIENT_ERROR_CODES or any(m in str(error) for m in TRANSIENT_ERROR_MARKERS)
 
 
-def with_retry(call: Callable, *args, **kwargs):
-    """Run one MLflow call, retrying transient server errors (about 3 minutes in all)."""
-    for delay in RETRY_DELAYS_S:
-        try:
-            return call(*args, **kwargs)
-        except MlflowException as error:
-            if not is_transient(error):
-                raise
-            log.warning("tracking server busy (%s); retrying in %d s", str(error).splitlines()[0][:200], delay)
-            time.sleep(delay)
-    return call(*args, **kwargs)
+@dataclass(frozen=True)
+class Retry:
+    """Runs one MLflow call, retrying transient server errors after each delay in turn (about 3
+    minutes in all with the default delays; `sleep` is how it waits); any other MLflow error is
+    raised as TrackingError, so callers need not know MLflow's exceptions."""
+
+    delays_s: tuple[float, ...] = RETRY_DELAYS_S
+    sleep: Callable[[float], object] = time.sleep
+
+    def __call__(self, call: Callable, *args: Any, **kwargs: Any) -> Any:
+        for delay in (*self.delays_s, None):
+            try:
+                return call(*args, **kwargs)
+            except MlflowException as error:
+                if delay is None or not is_transient(error):
+                    raise TrackingError(first_line(error) or error.error_code) from error
+                log.warning("tracking server busy (%s); retrying in %g s", first_line(error)[:200], delay)
+                self.sleep(delay)
+
+
+with_retry = Retry()
 
 
 def absolute_tracking_uri(uri: str, base_dir: str | Path) -> str:
@@ -124,54 +146,166 @@ def first_open_lock(uri: str):
         yield
 
 
+@dataclass(frozen=True)
+class StoredRun:
+    """One run as the store holds it."""
+
+    run_id: str
+    name: str
+    status: str  # RUNNING, FINISHED, FAILED or KILLED
+    experiment_id: str
+    start_time: int  # ms since the epoch
+    tags: dict[str, str]
+    params: dict[str, str]
+    metrics: dict[str, float]  # the last value of each
+
+    @classmethod
+    def of(cls, run: Run) -> StoredRun:
+        return cls(run.info.run_id, run.info.run_name, run.info.status, run.info.experiment_id, run.info.start_time,
+                   dict(run.data.tags), dict(run.data.params), dict(run.data.metrics))
+
+    @property
+    def role(self) -> str | None:
+        return self.tags.get(ROLE_TAG)
+
+    @property
+    def run_dir(self) -> str:
+        return self.tags.get(RUN_DIR_TAG, "")
+
+    @property
+    def overrides(self) -> list[str]:
+        text = self.tags.get(OVERRIDES_TAG, "")
+        return text.split(" ") if text else []
+
+    @property
+    def error(self) -> str | None:
+        return self.tags.get(ERROR_TAG)
+
+    @property
+    def job_num(self) -> int | None:
+        num = self.tags.get(JOB_NUM_TAG)
+        return int(num) if num is not None and num.isdigit() else None
+
+
+def _quoted(value: str) -> str:
+    """A string literal of MLflow's filter syntax, which has no escape character: single or double quotes."""
+    for quote in ("'", '"'):
+        if quote not in value:
+            return f"{quote}{value}{quote}"
+    raise ValueError(f"{value!r}: holds both quote characters, which an MLflow search filter cannot match")
+
+
+def run_filter(role: str | None = None, status: str | None = None, parent_run_id: str | None = None,
+               tags: Mapping[str, str] | None = None) -> str:
+    """MLflow's search filter for runs with all of these (None: any)."""
+    terms = [f"tags.`{ROLE_TAG}` = {_quoted(role)}"] if role else []
+    terms += [f"tags.`{PARENT_TAG}` = {_quoted(parent_run_id)}"] if parent_run_id else []
+    terms += [f"attributes.status = {_quoted(status)}"] if status else []
+    terms += [f"tags.`{k}` = {_quoted(v)}" for k, v in (tags or {}).items()]
+    return " and ".join(terms)
+
+
 class MlflowStore:
-    def __init__(self, tracking_uri: str, experiment: str):
+    """One experiment's records (created when missing), or, with experiment=None, a reader of every
+    experiment of the store that creates nothing (reports, the gate)."""
+
+    def __init__(self, tracking_uri: str, experiment: str | None, retry: Retry = with_retry):
         check_tracking_uri(tracking_uri)
         self.tracking_uri = tracking_uri
+        self.retry = retry
         with first_open_lock(tracking_uri):
             self.client = MlflowClient(tracking_uri=tracking_uri)
-            self.experiment_id = self._experiment_id(experiment)
+            self.experiment_id = self._experiment_id(experiment) if experiment is not None else None
 
     def _experiment_id(self, name: str) -> str:
-        found = with_retry(self.client.get_experiment_by_name, name)
+        found = self.retry(self.client.get_experiment_by_name, name)
         if found is not None:
             return found.experiment_id
         try:
             return self.client.create_experiment(name)
         except MlflowException:
             # Another job created it between our look-up and our create.
-            return with_retry(self.client.get_experiment_by_name, name).experiment_id
+            return self.retry(self.client.get_experiment_by_name, name).experiment_id
 
     # Names, params and tags pass through ghsweep.tracking.redact: no secret reaches the store.
-    def start_run(self, run_name: str, tags: Mapping[str, str], parent_run_id: str | None = None) -> str:
-        all_tags = {k: redact.text(str(v)) for k, v in tags.items()}
+    def start_run(self, run_name: str, role: str, tags: Mapping[str, object], parent_run_id: str | None = None) -> str:
+        """A RUNNING run of a sweep (role ROLE_SWEEP) or of one combination (ROLE_RUN) in the experiment."""
+        if role not in (ROLE_SWEEP, ROLE_RUN):
+            raise ValueError(f"role={role!r}: not a ghsweep run role; accepted: {ROLE_SWEEP}, {ROLE_RUN}")
+        all_tags = {ROLE_TAG: role, **{k: redact.text(str(v)) for k, v in tags.items()}}
         if parent_run_id:
-            all_tags["mlflow.parentRunId"] = parent_run_id
-        run = with_retry(self.client.create_run, self.experiment_id, run_name=redact.run_name(run_name), tags=all_tags)
+            all_tags[PARENT_TAG] = parent_run_id
+        run = self.retry(self.client.create_run, self.experiment_id, run_name=redact.run_name(run_name), tags=all_tags)
         return run.info.run_id
 
     def log_params(self, run_id: str, params: Mapping[str, str]) -> None:
         items = [Param(k, v[:MAX_PARAM_VALUE_CHARS]) for k, v in redact.params(params).items()]
         for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
-            with_retry(self.client.log_batch, run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
+            self.retry(self.client.log_batch, run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
 
-    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+    def set_tags(self, run_id: str, tags: Mapping[str, object]) -> None:
         items = [RunTag(k, redact.text(str(v))) for k, v in tags.items()]
         for i in range(0, len(items), MAX_TAGS_PER_BATCH):
-            with_retry(self.client.log_batch, run_id, tags=items[i : i + MAX_TAGS_PER_BATCH])
+            self.retry(self.client.log_batch, run_id, tags=items[i : i + MAX_TAGS_PER_BATCH])
 
     def log_metrics(self, run_id: str, points: Iterable[tuple[str, float, int]]) -> int:
         """Log (name, value, step) points in batches; returns how many were sent."""
         now_ms = int(time.time() * 1000)
         items = [Metric(name, float(value), now_ms, step) for name, value, step in points]
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
-            with_retry(self.client.log_batch, run_id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
+            self.retry(self.client.log_batch, run_id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
         return len(items)
 
     def log_artifacts(self, run_id: str, paths: Iterable[Path], artifact_path: str | None = None) -> None:
         for path in paths:
             if path.exists():
-                with_retry(self.client.log_artifact, run_id, str(path), artifact_path)
+                self.retry(self.client.log_artifact, run_id, str(path), artifact_path)
 
     def finish(self, run_id: str, status: str) -> None:
-        with_retry(self.client.set_terminated, run_id, status=status)
+        self.retry(self.client.set_terminated, run_id, status=status)
+
+    def end_run(self, run_id: str, status: str, error: str, tags: Mapping[str, object] | None = None) -> None:
+        """End a run that did not finish (FAILED or KILLED), its status and why on its tags."""
+        self.set_tags(run_id, {STATUS_TAG: status, ERROR_TAG: error, **(tags or {})})
+        self.finish(run_id, status)
+
+    def get_run(self, run_id: str) -> StoredRun:
+        return StoredRun.of(self.retry(self.client.get_run, run_id))
+
+    def search(self, role: str | None = None, status: str | None = None, parent_run_id: str | None = None,
+               tags: Mapping[str, str] | None = None, limit: int | None = None) -> list[StoredRun]:
+        """The runs with all of these, newest first (at most `limit`), in the store's experiment, or in
+        every experiment for a reader."""
+        experiments = ([self.experiment_id] if self.experiment_id is not None
+                       else [e.experiment_id for e in self.retry(self.client.search_experiments)])
+        found: list[StoredRun] = []
+        token = None
+        while limit is None or len(found) < limit:
+            page = self.retry(self.client.search_runs, experiments, run_filter(role, status, parent_run_id, tags),
+                              max_results=min(SEARCH_PAGE, limit or SEARCH_PAGE),
+                              order_by=["attributes.start_time DESC"], page_token=token)
+            found += [StoredRun.of(r) for r in page]
+            token = page.token
+            if not token:
+                break
+        return found[:limit]
+
+    def metric_history(self, run_id: str, name: str) -> list[tuple[int, float]]:
+        """(step, value) of every point of one metric, by step."""
+        return sorted((m.step, m.value) for m in self.retry(self.client.get_metric_history, run_id, name))
+
+    def artifact_text(self, run_id: str, path: str) -> str | None:
+        """The text of one artifact (`folder/file`), or None when the run has none there."""
+        folder = path.rpartition("/")[0] or None
+        if path not in {a.path for a in self.retry(self.client.list_artifacts, run_id, folder)}:
+            return None
+        with tempfile.TemporaryDirectory() as tmp:
+            return Path(self.retry(self.client.download_artifacts, run_id, path, tmp)).read_text()
+
+    def artifact_paths(self, run_id: str, folder: str | None = None) -> set[str]:
+        return {a.path for a in self.retry(self.client.list_artifacts, run_id, folder)}
+
+    def download_artifacts(self, run_id: str, dest: Path) -> Path:
+        """Every artifact of the run, under `dest`."""
+        dest.mkdir(parents=True, exist_ok=True)
+        return Path(self.retry(self.client.download_artifacts, run_id, "", str(dest)))

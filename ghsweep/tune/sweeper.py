@@ -18,6 +18,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import Trial
 
+from ghsweep.core.names import ERROR_TAG
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.tune.answer import REPORT_DIR, REPORT_FILE
@@ -35,7 +36,7 @@ def end_sweep_run(sweep_dir: Path, error: str) -> None:
     manifest = SweepManifest.load(sweep_dir)
     if manifest:
         store = MlflowStore(manifest.tracking_uri, manifest.experiment)
-        store.set_tags(manifest.parent_run_id, {"ghsweep.error": error})
+        store.set_tags(manifest.parent_run_id, {ERROR_TAG: error})
         store.finish(manifest.parent_run_id, "FAILED")
 
 

@@ -13,14 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
-
 from ghsweep.launch.slurm_jobs import JOBS_FILE, load_jobs
+from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 from ghsweep.train.data import synthetic_dolly, write_dolly_jsonl
 from tests.conftest import run_cli
 from tests.slurm.cluster import sacct_states, slurm_cluster  # noqa: F401  (the session fixture)
 
-pytestmark = pytest.mark.usefixtures("slurm_cluster")
+# About ten minutes on the real cluster; tests/launch/test_slurm_settle.py covers settle in seconds.
+pytestmark = [pytest.mark.usefixtures("slurm_cluster"), pytest.mark.slow]
 
 RUN_METRICS = {"loss", "step_time_ms", "tokens_per_s", "peak_mem_gb", "final_loss"}
 
@@ -31,10 +31,8 @@ def sweep_args(server, experiment: str, *args: str) -> list[str]:
             f"tracking.server_uri={server.url}", f"tracking.experiment={experiment}", *args]
 
 
-def runs(server, experiment: str, role: str) -> list:
-    client = MlflowClient(tracking_uri=server.url)
-    exp = client.get_experiment_by_name(experiment)
-    return client.search_runs([exp.experiment_id], filter_string=f"tags.`ghsweep.role` = '{role}'")
+def runs(server, experiment: str, role: str) -> list[StoredRun]:
+    return MlflowStore(server.url, experiment).search(role=role)
 
 
 def job_ids(sweep_dir: Path) -> list[str]:
@@ -42,7 +40,7 @@ def job_ids(sweep_dir: Path) -> list[str]:
 
 
 def artifacts(server, run_id: str, path: str | None = None) -> set[str]:
-    return {a.path for a in MlflowClient(tracking_uri=server.url).list_artifacts(run_id, path)}
+    return MlflowStore(server.url, experiment=None).artifact_paths(run_id, path)
 
 
 def test_smoke_sweep_2x2(mlflow_server, tmp_path):
@@ -56,17 +54,17 @@ def test_smoke_sweep_2x2(mlflow_server, tmp_path):
     assert set(sacct_states(ids).values()) == {"COMPLETED"}
 
     (parent,) = runs(mlflow_server, "slurm_smoke", "sweep")
-    assert parent.info.status == "FINISHED"
+    assert parent.status == "FINISHED"
     children = runs(mlflow_server, "slurm_smoke", "run")
     assert len(children) == 4
-    client = MlflowClient(tracking_uri=mlflow_server.url)
+    store = MlflowStore(mlflow_server.url, experiment=None)
     for child in children:
-        assert child.info.status == "FINISHED"
-        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
-        assert Path(child.data.tags["ghsweep.run_dir"]).parent == sweep_dir.resolve()
-        assert RUN_METRICS <= set(child.data.metrics)
-        assert len(client.get_metric_history(child.info.run_id, "loss")) == 3
-    assert {(c.data.params["peft"], c.data.params["offload"]) for c in children} == {
+        assert child.status == "FINISHED"
+        assert child.tags["mlflow.parentRunId"] == parent.run_id
+        assert Path(child.tags["ghsweep.run_dir"]).parent == sweep_dir.resolve()
+        assert RUN_METRICS <= set(child.metrics)
+        assert len(store.metric_history(child.run_id, "loss")) == 3
+    assert {(c.params["peft"], c.params["offload"]) for c in children} == {
         ("lora", "off"), ("lora", "on"), ("none", "off"), ("none", "on")}
     assert "4 of 4 runs finished" in proc.stdout
 
@@ -80,10 +78,10 @@ def test_failing_job_is_failed_with_its_slurm_log(mlflow_server, tmp_path):
     assert proc.returncode != 0
     assert "1 of 1 runs failed" in proc.stderr
     (child,) = runs(mlflow_server, "slurm_fail", "run")
-    assert child.info.status == "FAILED"
-    assert child.data.tags["ghsweep.error"] == "AttributeError: 'dict' object has no attribute 'encode'"
-    assert "worker.log" in artifacts(mlflow_server, child.info.run_id)
-    slurm_logs = artifacts(mlflow_server, child.info.run_id, "slurm")
+    assert child.status == "FAILED"
+    assert child.tags["ghsweep.error"] == "AttributeError: 'dict' object has no attribute 'encode'"
+    assert "worker.log" in artifacts(mlflow_server, child.run_id)
+    slurm_logs = artifacts(mlflow_server, child.run_id, "slurm")
     assert any(p.endswith("_log.out") for p in slurm_logs) and any(p.endswith("_log.err") for p in slurm_logs)
 
 
@@ -114,22 +112,22 @@ def test_job_cancelled_with_scancel_ends_killed_and_the_sweep_ends(mlflow_server
     assert proc.returncode != 0
     assert "1 of 2 runs failed" in err
     assert sacct_states([long_job.job_id])[long_job.job_id].startswith("CANCELLED")
-    children = {c.data.params["train.max_steps"]: c for c in runs(mlflow_server, "slurm_cancel", "run")}
-    assert children["3"].info.status == "FINISHED"
+    children = {c.params["train.max_steps"]: c for c in runs(mlflow_server, "slurm_cancel", "run")}
+    assert children["3"].status == "FINISHED"
     cancelled = children["5000"]
-    assert cancelled.info.status == "KILLED"
-    assert cancelled.data.tags["ghsweep.error"].startswith(f"SLURM job {long_job.job_id} was cancelled from outside")
-    assert any(p.endswith("_log.err") for p in artifacts(mlflow_server, cancelled.info.run_id, "slurm"))
+    assert cancelled.status == "KILLED"
+    assert cancelled.tags["ghsweep.error"].startswith(f"SLURM job {long_job.job_id} was cancelled from outside")
+    assert any(p.endswith("_log.err") for p in artifacts(mlflow_server, cancelled.run_id, "slurm"))
     assert json.loads((Path(long_job.run_dir) / "result.json").read_text())["status"] == "KILLED"
     (parent,) = runs(mlflow_server, "slurm_cancel", "sweep")
-    assert parent.info.status == "FAILED"
+    assert parent.status == "FAILED"
     # Collecting the ended sweep again changes nothing that was recorded.
     again = subprocess.run([sys.executable, "-m", "ghsweep.status", str(sweep_dir)], capture_output=True, text=True,
                            timeout=120)
     assert "1 of 2 runs failed" in again.stdout + again.stderr, again.stderr[-2000:]
-    (still,) = [c for c in runs(mlflow_server, "slurm_cancel", "run") if c.data.params["train.max_steps"] == "5000"]
-    assert still.data.tags["ghsweep.error"] == cancelled.data.tags["ghsweep.error"]
-    assert json.loads((Path(long_job.run_dir) / "result.json").read_text())["error"] == cancelled.data.tags["ghsweep.error"]
+    (still,) = [c for c in runs(mlflow_server, "slurm_cancel", "run") if c.params["train.max_steps"] == "5000"]
+    assert still.tags["ghsweep.error"] == cancelled.tags["ghsweep.error"]
+    assert json.loads((Path(long_job.run_dir) / "result.json").read_text())["error"] == cancelled.tags["ghsweep.error"]
 
 
 def test_time_limit_without_resumable_backend_is_recorded_timed_out(mlflow_server, tmp_path):
@@ -139,13 +137,18 @@ def test_time_limit_without_resumable_backend_is_recorded_timed_out(mlflow_serve
                               "hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=30"), tmp_path)
     assert proc.returncode != 0
     (child,) = runs(mlflow_server, "slurm_timeout", "run")
-    assert child.info.status == "FAILED"
-    error = child.data.tags["ghsweep.error"]
+    assert child.status == "FAILED"
+    error = child.tags["ghsweep.error"]
     assert error.startswith("timed out: the SLURM time limit (2 min")
     assert "cannot resume" in error and "not requeued" in error
-    assert "worker.log" in artifacts(mlflow_server, child.info.run_id)
-    # Stopped at the signal, well before SLURM's own kill at the limit.
-    assert child.info.end_time - child.info.start_time < 110_000
+    assert "worker.log" in artifacts(mlflow_server, child.run_id)
+    # Stopped at the signal, before SLURM's own kill at the limit: SLURM accounts the 2-minute limit it
+    # was given, and the job ended inside it on its own (a job SLURM kills at the limit ends TIMEOUT).
+    (sweep_dir,) = [p.parent for p in tmp_path.glob(f"multirun/*/*/{JOBS_FILE}")]
+    (job_id,) = job_ids(sweep_dir)
+    state, limit, elapsed = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "State,Timelimit,Elapsed", "-j", job_id],
+                                           capture_output=True, text=True, check=True).stdout.strip().split("|")
+    assert limit == "00:02:00" and state != "TIMEOUT" and elapsed < limit, (state, limit, elapsed)
 
 
 def test_resume_skips_finished_and_reruns_failed(mlflow_server, tmp_path):
@@ -166,7 +169,7 @@ def test_resume_skips_finished_and_reruns_failed(mlflow_server, tmp_path):
     children = runs(mlflow_server, "slurm_resume", "run")
     by_path = {}
     for c in children:
-        by_path.setdefault(c.data.params["data.path"], []).append(c.info.status)
+        by_path.setdefault(c.params["data.path"], []).append(c.status)
     assert sorted(by_path[str(good)]) == ["FINISHED"]
     assert sorted(by_path[str(late)]) == ["FAILED", "FINISHED"]
 
@@ -174,8 +177,8 @@ def test_resume_skips_finished_and_reruns_failed(mlflow_server, tmp_path):
                                 "train.max_steps=2", "force=true", f"hydra.sweep.dir={tmp_path / 's3'}"), tmp_path)
     assert forced.returncode == 0
     assert len(load_jobs(tmp_path / "s3")) == 1
-    again = [c for c in runs(mlflow_server, "slurm_resume", "run") if c.data.params["data.path"] == str(good)]
-    assert sorted(c.info.status for c in again) == ["FINISHED", "FINISHED"]
+    again = [c for c in runs(mlflow_server, "slurm_resume", "run") if c.params["data.path"] == str(good)]
+    assert sorted(c.status for c in again) == ["FINISHED", "FINISHED"]
 
 
 def test_eight_jobs_finishing_at_once_lose_nothing(mlflow_server, tmp_path):
@@ -189,11 +192,11 @@ def test_eight_jobs_finishing_at_once_lose_nothing(mlflow_server, tmp_path):
     spans = [json.loads((Path(j.run_dir) / "summary.json").read_text()) for j in load_jobs(sweep_dir)]
     assert len(spans) == 8
     children = runs(mlflow_server, "slurm_eight", "run")
-    assert len(children) == 8 and {c.info.status for c in children} == {"FINISHED"}
-    client = MlflowClient(tracking_uri=mlflow_server.url)
+    assert len(children) == 8 and {c.status for c in children} == {"FINISHED"}
+    store = MlflowStore(mlflow_server.url, experiment=None)
     for child in children:
-        assert RUN_METRICS <= set(child.data.metrics)
-        assert [m.step for m in client.get_metric_history(child.info.run_id, "loss")] == [0, 1, 2, 3]
+        assert RUN_METRICS <= set(child.metrics)
+        assert [step for step, _ in store.metric_history(child.run_id, "loss")] == [0, 1, 2, 3]
 
 
 def test_wait_false_returns_at_once_and_status_collects_later(mlflow_server, tmp_path):
@@ -203,7 +206,7 @@ def test_wait_false_returns_at_once_and_status_collects_later(mlflow_server, tmp
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"python -m ghsweep.status {sweep_dir}" in proc.stdout
     (parent,) = runs(mlflow_server, "slurm_nowait", "sweep")
-    assert parent.info.status == "RUNNING"
+    assert parent.status == "RUNNING"
 
     status = [sys.executable, "-m", "ghsweep.status", str(sweep_dir)]
     look = subprocess.run(status, capture_output=True, text=True, timeout=120)
@@ -215,8 +218,8 @@ def test_wait_false_returns_at_once_and_status_collects_later(mlflow_server, tmp
     assert collect.returncode == 0, collect.stderr[-3000:]
     assert "2 of 2 runs finished" in collect.stdout
     (parent,) = runs(mlflow_server, "slurm_nowait", "sweep")
-    assert parent.info.status == "FINISHED"
-    assert {c.info.status for c in runs(mlflow_server, "slurm_nowait", "run")} == {"FINISHED"}
+    assert parent.status == "FINISHED"
+    assert {c.status for c in runs(mlflow_server, "slurm_nowait", "run")} == {"FINISHED"}
 
 
 def test_one_combination_on_two_nodes_runs_four_ranks(mlflow_server, tmp_path):
@@ -231,12 +234,12 @@ def test_one_combination_on_two_nodes_runs_four_ranks(mlflow_server, tmp_path):
                                capture_output=True, text=True, check=True).stdout.split("|")
     assert accounted[:2] == ["COMPLETED", "2"] and accounted[3].strip() == "node[1-2]"
     (child,) = runs(mlflow_server, "slurm_world", "run")
-    assert child.info.status == "FINISHED", child.data.tags.get("ghsweep.error")
-    m = child.data.metrics
+    assert child.status == "FINISHED", child.tags.get("ghsweep.error")
+    m = child.metrics
     assert m["world_size"] == 4 and m["tokens_per_s_per_gpu"] == pytest.approx(m["tokens_per_s"] / 4)
-    assert len(child.data.tags["ghsweep.rank_step_time_ms"].split()) == 4
-    assert len(MlflowClient(tracking_uri=mlflow_server.url).get_metric_history(child.info.run_id, "loss")) == 3
-    run_dir = Path(child.data.tags["ghsweep.run_dir"])
+    assert len(child.tags["ghsweep.rank_step_time_ms"].split()) == 4
+    assert len(MlflowStore(mlflow_server.url, experiment=None).metric_history(child.run_id, "loss")) == 3
+    run_dir = Path(child.tags["ghsweep.run_dir"])
     for rank in (1, 2, 3):
         assert json.loads((run_dir / f"rank{rank}.json").read_text())["status"] == "FINISHED"
         assert (run_dir / f"worker.rank{rank}.log").exists()

@@ -5,26 +5,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mlflow.entities import Run
-from mlflow.tracking import MlflowClient
+from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 
 
 def sqlite_uri(cwd: Path) -> str:
     return f"sqlite:///{cwd / 'mlflow.db'}"
 
 
-def all_runs(uri: str, experiment: str = "ghsweep") -> list[Run]:
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(experiment)
-    return client.search_runs([exp.experiment_id], max_results=10000) if exp else []
+def all_runs(uri: str, experiment: str = "ghsweep") -> list[StoredRun]:
+    return MlflowStore(uri, experiment).search()
 
 
-def by_role(runs: list[Run], role: str) -> list[Run]:
-    return [r for r in runs if r.data.tags.get("ghsweep.role") == role]
+def by_role(runs: list[StoredRun], role: str) -> list[StoredRun]:
+    return [r for r in runs if r.role == role]
 
 
-def assert_nothing_running(runs: list[Run]) -> None:
-    running = [r.info.run_name for r in runs if r.info.status == "RUNNING"]
+def assert_nothing_running(runs: list[StoredRun]) -> None:
+    running = [r.name for r in runs if r.status == "RUNNING"]
     assert not running, f"left RUNNING: {running}"
 
 

@@ -106,10 +106,10 @@ def test_each_bad_value_fails_its_run_with_one_line(sweeps, case):
     runs = all_runs(sqlite_uri(cwd))
     assert_nothing_running(runs)
     [parent] = by_role(runs, "sweep")
-    assert parent.info.status == "FAILED"
-    children = sorted(by_role(runs, "run"), key=lambda r: int(r.data.tags["ghsweep.job_num"]))
-    assert [c.info.status for c in children] == ["FAILED"] * len(expected)
-    assert [c.data.tags["ghsweep.error"] for c in children] == expected
+    assert parent.status == "FAILED"
+    children = sorted(by_role(runs, "run"), key=lambda r: int(r.tags["ghsweep.job_num"]))
+    assert [c.status for c in children] == ["FAILED"] * len(expected)
+    assert [c.tags["ghsweep.error"] for c in children] == expected
 
 
 @pytest.mark.parametrize("override, first_line", [

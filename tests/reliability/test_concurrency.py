@@ -27,11 +27,11 @@ def test_two_sweeps_started_at_once_share_the_store_and_lose_nothing(tmp_path):
     runs = all_runs(sqlite_uri(tmp_path))
     assert_nothing_running(runs)
     parents = by_role(runs, "sweep")
-    assert sorted(p.info.status for p in parents) == ["FINISHED", "FINISHED"]
+    assert sorted(p.status for p in parents) == ["FINISHED", "FINISHED"]
     for parent in parents:
-        children = [c for c in by_role(runs, "run") if c.data.tags["mlflow.parentRunId"] == parent.info.run_id]
-        assert sorted(c.data.params["precision"] for c in children) == ["bf16", "fp32"]
-        assert all(c.info.status == "FINISHED" and "tokens_per_s" in c.data.metrics for c in children)
+        children = [c for c in by_role(runs, "run") if c.tags["mlflow.parentRunId"] == parent.run_id]
+        assert sorted(c.params["precision"] for c in children) == ["bf16", "fp32"]
+        assert all(c.status == "FINISHED" and "tokens_per_s" in c.metrics for c in children)
     assert sorted(r["status"] for n in (1, 2) for r in results(tmp_path / f"sweep{n}").values()) == ["FINISHED"] * 4
 
 
@@ -65,9 +65,9 @@ def test_a_full_disk_fails_only_the_run_on_it(tmp_path):
     assert reason in proc.stdout
     runs = all_runs(sqlite_uri(tmp_path))
     assert_nothing_running(runs)
-    children = {c.data.params["precision"]: c for c in by_role(runs, "run")}
-    assert children["fp32"].info.status == "FAILED" and children["fp32"].data.tags["ghsweep.error"].startswith(reason)
-    assert children["bf16"].info.status == "FINISHED"
+    children = {c.params["precision"]: c for c in by_role(runs, "run")}
+    assert children["fp32"].status == "FAILED" and children["fp32"].tags["ghsweep.error"].startswith(reason)
+    assert children["bf16"].status == "FINISHED"
 
 
 def test_a_hanging_worker_is_stopped_by_its_timeout_and_the_sweep_goes_on(tmp_path):
@@ -78,9 +78,9 @@ def test_a_hanging_worker_is_stopped_by_its_timeout_and_the_sweep_goes_on(tmp_pa
     assert reason in proc.stdout
     runs = all_runs(sqlite_uri(tmp_path))
     assert_nothing_running(runs)
-    children = {c.data.params["train.max_steps"]: c for c in by_role(runs, "run")}
-    assert children["100000"].info.status == "FAILED" and children["100000"].data.tags["ghsweep.error"] == reason
-    assert children["2"].info.status == "FINISHED"
+    children = {c.params["train.max_steps"]: c for c in by_role(runs, "run")}
+    assert children["100000"].status == "FAILED" and children["100000"].tags["ghsweep.error"] == reason
+    assert children["2"].status == "FINISHED"
 
 
 def test_the_worker_timeout_is_finite_on_a_gpu_by_default():

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
+from ghsweep.tracking.mlflow_store import MlflowStore
 from tests.conftest import run_cli
 from tests.reliability.records import (all_runs, assert_nothing_running, assert_one_line_errors, by_role, results,
                                        sqlite_uri)
@@ -76,11 +76,11 @@ def test_an_interrupted_sweep_ends_killed_with_its_summary_and_resumes(tmp_path,
     runs = all_runs(sqlite_uri(tmp_path))
     assert_nothing_running(runs)
     [parent] = by_role(runs, "sweep")
-    assert parent.info.status == "KILLED" and parent.data.tags["ghsweep.error"] == reason
-    children = {int(c.data.tags["ghsweep.job_num"]): c for c in by_role(runs, "run")}
-    assert children[0].info.status == "FINISHED"
-    assert children[1].info.status == "KILLED" and children[1].data.tags["ghsweep.error"] == reason
-    assert "worker.log" in {a.path for a in MlflowClient(sqlite_uri(tmp_path)).list_artifacts(children[1].info.run_id)}
+    assert parent.status == "KILLED" and parent.tags["ghsweep.error"] == reason
+    children = {int(c.tags["ghsweep.job_num"]): c for c in by_role(runs, "run")}
+    assert children[0].status == "FINISHED"
+    assert children[1].status == "KILLED" and children[1].tags["ghsweep.error"] == reason
+    assert "worker.log" in MlflowStore(sqlite_uri(tmp_path), experiment=None).artifact_paths(children[1].run_id)
 
     if stop == signal.SIGINT:  # resuming is the same for both signals: run it once
         again = run_cli([*SWEEP, "hydra.sweep.dir=again"], tmp_path)
@@ -88,7 +88,7 @@ def test_an_interrupted_sweep_ends_killed_with_its_summary_and_resumes(tmp_path,
         assert "3 of 3 runs finished" in again.stdout and "skipped, already FINISHED" in again.stdout
         resumed = results(tmp_path / "again")
         assert [resumed[n]["status"] for n in range(3)] == ["FINISHED"] * 3
-        assert resumed[0]["mlflow_run_id"] == children[0].info.run_id  # not trained again
+        assert resumed[0]["mlflow_run_id"] == children[0].run_id  # not trained again
         assert_nothing_running(all_runs(sqlite_uri(tmp_path)))
 
 
@@ -99,7 +99,7 @@ def kill_in_the_middle(cwd: Path, sweep_dir: str) -> int:
     proc.kill()
     proc.communicate(timeout=60)
     runs = all_runs(sqlite_uri(cwd))
-    assert sorted(r.info.status for r in runs) == ["FINISHED", "RUNNING", "RUNNING"]
+    assert sorted(r.status for r in runs) == ["FINISHED", "RUNNING", "RUNNING"]
     assert alive(worker)
     return worker
 
@@ -108,11 +108,11 @@ def assert_settled_as_died(cwd: Path, sweep_dir: str, worker: int) -> None:
     assert wait_gone(worker), "the orphaned worker was not stopped"
     runs = all_runs(sqlite_uri(cwd))
     assert_nothing_running(runs)
-    parent = next(r for r in by_role(runs, "sweep") if r.data.tags["ghsweep.sweep_dir"].endswith(sweep_dir))
-    assert parent.info.status == "FAILED"
-    died = [c for c in by_role(runs, "run") if c.data.tags["mlflow.parentRunId"] == parent.info.run_id
-            and c.info.status == "FAILED"]
-    assert len(died) == 1 and died[0].data.tags["ghsweep.error"].startswith("the sweep process died (pid ")
+    parent = next(r for r in by_role(runs, "sweep") if r.tags["ghsweep.sweep_dir"].endswith(sweep_dir))
+    assert parent.status == "FAILED"
+    died = [c for c in by_role(runs, "run") if c.tags["mlflow.parentRunId"] == parent.run_id
+            and c.status == "FAILED"]
+    assert len(died) == 1 and died[0].tags["ghsweep.error"].startswith("the sweep process died (pid ")
     assert results(cwd / sweep_dir)[1]["status"] == "FAILED"
 
 

@@ -9,9 +9,9 @@ import stat
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 from ghsweep.tracking import redact
+from ghsweep.tracking.mlflow_store import MlflowStore
 from tests.conftest import run_cli
 from tests.reliability.records import all_runs, assert_nothing_running, only_sweep_dir, sqlite_uri
 
@@ -74,15 +74,15 @@ def test_mlflow_holds_no_secret_anywhere(secret_sweep, tmp_path):
     runs = all_runs(uri)
     assert len(runs) == 2
     assert_nothing_running(runs)
-    client = MlflowClient(tracking_uri=uri)
-    child = next(r for r in runs if r.data.tags["ghsweep.role"] == "run")
-    assert child.data.params["tracking.password"] == "***" and child.data.params["model.hf_token"] == "***"
-    assert child.data.params["notes.shell"] == SHELL_VALUE  # a value, never run by a shell
+    store = MlflowStore(uri, experiment=None)
+    child = next(r for r in runs if r.tags["ghsweep.role"] == "run")
+    assert child.params["tracking.password"] == "***" and child.params["model.hf_token"] == "***"
+    assert child.params["notes.shell"] == SHELL_VALUE  # a value, never run by a shell
     for run in runs:
-        texts = [run.info.run_name, *run.data.params.values(), *run.data.tags.values()]
-        assert not [t for t in texts for s in SECRETS if s in t], run.info.run_name
-        client.download_artifacts(run.info.run_id, "", str(tmp_path / run.info.run_id))
-    assert (tmp_path / child.info.run_id / "config.yaml").exists()
+        texts = [run.name, *run.params.values(), *run.tags.values()]
+        assert not [t for t in texts for s in SECRETS if s in t], run.name
+        store.download_artifacts(run.run_id, tmp_path / run.run_id)
+    assert (tmp_path / child.run_id / "config.yaml").exists()
     assert _holding_a_secret(tmp_path) == []
     # Every byte MLflow stored: the database and its artifact store.
     assert _holding_a_secret(cwd / "mlruns") == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ghsweep.core.names import ERROR_TAG, JOB_NUM_TAG, OVERRIDES_TAG, ROLE_RUN, ROLE_SWEEP
 from ghsweep.profile.plan import ANALYSIS_FILE
 from ghsweep.report.sweep_source import PROFILE_ARTIFACTS
 from ghsweep.tracking.mlflow_store import MlflowStore
@@ -38,12 +39,12 @@ def analysis(kernels: dict[str, tuple[int, int]], steps: int = 2, findings: list
 def log_run(store: MlflowStore, tmp: Path, parent: str | None, job: int, overrides: list[str], status: str,
             metrics: dict[str, float], loss: list[float], error: str | None = None,
             analysis_json: dict | None = None, params: dict[str, str] | None = None) -> str:
-    run_id = store.start_run(",".join(overrides), {"ghsweep.role": "run", "ghsweep.job_num": str(job),
-                                                   "ghsweep.overrides": " ".join(overrides)}, parent_run_id=parent)
+    run_id = store.start_run(",".join(overrides), ROLE_RUN, {JOB_NUM_TAG: str(job), OVERRIDES_TAG: " ".join(overrides)},
+                             parent_run_id=parent)
     store.log_params(run_id, {**dict(o.split("=", 1) for o in overrides), **(params or {})})
     store.log_metrics(run_id, [("loss", v, s) for s, v in enumerate(loss)] + [(k, v, 0) for k, v in metrics.items()])
     if error:
-        store.set_tags(run_id, {"ghsweep.error": error})
+        store.set_tags(run_id, {ERROR_TAG: error})
     if analysis_json is not None:
         folder = tmp / run_id / "profile"
         folder.mkdir(parents=True)
@@ -56,7 +57,7 @@ def log_run(store: MlflowStore, tmp: Path, parent: str | None, job: int, overrid
 def four_run_sweep(store: MlflowStore, tmp: Path,
                    name: str = "sweep 2026-01-01/00-00-00") -> tuple[MlflowStore, str, list[str]]:
     """#0 fp32/off, #1 fp32/on, #2 bf16/off (fastest), #3 fp8 FAILED."""
-    parent = store.start_run(name, {"ghsweep.role": "sweep"})
+    parent = store.start_run(name, ROLE_SWEEP, {})
     slow_kernels = {**KERNELS, "gemm_bf16": (12_000_000, 300)}
     ids = [
         log_run(store, tmp, parent, 0, ["precision=fp32", "offload=off"], "FINISHED",

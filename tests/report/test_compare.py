@@ -6,7 +6,8 @@ import pytest
 from pathlib import Path
 
 from ghsweep.report import compare
-from ghsweep.report.sweep_source import RUN_IDS_TAG, find_run, load_sweep
+from ghsweep.core.names import ROLE_SWEEP, RUN_IDS_TAG
+from ghsweep.report.sweep_source import find_run, load_sweep
 from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.core.errors import SweepNotFound
 from tests.report.sweeps import four_run_sweep, log_run
@@ -25,12 +26,12 @@ def db(tmp_path_factory) -> tuple[MlflowStore, Path]:
 def sweep(db):
     store, tmp = db
     _, parent, ids = four_run_sweep(store, tmp)
-    return store.client, store.client.get_run(parent), ids
+    return store, store.get_run(parent), ids
 
 
 def test_runs_come_back_in_job_order_with_their_analysis(sweep):
-    client, parent, ids = sweep
-    runs = load_sweep(client, parent)
+    store, parent, ids = sweep
+    runs = load_sweep(store, parent)
     assert [r.run_id for r in runs] == ids
     assert [r.status for r in runs] == ["FINISHED", "FINISHED", "FINISHED", "FAILED"]
     assert runs[0].knobs == {"precision": "fp32", "offload": "off"}
@@ -40,8 +41,8 @@ def test_runs_come_back_in_job_order_with_their_analysis(sweep):
 
 
 def test_speedups_pareto_and_verdict(sweep):
-    client, parent, _ = sweep
-    c = compare.build(parent.info.run_name, load_sweep(client, parent))
+    store, parent, _ = sweep
+    c = compare.build(parent.name, load_sweep(store, parent))
     assert c.baseline == 0
     assert c.speedups == [1.0, 0.8, 2.0, None]
     # #0 has less throughput and more memory than #2; #1 has the least memory; #3 failed.
@@ -54,8 +55,8 @@ def test_speedups_pareto_and_verdict(sweep):
 
 
 def test_table_shows_dash_for_missing_metrics_and_the_worst_finding(sweep):
-    client, parent, _ = sweep
-    header, rows = compare.table(compare.build(parent.info.run_name, load_sweep(client, parent)))
+    store, parent, _ = sweep
+    header, rows = compare.table(compare.build(parent.name, load_sweep(store, parent)))
     col = {h: i for i, h in enumerate(header)}
     assert [r[col["speedup"]] for r in rows] == ["baseline", "0.80x", "2.00x", "-"]
     assert [r[col["TFLOP/s"]] for r in rows] == ["50", "-", "-", "-"]
@@ -66,8 +67,8 @@ def test_table_shows_dash_for_missing_metrics_and_the_worst_finding(sweep):
 
 
 def test_baseline_by_job_number_by_overrides_and_bad_value(sweep):
-    client, parent, _ = sweep
-    runs = load_sweep(client, parent)
+    store, parent, _ = sweep
+    runs = load_sweep(store, parent)
     assert compare.build("s", runs, "2").speedups == [0.5, 0.4, 1.0, None]
     assert compare.build("s", runs, "precision=fp32 offload=on").baseline == 1
     with pytest.raises(compare.BaselineError, match=r"^report.baseline=precision=fp16: matches no combination"):
@@ -78,23 +79,21 @@ def test_baseline_by_job_number_by_overrides_and_bad_value(sweep):
 
 def test_first_finished_run_is_the_default_baseline(db, tmp_path):
     store, _ = db
-    parent = store.start_run("sweep x", {"ghsweep.role": "sweep"})
+    parent = store.start_run("sweep x", ROLE_SWEEP, {})
     log_run(store, tmp_path, parent, 0, ["peft=none"], "FAILED", {}, [], error="out of memory")
     log_run(store, tmp_path, parent, 1, ["peft=lora"], "FINISHED", {"tokens_per_s": 10.0, "peak_mem_gb": 1.0}, [1.0],
             params={"report.baseline": "None"})
-    client = store.client
-    c = compare.build("x", load_sweep(client, client.get_run(parent)))
+    c = compare.build("x", load_sweep(store, store.get_run(parent)))
     assert c.baseline == 1 and c.speedups == [None, 1.0]
 
 
 def test_configured_baseline_is_read_from_the_runs_params(db, tmp_path):
     store, _ = db
-    parent = store.start_run("sweep y", {"ghsweep.role": "sweep"})
+    parent = store.start_run("sweep y", ROLE_SWEEP, {})
     for job, (peft, tps) in enumerate((("lora", 10.0), ("none", 20.0))):
         log_run(store, tmp_path, parent, job, [f"peft={peft}"], "FINISHED", {"tokens_per_s": tps, "peak_mem_gb": 1.0},
                 [1.0], params={"report.baseline": "peft=none"})
-    client = store.client
-    c = compare.build("y", load_sweep(client, client.get_run(parent)))
+    c = compare.build("y", load_sweep(store, store.get_run(parent)))
     assert c.baseline == 1 and c.speedups == [0.5, 1.0]
 
 
@@ -106,8 +105,8 @@ def test_pareto_front_handles_ties_and_single_points():
 
 
 def test_report_files_markdown_html_and_four_plots(sweep, tmp_path):
-    client, parent, _ = sweep
-    c, files = compare.compare_sweep(client, parent, tmp_path / "out")
+    store, parent, _ = sweep
+    c, files = compare.compare_sweep(store, parent, tmp_path / "out")
     names = sorted(f.name for f in files)
     assert names == ["comparison.html", "comparison.md", "kernel_shares.png", "loss_curves.png", "speedup.png",
                      "throughput_vs_memory.png"]
@@ -124,10 +123,9 @@ def test_report_files_markdown_html_and_four_plots(sweep, tmp_path):
 
 def test_plots_missing_data_are_said_not_drawn(db, tmp_path):
     store, _ = db
-    parent = store.start_run("sweep z", {"ghsweep.role": "sweep"})
+    parent = store.start_run("sweep z", ROLE_SWEEP, {})
     log_run(store, tmp_path, parent, 0, ["precision=fp8"], "FAILED", {}, [], error="no GPU")
-    client = store.client
-    c, files = compare.compare_sweep(client, client.get_run(parent), tmp_path / "out")
+    c, files = compare.compare_sweep(store, store.get_run(parent), tmp_path / "out")
     assert [f.name for f in files] == ["comparison.md", "comparison.html"]
     md = files[0].read_text()
     assert "No combination finished, so there is nothing to compare." in md
@@ -135,28 +133,27 @@ def test_plots_missing_data_are_said_not_drawn(db, tmp_path):
 
 
 def test_find_sweep_by_name_with_or_without_prefix_and_by_id(sweep):
-    client, parent, ids = sweep
-    assert find_run(client, "sweep 2026-01-01/00-00-00", "sweep").info.run_id == parent.info.run_id
-    assert find_run(client, "2026-01-01/00-00-00", "sweep").info.run_id == parent.info.run_id
-    assert find_run(client, parent.info.run_id, "sweep").info.run_id == parent.info.run_id
+    store, parent, ids = sweep
+    assert find_run(store, "sweep 2026-01-01/00-00-00", "sweep").run_id == parent.run_id
+    assert find_run(store, "2026-01-01/00-00-00", "sweep").run_id == parent.run_id
+    assert find_run(store, parent.run_id, "sweep").run_id == parent.run_id
     with pytest.raises(SweepNotFound, match=r"^run [0-9a-f]{32} is a ghsweep run run, not a sweep run$"):
-        find_run(client, ids[0], "sweep")
+        find_run(store, ids[0], "sweep")
     missing = "^'2020-01-01/00-00-00': no run of that name or id with tag ghsweep.role=sweep in "
     with pytest.raises(SweepNotFound, match=missing) as err:
-        find_run(client, "2020-01-01/00-00-00", "sweep")
+        find_run(store, "2020-01-01/00-00-00", "sweep")
     assert "'sweep 2026-01-01/00-00-00'" in str(err.value).partition("newest sweep runs there: ")[2]
 
 
 def test_runs_listed_on_the_parent_include_runs_reused_from_an_earlier_sweep(db, tmp_path):
     store, _ = db
-    earlier = store.start_run("sweep earlier", {"ghsweep.role": "sweep"})
+    earlier = store.start_run("sweep earlier", ROLE_SWEEP, {})
     reused = log_run(store, tmp_path, earlier, 1, ["peft=none"], "FINISHED", {"tokens_per_s": 30.0}, [1.0])
-    parent = store.start_run("sweep resumed", {"ghsweep.role": "sweep"})
+    parent = store.start_run("sweep resumed", ROLE_SWEEP, {})
     fresh = log_run(store, tmp_path, parent, 0, ["peft=lora"], "FINISHED", {"tokens_per_s": 10.0}, [1.0])
-    client = store.client
-    assert [r.run_id for r in load_sweep(client, client.get_run(parent))] == [fresh]
+    assert [r.run_id for r in load_sweep(store, store.get_run(parent))] == [fresh]
     store.set_tags(parent, {RUN_IDS_TAG: f"{fresh},{reused}"})
-    runs = load_sweep(client, client.get_run(parent))
+    runs = load_sweep(store, store.get_run(parent))
     assert [(r.run_id, r.job_num) for r in runs] == [(fresh, 0), (reused, 1)]
     assert compare.build("resumed", runs).speedups == [1.0, 3.0]
 

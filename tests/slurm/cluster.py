@@ -2,7 +2,7 @@
 
 A cluster that already answers is used as it is. Otherwise the fixture starts one (root and
 Debian's slurm packages needed) and stops it, by its recorded pids, when the session ends. Where it
-cannot start, the tests skip with the reason, unless GHSWEEP_REQUIRE_SLURM=1 (CI), where they fail.
+cannot start, the tests skip with the reason, unless CI=true, where they fail (tests/optional_env.py).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.optional_env import unavailable
 
 HERE = Path(__file__).resolve().parent
 STATE_DIR = Path(os.environ.get("GHSWEEP_SLURM_STATE", "/var/tmp/ghsweep-slurm"))
@@ -46,9 +48,7 @@ def slurm_cluster():
     elif os.geteuid() != 0:
         reason = f"no SLURM cluster: starting one needs root (sudo {HERE / 'start_cluster.sh'})"
     if reason:
-        if os.environ.get("GHSWEEP_REQUIRE_SLURM") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        unavailable(reason)
     subprocess.run([str(HERE / "start_cluster.sh"), str(STATE_DIR)], check=True, timeout=300)
     yield STATE_DIR
     subprocess.run([str(HERE / "stop_cluster.sh"), str(STATE_DIR)], check=False, timeout=120)

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from ghsweep.core.names import JOB_NUM_TAG, ROLE_RUN
 from ghsweep.tracking.mlflow_store import MlflowStore
 
 BATCHES = 4  # the loss history goes in several requests, so the jobs' requests interleave
@@ -21,7 +22,7 @@ def value(job: int, step: int) -> float:
 
 def main(uri: str, experiment: str, parent: str, job: int, steps: int, barrier: Path, jobs: int) -> None:
     store = MlflowStore(uri, experiment)
-    run_id = store.start_run(f"job {job}", {"ghsweep.role": "run", "ghsweep.job_num": str(job)}, parent_run_id=parent)
+    run_id = store.start_run(f"job {job}", ROLE_RUN, {JOB_NUM_TAG: str(job)}, parent_run_id=parent)
     store.log_params(run_id, {f"param.{i}": str(job * i) for i in range(50)})
     # Everyone starts logging together: all processes are up and have their run before any logs.
     (barrier / f"ready-{job}").touch()

@@ -9,8 +9,7 @@ import subprocess
 import sys
 import time
 
-from mlflow.tracking import MlflowClient
-
+from ghsweep.core.names import ROLE_SWEEP
 from ghsweep.tracking.mlflow_store import MlflowStore
 from tests.conftest import REPO
 from tests.tracking.log_like_a_job import value
@@ -22,7 +21,7 @@ STEPS = 500
 def test_concurrent_jobs_lose_nothing(mlflow_server, tmp_path):
     store = MlflowStore(mlflow_server.url, "concurrent_jobs")
     # As a sweep does: the experiment and the parent exist before any job starts.
-    parent = store.start_run("sweep concurrent", {"ghsweep.role": "sweep"})
+    parent = store.start_run("sweep concurrent", ROLE_SWEEP, {})
     env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", PYTHONPATH=str(REPO))
     started = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-m", "tests.tracking.log_like_a_job", mlflow_server.url,
@@ -35,18 +34,16 @@ def test_concurrent_jobs_lose_nothing(mlflow_server, tmp_path):
           f"{retries} busy-server retries")
     assert [p.returncode for p in procs] == [0] * JOBS, "\n".join(o[-1500:] for o in outputs if o)
 
-    client = MlflowClient(tracking_uri=mlflow_server.url)
-    exp = client.get_experiment_by_name("concurrent_jobs")
-    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent}'", max_results=100)
+    children = store.search(parent_run_id=parent)
     assert len(children) == JOBS
-    by_job = {int(c.data.tags["ghsweep.job_num"]): c for c in children}
+    by_job = {c.job_num: c for c in children}
     assert sorted(by_job) == list(range(JOBS))
     points = 0
     for job, run in by_job.items():
-        assert run.info.status == "FINISHED"
-        assert run.data.metrics["tokens_per_s"] == 100.0 + job
-        assert len(run.data.params) == 50 and run.data.params["param.7"] == str(job * 7)
-        history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
+        assert run.status == "FINISHED"
+        assert run.metrics["tokens_per_s"] == 100.0 + job
+        assert len(run.params) == 50 and run.params["param.7"] == str(job * 7)
+        history = store.metric_history(run.run_id, "loss")
         assert history == [(s, value(job, s)) for s in range(STEPS)]
         points += len(history)
     assert points == JOBS * STEPS

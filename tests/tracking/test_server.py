@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
-from mlflow.tracking import MlflowClient
+import json
+import socket
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlsplit
 
+from ghsweep.core.names import ROLE_RUN
+from ghsweep.tracking.mlflow_store import MlflowStore
 from tests.conftest import run_cli
 
 
+def listening_ipv4(port: int) -> set[str]:
+    """The IPv4 addresses a socket of this machine listens on at `port` (from /proc/net/tcp)."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, port_hex = local.split(":")
+        if state == "0A" and int(port_hex, 16) == port:  # 0A: LISTEN
+            found.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return found
+
+
 def test_server_binds_loopback_and_answers(mlflow_server):
-    assert mlflow_server.url.startswith("http://127.0.0.1:")
-    assert mlflow_server.process.poll() is None
+    port = urlsplit(mlflow_server.url).port
+    assert listening_ipv4(port) == {"127.0.0.1"}
+    # MLflow's REST API answers there: the experiment every store starts with.
+    with urllib.request.urlopen(f"{mlflow_server.url}/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default",
+                                timeout=30) as response:
+        assert json.load(response)["experiment"]["experiment_id"] == "0"
 
 
 def test_sweep_logs_to_server(mlflow_server, tmp_path):
@@ -17,20 +38,18 @@ def test_sweep_logs_to_server(mlflow_server, tmp_path):
                     "tracking.experiment=server_test", "peft=lora,none", "precision=fp32", "train.max_steps=4"],
                    tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    client = MlflowClient(tracking_uri=mlflow_server.url)
-    exp = client.get_experiment_by_name("server_test")
-    children = client.search_runs([exp.experiment_id], filter_string="tags.`ghsweep.role` = 'run'")
-    assert sorted(c.data.params["peft"] for c in children) == ["lora", "none"]
+    store = MlflowStore(mlflow_server.url, "server_test")
+    children = store.search(role=ROLE_RUN)
+    assert sorted(c.params["peft"] for c in children) == ["lora", "none"]
     for child in children:
-        assert len(client.get_metric_history(child.info.run_id, "loss")) == 4
-        assert "report.md" in {a.path for a in client.list_artifacts(child.info.run_id)}
+        assert len(store.metric_history(child.run_id, "loss")) == 4
+        assert "report.md" in store.artifact_paths(child.run_id)
     assert not (tmp_path / "mlflow.db").exists()
 
 
 def test_tracking_server_gone_mid_run_loses_nothing_on_disk(tmp_path):
     """The server dies while the run trains: the job says so, and the run directory keeps the whole
     record (result, report, metrics), so nothing the run measured is lost."""
-    import json
     import os
     import subprocess
     import sys

@@ -15,12 +15,14 @@ from pathlib import Path
 
 import optuna
 import pytest
-from mlflow.tracking import MlflowClient
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
+from ghsweep.core.names import ROLE_SWEEP
 from ghsweep.launch.slurm_jobs import load_jobs
+from ghsweep.tracking.mlflow_store import MlflowStore
+from ghsweep.tune.study import STUDY_TAG
 from tests.conftest import run_cli
 
 SPACE = ["hydra/sweeper=tune", "experiment=smoke", "train.max_steps=6", "train.seq_length=64",
@@ -90,22 +92,19 @@ def test_a_failed_combination_asked_again_is_not_run_again(tmp_path):
 
 
 def test_trials_are_mlflow_children_of_the_tuning_parent(cwd, first):
-    client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("ghsweep").experiment_id
+    store = MlflowStore(f"sqlite:///{cwd / 'mlflow.db'}", "ghsweep")
     study = study_of(cwd, first.stdout)
-    (parent,) = client.search_runs([exp], filter_string=f"tags.`ghsweep.tune.study` = '{study.study_name}' "
-                                                        "and tags.`ghsweep.role` = 'sweep'")
-    assert parent.info.status == "FINISHED"
-    assert parent.data.tags["ghsweep.tune.best_command"].endswith("train.lr=0.003 precision=fp32")
-    assert {"tune/tune.md", "tune/best.txt", "tune/history_final_loss.png"} <= {
-        a.path for a in client.list_artifacts(parent.info.run_id, "tune")}
+    (parent,) = store.search(role=ROLE_SWEEP, tags={STUDY_TAG: study.study_name})
+    assert parent.status == "FINISHED"
+    assert parent.tags["ghsweep.tune.best_command"].endswith("train.lr=0.003 precision=fp32")
+    assert {"tune/tune.md", "tune/best.txt", "tune/history_final_loss.png"} <= store.artifact_paths(parent.run_id, "tune")
     for trial in study.trials:
-        run = client.get_run(trial.user_attrs["run_id"])
-        assert run.data.tags["ghsweep.tune.study"] == study.study_name
-        assert run.data.params["train.lr"] == str(float(trial.params["train.lr"]))
-        assert run.info.status == ("FINISHED" if trial.state == TrialState.COMPLETE else "FAILED")
-    own = [t for t in study.trials if client.get_run(t.user_attrs["run_id"]).data.tags.get("mlflow.parentRunId")
-           == parent.info.run_id]
+        run = store.get_run(trial.user_attrs["run_id"])
+        assert run.tags[STUDY_TAG] == study.study_name
+        assert run.params["train.lr"] == str(float(trial.params["train.lr"]))
+        assert run.status == ("FINISHED" if trial.state == TrialState.COMPLETE else "FAILED")
+    own = [t for t in study.trials if store.get_run(t.user_attrs["run_id"]).tags.get("mlflow.parentRunId")
+           == parent.run_id]
     assert own, "the trials that trained are children of the tuning run"
 
 
@@ -181,9 +180,8 @@ def test_bad_tune_settings_are_one_line_errors(tmp_path, bad, message):
     proc = run_cli(["-m", *SPACE, *bad], tmp_path)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
     # The sweep's MLflow run, made before the study could start, ends FAILED with the reason.
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (parent,) = client.search_runs([client.get_experiment_by_name("ghsweep").experiment_id])
-    assert parent.info.status == "FAILED" and message in parent.data.tags["ghsweep.error"]
+    (parent,) = MlflowStore(f"sqlite:///{tmp_path / 'mlflow.db'}", "ghsweep").search()
+    assert parent.status == "FAILED" and message in parent.error
 
 
 def test_nothing_to_search_is_an_error(tmp_path):

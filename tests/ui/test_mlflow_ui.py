@@ -3,7 +3,7 @@
 
 Screenshots are saved under test-artifacts/ui/ (or $GHSWEEP_UI_SCREENSHOTS). The browser is the
 system's /usr/bin/chromium (apt-get install chromium); `playwright install` is never run. Without
-that browser the tests skip with the reason, unless GHSWEEP_REQUIRE_UI=1 (CI sets it): then they fail.
+that browser the tests skip with the reason, unless CI=true: then they fail (tests/optional_env.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import REPO, run_cli
+from tests.optional_env import unavailable
 
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = Path(os.environ.get("GHSWEEP_UI_SCREENSHOTS", REPO / "test-artifacts" / "ui"))
@@ -25,10 +26,10 @@ METRICS = ("tokens_per_s", "step_time_ms")
 UI_TIMEOUT_MS = 90_000
 
 if not CHROMIUM.exists():
-    reason = f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)"
-    if os.environ.get("GHSWEEP_REQUIRE_UI") == "1":
-        raise RuntimeError(f"GHSWEEP_REQUIRE_UI=1 and the UI tests cannot run: {reason}")
-    pytest.skip(reason, allow_module_level=True)
+    unavailable(f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)", module_level=True)
+
+# A real browser against a real server: minutes, not seconds.
+pytestmark = pytest.mark.slow
 
 from playwright.sync_api import Page, sync_playwright  # noqa: E402
 
