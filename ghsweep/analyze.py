@@ -17,10 +17,8 @@ from pathlib import Path
 
 from ghsweep.profile.capture import NCU_CSV, NSYS_RANK_GLOB, NSYS_REPORT, NSYS_SQLITE, TORCH_TRACE
 from ghsweep.profile import report
-from ghsweep.profile.analysis import analyze
-from ghsweep.profile.findings import evaluate, summary
-from ghsweep.profile.ranks import combine, rank_of
-from ghsweep.profile.roofline import kernel_points
+from ghsweep.profile.ranks import rank_of
+from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 from ghsweep.core.errors import ProfileError, ProfilerUnavailable, first_line, one_line
 
 
@@ -42,23 +40,6 @@ def find_profile(directory: Path) -> Path:
         print(f"ghsweep.analyze: {directory}: {len(traces)} PyTorch profiler traces; analysing the newest, "
               f"{traces[-1].name} (pass another one to analyse it)", file=sys.stderr)
     return traces[-1]
-
-
-def full_analysis(path: Path, context: dict | None = None, ncu_csv: Path | None = None,
-                  nsys_path: str | None = None) -> dict:
-    """Analysis + roofline (when an Nsight Compute CSV is given) + findings + summary lines."""
-    result = analyze(path, nsys_path)
-    if ncu_csv is not None:
-        result["roofline"] = kernel_points(ncu_csv, sorted({k["short_name"] for k in result.get("top_kernels", [])}))
-    result["findings"] = evaluate(result, context)
-    result["summary"] = summary(result)
-    return result
-
-
-def rank_analysis(paths: list[Path], context: dict | None, world_size: int, nsys_path: str | None = None) -> dict:
-    """One run on several GPUs: each rank's report (profile_rank<N>.*) analysed, combined (profile/ranks.py)."""
-    per_rank = {rank_of(p): (p, full_analysis(p, context, nsys_path=nsys_path)) for p in paths}
-    return combine(per_rank, world_size)
 
 
 def rank_profiles(directory: Path) -> list[Path]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ghsweep.core.run_dir import PROFILE_REPORT
 from ghsweep.profile.ranks import table as ranks_table
+from ghsweep.profile.result import METRICS
 
-PROFILE_REPORT = "profile_report.md"
 TOP_KERNELS_TABLE = "top_kernels.md"
 
 
@@ -28,9 +29,7 @@ def render(analysis: dict) -> str:
     lines += ["", "## Findings", ""]
     lines += [f"- **{f['severity']}** `{f['id']}`: {f['message']}" for f in analysis.get("findings", [])] or ["- none"]
     lines += ["", "## Where the time went", "", "| metric | value |", "|---|---|"]
-    for key in ("gpu_busy_pct", "gpu_idle_pct", "idle_gaps_per_step", "kernel_time_pct", "memcpy_time_pct",
-                "memset_time_pct", "exposed_memcpy_pct", "um_migration_pct", "h2d_gb", "d2h_gb", "nccl_time_pct",
-                "exposed_nccl_pct"):
+    for key in METRICS:
         value = analysis.get(key)
         if value is None and "nccl" in key:
             continue  # one GPU: no communication to show

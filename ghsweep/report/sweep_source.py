@@ -16,7 +16,7 @@ from pathlib import Path
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from ghsweep.profile.plan import ANALYSIS_FILE
+from ghsweep.core.run_dir import PROFILE_ANALYSIS
 from ghsweep.core.errors import SweepNotFound
 
 # A progress bar per downloaded analysis would bury the report's own output (MLflow reads it per download).
@@ -127,7 +127,7 @@ def load_sweep(client: MlflowClient, parent: Run) -> list[SweepRun]:
 
 
 def load_analysis(client: MlflowClient, run_id: str) -> dict | None:
-    wanted = f"{PROFILE_ARTIFACTS}/{ANALYSIS_FILE}"
+    wanted = f"{PROFILE_ARTIFACTS}/{PROFILE_ANALYSIS}"
     if wanted not in {a.path for a in client.list_artifacts(run_id, PROFILE_ARTIFACTS)}:
         return None
     with tempfile.TemporaryDirectory() as tmp:

@@ -357,7 +357,7 @@ def crosscheck_run(nsys: str, work: Path, log: Path) -> Path:
 
 
 def gpu_runs(out: Path, nsys: str) -> None:
-    from ghsweep.analyze import full_analysis
+    from ghsweep.profile.run_analysis import full_analysis
 
     out.mkdir(parents=True, exist_ok=True)
     work = out / "work"

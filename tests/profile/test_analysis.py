@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ghsweep.analyze import full_analysis
+from ghsweep.profile.run_analysis import full_analysis
 from ghsweep.profile import roofline
 from ghsweep.profile.analysis import analyze
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ghsweep.analyze import full_analysis
+from ghsweep.profile.run_analysis import full_analysis
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "profiles"
 CAPTURE = "python tests/profile/capture_scenarios.py gpu-runs --out DIR on a GPU machine with nsys"

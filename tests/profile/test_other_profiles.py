@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ghsweep.analyze import full_analysis
+from ghsweep.profile.run_analysis import full_analysis
 from ghsweep.profile.steps import split_warmup, Step, step_kind
 from tests.profile.planted import training_run, write_nsys, write_torch
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ghsweep.analyze import full_analysis, rank_analysis
+from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 from ghsweep.profile.ranks import STRAGGLER_MIN_PCT
 from tests.profile.planted import GEMM, MS, OPTIMIZER, US, Run, write_nsys
 

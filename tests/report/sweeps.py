@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ghsweep.profile.plan import ANALYSIS_FILE
+from ghsweep.core.run_dir import PROFILE_ANALYSIS
 from ghsweep.report.sweep_source import PROFILE_ARTIFACTS
 from ghsweep.tracking.mlflow_store import MlflowStore
 
@@ -47,8 +47,8 @@ def log_run(store: MlflowStore, tmp: Path, parent: str | None, job: int, overrid
     if analysis_json is not None:
         folder = tmp / run_id / "profile"
         folder.mkdir(parents=True)
-        (folder / ANALYSIS_FILE).write_text(json.dumps(analysis_json))
-        store.log_artifacts(run_id, [folder / ANALYSIS_FILE], PROFILE_ARTIFACTS)
+        (folder / PROFILE_ANALYSIS).write_text(json.dumps(analysis_json))
+        store.log_artifacts(run_id, [folder / PROFILE_ANALYSIS], PROFILE_ARTIFACTS)
     store.finish(run_id, status)
     return run_id
 

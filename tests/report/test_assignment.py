@@ -122,7 +122,7 @@ def test_assignment_command_names_a_missing_run(two_runs):
 def test_every_top_kernel_of_a_torch_trace_gets_its_roofline_point():
     """The PyTorch trace spells `at::native::(anonymous namespace)::`, Nsight Compute `at::<unnamed>::`:
     the assignment's Top-5 rows still carry each kernel's point (none shows "-")."""
-    from ghsweep.analyze import full_analysis
+    from ghsweep.profile.run_analysis import full_analysis
     from ghsweep.report.assignment import top_kernel_rows
 
     a = full_analysis(PROFILES / "clean" / "torch_trace.json", ncu_csv=PROFILES / "clean" / "top_kernels_ncu.csv")
