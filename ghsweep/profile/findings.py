@@ -6,7 +6,7 @@ H200 scenarios in tests/data/profiles (a clean compute-bound run fires none).
 it sharpens the wording and enables the rules that need to know what was asked for (fp8).
 
 Attribution follows the evidence. Each idle gap of the GPU gets one cause, the first that matches
-in this order (analysis.GapEvidence.cause):
+in this order (engine.GapEvidence.cause):
   1. sync            a synchronising call or blocking copy of the process overlaps the gap
   2. host_wait       the thread that launched the work ending the gap was in an OS wait
   3. unified_memory  the gap overlaps a phase range (data/forward/backward/optimizer) inside which

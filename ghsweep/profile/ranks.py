@@ -1,7 +1,7 @@
 """One run on several GPUs: every rank's Nsight Systems report analysed, and what they say together.
 
 Each rank's report gets the single-GPU analysis (its own steady window, busy/idle time, top
-kernels, communication: analysis.nccl_communication). The run's analysis is rank 0's, with:
+kernels, communication: nsys_analysis.nccl_communication). The run's analysis is rank 0's, with:
 - `ranks`: one row per rank (device busy/idle, NCCL share, exposed communication, step and
   compute time per step);
 - the run's metrics over the ranks: gpu_busy_pct / gpu_idle_pct, nccl_time_pct and
