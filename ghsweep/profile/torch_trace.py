@@ -157,7 +157,7 @@ def copy_groups(copies) -> dict[tuple, list[int]]:
 
 
 def whole_trace_memory_ops(gpu: list[dict]) -> dict:
-    """Copies per direction and memsets of the whole trace, as analysis.whole_trace counts them."""
+    """Copies per direction and memsets of the whole trace, as nsys_analysis.whole_trace counts them."""
     out: dict[str, dict] = {}
     for (kind, _, _), (count, ns, nbytes, _, _) in copy_groups((*_ns(e), e) for e in gpu).items():
         entry = out.setdefault(MEMCPY_KIND.get(kind, f"kind {kind}"), {"count": 0, "total_ns": 0, "bytes": 0})
