@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ghsweep.analyze: {args.path}: could not be analysed ({one_line(exc)})", file=sys.stderr)
         return 2
     if args.json:
-        json.dump(result, sys.stdout, indent=2, default=str)
+        json.dump(result.to_dict(), sys.stdout, indent=2, default=str)
         print()
     else:
         print(report.render(result))

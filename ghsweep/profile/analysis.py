@@ -1,4 +1,4 @@
-"""Where the time of a profiled run went: one dict of numbers (the `--json` of
+"""Where the time of a profiled run went: one ProfileAnalysis (result.py; the `--json` of
 `python -m ghsweep.analyze`), from an nsys SQLite export, an .nsys-rep (exported first when nsys is
 here) or a PyTorch-profiler Chrome trace, plus findings in words (findings.py).
 
@@ -23,10 +23,11 @@ from pathlib import Path
 from ghsweep.core.errors import ProfileError, ProfilerUnavailable
 from ghsweep.profile.capture import export_sqlite, find_tool
 from ghsweep.profile.nsys_analysis import analyze_nsys
+from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.profile.torch_trace import analyze_torch_trace
 
 
-def analyze(path: Path, nsys_path: str | None = None) -> dict:
+def analyze(path: Path, nsys_path: str | None = None) -> ProfileAnalysis:
     """Analyse a profile file; the type is told by its name (.sqlite, .nsys-rep, .json[.gz]).
     ProfileError (or ProfilerUnavailable for an .nsys-rep without nsys) when it cannot be."""
     path = Path(path)

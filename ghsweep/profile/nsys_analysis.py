@@ -16,6 +16,7 @@ from ghsweep.profile import nsys_db as db
 from ghsweep.profile.engine import (MEMCPY_KIND, PHASES, UM_KINDS, GapEvidence, Intervals, device_metrics,
                                     gap_block, infer_steps, memory_ops, pct, steady_window, step_times,
                                     whole_trace_block, window_block, window_timeline)
+from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.profile.timeline import KERNEL as KERNEL_OP, MEMCPY as MEMCPY_OP, MEMSET as MEMSET_OP, Ops, union_ns
 
 SYNC_CALLS = ("cudaDeviceSynchronize%", "cudaStreamSynchronize%", "cudaEventSynchronize%", "cudaMemcpy\\_%",
@@ -33,11 +34,11 @@ REQUIRED_COLUMNS = {db.KERNEL: ("start", "end", "deviceId", "globalPid", "correl
                     db.MEMSET: ("start", "end", "deviceId", "globalPid", "correlationId", "bytes")}
 
 
-def analyze_nsys(path: Path) -> dict:
+def analyze_nsys(path: Path) -> ProfileAnalysis:
     try:
         con = db.open_readonly(path)
         try:
-            return _analyze_nsys(con, path)
+            return ProfileAnalysis(**_analyze_nsys(con, path))
         finally:
             con.close()
     except sqlite3.Error as exc:

@@ -3,7 +3,6 @@ report, plots and the files and numbers for MLflow (the plan that led here: plan
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import time
@@ -13,13 +12,11 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.core.errors import ProfilerUnavailable
-from ghsweep.core.run_dir import PROFILE_ANALYSIS
 from ghsweep.core.run_plan import ProfilePlan
 from ghsweep.launch.world import world_of
 from ghsweep.profile import capture, plots, report
 from ghsweep.profile.analysis import analyze
 from ghsweep.profile.ranks import rank_of
-from ghsweep.profile.result import METRICS
 from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 
 log = logging.getLogger(__name__)
@@ -75,19 +72,18 @@ def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass
         analysis = full_analysis(profile_file, context_of(cfg), ncu_csv) if world_size == 1 or plan.used != "nsys" \
             else rank_analysis(profile_files, context_of(cfg), world_size)
         if ncu_info:
-            analysis["roofline"]["ncu_pass"] = ncu_info
+            analysis.roofline["ncu_pass"] = ncu_info
     except (ProfilerUnavailable, OSError, ValueError) as exc:
         log.error("profile analysis failed: %s", exc)
         outcome.tags["ghsweep.profile_error"] = str(exc)[:500]
         return outcome
-    (run_dir / PROFILE_ANALYSIS).write_text(json.dumps(analysis, indent=2, default=str))
-    outcome.artifacts += [run_dir / PROFILE_ANALYSIS, *report.write(analysis, run_dir)]
-    if analysis.get("gaps"):
+    outcome.artifacts += [analysis.save(run_dir), *report.write(analysis, run_dir)]
+    if analysis.gaps:
         outcome.artifacts.append(plots.gap_histogram(analysis, run_dir / plots.GAP_PLOT))
-    if analysis.get("roofline", {}).get("kernels"):
-        outcome.artifacts.append(plots.roofline_plot(analysis["roofline"], run_dir / plots.ROOFLINE_PLOT))
-    outcome.metrics |= {k: float(analysis[k]) for k in METRICS if analysis.get(k) is not None}
-    outcome.tags["ghsweep.findings"] = ",".join(f["id"] for f in analysis["findings"]) or "none"
+    if analysis.roofline.get("kernels"):
+        outcome.artifacts.append(plots.roofline_plot(analysis.roofline, run_dir / plots.ROOFLINE_PLOT))
+    outcome.metrics |= analysis.metrics()
+    outcome.tags["ghsweep.findings"] = ",".join(f["id"] for f in analysis.findings) or "none"
     limit = cfg.profile.get("artifact_max_mb")
     for path in raw:
         if limit is None or path.stat().st_size <= limit * 2**20:
@@ -125,8 +121,7 @@ def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Pa
              ) -> tuple[Path, dict]:
     """Second, short run of the worker under ncu over one captured step, for a few launches of each
     of the top-k kernels; (raw CSV, {seconds, kernels, launches}: what the pass did)."""
-    first = analyze(profile_file)
-    top = first.get("top_kernels", [])[: cfg.profile.ncu.top_k]
+    top = analyze(profile_file).top_kernels[: cfg.profile.ncu.top_k]
     if not top:
         raise ProfilerUnavailable("ncu pass skipped: the nsys profile has no kernels to pick from")
     names = sorted({k["short_name"] for k in top})

@@ -21,6 +21,7 @@ from ghsweep.profile import kernel_kinds, steps as step_finder
 from ghsweep.profile.engine import (MEMCPY_KIND, PHASES, GapEvidence, Intervals, device_metrics, gap_block, infer_steps,
                                     memory_ops, pct, steady_window, step_times, whole_trace_block, whole_trace_steps,
                                     window_block, window_timeline)
+from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.profile.timeline import KERNEL as KERNEL_OP, MEMCPY as MEMCPY_OP, MEMSET as MEMSET_OP, Ops
 from ghsweep.profile.nsys_db import PAGEABLE_MIN_BYTES, SHORT_KERNEL_NS
 from ghsweep.core.errors import ProfileError, first_line
@@ -74,7 +75,7 @@ def find_steps(events: list[dict], gpu: list[dict]) -> step_finder.Steps | None:
     return infer_steps(spans[:, 0], spans[:, 1], keys.ravel(), dict(enumerate(names.tolist())))
 
 
-def analyze_torch_trace(path: Path) -> dict:
+def analyze_torch_trace(path: Path) -> ProfileAnalysis:
     path = Path(path)
     trace = load_json(path)
     events = trace_events(trace, path)
@@ -85,8 +86,8 @@ def analyze_torch_trace(path: Path) -> dict:
     health: list[str] = []
     found = find_steps(events, gpu)
     if not gpu:
-        return {"source": source} | cpu_only(path, events, found, health)
-    return {"source": source} | gpu_analysis(events, gpu, found, health)
+        return ProfileAnalysis(source=source, **cpu_only(path, events, found, health))
+    return ProfileAnalysis(source=source, **gpu_analysis(events, gpu, found, health))
 
 
 def gpu_analysis(events: list[dict], gpu: list[dict], found: step_finder.Steps | None, health: list[str]) -> dict:

@@ -17,6 +17,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from ghsweep.core.run_dir import PROFILE_ANALYSIS
+from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.core.errors import SweepNotFound
 
 # A progress bar per downloaded analysis would bury the report's own output (MLflow reads it per download).
@@ -41,7 +42,7 @@ class SweepRun:
     metrics: dict[str, float]
     tags: dict[str, str]
     loss: list[tuple[int, float]] = field(default_factory=list)
-    analysis: dict | None = None
+    analysis: ProfileAnalysis | None = None
 
     @property
     def error(self) -> str | None:
@@ -126,9 +127,10 @@ def load_sweep(client: MlflowClient, parent: Run) -> list[SweepRun]:
     return sorted(runs, key=lambda r: (r.job_num is None, r.job_num or 0, start[r.run_id]))
 
 
-def load_analysis(client: MlflowClient, run_id: str) -> dict | None:
+def load_analysis(client: MlflowClient, run_id: str) -> ProfileAnalysis | None:
     wanted = f"{PROFILE_ARTIFACTS}/{PROFILE_ANALYSIS}"
     if wanted not in {a.path for a in client.list_artifacts(run_id, PROFILE_ARTIFACTS)}:
         return None
     with tempfile.TemporaryDirectory() as tmp:
-        return json.loads(Path(client.download_artifacts(run_id, wanted, tmp)).read_text())
+        raw = json.loads(Path(client.download_artifacts(run_id, wanted, tmp)).read_text())
+    return ProfileAnalysis.from_dict(raw, f"run {run_id}: {wanted}")
