@@ -15,11 +15,12 @@ import json
 import sys
 from pathlib import Path
 
-from ghsweep.profile.capture import NCU_CSV, NSYS_RANK_GLOB, NSYS_REPORT, NSYS_SQLITE, TORCH_TRACE
+from ghsweep.core.errors import ProfileError, ProfilerUnavailable, first_line, one_line
+from ghsweep.core.run_dir import TORCH_TRACE
 from ghsweep.profile import report
+from ghsweep.profile.capture import NCU_CSV, NSYS_RANK_GLOB, NSYS_REPORT, NSYS_SQLITE
 from ghsweep.profile.ranks import rank_of
 from ghsweep.profile.run_analysis import full_analysis, rank_analysis
-from ghsweep.core.errors import ProfileError, ProfilerUnavailable, first_line, one_line
 
 
 TORCH_PROFILER_TRACES = ("*.pt.trace.json", "*.pt.trace.json.gz")

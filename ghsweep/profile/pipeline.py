@@ -12,6 +12,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.core.errors import ProfilerUnavailable
+from ghsweep.core.run_dir import TORCH_TRACE
 from ghsweep.core.run_plan import ProfilePlan
 from ghsweep.launch.world import world_of
 from ghsweep.profile import capture, plots, report
@@ -50,27 +51,16 @@ def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass
         outcome.tags["ghsweep.profile_note"] = plan.note
     if plan.used == "none":
         return outcome
-    raw: list[Path] = []
     try:
         world_size = world_of(cfg).size
-        if plan.used == "nsys":
-            reports = nsys_reports(run_dir, world_size)
-            profile_files = [capture.export_sqlite(plan.nsys_path, rep, plan.tool_prefix) for rep in reports]
-            raw += [*reports, *profile_files]
-            profile_file = profile_files[0]
-        else:
-            profile_file = run_dir / capture.TORCH_TRACE
-            if not profile_file.exists():
-                raise ProfilerUnavailable(f"the PyTorch profiler wrote no trace ({capture.TORCH_TRACE}): the capture "
-                                                  "window (capture.start_step, capture.num_steps) never ran")
-            raw.append(profile_file)
+        raw, profiles = profile_files(run_dir, plan, world_size)
         ncu_csv, ncu_info = None, None
         if plan.ncu:
-            ncu_csv, ncu_info = ncu_pass(cfg, run_dir, plan, profile_file, run_ncu_pass)
+            ncu_csv, ncu_info = ncu_pass(cfg, run_dir, plan, profiles[0], run_ncu_pass)
             outcome.metrics["ncu_s"] = ncu_info["seconds"]
             raw.append(ncu_csv)
-        analysis = full_analysis(profile_file, context_of(cfg), ncu_csv) if world_size == 1 or plan.used != "nsys" \
-            else rank_analysis(profile_files, context_of(cfg), world_size)
+        analysis = full_analysis(profiles[0], context_of(cfg), ncu_csv) if world_size == 1 or plan.used != "nsys" \
+            else rank_analysis(profiles, context_of(cfg), world_size)
         if ncu_info:
             analysis.roofline["ncu_pass"] = ncu_info
     except (ProfilerUnavailable, OSError, ValueError) as exc:
@@ -84,14 +74,32 @@ def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass
         outcome.artifacts.append(plots.roofline_plot(analysis.roofline, run_dir / plots.ROOFLINE_PLOT))
     outcome.metrics |= analysis.metrics()
     outcome.tags["ghsweep.findings"] = ",".join(f["id"] for f in analysis.findings) or "none"
-    limit = cfg.profile.get("artifact_max_mb")
+    add_raw_files(outcome, raw, cfg.profile.get("artifact_max_mb"))
+    return outcome
+
+
+def profile_files(run_dir: Path, plan: ProfilePlan, world_size: int) -> tuple[list[Path], list[Path]]:
+    """(the profiler's files to keep, the files the analysis reads): the PyTorch trace, or each
+    rank's nsys report and its SQLite export."""
+    if plan.used == "nsys":
+        reports = nsys_reports(run_dir, world_size)
+        exports = [capture.export_sqlite(plan.nsys_path, rep, plan.tool_prefix) for rep in reports]
+        return [*reports, *exports], exports
+    trace = run_dir / TORCH_TRACE
+    if not trace.exists():
+        raise ProfilerUnavailable(f"the PyTorch profiler wrote no trace ({TORCH_TRACE}): the capture window "
+                                  "(capture.start_step, capture.num_steps) never ran")
+    return [trace], [trace]
+
+
+def add_raw_files(outcome: ProfileOutcome, raw: list[Path], limit_mb: float | None) -> None:
+    """The raw profiler files as artifacts, except those over profile.artifact_max_mb (named in a tag)."""
     for path in raw:
-        if limit is None or path.stat().st_size <= limit * 2**20:
+        if limit_mb is None or path.stat().st_size <= limit_mb * 2**20:
             outcome.artifacts.append(path)
         else:
             outcome.tags.setdefault("ghsweep.profile_not_uploaded", "")
             outcome.tags["ghsweep.profile_not_uploaded"] += f"{path.name} ({path.stat().st_size / 2**20:.0f} MiB) "
-    return outcome
 
 
 def nsys_reports(run_dir: Path, world_size: int) -> list[Path]:
