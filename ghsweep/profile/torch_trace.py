@@ -195,7 +195,7 @@ def project(steady: list[step_finder.Step], runtime: list[dict], gpu: list[dict]
 
 
 def cpu_only(path: Path, events: list[dict], found: step_finder.Steps | None, health: list[str]) -> dict:
-    """A CPU run: top operators by self time in the steady steps; no device metrics."""
+    """A CPU run: top operators by self time in the steady steps; no device metrics (they stay None)."""
     ops = [e for e in events if e["cat"] == "cpu_op"]
     if not ops:
         raise ProfileError(f"{path}: neither GPU activity nor CPU operators in the trace: nothing to analyse")
@@ -206,6 +206,19 @@ def cpu_only(path: Path, events: list[dict], found: step_finder.Steps | None, he
     else:
         window = (found.steady[0].start, found.steady[-1].end)
         ops = [e for e in ops if window[0] <= _ns(e)[0] and _ns(e)[1] <= window[1]]
+    block = window_block(window, found)
+    block["basis"] = "cpu steps" if found.steady else block["basis"]
+    return {
+        "window": block,
+        "top_kernels": ranked(self_times(ops), function_names=False)["ranked"][:5],
+        "phases_ms_per_step": phases(events, found),
+        "step_ms": step_times(found),
+        "health": health,
+    }
+
+
+def self_times(ops: list[dict]) -> list[tuple[str, int]]:
+    """(name, self ns) of each operator: its time minus that of the operators nested in it, per thread."""
     self_ns = []
     by_thread: dict = defaultdict(list)
     for e in ops:
@@ -221,17 +234,7 @@ def cpu_only(path: Path, events: list[dict], found: step_finder.Steps | None, he
                 stack[-1][2] -= end - start
             stack.append([end, name, end - start])
         self_ns += [(name, own) for _, name, own in stack]
-    block = window_block(window, found)
-    block["basis"] = "cpu steps" if found.steady else block["basis"]
-    return {
-        **dict.fromkeys(("gpu_busy_pct", "gpu_idle_pct", "idle_gaps_per_step", "kernel_time_pct", "memcpy_time_pct",
-                         "memset_time_pct", "exposed_memcpy_pct", "um_migration_pct", "h2d_gb", "d2h_gb")),
-        "window": block,
-        "top_kernels": ranked(self_ns, function_names=False)["ranked"][:5],
-        "phases_ms_per_step": phases(events, found),
-        "step_ms": step_times(found),
-        "health": health,
-    }
+    return self_ns
 
 
 def phases(events: list[dict], found: step_finder.Steps) -> dict[str, float]:
