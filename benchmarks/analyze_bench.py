@@ -69,13 +69,13 @@ def grow(path: Path, size_bytes: float) -> float:
 def child(path: str) -> None:
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:2]))
     sys.path.insert(0, str(REPO))
-    from ghsweep.analyze import full_analysis
+    from ghsweep.profile.run_analysis import full_analysis
 
     started = time.perf_counter()
     result = full_analysis(Path(path))
-    print(json.dumps({"seconds": time.perf_counter() - started, "gpu_busy_pct": result["gpu_busy_pct"],
-                      "kernels": result["whole_trace"]["kernel_count"], "steps": len(result["window"]["steps"]),
-                      "findings": [f["id"] for f in result["findings"]]}))
+    print(json.dumps({"seconds": time.perf_counter() - started, "gpu_busy_pct": result.gpu_busy_pct,
+                      "kernels": result.whole_trace["kernel_count"], "steps": len(result.window["steps"]),
+                      "findings": [f["id"] for f in result.findings]}))
 
 
 def main() -> None:

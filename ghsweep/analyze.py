@@ -15,13 +15,12 @@ import json
 import sys
 from pathlib import Path
 
-from ghsweep.profile.capture import NCU_CSV, NSYS_RANK_GLOB, NSYS_REPORT, NSYS_SQLITE, TORCH_TRACE
-from ghsweep.profile import report
-from ghsweep.profile.analysis import analyze
-from ghsweep.profile.findings import evaluate, summary
-from ghsweep.profile.ranks import combine, rank_of
-from ghsweep.profile.roofline import kernel_points
 from ghsweep.core.errors import ProfileError, ProfilerUnavailable, first_line, one_line
+from ghsweep.core.run_dir import TORCH_TRACE
+from ghsweep.profile import report
+from ghsweep.profile.capture import NCU_CSV, NSYS_RANK_GLOB, NSYS_REPORT, NSYS_SQLITE
+from ghsweep.profile.ranks import rank_of
+from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 
 
 TORCH_PROFILER_TRACES = ("*.pt.trace.json", "*.pt.trace.json.gz")
@@ -42,23 +41,6 @@ def find_profile(directory: Path) -> Path:
         print(f"ghsweep.analyze: {directory}: {len(traces)} PyTorch profiler traces; analysing the newest, "
               f"{traces[-1].name} (pass another one to analyse it)", file=sys.stderr)
     return traces[-1]
-
-
-def full_analysis(path: Path, context: dict | None = None, ncu_csv: Path | None = None,
-                  nsys_path: str | None = None) -> dict:
-    """Analysis + roofline (when an Nsight Compute CSV is given) + findings + summary lines."""
-    result = analyze(path, nsys_path)
-    if ncu_csv is not None:
-        result["roofline"] = kernel_points(ncu_csv, sorted({k["short_name"] for k in result.get("top_kernels", [])}))
-    result["findings"] = evaluate(result, context)
-    result["summary"] = summary(result)
-    return result
-
-
-def rank_analysis(paths: list[Path], context: dict | None, world_size: int, nsys_path: str | None = None) -> dict:
-    """One run on several GPUs: each rank's report (profile_rank<N>.*) analysed, combined (profile/ranks.py)."""
-    per_rank = {rank_of(p): (p, full_analysis(p, context, nsys_path=nsys_path)) for p in paths}
-    return combine(per_rank, world_size)
 
 
 def rank_profiles(directory: Path) -> list[Path]:
@@ -93,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ghsweep.analyze: {args.path}: could not be analysed ({one_line(exc)})", file=sys.stderr)
         return 2
     if args.json:
-        json.dump(result, sys.stdout, indent=2, default=str)
+        json.dump(result.to_dict(), sys.stdout, indent=2, default=str)
         print()
     else:
         print(report.render(result))

@@ -42,7 +42,8 @@ from ghsweep.launch.worker_process import (WORKER_LOG, WorkerExit, rank_file, ru
 from ghsweep.launch.world import check_world, export_slurm_rendezvous, slurm_task_ranks
 from ghsweep.profile.capture import find_tool
 from ghsweep.core.run_plan import ProfilePlan
-from ghsweep.profile.plan import ProfileOutcome, after_worker, profiler_prefix, resolve as resolve_profile, save_plan
+from ghsweep.profile.pipeline import ProfileOutcome, after_worker
+from ghsweep.profile.plan import profiler_prefix, resolve as resolve_profile, save_plan
 from ghsweep.report.run_report import write_run_report
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, flatten

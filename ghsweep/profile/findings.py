@@ -1,4 +1,4 @@
-"""Findings in words from an analysis dict: each rule fires with its evidence (the numbers that
+"""Findings in words from a ProfileAnalysis: each rule fires with its evidence (the numbers that
 made it fire), so a reader can check it. Thresholds are module constants, tuned on the planted
 H200 scenarios in tests/data/profiles (a clean compute-bound run fires none).
 
@@ -6,7 +6,7 @@ H200 scenarios in tests/data/profiles (a clean compute-bound run fires none).
 it sharpens the wording and enables the rules that need to know what was asked for (fp8).
 
 Attribution follows the evidence. Each idle gap of the GPU gets one cause, the first that matches
-in this order (analysis.GapEvidence.cause):
+in this order (engine.GapEvidence.cause):
   1. sync            a synchronising call or blocking copy of the process overlaps the gap
   2. host_wait       the thread that launched the work ending the gap was in an OS wait
   3. unified_memory  the gap overlaps a phase range (data/forward/backward/optimizer) inside which
@@ -16,13 +16,17 @@ in this order (analysis.GapEvidence.cause):
   6. unattributed
 The findings then read those shares: data_loading fires on causes 2 + 4 only, so a data phase
 slowed by page faults is a unified-memory finding, never "raise num_workers".
-Rules (all that match fire): profile_health, gpu_starved, data_loading, host_sync, launch_bound,
-pageable_copies, offload_cost / exposed_memcpy, um_migrations, fp8_not_effective, roofline_*.
+Rules (all that match fire; findings listed in this order, RULES): profile_health, gpu_starved,
+data_loading, host_sync, launch_bound, pageable_copies, offload_cost / exposed_memcpy,
+um_migrations, fp8_not_effective, roofline_*.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ghsweep.profile.nsys_db import SHORT_KERNEL_NS
+from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.profile.steps import WHOLE_TRACE
 
 STARVED_BUSY_PCT = 85.0  # steady-state device utilisation below this: the GPU waits
@@ -45,138 +49,188 @@ def _share(part: float, whole: float) -> float:
     return part / whole if whole else 0.0
 
 
-def window_words(a: dict) -> str:
+def window_words(a: ProfileAnalysis) -> str:
     """What the window is, for sentences: the steady-state steps, or the whole trace."""
-    return "the whole trace" if a.get("window", {}).get("basis") == WHOLE_TRACE else "the steady state"
+    return "the whole trace" if a.window.get("basis") == WHOLE_TRACE else "the steady state"
 
 
-def evaluate(a: dict, context: dict | None = None) -> list[dict]:
-    """The findings of analysis `a` (see analysis.py for the numbers' definitions)."""
-    context = context or {}
-    out: list[dict] = []
-    out += health(a)
-    if not a.get("window", {}).get("duration_ns") or a.get("gpu_busy_pct") is None:
-        return out  # nothing captured, or a CPU run: no device to explain
-    window_ns = a["window"]["duration_ns"]
-    # Amounts are per step over steady steps; over the whole trace they are totals, said so.
-    steps = max(1, len(a["window"].get("steps") or []))
-    per_step = "per step" if a["window"].get("steps") else "in the whole trace"
-    of_step = "of each step" if a["window"].get("steps") else "of the whole trace"
-    causes = a.get("gaps", {}).get("causes_ns", {})
-    idle_ns = sum(causes.values())
-    busy = a["gpu_busy_pct"]
+@dataclass
+class Window:
+    """What every rule reads of the analysed window: its length, steps, idle causes, and the words
+    for amounts (per step over steady steps; over the whole trace, totals, said so)."""
+    ns: int
+    steps: int
+    per_step: str
+    of_step: str
+    causes: dict[str, int]
+    idle_ns: int
 
-    if busy < STARVED_BUSY_PCT:
-        top = max(causes, key=causes.get) if idle_ns else "unattributed"
-        out.append(finding(
-            "gpu_starved", "warning",
-            f"GPU busy only {busy:.1f}% of {window_words(a)} ({a['gpu_idle_pct']:.1f}% idle, "
-            f"{idle_ns / steps / 1e6:.2f} ms idle {per_step}); most idle time: {top.replace('_', ' ')}",
-            gpu_busy_pct=busy, idle_ms_per_step=idle_ns / steps / 1e6, main_cause=top))
+    @classmethod
+    def of(cls, a: ProfileAnalysis) -> Window:
+        stepped = bool(a.window.get("steps"))
+        causes = a.gaps.get("causes_ns", {})
+        return cls(a.window["duration_ns"], max(1, len(a.window.get("steps") or [])),
+                   "per step" if stepped else "in the whole trace", "of each step" if stepped else "of the whole trace",
+                   causes, sum(causes.values()))
 
-    loading = causes.get("data_loading", 0) + causes.get("host_wait", 0)
-    if _share(idle_ns, window_ns) * 100 >= IDLE_MIN_PCT and _share(loading, idle_ns) >= MAJORITY:
-        workers = context.get("num_workers")
-        advice = "raise dataloader.num_workers" + (f" (now {workers})" if workers is not None else "")
-        out.append(finding(
-            "data_loading", "warning",
-            f"data-loading bound: {100 * _share(loading, idle_ns):.0f}% of the GPU idle time "
-            f"({loading / steps / 1e6:.2f} ms {per_step}) is the host loading data or waiting; {advice}, "
-            "pin memory and prefetch",
-            data_loading_ms_per_step=causes.get("data_loading", 0) / steps / 1e6,
-            host_wait_ms_per_step=causes.get("host_wait", 0) / steps / 1e6,
-            share_of_idle_pct=100 * _share(loading, idle_ns)))
+    def ms_per_step(self, ns: float) -> float:
+        return ns / self.steps / 1e6
 
-    sync_pct = 100 * _share(causes.get("sync", 0), window_ns)
-    if sync_pct >= SYNC_MIN_PCT:
-        out.append(finding(
-            "host_sync", "warning",
-            f"host synchronisation: the GPU sits idle at synchronising calls for {sync_pct:.1f}% {of_step} "
-            f"({causes['sync'] / steps / 1e6:.2f} ms {per_step}); remove .item()/.cpu()/print of GPU values "
-            "from the step, or do them every N steps",
-            sync_idle_pct=sync_pct, sync_ms_per_step=causes["sync"] / steps / 1e6))
 
-    kernels = a.get("kernels", {})
-    launch_pct = 100 * _share(causes.get("launch_latency", 0), window_ns)
+def gpu_starved(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+    busy = a.gpu_busy_pct
+    if busy >= STARVED_BUSY_PCT:
+        return []
+    top = max(w.causes, key=w.causes.get) if w.idle_ns else "unattributed"
+    return [finding(
+        "gpu_starved", "warning",
+        f"GPU busy only {busy:.1f}% of {window_words(a)} ({a.gpu_idle_pct:.1f}% idle, "
+        f"{w.ms_per_step(w.idle_ns):.2f} ms idle {w.per_step}); most idle time: {top.replace('_', ' ')}",
+        gpu_busy_pct=busy, idle_ms_per_step=w.ms_per_step(w.idle_ns), main_cause=top)]
+
+
+def data_loading(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+    loading = w.causes.get("data_loading", 0) + w.causes.get("host_wait", 0)
+    if _share(w.idle_ns, w.ns) * 100 < IDLE_MIN_PCT or _share(loading, w.idle_ns) < MAJORITY:
+        return []
+    workers = context.get("num_workers")
+    advice = "raise dataloader.num_workers" + (f" (now {workers})" if workers is not None else "")
+    return [finding(
+        "data_loading", "warning",
+        f"data-loading bound: {100 * _share(loading, w.idle_ns):.0f}% of the GPU idle time "
+        f"({w.ms_per_step(loading):.2f} ms {w.per_step}) is the host loading data or waiting; {advice}, "
+        "pin memory and prefetch",
+        data_loading_ms_per_step=w.ms_per_step(w.causes.get("data_loading", 0)),
+        host_wait_ms_per_step=w.ms_per_step(w.causes.get("host_wait", 0)),
+        share_of_idle_pct=100 * _share(loading, w.idle_ns))]
+
+
+def host_sync(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+    sync_pct = 100 * _share(w.causes.get("sync", 0), w.ns)
+    if sync_pct < SYNC_MIN_PCT:
+        return []
+    return [finding(
+        "host_sync", "warning",
+        f"host synchronisation: the GPU sits idle at synchronising calls for {sync_pct:.1f}% {w.of_step} "
+        f"({w.ms_per_step(w.causes['sync']):.2f} ms {w.per_step}); remove .item()/.cpu()/print of GPU values "
+        "from the step, or do them every N steps",
+        sync_idle_pct=sync_pct, sync_ms_per_step=w.ms_per_step(w.causes["sync"]))]
+
+
+def launch_bound(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+    kernels = a.kernels
+    launch_pct = 100 * _share(w.causes.get("launch_latency", 0), w.ns)
     short = kernels.get("short_pct", 0) >= 50  # the median kernel is shorter than 10 us
     launch_heavy = kernels.get("launch_api_ns", 0) >= kernels.get("total_ns", 0) > 0
-    if launch_pct >= LAUNCH_MIN_PCT and (short or launch_heavy):
-        out.append(finding(
-            "launch_bound", "warning",
-            f"launch bound: the GPU waits for the host to launch work for {launch_pct:.1f}% {of_step} "
-            f"({kernels.get('short_pct', 0):.0f}% of kernels under {SHORT_KERNEL_NS / 1e3:.0f} us, launch calls "
-            f"{kernels.get('launch_api_ns', 0) / 1e6:.1f} ms vs kernels {kernels.get('total_ns', 0) / 1e6:.1f} ms); "
-            "use CUDA graphs or torch.compile to launch fewer, larger kernels",
-            launch_latency_pct=launch_pct, short_kernel_pct=kernels.get("short_pct", 0)))
+    if launch_pct < LAUNCH_MIN_PCT or not (short or launch_heavy):
+        return []
+    return [finding(
+        "launch_bound", "warning",
+        f"launch bound: the GPU waits for the host to launch work for {launch_pct:.1f}% {w.of_step} "
+        f"({kernels.get('short_pct', 0):.0f}% of kernels under {SHORT_KERNEL_NS / 1e3:.0f} us, launch calls "
+        f"{kernels.get('launch_api_ns', 0) / 1e6:.1f} ms vs kernels {kernels.get('total_ns', 0) / 1e6:.1f} ms); "
+        "use CUDA graphs or torch.compile to launch fewer, larger kernels",
+        launch_latency_pct=launch_pct, short_kernel_pct=kernels.get("short_pct", 0))]
 
-    memcpy = a.get("memcpy", {})
-    pageable = memcpy.get("pageable_big", {})
-    if pageable.get("count"):
-        out.append(finding(
-            "pageable_copies", "warning",
-            f"{pageable['count'] / steps:.1f} copies {per_step} of >= 1 MiB to or from pageable host memory "
-            f"({pageable['bytes'] / steps / 2**20:.0f} MiB {per_step}); pageable copies are synchronous and slow: "
-            "use pinned memory (pin_memory=True, tensor.pin_memory()) and non_blocking=True",
-            copies_per_step=pageable["count"] / steps, mib_per_step=pageable["bytes"] / steps / 2**20))
 
-    exposed = a.get("exposed_memcpy_pct", 0.0)
-    if exposed >= EXPOSED_MEMCPY_MIN_PCT:
-        by_kind = {c["kind"]: c for c in memcpy.get("copies", []) if c["src"] == "pinned" or c["dst"] == "pinned"}
-        round_trip = "HtoD" in by_kind and "DtoH" in by_kind
-        if round_trip or context.get("offload"):
-            out.append(finding(
-                "offload_cost", "warning",
-                f"offload cost: copies to and from pinned host memory run with no kernel beside them for "
-                f"{exposed:.1f}% {of_step} ({a['h2d_gb'] / steps:.2f} GB in and {a['d2h_gb'] / steps:.2f} GB out "
-                f"{per_step}); overlap them with compute (separate stream, prefetch ahead of use) or offload fewer layers",
-                exposed_memcpy_pct=exposed, h2d_gb_per_step=a["h2d_gb"] / steps, d2h_gb_per_step=a["d2h_gb"] / steps))
-        else:
-            out.append(finding(
-                "exposed_memcpy", "warning",
-                f"copies not hidden behind compute: {exposed:.1f}% {of_step} only copies data "
-                f"(memcpy {a['memcpy_time_pct']:.1f}% of GPU operation time)",
-                exposed_memcpy_pct=exposed, memcpy_time_pct=a["memcpy_time_pct"]))
+def pageable_copies(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+    pageable = a.memcpy.get("pageable_big", {})
+    if not pageable.get("count"):
+        return []
+    return [finding(
+        "pageable_copies", "warning",
+        f"{pageable['count'] / w.steps:.1f} copies {w.per_step} of >= 1 MiB to or from pageable host memory "
+        f"({pageable['bytes'] / w.steps / 2**20:.0f} MiB {w.per_step}); pageable copies are synchronous and slow: "
+        "use pinned memory (pin_memory=True, tensor.pin_memory()) and non_blocking=True",
+        copies_per_step=pageable["count"] / w.steps, mib_per_step=pageable["bytes"] / w.steps / 2**20)]
 
-    um = a.get("um_migration_pct", 0.0)
-    faults = a.get("page_faults", {})
-    um_idle = causes.get("unified_memory", 0)
-    if um > 0 or um_idle:
-        severity = "warning" if um >= UM_WARN_PCT or _share(um_idle, window_ns) * 100 >= IDLE_MIN_PCT else "info"
-        fault_text = ", ".join(f"{v} {k.upper()} page faults" for k, v in faults.items()) or "page faults not traced"
-        idle_text = (f"; {um_idle / steps / 1e6:.2f} ms {per_step} of GPU idle time ({100 * _share(um_idle, idle_ns):.0f}% "
-                     "of it) is in phases where the host faults on or migrates managed memory") if um_idle else ""
-        out.append(finding(
-            "um_migrations", severity,
-            f"unified memory: migrations are {um:.1f}% of memory-operation time and "
-            f"{a.get('um_migration_bytes_pct', 0):.1f}% of the bytes moved ({fault_text}){idle_text}; prefetch "
-            "managed memory to the GPU (cudaMemPrefetchAsync) or keep hot data in device memory",
-            um_migration_pct=um, um_migration_bytes_pct=a.get("um_migration_bytes_pct", 0),
-            um_idle_ms_per_step=um_idle / steps / 1e6, **faults))
 
+def exposed_copies(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+    """offload_cost when the exposed copies are a round trip to pinned memory (or offload is on),
+    else exposed_memcpy."""
+    exposed = a.exposed_memcpy_pct or 0.0
+    if exposed < EXPOSED_MEMCPY_MIN_PCT:
+        return []
+    by_kind = {c["kind"]: c for c in a.memcpy.get("copies", [])
+               if c["src"] == "pinned" or c["dst"] == "pinned"}
+    if ("HtoD" in by_kind and "DtoH" in by_kind) or context.get("offload"):
+        return [finding(
+            "offload_cost", "warning",
+            f"offload cost: copies to and from pinned host memory run with no kernel beside them for "
+            f"{exposed:.1f}% {w.of_step} ({a.h2d_gb / w.steps:.2f} GB in and {a.d2h_gb / w.steps:.2f} GB out "
+            f"{w.per_step}); overlap them with compute (separate stream, prefetch ahead of use) or offload fewer layers",
+            exposed_memcpy_pct=exposed, h2d_gb_per_step=a.h2d_gb / w.steps, d2h_gb_per_step=a.d2h_gb / w.steps)]
+    return [finding(
+        "exposed_memcpy", "warning",
+        f"copies not hidden behind compute: {exposed:.1f}% {w.of_step} only copies data "
+        f"(memcpy {a.memcpy_time_pct:.1f}% of GPU operation time)",
+        exposed_memcpy_pct=exposed, memcpy_time_pct=a.memcpy_time_pct)]
+
+
+def um_migrations(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+    um = a.um_migration_pct or 0.0
+    um_idle = w.causes.get("unified_memory", 0)
+    if not (um > 0 or um_idle):
+        return []
+    faults = a.page_faults
+    severity = "warning" if um >= UM_WARN_PCT or _share(um_idle, w.ns) * 100 >= IDLE_MIN_PCT else "info"
+    fault_text = ", ".join(f"{v} {k.upper()} page faults" for k, v in faults.items()) or "page faults not traced"
+    idle_text = (f"; {w.ms_per_step(um_idle):.2f} ms {w.per_step} of GPU idle time "
+                 f"({100 * _share(um_idle, w.idle_ns):.0f}% of it) is in phases where the host faults on or "
+                 "migrates managed memory") if um_idle else ""
+    return [finding(
+        "um_migrations", severity,
+        f"unified memory: migrations are {um:.1f}% of memory-operation time and "
+        f"{(a.um_migration_bytes_pct or 0):.1f}% of the bytes moved ({fault_text}){idle_text}; prefetch "
+        "managed memory to the GPU (cudaMemPrefetchAsync) or keep hot data in device memory",
+        um_migration_pct=um, um_migration_bytes_pct=(a.um_migration_bytes_pct or 0),
+        um_idle_ms_per_step=w.ms_per_step(um_idle), **faults)]
+
+
+def fp8_not_effective(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+    kernels = a.kernels
     gemm_ns, fp8_ns = kernels.get("gemm_ns", 0), kernels.get("fp8_gemm_ns", 0)
-    if context.get("precision") == "fp8" and gemm_ns and fp8_ns < FP8_MIN_GEMM_SHARE * gemm_ns:
-        out.append(finding(
-            "fp8_not_effective", "warning",
-            f"precision=fp8 but only {100 * fp8_ns / gemm_ns:.0f}% of the GEMM time is in fp8 GEMMs: the matmuls "
-            "still run in bf16/fp16 (check the fp8 recipe is applied to the Linear layers)",
-            fp8_gemm_pct=100 * fp8_ns / gemm_ns,
-            top_kernels=[k["name"][:80] for k in a.get("top_kernels", [])]))
+    if context.get("precision") != "fp8" or not gemm_ns or fp8_ns >= FP8_MIN_GEMM_SHARE * gemm_ns:
+        return []
+    return [finding(
+        "fp8_not_effective", "warning",
+        f"precision=fp8 but only {100 * fp8_ns / gemm_ns:.0f}% of the GEMM time is in fp8 GEMMs: the matmuls "
+        "still run in bf16/fp16 (check the fp8 recipe is applied to the Linear layers)",
+        fp8_gemm_pct=100 * fp8_ns / gemm_ns, top_kernels=[k["name"][:80] for k in a.top_kernels])]
 
-    for point in a.get("roofline", {}).get("kernels", []):
-        out.append(finding(
-            f"roofline_{point['bound']}", "info",
-            f"{point['name'][:60]}: {point['bound']} ({point['achieved_tflops']:.1f} TFLOP/s, "
-            f"{point['pct_of_compute_peak']:.0f}% of the compute ceiling, {point['pct_of_dram_peak']:.0f}% of DRAM "
-            f"bandwidth, intensity {point['intensity_dram']:.1f} FLOP/byte)",
-            kernel=point["name"], **{k: point[k] for k in ("achieved_tflops", "pct_of_compute_peak",
-                                                           "pct_of_dram_peak", "intensity_dram")}))
+
+def roofline(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+    return [finding(
+        f"roofline_{point['bound']}", "info",
+        f"{point['name'][:60]}: {point['bound']} ({point['achieved_tflops']:.1f} TFLOP/s, "
+        f"{point['pct_of_compute_peak']:.0f}% of the compute ceiling, {point['pct_of_dram_peak']:.0f}% of DRAM "
+        f"bandwidth, intensity {point['intensity_dram']:.1f} FLOP/byte)",
+        kernel=point["name"], **{k: point[k] for k in ("achieved_tflops", "pct_of_compute_peak", "pct_of_dram_peak",
+                                                       "intensity_dram")})
+        for point in a.roofline.get("kernels", [])]
+
+
+# The device rules, in the order their findings are listed (each fires independently of the others).
+RULES = (gpu_starved, data_loading, host_sync, launch_bound, pageable_copies, exposed_copies, um_migrations,
+         fp8_not_effective, roofline)
+
+
+def evaluate(a: ProfileAnalysis, context: dict | None = None) -> list[dict]:
+    """The findings of analysis `a` (see analysis.py for the numbers' definitions): profile health,
+    then RULES in order; a run with no captured window or no device (a CPU run) gets health only."""
+    out = health(a)
+    if not a.window.get("duration_ns") or a.gpu_busy_pct is None:
+        return out
+    window = Window.of(a)
+    for rule in RULES:
+        out += rule(a, window, context or {})
     return out
 
 
-def health(a: dict) -> list[dict]:
+def health(a: ProfileAnalysis) -> list[dict]:
     """Profile health: what was asked for and is missing, so no empty report passes as success."""
-    out = [finding("profile_health", "warning", message) for message in a.get("health", [])]
-    roofline = a.get("roofline", {})
+    out = [finding("profile_health", "warning", message) for message in a.health]
+    roofline = a.roofline
     if roofline.get("missing"):
         out.append(finding("profile_health", "warning",
                            f"ncu profiled none of these top kernels: {', '.join(roofline['missing'])[:300]}",
@@ -184,20 +238,20 @@ def health(a: dict) -> list[dict]:
     return out
 
 
-def summary(a: dict) -> list[str]:
+def summary(a: ProfileAnalysis) -> list[str]:
     """Plain statements about the run (not problems): the window, warm-up, the compute/transfer split."""
     lines = []
-    if a.get("source", {}).get("device") == "cpu":
+    if a.source.get("device") == "cpu":
         lines.append("a CPU run (no GPU activity in the trace): top_kernels are CPU operators by self time")
-    window = a.get("window", {})
+    window = a.window
     if window.get("basis") == WHOLE_TRACE:
         lines.append("window: the whole trace (no steps found; see profile_health)")
     elif window.get("source"):
         lines.append(f"steps from {window['source']}")
     if window.get("warmup_steps"):
         lines.append(f"warm-up excluded: {window.get('warmup_reason')}")
-    if a.get("gpu_busy_pct") is not None and window.get("duration_ns"):
-        kind = "compute" if a["kernel_time_pct"] >= 90 else "transfer"
-        lines.append(f"{a['kernel_time_pct']:.1f}% kernels vs {a['memcpy_time_pct'] + a['memset_time_pct']:.1f}% "
-                     f"memory operations: {kind}-dominated; GPU busy {a['gpu_busy_pct']:.1f}% of {window_words(a)}")
+    if a.gpu_busy_pct is not None and window.get("duration_ns"):
+        kind = "compute" if a.kernel_time_pct >= 90 else "transfer"
+        lines.append(f"{a.kernel_time_pct:.1f}% kernels vs {a.memcpy_time_pct + a.memset_time_pct:.1f}% "
+                     f"memory operations: {kind}-dominated; GPU busy {a.gpu_busy_pct:.1f}% of {window_words(a)}")
     return lines

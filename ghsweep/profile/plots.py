@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -12,9 +13,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 GAP_PLOT = "gap_histogram.png"
 ROOFLINE_PLOT = "roofline.png"
 
+if TYPE_CHECKING:
+    from ghsweep.profile.result import ProfileAnalysis
 
-def gap_histogram(analysis: dict, path: Path) -> Path:
-    hist = analysis.get("gaps", {}).get("histogram", [])
+
+def gap_histogram(analysis: ProfileAnalysis, path: Path) -> Path:
+    hist = analysis.gaps.get("histogram", [])
     fig, ax = plt.subplots(figsize=(6, 3.5))
     labels = [h["bucket"] for h in hist]
     bars = ax.bar(labels, [h["count"] for h in hist], color="#4c72b0")
@@ -23,7 +27,7 @@ def gap_histogram(analysis: dict, path: Path) -> Path:
                     ha="center", va="bottom", fontsize=8)
     ax.set_xlabel("GPU idle gap length")
     ax.set_ylabel("gaps in the steady-state window")
-    ax.set_title(f"GPU idle gaps (busy {analysis.get('gpu_busy_pct') or 0:.1f}%; label: total idle time)", fontsize=9)
+    ax.set_title(f"GPU idle gaps (busy {analysis.gpu_busy_pct or 0:.1f}%; label: total idle time)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -1,7 +1,7 @@
 """One run on several GPUs: every rank's Nsight Systems report analysed, and what they say together.
 
 Each rank's report gets the single-GPU analysis (its own steady window, busy/idle time, top
-kernels, communication: analysis.nccl_communication). The run's analysis is rank 0's, with:
+kernels, communication: nsys_analysis.nccl_communication). The run's analysis is rank 0's, with:
 - `ranks`: one row per rank (device busy/idle, NCCL share, exposed communication, step and
   compute time per step);
 - the run's metrics over the ranks: gpu_busy_pct / gpu_idle_pct, nccl_time_pct and
@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import re
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from ghsweep.profile.findings import finding
+from ghsweep.profile.result import ProfileAnalysis
 
 # The others wait this share of a step (or more) for the rank with the least NCCL time: a straggler.
 STRAGGLER_MIN_PCT = 10.0
@@ -40,31 +42,29 @@ def rank_of(path: Path) -> int:
     return int(found.group(1))
 
 
-def rank_row(rank: int, path: Path, a: dict) -> dict:
-    comm = a.get("communication") or {}
+def rank_row(rank: int, path: Path, a: ProfileAnalysis) -> dict:
+    comm = a.communication
     return {
         "rank": rank,
         "profile": path.name,
-        "gpu_busy_pct": a.get("gpu_busy_pct"),
-        "gpu_idle_pct": a.get("gpu_idle_pct"),
+        "gpu_busy_pct": a.gpu_busy_pct,
+        "gpu_idle_pct": a.gpu_idle_pct,
         "nccl_time_pct": comm.get("nccl_time_pct", 0.0),
         "exposed_nccl_pct": comm.get("exposed_nccl_pct", 0.0),
-        "step_ms": (a.get("step_ms") or {}).get("median"),
+        "step_ms": a.step_ms.get("median"),
         "nccl_ms_per_step": comm.get("nccl_ms_per_step"),
         "compute_ms_per_step": comm.get("compute_ms_per_step"),
     }
 
 
-def combine(per_rank: dict[int, tuple[Path, dict]], world_size: int) -> dict:
+def combine(per_rank: dict[int, tuple[Path, ProfileAnalysis]], world_size: int) -> ProfileAnalysis:
     """The run's analysis from each rank's ({rank: (report, analysis)}); rank 0's (else the lowest's)
     is the base, the rows, means and findings are added."""
     ranks = sorted(per_rank)
-    result = dict(per_rank[ranks[0]][1])
     rows = [rank_row(r, *per_rank[r]) for r in ranks]
-    result["ranks"] = rows
-    for key in AVERAGED:
-        values = [row[key] for row in rows if row[key] is not None]
-        result[key] = statistics.fmean(values) if values else None
+    means = {key: statistics.fmean(values) if (values := [row[key] for row in rows if row[key] is not None]) else None
+             for key in AVERAGED}
+    result = replace(per_rank[ranks[0]][1], ranks=rows, **means)
     missing = sorted(set(range(world_size)) - set(ranks))
     extra = []
     if missing:
@@ -72,8 +72,8 @@ def combine(per_rank: dict[int, tuple[Path, dict]], world_size: int) -> dict:
                              f"no profile of rank(s) {', '.join(map(str, missing))} of {world_size}: the analysis "
                              "covers the others only", missing_ranks=missing))
     extra += rank_findings(rows)
-    result["findings"] = [*result.get("findings", []), *extra]
-    result["summary"] = [*result.get("summary", []), ranks_summary(rows)]
+    result.findings = [*result.findings, *extra]
+    result.summary = [*result.summary, ranks_summary(rows)]
     return result
 
 

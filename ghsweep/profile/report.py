@@ -4,49 +4,48 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ghsweep.core.run_dir import PROFILE_REPORT
 from ghsweep.profile.ranks import table as ranks_table
+from ghsweep.profile.result import METRICS, ProfileAnalysis
 
-PROFILE_REPORT = "profile_report.md"
 TOP_KERNELS_TABLE = "top_kernels.md"
 
 
-def top_kernels_table(analysis: dict) -> str:
+def top_kernels_table(analysis: ProfileAnalysis) -> str:
     lines = ["| # | kernel | total ms | count | mean us | % of kernel time |", "|---|---|---|---|---|---|"]
-    for i, k in enumerate(analysis.get("top_kernels", []), 1):
+    for i, k in enumerate(analysis.top_kernels, 1):
         lines.append(f"| {i} | `{k['name'][:90]}` | {k['total_ns'] / 1e6:.2f} | {k['count']} | "
                      f"{k['mean_ns'] / 1e3:.1f} | {k['pct']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
-def render(analysis: dict) -> str:
-    w = analysis.get("window", {})
+def render(analysis: ProfileAnalysis) -> str:
+    w = analysis.window
     steps = f", steps {w.get('steps')}" if w.get("steps") else ""
-    lines = [f"# Profile analysis ({analysis['source']['kind']})", "",
+    lines = [f"# Profile analysis ({analysis.source['kind']})", "",
              f"Window: {w.get('basis')}{steps}, {w.get('duration_ns', 0) / 1e6:.1f} ms"
              + (f"; warm-up excluded: {w['warmup_steps']}" if w.get("warmup_steps") else ""), ""]
-    lines += [f"- {s}" for s in analysis.get("summary", [])]
+    lines += [f"- {s}" for s in analysis.summary]
     lines += ["", "## Findings", ""]
-    lines += [f"- **{f['severity']}** `{f['id']}`: {f['message']}" for f in analysis.get("findings", [])] or ["- none"]
+    lines += [f"- **{f['severity']}** `{f['id']}`: {f['message']}" for f in analysis.findings] or ["- none"]
     lines += ["", "## Where the time went", "", "| metric | value |", "|---|---|"]
-    for key in ("gpu_busy_pct", "gpu_idle_pct", "idle_gaps_per_step", "kernel_time_pct", "memcpy_time_pct",
-                "memset_time_pct", "exposed_memcpy_pct", "um_migration_pct", "h2d_gb", "d2h_gb", "nccl_time_pct",
-                "exposed_nccl_pct"):
-        value = analysis.get(key)
+    for key in METRICS:
+        value = getattr(analysis, key)
         if value is None and "nccl" in key:
             continue  # one GPU: no communication to show
         lines.append(f"| {key} | {'n/a' if value is None else f'{value:.3g}'} |")
-    causes = analysis.get("gaps", {}).get("causes_ns")
+    causes = analysis.gaps.get("causes_ns")
     if causes:
         lines += ["", "Idle time by cause (ms in the window): "
                   + ", ".join(f"{k.replace('_', ' ')} {v / 1e6:.2f}" for k, v in causes.items())]
-    phases = analysis.get("phases_ms_per_step")
+    phases = analysis.phases_ms_per_step
     if phases:
         lines += ["", "Phases per step (ms, host time): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())]
-    if analysis.get("ranks"):
+    if analysis.ranks:
         lines += ["", "## Ranks", "", "Each rank's own steady window; the metrics above are means over the ranks "
-                  "(top kernels and idle causes: rank 0).", "", ranks_table(analysis["ranks"])]
+                  "(top kernels and idle causes: rank 0).", "", ranks_table(analysis.ranks)]
     lines += ["", "## Top kernels", "", top_kernels_table(analysis)]
-    roof = analysis.get("roofline")
+    roof = analysis.roofline
     if roof:
         lines += ["## Roofline (Nsight Compute)", "", "| kernel | TFLOP/s | % compute peak | % DRAM | FLOP/byte | bound |",
                   "|---|---|---|---|---|---|"]
@@ -56,7 +55,7 @@ def render(analysis: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(analysis: dict, run_dir: Path) -> list[Path]:
+def write(analysis: ProfileAnalysis, run_dir: Path) -> list[Path]:
     report = run_dir / PROFILE_REPORT
     report.write_text(render(analysis))
     table = run_dir / TOP_KERNELS_TABLE

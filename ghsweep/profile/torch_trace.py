@@ -9,6 +9,8 @@ are read: an object with `traceEvents`, and a bare array of events.
 
 from __future__ import annotations
 
+import gzip
+import json
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -16,11 +18,16 @@ from pathlib import Path
 import numpy as np
 
 from ghsweep.profile import kernel_kinds, steps as step_finder
-from ghsweep.profile.analysis import IDLE_GAP_MIN_NS, MEMCPY_KIND, PHASES, GapEvidence, Intervals, bucket_sums, device_metrics, gap_stats, infer_steps, load_json, memory_ops, pct, steady_window, step_times, whole_trace_block, whole_trace_steps, window_block
+from ghsweep.profile.engine import (MEMCPY_KIND, PHASES, GapEvidence, Intervals, device_metrics, gap_block, infer_steps,
+                                    memory_ops, pct, steady_window, step_times, whole_trace_block, whole_trace_steps,
+                                    window_block, window_timeline)
+from ghsweep.profile.result import ProfileAnalysis
+from ghsweep.profile.timeline import KERNEL as KERNEL_OP, MEMCPY as MEMCPY_OP, MEMSET as MEMSET_OP, Ops
 from ghsweep.profile.nsys_db import PAGEABLE_MIN_BYTES, SHORT_KERNEL_NS
-from ghsweep.core.errors import ProfileError
+from ghsweep.core.errors import ProfileError, first_line
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+OP_KIND = {"kernel": KERNEL_OP, "gpu_memcpy": MEMCPY_OP, "gpu_memset": MEMSET_OP}
 SYNC_NAMES = re.compile(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|cudaMemcpy$|"
                         r"cudaStreamQuery|cuCtxSynchronize|cuStreamSynchronize)")
 # "Memcpy HtoD (Pageable -> Device)"
@@ -68,72 +75,70 @@ def find_steps(events: list[dict], gpu: list[dict]) -> step_finder.Steps | None:
     return infer_steps(spans[:, 0], spans[:, 1], keys.ravel(), dict(enumerate(names.tolist())))
 
 
-def analyze_torch_trace(path: Path) -> dict:
+def analyze_torch_trace(path: Path) -> ProfileAnalysis:
     path = Path(path)
     trace = load_json(path)
     events = trace_events(trace, path)
     gpu = [e for e in events if e["cat"] in GPU_CATS]
-    runtime = [e for e in events if e["cat"] in ("cuda_runtime", "cuda_driver")]
     props = ((trace.get("deviceProperties") if isinstance(trace, dict) else None) or [{}])[0]
-    result: dict = {"source": {"path": str(path), "kind": "torch",
-                               "gpu_name": props.get("name") if isinstance(props, dict) else None,
-                               "device": "cuda" if gpu else "cpu"}}
+    source = {"path": str(path), "kind": "torch", "gpu_name": props.get("name") if isinstance(props, dict) else None,
+              "device": "cuda" if gpu else "cpu"}
     health: list[str] = []
     found = find_steps(events, gpu)
     if not gpu:
-        return result | cpu_only(path, events, found, health)
+        return ProfileAnalysis(source=source, **cpu_only(path, events, found, health))
+    return ProfileAnalysis(source=source, **gpu_analysis(events, gpu, found, health))
 
+
+def gpu_analysis(events: list[dict], gpu: list[dict], found: step_finder.Steps | None, health: list[str]) -> dict:
+    """The analysis of a trace with GPU activity: its operations go through the shared engine."""
+    runtime = [e for e in events if e["cat"] in ("cuda_runtime", "cuda_driver")]
     found, window = steady_window(found, health, lambda steady: project(steady, runtime, gpu), "launched no GPU work")
     if window is None:
         spans = [_ns(e) for e in gpu]
         window = (min(s for s, _ in spans), max(e for _, e in spans))
     w0, w1 = window
-    ops = sorted((max(s, w0), min(e, w1), e_["args"].get("correlation", -1), e_) for e_ in gpu
-                 for s, e in [_ns(e_)] if e > w0 and s < w1)
-    busy, gaps, prev = 0, [], None
-    for s, e, corr, _ in ops:
-        if prev is not None and s > prev:
-            gaps.append((prev, s, corr))
-        busy += max(0, e - max(s, prev if prev is not None else s))
-        prev = e if prev is None else max(prev, e)
-    kernel_ns = sum(e - s for s, e, _, ev in ops if ev["cat"] == "kernel")
-    copy_ns = sum(e - s for s, e, _, ev in ops if ev["cat"] == "gpu_memcpy")
-    set_ns = sum(e - s for s, e, _, ev in ops if ev["cat"] == "gpu_memset")
-    kernel_union = Intervals((s, e) for s, e, _, ev in ops if ev["cat"] == "kernel")
-    both = Intervals((s, e) for s, e, _, ev in ops if ev["cat"] in ("kernel", "gpu_memcpy"))
-
-    evidence = GapEvidence(
-        sync=Intervals(_ns(e) for e in runtime if SYNC_NAMES.match(e["name"])),
-        data=Intervals(_ns(e) for e in events if e["cat"] == "user_annotation" and e["name"].startswith("data")),
-        launches={e["args"].get("correlation"): (_ns(e)[0], None) for e in runtime})
-    lengths = [e - s for s, e, _ in gaps]
-    gaps = [g for g in gaps if g[1] - g[0] >= IDLE_GAP_MIN_NS]
-    causes = evidence.attribute(gaps)
-    gap_info = gap_stats(bucket_sums(lengths), [e - s for s, e, _ in gaps], max(lengths, default=0), len(found.steady))
-    causes["short_gaps"] = gap_info["total_ns"] - sum(causes.values())
-    gap_info["causes_ns"] = causes
-
-    mem = memory_ops([(*k, *v) for k, v in copy_groups((s, e, ev) for s, e, _, ev in ops).items()])
-    kernels = ranked((ev["name"], e - s) for s, e, _, ev in ops if ev["cat"] == "kernel")
-    result.update({
+    inside = [(max(s, w0), min(e, w1), ev) for ev in gpu for s, e in [_ns(ev)] if e > w0 and s < w1]
+    line = window_timeline(device_ops(gpu), window)
+    gap_info = gap_block(line, gap_evidence(events, runtime), len(found.steady))
+    time_of = {cat: sum(e - s for s, e, ev in inside if ev["cat"] == cat) for cat in GPU_CATS}
+    kernel_ns, copy_ns, set_ns = (time_of[cat] for cat in GPU_CATS)
+    mem = memory_ops([(*k, *v) for k, v in copy_groups(inside).items()])
+    kernels = ranked((ev["name"], e - s) for s, e, ev in inside if ev["cat"] == "kernel")
+    return {
         "window": window_block(window, found),
         "whole_trace": whole_trace_block(ranked((e["name"], e["dur"] * 1000) for e in gpu if e["cat"] == "kernel"),
                                          whole_trace_memory_ops(gpu)),
-        **device_metrics(busy, w1 - w0, gap_info, kernel_ns, copy_ns, set_ns, _length(both) - _length(kernel_union),
-                         mem),
+        **device_metrics(line, w1 - w0, gap_info, kernel_ns, copy_ns, set_ns, mem),
         "top_kernels": kernels["ranked"][:5],
         "kernels": {"count": kernels["count"], "total_ns": kernel_ns,
                     "short_pct": pct(kernels["short"], kernels["count"]),
                     "launch_api_ns": sum(_ns(e)[1] - _ns(e)[0] for e in runtime if "Launch" in e["name"]),
                     **kernel_kinds.gemm_time(kernels["ranked"])},
         "memcpy": {"count": sum(r["count"] for r in mem["copies"]), "total_ns": copy_ns, **mem},
-        "memset": {"count": sum(ev["cat"] == "gpu_memset" for *_, ev in ops), "total_ns": set_ns},
+        "memset": {"count": sum(ev["cat"] == "gpu_memset" for *_, ev in inside), "total_ns": set_ns},
         "gaps": gap_info,
         "phases_ms_per_step": phases(events, found),
         "step_ms": step_times(found),
         "health": health,
-    })
-    return result
+    }
+
+
+def device_ops(gpu: list[dict]) -> Ops:
+    """The trace's GPU events as the engine's operations (a missing correlation id: -1)."""
+    spans = np.array([_ns(e) for e in gpu], dtype=np.int64).reshape(-1, 2)
+    corr = [c if isinstance(c := e["args"].get("correlation"), int) else -1 for e in gpu]
+    return Ops(spans[:, 0], spans[:, 1], np.array([OP_KIND[e["cat"]] for e in gpu], dtype=np.int64),
+               np.array(corr, dtype=np.int64))
+
+
+def gap_evidence(events: list[dict], runtime: list[dict]) -> GapEvidence:
+    """What a trace tells of the host during gaps: synchronising calls, "data*" ranges, launches
+    (no OS waits, page faults or migrations: the profiler does not record them)."""
+    return GapEvidence(
+        sync=Intervals(_ns(e) for e in runtime if SYNC_NAMES.match(e["name"])),
+        data=Intervals(_ns(e) for e in events if e["cat"] == "user_annotation" and e["name"].startswith("data")),
+        launches={e["args"].get("correlation"): (_ns(e)[0], None) for e in runtime})
 
 
 def copy_groups(copies) -> dict[tuple, list[int]]:
@@ -153,7 +158,7 @@ def copy_groups(copies) -> dict[tuple, list[int]]:
 
 
 def whole_trace_memory_ops(gpu: list[dict]) -> dict:
-    """Copies per direction and memsets of the whole trace, as analysis.whole_trace counts them."""
+    """Copies per direction and memsets of the whole trace, as nsys_analysis.whole_trace counts them."""
     out: dict[str, dict] = {}
     for (kind, _, _), (count, ns, nbytes, _, _) in copy_groups((*_ns(e), e) for e in gpu).items():
         entry = out.setdefault(MEMCPY_KIND.get(kind, f"kind {kind}"), {"count": 0, "total_ns": 0, "bytes": 0})
@@ -190,7 +195,7 @@ def project(steady: list[step_finder.Step], runtime: list[dict], gpu: list[dict]
 
 
 def cpu_only(path: Path, events: list[dict], found: step_finder.Steps | None, health: list[str]) -> dict:
-    """A CPU run: top operators by self time in the steady steps; no device metrics."""
+    """A CPU run: top operators by self time in the steady steps; no device metrics (they stay None)."""
     ops = [e for e in events if e["cat"] == "cpu_op"]
     if not ops:
         raise ProfileError(f"{path}: neither GPU activity nor CPU operators in the trace: nothing to analyse")
@@ -201,6 +206,19 @@ def cpu_only(path: Path, events: list[dict], found: step_finder.Steps | None, he
     else:
         window = (found.steady[0].start, found.steady[-1].end)
         ops = [e for e in ops if window[0] <= _ns(e)[0] and _ns(e)[1] <= window[1]]
+    block = window_block(window, found)
+    block["basis"] = "cpu steps" if found.steady else block["basis"]
+    return {
+        "window": block,
+        "top_kernels": ranked(self_times(ops), function_names=False)["ranked"][:5],
+        "phases_ms_per_step": phases(events, found),
+        "step_ms": step_times(found),
+        "health": health,
+    }
+
+
+def self_times(ops: list[dict]) -> list[tuple[str, int]]:
+    """(name, self ns) of each operator: its time minus that of the operators nested in it, per thread."""
     self_ns = []
     by_thread: dict = defaultdict(list)
     for e in ops:
@@ -216,17 +234,7 @@ def cpu_only(path: Path, events: list[dict], found: step_finder.Steps | None, he
                 stack[-1][2] -= end - start
             stack.append([end, name, end - start])
         self_ns += [(name, own) for _, name, own in stack]
-    block = window_block(window, found)
-    block["basis"] = "cpu steps" if found.steady else block["basis"]
-    return {
-        **dict.fromkeys(("gpu_busy_pct", "gpu_idle_pct", "idle_gaps_per_step", "kernel_time_pct", "memcpy_time_pct",
-                         "memset_time_pct", "exposed_memcpy_pct", "um_migration_pct", "h2d_gb", "d2h_gb")),
-        "window": block,
-        "top_kernels": ranked(self_ns, function_names=False)["ranked"][:5],
-        "phases_ms_per_step": phases(events, found),
-        "step_ms": step_times(found),
-        "health": health,
-    }
+    return self_ns
 
 
 def phases(events: list[dict], found: step_finder.Steps) -> dict[str, float]:
@@ -259,5 +267,10 @@ def ranked(items, function_names: bool = True) -> dict:
             "count": sum(c for _, c in totals.values()), "total_ns": whole, "short": short}
 
 
-def _length(intervals: Intervals) -> int:
-    return sum(e - s for s, e in zip(intervals.starts, intervals.ends))
+def load_json(path: Path):
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"{path}: not a readable JSON trace ({first_line(exc)})") from None

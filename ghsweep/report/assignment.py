@@ -3,8 +3,9 @@
 For each run the Top-5 kernels of one training iteration with their roofline points (when the
 profile had a Nsight Compute pass), the optimisation's speedup of one iteration, and a profile
 diff: which kernels appeared, disappeared, got faster or slower. Input: two runs as MLflow holds
-them, each with its profile analysis (ghsweep.profile's dict: `top_kernels` of {name, total_ns,
-count, mean_ns, pct}, `window.steps`, and `roofline` {kernels: points, peaks} after an ncu pass).
+them, each with its profile analysis (ghsweep.profile.result.ProfileAnalysis: `top_kernels` of
+{name, total_ns, count, mean_ns, pct}, `window.steps`, and `roofline` {kernels: points, peaks}
+after an ncu pass).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.profile.roofline import same_function
 from ghsweep.report import plots
 from ghsweep.report.document import Document
@@ -37,31 +39,31 @@ class KernelChange:
     kind: str  # one of CHANGE_KINDS
 
 
-def steps_in_window(analysis: dict) -> int | None:
+def steps_in_window(analysis: ProfileAnalysis) -> int | None:
     """How many iterations the analysed kernel times cover; None when the analysis does not say."""
-    steps = (analysis.get("window") or {}).get("steps")
+    steps = analysis.window.get("steps")
     count = len(steps) if isinstance(steps, list) else steps
     return count if isinstance(count, int) and count > 0 else None
 
 
-def kernel_time_per_iteration(analysis: dict | None) -> dict[str, float]:
+def kernel_time_per_iteration(analysis: ProfileAnalysis | None) -> dict[str, float]:
     if not analysis:
         return {}
     steps = steps_in_window(analysis) or 1
-    return {k["name"]: k["total_ns"] / steps for k in analysis.get("top_kernels") or []}
+    return {k["name"]: k["total_ns"] / steps for k in analysis.top_kernels}
 
 
-def all_kernel_names(analysis: dict | None) -> set[str] | None:
+def all_kernel_names(analysis: ProfileAnalysis | None) -> set[str] | None:
     """Every kernel name of the whole trace, when the analysis lists them all (None: it does not,
     e.g. only the first WHOLE_TRACE_KERNELS of a trace with more)."""
-    whole = (analysis or {}).get("whole_trace") or {}
+    whole = analysis.whole_trace if analysis else {}
     kernels = whole.get("kernels")
     if not kernels or len(kernels) < whole.get("distinct_kernels", len(kernels)):
         return None
     return {k["name"] for k in kernels}
 
 
-def profile_diff(baseline: dict | None, optimised: dict | None) -> list[KernelChange]:
+def profile_diff(baseline: ProfileAnalysis | None, optimised: ProfileAnalysis | None) -> list[KernelChange]:
     """How the top kernels changed, per iteration.
 
     A kernel in only one run's top list is 'added' or 'removed' when the other run's whole trace is
@@ -97,9 +99,9 @@ def setup_changes(baseline: SweepRun, optimised: SweepRun) -> list[tuple[str, st
             if k not in NOT_SETUP and baseline.params.get(k) != optimised.params.get(k)]
 
 
-def roofline(analysis: dict | None) -> tuple[list[dict], dict]:
+def roofline(analysis: ProfileAnalysis | None) -> tuple[list[dict], dict]:
     """The analysis' roofline points and peaks; empty without an ncu pass."""
-    found = (analysis or {}).get("roofline") or {}
+    found = analysis.roofline if analysis else {}
     return found.get("kernels") or [], found.get("peaks") or {}
 
 
@@ -111,11 +113,11 @@ def kernel_point(kernel: dict, points: list[dict]) -> dict:
     return same[0] if same else {}
 
 
-def top_kernel_rows(analysis: dict) -> list[list[str]]:
+def top_kernel_rows(analysis: ProfileAnalysis) -> list[list[str]]:
     steps = steps_in_window(analysis) or 1
     points = roofline(analysis)[0]
     rows = []
-    for i, k in enumerate((analysis.get("top_kernels") or [])[:TOP_K]):
+    for i, k in enumerate(analysis.top_kernels[:TOP_K]):
         p = kernel_point(k, points)
         rows.append([
             str(i + 1), plots.short_name(k["name"], 90), fmt_value(k["total_ns"] / steps / 1e6, ".3f"),
@@ -154,12 +156,12 @@ def document(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> tuple[Do
 
     for label, run in (("baseline", baseline), ("optimised", optimised)):
         doc.heading(f"Top-{TOP_K} kernels: {label}")
-        if run.analysis and run.analysis.get("top_kernels"):
+        if run.analysis and run.analysis.top_kernels:
             doc.table(TOP_HEADER, top_kernel_rows(run.analysis))
             if steps_in_window(run.analysis) is None:
                 doc.paragraph("This analysis does not say how many iterations it covers: the times per iteration "
                               "above are totals over its whole profiled window.")
-            found = run.analysis.get("roofline") or {}
+            found = run.analysis.roofline
             if not roofline(run.analysis)[0]:
                 doc.paragraph("No roofline points: this run's profile had no Nsight Compute pass.")
             elif found.get("missing"):
@@ -189,7 +191,7 @@ def document(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> tuple[Do
         doc.paragraph("No kernels to compare: neither run has a profile analysis.")
 
     for label, run in (("baseline", baseline), ("optimised", optimised)):
-        findings = (run.analysis or {}).get("findings") or []
+        findings = run.analysis.findings if run.analysis else []
         if findings:
             doc.heading(f"Findings: {label}")
             for f in findings:

@@ -127,7 +127,7 @@ def pareto_front(points: dict[int, tuple[float, float]]) -> set[int]:
 
 
 def top_finding(run: SweepRun) -> str | None:
-    findings = (run.analysis or {}).get("findings") or []
+    findings = run.analysis.findings if run.analysis else []
     if not findings:
         return None
     rank = {s: n for n, s in enumerate(SEVERITY_ORDER)}
@@ -209,7 +209,7 @@ def draw_plots(c: Comparison, out_dir: Path) -> dict[str, Path]:
             [r.metrics.get("peak_mem_gb") if r.finished else None for r in c.runs], c.pareto,
             out_dir / "throughput_vs_memory.png"),
         "Kernel-time shares": plots.kernel_shares(
-            labels, [(r.analysis or {}).get("top_kernels") for r in c.runs], out_dir / "kernel_shares.png"),
+            labels, [r.analysis.top_kernels if r.analysis else None for r in c.runs], out_dir / "kernel_shares.png"),
         "Loss curves": plots.loss_curves(labels, [r.loss for r in c.runs], out_dir / "loss_curves.png"),
     }
     return {title: path for title, path in drawn.items() if path is not None}

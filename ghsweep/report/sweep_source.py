@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from ghsweep.core.errors import SweepNotFound
 from ghsweep.core.names import ERROR_TAG, ROLE_SWEEP, ROLE_TAG, RUN_IDS_TAG
-from ghsweep.profile.plan import ANALYSIS_FILE
+from ghsweep.core.run_dir import PROFILE_ANALYSIS
+from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 
 # Where a job logs its profile's files, the analysis (`python -m ghsweep.analyze --json`) among them.
@@ -32,7 +33,7 @@ class SweepRun:
     metrics: dict[str, float]
     tags: dict[str, str]
     loss: list[tuple[int, float]] = field(default_factory=list)
-    analysis: dict | None = None
+    analysis: ProfileAnalysis | None = None
 
     @property
     def error(self) -> str | None:
@@ -101,6 +102,7 @@ def load_sweep(store: MlflowStore, parent: StoredRun) -> list[SweepRun]:
     return sorted(runs, key=lambda r: (r.job_num is None, r.job_num or 0, start[r.run_id]))
 
 
-def load_analysis(store: MlflowStore, run_id: str) -> dict | None:
-    text = store.artifact_text(run_id, f"{PROFILE_ARTIFACTS}/{ANALYSIS_FILE}")
-    return json.loads(text) if text is not None else None
+def load_analysis(store: MlflowStore, run_id: str) -> ProfileAnalysis | None:
+    wanted = f"{PROFILE_ARTIFACTS}/{PROFILE_ANALYSIS}"
+    text = store.artifact_text(run_id, wanted)
+    return ProfileAnalysis.from_dict(json.loads(text), f"run {run_id}: {wanted}") if text is not None else None

@@ -279,8 +279,8 @@ def all_scenarios(out: Path, nsys: str, ncu: str | None, deadline_s: float) -> N
     if ncu and clean_db.exists():
         metrics = tensor_metrics(ncu, out, log)
         first = analyze(clean_db)
-        top = first["top_kernels"]
-        steady = first["window"]["steps"]
+        top = first.top_kernels
+        steady = first.window["steps"]
         names = sorted({k["short_name"] for k in top})
         per_step = sum(k["count"] for k in top) / max(1, len(steady))
         count = min(200, math.ceil(per_step))
@@ -357,7 +357,7 @@ def crosscheck_run(nsys: str, work: Path, log: Path) -> Path:
 
 
 def gpu_runs(out: Path, nsys: str) -> None:
-    from ghsweep.analyze import full_analysis
+    from ghsweep.profile.run_analysis import full_analysis
 
     out.mkdir(parents=True, exist_ok=True)
     work = out / "work"
@@ -388,11 +388,11 @@ def gpu_runs(out: Path, nsys: str) -> None:
                 except ValueError as exc:
                     rows.append((f"{d.name}/{path.name}", str(exc)[:100], "", "", "", ""))
                     continue
-                k = a["kernels"]
+                k = a.kernels
                 share = f"{100 * k['fp8_gemm_ns'] / k['gemm_ns']:.0f}%" if k.get("gemm_ns") else "-"
                 rows.append((f"{d.name}/{path.name}", f"{a['window']['basis']} {a['window']['steps']}",
-                             f"{a['gpu_busy_pct']:.1f}", share, a["top_kernels"][0]["short_name"][:48],
-                             ",".join(f["id"] for f in a["findings"]) or "none"))
+                             f"{a.gpu_busy_pct:.1f}", share, a.top_kernels[0]["short_name"][:48],
+                             ",".join(f["id"] for f in a.findings) or "none"))
     shutil.rmtree(work, ignore_errors=True)
     header = ("run", "window", "busy %", "fp8 GEMM share", "top kernel", "findings (read as precision=fp8)")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]

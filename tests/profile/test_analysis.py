@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from ghsweep.analyze import full_analysis
+from ghsweep.profile.run_analysis import full_analysis
 from ghsweep.profile import roofline
 from ghsweep.profile.analysis import analyze
+from ghsweep.profile.result import ProfileAnalysis
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "profiles"
 SCENARIOS = {
@@ -37,33 +38,33 @@ def stats(scenario: str, report: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def results() -> dict[str, dict]:
+def results() -> dict[str, ProfileAnalysis]:
     return {s: full_analysis(DATA / s / "profile.sqlite") for s in SCENARIOS}
 
 
 @pytest.mark.parametrize("scenario,expected", [(s, e) for s, e in SCENARIOS.items() if e])
 def test_intended_finding_fires(results, scenario, expected):
-    ids = [f["id"] for f in results[scenario]["findings"]]
+    ids = [f["id"] for f in results[scenario].findings]
     assert expected in ids, (scenario, ids)
-    fired = next(f for f in results[scenario]["findings"] if f["id"] == expected)
+    fired = next(f for f in results[scenario].findings if f["id"] == expected)
     assert fired["severity"] == "warning" and fired["evidence"]
 
 
 def test_clean_run_fires_none(results):
     clean = results["clean"]
-    assert clean["findings"] == []
-    assert clean["gpu_busy_pct"] > 95 and clean["kernel_time_pct"] > 95
+    assert clean.findings == []
+    assert clean.gpu_busy_pct > 95 and clean.kernel_time_pct > 95
 
 
 def test_findings_are_specific(results):
     """A planted problem does not make every rule fire."""
-    assert "host_sync" not in [f["id"] for f in results["dataload"]["findings"]]
-    assert "data_loading" not in [f["id"] for f in results["hostsync"]["findings"]]
-    assert "um_migrations" not in [f["id"] for f in results["offload"]["findings"]]
-    assert "pageable_copies" not in [f["id"] for f in results["offload"]["findings"]]
-    assert "data_loading" not in [f["id"] for f in results["unified"]["findings"]]
+    assert "host_sync" not in [f["id"] for f in results["dataload"].findings]
+    assert "data_loading" not in [f["id"] for f in results["hostsync"].findings]
+    assert "um_migrations" not in [f["id"] for f in results["offload"].findings]
+    assert "pageable_copies" not in [f["id"] for f in results["offload"].findings]
+    assert "data_loading" not in [f["id"] for f in results["unified"].findings]
     for scenario, result in results.items():  # every shipped run has its steps, from its NVTX ranges
-        assert result["window"]["basis"] == "nvtx steps" and len(result["window"]["steps"]) == 8, scenario
+        assert result.window["basis"] == "nvtx steps" and len(result.window["steps"]) == 8, scenario
 
 
 def test_unified_memory_idle_time_is_unified_memory_not_data_loading(results):
@@ -76,38 +77,38 @@ def test_unified_memory_idle_time_is_unified_memory_not_data_loading(results):
         "SELECT COUNT(*), SUM(EXISTS (SELECT 1 FROM NVTX_EVENTS n WHERE n.text = 'data' AND f.start BETWEEN n.start "
         "AND n.end)) FROM CUDA_UM_CPU_PAGE_FAULT_EVENTS f").fetchone()
     assert faults == inside == 768
-    causes = results["unified"]["gaps"]["causes_ns"]
+    causes = results["unified"].gaps["causes_ns"]
     assert max(causes, key=causes.get) == "unified_memory" and causes["data_loading"] == 0
-    um = next(f for f in results["unified"]["findings"] if f["id"] == "um_migrations")
+    um = next(f for f in results["unified"].findings if f["id"] == "um_migrations")
     assert um["severity"] == "warning" and um["evidence"]["um_idle_ms_per_step"] > 1 and um["evidence"]["cpu"] == 768
     assert "phases where the host faults on or migrates managed memory" in um["message"]
 
 
 def test_gap_causes_match_the_plant(results):
-    causes = {s: r["gaps"]["causes_ns"] for s, r in results.items()}
+    causes = {s: r.gaps["causes_ns"] for s, r in results.items()}
     assert max(causes["dataload"], key=causes["dataload"].get) == "data_loading"
     assert max(causes["hostsync"], key=causes["hostsync"].get) == "sync"
-    assert results["hostsync"]["idle_gaps_per_step"] > results["clean"]["idle_gaps_per_step"]
+    assert results["hostsync"].idle_gaps_per_step > results["clean"].idle_gaps_per_step
 
 
 def test_warmup_step_is_excluded(results):
     clean = results["clean"]
-    assert clean["window"]["warmup_steps"] == [0]
-    assert clean["window"]["steps"] == list(range(1, 9))
-    assert clean["step_ms"]["first"] > 5 * clean["step_ms"]["median"]
-    assert any("warm-up excluded" in line for line in clean["summary"])
+    assert clean.window["warmup_steps"] == [0]
+    assert clean.window["steps"] == list(range(1, 9))
+    assert clean.step_ms["first"] > 5 * clean.step_ms["median"]
+    assert any("warm-up excluded" in line for line in clean.summary)
 
 
 def test_busy_plus_idle_is_the_window(results):
     for r in results.values():
-        assert r["gpu_busy_pct"] + r["gpu_idle_pct"] == pytest.approx(100)
-        idle_ns = r["window"]["duration_ns"] * r["gpu_idle_pct"] / 100
-        assert r["gaps"]["total_ns"] == pytest.approx(idle_ns, rel=1e-6, abs=1)
+        assert r.gpu_busy_pct + r.gpu_idle_pct == pytest.approx(100)
+        idle_ns = r.window["duration_ns"] * r.gpu_idle_pct / 100
+        assert r.gaps["total_ns"] == pytest.approx(idle_ns, rel=1e-6, abs=1)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_kernel_totals_match_nsys_stats(results, scenario):
-    whole = results[scenario]["whole_trace"]
+    whole = results[scenario].whole_trace
     rows = stats(scenario, "cuda_gpu_kern_sum")
     total = sum(int(r["Total Time (ns)"]) for r in rows)
     assert whole["kernel_total_ns"] == pytest.approx(total, rel=0.01)
@@ -122,7 +123,7 @@ def test_kernel_totals_match_nsys_stats(results, scenario):
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_memory_operations_match_nsys_stats(results, scenario):
-    ops = results[scenario]["whole_trace"]["memory_ops"]
+    ops = results[scenario].whole_trace["memory_ops"]
     times = stats(scenario, "cuda_gpu_mem_time_sum")
     sizes = {r["Operation"]: r for r in stats(scenario, "cuda_gpu_mem_size_sum")}
     assert times
@@ -137,10 +138,10 @@ def test_memory_operations_match_nsys_stats(results, scenario):
 
 def test_unified_memory_faults_match_nsys_stats(results):
     total = stats("unified", "um_total_sum")[0]
-    faults = results["unified"]["page_faults"]
+    faults = results["unified"].page_faults
     assert faults["cpu"] == int(total["Total CPU Page Faults"])
     assert faults["gpu"] == int(total["Total GPU PageFaults"])
-    assert results["unified"]["um_migration_pct"] > 50
+    assert results["unified"].um_migration_pct > 50
 
 
 def test_json_has_the_documented_keys():
@@ -177,10 +178,10 @@ def test_nsys_rep_without_nsys_is_a_clear_error(tmp_path, monkeypatch):
 def test_torch_trace_of_the_same_run_agrees_with_nsys(results):
     """The PyTorch-profiler trace of the clean scenario (2 steps) tells the same story."""
     trace = analyze(DATA / "clean" / "torch_trace.json")
-    assert trace["source"]["device"] == "cuda"
-    assert trace["top_kernels"][0]["name"] == results["clean"]["top_kernels"][0]["name"]
-    assert trace["gpu_busy_pct"] == pytest.approx(results["clean"]["gpu_busy_pct"], abs=3)
-    assert trace["kernel_time_pct"] == pytest.approx(results["clean"]["kernel_time_pct"], abs=1)
+    assert trace.source["device"] == "cuda"
+    assert trace.top_kernels[0]["name"] == results["clean"].top_kernels[0]["name"]
+    assert trace.gpu_busy_pct == pytest.approx(results["clean"].gpu_busy_pct, abs=3)
+    assert trace.kernel_time_pct == pytest.approx(results["clean"].kernel_time_pct, abs=1)
 
 
 def test_tensor_flops_calibration_on_hopper():
@@ -190,7 +191,7 @@ def test_tensor_flops_calibration_on_hopper():
 
 
 def test_roofline_of_the_top_kernels(results):
-    top = sorted({k["short_name"] for k in results["clean"]["top_kernels"]})
+    top = sorted({k["short_name"] for k in results["clean"].top_kernels})
     roof = roofline.kernel_points(DATA / "clean" / "top_kernels_ncu.csv", top + ["kernel_that_never_ran"])
     assert roof["missing"] == ["kernel_that_never_ran"]
     gemms = [p for p in roof["kernels"] if p["name"].startswith("nvjet_sm90")]
@@ -200,7 +201,7 @@ def test_roofline_of_the_top_kernels(results):
     assert adam["bound"] == "memory_bound" and adam["pct_of_dram_peak"] > 40
     assert 4e12 < roof["peaks"]["dram_bytes_per_s"] < 5e12
     full = full_analysis(DATA / "clean" / "profile.sqlite", ncu_csv=DATA / "clean" / "top_kernels_ncu.csv")
-    assert {f["id"] for f in full["findings"]} >= {"roofline_compute_bound", "roofline_memory_bound"}
+    assert {f["id"] for f in full.findings} >= {"roofline_compute_bound", "roofline_memory_bound"}
 
 
 def test_plots_are_written(results, tmp_path):
@@ -217,12 +218,12 @@ def test_torch_trace_has_the_whole_trace_block_and_matches_ncu_names(results):
     roofline still finds every top kernel; and the whole-trace totals are the raw events'."""
     path = DATA / "clean" / "torch_trace.json"
     trace = full_analysis(path, ncu_csv=DATA / "clean" / "top_kernels_ncu.csv")
-    assert trace["roofline"]["missing"] == []
-    assert not [f for f in trace["findings"] if f["id"] == "profile_health"]
-    whole = trace["whole_trace"]
-    assert set(whole) == set(results["clean"]["whole_trace"])
+    assert trace.roofline["missing"] == []
+    assert not [f for f in trace.findings if f["id"] == "profile_health"]
+    whole = trace.whole_trace
+    assert set(whole) == set(results["clean"].whole_trace)
     kernels = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "kernel"]
     assert whole["kernel_count"] == len(kernels)
     assert whole["kernel_total_ns"] == pytest.approx(sum(e["dur"] for e in kernels) * 1000, abs=len(kernels))
     assert whole["distinct_kernels"] == len({e["name"] for e in kernels})
-    assert {k["short_name"] for k in trace["top_kernels"]} >= {"multi_tensor_apply_kernel"}
+    assert {k["short_name"] for k in trace.top_kernels} >= {"multi_tensor_apply_kernel"}

@@ -101,13 +101,13 @@ def test_missing_ncu_csv(tmp_path, capsys):
 
 def test_no_runtime_table_keeps_the_steps_and_says_how_they_were_mapped(tmp_path):
     a = analyze(sqlite_copy(tmp_path, "DROP TABLE CUPTI_ACTIVITY_KIND_RUNTIME"))
-    assert a["window"]["basis"] == "nvtx steps" and a["window"]["warmup_steps"] == [0]
-    assert any("mapped onto the GPU by time" in h for h in a["health"])
-    assert a["gpu_busy_pct"] > 90
+    assert a.window["basis"] == "nvtx steps" and a.window["warmup_steps"] == [0]
+    assert any("mapped onto the GPU by time" in h for h in a.health)
+    assert a.gpu_busy_pct > 90
     run = training_run(lambda i: f"step {i}")
     run.calls = []  # a trace without the runtime API's calls
     a = analyze(write_torch(run, tmp_path / "t.json"))
-    assert a["window"]["steps"] == [1, 2, 3, 4, 5] and any("mapped onto the GPU by time" in h for h in a["health"])
+    assert a.window["steps"] == [1, 2, 3, 4, 5] and any("mapped onto the GPU by time" in h for h in a.health)
 
 
 def test_subprocess_never_prints_a_traceback(tmp_path):
@@ -125,7 +125,7 @@ def refuses_or_reads(path: Path) -> None:
     except ProfileError as exc:
         assert str(path) in str(exc) and "\n" not in str(exc)
         return
-    assert result["top_kernels"] or result["health"]
+    assert result.top_kernels or result.health
 
 
 TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",

@@ -16,7 +16,10 @@ from omegaconf import OmegaConf
 
 from ghsweep.launch.worker_process import run_worker, worker_command
 from ghsweep.profile import capture
-from ghsweep.profile.plan import ANALYSIS_FILE, METRICS, after_worker, profiler_prefix, resolve
+from ghsweep.core.run_dir import PROFILE_ANALYSIS
+from ghsweep.profile.pipeline import after_worker
+from ghsweep.profile.plan import profiler_prefix, resolve
+from ghsweep.profile.result import METRICS
 from tests.conftest import CONF_DIR
 
 pytestmark = pytest.mark.gpu
@@ -37,7 +40,7 @@ def profiled_run(tmp_path, *overrides: str) -> tuple[dict, object]:
     outcome = after_worker(cfg, run_dir, plan, lambda prefix, work: run_worker(
         worker_command(cfg, work, prefix), work, 900).returncode)
     assert "ghsweep.profile_error" not in outcome.tags, outcome.tags
-    return json.loads((run_dir / ANALYSIS_FILE).read_text()), outcome
+    return json.loads((run_dir / PROFILE_ANALYSIS).read_text()), outcome
 
 
 @pytest.mark.skipif(not (shutil.which("nsys") and shutil.which("ncu")), reason="needs nsys and ncu on PATH")

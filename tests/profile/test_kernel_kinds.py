@@ -6,6 +6,7 @@ import pytest
 
 from ghsweep.profile.findings import evaluate
 from ghsweep.profile.kernel_kinds import function_name, is_fp8_gemm, is_gemm, is_optimizer
+from ghsweep.profile.result import ProfileAnalysis
 
 FP8_GEMMS = (
     "nvjet_sm90_qrtst_128x128_128x6_2x1_v_bz_coopA_algo2_TNT",  # torchao float8 on an H200 (backward)
@@ -52,14 +53,14 @@ def test_optimizer_and_function_names():
     assert function_name(FP8_GEMMS[0]) == FP8_GEMMS[0]
 
 
-def analysis_with(gemms: dict[str, int]) -> dict:
+def analysis_with(gemms: dict[str, int]) -> ProfileAnalysis:
     """A minimal analysis of a busy run whose GEMMs took these ns."""
     ranked = [{"name": n, "short_name": n, "total_ns": ns, "count": 1, "mean_ns": ns, "pct": 0} for n, ns in gemms.items()]
     from ghsweep.profile.kernel_kinds import gemm_time
 
-    return {"window": {"duration_ns": 10**9, "steps": [1, 2], "basis": "nvtx steps"}, "gpu_busy_pct": 99.0,
-            "gpu_idle_pct": 1.0, "top_kernels": ranked, "kernels": {"total_ns": 10**9, **gemm_time(ranked)},
-            "gaps": {"causes_ns": {}}}
+    return ProfileAnalysis(window={"duration_ns": 10**9, "steps": [1, 2], "basis": "nvtx steps"}, gpu_busy_pct=99.0,
+                           gpu_idle_pct=1.0, top_kernels=ranked, kernels={"total_ns": 10**9, **gemm_time(ranked)},
+                           gaps={"causes_ns": {}})
 
 
 def test_fp8_rule_in_both_directions():

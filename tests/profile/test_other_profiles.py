@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ghsweep.analyze import full_analysis
+from ghsweep.profile.run_analysis import full_analysis
 from ghsweep.profile.steps import split_warmup, Step, step_kind
 from tests.profile.planted import training_run, write_nsys, write_torch
 
@@ -36,35 +36,35 @@ def analysed(run, tmp_path, reader: str) -> dict:
 def test_steps_of_any_naming_convention(tmp_path, reader, convention):
     run = training_run(CONVENTIONS[convention])
     a = analysed(run, tmp_path, reader)
-    window = a["window"]
+    window = a.window
     assert window["basis"] == "nvtx steps"
     assert window["warmup_steps"] == [0] and window["steps"] == [1, 2, 3, 4, 5]
     assert "slower than 1.5x the median" in window["warmup_reason"]
     assert (window["start_ns"], window["end_ns"]) == run.steady_span
-    assert a["gpu_busy_pct"] == pytest.approx(100 * run.steady_busy_ns / (run.steady_span[1] - run.steady_span[0]))
-    assert a["findings"] == [], a["findings"]  # a clean compute-bound run: no start-up in the window
+    assert a.gpu_busy_pct == pytest.approx(100 * run.steady_busy_ns / (run.steady_span[1] - run.steady_span[0]))
+    assert a.findings == [], a.findings  # a clean compute-bound run: no start-up in the window
 
 
 @pytest.mark.parametrize("reader", WRITERS)
 def test_nested_ranges_on_another_thread_pick_the_outer_step(tmp_path, reader):
     a = analysed(training_run(lambda i: f"iteration {i}", nested="train_step"), tmp_path, reader)
-    assert a["window"]["source"].endswith('named like "iteration N"')
-    assert a["window"]["steps"] == [1, 2, 3, 4, 5]
+    assert a.window["source"].endswith('named like "iteration N"')
+    assert a.window["steps"] == [1, 2, 3, 4, 5]
     a = analysed(training_run(None, nested="train_step"), tmp_path, reader)  # the inner ranges alone still count
-    assert a["window"]["basis"] == "nvtx steps" and a["window"]["steps"] == [1, 2, 3, 4, 5]
+    assert a.window["basis"] == "nvtx steps" and a.window["steps"] == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.parametrize("reader", WRITERS)
 def test_steps_inferred_from_optimizer_bursts(tmp_path, reader):
     run = training_run(None)
     a = analysed(run, tmp_path, reader)
-    assert a["window"]["basis"] == "inferred steps"
-    assert "optimizer kernels (multi_tensor_apply_kernel)" in a["window"]["source"]
-    assert a["window"]["warmup_steps"] == [0] and a["window"]["steps"] == [1, 2, 3, 4, 5]
+    assert a.window["basis"] == "inferred steps"
+    assert "optimizer kernels (multi_tensor_apply_kernel)" in a.window["source"]
+    assert a.window["warmup_steps"] == [0] and a.window["steps"] == [1, 2, 3, 4, 5]
     warmup_end = max(e for s, e, _, _ in run.kernels if s < run.steady_span[0])
-    assert (a["window"]["start_ns"], a["window"]["end_ns"]) == (warmup_end, run.steady_span[1])
-    assert a["findings"] == [], a["findings"]
-    assert any("steps from the GPU work" in line for line in a["summary"])
+    assert (a.window["start_ns"], a.window["end_ns"]) == (warmup_end, run.steady_span[1])
+    assert a.findings == [], a.findings
+    assert any("steps from the GPU work" in line for line in a.summary)
 
 
 @pytest.mark.parametrize("reader", WRITERS)
@@ -74,35 +74,35 @@ def test_steps_inferred_from_the_period_of_the_kernels(tmp_path, reader):
     run = training_run(None, burst=("void scale_grads_kernel<float>()", "void apply_update_kernel<float>(float*)"),
                        loss="void cross_entropy_kernel<float>()")
     a = analysed(run, tmp_path, reader)
-    assert a["window"]["basis"] == "inferred steps"
-    assert a["window"]["source"].endswith("repeats every 43 kernels, one step each, ending at apply_update_kernel")
-    assert a["window"]["warmup_steps"] == [0] and a["window"]["steps"] == [1, 2, 3, 4, 5]
+    assert a.window["basis"] == "inferred steps"
+    assert a.window["source"].endswith("repeats every 43 kernels, one step each, ending at apply_update_kernel")
+    assert a.window["warmup_steps"] == [0] and a.window["steps"] == [1, 2, 3, 4, 5]
     # A step seen on the GPU runs from the end of the previous step's update to the end of its own.
     warmup_end = max(e for s, e, _, _ in run.kernels if s < run.steady_span[0])
-    assert (a["window"]["start_ns"], a["window"]["end_ns"]) == (warmup_end, run.steady_span[1])
-    assert a["findings"] == [], a["findings"]
+    assert (a.window["start_ns"], a.window["end_ns"]) == (warmup_end, run.steady_span[1])
+    assert a.findings == [], a.findings
 
 
 @pytest.mark.parametrize("reader", WRITERS)
 def test_whole_trace_is_the_last_resort_and_says_so(tmp_path, reader):
     run = training_run(None, burst=())  # nothing repeats once per step
     a = analysed(run, tmp_path, reader)
-    assert a["window"]["basis"] == "whole trace" and a["window"]["steps"] == [] and a["window"]["warmup_steps"] == []
-    health = [f for f in a["findings"] if f["id"] == "profile_health"]
+    assert a.window["basis"] == "whole trace" and a.window["steps"] == [] and a.window["warmup_steps"] == []
+    health = [f for f in a.findings if f["id"] == "profile_health"]
     assert health and "no step ranges" in health[0]["message"] and "whole trace" in health[0]["message"]
-    text = " ".join([f["message"] for f in a["findings"]] + a["summary"])
+    text = " ".join([f["message"] for f in a.findings] + a.summary)
     assert "steady" not in text and "per step" not in text and "of the whole trace" in text
-    assert {"gpu_starved", "pageable_copies"} <= {f["id"] for f in a["findings"]}  # start-up is in the window
+    assert {"gpu_starved", "pageable_copies"} <= {f["id"] for f in a.findings}  # start-up is in the window
 
 
 @pytest.mark.parametrize("reader", WRITERS)
 def test_two_captured_steps_exclude_a_slow_first(tmp_path, reader):
     run = training_run(lambda i: f"step {i}", steps=2)
     a = analysed(run, tmp_path, reader)
-    assert a["window"]["warmup_steps"] == [0] and a["window"]["steps"] == [1]
-    assert a["gpu_busy_pct"] > 95
-    assert {f["id"] for f in a["findings"]}.isdisjoint({"gpu_starved", "launch_bound"})
-    assert any(line.startswith("warm-up excluded: step 0") for line in a["summary"])
+    assert a.window["warmup_steps"] == [0] and a.window["steps"] == [1]
+    assert a.gpu_busy_pct > 95
+    assert {f["id"] for f in a.findings}.isdisjoint({"gpu_starved", "launch_bound"})
+    assert any(line.startswith("warm-up excluded: step 0") for line in a.summary)
 
 
 def test_warmup_rule():
@@ -130,15 +130,15 @@ def test_step_names():
 def test_nsys_and_torch_readers_agree_on_the_same_run(tmp_path):
     run = training_run(lambda i: f"step {i}")
     nsys, torch = analysed(run, tmp_path, "nsys"), analysed(run, tmp_path, "torch")
-    assert nsys["gpu_busy_pct"] == pytest.approx(torch["gpu_busy_pct"], abs=0.01)
-    assert [k["name"] for k in nsys["top_kernels"]] == [k["name"] for k in torch["top_kernels"]]
-    assert [k["short_name"] for k in nsys["top_kernels"]] == [k["short_name"] for k in torch["top_kernels"]]
+    assert nsys.gpu_busy_pct == pytest.approx(torch.gpu_busy_pct, abs=0.01)
+    assert [k["name"] for k in nsys.top_kernels] == [k["name"] for k in torch.top_kernels]
+    assert [k["short_name"] for k in nsys.top_kernels] == [k["short_name"] for k in torch.top_kernels]
     for key in ("kernel_count", "kernel_total_ns", "distinct_kernels", "memory_ops"):
-        assert nsys["whole_trace"][key] == torch["whole_trace"][key], key
+        assert nsys.whole_trace[key] == torch.whole_trace[key], key
 
 
 def test_bare_array_and_gzip_traces(tmp_path):
     run = training_run(lambda i: f"step {i}")
     plain = full_analysis(write_torch(run, tmp_path / "a.json"))
     for path in (write_torch(run, tmp_path / "b.json", array=True), write_torch(run, tmp_path / "c.json.gz")):
-        assert full_analysis(path)["gpu_busy_pct"] == plain["gpu_busy_pct"]
+        assert full_analysis(path).gpu_busy_pct == plain.gpu_busy_pct

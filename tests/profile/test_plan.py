@@ -144,9 +144,9 @@ def test_ncu_pass_profiles_a_few_launches_of_each_top_kernel():
     step launches them 58 times), bounded in all; never every launch of a step."""
     from ghsweep.profile import capture
     from ghsweep.profile.analysis import analyze
-    from ghsweep.profile.plan import NCU_MAX_LAUNCHES, ncu_plan
+    from ghsweep.profile.pipeline import NCU_MAX_LAUNCHES, ncu_plan
 
-    top = analyze(Path(__file__).parents[1] / "data" / "profiles" / "clean" / "profile.sqlite")["top_kernels"]
+    top = analyze(Path(__file__).parents[1] / "data" / "profiles" / "clean" / "profile.sqlite").top_kernels
     assert [k["launch_configs"] for k in top] == [2, 1, 1, 2, 1]
     count, per_config, words = ncu_plan(top)
     assert (count, per_config) == (1, True) and "~7 launches" in words

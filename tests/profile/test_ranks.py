@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ghsweep.analyze import full_analysis, rank_analysis
+from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 from ghsweep.profile.ranks import STRAGGLER_MIN_PCT
 from tests.profile.planted import GEMM, MS, OPTIMIZER, US, Run, write_nsys
 
@@ -73,7 +73,7 @@ def two_ranks(tmp_path_factory) -> tuple[Path, list[dict]]:
 
 def test_single_rank_communication_matches_the_plant(two_ranks):
     folder, truths = two_ranks
-    comm = full_analysis(folder / "profile_rank0.sqlite")["communication"]
+    comm = full_analysis(folder / "profile_rank0.sqlite").communication
     truth = truths[0]
     # The first steady step is warm-up-free; steps 1..5 are the window (no warm-up planted).
     assert comm["nccl_time_pct"] == pytest.approx(100 * truth["nccl_ns"] / truth["kernel_ns"], rel=0.02)
@@ -84,25 +84,25 @@ def test_single_rank_communication_matches_the_plant(two_ranks):
 
 def test_run_on_one_gpu_has_no_communication_block():
     clean = full_analysis(Path(__file__).resolve().parents[1] / "data" / "profiles" / "clean" / "profile.sqlite")
-    assert clean["communication"] == {} and clean["nccl_time_pct"] is None
+    assert clean.communication == {} and clean.nccl_time_pct is None
 
 
 def test_ranks_are_combined_and_the_straggler_named(two_ranks):
     folder, truths = two_ranks
     result = rank_analysis([folder / "profile_rank0.sqlite", folder / "profile_rank1.sqlite"], None, 2)
-    rows = result["ranks"]
+    rows = result.ranks
     assert [r["rank"] for r in rows] == [0, 1]
     # Rank 0 waits for rank 1 in the tail all-reduce: more exposed communication, less busy compute.
     assert rows[0]["exposed_nccl_pct"] > rows[1]["exposed_nccl_pct"] > 0
     assert rows[1]["compute_ms_per_step"] == pytest.approx(1.3 * rows[0]["compute_ms_per_step"], rel=0.02)
     # Rank 0 waits 40 x 60 us per step in the tail all-reduce: that is its extra NCCL time.
     assert rows[0]["nccl_ms_per_step"] - rows[1]["nccl_ms_per_step"] == pytest.approx(GEMMS * 60 / 1000, rel=0.01)
-    assert result["nccl_time_pct"] == pytest.approx((rows[0]["nccl_time_pct"] + rows[1]["nccl_time_pct"]) / 2)
-    straggler = next(f for f in result["findings"] if f["id"] == "straggler")
+    assert result.nccl_time_pct == pytest.approx((rows[0]["nccl_time_pct"] + rows[1]["nccl_time_pct"]) / 2)
+    straggler = next(f for f in result.findings if f["id"] == "straggler")
     assert straggler["evidence"]["rank"] == 1 and "rank 1 is a straggler" in straggler["message"]
     assert straggler["evidence"]["wait_ms_per_step"] == pytest.approx(GEMMS * 60 / 1000, rel=0.01)
     # The waiting shows as exposed communication (rank 0: 12 ms waited per 5 steps of ~10 ms windows).
-    assert "exposed_communication" in [f["id"] for f in result["findings"]]
+    assert "exposed_communication" in [f["id"] for f in result.findings]
 
 
 def test_balanced_ranks_name_no_straggler(tmp_path):
@@ -111,16 +111,16 @@ def test_balanced_ranks_name_no_straggler(tmp_path):
         run, _ = data_parallel_rank(200, 200)
         paths.append(write_nsys(run, tmp_path / f"profile_rank{rank}.sqlite"))
     result = rank_analysis(paths, None, 2)
-    ids = [f["id"] for f in result["findings"]]
+    ids = [f["id"] for f in result.findings]
     assert "straggler" not in ids
     # Only the tail all-reduce (300 us of ~8.5 ms steps) is exposed: under the finding's threshold.
-    assert "exposed_communication" not in ids and 0 < result["exposed_nccl_pct"] < 10
+    assert "exposed_communication" not in ids and 0 < result.exposed_nccl_pct < 10
 
 
 def test_a_missing_rank_is_a_health_finding(two_ranks):
     folder, _ = two_ranks
     result = rank_analysis([folder / "profile_rank0.sqlite"], None, 2)
-    health = [f for f in result["findings"] if f["id"] == "profile_health"]
+    health = [f for f in result.findings if f["id"] == "profile_health"]
     assert health and health[0]["evidence"]["missing_ranks"] == [1]
 
 
@@ -167,24 +167,24 @@ def nccl_ms_in_window(path: Path, window: dict) -> dict[str, float]:
 def test_real_two_gpu_captures_show_each_rank_and_its_communication(real_runs, name, collectives):
     paths = real_runs[name]
     result = rank_analysis(paths, None, 2)
-    assert [r["rank"] for r in result["ranks"]] == [0, 1]
-    for path, row in zip(paths, result["ranks"]):
+    assert [r["rank"] for r in result.ranks] == [0, 1]
+    for path, row in zip(paths, result.ranks):
         single = full_analysis(path)
-        assert single["window"]["steps"] == [10, 11]
-        by_kernel = nccl_ms_in_window(path, single["window"])
+        assert single.window["steps"] == [10, 11]
+        by_kernel = nccl_ms_in_window(path, single.window)
         # The collectives data parallelism needs, and nothing counted twice: the SQL sum over the window.
         assert {c for c in collectives if any(c in k for k in by_kernel)} == collectives
         assert row["nccl_ms_per_step"] == pytest.approx(sum(by_kernel.values()) / 2, rel=1e-6)
-        comm = single["communication"]
+        comm = single.communication
         # Time with only NCCL running is part of NCCL time; most of it overlaps compute here.
         assert row["gpu_busy_pct"] > 90 and 0 < comm["exposed_nccl_ns"] < comm["nccl_ns"] / 2
-    assert result["nccl_time_pct"] == pytest.approx(sum(r["nccl_time_pct"] for r in result["ranks"]) / 2)
+    assert result.nccl_time_pct == pytest.approx(sum(r["nccl_time_pct"] for r in result.ranks) / 2)
 
 
 def test_real_straggler_is_the_rank_the_other_waits_for(real_runs):
     result = rank_analysis(real_runs["ddp2_lora_7b"], None, 2)
-    rows = result["ranks"]
-    waits = [f for f in result["findings"] if f["id"] == "straggler"]
+    rows = result.ranks
+    waits = [f for f in result.findings if f["id"] == "straggler"]
     fast, slow = sorted(rows, key=lambda r: -r["nccl_ms_per_step"])
     # A finding exactly when the extra wait is at least STRAGGLER_MIN_PCT of the step, naming the other rank.
     extra = fast["nccl_ms_per_step"] - slow["nccl_ms_per_step"]

@@ -15,6 +15,7 @@ import pytest
 
 from ghsweep.profile import roofline
 from ghsweep.profile.analysis import analyze
+from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.report.assignment import CHANGE_KINDS, profile_diff
 from ghsweep.report.plots import short_name
 from ghsweep.tracking.mlflow_store import MlflowStore
@@ -23,11 +24,11 @@ from tests.report.sweeps import log_run
 PROFILES = Path(__file__).resolve().parents[1] / "data" / "profiles"
 
 
-def scenario(name: str, with_roofline: bool = False) -> dict:
+def scenario(name: str, with_roofline: bool = False) -> ProfileAnalysis:
     a = analyze(PROFILES / name / "profile.sqlite")
     if with_roofline:
-        a["roofline"] = roofline.kernel_points(PROFILES / name / "top_kernels_ncu.csv",
-                                               [k["name"] for k in a["top_kernels"]])
+        a.roofline = roofline.kernel_points(PROFILES / name / "top_kernels_ncu.csv",
+                                            [k["name"] for k in a.top_kernels])
     return a
 
 
@@ -39,8 +40,8 @@ def median_step_ms(name: str) -> float:
 def test_diff_of_hand_made_profiles_normalises_per_iteration():
     def a(kernels, steps, all_names=None):
         top = [{"name": n, "total_ns": ns, "count": 1, "mean_ns": ns, "pct": 0.0} for n, ns in kernels.items()]
-        return {"top_kernels": top, "window": {"steps": list(range(steps))},
-                **({"whole_trace": {"kernels": [{"name": n} for n in all_names]}} if all_names else {})}
+        return ProfileAnalysis(top_kernels=top, window={"steps": list(range(steps))},
+                               whole_trace={"kernels": [{"name": n} for n in all_names]} if all_names else {})
 
     before = a({"gemm": 400, "norm": 100, "copy": 80, "cast": 50}, steps=4, all_names=["gemm", "norm", "copy", "cast"])
     after = a({"gemm": 200, "norm": 60, "fused": 30, "copy": 21}, steps=2, all_names=["gemm", "norm", "fused", "copy"])
@@ -49,11 +50,11 @@ def test_diff_of_hand_made_profiles_normalises_per_iteration():
     assert kinds == {"gemm": ("unchanged", 100, 100), "norm": ("slower", 25, 30), "copy": ("faster", 20, 10.5),
                      "cast": ("removed", 12.5, None), "fused": ("added", None, 15)}
     # Without the other run's whole-trace kernel list a kernel outside its top list is not called removed.
-    before.pop("whole_trace")
+    before.whole_trace = {}
     assert {c.name: c.kind for c in profile_diff(after, before)}["fused"] == "left top"
     assert {c.name: c.kind for c in profile_diff(before, after)}["cast"] == "removed"
     # A whole-trace list cut short (more distinct kernels than listed) cannot prove a kernel absent.
-    after["whole_trace"]["distinct_kernels"] = 60
+    after.whole_trace["distinct_kernels"] = 60
     assert {c.name: c.kind for c in profile_diff(before, after)}["cast"] == "left top"
 
 
@@ -76,8 +77,8 @@ def two_runs(tmp_path_factory):
     for label, name, with_roofline, workers in (("baseline", "dataload", False, "0"), ("optimised", "clean", True, "4")):
         analysis = scenario(name, with_roofline)
         runs[label] = log_run(store, tmp, None, 0, [f"dataloader.num_workers={workers}"], "FINISHED",
-                              {"step_time_ms": median_step_ms(name), "gpu_idle_pct": analysis["gpu_idle_pct"]},
-                              [3.0, 2.5], analysis_json=analysis)
+                              {"step_time_ms": median_step_ms(name), "gpu_idle_pct": analysis.gpu_idle_pct},
+                              [3.0, 2.5], analysis=analysis)
     return uri, tmp, runs
 
 
@@ -97,7 +98,7 @@ def test_assignment_command_writes_top5_roofline_speedup_and_diff(two_runs):
     for part, name in ((baseline_part, "dataload"), (optimised_part, "clean")):
         rows = [line for line in part.splitlines() if line.startswith("| ") and line[2].isdigit()]
         assert len(rows) == 5
-        top = scenario(name)["top_kernels"]
+        top = scenario(name).top_kernels
         assert [r.split(" | ")[1] for r in rows] == [short_name(k["name"], 90) for k in top]
     assert "No roofline points: this run's profile had no Nsight Compute pass." in baseline_part
     # The clean run's GEMMs were profiled by ncu: compute-bound at hundreds of TFLOP/s on the H200.
@@ -122,7 +123,7 @@ def test_assignment_command_names_a_missing_run(two_runs):
 def test_every_top_kernel_of_a_torch_trace_gets_its_roofline_point():
     """The PyTorch trace spells `at::native::(anonymous namespace)::`, Nsight Compute `at::<unnamed>::`:
     the assignment's Top-5 rows still carry each kernel's point (none shows "-")."""
-    from ghsweep.analyze import full_analysis
+    from ghsweep.profile.run_analysis import full_analysis
     from ghsweep.report.assignment import top_kernel_rows
 
     a = full_analysis(PROFILES / "clean" / "torch_trace.json", ncu_csv=PROFILES / "clean" / "top_kernels_ncu.csv")

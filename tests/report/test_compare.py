@@ -36,7 +36,7 @@ def test_runs_come_back_in_job_order_with_their_analysis(sweep):
     assert [r.status for r in runs] == ["FINISHED", "FINISHED", "FINISHED", "FAILED"]
     assert runs[0].knobs == {"precision": "fp32", "offload": "off"}
     assert runs[0].loss == [(0, 4.0), (1, 3.5), (2, 3.0)]
-    assert runs[2].analysis["top_kernels"][0]["name"] == "gemm_bf16"
+    assert runs[2].analysis.top_kernels[0]["name"] == "gemm_bf16"
     assert runs[3].analysis is None and runs[3].error.startswith("precision=fp8")
 
 

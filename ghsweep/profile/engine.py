@@ -1,0 +1,220 @@
+"""The analysis engine both readers share (nsys: nsys_analysis.py, PyTorch traces: torch_trace.py):
+each reader turns its source into device operations (timeline.Ops) and host evidence
+(GapEvidence); from there the window, gaps and their causes, and the metrics are computed here,
+once, so both sources mean the same by every number (definitions: analysis.py).
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ghsweep.profile import kernel_kinds, steps as step_finder
+from ghsweep.profile.timeline import Ops, Timeline, timeline
+
+GAP_BUCKETS = ((0, 10_000, "<10us"), (10_000, 100_000, "10-100us"), (100_000, 1_000_000, "0.1-1ms"),
+               (1_000_000, 10_000_000, "1-10ms"), (10_000_000, None, ">=10ms"))
+# Gaps shorter than this are the normal spacing of back-to-back kernels, not idle periods.
+IDLE_GAP_MIN_NS = 10_000
+# short_gaps: gaps under IDLE_GAP_MIN_NS, the spacing of back-to-back work, not attributed one by one.
+# In the order attribute() tries them (first match wins).
+GAP_CAUSES = ("sync", "host_wait", "unified_memory", "data_loading", "launch_latency", "unattributed", "short_gaps")
+MEMCPY_KIND = {1: "HtoD", 2: "DtoH", 8: "DtoD", 10: "PtoP", 11: "UM HtoD", 12: "UM DtoH", 13: "UM DtoD"}
+UM_KINDS = (11, 12, 13)
+MEM_KIND = {0: "pageable", 1: "pinned", 2: "device", 4: "managed", 7: "unknown"}
+PHASES = ("data", "forward", "backward", "optimizer")
+WHOLE_TRACE_KERNELS = 50
+TIME_MAPPED = ("no CUDA runtime API calls with correlation ids: the steps were mapped onto the GPU by time, not "
+               "through their launches (the GPU's lag behind the host shifts the window)")
+NO_STEPS = ('no step ranges (NVTX ranges named like "step N", "iteration N", "train_step", "ProfilerStep#N") '
+            "and no repeating GPU work that marks steps (optimizer-kernel bursts, a kernel recurring at a fixed period)")
+
+
+def pct(part: float, whole: float) -> float:
+    return 100.0 * part / whole if whole else 0.0
+
+
+def gap_stats(buckets: list[tuple[int, int]], idle_gaps: list[int], max_ns: int, steps: int) -> dict:
+    """Histogram of all gaps; count, quantiles and per-step rate of idle gaps (>= IDLE_GAP_MIN_NS)."""
+    ordered = sorted(idle_gaps)
+
+    def quantile(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0
+
+    return {
+        "count": sum(c for c, _ in buckets),
+        "total_ns": sum(t for _, t in buckets),
+        "max_ns": max_ns,
+        "histogram": [{"bucket": label, "count": c, "total_ns": t} for (_, _, label), (c, t) in zip(GAP_BUCKETS, buckets)],
+        "idle_gaps": len(ordered),
+        "idle_gaps_per_step": len(ordered) / steps if steps else float(len(ordered)),
+        "idle_p50_ns": quantile(0.5),
+        "idle_p95_ns": quantile(0.95),
+    }
+
+
+def gap_block(line: Timeline, evidence: GapEvidence, steps: int) -> dict:
+    """The gaps of the window's timeline: statistics, and idle time per cause (GAP_CAUSES, one set
+    for every source); short_gaps is the rest of the gap time."""
+    causes = evidence.attribute(line.long_gaps)
+    info = gap_stats(line.gap_buckets, [e - s for s, e, _ in line.long_gaps], line.gap_max_ns, steps)
+    causes["short_gaps"] = info["total_ns"] - sum(causes.values())
+    info["causes_ns"] = causes
+    return info
+
+
+def window_timeline(ops: Ops, window: tuple[int, int]) -> Timeline:
+    """The device operations' timeline inside the window (clipped to it)."""
+    return timeline(ops.clip(*window), [(lo, hi) for lo, hi, _ in GAP_BUCKETS], IDLE_GAP_MIN_NS)
+
+
+class Intervals:
+    """Sorted, merged intervals with an overlap test (bisect)."""
+
+    def __init__(self, spans):
+        merged: list[list[int]] = []
+        for start, end in sorted(spans):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        self.starts = [s for s, _ in merged]
+        self.ends = [e for _, e in merged]
+
+    def overlaps(self, start: int, end: int) -> bool:
+        i = bisect.bisect_left(self.starts, end)  # intervals starting before `end`
+        return i > 0 and self.ends[i - 1] > start
+
+
+@dataclass
+class GapEvidence:
+    """What the host was doing while the GPU idled, as interval sets (host times, ns)."""
+    sync: Intervals = field(default_factory=lambda: Intervals([]))  # synchronising calls, blocking copies
+    waits: dict[int, Intervals] = field(default_factory=dict)  # OS waits, per thread
+    unified_memory: Intervals = field(default_factory=lambda: Intervals([]))  # phases with UM faults/migrations
+    data: Intervals = field(default_factory=lambda: Intervals([]))  # "data*" ranges
+    launches: dict[int, tuple[int, int | None]] = field(default_factory=dict)  # correlation -> (launch, thread)
+
+    def cause(self, start: int, end: int, corr: int) -> str:
+        """The cause of the idle gap (start, end) ended by the operation launched as `corr`; the
+        first match of GAP_CAUSES' order wins (findings.py writes the order down)."""
+        launch_start, launch_tid = self.launches.get(corr, (start, None))
+        if self.sync.overlaps(start, end):
+            return "sync"
+        if launch_tid in self.waits and self.waits[launch_tid].overlaps(start, end):
+            return "host_wait"
+        if self.unified_memory.overlaps(start, end):
+            return "unified_memory"
+        if self.data.overlaps(start, end):
+            return "data_loading"
+        if launch_start > start:
+            return "launch_latency"
+        return "unattributed"
+
+    def attribute(self, gaps: list[tuple[int, int, int]]) -> dict[str, int]:
+        """Idle time per cause of the idle gaps (start, end, correlation id of the op ending it)."""
+        causes = dict.fromkeys(GAP_CAUSES, 0)
+        for start, end, corr in gaps:
+            causes[self.cause(start, end, corr)] += end - start
+        return causes
+
+
+def memory_ops(groups: list[tuple]) -> dict:
+    """Per direction and host memory kind: count, bytes, time, bandwidth; pageable and UM totals."""
+    rows, by_kind = [], {}
+    big_pageable = {"count": 0, "bytes": 0}
+    for kind, src, dst, count, ns, nbytes, big_n, big_b in groups:
+        label = MEMCPY_KIND.get(kind, f"kind {kind}")
+        rows.append({
+            "kind": label, "src": MEM_KIND.get(src, str(src)), "dst": MEM_KIND.get(dst, str(dst)), "count": count,
+            "bytes": nbytes, "total_ns": ns, "gb_per_s": nbytes / ns if ns else 0.0,
+        })
+        entry = by_kind.setdefault(label, {"count": 0, "bytes": 0, "total_ns": 0})
+        entry["count"] += count
+        entry["bytes"] += nbytes
+        entry["total_ns"] += ns
+        if 0 in (src, dst) and kind not in UM_KINDS:
+            big_pageable["count"] += big_n or 0
+            big_pageable["bytes"] += big_b or 0
+    return {"copies": sorted(rows, key=lambda r: -r["total_ns"]), "by_kind": by_kind, "pageable_big": big_pageable}
+
+
+def infer_steps(start: np.ndarray, end: np.ndarray, keys: np.ndarray, names: dict[int, str]
+                ) -> step_finder.Steps | None:
+    """Steps from kernels sorted by start, keyed by name (`names`: key -> kernel name): optimizer
+    bursts, else the period of the kernel sequence."""
+    optimizer = sorted(k for k, n in names.items() if kernel_kinds.is_optimizer(n))
+    what = ", ".join(sorted({kernel_kinds.function_name(names[k]) for k in optimizer}))[:120]
+    found = step_finder.from_optimizer_bursts(start, end, np.isin(keys, optimizer), what)
+    if found is None:
+        found = step_finder.from_repeats(start, end, keys, {k: kernel_kinds.function_name(n) for k, n in names.items()})
+    return found
+
+
+def steady_window(found: step_finder.Steps | None, health: list[str],
+                  project: Callable[[list[step_finder.Step]], tuple[tuple[int, int] | None, bool]], no_gpu_work: str,
+                  ) -> tuple[step_finder.Steps, tuple[int, int] | None]:
+    """The steps and the GPU time window of their steady state; None: the whole trace (health says why).
+
+    NVTX steps are CPU ranges: `project` maps them onto the GPU work they launched and says whether
+    it could do so through correlation ids (else by time). Inferred steps are GPU time already.
+    """
+    if found is None:
+        return whole_trace_steps(health, NO_STEPS), None
+    if found.basis != step_finder.NVTX_BASIS:
+        return found, (found.steady[0].start, found.steady[-1].end)
+    window, projected = project(found.steady)
+    if window is None:
+        return whole_trace_steps(health, f"the steps ({found.source}) {no_gpu_work}"), None
+    if not projected:
+        health.append(TIME_MAPPED)
+    return found, window
+
+
+def whole_trace_steps(health: list[str], why: str) -> step_finder.Steps:
+    health.append(f"{why}: the window is the whole trace, start-up and warm-up included")
+    return step_finder.Steps()
+
+
+def window_block(window: tuple[int, int], found: step_finder.Steps) -> dict:
+    return {"start_ns": window[0], "end_ns": window[1], "duration_ns": window[1] - window[0], "basis": found.basis,
+            "source": found.source, "steps": [s.step for s in found.steady],
+            "warmup_steps": [s.step for s in found.warmup], "warmup_reason": found.warmup_reason}
+
+
+def device_metrics(line: Timeline, span: int, gap_info: dict, kernel_ns: int, copy_ns: int, set_ns: int,
+                   mem: dict) -> dict:
+    """The metrics of result.METRICS, the same for both sources (kernel/copy/set_ns: the summed
+    durations the reader counts in the window)."""
+    busy_ns, exposed_ns = line.busy_ns, line.kernel_or_copy_ns - line.kernel_union_ns
+    ops_ns = kernel_ns + copy_ns + set_ns
+    um_ns = sum(v["total_ns"] for k, v in mem["by_kind"].items() if k.startswith("UM"))
+    return {
+        "gpu_busy_pct": pct(busy_ns, span),
+        "gpu_idle_pct": 100.0 - pct(busy_ns, span),
+        "idle_gaps_per_step": gap_info["idle_gaps_per_step"],
+        "kernel_time_pct": pct(kernel_ns, ops_ns),
+        "memcpy_time_pct": pct(copy_ns, ops_ns),
+        "memset_time_pct": pct(set_ns, ops_ns),
+        "exposed_memcpy_pct": pct(exposed_ns, span),
+        "um_migration_pct": pct(um_ns, copy_ns + set_ns),
+        "h2d_gb": sum(v["bytes"] for k, v in mem["by_kind"].items() if k in ("HtoD", "UM HtoD")) / 1e9,
+        "d2h_gb": sum(v["bytes"] for k, v in mem["by_kind"].items() if k in ("DtoH", "UM DtoH")) / 1e9,
+    }
+
+
+def step_times(found: step_finder.Steps) -> dict:
+    if not found.steady:
+        return {}
+    return {"median": statistics.median(s.duration for s in found.steady) / 1e6,
+            "first": found.all[0].duration / 1e6, "all": [round(s.duration / 1e6, 3) for s in found.all]}
+
+
+def whole_trace_block(kernels: dict, memory_ops: dict) -> dict:
+    """kernels: {ranked, count, total_ns} of every kernel; memory_ops: {kind: {count, total_ns, bytes}}."""
+    return {"kernels": kernels["ranked"][:WHOLE_TRACE_KERNELS], "distinct_kernels": len(kernels["ranked"]),
+            "kernel_count": kernels["count"], "kernel_total_ns": kernels["total_ns"], "memory_ops": memory_ops}

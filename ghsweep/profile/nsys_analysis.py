@@ -1,0 +1,254 @@
+"""The nsys reader of the analysis: an Nsight Systems SQLite export's device operations, steps
+and host evidence, handed to the shared engine (engine.py), plus what only nsys records
+(page faults, launch configurations, NCCL kernels, the whole-trace cross-check)."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ghsweep.core.errors import ProfileError, first_line
+from ghsweep.profile import kernel_kinds, steps as step_finder
+from ghsweep.profile import nsys_db as db
+from ghsweep.profile.engine import (MEMCPY_KIND, PHASES, UM_KINDS, GapEvidence, Intervals, device_metrics,
+                                    gap_block, infer_steps, memory_ops, pct, steady_window, step_times,
+                                    whole_trace_block, window_block, window_timeline)
+from ghsweep.profile.result import ProfileAnalysis
+from ghsweep.profile.timeline import KERNEL as KERNEL_OP, MEMCPY as MEMCPY_OP, MEMSET as MEMSET_OP, Ops, union_ns
+
+SYNC_CALLS = ("cudaDeviceSynchronize%", "cudaStreamSynchronize%", "cudaEventSynchronize%", "cudaMemcpy\\_%",
+              "cudaMemcpy", "cuCtxSynchronize%", "cuStreamSynchronize%", "cuEventSynchronize%", "cuMemcpyDtoH\\_%",
+              "cuMemcpyHtoD\\_%", "cudaStreamQuery%")
+OS_WAITS = ("pthread_cond_wait%", "pthread_cond_timedwait%", "pthread_cond_clockwait%", "sem_wait%",
+            "sem_timedwait%", "poll", "ppoll", "epoll_wait", "epoll_pwait", "select", "pselect%", "read", "pread%",
+            "readv", "recv%", "nanosleep", "clock_nanosleep", "usleep", "futex%")
+LAUNCH_CALLS = ("cudaLaunchKernel%", "cuLaunchKernel%", "cudaLaunchCooperativeKernel%", "cudaGraphLaunch%")
+PHASE_LIKE = tuple(f"{p}%" for p in PHASES)
+# Columns a GPU table must have to be analysed (the analysis reads no other).
+REQUIRED_COLUMNS = {db.KERNEL: ("start", "end", "deviceId", "globalPid", "correlationId"),
+                    db.MEMCPY: ("start", "end", "deviceId", "globalPid", "correlationId", "bytes", "copyKind",
+                                "srcKind", "dstKind"),
+                    db.MEMSET: ("start", "end", "deviceId", "globalPid", "correlationId", "bytes")}
+
+
+def analyze_nsys(path: Path) -> ProfileAnalysis:
+    try:
+        con = db.open_readonly(path)
+        try:
+            return ProfileAnalysis(**_analyze_nsys(con, path))
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise ProfileError(f"{path}: not a readable nsys SQLite export ({first_line(exc)})") from None
+
+
+def check_export(con, schema: db.Schema, path: Path) -> None:
+    """ProfileError unless the export has GPU activity this analysis can read."""
+    if not schema.tables:
+        raise ProfileError(f"{path}: not an nsys SQLite export: it has no tables (an empty or truncated file?)")
+    present = [t for t in REQUIRED_COLUMNS if schema.has(t)]
+    if not present:
+        raise ProfileError(f"{path}: no GPU activity: the export has no kernel, memcpy or memset table (was CUDA "
+                           "traced, --trace=cuda, and did the capture range run any GPU work?)")
+    for table in present:
+        missing = [c for c in REQUIRED_COLUMNS[table] if not schema.has(table, con, c)]
+        if missing:
+            raise ProfileError(f"{path}: table {table} lacks the columns {', '.join(missing)}: not an nsys export "
+                               "this tool reads (nsys export --type=sqlite writes them)")
+    if schema.has(db.KERNEL) and not schema.has("StringIds"):
+        raise ProfileError(f"{path}: no StringIds table, so kernel names cannot be read: an incomplete export "
+                           "(export the .nsys-rep again with nsys export --type=sqlite)")
+    if schema.has(db.KERNEL) and not (schema.has(db.KERNEL, con, "demangledName")
+                                      or schema.has(db.KERNEL, con, "shortName")):
+        raise ProfileError(f"{path}: table {db.KERNEL} has no kernel name column (demangledName, shortName)")
+
+
+def find_steps(con, schema: db.Schema, kernels: db.Table, pid: int, device: int) -> step_finder.Steps | None:
+    """The steps of the main process: NVTX ranges of a step convention, else inferred from its
+    kernels (steps.py), else None."""
+    found = step_finder.from_ranges(db.step_candidates(con, schema, pid), "NVTX ranges")
+    if found is not None:
+        return found
+    mine = kernels.where((kernels["pid"] == pid) & (kernels["dev"] == device))
+    order = np.argsort(mine["start"], kind="stable")
+    ids = mine["name"][order]
+    names = db.string_values(con, np.unique(ids).tolist())
+    return infer_steps(mine["start"][order], mine["end"][order], ids, names)
+
+
+def um_phase_ranges(phases: list[tuple[int, int]], faults: np.ndarray, migrations: Intervals) -> Intervals:
+    """The phase ranges that contain a unified-memory CPU page fault or overlap a UM migration: the
+    host's time there goes to unified memory, whatever the phase is called."""
+    faults = np.sort(faults)
+    hit = [(s, e) for s, e in phases
+           if np.searchsorted(faults, s) < np.searchsorted(faults, e, side="right") or migrations.overlaps(s, e)]
+    return Intervals(hit + [(int(t), int(t) + 1) for t in faults])
+
+
+def nsys_gap_evidence(con, schema: db.Schema, gaps: list[tuple[int, int, int]], pid: int, device: int,
+                      window: tuple[int, int]) -> GapEvidence:
+    """Evidence from the export: synchronising calls of the process; OS waits of the thread that
+    launched the work ending a gap (other threads' waits say nothing: an idle autograd or loader
+    thread always waits); phase ranges with unified-memory faults or migrations; "data*" ranges."""
+    evidence = GapEvidence(data=Intervals((s, e) for _, s, e in db.nvtx_intervals(con, schema, pid, "data%", window)))
+    if not gaps:
+        return evidence
+    if schema.has(db.RUNTIME):
+        calls = db.process_intervals(con, db.RUNTIME, pid, db.names_like(con, SYNC_CALLS), window)
+        evidence.sync = Intervals((s, e) for _, s, e in calls)
+        evidence.launches = db.launch_calls(con, pid, [c for _, _, c in gaps])
+    if schema.has(db.OSRT):
+        per_thread: dict[int, list] = {}
+        for tid, s, e in db.process_intervals(con, db.OSRT, pid, db.names_like(con, OS_WAITS), window):
+            per_thread.setdefault(tid, []).append((s, e))
+        evidence.waits = {tid: Intervals(spans) for tid, spans in per_thread.items()}
+    faults = db.cpu_page_faults(con, schema, pid, window)
+    migrations = Intervals(con.execute(
+        f"SELECT start, end FROM {db.MEMCPY} WHERE globalPid = ? AND deviceId = ? AND copyKind IN {UM_KINDS} "
+        "AND end > ? AND start < ?", (pid, device, *window)).fetchall()) if schema.has(db.MEMCPY) else Intervals([])
+    if len(faults) or migrations.starts:
+        phases = [(s, e) for like in PHASE_LIKE for _, s, e in db.nvtx_intervals(con, schema, pid, like, window)]
+        evidence.unified_memory = um_phase_ranges(phases, faults, migrations)
+    return evidence
+
+
+@dataclass
+class DeviceOps:
+    """The export's GPU tables and the main process's operations on its device."""
+    kernels: db.Table
+    tables: list[db.Table]  # kernels, copies, memsets
+    pid: int
+    device: int
+    ops: Ops
+
+
+def read_device_ops(con, schema: db.Schema, path: Path, health: list[str]) -> DeviceOps:
+    kernels = db.read_table(con, schema, db.KERNEL, db.kernel_columns(con, schema))
+    if not len(kernels):
+        health.append("the export has no CUDA kernels, only copies or memsets (did the capture range see the "
+                      "training's work?)")
+    copies = db.read_table(con, schema, db.MEMCPY, db.GPU_COLUMNS)
+    sets = db.read_table(con, schema, db.MEMSET, db.GPU_COLUMNS)
+    gpu = [(kernels, KERNEL_OP), (copies, MEMCPY_OP), (sets, MEMSET_OP)]
+    pid, device = db.main_process_device([t for t, _ in gpu])
+    if pid is None:
+        raise ProfileError(f"{path}: no GPU activity: the export has no kernels, copies or memsets (did the capture "
+                           "range run any GPU work?)")
+    ops = Ops.concat([Ops(t["start"][m], t["end"][m], np.full(int(m.sum()), kind), t["corr"][m])
+                      for t, kind in gpu for m in [(t["pid"] == pid) & (t["dev"] == device)]])
+    return DeviceOps(kernels, [t for t, _ in gpu], pid, device, ops)
+
+
+def nsys_phases(con, schema: db.Schema, pid: int, found: step_finder.Steps) -> dict[str, float]:
+    """Host time per step of the phase ranges (data, forward, ...), when the steps are NVTX ranges."""
+    if found.basis != step_finder.NVTX_BASIS:
+        return {}
+    cpu_window = (found.steady[0].start, found.steady[-1].end)
+    return {name: sum(e - s for _, s, e in db.nvtx_intervals(con, schema, pid, name, cpu_window))
+            / len(found.steady) / 1e6 for name in PHASES}
+
+
+def top_kernels(con, schema: db.Schema, groups: dict, params: dict) -> list[dict]:
+    """The five kernels with the most time, each with how many launch configurations it ran with."""
+    top = groups["ranked"][:5]
+    configs = db.launch_configs(con, schema, db.kernel_name_column(con, schema, "demangledName"),
+                                [k["name"] for k in top], params)
+    for k in top:
+        k["launch_configs"] = configs.get(k["name"])
+    return top
+
+
+def _analyze_nsys(con, path: Path) -> dict:
+    schema = db.Schema.read(con)
+    check_export(con, schema, path)
+    info = db.meta(con, schema)
+    health: list[str] = []
+    if "OSRuntime" in set(info.get("traced", [])) and not schema.has(db.OSRT):
+        health.append("OS runtime tracing was on but the export has no OSRT_API table")
+    dev = read_device_ops(con, schema, path, health)
+    pid, device, kernels = dev.pid, dev.device, dev.kernels
+
+    found, window = steady_window(
+        find_steps(con, schema, kernels, pid, device), health,
+        lambda steady: db.gpu_window(con, schema, dev.tables, steady, pid, device),
+        "launched no GPU work of the main process")
+    if window is None:
+        window = (int(dev.ops.start.min()), int(dev.ops.end.max()))
+    span, n_steps = window[1] - window[0], len(found.steady)
+    params = {"w0": window[0], "w1": window[1], "pid": pid, "dev": device}
+    line = window_timeline(dev.ops, window)
+    gap_info = gap_block(line, nsys_gap_evidence(con, schema, line.long_gaps, pid, device, window), n_steps)
+
+    inside = (kernels["pid"] == pid) & (kernels["dev"] == device) & (kernels["start"] >= window[0]) \
+        & (kernels["end"] <= window[1])
+    groups = db.kernel_groups(con, kernels, inside)
+    k_n, k_ns = groups["count"], groups["total_ns"]
+    c_n, c_ns, c_b = db.sums(con, db.MEMCPY, params) if schema.has(db.MEMCPY) else (0, 0, 0)
+    s_n, s_ns, s_b = db.sums(con, db.MEMSET, params) if schema.has(db.MEMSET) else (0, 0, 0)
+    mem = memory_ops(db.memcpy_groups(con, params)) if schema.has(db.MEMCPY) else memory_ops([])
+    launch_ns = db.call_time(con, db.RUNTIME, pid, db.names_like(con, LAUNCH_CALLS), window) \
+        if schema.has(db.RUNTIME) else 0
+    communication = nccl_communication(kernels.where(inside), db.names_like(con, ("%nccl%",)), span, n_steps)
+    return {
+        "source": {"path": str(path), "kind": "nsys", **info},
+        "window": window_block(window, found),
+        "whole_trace": whole_trace(con, schema, kernels),
+        **device_metrics(line, span, gap_info, k_ns, c_ns, s_ns, mem),
+        "um_migration_bytes_pct": pct(sum(v["bytes"] for k, v in mem["by_kind"].items() if k.startswith("UM")),
+                                      c_b + s_b),
+        "top_kernels": top_kernels(con, schema, groups, params),
+        "kernels": {"count": k_n, "total_ns": k_ns, "short_pct": pct(groups["short"], k_n), "launch_api_ns": launch_ns,
+                    **kernel_kinds.gemm_time(groups["ranked"])},
+        "memcpy": {"count": c_n, "total_ns": c_ns, "bytes": c_b, **mem},
+        "memset": {"count": s_n, "total_ns": s_ns, "bytes": s_b},
+        "page_faults": db.page_faults(con, schema),
+        "gaps": gap_info,
+        "communication": communication,
+        "nccl_time_pct": communication.get("nccl_time_pct"),
+        "exposed_nccl_pct": communication.get("exposed_nccl_pct"),
+        "phases_ms_per_step": nsys_phases(con, schema, pid, found),
+        "step_ms": step_times(found),
+        "health": health,
+    }
+
+
+def nccl_communication(kernels: db.Table, nccl_names: list[int], span: int, steps: int) -> dict:
+    """Communication on the device in the window: NCCL kernels' share of kernel time, and exposed
+    communication, the time NCCL kernels run while no compute kernel does (what the step waits for).
+    A collective's kernel runs from the moment its rank launches it until every rank has joined, so
+    NCCL time per step includes waiting for the slowest rank: across ranks, it tells who waits and
+    who is waited for. {} without NCCL kernels (a run on one GPU)."""
+    comm = np.isin(kernels["name"], nccl_names)
+    if not comm.any():
+        return {}
+    order = np.argsort(kernels["start"], kind="stable")
+    start, end, comm = kernels["start"][order], kernels["end"][order], comm[order]
+    compute_ns = union_ns(start[~comm], end[~comm])
+    exposed_ns = union_ns(start, end) - compute_ns
+    durations = end - start
+    return {
+        "nccl_ns": int(durations[comm].sum()),
+        "nccl_kernels": int(comm.sum()),
+        "nccl_time_pct": pct(int(durations[comm].sum()), int(durations.sum())),
+        "exposed_nccl_ns": int(exposed_ns),
+        "exposed_nccl_pct": pct(exposed_ns, span),
+        "nccl_ms_per_step": int(durations[comm].sum()) / max(steps, 1) / 1e6,
+        "compute_ms_per_step": compute_ns / max(steps, 1) / 1e6,
+    }
+
+
+def whole_trace(con, schema: db.Schema, kernel_table: db.Table) -> dict:
+    """Whole-trace totals computed the way `nsys stats` reports them (the cross-check)."""
+    ops = {}
+    if schema.has(db.MEMCPY):
+        for kind, count, ns, nbytes in con.execute(
+                f"SELECT copyKind, COUNT(*), SUM(end - start), SUM(bytes) FROM {db.MEMCPY} GROUP BY copyKind"):
+            ops[MEMCPY_KIND.get(kind, f"kind {kind}")] = {"count": count, "total_ns": ns, "bytes": nbytes}
+    if schema.has(db.MEMSET):
+        count, ns, nbytes = db.sums(con, db.MEMSET, None)
+        if count:
+            ops["memset"] = {"count": count, "total_ns": ns, "bytes": nbytes}
+    return whole_trace_block(db.kernel_groups(con, kernel_table, None), ops)

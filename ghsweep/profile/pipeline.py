@@ -1,0 +1,160 @@
+"""What happens after a profiled worker: export, the optional Nsight Compute pass, analysis,
+report, plots and the files and numbers for MLflow (the plan that led here: plan.py)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from ghsweep.core.errors import ProfilerUnavailable
+from ghsweep.core.run_dir import TORCH_TRACE
+from ghsweep.core.run_plan import ProfilePlan
+from ghsweep.launch.world import world_of
+from ghsweep.profile import capture, plots, report
+from ghsweep.profile.analysis import analyze
+from ghsweep.profile.ranks import rank_of
+from ghsweep.profile.run_analysis import full_analysis, rank_analysis
+
+log = logging.getLogger(__name__)
+
+NCU_PASS_DIR = "ncu_pass"
+# Nsight Compute replays each profiled launch dozens of times (and saves and restores the memory it
+# writes): on Llama-2-7B a whole step's ~250 launches ran past 4.5 minutes. A roofline point needs a
+# few launches of each top kernel: one per launch configuration, and never more than this in all.
+NCU_LAUNCHES_PER_CONFIG = 1
+NCU_MAX_LAUNCHES = 64
+
+
+@dataclass
+class ProfileOutcome:
+    metrics: dict[str, float] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    artifacts: list[Path] = field(default_factory=list)
+
+
+def context_of(cfg: DictConfig) -> dict:
+    """What the findings may know about the run's config."""
+    return {"precision": cfg.precision.name, "offload": bool(cfg.offload.enabled), "memory": cfg.memory.name,
+            "num_workers": cfg.dataloader.num_workers}
+
+
+def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass) -> ProfileOutcome:
+    """Export, ncu pass, analysis, report and plots of a finished worker; never raises for a
+    profiling problem (the training result stands): it is recorded as ghsweep.profile_error."""
+    outcome = ProfileOutcome(tags={"ghsweep.profile_used": plan.used})
+    if plan.note:
+        outcome.tags["ghsweep.profile_note"] = plan.note
+    if plan.used == "none":
+        return outcome
+    try:
+        world_size = world_of(cfg).size
+        raw, profiles = profile_files(run_dir, plan, world_size)
+        ncu_csv, ncu_info = None, None
+        if plan.ncu:
+            ncu_csv, ncu_info = ncu_pass(cfg, run_dir, plan, profiles[0], run_ncu_pass)
+            outcome.metrics["ncu_s"] = ncu_info["seconds"]
+            raw.append(ncu_csv)
+        analysis = full_analysis(profiles[0], context_of(cfg), ncu_csv) if world_size == 1 or plan.used != "nsys" \
+            else rank_analysis(profiles, context_of(cfg), world_size)
+        if ncu_info:
+            analysis.roofline["ncu_pass"] = ncu_info
+    except (ProfilerUnavailable, OSError, ValueError) as exc:
+        log.error("profile analysis failed: %s", exc)
+        outcome.tags["ghsweep.profile_error"] = str(exc)[:500]
+        return outcome
+    outcome.artifacts += [analysis.save(run_dir), *report.write(analysis, run_dir)]
+    if analysis.gaps:
+        outcome.artifacts.append(plots.gap_histogram(analysis, run_dir / plots.GAP_PLOT))
+    if analysis.roofline.get("kernels"):
+        outcome.artifacts.append(plots.roofline_plot(analysis.roofline, run_dir / plots.ROOFLINE_PLOT))
+    outcome.metrics |= analysis.metrics()
+    outcome.tags["ghsweep.findings"] = ",".join(f["id"] for f in analysis.findings) or "none"
+    add_raw_files(outcome, raw, cfg.profile.get("artifact_max_mb"))
+    return outcome
+
+
+def profile_files(run_dir: Path, plan: ProfilePlan, world_size: int) -> tuple[list[Path], list[Path]]:
+    """(the profiler's files to keep, the files the analysis reads): the PyTorch trace, or each
+    rank's nsys report and its SQLite export."""
+    if plan.used == "nsys":
+        reports = nsys_reports(run_dir, world_size)
+        exports = [capture.export_sqlite(plan.nsys_path, rep, plan.tool_prefix) for rep in reports]
+        return [*reports, *exports], exports
+    trace = run_dir / TORCH_TRACE
+    if not trace.exists():
+        raise ProfilerUnavailable(f"the PyTorch profiler wrote no trace ({TORCH_TRACE}): the capture window "
+                                  "(capture.start_step, capture.num_steps) never ran")
+    return [trace], [trace]
+
+
+def add_raw_files(outcome: ProfileOutcome, raw: list[Path], limit_mb: float | None) -> None:
+    """The raw profiler files as artifacts, except those over profile.artifact_max_mb (named in a tag)."""
+    for path in raw:
+        if limit_mb is None or path.stat().st_size <= limit_mb * 2**20:
+            outcome.artifacts.append(path)
+        else:
+            outcome.tags.setdefault("ghsweep.profile_not_uploaded", "")
+            outcome.tags["ghsweep.profile_not_uploaded"] += f"{path.name} ({path.stat().st_size / 2**20:.0f} MiB) "
+
+
+def nsys_reports(run_dir: Path, world_size: int) -> list[Path]:
+    """The run's nsys reports: profile.nsys-rep, or one per rank (profile_rank<N>.nsys-rep, in rank order)."""
+    if world_size == 1:
+        reports = [run_dir / capture.NSYS_REPORT] if (run_dir / capture.NSYS_REPORT).exists() else []
+    else:
+        reports = sorted(run_dir.glob(capture.NSYS_RANK_GLOB), key=rank_of)
+    if not reports:
+        wanted = capture.NSYS_REPORT if world_size == 1 else capture.NSYS_RANK_GLOB
+        raise ProfilerUnavailable(f"nsys wrote no report ({wanted}); see worker.log")
+    return reports
+
+
+def ncu_plan(top: list[dict]) -> tuple[int, bool, str]:
+    """(--launch-count, per launch configuration?, in words) for the ncu pass over the top kernels:
+    NCU_LAUNCHES_PER_CONFIG of each launch configuration the nsys profile saw (launch_configs),
+    unless that exceeds NCU_MAX_LAUNCHES, then the first NCU_MAX_LAUNCHES launches of these kernels."""
+    configs = sum(k.get("launch_configs") or 1 for k in top)
+    if configs * NCU_LAUNCHES_PER_CONFIG <= NCU_MAX_LAUNCHES:
+        return NCU_LAUNCHES_PER_CONFIG, True, (f"{NCU_LAUNCHES_PER_CONFIG} launch per launch configuration "
+                                               f"(~{configs * NCU_LAUNCHES_PER_CONFIG} launches)")
+    return NCU_MAX_LAUNCHES, False, f"the first {NCU_MAX_LAUNCHES} launches ({configs} launch configurations)"
+
+
+def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Path, run_ncu_pass
+             ) -> tuple[Path, dict]:
+    """Second, short run of the worker under ncu over one captured step, for a few launches of each
+    of the top-k kernels; (raw CSV, {seconds, kernels, launches}: what the pass did)."""
+    top = analyze(profile_file).top_kernels[: cfg.profile.ncu.top_k]
+    if not top:
+        raise ProfilerUnavailable("ncu pass skipped: the nsys profile has no kernels to pick from")
+    names = sorted({k["short_name"] for k in top})
+    launches, per_config, planned = ncu_plan(top)
+    work = run_dir / NCU_PASS_DIR
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    short = OmegaConf.to_container(cfg, resolve=True)
+    short["capture"]["num_steps"] = 1
+    short["train"]["max_steps"] = short["capture"]["start_step"] + 2
+    (work / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(short)))
+    report_path = work / capture.NCU_REPORT
+    metrics = list(cfg.profile.ncu.metrics)
+    section_set = cfg.profile.ncu.section_set
+    started = time.monotonic()
+    prefix = capture.ncu_command(plan.ncu_path, report_path, names, launches, section_set, metrics, per_config)
+    if run_ncu_pass(prefix, work) != 0 and metrics:
+        # A metric this GPU or ncu version does not know: the section set alone still gives time
+        # and FLOPs (bytes then read 0 and the roofline says so).
+        log.warning("ncu with profile.ncu.metrics failed; retrying with --set %s only", section_set)
+        prefix = capture.ncu_command(plan.ncu_path, report_path, names, launches, section_set, (), per_config)
+        run_ncu_pass(prefix, work)
+    seconds = time.monotonic() - started
+    if not report_path.exists():
+        raise ProfilerUnavailable(f"the ncu pass failed (counters not readable, or no kernel matched "
+                                          f"{names}); see {work}/worker.log")
+    csv_path = capture.ncu_raw_csv(plan.ncu_path, report_path, run_dir / capture.NCU_CSV, plan.tool_prefix)
+    return csv_path, {"seconds": seconds, "kernels": names, "launches": planned}
