@@ -171,10 +171,11 @@ def build(cfg: DictConfig, plan: RunPlan, ranks: distributed.Ranks, device: torc
           attention: attn.PackedAttention) -> Model:
     """The model with its adapters, fp8 layers, compiled layers, data parallelism and activation offload."""
     lora = cfg.peft.name == "lora"
-    hf_model, tokenizer, random_init = build_model(
+    base, tokenizer, random_init = build_model(
         cfg.model, device, precision.frozen_dtype if lora else precision.trained_dtype, attention.hf_implementation
     )
-    hf_model = apply_peft(hf_model, cfg.peft, precision.trained_dtype)
+    # transformers' LlamaForCausalLM, in peft's LoRA wrapper with peft=lora: attributes typed by neither.
+    hf_model: Any = apply_peft(base, cfg.peft, precision.trained_dtype)
     params = count_parameters(hf_model)
     fp8_library = None
     if precision.name == "fp8":

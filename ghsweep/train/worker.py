@@ -16,7 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.core.backends import backend_named
 from ghsweep.core.errors import first_line
@@ -33,6 +33,8 @@ def main(argv: list[str]) -> int:
     try:
         plan = RunPlan.load(run_dir.path)
         cfg = OmegaConf.load(run_dir / CONFIG)
+        if not isinstance(cfg, DictConfig):
+            raise ValueError(f"{run_dir / CONFIG}: a list; accepted: the mapping of a composed config")
         backend = backend_named(plan.backend)
         managed = None
         if cfg.memory.name == "unified":
