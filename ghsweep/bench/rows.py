@@ -16,11 +16,13 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from ghsweep.core.backends import backend_named
+from ghsweep.core.errors import one_line
+from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
 from ghsweep.train.attention import attended_keys_per_token, document_ids
-from ghsweep.train.data import PackedBlocks
+from ghsweep.train.data import PackedBlocks, load_blocks
 from ghsweep.train.flops import ModelShape, add_throughput_metrics, flops_per_token
 from ghsweep.train.tokenizer import ByteTokenizer
-from ghsweep.core.errors import one_line
 
 LLAMA2_7B = dict(hidden_size=4096, intermediate_size=11008, num_layers=32, num_attention_heads=32,
                  num_key_value_heads=32, vocab_size=32000)
@@ -76,21 +78,32 @@ def document_lengths(position_ids: torch.Tensor) -> dict:
 
 
 def run_ours(overrides: list[str], seq: int, steps: int, warmup: int, layers: int) -> dict:
-    from ghsweep.train.worker import load_backend
+    from ghsweep.train.unified_memory import setup_unified_memory
 
     cfg = compose_ours(overrides, seq, steps, warmup, layers)
-    backend, managed = load_backend(cfg)
     with tempfile.TemporaryDirectory() as run_dir:
-        summary = backend.train(cfg, Path(run_dir), managed)
-    m = summary["metrics"]
+        plan = one_gpu_plan(cfg, Path(run_dir))
+        # Before the backend's imports touch CUDA, as the worker does.
+        managed = setup_unified_memory(cfg.memory, plan.gpu) if cfg.memory.name == "unified" else None
+        summary = backend_named(plan.backend).train(cfg, plan, Path(run_dir), managed)
+    m = summary.metrics
     return {"step_time_ms": m["step_time_ms"], "tokens_per_s": m["tokens_per_s"], "peak_mem_gb": m["peak_mem_gb"],
-            "tflops_per_gpu": m["tflops_per_gpu"], "mfu": m.get("mfu"), "info": summary["info"]}
+            "tflops_per_gpu": m["tflops_per_gpu"], "mfu": m.get("mfu"), "info": summary.info}
+
+
+def one_gpu_plan(cfg: DictConfig, run_dir: Path) -> RunPlan:
+    """The plan of a row: this process trains on this machine's first GPU, unprofiled."""
+    from ghsweep.launch.device_probe import probe_gpu
+    from ghsweep.launch.world import data_parallel
+
+    return RunPlan(name=run_dir.name, run_dir=str(run_dir), overrides=[], backend=cfg.backend.name, device="cuda",
+                   gpu=probe_gpu(), world=World(), data_parallel=data_parallel(cfg),
+                   profile=ProfilePlan(requested="none", used="none"), container_prefix=[], worker_command=[],
+                   timeout_min=None)
 
 
 def default_blocks(cfg: DictConfig) -> PackedBlocks:
     """The packed blocks a run of `cfg` trains on (random weights: the byte tokenizer)."""
-    from ghsweep.train.torch_backend import load_blocks
-
     return load_blocks(cfg, ByteTokenizer())
 
 

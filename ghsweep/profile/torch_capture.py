@@ -2,8 +2,8 @@
 kernels, memcpy and memset, written as a Chrome trace (the format Holistic Trace Analysis and
 Perfetto read).
 
-The training loop calls `step(n)` at the start of every step and `close()` after the loop; the
-profiler records steps `start_step` .. `start_step + num_steps - 1` only, because a trace of
+The training loop calls `step(n)` at the start of every step and `close()` when it ends (also when
+it fails: a context manager); the profiler records steps `start_step` .. `start_step + num_steps - 1` only, because a trace of
 every step of a 7B model would be gigabytes.
 """
 
@@ -13,10 +13,8 @@ from pathlib import Path
 
 import torch
 
-from ghsweep.profile.capture import TORCH_TRACE
-from ghsweep.profile.plan import load_plan
-
-
+from ghsweep.core.run_dir import TORCH_TRACE
+from ghsweep.core.run_plan import ProfilePlan
 
 class TorchCapture:
     def __init__(self, path: Path | None, device: torch.device, start_step: int, num_steps: int):
@@ -27,6 +25,12 @@ class TorchCapture:
         if device.type == "cuda":
             self._activities.append(torch.profiler.ProfilerActivity.CUDA)
         self._profiler: torch.profiler.profile | None = None
+
+    def __enter__(self) -> TorchCapture:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def step(self, step: int) -> None:
         if self.path is None:
@@ -46,11 +50,10 @@ class TorchCapture:
         self.path = None  # one window per run
 
 
-def torch_capture(run_dir: Path, device: torch.device, start_step: int, num_steps: int, rank: int = 0
-                  ) -> TorchCapture:
+def torch_capture(plan: ProfilePlan, run_dir: Path, device: torch.device, start_step: int, num_steps: int,
+                  rank: int = 0) -> TorchCapture:
     """The capture a worker runs with: active when the run's profile plan says torch (profile=torch,
     or profile=auto without nsys or GPU), a no-op otherwise. With several ranks rank 0 traces (one
     trace file per run)."""
-    plan = load_plan(run_dir)
-    path = run_dir / TORCH_TRACE if plan is not None and plan.used == "torch" and rank == 0 else None
+    path = run_dir / TORCH_TRACE if plan.used == "torch" and rank == 0 else None
     return TorchCapture(path, device, start_step, num_steps)

@@ -20,6 +20,8 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from ghsweep.train.tokenizer import pad_token_id
+
 IGNORE_INDEX = -100
 DOLLY_FIELDS = ("instruction", "context", "response", "category")
 
@@ -232,6 +234,12 @@ def pack(examples: Iterator[tuple[list[int], list[int]]], seq_length: int, pad_i
         raise ValueError(f"train.seq_length={seq_length}: every example is longer; raise it")
     as_tensor = lambda i: torch.tensor([b[i] for b in blocks], dtype=torch.long)  # noqa: E731
     return PackedBlocks(as_tensor(0), as_tensor(1), as_tensor(2), dropped)
+
+
+def load_blocks(cfg: DictConfig, tokenizer: Tokenizer) -> PackedBlocks:
+    """The packed blocks a run of `cfg` trains on (every backend counts attention FLOPs on them)."""
+    records = load_records(cfg.data, cfg.seed, cfg.train.seq_length, tokenizer)
+    return pack((tokenize(r, tokenizer) for r in records), cfg.train.seq_length, pad_token_id(tokenizer))
 
 
 class PackedDataset(Dataset):

@@ -17,8 +17,6 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from torch import nn
 
-from ghsweep.launch.world import data_parallel
-
 
 @dataclass(frozen=True)
 class Ranks:
@@ -73,12 +71,12 @@ class TrainStep(nn.Module):
 REDUCE_DTYPES = {"fp32": torch.float32, "param": None}
 
 
-def parallelize(step: TrainStep, cfg: DictConfig, ranks: Ranks) -> tuple[nn.Module, str | None]:
-    """(the module the loop calls, ddp | fsdp | None). FSDP2 shards each decoder layer and then the
-    rest (embedding, norm, LM head); gradients are reduced in precision.reduce_dtype."""
+def parallelize(step: TrainStep, cfg: DictConfig, ranks: Ranks, mode: str) -> tuple[nn.Module, str | None]:
+    """(the module the loop calls, ddp | fsdp | None); `mode` is the plan's data_parallel. FSDP2
+    shards each decoder layer and then the rest (embedding, norm, LM head); gradients are reduced
+    in precision.reduce_dtype."""
     if ranks.world_size == 1:
         return step, None
-    mode = data_parallel(cfg)
     if mode == "ddp":
         # Every rank built the same weights from the same seed (or folder): no broadcast at start; the buffers
         # (rotary frequencies) never change: no broadcast before every forward either, which would line the

@@ -61,11 +61,6 @@ def build_model(model_cfg: DictConfig, device: torch.device, dtype: torch.dtype,
     return model, ByteTokenizer(), True
 
 
-def pad_token_id(tokenizer: Any) -> int:
-    pad = getattr(tokenizer, "pad_token_id", None)
-    return tokenizer.eos_token_id if pad is None else pad
-
-
 def apply_peft(model: torch.nn.Module, peft_cfg: DictConfig, adapter_dtype: torch.dtype) -> torch.nn.Module:
     """Wrap the model in LoRA adapters (peft) in `adapter_dtype`, or leave every weight trainable."""
     if peft_cfg.name == "none":

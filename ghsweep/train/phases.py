@@ -47,6 +47,12 @@ class Phases:
             self._capturing = False
         return self.range(f"{STEP_RANGE_PREFIX}{step}")
 
+    def __enter__(self) -> Phases:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def close(self) -> None:
         if self._capturing:
             torch.cuda.synchronize()

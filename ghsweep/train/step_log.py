@@ -14,6 +14,8 @@ from typing import IO
 
 import torch
 
+from ghsweep.core.names import STEP_RANGE_PREFIX
+
 
 class StepLog:
     def __init__(self, path: Path | None, device: torch.device, tokens_per_step: int):
@@ -58,8 +60,29 @@ class StepLog:
         self._pending.clear()
         return rows
 
+    def flush_due(self, steps_done: int, max_steps: int, log_every: int, progress: bool) -> None:
+        """Flush every `log_every` steps and after the last; with `progress` (rank 0), print the
+        progress line the job follows the run by."""
+        if steps_done % log_every and steps_done != max_steps:
+            return
+        self.flush()
+        if progress:
+            print(f"{STEP_RANGE_PREFIX}{steps_done}/{max_steps} loss {self.losses[-1]:.4f} "
+                  f"step_time_ms {self.step_times_ms[-1]:.1f}", flush=True)
+
     def close(self) -> None:
         self.flush()
+        if self._file:
+            self._file.close()
+
+    def __enter__(self) -> StepLog:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        # After a failure the pending rows are dropped: flushing them synchronises the device,
+        # which after a CUDA error raises again and would hide the error itself.
+        if exc_type is None:
+            self.flush()
         if self._file:
             self._file.close()
 

@@ -29,3 +29,8 @@ def load_tokenizer(model: DictConfig) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model.path)
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return tokenizer.eos_token_id if pad is None else pad

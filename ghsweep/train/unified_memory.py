@@ -16,6 +16,9 @@ import tempfile
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig
+
+from ghsweep.core.gpu import GpuInfo
 
 # Free GPU memory left to the CUDA context, cuBLAS workspaces and the rest.
 UNIFIED_HEADROOM_GIB = 4.0
@@ -142,11 +145,9 @@ class ManagedMemory:
         return self._lib.ghsweep_managed_peak() / 2**30
 
 
-def setup_unified_memory(memory_cfg) -> ManagedMemory:
-    """memory=unified for this process, capped at the GPU's free memory less some headroom."""
-    from ghsweep.launch.device_probe import probe_gpu
-
-    gpu = probe_gpu()
+def setup_unified_memory(memory_cfg: DictConfig, gpu: GpuInfo | None) -> ManagedMemory:
+    """memory=unified for this process, capped at the GPU's free memory (`gpu`: the run plan's,
+    probed on the node before the worker started) less some headroom."""
     if gpu is None:
         raise RuntimeError("memory=unified: no NVIDIA GPU visible to the worker")
     return enable_managed_memory(gpu.free_mem_gib - UNIFIED_HEADROOM_GIB, memory_cfg.pool_size_gb, memory_cfg.prefetch)

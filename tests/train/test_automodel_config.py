@@ -13,7 +13,8 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
-from ghsweep.train.automodel.config import check_config, recipe_config
+from ghsweep.train.automodel.checks import check_config
+from ghsweep.train.automodel.config import recipe_config
 from ghsweep.core.errors import ConfigError
 from tests.conftest import CONF_DIR, run_cli
 

@@ -52,7 +52,7 @@ def test_automodel_reads_the_loop_sections_as_ghsweep_set_them(tmp_path):
 
 def test_the_dataset_is_the_torch_backend_s_blocks_with_next_token_labels(tmp_path):
     from ghsweep.train.tokenizer import load_tokenizer
-    from ghsweep.train.torch_backend import load_blocks
+    from ghsweep.train.data import load_blocks
 
     cfg, recipe = written_recipe(tmp_path)
     dataset = recipe.dataset.instantiate()

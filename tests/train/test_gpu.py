@@ -12,10 +12,9 @@ import sys
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from tests.conftest import CONF_DIR
+from tests.train.planned_run import composed, planned_run
 
 pytestmark = pytest.mark.gpu
 
@@ -26,13 +25,10 @@ LOSS_TOLERANCE = {"bf16": 0.03, "fp16": 0.01, "fp8": 0.1}
 
 def train(tmp_path, *overrides: str) -> tuple[list[float], dict]:
     """Train in a real worker process (memory=unified must be set up before CUDA starts)."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "device=cuda", "profile=none", "train.max_steps=12", "train.log_every=12", "train.compile=false",
-            "train.seq_length=256", "train.micro_batch_size=4", *overrides])
+    cfg = composed("device=cuda", "profile=none", "train.max_steps=12", "train.log_every=12", "train.compile=false",
+                   "train.seq_length=256", "train.micro_batch_size=4", *overrides)
     run_dir = tmp_path / ("_".join(overrides).replace("/", "_").replace("=", "-") or "default")
-    run_dir.mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    planned_run(run_dir, cfg)
     proc = subprocess.run([sys.executable, "-m", "ghsweep.train.worker", str(run_dir)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from ghsweep.train.nemo.recipe import RECIPE_JSON, RECIPE_TEXT, build_recipe, load_recipe
+from ghsweep.core.run_dir import RECIPE_JSON, RECIPE_TXT
+from ghsweep.train.nemo.recipe import build_recipe, load_recipe
 from tests.conftest import CONF_DIR, run_cli
 from tests.nemo import nemo_llm  # noqa: F401  (the fixture)
 
@@ -33,7 +34,7 @@ def test_dry_run_prints_the_recipe_and_the_worker_command_and_keeps_the_recipe(t
     assert "<Partial[finetune(" in llama and "cpu_offloading_num_layers=4" in llama
     assert "<Config[NsysCallback(start_step=5, end_step=7" in llama
     # Nothing trained, nothing recorded: only the recipe is kept.
-    assert (run_dir / RECIPE_TEXT).exists() and not (run_dir / "metrics.jsonl").exists()
+    assert (run_dir / RECIPE_TXT).exists() and not (run_dir / "metrics.jsonl").exists()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["backend=nemo", "model=llama2_7b", "offload=on",
                                                        "offload.num_layers=4"])

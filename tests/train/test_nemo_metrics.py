@@ -1,8 +1,11 @@
-"""StepMetricsCallback on a real Lightning training loop (CPU): the torch backend's metrics.jsonl rows."""
+"""StepMetricsCallback on a real Lightning training loop (CPU): the torch backend's metrics.jsonl rows;
+and the NeMo worker's imports."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -55,3 +58,13 @@ def test_callback_writes_one_row_per_step_with_the_losses_lightning_saw(tmp_path
     summary = callback.log.summary(warmup_steps=2)
     assert summary["steps"] == 6 and summary["steady_steps"] == 4
     assert summary["final_loss"] == pytest.approx(module.seen[-1])
+
+
+def test_the_nemo_training_path_loads_none_of_the_torch_backend():
+    """NeMo's worker shares the light pieces (data, device, flops, summary), not the torch backend's
+    model code, which imports transformers and peft."""
+    code = ("import json, sys, ghsweep.train.nemo.train; "
+            "print(json.dumps(sorted(m for m in sys.modules if m in ('ghsweep.train.model', 'ghsweep.train.torch_train', "
+            "'ghsweep.train.torch_backend'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == []

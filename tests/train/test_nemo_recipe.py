@@ -19,10 +19,11 @@ from hydra import compose, initialize_config_dir
 
 from ghsweep.train import data as dolly
 from ghsweep.train.flops import ModelShape
-from ghsweep.train.nemo.recipe import (
-    DATASET_DIR, RECIPE_JSON, RECIPE_TEXT, build_recipe, check_config, load_recipe, model_shape, save_recipe,
-)
 from ghsweep.core.errors import ConfigError
+from ghsweep.core.run_dir import RECIPE_JSON, RECIPE_TXT
+from ghsweep.train.nemo.recipe import (
+    DATASET_DIR, build_recipe, check_config, load_recipe, model_shape, save_recipe,
+)
 from tests.conftest import CONF_DIR
 from tests.nemo import nemo_llm  # noqa: F401  (the fixture)
 
@@ -194,7 +195,7 @@ def test_dolly_file_is_packed_by_nemo_s_own_data_module(tmp_path):
 
     # Imported here: the worker module imports Lightning, which the base install (where this file is
     # collected but deselected) lacks.
-    from ghsweep.train.nemo.backend import VALIDATION_RECORDS, write_dataset
+    from ghsweep.train.nemo.train import VALIDATION_RECORDS, write_dataset
 
     records = dolly.synthetic_dolly(60, seed=3)
     dolly.write_dolly_jsonl(records, tmp_path / "dolly.jsonl")
@@ -248,7 +249,7 @@ def test_serialised_recipe_reloads(tmp_path):
 
     recipe, _ = recipe_of(tmp_path, "model=llama2_7b", "peft=lora", "precision=fp8", "offload=on")
     text = save_recipe(recipe, tmp_path)
-    assert (tmp_path / RECIPE_TEXT).read_text().strip() == text.strip()
+    assert (tmp_path / RECIPE_TXT).read_text().strip() == text.strip()
     assert text.startswith("<Partial[finetune(") and "cpu_offloading=True" in text
     reloaded = load_recipe(tmp_path)
     assert reloaded == recipe

@@ -1,7 +1,7 @@
 """The config groups mapped onto the config of NeMo AutoModel's `TrainFinetuneRecipeForNextTokenPrediction`.
 
-Everything here is plain data: no AutoModel import, so the job process validates a backend=automodel
-run and the dry run prints its recipe config on any machine.
+Everything here is plain data: no AutoModel import, so the dry run prints a backend=automodel run's
+recipe config on any machine.
 """
 
 from __future__ import annotations
@@ -13,36 +13,11 @@ import yaml
 from omegaconf import DictConfig
 
 from ghsweep.train.attention import resolve
+from ghsweep.train.automodel.checks import TORCH_DTYPES
 from ghsweep.train.tokenizer import ByteTokenizer
-from ghsweep.core.errors import ConfigError
 
 # The recipe config a run trained with, as AutoModel's own YAML (its CLI takes the same file).
 RECIPE_YAML = "automodel.yaml"
-TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp8": "bfloat16"}
-
-
-def check_config(cfg: DictConfig) -> None:
-    """Raise ConfigError for what the AutoModel recipe cannot do, before any GPU time."""
-    if cfg.precision.name not in TORCH_DTYPES:
-        raise ConfigError(
-            f"precision={cfg.precision.name}: AutoModel trains in one dtype without loss scaling; "
-            "accepted with backend=automodel: fp32, bf16, fp8"
-        )
-    if cfg.precision.name == "fp8" and cfg.precision.library not in ("auto", "torchao"):
-        raise ConfigError(
-            f"precision.library={cfg.precision.library}: AutoModel's fp8 is torchao's float8 training; "
-            "accepted with backend=automodel: auto, torchao"
-        )
-    if cfg.precision.name == "fp8" and cfg.precision.scaling != "current":
-        raise ConfigError(
-            f"precision.scaling={cfg.precision.scaling}: torchao's float8 training scales from the tensor itself; "
-            "accepted with backend=automodel: current"
-        )
-    if cfg.offload.enabled:
-        raise ConfigError(
-            "offload=on: AutoModel offloads parameters and optimizer state (FSDP2's CPUOffloadPolicy), "
-            "not activations; accepted with backend=automodel: off"
-        )
 
 
 def attn_implementation(cfg: DictConfig, device_type: str) -> str:
@@ -117,14 +92,3 @@ def write_recipe(recipe: dict[str, Any], run_dir: Path) -> Path:
     path = run_dir / RECIPE_YAML
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path
-
-
-def describe_recipe(cfg: DictConfig, run_dir: Path) -> str:
-    """The dry run of a backend=automodel combination: the recipe config it would train with (on a GPU)."""
-    try:
-        check_config(cfg)
-    except ConfigError as exc:
-        return f"  recipe:  (not runnable) {exc}"
-    text = yaml.safe_dump(recipe_config(cfg, run_dir, "cuda"), sort_keys=False)
-    return f"  recipe:  AutoModel TrainFinetuneRecipeForNextTokenPrediction, {run_dir / RECIPE_YAML}\n" + \
-        "\n".join("    " + line for line in text.splitlines())

@@ -11,7 +11,9 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from ghsweep.train.data import IGNORE_INDEX, PackedDataset
+from ghsweep.core.run_dir import CONFIG
+from ghsweep.train.data import IGNORE_INDEX, PackedDataset, load_blocks
+from ghsweep.train.tokenizer import load_tokenizer
 
 
 class ShiftedPackedDataset(PackedDataset):
@@ -25,10 +27,7 @@ class ShiftedPackedDataset(PackedDataset):
 
 
 def packed_dolly(run_dir: str) -> ShiftedPackedDataset:
-    from ghsweep.train.tokenizer import load_tokenizer
-    from ghsweep.train.torch_backend import load_blocks
-
-    cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
+    cfg = OmegaConf.load(Path(run_dir) / CONFIG)
     # On the CPU even inside the recipe's setup, which the backend runs under the CUDA device: the
     # dataloader's workers and pinned memory take host tensors.
     with torch.device("cpu"):

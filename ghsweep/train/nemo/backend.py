@@ -1,116 +1,41 @@
-"""The worker side of backend=nemo: write the data, compose the recipe, run it, summarise the run.
-
-Training needs CUDA (Megatron's gradient buffers) and, for Llama's fused rope, Transformer Engine:
-it runs in a NeMo container on GPU nodes. Everything before `fit` runs anywhere NeMo imports.
-"""
+"""backend=nemo: NeMo 2's Llama fine-tuning recipe (recipe.py), trained by train.py. Light to import:
+NeMo and torch load in `train` (and in `describe`, where NeMo imports), so any machine checks a config."""
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 
-import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from ghsweep.train import data as dolly
-from ghsweep.train.attention import attended_keys_per_token
-from ghsweep.train.flops import add_throughput_metrics, run_flops_per_token
-from ghsweep.train.nemo.metrics import StepMetricsCallback
-from ghsweep.train.nemo.recipe import (DATASET_DIR, build_recipe, check_config, hf_import_path, llama_architecture,
-                                       model_shape, save_recipe)
-from ghsweep.train.tokenizer import load_tokenizer
-from ghsweep.train.torch_backend import device_name, load_blocks, peak_memory_gib
-from ghsweep.train.unified_memory import ManagedMemory
-
-# Records held out as NeMo's validation file, which its data module requires (never evaluated:
-# ghsweep runs no validation passes).
-VALIDATION_RECORDS = 8
+from ghsweep.core.backends import ManagedAllocator
+from ghsweep.core.errors import ConfigError
+from ghsweep.core.run_plan import RunPlan
+from ghsweep.core.summary import RunSummary
+from ghsweep.train.nemo.recipe import check_config, describe_recipe
 
 
-def write_dataset(cfg: DictConfig, root: Path) -> int:
-    """The run's dolly records in NeMo's fine-tuning format, one {"input", "output"} per line."""
-    records = dolly.load_records(cfg.data, cfg.seed, cfg.train.seq_length, load_tokenizer(cfg.model))
-    root.mkdir(parents=True, exist_ok=True)
-    splits = {"training.jsonl": records[VALIDATION_RECORDS:], "validation.jsonl": records[:VALIDATION_RECORDS]}
-    for name, split in splits.items():
-        with open(root / name, "w", encoding="utf-8") as f:
-            for r in split:
-                # The same prompt as the torch backend's; NeMo masks it out of the loss as well.
-                f.write(json.dumps({"input": dolly.prompt_text(r), "output": r["response"]}) + "\n")
-    return len(splits["training.jsonl"])
+class NemoBackend:
+    name = "nemo"
+
+    def check(self, cfg: DictConfig, on_gpu: bool) -> None:
+        # Without a container the worker trains in this interpreter, so its packages can be checked now.
+        check_config(cfg, runtime=not OmegaConf.select(cfg, "container.image"))
+        if not on_gpu:
+            raise ConfigError(
+                f"backend=nemo: training needs an NVIDIA GPU (Megatron) and this run has none (device={cfg.device}); "
+                "accepted here: backend=torch"
+            )
+
+    def describe(self, cfg: DictConfig, run_dir: Path) -> str:
+        return describe_recipe(cfg, run_dir)
+
+    def train(self, cfg: DictConfig, plan: RunPlan, run_dir: Path,
+              managed: ManagedAllocator | None = None) -> RunSummary:
+        # The worker's interpreter is the one that trains: the installed packages are checked too.
+        check_config(cfg, runtime=True)
+        from ghsweep.train.nemo.train import train
+
+        return train(cfg, plan, run_dir, managed)
 
 
-def import_hf_model(model: DictConfig) -> None:
-    """Convert a Hugging Face folder into NeMo's model cache once (NeMo skips it when present).
-
-    NeMo's Llama importer reads the folder's config.json itself; the model passed here only picks
-    that importer, and is given the same shape so nothing suggests another.
-    """
-    from nemo.collections import llm
-
-    if hf_import_path(model.path).exists():
-        return
-    a = llama_architecture(model)
-    config = llm.LlamaConfig(num_layers=a["num_hidden_layers"], hidden_size=a["hidden_size"],
-                             ffn_hidden_size=a["intermediate_size"], num_attention_heads=a["num_attention_heads"],
-                             num_query_groups=a["num_key_value_heads"])
-    llm.import_ckpt(model=llm.LlamaModel(config), source=f"hf://{model.path}")
-
-
-def train(cfg: DictConfig, run_dir: Path, managed: ManagedMemory | None = None) -> dict:
-    """Run the recipe `cfg` maps to; metrics.jsonl comes from StepMetricsCallback; return the summary."""
-    import fiddle as fdl
-    import nemo
-
-    t_setup = time.time()
-    check_config(cfg, runtime=True)
-    if not torch.cuda.is_available():
-        raise RuntimeError("backend=nemo: training needs an NVIDIA GPU (Megatron keeps its gradient buffers in CUDA)")
-    if cfg.precision.name == "fp32":
-        torch.backends.cuda.matmul.allow_tf32 = bool(cfg.precision.allow_tf32)
-    examples = write_dataset(cfg, run_dir / DATASET_DIR)
-    if cfg.model.path:
-        import_hf_model(cfg.model)
-    recipe = build_recipe(cfg, run_dir)
-    save_recipe(recipe, run_dir)
-    finetune = fdl.build(recipe)
-    metrics_cb = next(c for c in finetune.keywords["trainer"].callbacks if isinstance(c, StepMetricsCallback))
-    finetune()
-
-    log = metrics_cb.log
-    device = torch.device("cuda", torch.cuda.current_device())
-    metrics = log.summary(cfg.train.warmup_steps)
-    managed_peak = managed.peak_gib() if managed else None
-    metrics["peak_mem_gb"] = managed_peak if managed_peak is not None else peak_memory_gib(device)
-    # Attention FLOPs over the documents each token sees, counted on the torch backend's packing of
-    # the same records (NeMo packs them differently, but every token still sees only its own document).
-    blocks = load_blocks(cfg, load_tokenizer(cfg.model))
-    flops = run_flops_per_token(model_shape(cfg.model), cfg, attended_keys_per_token(blocks.position_ids, True))
-    name = device_name(device)
-    gpus = cfg.backend.num_nodes * cfg.backend.gpus_per_node
-    peak = add_throughput_metrics(metrics, flops, name, cfg.precision.name, gpus=gpus)
-    # The same world metrics as the torch backend: the comparison's scaling column reads them.
-    metrics["world_size"] = gpus
-    metrics["tokens_per_s_per_gpu"] = metrics["tokens_per_s"] / gpus
-    info = {
-        "device": str(device),
-        "device_name": name,
-        "torch_version": torch.__version__,
-        "nemo_version": nemo.__version__,
-        "random_init": not cfg.model.path,
-        "params_total": metrics_cb.params_total,
-        "params_trainable": metrics_cb.params_trainable,
-        "examples": examples,
-        "flops_per_token": flops,
-        "mfu_peak_tflops": peak,
-        "offload_applied": bool(cfg.offload.enabled),
-    }
-    if managed:
-        info["unified_allocator"] = managed.allocator
-    return {
-        "metrics": metrics,
-        "timing": {"setup_s": metrics_cb.train_started_at - t_setup,
-                   "train_s": metrics_cb.train_ended_at - metrics_cb.train_started_at},
-        "info": info,
-    }
+BACKEND = NemoBackend()

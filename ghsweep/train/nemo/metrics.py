@@ -57,11 +57,7 @@ class StepMetricsCallback(Callback):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         self.log.end(step, torch.as_tensor(loss), self._started)
         self._step.close()
-        if (step + 1) % self.log_every == 0 or step + 1 == self.max_steps:
-            self.log.flush()
-            if trainer.global_rank == 0:
-                print(f"step {step + 1}/{self.max_steps} loss {self.log.losses[-1]:.4f} "
-                      f"step_time_ms {self.log.step_times_ms[-1]:.1f}", flush=True)
+        self.log.flush_due(step + 1, self.max_steps, self.log_every, progress=trainer.global_rank == 0)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.log.close()

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from ghsweep.config.validate import check_int, model_facts
 from ghsweep.train.flops import ModelShape
 from ghsweep.core.errors import ConfigError
+from ghsweep.core.run_dir import METRICS, RECIPE_JSON, RECIPE_TXT
 
 # LoRA targets: transformers' module names -> Megatron's fused linear layers. Megatron fuses
 # q/k/v into one GEMM and gate/up into another, so a LoRA target is all of a group or none of it.
@@ -26,10 +27,6 @@ LORA_MODULE_GROUPS = {
     "linear_fc2": ("down_proj",),
 }
 RECOMPUTE_GRANULARITIES = (None, "selective", "full")
-# Files a backend=nemo run directory keeps: the recipe as NeMo-Run prints it, and as fiddle JSON
-# (reloadable with `load_recipe`).
-RECIPE_TEXT = "recipe.txt"
-RECIPE_JSON = "recipe.json"
 # The dolly records converted to NeMo's fine-tuning format ({"input", "output"} per line).
 DATASET_DIR = "nemo_data"
 
@@ -343,17 +340,18 @@ def _map_train(recipe: Any, cfg: DictConfig, run_dir: Path) -> None:
         *(trainer.callbacks or []),
         run.Config(NsysCallback, start_step=cfg.capture.start_step,
                    end_step=cfg.capture.start_step + cfg.capture.num_steps - 1, ranks=[0]),
-        run.Config(StepMetricsCallback, metrics_path=str(run_dir / "metrics.jsonl"),
+        run.Config(StepMetricsCallback, metrics_path=str(run_dir / METRICS),
                    tokens_per_step=tokens_per_step(cfg), max_steps=t.max_steps, log_every=t.log_every),
     ]
 
 
 def save_recipe(recipe: Any, run_dir: Path) -> str:
-    """Write the recipe into `run_dir` (readable text and reloadable JSON); return the text."""
+    """Write the recipe into `run_dir` as NeMo-Run prints it and as fiddle JSON (reloadable with
+    `load_recipe`); return the text."""
     from fiddle._src.experimental import serialization
 
     text = str(recipe)
-    (run_dir / RECIPE_TEXT).write_text(text + "\n")
+    (run_dir / RECIPE_TXT).write_text(text + "\n")
     (run_dir / RECIPE_JSON).write_text(serialization.dump_json(recipe, indent=1))
     return text
 

@@ -1,0 +1,32 @@
+"""The device a worker trains on, its name, and the peak memory a run needed there."""
+
+from __future__ import annotations
+
+import platform
+import resource
+from pathlib import Path
+
+import torch
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
+        if line.startswith("model name"):
+            return "cpu: " + line.split(":", 1)[1].strip()
+    return "cpu: " + (platform.processor() or platform.machine())
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak memory the run needed: allocated device memory on a GPU, resident set size on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is KiB on Linux

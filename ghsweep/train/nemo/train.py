@@ -1,0 +1,94 @@
+"""The worker side of backend=nemo: write the data, compose the recipe, run it, summarise the run.
+
+Training needs CUDA (Megatron's gradient buffers) and, for Llama's fused rope, Transformer Engine:
+it runs in a NeMo container on GPU nodes. Everything before `fit` runs anywhere NeMo imports.
+Nothing here loads transformers or peft (the torch backend's model): the pieces both backends use
+live in light modules (data, device, flops, summary).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from ghsweep.core.backends import ManagedAllocator
+from ghsweep.core.run_plan import RunPlan
+from ghsweep.core.summary import RunSummary
+from ghsweep.train import data as dolly
+from ghsweep.train.attention import attended_keys_per_token
+from ghsweep.train.device import peak_memory_gib
+from ghsweep.train.flops import run_flops_per_token
+from ghsweep.train.nemo.metrics import StepMetricsCallback
+from ghsweep.train.nemo.recipe import DATASET_DIR, build_recipe, hf_import_path, llama_architecture, model_shape, save_recipe
+from ghsweep.train.summary import run_peak_gib, run_summary
+from ghsweep.train.tokenizer import load_tokenizer
+
+# Records held out as NeMo's validation file, which its data module requires (never evaluated:
+# ghsweep runs no validation passes).
+VALIDATION_RECORDS = 8
+
+
+def write_dataset(cfg: DictConfig, root: Path) -> int:
+    """The run's dolly records in NeMo's fine-tuning format, one {"input", "output"} per line."""
+    records = dolly.load_records(cfg.data, cfg.seed, cfg.train.seq_length, load_tokenizer(cfg.model))
+    root.mkdir(parents=True, exist_ok=True)
+    splits = {"training.jsonl": records[VALIDATION_RECORDS:], "validation.jsonl": records[:VALIDATION_RECORDS]}
+    for name, split in splits.items():
+        with open(root / name, "w", encoding="utf-8") as f:
+            for r in split:
+                # The same prompt as the torch backend's; NeMo masks it out of the loss as well.
+                f.write(json.dumps({"input": dolly.prompt_text(r), "output": r["response"]}) + "\n")
+    return len(splits["training.jsonl"])
+
+
+def import_hf_model(model: DictConfig) -> None:
+    """Convert a Hugging Face folder into NeMo's model cache once (NeMo skips it when present).
+
+    NeMo's Llama importer reads the folder's config.json itself; the model passed here only picks
+    that importer, and is given the same shape so nothing suggests another.
+    """
+    from nemo.collections import llm
+
+    if hf_import_path(model.path).exists():
+        return
+    a = llama_architecture(model)
+    config = llm.LlamaConfig(num_layers=a["num_hidden_layers"], hidden_size=a["hidden_size"],
+                             ffn_hidden_size=a["intermediate_size"], num_attention_heads=a["num_attention_heads"],
+                             num_query_groups=a["num_key_value_heads"])
+    llm.import_ckpt(model=llm.LlamaModel(config), source=f"hf://{model.path}")
+
+
+def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None) -> RunSummary:
+    """Run the recipe `cfg` maps to; metrics.jsonl comes from StepMetricsCallback; return the summary."""
+    import fiddle as fdl
+    import nemo
+
+    setup_at = time.time()
+    if not torch.cuda.is_available():
+        raise RuntimeError("backend=nemo: training needs an NVIDIA GPU (Megatron keeps its gradient buffers in CUDA)")
+    if cfg.precision.name == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = bool(cfg.precision.allow_tf32)
+    examples = write_dataset(cfg, run_dir / DATASET_DIR)
+    if cfg.model.path:
+        import_hf_model(cfg.model)
+    recipe = build_recipe(cfg, run_dir)
+    save_recipe(recipe, run_dir)
+    finetune = fdl.build(recipe)
+    metrics_cb = next(c for c in finetune.keywords["trainer"].callbacks if isinstance(c, StepMetricsCallback))
+    finetune()
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    # Attention FLOPs over the documents each token sees, counted on the torch backend's packing of
+    # the same records (NeMo packs them differently, but every token still sees only its own document).
+    blocks = dolly.load_blocks(cfg, load_tokenizer(cfg.model))
+    flops = run_flops_per_token(model_shape(cfg.model), cfg, attended_keys_per_token(blocks.position_ids, True))
+    return run_summary(cfg, metrics_cb.log, device, peak_gib=run_peak_gib(managed, peak_memory_gib(device)),
+                       flops_per_token=flops, gpus=plan.world.size,
+                       params=(metrics_cb.params_total, metrics_cb.params_trainable), random_init=not cfg.model.path,
+                       offload_applied=bool(cfg.offload.enabled), managed=managed, setup_at=setup_at,
+                       train_started_at=metrics_cb.train_started_at, train_ended_at=metrics_cb.train_ended_at,
+                       info={"nemo_version": nemo.__version__, "examples": examples})

@@ -1,0 +1,55 @@
+"""The worker summary every backend returns: one assembly, so MLflow cannot tell the backends apart."""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+
+from ghsweep.core.backends import ManagedAllocator
+from ghsweep.core.summary import RunSummary
+from ghsweep.train.device import device_name
+from ghsweep.train.flops import add_throughput_metrics
+from ghsweep.train.step_log import StepLog
+
+
+def run_peak_gib(managed: ManagedAllocator | None, measured_gib: float) -> float:
+    """The managed-memory allocator's peak where it knows one (the device counter misses managed
+    memory), else what the backend measured."""
+    managed_peak = managed.peak_gib() if managed else None
+    return managed_peak if managed_peak is not None else measured_gib
+
+
+def run_summary(cfg: DictConfig, log: StepLog, device: torch.device, *, peak_gib: float, flops_per_token: float,
+                gpus: int, params: tuple[int, int], random_init: bool, offload_applied: bool,
+                managed: ManagedAllocator | None, setup_at: float, train_started_at: float, train_ended_at: float,
+                metrics: dict[str, float] | None = None, info: dict[str, object] | None = None) -> RunSummary:
+    """The run's summary from its step log and facts; `metrics` and `info` add the backend's own.
+
+    `params`: (total, trainable) parameter counts. `setup_at`: when the backend started setting up
+    (after its imports), `train_started_at` / `train_ended_at`: the training loop's edges.
+    """
+    name = device_name(device)
+    measured = log.summary(cfg.train.warmup_steps) | {"peak_mem_gb": peak_gib}
+    peak_tflops = add_throughput_metrics(measured, flops_per_token, name, cfg.precision.name, gpus=gpus)
+    # Per-GPU throughput: the comparison's scaling column reads it.
+    measured |= {"world_size": gpus, "tokens_per_s_per_gpu": measured["tokens_per_s"] / gpus}
+    facts: dict[str, object] = {
+        "device": str(device),
+        "device_name": name,
+        "torch_version": torch.__version__,
+        "random_init": random_init,
+        "params_total": params[0],
+        "params_trainable": params[1],
+        "flops_per_token": flops_per_token,
+        "mfu_peak_tflops": peak_tflops,
+        "offload_applied": offload_applied,
+    }
+    if managed:
+        facts["unified_allocator"] = managed.allocator
+    return RunSummary(
+        metrics=measured | (metrics or {}),
+        # setup_at: the worker counts the time before it as import_s.
+        timing={"setup_at": setup_at, "setup_s": train_started_at - setup_at,
+                "train_s": train_ended_at - train_started_at},
+        info=facts | (info or {}),
+    )

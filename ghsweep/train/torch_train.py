@@ -1,0 +1,216 @@
+"""The PyTorch training loop: transformers Llama, LoRA through peft or full fine-tuning, dolly data.
+
+On a GPU each knob does what its name says: precision sets parameter dtypes and fp8 layers
+(precision.py, fp8.py), offload parks the first layers' activations in pinned host memory
+(offload.py), memory=unified serves every CUDA allocation from managed memory (unified_memory.py),
+and train.compile compiles each decoder layer and the loss (train.activation_memory_budget: how
+much of their saved activations the compiled layers keep). The optimizer is fused AdamW (optim.py),
+or with train.optimizer_in_backward one AdamW per tensor stepped during backward. With several ranks
+(torchrun or SLURM tasks) each trains its share of the data under DDP or FSDP2 (distributed.py) and
+rank 0 writes the records.
+
+`train` reads as its steps: build the model, the data and the optimizer step, run the loop, summarise.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from ghsweep.core.backends import ManagedAllocator
+from ghsweep.core.run_dir import METRICS
+from ghsweep.core.run_plan import RunPlan
+from ghsweep.core.summary import RunSummary
+from ghsweep.profile.torch_capture import torch_capture
+from ghsweep.train import attention as attn
+from ghsweep.train import data as dolly
+from ghsweep.train import distributed
+from ghsweep.train.device import peak_memory_gib
+from ghsweep.train.flops import ModelShape, run_flops_per_token
+from ghsweep.train.loss import causal_lm_loss
+from ghsweep.train.model import apply_peft, build_model, count_parameters
+from ghsweep.train.offload import ActivationOffload
+from ghsweep.train.optim import AdamStepsInBackward, make_optimizer
+from ghsweep.train.phases import Phases
+from ghsweep.train.precision import Precision
+from ghsweep.train.step_log import StepLog
+from ghsweep.train.summary import run_peak_gib, run_summary
+
+
+@dataclass
+class Model:
+    """The model as the loop trains it, and what the summary reports of how it was built."""
+
+    train_step: nn.Module  # decoder, LM head and loss; under DDP or FSDP2 with several ranks
+    hf_config: Any  # transformers' config of the causal LM (its shape)
+    tokenizer: Any
+    random_init: bool
+    params: tuple[int, int]  # (total, trainable), before sharding
+    compiled: bool
+    data_parallel: str | None  # ddp | fsdp with several ranks, else None
+    fp8_library: str | None
+    offload: ActivationOffload | None
+
+    def trained_parameters(self) -> list[nn.Parameter]:
+        # Read after parallelize: FSDP2 replaced the parameters with their shards.
+        return [p for p in self.train_step.parameters() if p.requires_grad]
+
+
+class OptimizerStep:
+    """One optimizer step after backward: fused AdamW with its schedule, or (train.optimizer_in_backward)
+    the end of the per-tensor AdamW steps that ran during backward."""
+
+    def __init__(self, trained: list[nn.Parameter], train_cfg: DictConfig, device: torch.device,
+                 precision: Precision):
+        self._trained, self._grad_clip, self._precision = trained, train_cfg.grad_clip, precision
+        self._in_backward = AdamStepsInBackward(trained, train_cfg, device) if train_cfg.optimizer_in_backward else None
+        if self._in_backward is None:
+            self._optimizer, self._schedule = make_optimizer(trained, train_cfg, device)
+
+    def __call__(self) -> None:
+        if self._in_backward is not None:
+            self._in_backward.end_step()
+            return
+        self._precision.step(self._optimizer, self._trained, self._grad_clip)
+        self._schedule.step()
+        self._optimizer.zero_grad(set_to_none=True)
+
+
+def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None) -> RunSummary:
+    """Train `cfg.train.max_steps` steps; write metrics.jsonl; return the run's summary.
+
+    With memory=unified, `managed` is the managed-memory allocator the worker set up before
+    anything touched CUDA (unified_memory.setup_unified_memory).
+    """
+    setup_at = time.time()
+    ranks = distributed.ranks_from_env()
+    device = distributed.rank_device(torch.device(plan.device), ranks)
+    distributed.start(ranks, device)
+    try:
+        return _train(cfg, plan, run_dir, managed, ranks, device, setup_at)
+    finally:
+        distributed.stop(ranks)
+
+
+def _train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None,
+           ranks: distributed.Ranks, device: torch.device, setup_at: float) -> RunSummary:
+    # The same seed on every rank: the same initial weights (DDP and FSDP2 start from them unbroadcast).
+    torch.manual_seed(cfg.seed)
+    precision = Precision(cfg.precision, device)
+    attention = attn.PackedAttention(attn.resolve(cfg.train.attention, cfg.data.packing_mask, device.type),
+                                     cfg.data.packing_mask)
+    model = build(cfg, plan, ranks, device, precision, attention)
+    blocks = dolly.load_blocks(cfg, model.tokenizer)
+    loader = make_loader(cfg, blocks, ranks, device)
+    optimizer_step = OptimizerStep(model.trained_parameters(), cfg.train, device, precision)
+    # The global batch: every rank trains micro_batch_size blocks per step.
+    tokens_per_step = cfg.train.micro_batch_size * cfg.train.seq_length * ranks.world_size
+    log = StepLog(run_dir / METRICS if ranks.is_main else None, device, tokens_per_step)
+
+    train_started_at = time.time()
+    # Closed however the loop ends: the trace and the capture window cover what ran, metrics.jsonl is complete.
+    with (log, Phases(device, cfg.capture.start_step, cfg.capture.num_steps) as phases,
+          torch_capture(plan.profile, run_dir, device, cfg.capture.start_step, cfg.capture.num_steps,
+                        ranks.rank) as profiler,
+          # The partitioner reads the budget when each compiled region is first traced (in the first step).
+          torch._functorch.config.patch(activation_memory_budget=cfg.train.activation_memory_budget)):
+        batches = dolly.endless(loader)
+        for step in range(cfg.train.max_steps):
+            profiler.step(step)
+            with phases.step(step):
+                started = log.start()
+                with phases.range("data"):
+                    batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
+                with phases.range("forward"), precision.forward_region(), attention.region():
+                    loss = model.train_step(batch["input_ids"], batch["labels"], **attention.decoder_kwargs(batch))
+                with phases.range("backward"):
+                    precision.backward(loss)
+                with phases.range("optimizer"):
+                    optimizer_step()
+                    distributed.after_optimizer_step(model.train_step, model.data_parallel, model.fp8_library)
+                log.end(step, loss, started)
+            log.flush_due(step + 1, cfg.train.max_steps, cfg.train.log_every, progress=ranks.is_main)
+    train_ended_at = time.time()
+
+    peak_gib = run_peak_gib(managed, peak_memory_gib(device))
+    ranks_seen = distributed.rank_summary(distributed.gather(log.step_times_ms, ranks),
+                                          distributed.gather(peak_gib, ranks), cfg.train.warmup_steps)
+    shape = ModelShape(**{k: model.hf_config.to_dict()[k] for k in (
+        "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")},
+        num_layers=model.hf_config.num_hidden_layers)
+    flops = run_flops_per_token(shape, cfg, attn.attended_keys_per_token(blocks.position_ids, attention.document))
+    metrics, info = {}, {
+        "packed_blocks": len(blocks),
+        "examples_dropped_too_long": blocks.dropped,
+        "dataloader_workers": loader.num_workers,
+        "compiled": model.compiled,
+        "attention": attention.implementation,
+        "data_parallel": model.data_parallel or "none",
+    }
+    if ranks.world_size > 1:
+        metrics = {k: ranks_seen[k] for k in ("slowest_rank", "slowest_rank_step_time_ms", "rank_spread_pct")}
+        info["rank_step_time_ms"] = " ".join(f"{t:.1f}" for t in ranks_seen["rank_step_time_ms"])
+    if model.offload is not None:
+        info["offload_gb_per_step"] = model.offload.bytes_offloaded / 2**30 / cfg.train.max_steps
+    if model.fp8_library:
+        info["fp8_library"] = model.fp8_library
+    return run_summary(cfg, log, device, peak_gib=max(ranks_seen["rank_peak_mem_gb"]), flops_per_token=flops,
+                       gpus=ranks.world_size, params=model.params, random_init=model.random_init,
+                       # Activation offload moves saved tensors from GPU to host memory; on the CPU they already live there.
+                       offload_applied=model.offload is not None, managed=managed, setup_at=setup_at,
+                       train_started_at=train_started_at, train_ended_at=train_ended_at, metrics=metrics, info=info)
+
+
+def build(cfg: DictConfig, plan: RunPlan, ranks: distributed.Ranks, device: torch.device, precision: Precision,
+          attention: attn.PackedAttention) -> Model:
+    """The model with its adapters, fp8 layers, compiled layers, data parallelism and activation offload."""
+    lora = cfg.peft.name == "lora"
+    base, tokenizer, random_init = build_model(
+        cfg.model, device, precision.frozen_dtype if lora else precision.trained_dtype, attention.hf_implementation
+    )
+    # transformers' LlamaForCausalLM, in peft's LoRA wrapper with peft=lora: attributes typed by neither.
+    hf_model: Any = apply_peft(base, cfg.peft, precision.trained_dtype)
+    params = count_parameters(hf_model)
+    fp8_library = None
+    if precision.name == "fp8":
+        from ghsweep.train.fp8 import apply_fp8
+
+        fp8_library = apply_fp8(hf_model, cfg.precision, precision, fsdp_all_gather=plan.data_parallel == "fsdp")
+    hf_model.train()
+
+    causal_lm = hf_model.get_base_model() if lora else hf_model
+    decoder = causal_lm.model
+    compiled = cfg.train.compile is True or (cfg.train.compile == "auto" and device.type == "cuda")
+    loss_fn = causal_lm_loss
+    if compiled:
+        for layer in decoder.layers:
+            layer.compile()
+        loss_fn = torch.compile(causal_lm_loss)
+    train_step, parallel = distributed.parallelize(distributed.TrainStep(decoder, causal_lm.lm_head, loss_fn), cfg,
+                                                   ranks, plan.data_parallel)
+    offload = None
+    if cfg.offload.enabled and device.type == "cuda":
+        offload = ActivationOffload(decoder.layers, cfg.offload.num_layers)
+    return Model(train_step, causal_lm.config, tokenizer, random_init, params, compiled, parallel, fp8_library, offload)
+
+
+def make_loader(cfg: DictConfig, blocks: dolly.PackedBlocks, ranks: distributed.Ranks,
+                device: torch.device) -> torch.utils.data.DataLoader:
+    dl = cfg.dataloader
+    return dolly.make_dataloader(
+        blocks,
+        batch_size=cfg.train.micro_batch_size,
+        seed=cfg.seed,
+        num_workers=dl.num_workers,
+        pin_memory=dl.pin_memory and device.type == "cuda",
+        prefetch_factor=dl.prefetch_factor,
+        persistent_workers=dl.persistent_workers,
+        rank=ranks.rank,
+        world_size=ranks.world_size,
+    )

@@ -1,0 +1,33 @@
+"""A run directory as the job leaves it for the worker: config.yaml and run_plan.json, for tests that
+start `python -m ghsweep.train.worker` themselves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
+
+from ghsweep.core.run_dir import CONFIG
+from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
+from ghsweep.launch.device_probe import probe_gpu
+from ghsweep.launch.world import data_parallel
+from tests.conftest import CONF_DIR
+
+
+def composed(*overrides: str) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def planned_run(run_dir: Path, cfg: DictConfig, profiler: str = "none") -> RunPlan:
+    """Write `cfg` and its plan (one process on this machine, `profiler` used) into `run_dir`."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    gpu = probe_gpu() if cfg.device != "cpu" else None
+    plan = RunPlan(name=run_dir.name, run_dir=str(run_dir), overrides=[], backend=cfg.backend.name,
+                   device="cuda" if gpu else "cpu", gpu=gpu, world=World(), data_parallel=data_parallel(cfg),
+                   profile=ProfilePlan(requested=profiler, used=profiler), container_prefix=[], worker_command=[],
+                   timeout_min=None)
+    plan.save(run_dir)
+    return plan

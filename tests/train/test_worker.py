@@ -1,0 +1,101 @@
+"""The worker process as the job starts it: it trains what run_plan.json and config.yaml say, writes
+summary.json, metrics.jsonl and the torch trace, records its failure in worker_error.json, and loads
+nothing of the launch side, the config validation, the profile planning or matplotlib."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ghsweep.core.run_dir import METRICS, SUMMARY, TORCH_TRACE, WORKER_ERROR
+from ghsweep.core.run_plan import ProfilePlan
+from ghsweep.profile.torch_capture import torch_capture
+from ghsweep.train.step_log import StepLog
+from tests.train.planned_run import composed, planned_run
+
+# Runs the worker as `python -m` would, then prints which of these modules it loaded.
+NOT_FOR_THE_WORKER = ("ghsweep.launch", "ghsweep.config", "ghsweep.profile.plan", "ghsweep.report",
+                      "ghsweep.tracking", "matplotlib")
+WORKER = f"""
+import json, runpy, sys
+sys.argv = ["ghsweep.train.worker", sys.argv[1]]
+try:
+    runpy.run_module("ghsweep.train.worker", run_name="__main__")
+except SystemExit as exit:
+    loaded = sorted({{m for m in sys.modules for p in {NOT_FOR_THE_WORKER!r} if m == p or m.startswith(p + ".")}})
+    print("LOADED " + json.dumps(loaded))
+    raise
+"""
+
+
+def run_worker(run_dir: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", WORKER, str(run_dir)], capture_output=True, text=True,
+                          env=dict(os.environ, **env), timeout=600)
+
+
+def loaded(proc: subprocess.CompletedProcess) -> list[str]:
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("LOADED "))[7:])
+
+
+def test_the_worker_trains_the_planned_run_and_loads_only_training(tmp_path):
+    cfg = composed("experiment=smoke", "train.max_steps=3", "train.log_every=2", "train.seq_length=64",
+                   "train.warmup_steps=1", "capture.start_step=1", "capture.num_steps=1")
+    planned_run(tmp_path, cfg, profiler="torch")
+    proc = run_worker(tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert loaded(proc) == []
+    assert [line.split(" loss")[0] for line in proc.stdout.splitlines() if line.startswith("step ")] == \
+        ["step 2/3", "step 3/3"]
+    rows = [json.loads(line) for line in (tmp_path / METRICS).read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2] and all(r["tokens"] == 64 for r in rows)
+    summary = json.loads((tmp_path / SUMMARY).read_text())
+    assert summary["metrics"]["steps"] == 3 and summary["metrics"]["steady_steps"] == 2
+    assert summary["metrics"]["final_loss"] == rows[-1]["loss"]
+    assert summary["metrics"]["world_size"] == 1
+    assert summary["metrics"]["tokens_per_s_per_gpu"] == summary["metrics"]["tokens_per_s"]
+    timing = summary["timing"]
+    assert timing["ready_at"] <= timing["setup_at"] and timing["import_s"] == timing["setup_at"] - timing["ready_at"]
+    assert timing["setup_s"] > 0 and timing["train_s"] > 0
+    assert summary["info"]["device"] == "cpu" and summary["info"]["data_parallel"] == "none"
+    assert summary["info"]["compiled"] is False and summary["info"]["offload_applied"] is False
+    # The plan said torch: the PyTorch profiler traced the capture window (step 1).
+    trace = json.loads((tmp_path / TORCH_TRACE).read_text())
+    assert any(e.get("name") == "step 1" for e in trace["traceEvents"])
+    assert not any(e.get("name") in ("step 0", "step 2") for e in trace["traceEvents"])
+    assert not (tmp_path / WORKER_ERROR).exists()
+
+
+def test_a_worker_that_fails_says_why_in_one_line(tmp_path):
+    (tmp_path / "config.yaml").write_text("seed: 0\n")
+    proc = run_worker(tmp_path, RANK="1")
+    assert proc.returncode == 1
+    error = json.loads((tmp_path / WORKER_ERROR).read_text())
+    assert error["type"] == "FileNotFoundError"
+    assert error["message"].startswith("rank 1: ") and "run_plan.json" in error["message"]
+    assert not (tmp_path / SUMMARY).exists()
+    assert loaded(proc) == []
+
+
+def test_a_failing_loop_still_closes_the_trace_and_the_step_log(tmp_path):
+    """The loop's context managers close on the way out of a failure: the trace of the steps that ran is
+    written, and metrics.jsonl keeps the rows flushed before it."""
+    cpu = torch.device("cpu")
+    profiled = ProfilePlan(requested="torch", used="torch")
+    with pytest.raises(RuntimeError, match="step 1 failed"):
+        with StepLog(tmp_path / METRICS, cpu, 8) as log, torch_capture(profiled, tmp_path, cpu, 0, 3) as profiler:
+            for step in range(3):
+                profiler.step(step)
+                with torch.profiler.record_function(f"step {step}"):
+                    log.end(step, torch.tensor(float(step)), log.start())
+                    if step == 1:
+                        raise RuntimeError("step 1 failed")
+                log.flush_due(step + 1, 3, 1, progress=False)
+    assert [json.loads(line)["step"] for line in (tmp_path / METRICS).read_text().splitlines()] == [0]
+    names = {e.get("name") for e in json.loads((tmp_path / TORCH_TRACE).read_text())["traceEvents"]}
+    assert {"step 0", "step 1"} <= names
