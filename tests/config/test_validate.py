@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from ghsweep.config.validate import validate
 from ghsweep.core.gpu import GpuInfo
 from ghsweep.core.errors import ConfigError
-from tests.conftest import CONF_DIR
+from tests.conftest import compose_config as composed
 
 H100 = GpuInfo("NVIDIA H100", (9, 0), 80.0, 79.0)
 A100 = GpuInfo("NVIDIA A100-SXM4-80GB", (8, 0), 80.0, 79.0)
-
-
-def composed(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 def error_of(cfg, gpu=None) -> str:
