@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from ghsweep.config.schema import accepted, check, check_choice, check_int, choices, knobs
+from ghsweep.config.schema import accepted, check, check_choice, choices, knobs
 from ghsweep.core.backends import BACKENDS
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
@@ -94,7 +94,8 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> None:
 
 
 def _validate_nemo(cfg: DictConfig, on_gpu: bool) -> None:
-    # Imported here: ghsweep.train.nemo.recipe imports ConfigError from this module (and no NeMo).
+    # Imported here so that other backends never load it. To be replaced, with _validate_automodel, by
+    # backend_named(cfg.backend.name).check(cfg, on_gpu) (ghsweep.core.backends) once the backends answer it.
     from ghsweep.train.nemo.recipe import check_config
 
     # Without a container the worker trains in this interpreter, so its packages can be checked now.
@@ -107,7 +108,7 @@ def _validate_nemo(cfg: DictConfig, on_gpu: bool) -> None:
 
 
 def _validate_automodel(cfg: DictConfig, on_gpu: bool) -> None:
-    # Imported here: ghsweep.train.automodel.config imports ConfigError from this module (and no AutoModel).
+    # Imported here so that other backends never load it (see _validate_nemo).
     from ghsweep.train.automodel.config import check_config
 
     check_config(cfg)

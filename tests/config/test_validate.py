@@ -7,8 +7,8 @@ import importlib.util
 import pytest
 
 from ghsweep.config.validate import validate
-from ghsweep.core.gpu import GpuInfo
 from ghsweep.core.errors import ConfigError
+from ghsweep.core.gpu import GpuInfo
 from tests.conftest import compose_config as composed
 
 H100 = GpuInfo("NVIDIA H100", (9, 0), 80.0, 79.0)
