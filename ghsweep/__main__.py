@@ -40,7 +40,7 @@ def check_overrides(argv: list[str]) -> None:
                              "brackets, quotes, $, newlines or non-ASCII characters: 'key=\"value\"'") from None
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> dict:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode

@@ -1,4 +1,4 @@
-"""Shared fixtures: the repo's config directory and running the real `python -m ghsweep` CLI."""
+"""Shared fixtures: composing the repo's config and running the real `python -m ghsweep` CLI."""
 
 from __future__ import annotations
 
@@ -9,9 +9,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
+
+
+def compose_config(*overrides: str, hydra: bool = False) -> DictConfig:
+    """The config `python -m ghsweep OVERRIDES` composes (with the `hydra` node when `hydra`)."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra)
 
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:

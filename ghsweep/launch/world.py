@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from omegaconf import DictConfig
 
-from ghsweep.config.validate import check_int
+from ghsweep.config.schema import check_int
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_plan import World
 

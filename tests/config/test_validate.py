@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
-from hydra import compose, initialize_config_dir
 
 from ghsweep.config.validate import validate
-from ghsweep.core.gpu import GpuInfo
 from ghsweep.core.errors import ConfigError
-from tests.conftest import CONF_DIR
+from ghsweep.core.gpu import GpuInfo
+from tests.conftest import compose_config as composed
 
 H100 = GpuInfo("NVIDIA H100", (9, 0), 80.0, 79.0)
 A100 = GpuInfo("NVIDIA A100-SXM4-80GB", (8, 0), 80.0, 79.0)
-
-
-def composed(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 def error_of(cfg, gpu=None) -> str:
@@ -180,3 +176,29 @@ def test_optimizer_in_backward_refuses_fp16_loss_scaling():
     msg = error_of(composed("train.optimizer_in_backward=true", "precision=fp16"))
     assert msg.startswith("train.optimizer_in_backward=true:") and "accepted with precision=fp16: false" in msg
 
+
+
+def test_fp8_settings_are_checked_against_the_schema():
+    msg = error_of(composed("precision=fp8", "precision.scaling=tensorwise"), H100)
+    assert msg == "precision.scaling=tensorwise: not an accepted value; accepted: delayed, current"
+
+
+def test_a_synthetic_dataset_refuses_a_file_it_would_not_read(tmp_path):
+    records = tmp_path / "dolly.jsonl"
+    records.write_text('{"instruction": "a", "response": "b"}\n')
+    validate(composed("data=dolly_file", f"data.path={records}"), None)
+    msg = error_of(composed(f"data.path={records}"))
+    assert msg.startswith(f"data.path={records}: data=dolly_synthetic") and "data=dolly_file" in msg
+
+
+def test_unified_pool_size_needs_rmm():
+    validate(composed("memory=unified"), H100)
+    msg = error_of(composed("memory=unified", "memory.pool_size_gb=0"), H100)
+    assert msg == "memory.pool_size_gb=0: must be a number > 0"
+    if importlib.util.find_spec("rmm") is None:
+        msg = error_of(composed("memory=unified", "memory.pool_size_gb=20"), H100)
+        assert msg.startswith("memory.pool_size_gb=20: sizes RMM's managed pool") and "accepted here: null" in msg
+    else:
+        validate(composed("memory=unified", "memory.pool_size_gb=20"), H100)
+    # In a container the image decides the allocator; this interpreter's packages say nothing about it.
+    validate(composed("memory=unified", "memory.pool_size_gb=20", "container.image=img.sif"), H100)

@@ -13,7 +13,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from ghsweep.config.validate import check_int, model_facts
+from ghsweep.config.schema import check_int
+from ghsweep.config.validate import model_facts
 from ghsweep.train.flops import ModelShape
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import METRICS, RECIPE_JSON, RECIPE_TXT
