@@ -26,7 +26,7 @@ from ghsweep.train.tokenizer import ByteTokenizer
 
 LLAMA2_7B = dict(hidden_size=4096, intermediate_size=11008, num_layers=32, num_attention_heads=32,
                  num_key_value_heads=32, vocab_size=32000)
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "conf"  # the package's config (ghsweep/conf)
 
 # name -> (stack, settings). Our rows are the CLI's groups with nothing else changed; the usual
 # stack trains the same packed dolly blocks with peft at the same LoRA rank.

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from ghsweep.config.schema import accepted, check, check_choice, choices, knobs
-from ghsweep.core.backends import BACKENDS
+from ghsweep.core.backends import BACKENDS, backend_named
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
 
@@ -87,36 +87,8 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> None:
     _validate_memory(cfg, on_gpu)
     _validate_dataloader(cfg)
     _validate_profile(cfg)
-    if cfg.backend.name == "nemo":
-        _validate_nemo(cfg, on_gpu)
-    if cfg.backend.name == "automodel":
-        _validate_automodel(cfg, on_gpu)
-
-
-def _validate_nemo(cfg: DictConfig, on_gpu: bool) -> None:
-    # Imported here so that other backends never load it. To be replaced, with _validate_automodel, by
-    # backend_named(cfg.backend.name).check(cfg, on_gpu) (ghsweep.core.backends) once the backends answer it.
-    from ghsweep.train.nemo.recipe import check_config
-
-    # Without a container the worker trains in this interpreter, so its packages can be checked now.
-    check_config(cfg, runtime=not OmegaConf.select(cfg, "container.image"))
-    if not on_gpu:
-        raise ConfigError(
-            f"backend=nemo: training needs an NVIDIA GPU (Megatron) and this run has none (device={cfg.device}); "
-            "accepted here: backend=torch"
-        )
-
-
-def _validate_automodel(cfg: DictConfig, on_gpu: bool) -> None:
-    # Imported here so that other backends never load it (see _validate_nemo).
-    from ghsweep.train.automodel.config import check_config
-
-    check_config(cfg)
-    if not on_gpu:
-        raise ConfigError(
-            f"backend=automodel: training needs an NVIDIA GPU (FSDP2 over NCCL) and this run has none "
-            f"(device={cfg.device}); accepted here: backend=torch"
-        )
+    # Each backend checks its own keys; the registry imports only the named backend's light module.
+    backend_named(cfg.backend.name).check(cfg, on_gpu)
 
 
 def _validate_model(cfg: DictConfig, model: ModelFacts) -> None:

@@ -62,11 +62,12 @@ def test_copies_everything_the_package_and_its_config_need():
     assert {"pyproject.toml", "ghsweep", "hydra_plugins", "conf", "experiments", "launchers"} <= set(copied)
 
 
-def test_post_keeps_the_images_torch_and_installs_ghsweep_editable():
+def test_post_keeps_the_images_torch_and_installs_ghsweep():
     _, body = sections()
     post = body["post"]
     assert "torch" in post and "> /opt/ghsweep/constraints.txt" in post
-    assert "pip install --no-cache-dir -c /opt/ghsweep/constraints.txt -e /opt/ghsweep" in post
+    # Not editable: the package brings its config (ghsweep/conf), so the install needs no source tree.
+    assert "pip install --no-cache-dir -c /opt/ghsweep/constraints.txt /opt/ghsweep" in post and " -e " not in post
 
 
 def test_runscript_runs_the_cli_outside_a_container():
