@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,8 +13,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.core.errors import ProfilerUnavailable
-from ghsweep.core.run_dir import TORCH_TRACE
-from ghsweep.core.run_plan import ProfilePlan
+from ghsweep.core.run_dir import CONFIG, TORCH_TRACE
+from ghsweep.core.run_plan import ProfilePlan, RunPlan
 from ghsweep.launch.world import world_of
 from ghsweep.profile import capture, plots, report
 from ghsweep.profile.analysis import analyze
@@ -140,7 +141,9 @@ def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Pa
     short = OmegaConf.to_container(cfg, resolve=True)
     short["capture"]["num_steps"] = 1
     short["train"]["max_steps"] = short["capture"]["start_step"] + 2
-    (work / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(short)))
+    (work / CONFIG).write_text(OmegaConf.to_yaml(OmegaConf.create(short)))
+    # The worker trains what its run directory's plan says: the run's own plan, moved to this folder.
+    dataclasses.replace(RunPlan.load(run_dir), run_dir=str(work)).save(work)
     report_path = work / capture.NCU_REPORT
     metrics = list(cfg.profile.ncu.metrics)
     section_set = cfg.profile.ncu.section_set
