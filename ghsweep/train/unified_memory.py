@@ -144,7 +144,7 @@ class ManagedMemory:
 
 def setup_unified_memory(memory_cfg) -> ManagedMemory:
     """memory=unified for this process, capped at the GPU's free memory less some headroom."""
-    from ghsweep.launch.device_probe import probe_gpu
+    from ghsweep.core.gpu import probe_gpu
 
     gpu = probe_gpu()
     if gpu is None:

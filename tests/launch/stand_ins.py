@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ghsweep.core.gpu import GpuInfo
+
 # No container runtime is installed here: this stands in for `singularity exec [--nv] [--bind B]...
 # [--env K=V]... IMAGE CMD...`, running CMD on this machine with the image's tools (IMAGE.bin/) first
 # on PATH, so the job's lookup inside the container really runs a command through the prefix.
@@ -30,3 +32,7 @@ def tool(directory: Path, name: str) -> Path:
     path.write_text("#!/bin/sh\nexit 0\n")
     path.chmod(0o755)
     return path
+
+
+# A node's GPU as nvidia-smi reports it (ghsweep.core.gpu.probe_gpu): what the job plans with on a GPU node.
+NODE_GPU = GpuInfo("NVIDIA H200", (9, 0), 139.8, 139.0, 1)

@@ -13,12 +13,12 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from ghsweep.launch.container import check_container, container_prefix, tool_finder
-from ghsweep.launch.job import plan_profile
+from ghsweep.launch.plan import node_plan
 from ghsweep.launch.worker_process import worker_command
 from ghsweep.profile import capture
 from ghsweep.core.errors import ConfigError
 from tests.conftest import CONF_DIR
-from tests.launch.stand_ins import fake_runtime
+from tests.launch.stand_ins import NODE_GPU, fake_runtime
 
 
 def config(*overrides: str):
@@ -80,7 +80,9 @@ def test_profilers_are_looked_up_and_exported_inside_the_container(tmp_path, mon
     (image_bin / "nsys").chmod(0o755)
     monkeypatch.setenv("PATH", f"{host_bin}:/usr/bin:/bin")
     image.touch()
-    cfg = config("hydra/launcher=gh200", "experiment=smoke", f"container.image={image}", "profile=nsys_ncu")
+    # device=auto: the run takes the node's GPU (smoke's default device is the CPU).
+    cfg = config("hydra/launcher=gh200", "experiment=smoke", f"container.image={image}", "profile=nsys_ncu",
+                 "device=auto")
     prefix = container_prefix(cfg, tmp_path)
     find = tool_finder(prefix)
     assert find("nsys", None) == "nsys"
@@ -89,9 +91,10 @@ def test_profilers_are_looked_up_and_exported_inside_the_container(tmp_path, mon
 
     # The job's plan: nsys from the image, and ncu missing there is the one-line error before training.
     with pytest.raises(ConfigError, match=r"^profile=nsys_ncu: ncu not found on PATH"):
-        plan_profile(cfg, tmp_path, on_gpu=True)
-    plan = plan_profile(config("hydra/launcher=gh200", "experiment=smoke", f"container.image={image}",
-                               "profile=nsys"), tmp_path, on_gpu=True)
+        node_plan(cfg, tmp_path, "run", [], NODE_GPU, slurm_tasks=None)
+    plan = node_plan(config("hydra/launcher=gh200", "experiment=smoke", f"container.image={image}", "profile=nsys",
+                            "device=auto"),
+                     tmp_path, "run", [], NODE_GPU, slurm_tasks=None).profile
     assert (plan.nsys_path, plan.tool_prefix) == ("nsys", prefix)
 
     # The export runs where the report was made: through the container, not on the host.
