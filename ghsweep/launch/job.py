@@ -167,11 +167,7 @@ def run_one(cfg: DictConfig) -> RunResult:
     summary, profile, interrupt = train_and_measure(cfg, combo, result, slurm_tasks)
     if result.error:
         log.error("%s: %s: %s", combo.name, result.status, result.error)
-    try:
-        _record(store, run_id, cfg, combo.run_dir, result, summary, profile, started)
-    except Exception:  # MLflow unreachable even after retries: the run's own files hold the record
-        log.exception("%s: the MLflow record is incomplete; the run's record is complete in %s", combo.name,
-                      combo.run_dir)
+    record(store, run_id, cfg, combo.run_dir, result, summary, profile, started)
     if interrupt is not None:
         raise interrupt
     return result
@@ -275,6 +271,15 @@ def measure(cfg: DictConfig, plan: RunPlan, exit: WorkerExit, result: RunResult)
         worker_command(cfg, work, prefix), work, timeout_s(plan)).returncode)
     result.metrics.update(profile.metrics)
     return summary, profile
+
+
+def record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, result: RunResult, summary: dict,
+           profile: ProfileOutcome, started: float) -> None:
+    """The run's files and its MLflow record; an MLflow failure is logged, not raised."""
+    try:
+        _record(store, run_id, cfg, run_dir, result, summary, profile, started)
+    except Exception:  # MLflow unreachable even after retries: the run's own files hold the record
+        log.exception("%s: the MLflow record is incomplete; the run's record is complete in %s", result.name, run_dir)
 
 
 def run_rank(cfg: DictConfig, combo: Combination, rank: int, slurm_tasks: int) -> RunResult:

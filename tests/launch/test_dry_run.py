@@ -11,13 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from ghsweep.launch.plan import dry_run_plans, node_plan
 from ghsweep.profile.plan import resolve
 from ghsweep.core.errors import ConfigError
-from tests.conftest import CONF_DIR, run_cli
-from tests.launch.stand_ins import NODE_GPU, fake_runtime, tool
+from tests.conftest import run_cli
+from tests.launch.stand_ins import NODE_GPU, compose_config, fake_runtime, tool
 
 
 def blocks(stdout: str) -> list[list[str]]:
@@ -129,11 +128,6 @@ def node_command(overrides: dict[str, str], run_dir: Path, on_gpu: bool) -> list
     machine's PATH: the worker command of the plan ghsweep.launch.job.run_one makes there."""
     cfg = compose_config(*(f"{k}={v}" for k, v in overrides.items()))
     return node_plan(cfg, run_dir, "run", [], NODE_GPU if on_gpu else None, slurm_tasks=None).worker_command
-
-
-def compose_config(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 def test_nsys_worker_command_is_the_one_the_job_runs_with_and_without_container(tmp_path, monkeypatch):
