@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from ghsweep.core.errors import ConfigError, JobTimeout, TrackingUriError, one_line
 from ghsweep.core.gpu import probe_gpu
 from ghsweep.core.names import ROLE_RUN, ROLE_TAG
-from ghsweep.core.run_dir import OVERRIDES, WORKER_ERROR, WORKER_LOG, RunDir
+from ghsweep.core.run_dir import CONFIG, OVERRIDES, REPORT, WORKER_ERROR, WORKER_LOG, RunDir
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.run_result import RunResult
 from ghsweep.launch import interrupts
@@ -109,7 +109,7 @@ def write_worker_config(cfg: DictConfig, run_dir: Path) -> None:
         tmp.write(real)
     if real == shown_config(cfg):
         os.chmod(tmp.name, 0o644)
-    os.replace(tmp.name, run_dir / "config.yaml")
+    os.replace(tmp.name, run_dir / CONFIG)
 
 
 @dataclass(frozen=True)
@@ -311,7 +311,7 @@ def _finish_timing(result: RunResult, started: float, record_started: float) -> 
 def _save_run_files(result: RunResult, cfg: DictConfig, info: dict, run_dir: Path) -> None:
     """report.md and result.json. A full disk is logged, not raised: MLflow still gets the record."""
     try:
-        write_run_report(result, cfg, info, run_dir / "report.md")
+        write_run_report(result, cfg, info, run_dir / REPORT)
         result.save()
     except OSError as exc:
         log.error("%s: the run's files could not be written in %s: %s", result.name, run_dir, exc)

@@ -14,9 +14,8 @@ import os
 import socket
 from pathlib import Path
 
-from ghsweep.core.run_dir import RESULT
+from ghsweep.core.run_dir import RESULT, SLURM_JOBS
 from ghsweep.core.run_result import RunResult
-from ghsweep.launch.slurm_jobs import JOBS_FILE
 from ghsweep.launch.worker_process import stop_orphaned_worker
 from ghsweep.tracking.mlflow_store import MlflowStore, with_retry
 
@@ -84,6 +83,6 @@ def settle_dead_sweeps(store: MlflowStore) -> None:
                         f"and tags.`{HOST_TAG}` = '{socket.gethostname()}'", max_results=1000)
     for sweep in sweeps:
         tags = sweep.data.tags
-        if process_died(tags) and not (Path(tags.get("ghsweep.sweep_dir", "")) / JOBS_FILE).exists():
+        if process_died(tags) and not (Path(tags.get("ghsweep.sweep_dir", "")) / SLURM_JOBS).exists():
             log.warning("MLflow: %s was left RUNNING: %s; ending it FAILED", sweep.info.run_name, died_reason(tags))
             end_sweep_run(store, sweep.info.run_id, "FAILED", died_reason(tags))

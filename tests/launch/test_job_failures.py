@@ -8,7 +8,6 @@ in tests/reliability."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -91,7 +90,7 @@ sys.exit(1)
     ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
      "worker killed by SIGKILL (killed from outside, often the out-of-memory killer)"),
     ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "worker killed by SIGSEGV"),
-])
+], ids=["worker_error.json", "exit status", "SIGKILL", "SIGSEGV"])
 def test_a_worker_that_crashes_is_failed_with_its_reason(tmp_path, program, error):
     result = run_planned(planned_worker(tmp_path, program))
     assert (result.status, result.error, result.metrics) == ("FAILED", error, {})
