@@ -126,6 +126,10 @@ class Combination:
     launcher: str
     cwd: str
 
+    def result(self, status: str, mlflow_run_id: str | None = None) -> RunResult:
+        return RunResult(name=self.name, run_dir=str(self.run_dir), overrides=self.overrides, status=status,
+                         mlflow_run_id=mlflow_run_id)
+
 
 def this_combination(cfg: DictConfig) -> Combination:
     hydra_cfg = HydraConfig.get()
@@ -148,7 +152,7 @@ def run_one(cfg: DictConfig) -> RunResult:
     if cfg.dry_run:
         print(describe(combo.num, combo.name, combo.run_dir, combo.overrides, cfg,
                        f"in this process (hydra/launcher={combo.launcher})"), flush=True)
-        return RunResult(name=combo.name, run_dir=str(combo.run_dir), overrides=combo.overrides, status="DRY_RUN")
+        return combo.result("DRY_RUN")
 
     slurm_tasks = slurm_task_ranks()
     rank = export_slurm_rendezvous() if slurm_tasks and slurm_tasks > 1 else 0
@@ -162,8 +166,7 @@ def run_one(cfg: DictConfig) -> RunResult:
     if earlier is not None:
         return skip_finished(earlier, combo.name, combo.run_dir, combo.overrides)
     run_id = start_run(store, cfg, combo, identity, manifest)
-    result = RunResult(name=combo.name, run_dir=str(combo.run_dir), overrides=combo.overrides, status="FAILED",
-                       mlflow_run_id=run_id)
+    result = combo.result("FAILED", run_id)
     summary, profile, interrupt = train_and_measure(cfg, combo, result, slurm_tasks)
     if result.error:
         log.error("%s: %s: %s", combo.name, result.status, result.error)
@@ -285,7 +288,7 @@ def record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, resu
 def run_rank(cfg: DictConfig, combo: Combination, rank: int, slurm_tasks: int) -> RunResult:
     """A SLURM task of rank > 0: train this rank and say how it ended in rankN.json; rank 0's task
     records the run (MLflow, profile analysis over every rank's report)."""
-    result = RunResult(name=combo.name, run_dir=str(combo.run_dir), overrides=combo.overrides, status="FAILED")
+    result = combo.result("FAILED")
     try:
         plan = prepare_worker(cfg, combo, slurm_tasks)
         log.info("%s: rank %d training in a worker process (log: %s): %s", result.name, rank,

@@ -35,8 +35,7 @@ def combination(run_dir: Path, name: str = "train.max_steps=2") -> Combination:
 
 
 def failed_result(combo: Combination) -> RunResult:
-    return RunResult(name=combo.name, run_dir=str(combo.run_dir), overrides=combo.overrides, status="FAILED",
-                     mlflow_run_id="not-recorded-here")
+    return combo.result("FAILED", "not-recorded-here")
 
 
 def test_a_config_the_node_refuses_fails_before_any_worker_with_one_line(tmp_path):
