@@ -19,10 +19,11 @@ import sys
 import time
 from pathlib import Path
 
+from ghsweep.core.run_dir import SLURM_JOBS, SWEEP_MANIFEST
 from ghsweep.launch.callbacks import finish_sweep
-from ghsweep.launch.slurm_jobs import JOBS_FILE, has_ended, load_jobs, settle
+from ghsweep.launch.slurm_jobs import has_ended, load_jobs, settle
 from ghsweep.launch.stale_runs import PID_TAG, died_reason, end_running_children, process_died
-from ghsweep.launch.sweep_manifest import MANIFEST_FILE, SweepManifest
+from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking.mlflow_store import MlflowStore
 
 
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     if not submitted:
         manifest = SweepManifest.load(args.sweep_dir)
         if manifest is None:
-            parser.error(f"{args.sweep_dir}: not a sweep directory (no {MANIFEST_FILE} or {JOBS_FILE}); accepted: "
+            parser.error(f"{args.sweep_dir}: not a sweep directory (no {SWEEP_MANIFEST} or {SLURM_JOBS}); accepted: "
                          "the directory a sweep printed, e.g. multirun/2026-11-21/10-00-00")
         return collect_local(args.sweep_dir, manifest)
     jobs = [(s, s.submitit_job()) for s in submitted]

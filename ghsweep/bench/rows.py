@@ -93,7 +93,7 @@ def run_ours(overrides: list[str], seq: int, steps: int, warmup: int, layers: in
 
 def one_gpu_plan(cfg: DictConfig, run_dir: Path) -> RunPlan:
     """The plan of a row: this process trains on this machine's first GPU, unprofiled."""
-    from ghsweep.launch.device_probe import probe_gpu
+    from ghsweep.core.gpu import probe_gpu
     from ghsweep.launch.world import data_parallel
 
     return RunPlan(name=run_dir.name, run_dir=str(run_dir), overrides=[], backend=cfg.backend.name, device="cuda",

@@ -13,14 +13,16 @@ CONFIG = "config.yaml"  # the composed config, as Hydra saves it (.hydra/config.
 OVERRIDES = "overrides.yaml"
 RUN_PLAN = "run_plan.json"  # what the job decided for this combination; the worker reads it
 WORKER_LOG = "worker.log"
+# The worker's pid, which is also its process group: what stops it if the sweep process dies first.
+WORKER_PID = "worker.pid"
 WORKER_ERROR = "worker_error.json"  # the worker's exception, one line, when training failed
 SUMMARY = "summary.json"  # the worker's measurements (metrics, timing, info)
 METRICS = "metrics.jsonl"  # one line per logged step
 RESULT = "result.json"  # what the combination ended with (RunResult)
 REPORT = "report.md"
-PROFILE_PLAN = "profile_plan.json"
 PROFILE_ANALYSIS = "profile_analysis.json"
 PROFILE_REPORT = "profile_report.md"
+NCU_PASS_DIR = "ncu_pass"  # the short second run under Nsight Compute (profile=nsys_ncu)
 TORCH_TRACE = "torch_trace.json"  # the PyTorch profiler's Chrome trace (profile=torch)
 RECIPE_JSON = "recipe.json"  # NeMo's recipe as run (fiddle), to rebuild it
 RECIPE_TXT = "recipe.txt"

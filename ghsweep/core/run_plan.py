@@ -7,6 +7,8 @@ Built by ghsweep.launch.plan from the composed config and the node's facts, befo
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -47,7 +49,9 @@ class RunPlan:
     run_dir: str
     overrides: list[str]
     backend: str  # a name in ghsweep.core.backends.BACKENDS
-    device: str  # cuda | cpu
+    # cuda | cpu. A dry run's plans are made before any node is known: a GPU is assumed where the
+    # device may be one (and, for profile=auto, a second plan without), and `gpu` stays None.
+    device: str
     gpu: GpuInfo | None
     world: World
     data_parallel: str  # ddp | fsdp (what several ranks use; decided for one rank too)
@@ -55,9 +59,15 @@ class RunPlan:
     container_prefix: list[str]  # `apptainer exec ... IMAGE` or [] when the worker runs on the node
     worker_command: list[str]  # one worker's argv: container, profiler and torchrun prefixes included
     timeout_min: float | None  # the worker's wall-clock limit, None for none
+    # The ranks are SLURM tasks that srun started, each running one worker; rank 0 waits for the
+    # others' rank reports. False: torchrun in worker_command starts the ranks here, or one rank.
+    srun_ranks: bool = False
 
     def save(self, run_dir: Path) -> None:
-        (run_dir / RUN_PLAN).write_text(json.dumps(asdict(self), indent=2))
+        # Written aside and renamed: every SLURM task of a run writes it, and a rank's worker may read it meanwhile.
+        with tempfile.NamedTemporaryFile("w", dir=run_dir, prefix=f".{RUN_PLAN}.", delete=False) as partial:
+            partial.write(json.dumps(asdict(self), indent=2))
+        os.replace(partial.name, run_dir / RUN_PLAN)
 
     @classmethod
     def load(cls, run_dir: Path) -> RunPlan:

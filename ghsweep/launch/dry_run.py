@@ -1,9 +1,8 @@
 """`dry_run=true`: what each combination would run, where, and with which SLURM parameters.
 
-The worker command is built by the code the job runs (worker_command, profiler_prefix) from the
-profile plans made on the submitting side from the config alone (plans_from_config): what only
-the node can decide (a GPU, where nsys is, the kernels an ncu pass picks) is said to be resolved
-on the node.
+Each combination's RunPlans come from the builder the job uses (ghsweep.launch.plan), made on the
+submitting side from the config alone: what only the node can decide (a GPU, where nsys is, the
+kernels an ncu pass picks) is said to be resolved on the node.
 """
 
 from __future__ import annotations
@@ -13,54 +12,44 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ghsweep.launch.container import container_prefix
-from ghsweep.launch.worker_process import worker_command
-from ghsweep.core.run_plan import World
-from ghsweep.launch.world import world_of
-from ghsweep.core.run_plan import ProfilePlan
-from ghsweep.profile.plan import plans_from_config, profiler_prefix
+from ghsweep.core.backends import backend_named
+from ghsweep.core.run_dir import NCU_PASS_DIR
+from ghsweep.core.errors import ConfigError
+from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
+from ghsweep.launch.plan import dry_run_plans
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import absolute_tracking_uri
-from ghsweep.core.errors import ConfigError
 
 # Continuation lines line up with the text after "  worker:  ".
 INDENT = " " * 11
 
 
-def describe(num: int, name: str, run_dir: Path, cfg: DictConfig, launch: str, ranks: str | None = None,
-             slurm_ranks: bool = False) -> str:
+def describe(num: int, name: str, run_dir: Path, overrides: list[str], cfg: DictConfig, launch: str,
+             ranks: str | None = None, on_slurm: bool = False) -> str:
     """One combination: its run directory, its worker command, how it is launched (and, on several
-    GPUs, who starts its ranks) and profiled. `slurm_ranks`: srun starts the ranks (the worker line
+    GPUs, who starts its ranks) and profiled. `on_slurm`: srun starts the ranks (the worker line
     is one task's); else torchrun in the worker line starts them on this machine."""
     lines = [f"#{num} {name}", f"  run dir: {run_dir}"]
     try:
-        world = world_of(cfg)
-        local_ranks = 1 if slurm_ranks else world.gpus_per_node
-        plans = plans_from_config(cfg.profile, str(cfg.device), container_prefix(cfg, run_dir))
-        commands = [shlex.join(worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, p), local_ranks))
-                    for p in plans]
+        plans = dry_run_plans(cfg, run_dir, name, overrides, on_slurm)
+        commands = [shlex.join(plan.worker_command) for plan in plans]
     except ConfigError as exc:
-        world, plans, commands = None, [], [f"(not runnable) {exc}"]
+        plans, commands = [], [f"(not runnable) {exc}"]
     lines += [f"  worker:  {commands[0]}", f"  launch:  {launch}"]
-    if world and world.size > 1:
-        lines.append(f"  ranks:   {ranks or local_ranks_text(world)}")
+    if plans and plans[0].world.size > 1:
+        lines.append(f"  ranks:   {ranks or local_ranks_text(plans[0].world)}")
     if plans:
-        lines.append(f"  profile: {profile_text(cfg, run_dir, plans)}")
+        lines.append(f"  profile: {profile_text(cfg, plans)}")
     if len(commands) > 1:
         # profile=auto: the node's other choice, as the job would run it.
         lines.append(f"{INDENT}{commands[1]}")
     # Where the sweep's parent run and this run would be recorded (the sweep manifest's URI).
     lines.append(f"  mlflow:  {absolute_tracking_uri(cfg.tracking.uri, Path.cwd())} "
                  f"(experiment {cfg.tracking.experiment})")
-    if cfg.backend.name == "nemo":
-        # Imported only here: composing a NeMo recipe needs NeMo in this interpreter.
-        from ghsweep.train.nemo.recipe import describe_recipe
-
-        lines.append(describe_recipe(cfg, run_dir))
-    if cfg.backend.name == "automodel":
-        from ghsweep.train.automodel.config import describe_recipe as describe_automodel_recipe
-
-        lines.append(describe_automodel_recipe(cfg, run_dir))
+    # The backend's own choices (NeMo's recipe, AutoModel's YAML); empty for the torch backend.
+    described = backend_named(cfg.backend.name).describe(cfg, run_dir)
+    if described:
+        lines.append(described)
     return redact.text("\n".join(lines))
 
 
@@ -72,10 +61,10 @@ def local_ranks_text(world: World) -> str | None:
             "in the worker line")
 
 
-def profile_text(cfg: DictConfig, run_dir: Path, plans: list[ProfilePlan]) -> str:
+def profile_text(cfg: DictConfig, plans: list[RunPlan]) -> str:
     """The profile line of a dry run: which profiler, over which steps, and what the node decides."""
     steps = f"steps {cfg.capture.start_step}-{cfg.capture.start_step + cfg.capture.num_steps - 1}"
-    plan = plans[0]
+    plan = plans[0].profile
     if plan.used == "none":
         return "none"
     if plan.used == "torch":
@@ -88,7 +77,7 @@ def profile_text(cfg: DictConfig, run_dir: Path, plans: list[ProfilePlan]) -> st
     text = f"{plan.requested}: Nsight Systems over {steps}; {tool_text('nsys', cfg.profile.nsys.path, plan)}; " \
            "the node needs a GPU, else the run fails before training"
     if plan.ncu:
-        text += (f"; then a short second run of the worker in {run_dir / 'ncu_pass'} under ncu in place of nsys "
+        text += (f"; then a short second run of the worker in {Path(plans[0].run_dir) / NCU_PASS_DIR} under ncu in place of nsys "
                  f"(--clock-control none --set {cfg.profile.ncu.section_set}) over one captured step, for the top "
                  f"{cfg.profile.ncu.top_k} kernels of the nsys profile (picked on the node); "
                  f"{tool_text('ncu', cfg.profile.ncu.path, plan)}")

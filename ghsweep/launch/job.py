@@ -27,27 +27,24 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ghsweep.config.validate import run_device, validate
+from ghsweep.core.errors import ConfigError, JobTimeout, TrackingUriError, one_line
+from ghsweep.core.gpu import probe_gpu
+from ghsweep.core.run_dir import CONFIG, OVERRIDES, REPORT, WORKER_ERROR, WORKER_LOG, RunDir
+from ghsweep.core.run_plan import RunPlan
+from ghsweep.core.run_result import RunResult
 from ghsweep.launch import interrupts
-from ghsweep.launch.container import check_container, container_prefix, tool_finder
-from ghsweep.launch.device_probe import probe_gpu
 from ghsweep.launch.dry_run import describe
+from ghsweep.launch.plan import check_required, node_plan
 from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
 from ghsweep.core.names import ERROR_TAG, HOST_TAG, JOB_NUM_TAG, OVERRIDES_TAG, ROLE_RUN, RUN_DIR_TAG, RUN_HASH_TAG, STATUS_TAG
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
-from ghsweep.core.run_result import RunResult
 from ghsweep.launch.sweep_manifest import SweepManifest
-from ghsweep.launch.worker_process import (WORKER_LOG, WorkerExit, rank_file, run_worker, worker_command,
-                                           worker_timeout_min)
-from ghsweep.launch.world import check_world, export_slurm_rendezvous, slurm_task_ranks
-from ghsweep.profile.capture import find_tool
-from ghsweep.core.run_plan import ProfilePlan
+from ghsweep.launch.worker_process import WorkerExit, rank_file, run_worker, worker_command
+from ghsweep.launch.world import export_slurm_rendezvous, slurm_task_ranks
 from ghsweep.profile.pipeline import ProfileOutcome, after_worker
-from ghsweep.profile.plan import profiler_prefix, resolve as resolve_profile, save_plan
 from ghsweep.report.run_report import write_run_report
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, flatten
-from ghsweep.core.errors import ConfigError, JobTimeout, TrackingUriError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +81,7 @@ def failure_reason(run_dir: Path, exit: WorkerExit, timeout_min: float | None, r
     full = no_space_left(run_dir)
     if full:
         return full
-    error_file = run_dir / "worker_error.json"
+    error_file = run_dir / WORKER_ERROR
     if error_file.exists():
         error = json.loads(error_file.read_text())
         return f"{error['type']}: {error['message']}"
@@ -112,137 +109,130 @@ def write_worker_config(cfg: DictConfig, run_dir: Path) -> None:
         tmp.write(real)
     if real == shown_config(cfg):
         os.chmod(tmp.name, 0o644)
-    os.replace(tmp.name, run_dir / "config.yaml")
-
-
-def plan_profile(cfg: DictConfig, run_dir: Path, on_gpu: bool) -> ProfilePlan:
-    """The run's profile plan on this node. With a container the profilers run inside it, so they
-    are looked up there and their export runs there too."""
-    in_container = container_prefix(cfg, run_dir)
-    plan = resolve_profile(cfg.profile, on_gpu, str(cfg.device), tool_finder(in_container) if in_container else find_tool)
-    plan.tool_prefix = in_container
-    return plan
+    os.replace(tmp.name, run_dir / CONFIG)
 
 
 @dataclass(frozen=True)
-class WorkerLaunch:
-    """How this task starts its worker, decided on the node before any training."""
+class Combination:
+    """This job's combination, as Hydra composed it."""
 
-    command: list[str]
-    timeout_min: float | None
-    profile_plan: ProfilePlan
-    world_size: int
-    # The other ranks are SLURM tasks that report through rank files (False: torchrun's, or none).
-    slurm_ranks: bool
+    name: str  # the MLflow run name: the overrides, secrets redacted
+    run_dir: Path
+    overrides: list[str]  # what records and the console show; the worker gets the real values (config.yaml)
+    num: int  # the job's number in the sweep (0 outside one)
+    in_sweep: bool
+    sweep_dir: Path
+    choices: dict[str, str]  # the option chosen in each knob group
+    launcher: str
+    cwd: str
 
-
-def prepare_worker(cfg: DictConfig, run_dir: Path, slurm_tasks: int | None) -> WorkerLaunch:
-    """Check the config on this node and build the worker command; ConfigError for a run that cannot
-    start here. Every SLURM task of a run makes the same checks, so a config rank 0 refuses is
-    refused by all ranks before any of them waits for the others."""
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:
-        raise ConfigError(f"{missing[0]}=???: required and not set; set it on the command line, e.g. {missing[0]}=...")
-    write_worker_config(cfg, run_dir)
-    gpu = probe_gpu()
-    validate(cfg, gpu)
-    check_container(cfg)
-    on_gpu = run_device(cfg, gpu) == "cuda"
-    world = check_world(cfg, on_gpu, gpu.count if gpu else 0, slurm_tasks is not None)
-    if slurm_tasks is not None and slurm_tasks != world.size:
-        raise ConfigError(f"backend.num_nodes x backend.gpus_per_node = {world.size} ranks, but this SLURM job has "
-                          f"{slurm_tasks} tasks; let ghsweep's launcher set hydra.launcher.nodes and tasks_per_node")
-    timeout_min = worker_timeout_min(cfg.worker.timeout_min, on_gpu)
-    plan = plan_profile(cfg, run_dir, on_gpu)
-    # Locally torchrun starts the node's ranks; on SLURM srun already started one task per rank.
-    local_ranks = world.gpus_per_node if slurm_tasks is None else 1
-    command = worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, plan), local_ranks)
-    return WorkerLaunch(command, timeout_min, plan, world.size, slurm_tasks is not None and world.size > 1)
+    def result(self, status: str, mlflow_run_id: str | None = None) -> RunResult:
+        return RunResult(name=self.name, run_dir=str(self.run_dir), overrides=self.overrides, status=status,
+                         mlflow_run_id=mlflow_run_id)
 
 
-def run_one(cfg: DictConfig) -> RunResult:
-    started = time.time()
+def this_combination(cfg: DictConfig) -> Combination:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     redact.remember(cfg, hydra_cfg.overrides.task)
-    # What records and the console show; the worker gets the real values through config.yaml.
-    overrides = redact.overrides(hydra_cfg.overrides.task)
-    name = redact.run_name(hydra_cfg.job.override_dirname or "run")
-    choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if k in KNOB_GROUPS}
+    return Combination(
+        name=redact.run_name(hydra_cfg.job.override_dirname or "run"), run_dir=run_dir,
+        overrides=redact.overrides(hydra_cfg.overrides.task), num=hydra_cfg.job.num if in_sweep else 0,
+        in_sweep=in_sweep, sweep_dir=Path(hydra_cfg.sweep.dir),
+        choices={k: v for k, v in hydra_cfg.runtime.choices.items() if k in KNOB_GROUPS},
+        launcher=str(hydra_cfg.runtime.choices.get("hydra/launcher")), cwd=hydra_cfg.runtime.cwd,
+    )
+
+
+def run_one(cfg: DictConfig) -> RunResult:
+    started = time.time()
+    combo = this_combination(cfg)
     if cfg.dry_run:
-        launcher = hydra_cfg.runtime.choices.get("hydra/launcher")
-        print(describe(hydra_cfg.job.num if in_sweep else 0, name, run_dir, cfg, f"in this process (hydra/launcher={launcher})"),
-              flush=True)
-        return RunResult(name=name, run_dir=str(run_dir), overrides=overrides, status="DRY_RUN")
+        print(describe(combo.num, combo.name, combo.run_dir, combo.overrides, cfg,
+                       f"in this process (hydra/launcher={combo.launcher})"), flush=True)
+        return combo.result("DRY_RUN")
 
     slurm_tasks = slurm_task_ranks()
     rank = export_slurm_rendezvous() if slurm_tasks and slurm_tasks > 1 else 0
     if rank > 0:
-        return run_rank(cfg, run_dir, rank, slurm_tasks, RunResult(name=name, run_dir=str(run_dir), overrides=overrides,
-                                                                  status="FAILED"))
+        return run_rank(cfg, combo, rank, slurm_tasks)
 
-    manifest = SweepManifest.load(Path(hydra_cfg.sweep.dir)) if in_sweep else None
-    uri = manifest.tracking_uri if manifest else absolute_tracking_uri(cfg.tracking.uri, hydra_cfg.runtime.cwd)
+    manifest = SweepManifest.load(combo.sweep_dir) if combo.in_sweep else None
+    store = open_store(cfg, combo, manifest)
+    identity = run_hash(cfg)
+    earlier = finished_run(store, identity) if combo.in_sweep and not cfg.force else None
+    if earlier is not None:
+        return skip_finished(earlier, combo.name, combo.run_dir, combo.overrides)
+    run_id = start_run(store, cfg, combo, identity, manifest)
+    result = combo.result("FAILED", run_id)
+    summary, profile, interrupt = train_and_measure(cfg, combo, result, slurm_tasks)
+    if result.error:
+        log.error("%s: %s: %s", combo.name, result.status, result.error)
+    record(store, run_id, cfg, combo.run_dir, result, summary, profile, started)
+    if interrupt is not None:
+        raise interrupt
+    return result
+
+
+def open_store(cfg: DictConfig, combo: Combination, manifest: SweepManifest | None) -> MlflowStore:
+    """The sweep's MLflow store (its manifest's), or the config's for a single run."""
+    uri = manifest.tracking_uri if manifest else absolute_tracking_uri(cfg.tracking.uri, combo.cwd)
     try:
-        store = MlflowStore(uri, manifest.experiment if manifest else cfg.tracking.experiment)
+        return MlflowStore(uri, manifest.experiment if manifest else cfg.tracking.experiment)
     except TrackingUriError as exc:  # no run can be recorded: one line, not a traceback
         raise SystemExit(f"ghsweep: {exc}") from None
-    identity = run_hash(cfg)
-    earlier = finished_run(store, identity) if in_sweep and not cfg.force else None
-    if earlier is not None:
-        return skip_finished(earlier, name, run_dir, overrides)
+
+
+def start_run(store: MlflowStore, cfg: DictConfig, combo: Combination, identity: str,
+              manifest: SweepManifest | None) -> str:
     run_id = store.start_run(
-        name,
+        combo.name,
         ROLE_RUN,
         tags={
-            RUN_DIR_TAG: str(run_dir),
-            OVERRIDES_TAG: " ".join(overrides),
+            RUN_DIR_TAG: str(combo.run_dir),
+            OVERRIDES_TAG: " ".join(combo.overrides),
             "mlflow.source.git.commit": git_commit(),
             HOST_TAG: socket.gethostname(),
             RUN_HASH_TAG: identity,
             # Job order is the sweep's combination order; run start times are not, with parallel launchers.
-            JOB_NUM_TAG: str(hydra_cfg.job.num) if in_sweep else "0",
+            JOB_NUM_TAG: str(combo.num),
         },
         parent_run_id=manifest.parent_run_id if manifest else None,
     )
-    store.log_params(run_id, {**choices, **flatten(OmegaConf.to_container(cfg, resolve=True))})
-    result = RunResult(name=name, run_dir=str(run_dir), overrides=overrides, status="FAILED", mlflow_run_id=run_id)
-    summary: dict = {}
-    profile = ProfileOutcome()
-    interrupt: KeyboardInterrupt | None = None
+    store.log_params(run_id, {**combo.choices, **flatten(OmegaConf.to_container(cfg, resolve=True))})
+    return run_id
+
+
+def prepare_worker(cfg: DictConfig, combo: Combination, slurm_tasks: int | None) -> RunPlan:
+    """config.yaml and run_plan.json, the worker's inputs; ConfigError for a run that cannot start here."""
+    check_required(cfg)
+    write_worker_config(cfg, combo.run_dir)
+    plan = node_plan(cfg, combo.run_dir, combo.name, combo.overrides, probe_gpu(), slurm_tasks)
+    plan.save(combo.run_dir)
+    return plan
+
+
+def timeout_s(plan: RunPlan) -> float | None:
+    return plan.timeout_min * 60 if plan.timeout_min else None
+
+
+def train_and_measure(cfg: DictConfig, combo: Combination, result: RunResult, slurm_tasks: int | None
+                      ) -> tuple[dict, ProfileOutcome, KeyboardInterrupt | None]:
+    """Rank 0: plan, run the worker, read what it measured into `result`; (summary, profile outcome,
+    the interrupt to raise once recorded). Never raises for a failed run: `result` says how it failed."""
+    run_dir = combo.run_dir
     try:
         # On disk from the start: a job killed from outside leaves its MLflow run id to whoever settles it.
         dataclasses.replace(result, status="RUNNING").save()
-        (run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(overrides)))
-        launch = prepare_worker(cfg, run_dir, slurm_tasks)
-        timeout_min = launch.timeout_min
-        timeout_s = timeout_min * 60 if timeout_min else None
-        profile_plan = launch.profile_plan
-        save_plan(profile_plan, run_dir)
+        (run_dir / OVERRIDES).write_text(OmegaConf.to_yaml(OmegaConf.create(combo.overrides)))
+        plan = prepare_worker(cfg, combo, slurm_tasks)
         # The command in the job's log: what `dry_run=true` printed for this combination, with the node's choices.
-        log.info("%s: training in a worker process (log: %s): %s", name, run_dir / WORKER_LOG, shlex.join(launch.command))
-        exit = run_worker(launch.command, run_dir, timeout_s)
-        other_ranks_error = wait_for_ranks(run_dir, launch.world_size) if launch.slurm_ranks else None
-        if exit.returncode == 0 and other_ranks_error:
-            result.error = other_ranks_error
-        elif exit.returncode == 0:
-            summary = json.loads((run_dir / "summary.json").read_text())
-            result.status = "FINISHED"
-            result.metrics = summary["metrics"]
-            train = summary["timing"]
-            result.timing = {
-                "startup_s": train["ready_at"] - exit.started_at + train["import_s"],
-                "setup_s": train["setup_s"],
-                "train_s": train["train_s"],
-            }
-            # The ncu pass reruns a short worker in a subfolder, under ncu in place of nsys (inside the container).
-            profile = after_worker(cfg, run_dir, profile_plan, lambda prefix, work: run_worker(
-                worker_command(cfg, work, prefix), work, timeout_s).returncode)
-            result.metrics.update(profile.metrics)
-        else:
-            result.error = failure_reason(run_dir, exit, timeout_min)
+        log.info("%s: training in a worker process (log: %s): %s", combo.name, run_dir / WORKER_LOG,
+                 shlex.join(plan.worker_command))
+        exit = run_worker(plan.worker_command, run_dir, timeout_s(plan))
+        return *measure(cfg, plan, exit, result), None
     except (ConfigError, JobTimeout) as exc:
         result.error = str(exc)
     except Exception as exc:  # a bug, an outage or a full disk must not stop the sweep or lose the run
@@ -250,38 +240,65 @@ def run_one(cfg: DictConfig) -> RunResult:
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             result.error = no_space_left(run_dir) or f"no space left on device under {run_dir}: {one_line(exc)}"
         else:
-            log.exception("%s: ghsweep failed around the worker", name)
+            log.exception("%s: ghsweep failed around the worker", combo.name)
             result.error = one_line(exc)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: run_worker has stopped the worker's process group
         result.status, result.error = "KILLED", interrupts.reason(exc)
-        interrupt = exc
+        return {}, ProfileOutcome(), exc
+    return {}, ProfileOutcome(), None
 
-    if result.error:
-        log.error("%s: %s: %s", name, result.status, result.error)
+
+def measure(cfg: DictConfig, plan: RunPlan, exit: WorkerExit, result: RunResult) -> tuple[dict, ProfileOutcome]:
+    """How the worker ended, into `result`; a finished one's summary and profile analysis."""
+    run_dir = Path(plan.run_dir)
+    other_ranks_error = wait_for_ranks(run_dir, plan.world.size) if plan.srun_ranks else None
+    if exit.returncode != 0:
+        result.error = failure_reason(run_dir, exit, plan.timeout_min)
+        return {}, ProfileOutcome()
+    if other_ranks_error:
+        result.error = other_ranks_error
+        return {}, ProfileOutcome()
+    summary = json.loads(RunDir(run_dir).summary.read_text())
+    result.status = "FINISHED"
+    result.metrics = summary["metrics"]
+    train = summary["timing"]
+    result.timing = {
+        "startup_s": train["ready_at"] - exit.started_at + train["import_s"],
+        "setup_s": train["setup_s"],
+        "train_s": train["train_s"],
+    }
+    # The ncu pass reruns a short worker in a subfolder, under ncu in place of nsys (inside the container).
+    profile = after_worker(cfg, run_dir, plan.profile, lambda prefix, work: run_worker(
+        worker_command(cfg, work, prefix), work, timeout_s(plan)).returncode)
+    result.metrics.update(profile.metrics)
+    return summary, profile
+
+
+def record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, result: RunResult, summary: dict,
+           profile: ProfileOutcome, started: float) -> None:
+    """The run's files and its MLflow record; an MLflow failure is logged, not raised."""
     try:
         _record(store, run_id, cfg, run_dir, result, summary, profile, started)
     except Exception:  # MLflow unreachable even after retries: the run's own files hold the record
-        log.exception("%s: the MLflow record is incomplete; the run's record is complete in %s", name, run_dir)
-    if interrupt is not None:
-        raise interrupt
-    return result
+        log.exception("%s: the MLflow record is incomplete; the run's record is complete in %s", result.name, run_dir)
 
 
-def run_rank(cfg: DictConfig, run_dir: Path, rank: int, slurm_tasks: int, result: RunResult) -> RunResult:
+def run_rank(cfg: DictConfig, combo: Combination, rank: int, slurm_tasks: int) -> RunResult:
     """A SLURM task of rank > 0: train this rank and say how it ended in rankN.json; rank 0's task
     records the run (MLflow, profile analysis over every rank's report)."""
+    result = combo.result("FAILED")
     try:
-        launch = prepare_worker(cfg, run_dir, slurm_tasks)
+        plan = prepare_worker(cfg, combo, slurm_tasks)
         log.info("%s: rank %d training in a worker process (log: %s): %s", result.name, rank,
-                 run_dir / rank_file(WORKER_LOG, rank), shlex.join(launch.command))
-        exit = run_worker(launch.command, run_dir, launch.timeout_min * 60 if launch.timeout_min else None, rank)
+                 combo.run_dir / rank_file(WORKER_LOG, rank), shlex.join(plan.worker_command))
+        exit = run_worker(plan.worker_command, combo.run_dir, timeout_s(plan), rank)
         if exit.returncode == 0:
             result.status = "FINISHED"
         else:
-            result.error = failure_reason(run_dir, exit, launch.timeout_min, rank)
+            result.error = failure_reason(combo.run_dir, exit, plan.timeout_min, rank)
     except Exception as exc:  # whatever stops this rank, rank 0 must hear of it rather than wait
         result.error = str(exc) if isinstance(exc, ConfigError) else one_line(exc)
-    write_rank_report(run_dir, rank, result.status, result.error)
+    write_rank_report(combo.run_dir, rank, result.status, result.error)
     return result
 
 
@@ -295,7 +312,7 @@ def _finish_timing(result: RunResult, started: float, record_started: float) -> 
 def _save_run_files(result: RunResult, cfg: DictConfig, info: dict, run_dir: Path) -> None:
     """report.md and result.json. A full disk is logged, not raised: MLflow still gets the record."""
     try:
-        write_run_report(result, cfg, info, run_dir / "report.md")
+        write_run_report(result, cfg, info, run_dir / REPORT)
         result.save()
     except OSError as exc:
         log.error("%s: the run's files could not be written in %s: %s", result.name, run_dir, exc)

@@ -20,17 +20,15 @@ import submitit
 from hydra.core.utils import JobStatus
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
-from ghsweep.core.run_dir import RESULT
+from ghsweep.core.names import HOST_TAG, JOB_NUM_TAG, OVERRIDES_TAG, ROLE_RUN, RUN_DIR_TAG, RUN_HASH_TAG
+from ghsweep.core.run_dir import RESULT, SLURM_JOBS, WORKER_LOG
 from ghsweep.core.run_result import RunResult
 from ghsweep.launch.sweep_manifest import SweepManifest
-from ghsweep.launch.worker_process import WORKER_LOG
-from ghsweep.core.names import HOST_TAG, JOB_NUM_TAG, OVERRIDES_TAG, ROLE_RUN, RUN_DIR_TAG, RUN_HASH_TAG
 from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.core.errors import JobTimeout
 
 log = logging.getLogger(__name__)
 
-JOBS_FILE = "ghsweep_jobs.json"
 # MLflow's status for a run stopped from outside.
 CANCELLED = "KILLED"
 # SLURM states of a job that has not ended (UNKNOWN is not one: sacct may be unavailable for good).
@@ -55,13 +53,13 @@ class SubmittedJob:
 
 
 def save_jobs(sweep_dir: Path, jobs: list[SubmittedJob]) -> None:
-    path = sweep_dir / JOBS_FILE
+    path = sweep_dir / SLURM_JOBS
     known = load_jobs(sweep_dir)
     path.write_text(json.dumps([asdict(j) for j in known + jobs], indent=2))
 
 
 def load_jobs(sweep_dir: Path) -> list[SubmittedJob]:
-    path = sweep_dir / JOBS_FILE
+    path = sweep_dir / SLURM_JOBS
     return [SubmittedJob(**j) for j in json.loads(path.read_text())] if path.exists() else []
 
 

@@ -14,9 +14,8 @@ import os
 import socket
 from pathlib import Path
 
-from ghsweep.core.run_dir import RESULT
+from ghsweep.core.run_dir import RESULT, SLURM_JOBS
 from ghsweep.core.run_result import RunResult
-from ghsweep.launch.slurm_jobs import JOBS_FILE
 from ghsweep.launch.worker_process import stop_orphaned_worker
 from ghsweep.core.names import ERROR_TAG, HOST_TAG, ROLE_SWEEP, SWEEP_DIR_TAG
 from ghsweep.tracking.mlflow_store import MlflowStore
@@ -79,6 +78,6 @@ def settle_dead_sweeps(store: MlflowStore) -> None:
     """End, FAILED, the local sweeps of the store's experiment whose process died on this host."""
     for sweep in store.search(role=ROLE_SWEEP, status="RUNNING", tags={HOST_TAG: socket.gethostname()}, limit=1000):
         tags = sweep.tags
-        if process_died(tags) and not (Path(tags.get(SWEEP_DIR_TAG, "")) / JOBS_FILE).exists():
+        if process_died(tags) and not (Path(tags.get(SWEEP_DIR_TAG, "")) / SLURM_JOBS).exists():
             log.warning("MLflow: %s was left RUNNING: %s; ending it FAILED", sweep.name, died_reason(tags))
             end_sweep_run(store, sweep.run_id, "FAILED", died_reason(tags))

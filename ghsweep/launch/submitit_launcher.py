@@ -121,7 +121,8 @@ class GhsweepLauncher:
             for c in combos:
                 launch, ranks = self._launch_description(worlds[c.world], sum(d.world == c.world for d in combos),
                                                          c.world)
-                print(describe(c.num, c.name, c.run_dir, c.cfg, launch, ranks, slurm_ranks=slurm), flush=True)
+                print(describe(c.num, c.name, c.run_dir, c.shown_overrides, c.cfg, launch, ranks, on_slurm=slurm),
+                      flush=True)
             print(f"ghsweep: dry run, {len(combos)} combinations; nothing was submitted", flush=True)
             return [self._job_return(c, None) for c in combos]
 

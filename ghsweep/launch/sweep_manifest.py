@@ -10,8 +10,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from ghsweep.core.errors import SweepDirInUse
+from ghsweep.core.run_dir import SWEEP_MANIFEST
 
-MANIFEST_FILE = "ghsweep_sweep.json"
 
 
 @dataclass(frozen=True)
@@ -27,17 +27,17 @@ class SweepManifest:
         their run directories and results (sweeps started in the same second get the same default one)."""
         sweep_dir.mkdir(parents=True, exist_ok=True)
         try:
-            (sweep_dir / MANIFEST_FILE).open("x").close()
+            (sweep_dir / SWEEP_MANIFEST).open("x").close()
         except FileExistsError:
-            raise SweepDirInUse(f"hydra.sweep.dir={sweep_dir}: already holds a sweep ({MANIFEST_FILE}); start the "
+            raise SweepDirInUse(f"hydra.sweep.dir={sweep_dir}: already holds a sweep ({SWEEP_MANIFEST}); start the "
                                 "sweep again (the default directory is named by the second) or set hydra.sweep.dir "
                                 "to a new directory") from None
 
     def save(self, sweep_dir: Path) -> None:
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        (sweep_dir / MANIFEST_FILE).write_text(json.dumps(asdict(self), indent=2))
+        (sweep_dir / SWEEP_MANIFEST).write_text(json.dumps(asdict(self), indent=2))
 
     @classmethod
     def load(cls, sweep_dir: Path) -> SweepManifest | None:
-        path = sweep_dir / MANIFEST_FILE
+        path = sweep_dir / SWEEP_MANIFEST
         return cls(**json.loads(path.read_text())) if path.exists() else None

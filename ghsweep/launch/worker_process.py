@@ -15,17 +15,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from ghsweep.core.names import STEP_RANGE_PREFIX
+from ghsweep.core.run_dir import WORKER_LOG, WORKER_PID
 from ghsweep.launch.container import container_prefix
 from ghsweep.launch.world import torchrun_prefix
 from ghsweep.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-WORKER_LOG = "worker.log"
-# The worker's pid, which is also its process group: what stops it if the sweep process dies first.
-WORKER_PID = "worker.pid"
-# Lines of the worker's output shown on the console as progress (the full output goes to the log).
-PROGRESS_PREFIX = "step "
 
 
 # worker.timeout_min=auto on a GPU: a hang on a cluster node must not hold its allocation until the
@@ -117,7 +114,7 @@ def run_worker(command: list[str], run_dir: Path, timeout_s: float | None, rank:
         try:
             for line in proc.stdout:
                 log_file.write(line)
-                if line.startswith(PROGRESS_PREFIX):
+                if line.startswith(STEP_RANGE_PREFIX):  # progress on the console; all of it in the log
                     log.info("  %s", line.rstrip())
             returncode = proc.wait()
         finally:

@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.core.errors import ProfilerUnavailable
-from ghsweep.core.run_dir import CONFIG, TORCH_TRACE
+from ghsweep.core.run_dir import CONFIG, NCU_PASS_DIR, TORCH_TRACE
 from ghsweep.core.run_plan import ProfilePlan, RunPlan
 from ghsweep.launch.world import world_of
 from ghsweep.profile import capture, plots, report
@@ -23,7 +23,6 @@ from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 
 log = logging.getLogger(__name__)
 
-NCU_PASS_DIR = "ncu_pass"
 # Nsight Compute replays each profiled launch dozens of times (and saves and restores the memory it
 # writes): on Llama-2-7B a whole step's ~250 launches ran past 4.5 minutes. A roofline point needs a
 # few launches of each top kernel: one per launch configuration, and never more than this in all.

@@ -1,19 +1,16 @@
 """Which profiler a run gets and the worker's profiler prefix (what happens after the worker:
 pipeline.py).
 
-The plan is decided once in the job (before any GPU time), written to the run directory as
-profile_plan.json, and read by the worker (profile=torch); the job builds the worker command from
-it. A profiler that is asked for by name and cannot run here is a ConfigError naming what is
+The plan is decided once in the job (before any GPU time) as part of the run's RunPlan
+(run_plan.json), which the worker reads (profile=torch); the job builds the worker command from it. A profiler that is asked for by name and cannot run here is a ConfigError naming what is
 missing; profile=auto records its choice and why (ghsweep.profile_used / ghsweep.profile_note).
 A dry run makes the same plans on the submitting side from the config alone (plans_from_config).
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -21,17 +18,7 @@ from omegaconf import DictConfig
 from ghsweep.launch.world import world_of
 from ghsweep.profile import capture
 from ghsweep.core.errors import ConfigError
-from ghsweep.core.run_dir import PROFILE_PLAN
 from ghsweep.core.run_plan import ProfilePlan
-
-
-def save_plan(plan: ProfilePlan, run_dir: Path) -> None:
-    (run_dir / PROFILE_PLAN).write_text(json.dumps(asdict(plan), indent=2))
-
-
-def load_plan(run_dir: Path) -> ProfilePlan | None:
-    path = run_dir / PROFILE_PLAN
-    return ProfilePlan(**json.loads(path.read_text())) if path.exists() else None
 
 
 def resolve(profile: DictConfig, on_gpu: bool, device: str,

@@ -10,30 +10,23 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from ghsweep.launch.container import check_container, container_prefix, tool_finder
-from ghsweep.launch.job import plan_profile
+from ghsweep.launch.plan import node_plan
 from ghsweep.launch.worker_process import worker_command
 from ghsweep.profile import capture
 from ghsweep.core.errors import ConfigError
-from tests.conftest import CONF_DIR
-from tests.launch.stand_ins import fake_runtime
-
-
-def config(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+from tests.launch.stand_ins import NODE_GPU, compose_config, fake_runtime
 
 
 def test_no_image_runs_the_worker_on_the_host(tmp_path):
-    cfg = config("experiment=smoke")
+    cfg = compose_config("experiment=smoke")
     assert worker_command(cfg, tmp_path) == [sys.executable, "-m", "ghsweep.train.worker", str(tmp_path)]
 
 
 def test_gh200_profile_wraps_the_worker_in_the_container_with_binds_and_env(tmp_path, monkeypatch):
     monkeypatch.setenv("GHSWEEP_IMAGE", "/images/ghsweep nemo.sif")
-    cfg = config("hydra/launcher=gh200", "experiment=smoke")
+    cfg = compose_config("hydra/launcher=gh200", "experiment=smoke")
     command = worker_command(cfg, tmp_path)
     image = command.index("/images/ghsweep nemo.sif")  # a path with a space stays one argument
     assert command[:3] == ["singularity", "exec", "--nv"]
@@ -45,27 +38,27 @@ def test_gh200_profile_wraps_the_worker_in_the_container_with_binds_and_env(tmp_
 
 
 def test_binds_env_and_runtime_from_the_command_line(tmp_path):
-    cfg = config("experiment=smoke", "container.image=/c.sif", "container.runtime=singularity", "container.nv=false",
-                 "container.binds=[/lustre/data:/data:ro]", "+container.env.MSG='a b;rm -rf /'")
+    cfg = compose_config("experiment=smoke", "container.image=/c.sif", "container.runtime=singularity",
+                         "container.nv=false", "container.binds=[/lustre/data:/data:ro]", "+container.env.MSG='a b;rm -rf /'")
     assert container_prefix(cfg, tmp_path) == [
         "singularity", "exec", "--bind", str(tmp_path.resolve()), "--bind", "/lustre/data:/data:ro",
         "--env", "MSG=a b;rm -rf /", "/c.sif"]
 
 
 def test_unknown_runtime_is_a_one_line_error(tmp_path):
-    cfg = config("experiment=smoke", "container.image=/c.sif", "container.runtime=docker")
+    cfg = compose_config("experiment=smoke", "container.image=/c.sif", "container.runtime=docker")
     with pytest.raises(ConfigError, match=r"^container.runtime=docker: not a container runtime; accepted: apptainer, singularity$"):
         worker_command(cfg, tmp_path)
 
 
 def test_missing_image_or_runtime_fails_before_training(tmp_path, monkeypatch):
-    missing = config("experiment=smoke", f"container.image={tmp_path / 'none.sif'}")
+    missing = compose_config("experiment=smoke", f"container.image={tmp_path / 'none.sif'}")
     with pytest.raises(ConfigError, match=r"^container.image=.*none.sif: no such file on this node"):
         check_container(missing)
     image = tmp_path / "c.sif"
     image.write_bytes(b"")
     monkeypatch.setenv("PATH", str(tmp_path))  # a node without apptainer
-    no_runtime = config("experiment=smoke", f"container.image={image}", "container.runtime=apptainer")
+    no_runtime = compose_config("experiment=smoke", f"container.image={image}", "container.runtime=apptainer")
     with pytest.raises(ConfigError, match=r"^container.runtime=apptainer: not found on PATH of this node"):
         check_container(no_runtime)
 
@@ -80,7 +73,9 @@ def test_profilers_are_looked_up_and_exported_inside_the_container(tmp_path, mon
     (image_bin / "nsys").chmod(0o755)
     monkeypatch.setenv("PATH", f"{host_bin}:/usr/bin:/bin")
     image.touch()
-    cfg = config("hydra/launcher=gh200", "experiment=smoke", f"container.image={image}", "profile=nsys_ncu")
+    # device=auto: the run takes the node's GPU (smoke's default device is the CPU).
+    cfg = compose_config("hydra/launcher=gh200", "experiment=smoke", f"container.image={image}", "profile=nsys_ncu",
+                 "device=auto")
     prefix = container_prefix(cfg, tmp_path)
     find = tool_finder(prefix)
     assert find("nsys", None) == "nsys"
@@ -89,9 +84,10 @@ def test_profilers_are_looked_up_and_exported_inside_the_container(tmp_path, mon
 
     # The job's plan: nsys from the image, and ncu missing there is the one-line error before training.
     with pytest.raises(ConfigError, match=r"^profile=nsys_ncu: ncu not found on PATH"):
-        plan_profile(cfg, tmp_path, on_gpu=True)
-    plan = plan_profile(config("hydra/launcher=gh200", "experiment=smoke", f"container.image={image}",
-                               "profile=nsys"), tmp_path, on_gpu=True)
+        node_plan(cfg, tmp_path, "run", [], NODE_GPU, slurm_tasks=None)
+    plan = node_plan(compose_config("hydra/launcher=gh200", "experiment=smoke", f"container.image={image}",
+                                    "profile=nsys", "device=auto"),
+                     tmp_path, "run", [], NODE_GPU, slurm_tasks=None).profile
     assert (plan.nsys_path, plan.tool_prefix) == ("nsys", prefix)
 
     # The export runs where the report was made: through the container, not on the host.
@@ -104,7 +100,7 @@ def test_profilers_are_looked_up_and_exported_inside_the_container(tmp_path, mon
 
 def test_torchrun_starts_one_container_per_rank(tmp_path):
     """Locally, as srun on SLURM: each rank is its own container process with the rank's environment."""
-    cfg = config("experiment=smoke", "container.image=/c.sif", "backend.gpus_per_node=2")
+    cfg = compose_config("experiment=smoke", "container.image=/c.sif", "backend.gpus_per_node=2")
     command = worker_command(cfg, tmp_path, local_ranks=2)
     assert command[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                            "--no-python"]

@@ -3,6 +3,7 @@ SLURM parameters are printed, and nothing runs, is submitted or is recorded."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -10,14 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from ghsweep.launch.job import plan_profile
-from ghsweep.launch.worker_process import worker_command
-from ghsweep.profile.plan import profiler_prefix, resolve
+from ghsweep.launch.plan import dry_run_plans, node_plan
+from ghsweep.profile.plan import resolve
 from ghsweep.core.errors import ConfigError
-from tests.conftest import CONF_DIR, run_cli
-from tests.launch.stand_ins import fake_runtime, tool
+from tests.conftest import run_cli
+from tests.launch.stand_ins import NODE_GPU, compose_config, fake_runtime, tool
 
 
 def blocks(stdout: str) -> list[list[str]]:
@@ -126,15 +125,9 @@ def overrides_of(name: str) -> dict[str, str]:
 
 def node_command(overrides: dict[str, str], run_dir: Path, on_gpu: bool) -> list[str]:
     """What the job builds on a node with (on_gpu) or without a GPU, for the same config, on this
-    machine's PATH: the plan (plan_profile) and the worker command as ghsweep.launch.job.run_one makes them."""
+    machine's PATH: the worker command of the plan ghsweep.launch.job.run_one makes there."""
     cfg = compose_config(*(f"{k}={v}" for k, v in overrides.items()))
-    plan = plan_profile(cfg, run_dir, on_gpu)
-    return worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, plan))
-
-
-def compose_config(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+    return node_plan(cfg, run_dir, "run", [], NODE_GPU if on_gpu else None, slurm_tasks=None).worker_command
 
 
 def test_nsys_worker_command_is_the_one_the_job_runs_with_and_without_container(tmp_path, monkeypatch):
@@ -142,6 +135,7 @@ def test_nsys_worker_command_is_the_one_the_job_runs_with_and_without_container(
     nsys, _ = tool(bin_dir, "nsys"), tool(bin_dir, "ncu")
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")  # the node's nsys and ncu, found on PATH
     image = tmp_path / "ghsweep-nemo.sif"
+    image.touch()  # on the node, where the job checks it
     # The image brings its own nsys and ncu; the host's are not used inside it.
     fake_runtime(bin_dir), tool(Path(f"{image}.bin"), "nsys"), tool(Path(f"{image}.bin"), "ncu")
     proc = run_cli(["-m", "hydra/launcher=gh200", "experiment=smoke", "device=auto", "profile=nsys,nsys_ncu,auto",
@@ -227,3 +221,25 @@ def test_without_nsys_here_the_node_resolves_it_and_what_never_runs_says_why(tmp
     assert found["auto", "cpu"]["profile"] == \
         "auto: the PyTorch profiler inside the worker, steps 5-7 (no GPU in this run, device=cpu)"
     assert_nothing_ran(tmp_path)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["device=auto", "profile=auto"],  # two plans: the node with a GPU and nsys, and without
+    ["device=auto", "profile=nsys", "backend.gpus_per_node=1"],
+    ["device=cpu", "profile=torch", "worker.timeout_min=5"],
+    ["device=cpu", "profile=none", "backend.gpus_per_node=2", "peft=none"],
+])
+def test_the_dry_run_plan_is_the_plan_the_job_makes_on_the_node(tmp_path, monkeypatch, overrides):
+    """One builder: every field of a dry run's plan (worker command, world, data parallelism, profiler,
+    timeout) is what the job decides on a node with a GPU (and, for a second plan, without), bar the
+    GPU's facts, which only the node has."""
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "nsys")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    cfg = compose_config("experiment=smoke", *overrides)
+    planned = dry_run_plans(cfg, tmp_path, "a=1", ["a=1"], on_slurm=False)
+    gpus = [NODE_GPU, None] if cfg.device != "cpu" else [None]
+    on_nodes = [node_plan(cfg, tmp_path, "a=1", ["a=1"], gpu, slurm_tasks=None) for gpu in gpus[:len(planned)]]
+    assert planned == [dataclasses.replace(plan, gpu=None) for plan in on_nodes]
+    assert planned[0].worker_command[-3:] == ["-m", "ghsweep.train.worker", str(tmp_path)]
+    assert len(planned) == (2 if overrides[:2] == ["device=auto", "profile=auto"] else 1)

@@ -11,7 +11,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
-from ghsweep.launch.sweep_manifest import MANIFEST_FILE
+from ghsweep.core.run_dir import SWEEP_MANIFEST
 from tests.conftest import CONF_DIR, run_cli
 
 GH200_SERVER = "http://login-node:5000"
@@ -77,7 +77,7 @@ def test_sweep_through_a_site_profile_logs_to_its_tracking_server(mlflow_server,
                     "hydra.sweep.dir=sweep"], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
 
-    manifest = json.loads((tmp_path / "sweep" / MANIFEST_FILE).read_text())
+    manifest = json.loads((tmp_path / "sweep" / SWEEP_MANIFEST).read_text())
     assert manifest["tracking_uri"] == mlflow_server.url
     client = MlflowClient(tracking_uri=mlflow_server.url)
     exp_id = client.get_experiment_by_name(experiment).experiment_id

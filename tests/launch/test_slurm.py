@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from ghsweep.launch.slurm_jobs import JOBS_FILE, load_jobs
+from ghsweep.core.run_dir import SLURM_JOBS
+from ghsweep.launch.slurm_jobs import load_jobs
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 from ghsweep.train.data import synthetic_dolly, write_dolly_jsonl
 from tests.conftest import run_cli
@@ -48,7 +49,7 @@ def test_smoke_sweep_2x2(mlflow_server, tmp_path):
                               "train.max_steps=3"), tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # The sweep directory has ${now:} in it: the jobs, in other processes, must find the same one.
-    (sweep_dir,) = [p.parent for p in tmp_path.glob(f"multirun/*/*/{JOBS_FILE}")]
+    (sweep_dir,) = [p.parent for p in tmp_path.glob(f"multirun/*/*/{SLURM_JOBS}")]
     ids = job_ids(sweep_dir)
     assert len(ids) == 4
     assert set(sacct_states(ids).values()) == {"COMPLETED"}
@@ -99,7 +100,7 @@ def test_job_cancelled_with_scancel_ends_killed_and_the_sweep_ends(mlflow_server
     proc = subprocess.Popen([sys.executable, "-m", "ghsweep", *args], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: (sweep_dir / JOBS_FILE).exists(), 120, "the sweep's jobs to be submitted")
+        wait_for(lambda: (sweep_dir / SLURM_JOBS).exists(), 120, "the sweep's jobs to be submitted")
         long_job = next(j for j in load_jobs(sweep_dir) if j.num == 1)
         metrics = Path(long_job.run_dir) / "metrics.jsonl"
         wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 180, "the long job to train")
@@ -144,7 +145,7 @@ def test_time_limit_without_resumable_backend_is_recorded_timed_out(mlflow_serve
     assert "worker.log" in artifacts(mlflow_server, child.run_id)
     # Stopped at the signal, before SLURM's own kill at the limit: SLURM accounts the 2-minute limit it
     # was given, and the job ended inside it on its own (a job SLURM kills at the limit ends TIMEOUT).
-    (sweep_dir,) = [p.parent for p in tmp_path.glob(f"multirun/*/*/{JOBS_FILE}")]
+    (sweep_dir,) = [p.parent for p in tmp_path.glob(f"multirun/*/*/{SLURM_JOBS}")]
     (job_id,) = job_ids(sweep_dir)
     state, limit, elapsed = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "State,Timelimit,Elapsed", "-j", job_id],
                                            capture_output=True, text=True, check=True).stdout.strip().split("|")
@@ -185,7 +186,7 @@ def test_eight_jobs_finishing_at_once_lose_nothing(mlflow_server, tmp_path):
     proc = run_cli(sweep_args(mlflow_server, "slurm_eight", "peft=lora,none", "offload=off,on",
                               "dataloader=default,sync", "train.max_steps=4"), tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (sweep_dir,) = [p.parent for p in tmp_path.glob(f"multirun/*/*/{JOBS_FILE}")]
+    (sweep_dir,) = [p.parent for p in tmp_path.glob(f"multirun/*/*/{SLURM_JOBS}")]
     ids = job_ids(sweep_dir)
     assert len(ids) == 8 and set(sacct_states(ids).values()) == {"COMPLETED"}
     # They ran at the same time: each one's training overlaps every other one's.
@@ -228,7 +229,7 @@ def test_one_combination_on_two_nodes_runs_four_ranks(mlflow_server, tmp_path):
     proc = run_cli(sweep_args(mlflow_server, "slurm_world", "backend.num_nodes=2", "backend.gpus_per_node=2",
                               "train.max_steps=3"), tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (sweep_dir,) = [p.parent for p in tmp_path.glob(f"multirun/*/*/{JOBS_FILE}")]
+    (sweep_dir,) = [p.parent for p in tmp_path.glob(f"multirun/*/*/{SLURM_JOBS}")]
     (job_id,) = job_ids(sweep_dir)
     accounted = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "State,NNodes,NTasks,NodeList", "-j", job_id],
                                capture_output=True, text=True, check=True).stdout.split("|")
