@@ -94,7 +94,7 @@ def run_ours(overrides: list[str], seq: int, steps: int, warmup: int, layers: in
 def one_gpu_plan(cfg: DictConfig, run_dir: Path) -> RunPlan:
     """The plan of a row: this process trains on this machine's first GPU, unprofiled."""
     from ghsweep.core.gpu import probe_gpu
-    from ghsweep.launch.world import data_parallel
+    from ghsweep.config.world import data_parallel
 
     return RunPlan(name=run_dir.name, run_dir=str(run_dir), overrides=[], backend=cfg.backend.name, device="cuda",
                    gpu=probe_gpu(), world=World(), data_parallel=data_parallel(cfg),

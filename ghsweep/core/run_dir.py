@@ -28,6 +28,10 @@ RECIPE_JSON = "recipe.json"  # NeMo's recipe as run (fiddle), to rebuild it
 RECIPE_TXT = "recipe.txt"
 SLURM_JOBS = "ghsweep_jobs.json"  # SLURM job ids of a sweep, in its sweep directory
 SWEEP_MANIFEST = "ghsweep_sweep.json"  # which sweep a sweep directory belongs to
+# A tuning study's report in its sweep directory, and the command lines that reproduce its answer.
+TUNE_DIR = "tune"
+TUNE_REPORT = "tune.md"
+TUNE_ANSWER = "best.txt"
 
 # What a finished combination logs to MLflow from its directory, when present.
 ARTIFACTS = (CONFIG, OVERRIDES, WORKER_LOG, REPORT, METRICS, SUMMARY, RESULT, RECIPE_TXT, RECIPE_JSON)

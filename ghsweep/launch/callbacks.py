@@ -11,6 +11,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from ghsweep.core.run_dir import TUNE_ANSWER, TUNE_DIR, TUNE_REPORT
 from ghsweep.launch import interrupts
 from ghsweep.launch.resume import result_from_run
 from ghsweep.core.run_dir import RESULT
@@ -22,7 +23,6 @@ from ghsweep.report.sweep_table import format_table
 from ghsweep.tracking import redact
 from ghsweep.core.names import ROLE_SWEEP, SWEEP_DIR_TAG
 from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri
-from ghsweep.tune.answer import print_answer
 from ghsweep.core.errors import SweepDirInUse, TrackingUriError, one_line
 
 log = logging.getLogger(__name__)
@@ -134,3 +134,14 @@ class SweepCallback(Callback):
         finish_sweep(Path(config.hydra.sweep.dir), failures_expected=tuning)
         if tuning:
             print_answer(Path(config.hydra.sweep.dir))
+
+
+def print_answer(sweep_dir: Path) -> None:
+    """A tuning study's answer as the last lines of the sweep's output (after its summary and
+    comparison); SystemExit when no trial finished within the constraints: the command has no answer."""
+    best = sweep_dir / TUNE_DIR / TUNE_ANSWER
+    commands = best.read_text().strip() if best.exists() else ""
+    if not commands:
+        raise SystemExit(f"ghsweep tune: no trial finished within the constraints ({sweep_dir / TUNE_DIR / TUNE_REPORT})")
+    print(f"ghsweep tune: the answer ({best}):\n" + "\n".join(f"  {c}" for c in commands.splitlines()), flush=True)
+

@@ -17,7 +17,8 @@ from ghsweep.core.gpu import GpuInfo
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
 from ghsweep.launch.container import check_container, container_prefix, tool_finder
 from ghsweep.launch.worker_process import worker_command, worker_timeout_min
-from ghsweep.launch.world import check_world, data_parallel, world_of
+from ghsweep.config.world import data_parallel, world_of
+from ghsweep.launch.world import check_world
 from ghsweep.profile.capture import find_tool as find_on_node
 from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve
 

@@ -35,7 +35,7 @@ from ghsweep.core.run_result import RunResult
 from ghsweep.launch.slurm_jobs import SubmittedJob, save_jobs, settle, wait_until_ended
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.core.run_plan import World
-from ghsweep.launch.world import world_of
+from ghsweep.config.world import world_of
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.core.errors import JobTimeout

@@ -10,24 +10,16 @@ srun starts the tasks, and each task's job exports the rendezvous from SLURM's e
 from __future__ import annotations
 
 import os
+
 from omegaconf import DictConfig
 
-from ghsweep.config.schema import check_int
+from ghsweep.config.world import data_parallel, world_of
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_plan import World
 
 # What each rank's worker reads (torch.distributed's env:// rendezvous and torchrun's names).
 RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DATA_PARALLEL = ("auto", "ddp", "fsdp")
-
-
-def world_of(cfg: DictConfig) -> World:
-    """The combination's world from `backend.num_nodes` / `backend.gpus_per_node` (1 x 1 when unset)."""
-    backend = cfg.backend
-    num_nodes, gpus_per_node = backend.get("num_nodes", 1), backend.get("gpus_per_node", 1)
-    check_int("backend.num_nodes", num_nodes, 1)
-    check_int("backend.gpus_per_node", gpus_per_node, 1)
-    return World(num_nodes, gpus_per_node)
 
 
 def check_world(cfg: DictConfig, on_gpu: bool, visible_gpus: int, slurm_task: bool) -> World:
@@ -59,15 +51,6 @@ def check_world(cfg: DictConfig, on_gpu: bool, visible_gpus: int, slurm_task: bo
         if reduce not in ("fp32", "param"):
             raise ConfigError(f"precision.reduce_dtype={reduce}: not an accepted value; accepted: fp32, param")
     return world
-
-
-def data_parallel(cfg: DictConfig) -> str:
-    """ddp or fsdp: auto is DDP for LoRA (only the adapters' gradients travel) and FSDP2 for full
-    fine-tuning (parameters, gradients and optimizer state sharded)."""
-    mode = cfg.backend.get("data_parallel", "auto")
-    if mode == "auto":
-        return "ddp" if cfg.peft.name == "lora" else "fsdp"
-    return mode
 
 
 def torchrun_prefix(python: str, local_ranks: int) -> list[str]:

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from ghsweep.core.errors import ProfilerUnavailable
 from ghsweep.core.run_dir import CONFIG, NCU_PASS_DIR, TORCH_TRACE
 from ghsweep.core.run_plan import ProfilePlan, RunPlan
-from ghsweep.launch.world import world_of
+from ghsweep.config.world import world_of
 from ghsweep.profile import capture, plots, report
 from ghsweep.profile.analysis import analyze
 from ghsweep.profile.ranks import rank_of

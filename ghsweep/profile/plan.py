@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ghsweep.launch.world import world_of
+from ghsweep.config.world import world_of
 from ghsweep.profile import capture
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_plan import ProfilePlan

@@ -18,7 +18,7 @@ from optuna.trial import FrozenTrial, TrialState  # noqa: E402
 from optuna.visualization import matplotlib as optuna_plots  # noqa: E402
 
 from ghsweep.report.sweep_table import align  # noqa: E402
-from ghsweep.tune.answer import ANSWER_FILE, REPORT_FILE  # noqa: E402
+from ghsweep.core.run_dir import TUNE_ANSWER, TUNE_REPORT  # noqa: E402
 from ghsweep.tune.settings import TuneSettings  # noqa: E402
 from ghsweep.tune.space import SearchSpace  # noqa: E402
 
@@ -145,8 +145,8 @@ def write_report(study: optuna.Study, settings: TuneSettings, space: SearchSpace
     with quiet_optuna():
         images = plots(study, settings, out_dir)
     text = summarize(study, settings, space)
-    (out_dir / ANSWER_FILE).write_text("".join(command(t) + "\n" for t in answer(study)))
+    (out_dir / TUNE_ANSWER).write_text("".join(command(t) + "\n" for t in answer(study)))
     markdown = f"# Tuning study {study.study_name}\n\n```\n{text}\n```\n\n" + "".join(
         f"![{p.stem}]({p.name})\n\n" for p in images)
-    (out_dir / REPORT_FILE).write_text(markdown)
-    return [out_dir / REPORT_FILE, out_dir / ANSWER_FILE, *images]
+    (out_dir / TUNE_REPORT).write_text(markdown)
+    return [out_dir / TUNE_REPORT, out_dir / TUNE_ANSWER, *images]

@@ -21,7 +21,7 @@ from optuna.trial import Trial
 from ghsweep.core.names import ERROR_TAG
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking.mlflow_store import MlflowStore
-from ghsweep.tune.answer import REPORT_DIR, REPORT_FILE
+from ghsweep.core.run_dir import TUNE_DIR, TUNE_REPORT
 from ghsweep.tune.report import answer, command, summarize, write_report
 from ghsweep.tune.settings import TuneSettings
 from ghsweep.tune.space import SearchSpace
@@ -92,13 +92,13 @@ class TuneSweeper(Sweeper):
                     store.set_tags(outcome.run_id, {STUDY_TAG: study.study_name, TRIAL_TAG: trial.number})
                 print(f"ghsweep tune: trial {trial.number} ({' '.join(outcome.overrides)}): {told}", flush=True)
 
-        files = write_report(study, settings, space, sweep_dir / REPORT_DIR)
-        store.log_artifacts(manifest.parent_run_id, files, REPORT_DIR)
+        files = write_report(study, settings, space, sweep_dir / TUNE_DIR)
+        store.log_artifacts(manifest.parent_run_id, files, TUNE_DIR)
         best = answer(study)
         if best:
             store.set_tags(manifest.parent_run_id, {"ghsweep.tune.best_trials": ",".join(str(t.number) for t in best),
                                                     "ghsweep.tune.best_command": command(best[0])})
-        print("\n" + summarize(study, settings, space) + f"\n  report: {sweep_dir / REPORT_DIR / REPORT_FILE} "
+        print("\n" + summarize(study, settings, space) + f"\n  report: {sweep_dir / TUNE_DIR / TUNE_REPORT} "
               "(and on the sweep's MLflow run under tune/)\n", flush=True)
 
     def _outcomes(self, study: optuna.Study, space: SearchSpace, trials: list[Trial]) -> dict[int, TrialOutcome]:

@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from ghsweep.core.run_dir import CONFIG
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
 from ghsweep.core.gpu import probe_gpu
-from ghsweep.launch.world import data_parallel
+from ghsweep.config.world import data_parallel
 from tests.conftest import CONF_DIR
 
 
