@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from omegaconf import DictConfig
 
@@ -12,11 +14,12 @@ from ghsweep.train.flops import add_throughput_metrics
 from ghsweep.train.step_log import StepLog
 
 
-def run_peak_gib(managed: ManagedAllocator | None, measured_gib: float) -> float:
+def run_peak_gib(managed: ManagedAllocator | None, measured_gib: Callable[[], float]) -> float:
     """The managed-memory allocator's peak where it knows one (the device counter misses managed
-    memory), else what the backend measured."""
+    memory), else what the backend measures. `measured_gib` is called only then: under a pluggable
+    allocator torch's device counters raise."""
     managed_peak = managed.peak_gib() if managed else None
-    return managed_peak if managed_peak is not None else measured_gib
+    return managed_peak if managed_peak is not None else measured_gib()
 
 
 def run_summary(cfg: DictConfig, log: StepLog, device: torch.device, *, peak_gib: float, flops_per_token: float,

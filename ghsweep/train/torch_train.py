@@ -138,7 +138,7 @@ def _train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAlloca
             log.flush_due(step + 1, cfg.train.max_steps, cfg.train.log_every, progress=ranks.is_main)
     train_ended_at = time.time()
 
-    peak_gib = run_peak_gib(managed, peak_memory_gib(device))
+    peak_gib = run_peak_gib(managed, lambda: peak_memory_gib(device))
     ranks_seen = distributed.rank_summary(distributed.gather(log.step_times_ms, ranks),
                                           distributed.gather(peak_gib, ranks), cfg.train.warmup_steps)
     shape = ModelShape(**{k: model.hf_config.to_dict()[k] for k in (

@@ -17,8 +17,9 @@ from omegaconf import OmegaConf
 from ghsweep.launch.worker_process import run_worker, worker_command
 from ghsweep.profile import capture
 from ghsweep.core.run_dir import PROFILE_ANALYSIS
+from ghsweep.core.gpu import probe_gpu
+from ghsweep.launch.plan import node_plan
 from ghsweep.profile.pipeline import after_worker
-from ghsweep.profile.plan import profiler_prefix, resolve
 from ghsweep.profile.result import METRICS
 from tests.conftest import CONF_DIR
 
@@ -33,11 +34,12 @@ def profiled_run(tmp_path, *overrides: str) -> tuple[dict, object]:
     run_dir = tmp_path / cfg.profile.name
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    plan = resolve(cfg.profile, on_gpu=True, device="cuda")
+    # The job's own plan on this node, saved where the worker reads it.
+    plan = node_plan(cfg, run_dir, cfg.profile.name, [], probe_gpu(), None)
     plan.save(run_dir)
-    exit = run_worker(worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, plan)), run_dir, 900)
+    exit = run_worker(plan.worker_command, run_dir, 900)
     assert exit.returncode == 0, (run_dir / "worker.log").read_text()[-3000:]
-    outcome = after_worker(cfg, run_dir, plan, lambda prefix, work: run_worker(
+    outcome = after_worker(cfg, run_dir, plan.profile, lambda prefix, work: run_worker(
         worker_command(cfg, work, prefix), work, 900).returncode)
     assert "ghsweep.profile_error" not in outcome.tags, outcome.tags
     return json.loads((run_dir / PROFILE_ANALYSIS).read_text()), outcome

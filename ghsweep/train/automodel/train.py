@@ -115,7 +115,7 @@ def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocat
     if cfg.precision.name == "fp8":
         info["fp8_library"] = "torchao"
     # One process: _single_process_env, AutoModel's FSDP2 over one GPU.
-    return run_summary(cfg, recipe.step_log, device, peak_gib=run_peak_gib(managed, recipe.peak_gib),
+    return run_summary(cfg, recipe.step_log, device, peak_gib=run_peak_gib(managed, lambda: recipe.peak_gib),
                        flops_per_token=flops, gpus=1, params=params, random_init=not cfg.model.path,
                        offload_applied=False, managed=managed, setup_at=setup_at,
                        train_started_at=recipe.train_started_at, train_ended_at=recipe.train_ended_at, info=info)

@@ -86,7 +86,7 @@ def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocat
     # the same records (NeMo packs them differently, but every token still sees only its own document).
     blocks = dolly.load_blocks(cfg, load_tokenizer(cfg.model))
     flops = run_flops_per_token(model_shape(cfg.model), cfg, attended_keys_per_token(blocks.position_ids, True))
-    return run_summary(cfg, metrics_cb.log, device, peak_gib=run_peak_gib(managed, peak_memory_gib(device)),
+    return run_summary(cfg, metrics_cb.log, device, peak_gib=run_peak_gib(managed, lambda: peak_memory_gib(device)),
                        flops_per_token=flops, gpus=plan.world.size,
                        params=(metrics_cb.params_total, metrics_cb.params_trainable), random_init=not cfg.model.path,
                        offload_applied=bool(cfg.offload.enabled), managed=managed, setup_at=setup_at,
