@@ -24,10 +24,22 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TIMED = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
-         "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "NVTX_EVENTS", "OSRT_API")
-CORRELATED = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
-              "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION")
+TIMED = (
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_MEMCPY",
+    "CUPTI_ACTIVITY_KIND_MEMSET",
+    "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+    "NVTX_EVENTS",
+    "OSRT_API",
+)
+CORRELATED = (
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_MEMCPY",
+    "CUPTI_ACTIVITY_KIND_MEMSET",
+    "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+)
 
 
 def grow(path: Path, size_bytes: float) -> float:
@@ -52,14 +64,18 @@ def grow(path: Path, size_bytes: float) -> float:
                 elif c == "correlationId" and table in CORRELATED:
                     exprs.append(f"correlationId + {corr}")
                 elif c == "text" and table == "NVTX_EVENTS":
-                    exprs.append(f"CASE WHEN text LIKE 'step %' THEN 'step ' || (CAST(substr(text, 6) AS INTEGER) "
-                                 f"+ {steps}) ELSE text END")
+                    exprs.append(
+                        f"CASE WHEN text LIKE 'step %' THEN 'step ' || (CAST(substr(text, 6) AS INTEGER) "
+                        f"+ {steps}) ELSE text END"
+                    )
                 else:
                     exprs.append(c)
             names = ", ".join(f'"{c}"' for c in cols)
             rows = con.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
-            con.execute(f"INSERT INTO {table} ({names}) SELECT {', '.join(exprs)} FROM {table} ORDER BY rowid "
-                        f"LIMIT {int(rows * fraction)}")
+            con.execute(
+                f"INSERT INTO {table} ({names}) SELECT {', '.join(exprs)} FROM {table} ORDER BY rowid "
+                f"LIMIT {int(rows * fraction)}"
+            )
         con.commit()
         factor *= 1 + fraction
     con.close()
@@ -73,9 +89,17 @@ def child(path: str) -> None:
 
     started = time.perf_counter()
     result = full_analysis(Path(path))
-    print(json.dumps({"seconds": time.perf_counter() - started, "gpu_busy_pct": result.gpu_busy_pct,
-                      "kernels": result.whole_trace["kernel_count"], "steps": len(result.window["steps"]),
-                      "findings": [f["id"] for f in result.findings]}))
+    print(
+        json.dumps(
+            {
+                "seconds": time.perf_counter() - started,
+                "gpu_busy_pct": result.gpu_busy_pct,
+                "kernels": result.whole_trace["kernel_count"],
+                "steps": len(result.window["steps"]),
+                "findings": [f["id"] for f in result.findings],
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -92,15 +116,19 @@ def main() -> None:
         shutil.copy(args.source, big)
         t = time.perf_counter()
         factor = grow(big, args.size_gb * 1e9)
-        print(f"built {big.stat().st_size / 1e9:.2f} GB ({factor:.0f}x the rows of {args.source}) "
-              f"in {time.perf_counter() - t:.0f} s")
+        print(
+            f"built {big.stat().st_size / 1e9:.2f} GB ({factor:.0f}x the rows of {args.source}) "
+            f"in {time.perf_counter() - t:.0f} s"
+        )
         proc = subprocess.run([sys.executable, __file__, "--child", str(big)], capture_output=True, text=True)
         if proc.returncode:
             sys.exit(proc.stderr)
         out = json.loads(proc.stdout)
         rss_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
-        print(f"analysed in {out['seconds']:.1f} s, peak RSS {rss_gb:.2f} GiB on 2 cores: {out['kernels']:,} kernels, "
-              f"{out['steps']} steady steps, busy {out['gpu_busy_pct']:.1f}%, findings {out['findings']}")
+        print(
+            f"analysed in {out['seconds']:.1f} s, peak RSS {rss_gb:.2f} GiB on 2 cores: {out['kernels']:,} kernels, "
+            f"{out['steps']} steady steps, busy {out['gpu_busy_pct']:.1f}%, findings {out['findings']}"
+        )
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from ghsweep.launch.callbacks import SweepCallback, finish_sweep
 from ghsweep.launch.job import run_one
 from ghsweep.tracking import redact
 
-
 MAX_SHOWN_CHARS = 200
 
 
@@ -36,8 +35,10 @@ def check_overrides(argv: list[str]) -> None:
         except OverrideParseException as exc:
             shown = redact.override(item)
             detail = "" if shown != item else f" ({_shown(exc.message.strip().splitlines()[0])})"
-            raise SystemExit(f"ghsweep: override {_shown(shown)} cannot be parsed{detail}; quote a value with spaces, "
-                             "brackets, quotes, $, newlines or non-ASCII characters: 'key=\"value\"'") from None
+            raise SystemExit(
+                f"ghsweep: override {_shown(shown)} cannot be parsed{detail}; quote a value with spaces, "
+                "brackets, quotes, $, newlines or non-ASCII characters: 'key=\"value\"'"
+            ) from None
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

@@ -22,7 +22,6 @@ from ghsweep.profile.capture import NCU_CSV, NSYS_RANK_GLOB, NSYS_REPORT, NSYS_S
 from ghsweep.profile.ranks import rank_of
 from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 
-
 TORCH_PROFILER_TRACES = ("*.pt.trace.json", "*.pt.trace.json.gz")
 
 
@@ -32,14 +31,21 @@ def find_profile(directory: Path) -> Path:
     for name in (NSYS_SQLITE, NSYS_REPORT, TORCH_TRACE, TORCH_TRACE + ".gz"):
         if (directory / name).is_file():
             return directory / name
-    traces = sorted((p for pattern in TORCH_PROFILER_TRACES for p in directory.glob(pattern)),
-                    key=lambda p: (p.stat().st_mtime, p.name))
+    traces = sorted(
+        (p for pattern in TORCH_PROFILER_TRACES for p in directory.glob(pattern)),
+        key=lambda p: (p.stat().st_mtime, p.name),
+    )
     if not traces:
-        raise ProfileError(f"{directory}: no profile in this directory (looked for {NSYS_SQLITE}, {NSYS_REPORT}, "
-                           f"{TORCH_TRACE}[.gz], {', '.join(TORCH_PROFILER_TRACES)})")
+        raise ProfileError(
+            f"{directory}: no profile in this directory (looked for {NSYS_SQLITE}, {NSYS_REPORT}, "
+            f"{TORCH_TRACE}[.gz], {', '.join(TORCH_PROFILER_TRACES)})"
+        )
     if len(traces) > 1:
-        print(f"ghsweep.analyze: {directory}: {len(traces)} PyTorch profiler traces; analysing the newest, "
-              f"{traces[-1].name} (pass another one to analyse it)", file=sys.stderr)
+        print(
+            f"ghsweep.analyze: {directory}: {len(traces)} PyTorch profiler traces; analysing the newest, "
+            f"{traces[-1].name} (pass another one to analyse it)",
+            file=sys.stderr,
+        )
     return traces[-1]
 
 

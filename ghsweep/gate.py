@@ -20,12 +20,12 @@ import os
 import sys
 from pathlib import Path
 
+from ghsweep.core.errors import GateError, SweepNotFound, TrackingError, TrackingUriError
+from ghsweep.core.names import ROLE_SWEEP
 from ghsweep.launch.resume import identity_overrides
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.report.sweep_source import SweepRun, find_run, load_sweep
 from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri
-from ghsweep.core.errors import GateError, SweepNotFound, TrackingError, TrackingUriError
-from ghsweep.core.names import ROLE_SWEEP
 
 HIGHER_IS_BETTER = ("tokens_per_s", "mfu", "tflops_per_gpu")
 LOWER_IS_BETTER = ("peak_mem_gb", "step_time_ms", "overhead_ratio")
@@ -65,8 +65,9 @@ def measured(run: SweepRun, checks: list[str]) -> dict:
 def load_runs(sweep: str, tracking_uri: str) -> tuple[str, list[SweepRun]]:
     """The sweep's command (or name) and its runs, from MLflow."""
     manifest = SweepManifest.load(Path(sweep)) if Path(sweep).is_dir() else None
-    store = MlflowStore(manifest.tracking_uri if manifest else absolute_tracking_uri(tracking_uri, Path.cwd()),
-                        experiment=None)
+    store = MlflowStore(
+        manifest.tracking_uri if manifest else absolute_tracking_uri(tracking_uri, Path.cwd()), experiment=None
+    )
     parent = store.get_run(manifest.parent_run_id) if manifest else find_run(store, sweep, ROLE_SWEEP)
     return (manifest.command if manifest else parent.name), load_sweep(store, parent)
 
@@ -74,8 +75,9 @@ def load_runs(sweep: str, tracking_uri: str) -> tuple[str, list[SweepRun]]:
 def write_reference(command: str, runs: list[SweepRun], checks: list[str], path: Path) -> dict:
     failed = [r for r in runs if not r.finished]
     if failed:
-        raise GateError(f"{combination(failed[0])}: {failed[0].status} ({failed[0].error}); a reference needs "
-                        "every run FINISHED")
+        raise GateError(
+            f"{combination(failed[0])}: {failed[0].status} ({failed[0].error}); a reference needs every run FINISHED"
+        )
     reference = {
         "command": command,
         "device": runs[0].tags.get("ghsweep.device_name", "unknown") if runs else "unknown",
@@ -124,27 +126,47 @@ def regressions(reference: dict, runs: list[SweepRun], tolerance: float, loss_ba
                 change = got[metric] / ref_value - 1 if ref_value else 0.0
                 worse = -change if metric in HIGHER_IS_BETTER else change
                 if worse > allowed:
-                    found.append(f"{name}: {metric} {got[metric]:.4g} against {ref_value:.4g} "
-                                 f"({change:+.1%}, tolerance {allowed:.0%})")
+                    found.append(
+                        f"{name}: {metric} {got[metric]:.4g} against {ref_value:.4g} "
+                        f"({change:+.1%}, tolerance {allowed:.0%})"
+                    )
     return found
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     doc = __doc__.splitlines()
-    parser = argparse.ArgumentParser(prog="python -m ghsweep.gate", description=doc[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n".join(doc[2:]))
+    parser = argparse.ArgumentParser(
+        prog="python -m ghsweep.gate",
+        description=doc[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(doc[2:]),
+    )
     parser.add_argument("sweep", metavar="SWEEP", help="a sweep directory, or a sweep's MLflow name or parent run id")
     parser.add_argument("--against", type=Path, required=True, metavar="REFERENCE.json", help="the reference file")
-    parser.add_argument("--tolerance", type=fraction, default=0.05,
-                        help="largest drop of throughput / rise of memory and time allowed (default: 5%%)")
-    parser.add_argument("--loss-band", type=fraction, default=0.05,
-                        help="largest deviation of each step's loss from the reference's (default: 5%%)")
+    parser.add_argument(
+        "--tolerance",
+        type=fraction,
+        default=0.05,
+        help="largest drop of throughput / rise of memory and time allowed (default: 5%%)",
+    )
+    parser.add_argument(
+        "--loss-band",
+        type=fraction,
+        default=0.05,
+        help="largest deviation of each step's loss from the reference's (default: 5%%)",
+    )
     parser.add_argument("--write", action="store_true", help="record the sweep as the new reference")
-    parser.add_argument("--checks", default=DEFAULT_CHECKS,
-                        help=f"with --write: what the reference gates, of {', '.join(CHECKS)} (default: %(default)s)")
-    parser.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"),
-                        help="MLflow tracking URI for a sweep given by name (default: $MLFLOW_TRACKING_URI, else "
-                             "%(default)s); a sweep directory names its own")
+    parser.add_argument(
+        "--checks",
+        default=DEFAULT_CHECKS,
+        help=f"with --write: what the reference gates, of {', '.join(CHECKS)} (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--tracking-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"),
+        help="MLflow tracking URI for a sweep given by name (default: $MLFLOW_TRACKING_URI, else "
+        "%(default)s); a sweep directory names its own",
+    )
     args = parser.parse_args(argv)
     args.checks = [c.strip() for c in args.checks.split(",") if c.strip()]
     unknown = [c for c in args.checks if c not in CHECKS]
@@ -159,8 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         command, runs = load_runs(args.sweep, args.tracking_uri)
         if args.write:
             reference = write_reference(command, runs, args.checks, args.against)
-            print(f"ghsweep.gate: wrote {args.against}: {len(reference['runs'])} combinations, "
-                  f"checks {', '.join(args.checks)}")
+            print(
+                f"ghsweep.gate: wrote {args.against}: {len(reference['runs'])} combinations, "
+                f"checks {', '.join(args.checks)}"
+            )
             return 0
         if not args.against.exists():
             raise GateError(f"--against {args.against}: no such file; record one with --write")
@@ -178,9 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in extra:
         print(f"note: {name}: in the sweep, not in the reference (not gated)")
     verdict = "FAILED" if found else "passed"
-    print(f"ghsweep.gate: {verdict}: {len(found)} regressions in {len(reference['runs'])} combinations against "
-          f"{args.against} (checks {', '.join(reference['checks'])}; tolerance {args.tolerance:.0%}, "
-          f"loss band {args.loss_band:.0%})")
+    print(
+        f"ghsweep.gate: {verdict}: {len(found)} regressions in {len(reference['runs'])} combinations against "
+        f"{args.against} (checks {', '.join(reference['checks'])}; tolerance {args.tolerance:.0%}, "
+        f"loss band {args.loss_band:.0%})"
+    )
     return 1 if found else 0
 
 

@@ -37,8 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     if not submitted:
         manifest = SweepManifest.load(args.sweep_dir)
         if manifest is None:
-            parser.error(f"{args.sweep_dir}: not a sweep directory (no {SWEEP_MANIFEST} or {SLURM_JOBS}); accepted: "
-                         "the directory a sweep printed, e.g. multirun/2026-11-21/10-00-00")
+            parser.error(
+                f"{args.sweep_dir}: not a sweep directory (no {SWEEP_MANIFEST} or {SLURM_JOBS}); accepted: "
+                "the directory a sweep printed, e.g. multirun/2026-11-21/10-00-00"
+            )
         return collect_local(args.sweep_dir, manifest)
     jobs = [(s, s.submitit_job()) for s in submitted]
     while True:

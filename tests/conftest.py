@@ -26,7 +26,11 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 900) -> subprocess.Comp
     """Run `python -m ghsweep ARGS` in `cwd` the way a user would, output captured."""
     env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", HYDRA_FULL_ERROR="0")
     return subprocess.run(
-        [sys.executable, "-m", "ghsweep", *args], cwd=cwd, env=env, capture_output=True, text=True,
+        [sys.executable, "-m", "ghsweep", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=timeout,
     )
 

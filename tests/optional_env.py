@@ -28,5 +28,7 @@ def require(module: str, env_script: str, venv: str, marker: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        unavailable(f"{module} does not import here ({exc}); build its environment with `bash {env_script}` "
-                    f"and run `{venv}/bin/python -m pytest -m {marker}`")
+        unavailable(
+            f"{module} does not import here ({exc}); build its environment with `bash {env_script}` "
+            f"and run `{venv}/bin/python -m pytest -m {marker}`"
+        )

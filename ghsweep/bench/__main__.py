@@ -20,9 +20,17 @@ from pathlib import Path
 from ghsweep.bench.rows import ROWS, compose_ours, default_blocks, document_lengths
 
 DEFAULT_ROWS = [
-    "usual_lora_bf16_compiled", "usual_lora_bf16_compiled_document", "usual_full_compiled",
-    "ours_lora_bf16", "ours_lora_bf16_causal", "ours_full_bf16", "ours_lora_fp8", "ours_full_fp8",
-    "ours_lora_offload8", "ours_lora_low_memory", "ours_lora_unified",
+    "usual_lora_bf16_compiled",
+    "usual_lora_bf16_compiled_document",
+    "usual_full_compiled",
+    "ours_lora_bf16",
+    "ours_lora_bf16_causal",
+    "ours_full_bf16",
+    "ours_lora_fp8",
+    "ours_full_fp8",
+    "ours_lora_offload8",
+    "ours_lora_low_memory",
+    "ours_lora_unified",
 ]
 
 # (description, numerator row, denominator row or absolute threshold, metric, comparison, target).
@@ -30,8 +38,14 @@ DEFAULT_ROWS = [
 # offloaded layers parked in host memory per step (1.0: every parked byte came off the peak).
 TARGETS = [
     ("LoRA bf16 tokens/s >= 18,500", "ours_lora_bf16", None, "tokens_per_s", ">=", 18500),
-    ("LoRA bf16 vs usual LoRA, same masking", "ours_lora_bf16", "usual_lora_bf16_compiled_document", "tokens_per_s",
-     ">=", 1.10),
+    (
+        "LoRA bf16 vs usual LoRA, same masking",
+        "ours_lora_bf16",
+        "usual_lora_bf16_compiled_document",
+        "tokens_per_s",
+        ">=",
+        1.10,
+    ),
     ("full bf16 tokens/s >= 13,500", "ours_full_bf16", None, "tokens_per_s", ">=", 13500),
     ("fp8 LoRA vs our bf16 LoRA", "ours_lora_fp8", "ours_lora_bf16", "tokens_per_s", ">=", 1.25),
     ("fp8 full vs our bf16 full", "ours_full_fp8", "ours_full_bf16", "tokens_per_s", ">=", 1.3),
@@ -43,8 +57,16 @@ TARGETS = [
 ]
 
 
-def run_rows(names: list[str], seq: int, steps: int, layers: int, ours_overrides: list[str], log_dir: Path,
-             row_timeout_s: float, on_row: Callable[[dict[str, dict]], None]) -> dict[str, dict]:
+def run_rows(
+    names: list[str],
+    seq: int,
+    steps: int,
+    layers: int,
+    ours_overrides: list[str],
+    log_dir: Path,
+    row_timeout_s: float,
+    on_row: Callable[[dict[str, dict]], None],
+) -> dict[str, dict]:
     results = {}
     for i, name in enumerate(names, 1):
         out = log_dir / f"{name}.json"
@@ -52,18 +74,40 @@ def run_rows(names: list[str], seq: int, steps: int, layers: int, ours_overrides
         print(f"[{i}/{len(names)}] {name} ...", end=" ", flush=True)
         with open(log_dir / f"{name}.log", "w") as log:
             try:
-                subprocess.run([sys.executable, "-m", "ghsweep.bench.rows", name, str(out), "--seq", str(seq),
-                                "--steps", str(steps), "--layers", str(layers),
-                                *(f"--ours-override={o}" for o in ours_overrides)], stdout=log, stderr=subprocess.STDOUT,
-                               env=dict(os.environ, PYTHONUNBUFFERED="1"), timeout=row_timeout_s)
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "ghsweep.bench.rows",
+                        name,
+                        str(out),
+                        "--seq",
+                        str(seq),
+                        "--steps",
+                        str(steps),
+                        "--layers",
+                        str(layers),
+                        *(f"--ours-override={o}" for o in ours_overrides),
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                    timeout=row_timeout_s,
+                )
             except subprocess.TimeoutExpired:
                 pass
-        results[name] = (json.loads(out.read_text()) if out.exists()
-                         else {"ok": False, "error": f"row process crashed or ran past {row_timeout_s:.0f} s"})
+        results[name] = (
+            json.loads(out.read_text())
+            if out.exists()
+            else {"ok": False, "error": f"row process crashed or ran past {row_timeout_s:.0f} s"}
+        )
         on_row(results)
         row = results[name]
-        print(f"{row['tokens_per_s']:,.0f} tokens/s" if row["ok"] else f"FAILED: {row['error']}",
-              f"({time.time() - started:.0f} s)", flush=True)
+        print(
+            f"{row['tokens_per_s']:,.0f} tokens/s" if row["ok"] else f"FAILED: {row['error']}",
+            f"({time.time() - started:.0f} s)",
+            flush=True,
+        )
     return results
 
 
@@ -88,8 +132,10 @@ def format_report(results: dict[str, dict], checks: list[dict]) -> str:
     for name, r in results.items():
         if r["ok"]:
             mfu = f"{r['mfu']:.1%}" if r.get("mfu") else "-"
-            lines.append(f"{name:<28} {r['step_time_ms']:>8.1f} {r['tokens_per_s']:>9,.0f} {r['tflops_per_gpu']:>8.1f} "
-                         f"{mfu:>6} {r['peak_mem_gb']:>8.1f}")
+            lines.append(
+                f"{name:<28} {r['step_time_ms']:>8.1f} {r['tokens_per_s']:>9,.0f} {r['tflops_per_gpu']:>8.1f} "
+                f"{mfu:>6} {r['peak_mem_gb']:>8.1f}"
+            )
         else:
             lines.append(f"{name:<28} {'-':>8} {'-':>9} {'-':>8} {'-':>6} {'-':>8}  FAILED: {r['error']}")
     lines += ["", f"{'target':<40} {'measured':>10} {'goal':>10}  status"]
@@ -104,8 +150,11 @@ def dataset_lengths(seq: int, steps: int, layers: int) -> dict:
     """Lengths of the packed examples every row trains on (tokens; the default synthetic dolly set)."""
     cfg = compose_ours([], seq, steps, 3, layers)
     stats = document_lengths(default_blocks(cfg).position_ids)
-    return {"data": f"dolly_synthetic, data.mean_tokens={cfg.data.mean_tokens}, byte-level tokens, packed into "
-                    f"blocks of {seq}", "example_tokens": stats}
+    return {
+        "data": f"dolly_synthetic, data.mean_tokens={cfg.data.mean_tokens}, byte-level tokens, packed into "
+        f"blocks of {seq}",
+        "example_tokens": stats,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,8 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write rows, targets and the command as JSON")
     parser.add_argument("--logs", type=Path, help="keep each row's log here")
     parser.add_argument("--row-timeout", type=float, default=180, help="seconds before a row counts as failed")
-    parser.add_argument("--ours-override", action="append", default=[],
-                        help="config override added to every row of our backend, e.g. train.attention=cudnn")
+    parser.add_argument(
+        "--ours-override",
+        action="append",
+        default=[],
+        help="config override added to every row of our backend, e.g. train.attention=cudnn",
+    )
     args = parser.parse_args(argv)
     names = args.rows.split(",")
     unknown = [n for n in names if n not in ROWS]
@@ -133,13 +186,26 @@ def main(argv: list[str] | None = None) -> int:
 
         def save(results: dict[str, dict]) -> None:  # after every row: a run cut short keeps what it measured
             if args.out:
-                args.out.write_text(json.dumps({"command": command, "documents": documents, "rows": results,
-                                                "targets": evaluate_targets(results)}, indent=2))
+                args.out.write_text(
+                    json.dumps(
+                        {
+                            "command": command,
+                            "documents": documents,
+                            "rows": results,
+                            "targets": evaluate_targets(results),
+                        },
+                        indent=2,
+                    )
+                )
 
-        results = run_rows(names, args.seq, args.steps, args.layers, args.ours_override, log_dir, args.row_timeout, save)
+        results = run_rows(
+            names, args.seq, args.steps, args.layers, args.ours_override, log_dir, args.row_timeout, save
+        )
     stats = documents["example_tokens"]
-    print(f"\nexamples: {documents['data']}; {stats['examples']} examples of mean {stats['mean']:.0f} tokens "
-          f"(p10 {stats['p10']}, p50 {stats['p50']}, p90 {stats['p90']}, p99 {stats['p99']})")
+    print(
+        f"\nexamples: {documents['data']}; {stats['examples']} examples of mean {stats['mean']:.0f} tokens "
+        f"(p10 {stats['p10']}, p50 {stats['p50']}, p90 {stats['p90']}, p99 {stats['p99']})"
+    )
     print(format_report(results, evaluate_targets(results)))
     return 0
 

@@ -24,8 +24,14 @@ from ghsweep.train.data import PackedBlocks, load_blocks
 from ghsweep.train.flops import ModelShape, add_throughput_metrics, flops_per_token
 from ghsweep.train.tokenizer import ByteTokenizer
 
-LLAMA2_7B = dict(hidden_size=4096, intermediate_size=11008, num_layers=32, num_attention_heads=32,
-                 num_key_value_heads=32, vocab_size=32000)
+LLAMA2_7B = dict(
+    hidden_size=4096,
+    intermediate_size=11008,
+    num_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=32,
+    vocab_size=32000,
+)
 CONF = Path(__file__).resolve().parents[1] / "conf"  # the package's config (ghsweep/conf)
 
 # name -> (stack, settings). Our rows are the CLI's groups with nothing else changed; the usual
@@ -34,25 +40,39 @@ ROWS: dict[str, dict] = {
     "usual_lora_defaults_eager": {"stack": "usual", "peft": "defaults", "compile": False},
     "usual_lora_bf16_eager": {"stack": "usual", "peft": "bf16_adapters", "compile": False},
     "usual_lora_bf16_compiled": {"stack": "usual", "peft": "bf16_adapters", "compile": True},
-    "usual_lora_bf16_compiled_document": {"stack": "usual", "peft": "bf16_adapters", "compile": True,
-                                          "document": True},
+    "usual_lora_bf16_compiled_document": {"stack": "usual", "peft": "bf16_adapters", "compile": True, "document": True},
     "usual_full_eager": {"stack": "usual", "peft": "none", "compile": False},
     "usual_full_compiled": {"stack": "usual", "peft": "none", "compile": True},
     "usual_full_fp8_compiled": {"stack": "usual", "peft": "none", "compile": True, "float8": True},
     "ours_lora_bf16": {"stack": "ours", "overrides": ["peft=lora", "precision=bf16"]},
-    "ours_lora_bf16_causal": {"stack": "ours", "overrides": ["peft=lora", "precision=bf16", "data.packing_mask=causal"]},
+    "ours_lora_bf16_causal": {
+        "stack": "ours",
+        "overrides": ["peft=lora", "precision=bf16", "data.packing_mask=causal"],
+    },
     "ours_full_bf16": {"stack": "ours", "overrides": ["peft=none", "precision=bf16"]},
     "ours_lora_fp8": {"stack": "ours", "overrides": ["peft=lora", "precision=fp8"]},
     "ours_full_fp8": {"stack": "ours", "overrides": ["peft=none", "precision=fp8"]},
-    "ours_lora_offload8": {"stack": "ours", "overrides": ["peft=lora", "precision=bf16", "offload=on", "offload.num_layers=8"]},
-    "ours_lora_offload16": {"stack": "ours", "overrides": ["peft=lora", "precision=bf16", "offload=on",
-                                                           "offload.num_layers=16"]},
+    "ours_lora_offload8": {
+        "stack": "ours",
+        "overrides": ["peft=lora", "precision=bf16", "offload=on", "offload.num_layers=8"],
+    },
+    "ours_lora_offload16": {
+        "stack": "ours",
+        "overrides": ["peft=lora", "precision=bf16", "offload=on", "offload.num_layers=16"],
+    },
     "ours_lora_unified": {"stack": "ours", "overrides": ["peft=lora", "precision=bf16", "memory=unified"]},
     # The documented low-memory setting (README): the compiled layers keep 45% of their saved bytes
     # (the partitioner recomputes the rest in backward), and 17 layers park what they keep in host memory.
-    "ours_lora_low_memory": {"stack": "ours", "overrides": ["peft=lora", "precision=bf16",
-                                                            "train.activation_memory_budget=0.45", "offload=on",
-                                                            "offload.num_layers=17"]},
+    "ours_lora_low_memory": {
+        "stack": "ours",
+        "overrides": [
+            "peft=lora",
+            "precision=bf16",
+            "train.activation_memory_budget=0.45",
+            "offload=on",
+            "offload.num_layers=17",
+        ],
+    },
 }
 
 
@@ -61,11 +81,21 @@ def compose_ours(overrides: list[str], seq: int, steps: int, warmup: int, layers
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=[
-            "model=llama2_7b", f"model.num_layers={layers}", "device=cuda", "profile=none",
-            f"train.seq_length={seq}", "train.micro_batch_size=1", f"train.max_steps={steps}",
-            f"train.warmup_steps={warmup}", f"train.log_every={steps}", *overrides,
-        ])
+        return compose(
+            config_name="config",
+            overrides=[
+                "model=llama2_7b",
+                f"model.num_layers={layers}",
+                "device=cuda",
+                "profile=none",
+                f"train.seq_length={seq}",
+                "train.micro_batch_size=1",
+                f"train.max_steps={steps}",
+                f"train.warmup_steps={warmup}",
+                f"train.log_every={steps}",
+                *overrides,
+            ],
+        )
 
 
 def document_lengths(position_ids: torch.Tensor) -> dict:
@@ -73,8 +103,15 @@ def document_lengths(position_ids: torch.Tensor) -> dict:
     ends a block, as far as position ids tell)."""
     lengths = sorted(int(n) for row in document_ids(position_ids) for n in torch.bincount(row))
     pick = lambda q: lengths[min(len(lengths) - 1, int(q * len(lengths)))]  # noqa: E731
-    return {"examples": len(lengths), "mean": statistics.fmean(lengths), "p10": pick(0.1), "p50": pick(0.5),
-            "p90": pick(0.9), "p99": pick(0.99), "max": lengths[-1]}
+    return {
+        "examples": len(lengths),
+        "mean": statistics.fmean(lengths),
+        "p10": pick(0.1),
+        "p50": pick(0.5),
+        "p90": pick(0.9),
+        "p99": pick(0.99),
+        "max": lengths[-1],
+    }
 
 
 def run_ours(overrides: list[str], seq: int, steps: int, warmup: int, layers: int) -> dict:
@@ -87,19 +124,35 @@ def run_ours(overrides: list[str], seq: int, steps: int, warmup: int, layers: in
         managed = setup_unified_memory(cfg.memory, plan.gpu) if cfg.memory.name == "unified" else None
         summary = backend_named(plan.backend).train(cfg, plan, Path(run_dir), managed)
     m = summary.metrics
-    return {"step_time_ms": m["step_time_ms"], "tokens_per_s": m["tokens_per_s"], "peak_mem_gb": m["peak_mem_gb"],
-            "tflops_per_gpu": m["tflops_per_gpu"], "mfu": m.get("mfu"), "info": summary.info}
+    return {
+        "step_time_ms": m["step_time_ms"],
+        "tokens_per_s": m["tokens_per_s"],
+        "peak_mem_gb": m["peak_mem_gb"],
+        "tflops_per_gpu": m["tflops_per_gpu"],
+        "mfu": m.get("mfu"),
+        "info": summary.info,
+    }
 
 
 def one_gpu_plan(cfg: DictConfig, run_dir: Path) -> RunPlan:
     """The plan of a row: this process trains on this machine's first GPU, unprofiled."""
-    from ghsweep.core.gpu import probe_gpu
     from ghsweep.config.world import data_parallel
+    from ghsweep.core.gpu import probe_gpu
 
-    return RunPlan(name=run_dir.name, run_dir=str(run_dir), overrides=[], backend=cfg.backend.name, device="cuda",
-                   gpu=probe_gpu(), world=World(), data_parallel=data_parallel(cfg),
-                   profile=ProfilePlan(requested="none", used="none"), container_prefix=[], worker_command=[],
-                   timeout_min=None)
+    return RunPlan(
+        name=run_dir.name,
+        run_dir=str(run_dir),
+        overrides=[],
+        backend=cfg.backend.name,
+        device="cuda",
+        gpu=probe_gpu(),
+        world=World(),
+        data_parallel=data_parallel(cfg),
+        profile=ProfilePlan(requested="none", used="none"),
+        container_prefix=[],
+        worker_command=[],
+        timeout_min=None,
+    )
 
 
 def default_blocks(cfg: DictConfig) -> PackedBlocks:
@@ -114,8 +167,16 @@ def run_usual(settings: dict, seq: int, steps: int, warmup: int, layers: int) ->
     blocks = default_blocks(cfg)
     shape = ModelShape(**{**LLAMA2_7B, "num_layers": layers})
     lora = settings["peft"] != "none"
-    times, peak = train_steps(shape, blocks, steps, settings["peft"], settings["compile"], settings.get("float8", False),
-                              cfg.peft if lora else None, settings.get("document", False))
+    times, peak = train_steps(
+        shape,
+        blocks,
+        steps,
+        settings["peft"],
+        settings["compile"],
+        settings.get("float8", False),
+        cfg.peft if lora else None,
+        settings.get("document", False),
+    )
     step_ms = statistics.median(times[warmup:])
     row = {"step_time_ms": step_ms, "tokens_per_s": seq / (step_ms / 1000), "peak_mem_gb": peak, "mfu": None}
     keys = attended_keys_per_token(blocks.position_ids, settings.get("document", False))
@@ -137,8 +198,13 @@ def main(argv: list[str]) -> int:
     settings = ROWS[args.name]
     try:
         runner = run_ours if settings["stack"] == "ours" else run_usual
-        result = runner([*settings["overrides"], *args.ours_override] if settings["stack"] == "ours" else settings,
-                        args.seq, args.steps, args.warmup, args.layers)
+        result = runner(
+            [*settings["overrides"], *args.ours_override] if settings["stack"] == "ours" else settings,
+            args.seq,
+            args.steps,
+            args.warmup,
+            args.layers,
+        )
         result["ok"] = True
     except Exception as exc:  # a row that fails is reported in the table, not fatal to the benchmark
         traceback.print_exc()

@@ -13,16 +13,29 @@ from ghsweep.train.data import PackedBlocks
 from ghsweep.train.flops import ModelShape
 
 
-def train_steps(shape: ModelShape, blocks: PackedBlocks, steps: int, peft: str, compile_layers: bool,
-                float8: bool, lora: DictConfig | None, document: bool) -> tuple[list[float], float]:
+def train_steps(
+    shape: ModelShape,
+    blocks: PackedBlocks,
+    steps: int,
+    peft: str,
+    compile_layers: bool,
+    float8: bool,
+    lora: DictConfig | None,
+    document: bool,
+) -> tuple[list[float], float]:
     """Step times in ms and peak allocated GiB over micro-batches of one packed block.
     peft: 'defaults', 'bf16_adapters' or 'none'; `lora` the rank, alpha and targets."""
     seq_length = blocks.input_ids.shape[1]
     config = LlamaConfig(
-        hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_key_value_heads, vocab_size=shape.vocab_size,
-        max_position_embeddings=max(seq_length, 4096), use_cache=False, attn_implementation="sdpa",
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        vocab_size=shape.vocab_size,
+        max_position_embeddings=max(seq_length, 4096),
+        use_cache=False,
+        attn_implementation="sdpa",
     )
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
@@ -31,8 +44,13 @@ def train_steps(shape: ModelShape, blocks: PackedBlocks, steps: int, peft: str, 
     if peft != "none":
         from peft import LoraConfig, get_peft_model
 
-        adapters = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
-                              target_modules=list(lora.target_modules))
+        adapters = LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=0.0,
+            task_type="CAUSAL_LM",
+            target_modules=list(lora.target_modules),
+        )
         model = get_peft_model(model, adapters, autocast_adapter_dtype=peft == "defaults")
     if float8:
         from torchao.float8 import convert_to_float8_training
@@ -46,8 +64,8 @@ def train_steps(shape: ModelShape, blocks: PackedBlocks, steps: int, peft: str, 
     times = []
     for step in range(steps):
         i = step % len(blocks)
-        ids, labels = blocks.input_ids[i:i + 1].cuda(), blocks.labels[i:i + 1].cuda()
-        positions = {"position_ids": blocks.position_ids[i:i + 1].cuda()} if document else {}
+        ids, labels = blocks.input_ids[i : i + 1].cuda(), blocks.labels[i : i + 1].cuda()
+        positions = {"position_ids": blocks.position_ids[i : i + 1].cuda()} if document else {}
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         loss = model(input_ids=ids, labels=labels, use_cache=False, **positions).loss

@@ -92,9 +92,31 @@ class DataloaderSchema:
     prefetch_factor: Annotated[int, Range(1)] | None
 
 
-NsysTrace = Literal["cuda", "nvtx", "osrt", "cudnn", "cublas", "cublas-verbose", "cusparse", "cusparse-verbose",
-                    "cudla", "cudla-verbose", "mpi", "oshmem", "ucx", "openacc", "openmp", "opengl",
-                    "opengl-annotations", "nvvideo", "vulkan", "vulkan-annotations", "python-gil", "syscall", "none"]
+NsysTrace = Literal[
+    "cuda",
+    "nvtx",
+    "osrt",
+    "cudnn",
+    "cublas",
+    "cublas-verbose",
+    "cusparse",
+    "cusparse-verbose",
+    "cudla",
+    "cudla-verbose",
+    "mpi",
+    "oshmem",
+    "ucx",
+    "openacc",
+    "openmp",
+    "opengl",
+    "opengl-annotations",
+    "nvvideo",
+    "vulkan",
+    "vulkan-annotations",
+    "python-gil",
+    "syscall",
+    "none",
+]
 
 
 @dataclass

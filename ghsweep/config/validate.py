@@ -52,8 +52,12 @@ def model_facts(model: DictConfig) -> ModelFacts:
     config_file = folder / "config.json"
     try:
         hf = json.loads(config_file.read_text())
-        return ModelFacts(f"model.path={model.path}", hf["model_type"], int(hf["num_hidden_layers"]),
-                          int(hf["max_position_embeddings"]))
+        return ModelFacts(
+            f"model.path={model.path}",
+            hf["model_type"],
+            int(hf["num_hidden_layers"]),
+            int(hf["max_position_embeddings"]),
+        )
     except (OSError, ValueError, KeyError) as error:
         raise ConfigError(
             f"model.path={model.path}: {config_file.name} is missing or lacks model_type, num_hidden_layers, "
@@ -98,8 +102,10 @@ def _validate_model(cfg: DictConfig, model: ModelFacts) -> None:
     check("data.packing_mask", cfg.data.packing_mask)
     if cfg.data.path and cfg.data.name == "dolly_synthetic":
         # The loader reads data.path whenever it is set: a run named synthetic would train on the file.
-        raise ConfigError(f"data.path={cfg.data.path}: data=dolly_synthetic generates its records and reads no "
-                          "file; accepted: data=dolly_file with data.path, or data.path=null")
+        raise ConfigError(
+            f"data.path={cfg.data.path}: data=dolly_synthetic generates its records and reads no "
+            "file; accepted: data=dolly_file with data.path, or data.path=null"
+        )
     if cfg.data.path:
         _validate_data_file(str(cfg.data.path))
     else:
@@ -115,15 +121,17 @@ def _validate_data_file(path: str) -> None:
     with open(path, "rb") as lines:
         for line_no, line in enumerate(lines, 1):
             if len(line) > MAX_RECORD_BYTES:
-                raise ConfigError(f"data.path={path}: line {line_no} is {len(line):,} bytes, over "
-                                  f"{MAX_RECORD_BYTES:,}; {expected}")
+                raise ConfigError(
+                    f"data.path={path}: line {line_no} is {len(line):,} bytes, over {MAX_RECORD_BYTES:,}; {expected}"
+                )
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except ValueError as error:
-                raise ConfigError(f"data.path={path}: line {line_no} is not JSON ({str(error).splitlines()[0]}); "
-                                  f"{expected}") from None
+                raise ConfigError(
+                    f"data.path={path}: line {line_no} is not JSON ({str(error).splitlines()[0]}); {expected}"
+                ) from None
             if not isinstance(record, dict) or not {"instruction", "response"} <= record.keys():
                 raise ConfigError(f"data.path={path}: line {line_no} lacks instruction or response; {expected}")
             records += 1
@@ -136,8 +144,10 @@ def _validate_train(cfg: DictConfig, model: ModelFacts, on_gpu: bool) -> None:
     try:
         lr = t.lr
     except InterpolationResolutionError:
-        raise ConfigError(f"train.lr: {model.source} sets no rate for peft={cfg.peft.name} (model.lr.{cfg.peft.name}); "
-                          "set train.lr=RATE or model.lr.lora / model.lr.none") from None
+        raise ConfigError(
+            f"train.lr: {model.source} sets no rate for peft={cfg.peft.name} (model.lr.{cfg.peft.name}); "
+            "set train.lr=RATE or model.lr.lora / model.lr.none"
+        ) from None
     for knob in knobs("train"):
         check(f"train.{knob}", lr if knob == "lr" else t[knob])
     check("seed", cfg.seed)
@@ -155,8 +165,10 @@ def _validate_train(cfg: DictConfig, model: ModelFacts, on_gpu: bool) -> None:
             "train.compile=true"
         )
     if t.optimizer_in_backward and cfg.precision.name == "fp16":
-        raise ConfigError("train.optimizer_in_backward=true: fp16's loss scaling must see every gradient before "
-                          "any step; accepted with precision=fp16: false")
+        raise ConfigError(
+            "train.optimizer_in_backward=true: fp16's loss scaling must see every gradient before "
+            "any step; accepted with precision=fp16: false"
+        )
     if t.seq_length > model.max_position_embeddings:
         raise ConfigError(
             f"train.seq_length={t.seq_length}: longer than {model.source} supports; "
@@ -215,8 +227,7 @@ def _validate_offload(cfg: DictConfig, model: ModelFacts) -> None:
     check("offload.num_layers", o.num_layers)
     if o.num_layers > layers:
         raise ConfigError(
-            f"offload.num_layers={o.num_layers}: {model.source} has only {layers} layers; "
-            f"accepted: 1 to {layers}"
+            f"offload.num_layers={o.num_layers}: {model.source} has only {layers} layers; accepted: 1 to {layers}"
         )
 
 
@@ -233,14 +244,18 @@ def _validate_memory(cfg: DictConfig, on_gpu: bool) -> None:
     if cfg.offload.enabled:
         # Offload frees GPU blocks while side streams still copy them; only PyTorch's own caching
         # allocator tracks that (record_stream), a managed-memory allocator does not.
-        raise ConfigError("memory=unified with offload=on: not supported together; accepted: offload=off with "
-                          "memory=unified, or memory=device with offload=on")
+        raise ConfigError(
+            "memory=unified with offload=on: not supported together; accepted: offload=off with "
+            "memory=unified, or memory=device with offload=on"
+        )
     check("memory.pool_size_gb", memory.pool_size_gb)
     # Without a container the worker runs in this interpreter: whether RMM is there decides the allocator.
     runs_here = not OmegaConf.select(cfg, "container.image")
     if memory.pool_size_gb is not None and runs_here and importlib.util.find_spec("rmm") is None:
-        raise ConfigError(f"memory.pool_size_gb={memory.pool_size_gb}: sizes RMM's managed pool and RMM is not "
-                          "installed here (the managed-memory allocator grows on demand); accepted here: null")
+        raise ConfigError(
+            f"memory.pool_size_gb={memory.pool_size_gb}: sizes RMM's managed pool and RMM is not "
+            "installed here (the managed-memory allocator grows on demand); accepted here: null"
+        )
 
 
 def _validate_dataloader(cfg: DictConfig) -> None:

@@ -48,8 +48,9 @@ class Backend(Protocol):
     def describe(self, cfg: DictConfig, run_dir: Path) -> str:
         """Lines the dry run adds for this backend's own choices (its recipe), "" for none."""
 
-    def train(self, cfg: DictConfig, plan: RunPlan, run_dir: Path,
-              managed: ManagedAllocator | None = None) -> RunSummary:
+    def train(
+        self, cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None
+    ) -> RunSummary:
         """Train the combination; rank 0's summary is what the run measured. `managed` is passed
         rather than set up here: the allocator must be swapped before the backend's imports touch CUDA."""
 

@@ -75,5 +75,11 @@ class RunPlan:
         gpu = raw.pop("gpu")
         if gpu is not None:
             gpu["compute_capability"] = tuple(gpu["compute_capability"])
-        return cls(**raw | {"gpu": GpuInfo(**gpu) if gpu else None, "world": World(**raw.pop("world")),
-                            "profile": ProfilePlan(**raw.pop("profile"))})
+        return cls(
+            **raw
+            | {
+                "gpu": GpuInfo(**gpu) if gpu else None,
+                "world": World(**raw.pop("world")),
+                "profile": ProfilePlan(**raw.pop("profile")),
+            }
+        )

@@ -11,19 +11,18 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from ghsweep.core.run_dir import TUNE_ANSWER, TUNE_DIR, TUNE_REPORT
+from ghsweep.core.errors import SweepDirInUse, TrackingUriError, one_line
+from ghsweep.core.names import ROLE_SWEEP, SWEEP_DIR_TAG
+from ghsweep.core.run_dir import RESULT, TUNE_ANSWER, TUNE_DIR, TUNE_REPORT
+from ghsweep.core.run_result import RunResult
 from ghsweep.launch import interrupts
 from ghsweep.launch.resume import result_from_run
-from ghsweep.core.run_dir import RESULT
-from ghsweep.core.run_result import RunResult
 from ghsweep.launch.stale_runs import end_running_children, end_sweep_run, process_tags, settle_dead_sweeps
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.report.compare import COMPARISON_DIR, report_comparison
 from ghsweep.report.sweep_table import format_table
 from ghsweep.tracking import redact
-from ghsweep.core.names import ROLE_SWEEP, SWEEP_DIR_TAG
 from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri
-from ghsweep.core.errors import SweepDirInUse, TrackingUriError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +44,10 @@ def completed_from_mlflow(results: list[RunResult], store: MlflowStore, parent_r
     """The run directories' results, completed from MLflow where a run's files fell short (a full
     disk): a child run with no result.json, or whose result.json still says RUNNING."""
     ended = {c.run_id: c for c in store.search(parent_run_id=parent_run_id) if c.status != "RUNNING"}
-    completed = [result_from_run(ended[r.mlflow_run_id]) if r.status == "RUNNING" and r.mlflow_run_id in ended else r
-                 for r in results]
+    completed = [
+        result_from_run(ended[r.mlflow_run_id]) if r.status == "RUNNING" and r.mlflow_run_id in ended else r
+        for r in results
+    ]
     known = {r.mlflow_run_id for r in results}
     completed += [result_from_run(c) for run_id, c in ended.items() if run_id not in known]
     return sorted(completed, key=_job_order)
@@ -69,18 +70,26 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
     results = completed_from_mlflow(collect_results(sweep_dir), store, manifest.parent_run_id)
     table = format_table(results)
     failed = [r for r in results if r.status != "FINISHED"]
-    print(f"\nghsweep: {len(results) - len(failed)} of {len(results)} runs finished "
-          f"(sweep directory {sweep_dir})\n{table}\n", flush=True)
+    print(
+        f"\nghsweep: {len(results) - len(failed)} of {len(results)} runs finished "
+        f"(sweep directory {sweep_dir})\n{table}\n",
+        flush=True,
+    )
     (sweep_dir / "summary.md").write_text(f"# {manifest.command}\n\n```\n{table}\n```\n")
     store.set_tags(manifest.parent_run_id, {"ghsweep.runs": len(results), "ghsweep.failed_runs": len(failed)})
     store.log_artifacts(manifest.parent_run_id, [sweep_dir / "summary.md"])
     if interrupt is not None:
         end_sweep_run(store, manifest.parent_run_id, "KILLED", interrupts.reason(interrupt))
-        print(f"ghsweep: {interrupts.reason(interrupt)}; the same command again resumes the sweep "
-              "(runs that finished are skipped)", file=sys.stderr, flush=True)
+        print(
+            f"ghsweep: {interrupts.reason(interrupt)}; the same command again resumes the sweep "
+            "(runs that finished are skipped)",
+            file=sys.stderr,
+            flush=True,
+        )
         raise SystemExit(interrupts.exit_status(interrupt))
-    report_comparison(store, manifest.parent_run_id, sweep_dir / COMPARISON_DIR,
-                      [r.mlflow_run_id for r in results if r.mlflow_run_id])
+    report_comparison(
+        store, manifest.parent_run_id, sweep_dir / COMPARISON_DIR, [r.mlflow_run_id for r in results if r.mlflow_run_id]
+    )
     store.finish(manifest.parent_run_id, "FAILED" if failed and not failures_expected else "FINISHED")
     if failed and not failures_expected:
         # Hydra's multirun has no exit status of its own; a failed combination must fail the command.
@@ -96,16 +105,19 @@ class SweepCallback(Callback):
             return
         if not config.wait and config.hydra.launcher._target_ != GHSWEEP_SLURM_LAUNCHER:
             # SystemExit: Hydra turns a callback's exceptions into warnings and would run the sweep anyway.
-            raise SystemExit(f"wait=false: needs a SLURM launcher profile (e.g. hydra/launcher=gh200); "
-                             f"this sweep uses hydra/launcher={config.hydra.runtime.choices['hydra/launcher']}")
+            raise SystemExit(
+                f"wait=false: needs a SLURM launcher profile (e.g. hydra/launcher=gh200); "
+                f"this sweep uses hydra/launcher={config.hydra.runtime.choices['hydra/launcher']}"
+            )
         try:
             self._start_sweep(config)
             SweepCallback.started_sweep_dir = Path(config.hydra.sweep.dir)
         except (TrackingUriError, SweepDirInUse) as exc:
             raise SystemExit(f"ghsweep: {exc}") from None
         except Exception as exc:  # as above: the jobs must not run without their parent run and manifest
-            raise SystemExit(f"ghsweep: the sweep's MLflow run could not be created at {config.tracking.uri}: "
-                             f"{one_line(exc)}") from exc
+            raise SystemExit(
+                f"ghsweep: the sweep's MLflow run could not be created at {config.tracking.uri}: {one_line(exc)}"
+            ) from exc
 
     @staticmethod
     def _start_sweep(config: DictConfig) -> None:
@@ -117,11 +129,15 @@ class SweepCallback(Callback):
         settle_dead_sweeps(store)
         command = shlex.join(["python", "-m", "ghsweep", *redact.overrides(sys.argv[1:])])
         sweep_name = "sweep " + "/".join(sweep_dir.parts[-2:])
-        parent = store.start_run(sweep_name, ROLE_SWEEP, tags={
-            SWEEP_DIR_TAG: str(sweep_dir.resolve()),
-            "ghsweep.command": command,
-            **process_tags(),
-        })
+        parent = store.start_run(
+            sweep_name,
+            ROLE_SWEEP,
+            tags={
+                SWEEP_DIR_TAG: str(sweep_dir.resolve()),
+                "ghsweep.command": command,
+                **process_tags(),
+            },
+        )
         store.log_params(parent, {"sweep.overrides": " ".join(redact.overrides(config.hydra.overrides.task))})
         SweepManifest(uri, config.tracking.experiment, parent, command).save(sweep_dir)
         log.info("MLflow: sweep run %s in experiment '%s' at %s", parent, config.tracking.experiment, uri)
@@ -142,6 +158,7 @@ def print_answer(sweep_dir: Path) -> None:
     best = sweep_dir / TUNE_DIR / TUNE_ANSWER
     commands = best.read_text().strip() if best.exists() else ""
     if not commands:
-        raise SystemExit(f"ghsweep tune: no trial finished within the constraints ({sweep_dir / TUNE_DIR / TUNE_REPORT})")
+        raise SystemExit(
+            f"ghsweep tune: no trial finished within the constraints ({sweep_dir / TUNE_DIR / TUNE_REPORT})"
+        )
     print(f"ghsweep tune: the answer ({best}):\n" + "\n".join(f"  {c}" for c in commands.splitlines()), flush=True)
-

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig
-from ghsweep.core.errors import ConfigError
 
+from ghsweep.core.errors import ConfigError
 
 RUNTIMES = ("apptainer", "singularity")
 
@@ -45,8 +45,9 @@ def tool_finder(prefix: list[str]) -> Callable[[str, str | None], str | None]:
 
     def find(name: str, configured: str | None) -> str | None:
         tool = configured or name
-        proc = subprocess.run([*prefix, "sh", "-c", 'command -v "$1"', "sh", tool],
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [*prefix, "sh", "-c", 'command -v "$1"', "sh", tool], capture_output=True, text=True, timeout=300
+        )
         return tool if proc.returncode == 0 and proc.stdout.strip() else None
 
     return find
@@ -58,8 +59,10 @@ def check_container(cfg: DictConfig) -> None:
     if not c:
         return
     if "://" not in str(c.image) and not Path(c.image).exists():
-        raise ConfigError(f"container.image={c.image}: no such file on this node; accepted: a .sif path or a "
-                          "docker:// / oras:// URI the runtime can pull")
+        raise ConfigError(
+            f"container.image={c.image}: no such file on this node; accepted: a .sif path or a "
+            "docker:// / oras:// URI the runtime can pull"
+        )
     if shutil.which(c.runtime) is None:
         found = [r for r in RUNTIMES if shutil.which(r)]
         raise ConfigError(

@@ -13,8 +13,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ghsweep.core.backends import backend_named
-from ghsweep.core.run_dir import NCU_PASS_DIR
 from ghsweep.core.errors import ConfigError
+from ghsweep.core.run_dir import NCU_PASS_DIR
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
 from ghsweep.launch.plan import dry_run_plans
 from ghsweep.tracking import redact
@@ -24,8 +24,16 @@ from ghsweep.tracking.mlflow_store import absolute_tracking_uri
 INDENT = " " * 11
 
 
-def describe(num: int, name: str, run_dir: Path, overrides: list[str], cfg: DictConfig, launch: str,
-             ranks: str | None = None, on_slurm: bool = False) -> str:
+def describe(
+    num: int,
+    name: str,
+    run_dir: Path,
+    overrides: list[str],
+    cfg: DictConfig,
+    launch: str,
+    ranks: str | None = None,
+    on_slurm: bool = False,
+) -> str:
     """One combination: its run directory, its worker command, how it is launched (and, on several
     GPUs, who starts its ranks) and profiled. `on_slurm`: srun starts the ranks (the worker line
     is one task's); else torchrun in the worker line starts them on this machine."""
@@ -44,8 +52,9 @@ def describe(num: int, name: str, run_dir: Path, overrides: list[str], cfg: Dict
         # profile=auto: the node's other choice, as the job would run it.
         lines.append(f"{INDENT}{commands[1]}")
     # Where the sweep's parent run and this run would be recorded (the sweep manifest's URI).
-    lines.append(f"  mlflow:  {absolute_tracking_uri(cfg.tracking.uri, Path.cwd())} "
-                 f"(experiment {cfg.tracking.experiment})")
+    lines.append(
+        f"  mlflow:  {absolute_tracking_uri(cfg.tracking.uri, Path.cwd())} (experiment {cfg.tracking.experiment})"
+    )
     # The backend's own choices (NeMo's recipe, AutoModel's YAML); empty for the torch backend.
     described = backend_named(cfg.backend.name).describe(cfg, run_dir)
     if described:
@@ -57,8 +66,10 @@ def local_ranks_text(world: World) -> str | None:
     """The ranks line of a run on several GPUs of this machine (torchrun, in the worker line)."""
     if world.size == 1:
         return None
-    return (f"{world.gpus_per_node} ranks on this machine, one per GPU, started by torch.distributed.run (torchrun) "
-            "in the worker line")
+    return (
+        f"{world.gpus_per_node} ranks on this machine, one per GPU, started by torch.distributed.run (torchrun) "
+        "in the worker line"
+    )
 
 
 def profile_text(cfg: DictConfig, plans: list[RunPlan]) -> str:
@@ -71,16 +82,23 @@ def profile_text(cfg: DictConfig, plans: list[RunPlan]) -> str:
         why = f" (no GPU in this run, device={cfg.device})" if plan.requested == "auto" else ""
         return f"{plan.requested}: the PyTorch profiler inside the worker, {steps}{why}"
     if plan.requested == "auto":
-        return (f"auto, resolved on the node: Nsight Systems over {steps} (the worker line above) where the node has a GPU "
-                f"and nsys {where('nsys', cfg.profile.nsys.path, plan)}; otherwise the PyTorch profiler inside "
-                "the worker, which then runs as")
-    text = f"{plan.requested}: Nsight Systems over {steps}; {tool_text('nsys', cfg.profile.nsys.path, plan)}; " \
-           "the node needs a GPU, else the run fails before training"
+        return (
+            f"auto, resolved on the node: Nsight Systems over {steps} (the worker line above) where the node has a GPU "
+            f"and nsys {where('nsys', cfg.profile.nsys.path, plan)}; otherwise the PyTorch profiler inside "
+            "the worker, which then runs as"
+        )
+    text = (
+        f"{plan.requested}: Nsight Systems over {steps}; {tool_text('nsys', cfg.profile.nsys.path, plan)}; "
+        "the node needs a GPU, else the run fails before training"
+    )
     if plan.ncu:
-        text += (f"; then a short second run of the worker in {Path(plans[0].run_dir) / NCU_PASS_DIR} under ncu in place of nsys "
-                 f"(--clock-control none --set {cfg.profile.ncu.section_set}) over one captured step, for the top "
-                 f"{cfg.profile.ncu.top_k} kernels of the nsys profile (picked on the node); "
-                 f"{tool_text('ncu', cfg.profile.ncu.path, plan)}")
+        text += (
+            f"; then a short second run of the worker in {Path(plans[0].run_dir) / NCU_PASS_DIR} "
+            "under ncu in place of nsys "
+            f"(--clock-control none --set {cfg.profile.ncu.section_set}) over one captured step, for the top "
+            f"{cfg.profile.ncu.top_k} kernels of the nsys profile (picked on the node); "
+            f"{tool_text('ncu', cfg.profile.ncu.path, plan)}"
+        )
     return text
 
 

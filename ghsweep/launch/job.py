@@ -29,6 +29,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.core.errors import ConfigError, JobTimeout, TrackingUriError, one_line
 from ghsweep.core.gpu import probe_gpu
+from ghsweep.core.names import (
+    ERROR_TAG,
+    HOST_TAG,
+    JOB_NUM_TAG,
+    OVERRIDES_TAG,
+    ROLE_RUN,
+    RUN_DIR_TAG,
+    RUN_HASH_TAG,
+    STATUS_TAG,
+)
 from ghsweep.core.run_dir import CONFIG, OVERRIDES, REPORT, WORKER_ERROR, WORKER_LOG, RunDir
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.run_result import RunResult
@@ -36,7 +46,6 @@ from ghsweep.launch import interrupts
 from ghsweep.launch.dry_run import describe
 from ghsweep.launch.plan import check_required, node_plan
 from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
-from ghsweep.core.names import ERROR_TAG, HOST_TAG, JOB_NUM_TAG, OVERRIDES_TAG, ROLE_RUN, RUN_DIR_TAG, RUN_HASH_TAG, STATUS_TAG
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.launch.worker_process import WorkerExit, rank_file, run_worker, worker_command
@@ -127,8 +136,13 @@ class Combination:
     cwd: str
 
     def result(self, status: str, mlflow_run_id: str | None = None) -> RunResult:
-        return RunResult(name=self.name, run_dir=str(self.run_dir), overrides=self.overrides, status=status,
-                         mlflow_run_id=mlflow_run_id)
+        return RunResult(
+            name=self.name,
+            run_dir=str(self.run_dir),
+            overrides=self.overrides,
+            status=status,
+            mlflow_run_id=mlflow_run_id,
+        )
 
 
 def this_combination(cfg: DictConfig) -> Combination:
@@ -138,11 +152,15 @@ def this_combination(cfg: DictConfig) -> Combination:
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     redact.remember(cfg, hydra_cfg.overrides.task)
     return Combination(
-        name=redact.run_name(hydra_cfg.job.override_dirname or "run"), run_dir=run_dir,
-        overrides=redact.overrides(hydra_cfg.overrides.task), num=hydra_cfg.job.num if in_sweep else 0,
-        in_sweep=in_sweep, sweep_dir=Path(hydra_cfg.sweep.dir),
+        name=redact.run_name(hydra_cfg.job.override_dirname or "run"),
+        run_dir=run_dir,
+        overrides=redact.overrides(hydra_cfg.overrides.task),
+        num=hydra_cfg.job.num if in_sweep else 0,
+        in_sweep=in_sweep,
+        sweep_dir=Path(hydra_cfg.sweep.dir),
         choices={k: v for k, v in hydra_cfg.runtime.choices.items() if k in KNOB_GROUPS},
-        launcher=str(hydra_cfg.runtime.choices.get("hydra/launcher")), cwd=hydra_cfg.runtime.cwd,
+        launcher=str(hydra_cfg.runtime.choices.get("hydra/launcher")),
+        cwd=hydra_cfg.runtime.cwd,
     )
 
 
@@ -150,8 +168,17 @@ def run_one(cfg: DictConfig) -> RunResult:
     started = time.time()
     combo = this_combination(cfg)
     if cfg.dry_run:
-        print(describe(combo.num, combo.name, combo.run_dir, combo.overrides, cfg,
-                       f"in this process (hydra/launcher={combo.launcher})"), flush=True)
+        print(
+            describe(
+                combo.num,
+                combo.name,
+                combo.run_dir,
+                combo.overrides,
+                cfg,
+                f"in this process (hydra/launcher={combo.launcher})",
+            ),
+            flush=True,
+        )
         return combo.result("DRY_RUN")
 
     slurm_tasks = slurm_task_ranks()
@@ -185,8 +212,9 @@ def open_store(cfg: DictConfig, combo: Combination, manifest: SweepManifest | No
         raise SystemExit(f"ghsweep: {exc}") from None
 
 
-def start_run(store: MlflowStore, cfg: DictConfig, combo: Combination, identity: str,
-              manifest: SweepManifest | None) -> str:
+def start_run(
+    store: MlflowStore, cfg: DictConfig, combo: Combination, identity: str, manifest: SweepManifest | None
+) -> str:
     run_id = store.start_run(
         combo.name,
         ROLE_RUN,
@@ -218,8 +246,9 @@ def timeout_s(plan: RunPlan) -> float | None:
     return plan.timeout_min * 60 if plan.timeout_min else None
 
 
-def train_and_measure(cfg: DictConfig, combo: Combination, result: RunResult, slurm_tasks: int | None
-                      ) -> tuple[dict, ProfileOutcome, KeyboardInterrupt | None]:
+def train_and_measure(
+    cfg: DictConfig, combo: Combination, result: RunResult, slurm_tasks: int | None
+) -> tuple[dict, ProfileOutcome, KeyboardInterrupt | None]:
     """Rank 0: plan, run the worker, read what it measured into `result`; (summary, profile outcome,
     the interrupt to raise once recorded). Never raises for a failed run: `result` says how it failed."""
     run_dir = combo.run_dir
@@ -229,8 +258,12 @@ def train_and_measure(cfg: DictConfig, combo: Combination, result: RunResult, sl
         (run_dir / OVERRIDES).write_text(OmegaConf.to_yaml(OmegaConf.create(combo.overrides)))
         plan = prepare_worker(cfg, combo, slurm_tasks)
         # The command in the job's log: what `dry_run=true` printed for this combination, with the node's choices.
-        log.info("%s: training in a worker process (log: %s): %s", combo.name, run_dir / WORKER_LOG,
-                 shlex.join(plan.worker_command))
+        log.info(
+            "%s: training in a worker process (log: %s): %s",
+            combo.name,
+            run_dir / WORKER_LOG,
+            shlex.join(plan.worker_command),
+        )
         exit = run_worker(plan.worker_command, run_dir, timeout_s(plan))
         return *measure(cfg, plan, exit, result), None
     except (ConfigError, JobTimeout) as exc:
@@ -268,14 +301,26 @@ def measure(cfg: DictConfig, plan: RunPlan, exit: WorkerExit, result: RunResult)
         "train_s": train["train_s"],
     }
     # The ncu pass reruns a short worker in a subfolder, under ncu in place of nsys (inside the container).
-    profile = after_worker(cfg, run_dir, plan.profile, lambda prefix, work: run_worker(
-        worker_command(cfg, work, prefix), work, timeout_s(plan)).returncode)
+    profile = after_worker(
+        cfg,
+        run_dir,
+        plan.profile,
+        lambda prefix, work: run_worker(worker_command(cfg, work, prefix), work, timeout_s(plan)).returncode,
+    )
     result.metrics.update(profile.metrics)
     return summary, profile
 
 
-def record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, result: RunResult, summary: dict,
-           profile: ProfileOutcome, started: float) -> None:
+def record(
+    store: MlflowStore,
+    run_id: str,
+    cfg: DictConfig,
+    run_dir: Path,
+    result: RunResult,
+    summary: dict,
+    profile: ProfileOutcome,
+    started: float,
+) -> None:
     """The run's files and its MLflow record; an MLflow failure is logged, not raised."""
     try:
         _record(store, run_id, cfg, run_dir, result, summary, profile, started)
@@ -289,8 +334,13 @@ def run_rank(cfg: DictConfig, combo: Combination, rank: int, slurm_tasks: int) -
     result = combo.result("FAILED")
     try:
         plan = prepare_worker(cfg, combo, slurm_tasks)
-        log.info("%s: rank %d training in a worker process (log: %s): %s", result.name, rank,
-                 combo.run_dir / rank_file(WORKER_LOG, rank), shlex.join(plan.worker_command))
+        log.info(
+            "%s: rank %d training in a worker process (log: %s): %s",
+            result.name,
+            rank,
+            combo.run_dir / rank_file(WORKER_LOG, rank),
+            shlex.join(plan.worker_command),
+        )
         exit = run_worker(plan.worker_command, combo.run_dir, timeout_s(plan), rank)
         if exit.returncode == 0:
             result.status = "FINISHED"
@@ -318,8 +368,16 @@ def _save_run_files(result: RunResult, cfg: DictConfig, info: dict, run_dir: Pat
         log.error("%s: the run's files could not be written in %s: %s", result.name, run_dir, exc)
 
 
-def _record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, result: RunResult,
-            summary: dict, profile: ProfileOutcome, started: float) -> None:
+def _record(
+    store: MlflowStore,
+    run_id: str,
+    cfg: DictConfig,
+    run_dir: Path,
+    result: RunResult,
+    summary: dict,
+    profile: ProfileOutcome,
+    started: float,
+) -> None:
     """Report, result.json and MLflow: everything the run measured, whatever its status.
 
     The files come first, so an MLflow outage cannot take them with it; result.json is written
@@ -345,16 +403,28 @@ def _record(store: MlflowStore, run_id: str, cfg: DictConfig, run_dir: Path, res
         for line in metrics_file.read_text().splitlines():
             row = json.loads(line)
             points.append(("loss", row["loss"], row["step"]))
-    points += [(k, v, 0) for k, v in result.metrics.items()
-               if k != "first_loss" and isinstance(v, (int, float)) and not isinstance(v, bool)]
+    points += [
+        (k, v, 0)
+        for k, v in result.metrics.items()
+        if k != "first_loss" and isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
     store.log_metrics(run_id, points)
 
     _finish_timing(result, started, record_started)
     store.log_metrics(run_id, [(k, v, 0) for k, v in result.timing.items()])
     _save_run_files(result, cfg, info, run_dir)
     # recipe.*: the composed NeMo recipe (backend=nemo); files a run did not write are skipped.
-    artifacts = ["config.yaml", "overrides.yaml", WORKER_LOG, "report.md", "metrics.jsonl", "summary.json", "result.json",
-                 "recipe.txt", "recipe.json"]
+    artifacts = [
+        "config.yaml",
+        "overrides.yaml",
+        WORKER_LOG,
+        "report.md",
+        "metrics.jsonl",
+        "summary.json",
+        "result.json",
+        "recipe.txt",
+        "recipe.json",
+    ]
     with tempfile.TemporaryDirectory() as shown_dir:
         # config.yaml under its own name, its secrets redacted; the run directory's copy is the worker's.
         (Path(shown_dir) / "config.yaml").write_text(shown_config(cfg))

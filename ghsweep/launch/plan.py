@@ -12,12 +12,12 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.config.validate import run_device, validate
+from ghsweep.config.world import data_parallel, world_of
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
 from ghsweep.launch.container import check_container, container_prefix, tool_finder
 from ghsweep.launch.worker_process import worker_command, worker_timeout_min
-from ghsweep.config.world import data_parallel, world_of
 from ghsweep.launch.world import check_world
 from ghsweep.profile.capture import find_tool as find_on_node
 from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve
@@ -32,8 +32,15 @@ def check_required(cfg: DictConfig) -> None:
         raise ConfigError(f"{missing[0]}=???: required and not set; set it on the command line, e.g. {missing[0]}=...")
 
 
-def node_plan(cfg: DictConfig, run_dir: Path, name: str, overrides: list[str], gpu: GpuInfo | None,
-              slurm_tasks: int | None, find_tool: ToolFinder = find_on_node) -> RunPlan:
+def node_plan(
+    cfg: DictConfig,
+    run_dir: Path,
+    name: str,
+    overrides: list[str],
+    gpu: GpuInfo | None,
+    slurm_tasks: int | None,
+    find_tool: ToolFinder = find_on_node,
+) -> RunPlan:
     """The plan on a node with `gpu` (None: no GPU), as a local launch (slurm_tasks None) or a task
     of a SLURM job of `slurm_tasks` tasks; ConfigError for a run that cannot start there. Every SLURM
     task of a run makes the same checks, so a config rank 0 refuses is refused by all ranks before
@@ -44,10 +51,14 @@ def node_plan(cfg: DictConfig, run_dir: Path, name: str, overrides: list[str], g
     on_slurm = slurm_tasks is not None
     world = check_world(cfg, device == "cuda", gpu.count if gpu else 0, on_slurm)
     if on_slurm and slurm_tasks != world.size:
-        raise ConfigError(f"backend.num_nodes x backend.gpus_per_node = {world.size} ranks, but this SLURM job has "
-                          f"{slurm_tasks} tasks; let ghsweep's launcher set hydra.launcher.nodes and tasks_per_node")
+        raise ConfigError(
+            f"backend.num_nodes x backend.gpus_per_node = {world.size} ranks, but this SLURM job has "
+            f"{slurm_tasks} tasks; let ghsweep's launcher set hydra.launcher.nodes and tasks_per_node"
+        )
     in_container = container_prefix(cfg, run_dir)
-    profile = resolve(cfg.profile, device == "cuda", str(cfg.device), tool_finder(in_container) if in_container else find_tool)
+    profile = resolve(
+        cfg.profile, device == "cuda", str(cfg.device), tool_finder(in_container) if in_container else find_tool
+    )
     profile.tool_prefix = in_container
     return assemble_plan(cfg, run_dir, name, overrides, device, gpu, world, profile, on_slurm and world.size > 1)
 
@@ -60,18 +71,38 @@ def dry_run_plans(cfg: DictConfig, run_dir: Path, name: str, overrides: list[str
     may_use_gpu = str(cfg.device) != "cpu"
     profiles = plans_from_config(cfg.profile, str(cfg.device), container_prefix(cfg, run_dir))
     devices = ["cuda" if may_use_gpu else "cpu", "cpu"]
-    return [assemble_plan(cfg, run_dir, name, overrides, device, None, world, profile, on_slurm and world.size > 1)
-            for device, profile in zip(devices, profiles)]
+    return [
+        assemble_plan(cfg, run_dir, name, overrides, device, None, world, profile, on_slurm and world.size > 1)
+        for device, profile in zip(devices, profiles)
+    ]
 
 
-def assemble_plan(cfg: DictConfig, run_dir: Path, name: str, overrides: list[str], device: str, gpu: GpuInfo | None,
-                  world: World, profile: ProfilePlan, srun_ranks: bool) -> RunPlan:
+def assemble_plan(
+    cfg: DictConfig,
+    run_dir: Path,
+    name: str,
+    overrides: list[str],
+    device: str,
+    gpu: GpuInfo | None,
+    world: World,
+    profile: ProfilePlan,
+    srun_ranks: bool,
+) -> RunPlan:
     """The plan from the decisions made; the worker command is built here and nowhere else."""
     # Locally torchrun starts the node's ranks; on SLURM srun already started one task per rank.
     local_ranks = 1 if srun_ranks else world.gpus_per_node
     return RunPlan(
-        name=name, run_dir=str(run_dir), overrides=overrides, backend=str(cfg.backend.name), device=device, gpu=gpu,
-        world=world, data_parallel=data_parallel(cfg), profile=profile, container_prefix=container_prefix(cfg, run_dir),
+        name=name,
+        run_dir=str(run_dir),
+        overrides=overrides,
+        backend=str(cfg.backend.name),
+        device=device,
+        gpu=gpu,
+        world=world,
+        data_parallel=data_parallel(cfg),
+        profile=profile,
+        container_prefix=container_prefix(cfg, run_dir),
         worker_command=worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, profile), local_ranks),
-        timeout_min=worker_timeout_min(cfg.worker.timeout_min, device == "cuda"), srun_ranks=srun_ranks,
+        timeout_min=worker_timeout_min(cfg.worker.timeout_min, device == "cuda"),
+        srun_ranks=srun_ranks,
     )

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ghsweep.core.run_result import RunResult
 from ghsweep.core.names import ROLE_RUN, RUN_HASH_TAG
+from ghsweep.core.run_result import RunResult
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 
 log = logging.getLogger(__name__)
@@ -37,8 +37,11 @@ def identity_overrides(overrides: list[str]) -> list[str]:
 def run_hash(cfg: DictConfig) -> str:
     """A short stable hash of the resolved config, launch and tracking keys left out."""
     # Key by key: the hydra node of a launcher-side config does not resolve outside a job.
-    identity = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
-                for k in cfg if k not in NOT_IDENTITY}
+    identity = {
+        k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+        for k in cfg
+        if k not in NOT_IDENTITY
+    }
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -51,7 +54,11 @@ def finished_run(store: MlflowStore, identity: str) -> StoredRun | None:
 def result_from_run(run: StoredRun) -> RunResult:
     """A run's result as MLflow recorded it."""
     return RunResult(
-        name=run.name, run_dir=run.run_dir, overrides=run.overrides, status=run.status, error=run.error,
+        name=run.name,
+        run_dir=run.run_dir,
+        overrides=run.overrides,
+        status=run.status,
+        error=run.error,
         metrics={k: v for k, v in run.metrics.items() if k not in TIMING},
         timing={k: v for k, v in run.metrics.items() if k in TIMING},
         mlflow_run_id=run.run_id,
@@ -63,6 +70,7 @@ def skip_finished(run: StoredRun, name: str, run_dir: Path, overrides: list[str]
     run_dir.mkdir(parents=True, exist_ok=True)
     result = dataclasses.replace(result_from_run(run), name=name, run_dir=str(run_dir), overrides=overrides)
     result.save()
-    log.info("%s: skipped, already FINISHED in MLflow run %s with the same config (force=true reruns it)",
-             name, run.run_id)
+    log.info(
+        "%s: skipped, already FINISHED in MLflow run %s with the same config (force=true reruns it)", name, run.run_id
+    )
     return result

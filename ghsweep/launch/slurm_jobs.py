@@ -20,12 +20,12 @@ import submitit
 from hydra.core.utils import JobStatus
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
+from ghsweep.core.errors import JobTimeout
 from ghsweep.core.names import HOST_TAG, JOB_NUM_TAG, OVERRIDES_TAG, ROLE_RUN, RUN_DIR_TAG, RUN_HASH_TAG
 from ghsweep.core.run_dir import RESULT, SLURM_JOBS, WORKER_LOG
 from ghsweep.core.run_result import RunResult
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking.mlflow_store import MlflowStore
-from ghsweep.core.errors import JobTimeout
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +116,14 @@ def settle(sweep_dir: Path, jobs: list[tuple[SubmittedJob, submitit.Job]]) -> li
     return results
 
 
-def _record_lost(store: MlflowStore, manifest: SweepManifest, submitted: SubmittedJob, result: RunResult | None,
-                 status: str, reason: str) -> RunResult:
+def _record_lost(
+    store: MlflowStore,
+    manifest: SweepManifest,
+    submitted: SubmittedJob,
+    result: RunResult | None,
+    status: str,
+    reason: str,
+) -> RunResult:
     """End the child run of a job that died (creating it if the job never started) and say why.
 
     SLURM's account wins over what the job may have recorded while it was being stopped (a worker
@@ -130,15 +136,25 @@ def _record_lost(store: MlflowStore, manifest: SweepManifest, submitted: Submitt
     run_dir = Path(submitted.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if result is None or result.mlflow_run_id is None:
-        run_id = store.start_run(submitted.name, ROLE_RUN, tags={
-            RUN_DIR_TAG: str(run_dir),
-            OVERRIDES_TAG: " ".join(submitted.overrides),
-            JOB_NUM_TAG: str(submitted.num),
-            HOST_TAG: socket.gethostname(),
-            RUN_HASH_TAG: submitted.run_hash,
-        }, parent_run_id=manifest.parent_run_id)
-        result = RunResult(name=submitted.name, run_dir=str(run_dir), overrides=submitted.overrides,
-                           status=status, mlflow_run_id=run_id)
+        run_id = store.start_run(
+            submitted.name,
+            ROLE_RUN,
+            tags={
+                RUN_DIR_TAG: str(run_dir),
+                OVERRIDES_TAG: " ".join(submitted.overrides),
+                JOB_NUM_TAG: str(submitted.num),
+                HOST_TAG: socket.gethostname(),
+                RUN_HASH_TAG: submitted.run_hash,
+            },
+            parent_run_id=manifest.parent_run_id,
+        )
+        result = RunResult(
+            name=submitted.name,
+            run_dir=str(run_dir),
+            overrides=submitted.overrides,
+            status=status,
+            mlflow_run_id=run_id,
+        )
     if result.error and result.status != "RUNNING":
         reason = f"{reason}; the job recorded: {result.error}"
     result.status, result.error = status, reason

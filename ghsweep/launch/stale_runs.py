@@ -14,10 +14,10 @@ import os
 import socket
 from pathlib import Path
 
+from ghsweep.core.names import ERROR_TAG, HOST_TAG, ROLE_SWEEP, SWEEP_DIR_TAG
 from ghsweep.core.run_dir import RESULT, SLURM_JOBS
 from ghsweep.core.run_result import RunResult
 from ghsweep.launch.worker_process import stop_orphaned_worker
-from ghsweep.core.names import ERROR_TAG, HOST_TAG, ROLE_SWEEP, SWEEP_DIR_TAG
 from ghsweep.tracking.mlflow_store import MlflowStore
 
 log = logging.getLogger(__name__)

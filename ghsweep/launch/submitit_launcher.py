@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import submitit
 from hydra.core.singleton import Singleton
@@ -29,16 +30,16 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import OmegaConf, open_dict
 from submitit.slurm.slurm import _make_sbatch_string
 
+from ghsweep.config.world import world_of
+from ghsweep.core.errors import JobTimeout
+from ghsweep.core.run_plan import World
+from ghsweep.core.run_result import RunResult
 from ghsweep.launch.dry_run import describe, local_ranks_text
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
-from ghsweep.core.run_result import RunResult
 from ghsweep.launch.slurm_jobs import SubmittedJob, save_jobs, settle, wait_until_ended
 from ghsweep.launch.sweep_manifest import SweepManifest
-from ghsweep.core.run_plan import World
-from ghsweep.config.world import world_of
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore
-from ghsweep.core.errors import JobTimeout
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,9 @@ class GhsweepLauncher:
             if params.get("gpus_per_node"):
                 params["gpus_per_node"] = world.gpus_per_node
         folder = params.pop("submitit_folder")
-        init = {f"{self._EXECUTOR}_max_num_timeout": params.pop("max_num_timeout")} if "max_num_timeout" in params else {}
+        init = (
+            {f"{self._EXECUTOR}_max_num_timeout": params.pop("max_num_timeout")} if "max_num_timeout" in params else {}
+        )
         executor = submitit.AutoExecutor(cluster=self._EXECUTOR, folder=folder, **init)
         generic = set(OmegaConf.structured(BaseQueueConf).keys())
         executor.update_parameters(**{k if k in generic else f"{self._EXECUTOR}_{k}": v for k, v in params.items()})
@@ -99,15 +102,18 @@ class GhsweepLauncher:
         if self._EXECUTOR != "slurm":
             return f"submitit {self._EXECUTOR} job with {parameters}", local_ranks_text(world)
         # The #SBATCH lines and the srun line submitit writes for this job array.
-        script = _make_sbatch_string(command=executor._executor._submitit_command_str, folder=executor.folder,
-                                     map_count=count, **parameters).splitlines()
+        script = _make_sbatch_string(
+            command=executor._executor._submitit_command_str, folder=executor.folder, map_count=count, **parameters
+        ).splitlines()
         sbatch = "sbatch " + " ".join(line.removeprefix("#SBATCH ") for line in script if line.startswith("#SBATCH"))
         if world.size == 1:
             return sbatch, None
         srun = next(line for line in script if line.startswith("srun "))
-        return sbatch, (f"{world.num_nodes} node(s) x {world.gpus_per_node} tasks = {world.size} ranks, one per GPU, "
-                        f"started by `{srun}`; each task runs the worker line with RANK, LOCAL_RANK, WORLD_SIZE, "
-                        "MASTER_ADDR (the first node) and MASTER_PORT from SLURM's environment")
+        return sbatch, (
+            f"{world.num_nodes} node(s) x {world.gpus_per_node} tasks = {world.size} ranks, one per GPU, "
+            f"started by `{srun}`; each task runs the worker line with RANK, LOCAL_RANK, WORLD_SIZE, "
+            "MASTER_ADDR (the first node) and MASTER_PORT from SLURM's environment"
+        )
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         cfg = self.config
@@ -119,10 +125,13 @@ class GhsweepLauncher:
 
         if cfg.dry_run:
             for c in combos:
-                launch, ranks = self._launch_description(worlds[c.world], sum(d.world == c.world for d in combos),
-                                                         c.world)
-                print(describe(c.num, c.name, c.run_dir, c.shown_overrides, c.cfg, launch, ranks, on_slurm=slurm),
-                      flush=True)
+                launch, ranks = self._launch_description(
+                    worlds[c.world], sum(d.world == c.world for d in combos), c.world
+                )
+                print(
+                    describe(c.num, c.name, c.run_dir, c.shown_overrides, c.cfg, launch, ranks, on_slurm=slurm),
+                    flush=True,
+                )
             print(f"ghsweep: dry run, {len(combos)} combinations; nothing was submitted", flush=True)
             return [self._job_return(c, None) for c in combos]
 
@@ -135,8 +144,11 @@ class GhsweepLauncher:
                 done[c.num] = skip_finished(earlier, c.name, c.run_dir, c.shown_overrides)
         to_submit = [c for c in combos if c.num not in done]
         if done:
-            print(f"ghsweep: resume: {len(done)} of {len(combos)} combinations already FINISHED in MLflow "
-                  f"with the same config are skipped (force=true reruns them)", flush=True)
+            print(
+                f"ghsweep: resume: {len(done)} of {len(combos)} combinations already FINISHED in MLflow "
+                f"with the same config are skipped (force=true reruns them)",
+                flush=True,
+            )
 
         jobs: list[tuple[SubmittedJob, submitit.Job]] = []
         if to_submit:
@@ -147,22 +159,43 @@ class GhsweepLauncher:
                 if not group:
                     continue
                 submitted = executor.map_array(
-                    self, [c.overrides for c in group], ["hydra.sweep.dir"] * len(group),
-                    [c.num for c in group], [f"job_id_for_{c.num}" for c in group],
+                    self,
+                    [c.overrides for c in group],
+                    ["hydra.sweep.dir"] * len(group),
+                    [c.num for c in group],
+                    [f"job_id_for_{c.num}" for c in group],
                     [Singleton.get_state()] * len(group),
                 )
-                jobs += [(SubmittedJob(job_id=j.job_id, num=c.num, name=c.name, run_dir=str(c.run_dir),
-                                       overrides=c.shown_overrides, run_hash=c.run_hash, folder=str(j.paths.folder),
-                                       stdout=str(j.paths.stdout), stderr=str(j.paths.stderr)), j)
-                         for c, j in zip(group, submitted)]
+                jobs += [
+                    (
+                        SubmittedJob(
+                            job_id=j.job_id,
+                            num=c.num,
+                            name=c.name,
+                            run_dir=str(c.run_dir),
+                            overrides=c.shown_overrides,
+                            run_hash=c.run_hash,
+                            folder=str(j.paths.folder),
+                            stdout=str(j.paths.stdout),
+                            stderr=str(j.paths.stderr),
+                        ),
+                        j,
+                    )
+                    for c, j in zip(group, submitted)
+                ]
             jobs.sort(key=lambda pair: pair[0].num)
             save_jobs(sweep_dir, [s for s, _ in jobs])
-            print(f"ghsweep: submitted {len(jobs)} jobs ({self._EXECUTOR}): "
-                  f"{', '.join(s.job_id for s, _ in jobs)}", flush=True)
+            print(
+                f"ghsweep: submitted {len(jobs)} jobs ({self._EXECUTOR}): {', '.join(s.job_id for s, _ in jobs)}",
+                flush=True,
+            )
 
         if not cfg.wait:
-            print(f"ghsweep: not waiting (wait=false); follow and collect the sweep with\n"
-                  f"  python -m ghsweep.status {shlex.quote(str(sweep_dir))}", flush=True)
+            print(
+                f"ghsweep: not waiting (wait=false); follow and collect the sweep with\n"
+                f"  python -m ghsweep.status {shlex.quote(str(sweep_dir))}",
+                flush=True,
+            )
             return [self._job_return(c, done.get(c.num)) for c in combos]
         wait_until_ended([j for _, j in jobs], poll_s=2.0)
         done.update((s.num, r) for (s, _), r in zip(jobs, settle(sweep_dir, jobs)))
@@ -175,4 +208,3 @@ class GhsweepLauncher:
         ret = JobReturn(overrides=combo.overrides, status=JobStatus.COMPLETED, task_name=combo.name)
         ret.return_value = result.__dict__ if result else None
         return ret
-

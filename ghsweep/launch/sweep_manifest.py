@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
 from ghsweep.core.errors import SweepDirInUse
 from ghsweep.core.run_dir import SWEEP_MANIFEST
-
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,11 @@ class SweepManifest:
         try:
             (sweep_dir / SWEEP_MANIFEST).open("x").close()
         except FileExistsError:
-            raise SweepDirInUse(f"hydra.sweep.dir={sweep_dir}: already holds a sweep ({SWEEP_MANIFEST}); start the "
-                                "sweep again (the default directory is named by the second) or set hydra.sweep.dir "
-                                "to a new directory") from None
+            raise SweepDirInUse(
+                f"hydra.sweep.dir={sweep_dir}: already holds a sweep ({SWEEP_MANIFEST}); start the "
+                "sweep again (the default directory is named by the second) or set hydra.sweep.dir "
+                "to a new directory"
+            ) from None
 
     def save(self, sweep_dir: Path) -> None:
         sweep_dir.mkdir(parents=True, exist_ok=True)

@@ -15,14 +15,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from ghsweep.core.errors import ConfigError
 from ghsweep.core.names import STEP_RANGE_PREFIX
 from ghsweep.core.run_dir import WORKER_LOG, WORKER_PID
 from ghsweep.launch.container import container_prefix
 from ghsweep.launch.world import torchrun_prefix
-from ghsweep.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
-
 
 
 # worker.timeout_min=auto on a GPU: a hang on a cluster node must not hold its allocation until the
@@ -38,8 +37,10 @@ def worker_timeout_min(value: object, on_gpu: bool) -> float | None:
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
         return float(value)
-    raise ConfigError(f"worker.timeout_min={value}: must be a number of minutes > 0, null (no limit) or auto "
-                      f"({GPU_TIMEOUT_MIN} on a GPU, no limit on CPU)")
+    raise ConfigError(
+        f"worker.timeout_min={value}: must be a number of minutes > 0, null (no limit) or auto "
+        f"({GPU_TIMEOUT_MIN} on a GPU, no limit on CPU)"
+    )
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,15 @@ def worker_command(cfg: DictConfig, run_dir: Path, profiler: Sequence[str] = (),
     container = container_prefix(cfg, run_dir)
     # Inside a container the image's Python runs the worker: the host interpreter's path means nothing there.
     python = cfg.container.python if container else sys.executable
-    return [*torchrun_prefix(sys.executable, local_ranks), *container, *profiler, python, "-m",
-            "ghsweep.train.worker", str(run_dir)]
+    return [
+        *torchrun_prefix(sys.executable, local_ranks),
+        *container,
+        *profiler,
+        python,
+        "-m",
+        "ghsweep.train.worker",
+        str(run_dir),
+    ]
 
 
 def rank_file(name: str, rank: int) -> str:
@@ -98,7 +106,11 @@ def run_worker(command: list[str], run_dir: Path, timeout_s: float | None, rank:
     with open(run_dir / rank_file(WORKER_LOG, rank), "w", encoding="utf-8", buffering=1) as log_file:
         # Own process group: a timeout kills the worker and its data-loader processes together.
         proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
             start_new_session=True,
         )
         (run_dir / rank_file(WORKER_PID, rank)).write_text(str(proc.pid))

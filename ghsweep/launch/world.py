@@ -27,26 +27,38 @@ def check_world(cfg: DictConfig, on_gpu: bool, visible_gpus: int, slurm_task: bo
     GPUs per node than this machine shows on a local launch, a data_parallel this run cannot use."""
     world = world_of(cfg)
     if world.num_nodes > 1 and not slurm_task:
-        raise ConfigError(f"backend.num_nodes={world.num_nodes}: several nodes need a SLURM launch profile "
-                          "(hydra/launcher=local_slurm, gh200 or your site's); this launch runs on one machine; "
-                          "accepted here: 1")
+        raise ConfigError(
+            f"backend.num_nodes={world.num_nodes}: several nodes need a SLURM launch profile "
+            "(hydra/launcher=local_slurm, gh200 or your site's); this launch runs on one machine; "
+            "accepted here: 1"
+        )
     if on_gpu and not slurm_task and world.gpus_per_node > visible_gpus:
-        raise ConfigError(f"backend.gpus_per_node={world.gpus_per_node}: this machine shows {visible_gpus} GPU(s) "
-                          f"to the run; accepted here: 1 to {visible_gpus}")
+        raise ConfigError(
+            f"backend.gpus_per_node={world.gpus_per_node}: this machine shows {visible_gpus} GPU(s) "
+            f"to the run; accepted here: 1 to {visible_gpus}"
+        )
     if world.size > 1 and cfg.profile.name == "nsys_ncu":
-        raise ConfigError(f"profile=nsys_ncu with {world.size} ranks: the Nsight Compute pass reruns one process; "
-                          "accepted here: profile=nsys, torch, auto, none (or backend.gpus_per_node=1)")
+        raise ConfigError(
+            f"profile=nsys_ncu with {world.size} ranks: the Nsight Compute pass reruns one process; "
+            "accepted here: profile=nsys, torch, auto, none (or backend.gpus_per_node=1)"
+        )
     if world.size > 1 and cfg.train.get("optimizer_in_backward"):
-        raise ConfigError(f"train.optimizer_in_backward=true with {world.size} ranks: each tensor would step on its "
-                          "own rank's gradient before DDP/FSDP2 averages it; accepted here: false "
-                          "(or backend.gpus_per_node=1)")
+        raise ConfigError(
+            f"train.optimizer_in_backward=true with {world.size} ranks: each tensor would step on its "
+            "own rank's gradient before DDP/FSDP2 averages it; accepted here: false "
+            "(or backend.gpus_per_node=1)"
+        )
     if cfg.backend.name == "torch":
         mode = cfg.backend.get("data_parallel", "auto")
         if mode not in DATA_PARALLEL:
-            raise ConfigError(f"backend.data_parallel={mode}: not an accepted value; accepted: {', '.join(DATA_PARALLEL)}")
+            raise ConfigError(
+                f"backend.data_parallel={mode}: not an accepted value; accepted: {', '.join(DATA_PARALLEL)}"
+            )
         if world.size > 1 and data_parallel(cfg) == "fsdp" and cfg.precision.name == "fp8" and cfg.peft.name == "lora":
-            raise ConfigError("backend.data_parallel=fsdp with precision=fp8 and peft=lora: the frozen fp8 base "
-                              "weights are not sharded; accepted: backend.data_parallel=ddp (or auto)")
+            raise ConfigError(
+                "backend.data_parallel=fsdp with precision=fp8 and peft=lora: the frozen fp8 base "
+                "weights are not sharded; accepted: backend.data_parallel=ddp (or auto)"
+            )
         reduce = cfg.precision.get("reduce_dtype", "fp32")
         if reduce not in ("fp32", "param"):
             raise ConfigError(f"precision.reduce_dtype={reduce}: not an accepted value; accepted: fp32, param")

@@ -39,13 +39,17 @@ def analyze(path: Path, nsys_path: str | None = None) -> ProfileAnalysis:
     if name.endswith(".nsys-rep"):
         nsys = find_tool("nsys", nsys_path)
         if nsys is None:
-            raise ProfilerUnavailable(f"{path}: an .nsys-rep needs nsys to export it to SQLite and nsys is not on "
-                                      "PATH; export it where nsys is (nsys export --type=sqlite) and pass the .sqlite")
+            raise ProfilerUnavailable(
+                f"{path}: an .nsys-rep needs nsys to export it to SQLite and nsys is not on "
+                "PATH; export it where nsys is (nsys export --type=sqlite) and pass the .sqlite"
+            )
         sqlite = path.with_suffix(".sqlite")
         if not sqlite.exists() or sqlite.stat().st_mtime < path.stat().st_mtime:
             export_sqlite(nsys, path)
         return analyze_nsys(sqlite)
     if name.endswith((".json", ".json.gz")):
         return analyze_torch_trace(path)
-    raise ProfileError(f"{path}: not a profile this tool reads; accepted: .sqlite (nsys export), .nsys-rep, "
-                       ".json or .json.gz (PyTorch profiler trace)")
+    raise ProfileError(
+        f"{path}: not a profile this tool reads; accepted: .sqlite (nsys export), .nsys-rep, "
+        ".json or .json.gz (PyTorch profiler trace)"
+    )

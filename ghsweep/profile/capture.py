@@ -13,6 +13,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+
 from ghsweep.core.errors import ProfilerUnavailable
 
 NSYS_REPORT = "profile.nsys-rep"
@@ -33,11 +34,13 @@ def find_tool(name: str, configured: str | None) -> str | None:
     return shutil.which(name)
 
 
-def nsys_profile_command(nsys: str, report: Path, trace: Sequence[str], um_page_faults: bool,
-                         extra_args: Sequence[str]) -> list[str]:
+def nsys_profile_command(
+    nsys: str, report: Path, trace: Sequence[str], um_page_faults: bool, extra_args: Sequence[str]
+) -> list[str]:
     """`nsys profile ...` up to (not including) the profiled program's own argv."""
     command = [
-        nsys, "profile",
+        nsys,
+        "profile",
         f"--trace={','.join(trace)}",
         "--capture-range=cudaProfilerApi",
         "--capture-range-end=stop",
@@ -55,7 +58,9 @@ def export_sqlite(nsys: str, report: Path, prefix: Sequence[str] = (), timeout_s
     out = report.with_suffix(".sqlite")
     proc = subprocess.run(
         [*prefix, nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={out}", str(report)],
-        capture_output=True, text=True, timeout=timeout_s,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
     )
     if proc.returncode != 0 or not out.exists():
         detail = (proc.stderr or proc.stdout).strip().splitlines()
@@ -68,8 +73,15 @@ def kernel_name_regex(names: Sequence[str]) -> str:
     return "regex:^(" + "|".join(re.escape(n) for n in names) + ")$"
 
 
-def ncu_command(ncu: str, report: Path, kernel_names: Sequence[str], launch_count: int,
-                section_set: str, metrics: Sequence[str] = (), per_launch_config: bool = False) -> list[str]:
+def ncu_command(
+    ncu: str,
+    report: Path,
+    kernel_names: Sequence[str],
+    launch_count: int,
+    section_set: str,
+    metrics: Sequence[str] = (),
+    per_launch_config: bool = False,
+) -> list[str]:
     """`ncu ...` for the named kernels (all kernels when none are named) inside the capture window,
     up to the program's own argv. `per_launch_config`: `launch_count` launches of each launch
     configuration (kernel, grid, block, shared memory) instead of `launch_count` in all, so every
@@ -79,11 +91,17 @@ def ncu_command(ncu: str, report: Path, kernel_names: Sequence[str], launch_coun
     which changes what is measured and is not allowed on shared machines).
     """
     command = [
-        ncu, "--clock-control", "none",
-        "--profile-from-start", "off",
-        "--launch-count", str(launch_count),
-        "--set", section_set,
-        "--export", str(report.with_suffix("")),
+        ncu,
+        "--clock-control",
+        "none",
+        "--profile-from-start",
+        "off",
+        "--launch-count",
+        str(launch_count),
+        "--set",
+        section_set,
+        "--export",
+        str(report.with_suffix("")),
         "--force-overwrite",
     ]
     if per_launch_config:
@@ -99,7 +117,9 @@ def ncu_raw_csv(ncu: str, report: Path, out_csv: Path, prefix: Sequence[str] = (
     """`ncu --import REPORT --csv --page raw` (under `prefix`) written to `out_csv`: every metric of every kernel."""
     proc = subprocess.run(
         [*prefix, ncu, "--import", str(report), "--csv", "--page", "raw"],
-        capture_output=True, text=True, timeout=timeout_s,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
     )
     if proc.returncode != 0:
         raise ProfilerUnavailable(f"ncu --import {report} failed: {proc.stderr.strip()[-300:]}")

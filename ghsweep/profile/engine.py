@@ -13,11 +13,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ghsweep.profile import kernel_kinds, steps as step_finder
+from ghsweep.profile import kernel_kinds
+from ghsweep.profile import steps as step_finder
 from ghsweep.profile.timeline import Ops, Timeline, timeline
 
-GAP_BUCKETS = ((0, 10_000, "<10us"), (10_000, 100_000, "10-100us"), (100_000, 1_000_000, "0.1-1ms"),
-               (1_000_000, 10_000_000, "1-10ms"), (10_000_000, None, ">=10ms"))
+GAP_BUCKETS = (
+    (0, 10_000, "<10us"),
+    (10_000, 100_000, "10-100us"),
+    (100_000, 1_000_000, "0.1-1ms"),
+    (1_000_000, 10_000_000, "1-10ms"),
+    (10_000_000, None, ">=10ms"),
+)
 # Gaps shorter than this are the normal spacing of back-to-back kernels, not idle periods.
 IDLE_GAP_MIN_NS = 10_000
 # short_gaps: gaps under IDLE_GAP_MIN_NS, the spacing of back-to-back work, not attributed one by one.
@@ -28,10 +34,14 @@ UM_KINDS = (11, 12, 13)
 MEM_KIND = {0: "pageable", 1: "pinned", 2: "device", 4: "managed", 7: "unknown"}
 PHASES = ("data", "forward", "backward", "optimizer")
 WHOLE_TRACE_KERNELS = 50
-TIME_MAPPED = ("no CUDA runtime API calls with correlation ids: the steps were mapped onto the GPU by time, not "
-               "through their launches (the GPU's lag behind the host shifts the window)")
-NO_STEPS = ('no step ranges (NVTX ranges named like "step N", "iteration N", "train_step", "ProfilerStep#N") '
-            "and no repeating GPU work that marks steps (optimizer-kernel bursts, a kernel recurring at a fixed period)")
+TIME_MAPPED = (
+    "no CUDA runtime API calls with correlation ids: the steps were mapped onto the GPU by time, not "
+    "through their launches (the GPU's lag behind the host shifts the window)"
+)
+NO_STEPS = (
+    'no step ranges (NVTX ranges named like "step N", "iteration N", "train_step", "ProfilerStep#N") '
+    "and no repeating GPU work that marks steps (optimizer-kernel bursts, a kernel recurring at a fixed period)"
+)
 
 
 def pct(part: float, whole: float) -> float:
@@ -49,7 +59,9 @@ def gap_stats(buckets: list[tuple[int, int]], idle_gaps: list[int], max_ns: int,
         "count": sum(c for c, _ in buckets),
         "total_ns": sum(t for _, t in buckets),
         "max_ns": max_ns,
-        "histogram": [{"bucket": label, "count": c, "total_ns": t} for (_, _, label), (c, t) in zip(GAP_BUCKETS, buckets)],
+        "histogram": [
+            {"bucket": label, "count": c, "total_ns": t} for (_, _, label), (c, t) in zip(GAP_BUCKETS, buckets)
+        ],
         "idle_gaps": len(ordered),
         "idle_gaps_per_step": len(ordered) / steps if steps else float(len(ordered)),
         "idle_p50_ns": quantile(0.5),
@@ -93,6 +105,7 @@ class Intervals:
 @dataclass
 class GapEvidence:
     """What the host was doing while the GPU idled, as interval sets (host times, ns)."""
+
     sync: Intervals = field(default_factory=lambda: Intervals([]))  # synchronising calls, blocking copies
     waits: dict[int, Intervals] = field(default_factory=dict)  # OS waits, per thread
     unified_memory: Intervals = field(default_factory=lambda: Intervals([]))  # phases with UM faults/migrations
@@ -129,10 +142,17 @@ def memory_ops(groups: list[tuple]) -> dict:
     big_pageable = {"count": 0, "bytes": 0}
     for kind, src, dst, count, ns, nbytes, big_n, big_b in groups:
         label = MEMCPY_KIND.get(kind, f"kind {kind}")
-        rows.append({
-            "kind": label, "src": MEM_KIND.get(src, str(src)), "dst": MEM_KIND.get(dst, str(dst)), "count": count,
-            "bytes": nbytes, "total_ns": ns, "gb_per_s": nbytes / ns if ns else 0.0,
-        })
+        rows.append(
+            {
+                "kind": label,
+                "src": MEM_KIND.get(src, str(src)),
+                "dst": MEM_KIND.get(dst, str(dst)),
+                "count": count,
+                "bytes": nbytes,
+                "total_ns": ns,
+                "gb_per_s": nbytes / ns if ns else 0.0,
+            }
+        )
         entry = by_kind.setdefault(label, {"count": 0, "bytes": 0, "total_ns": 0})
         entry["count"] += count
         entry["bytes"] += nbytes
@@ -143,8 +163,9 @@ def memory_ops(groups: list[tuple]) -> dict:
     return {"copies": sorted(rows, key=lambda r: -r["total_ns"]), "by_kind": by_kind, "pageable_big": big_pageable}
 
 
-def infer_steps(start: np.ndarray, end: np.ndarray, keys: np.ndarray, names: dict[int, str]
-                ) -> step_finder.Steps | None:
+def infer_steps(
+    start: np.ndarray, end: np.ndarray, keys: np.ndarray, names: dict[int, str]
+) -> step_finder.Steps | None:
     """Steps from kernels sorted by start, keyed by name (`names`: key -> kernel name): optimizer
     bursts, else the period of the kernel sequence."""
     optimizer = sorted(k for k, n in names.items() if kernel_kinds.is_optimizer(n))
@@ -155,9 +176,12 @@ def infer_steps(start: np.ndarray, end: np.ndarray, keys: np.ndarray, names: dic
     return found
 
 
-def steady_window(found: step_finder.Steps | None, health: list[str],
-                  project: Callable[[list[step_finder.Step]], tuple[tuple[int, int] | None, bool]], no_gpu_work: str,
-                  ) -> tuple[step_finder.Steps, tuple[int, int] | None]:
+def steady_window(
+    found: step_finder.Steps | None,
+    health: list[str],
+    project: Callable[[list[step_finder.Step]], tuple[tuple[int, int] | None, bool]],
+    no_gpu_work: str,
+) -> tuple[step_finder.Steps, tuple[int, int] | None]:
     """The steps and the GPU time window of their steady state; None: the whole trace (health says why).
 
     NVTX steps are CPU ranges: `project` maps them onto the GPU work they launched and says whether
@@ -181,13 +205,21 @@ def whole_trace_steps(health: list[str], why: str) -> step_finder.Steps:
 
 
 def window_block(window: tuple[int, int], found: step_finder.Steps) -> dict:
-    return {"start_ns": window[0], "end_ns": window[1], "duration_ns": window[1] - window[0], "basis": found.basis,
-            "source": found.source, "steps": [s.step for s in found.steady],
-            "warmup_steps": [s.step for s in found.warmup], "warmup_reason": found.warmup_reason}
+    return {
+        "start_ns": window[0],
+        "end_ns": window[1],
+        "duration_ns": window[1] - window[0],
+        "basis": found.basis,
+        "source": found.source,
+        "steps": [s.step for s in found.steady],
+        "warmup_steps": [s.step for s in found.warmup],
+        "warmup_reason": found.warmup_reason,
+    }
 
 
-def device_metrics(line: Timeline, span: int, gap_info: dict, kernel_ns: int, copy_ns: int, set_ns: int,
-                   mem: dict) -> dict:
+def device_metrics(
+    line: Timeline, span: int, gap_info: dict, kernel_ns: int, copy_ns: int, set_ns: int, mem: dict
+) -> dict:
     """The metrics of result.METRICS, the same for both sources (kernel/copy/set_ns: the summed
     durations the reader counts in the window)."""
     busy_ns, exposed_ns = line.busy_ns, line.kernel_or_copy_ns - line.kernel_union_ns
@@ -210,11 +242,19 @@ def device_metrics(line: Timeline, span: int, gap_info: dict, kernel_ns: int, co
 def step_times(found: step_finder.Steps) -> dict:
     if not found.steady:
         return {}
-    return {"median": statistics.median(s.duration for s in found.steady) / 1e6,
-            "first": found.all[0].duration / 1e6, "all": [round(s.duration / 1e6, 3) for s in found.all]}
+    return {
+        "median": statistics.median(s.duration for s in found.steady) / 1e6,
+        "first": found.all[0].duration / 1e6,
+        "all": [round(s.duration / 1e6, 3) for s in found.all],
+    }
 
 
 def whole_trace_block(kernels: dict, memory_ops: dict) -> dict:
     """kernels: {ranked, count, total_ns} of every kernel; memory_ops: {kind: {count, total_ns, bytes}}."""
-    return {"kernels": kernels["ranked"][:WHOLE_TRACE_KERNELS], "distinct_kernels": len(kernels["ranked"]),
-            "kernel_count": kernels["count"], "kernel_total_ns": kernels["total_ns"], "memory_ops": memory_ops}
+    return {
+        "kernels": kernels["ranked"][:WHOLE_TRACE_KERNELS],
+        "distinct_kernels": len(kernels["ranked"]),
+        "kernel_count": kernels["count"],
+        "kernel_total_ns": kernels["total_ns"],
+        "memory_ops": memory_ops,
+    }

@@ -58,6 +58,7 @@ def window_words(a: ProfileAnalysis) -> str:
 class Window:
     """What every rule reads of the analysed window: its length, steps, idle causes, and the words
     for amounts (per step over steady steps; over the whole trace, totals, said so)."""
+
     ns: int
     steps: int
     per_step: str
@@ -69,9 +70,14 @@ class Window:
     def of(cls, a: ProfileAnalysis) -> Window:
         stepped = bool(a.window.get("steps"))
         causes = a.gaps.get("causes_ns", {})
-        return cls(a.window["duration_ns"], max(1, len(a.window.get("steps") or [])),
-                   "per step" if stepped else "in the whole trace", "of each step" if stepped else "of the whole trace",
-                   causes, sum(causes.values()))
+        return cls(
+            a.window["duration_ns"],
+            max(1, len(a.window.get("steps") or [])),
+            "per step" if stepped else "in the whole trace",
+            "of each step" if stepped else "of the whole trace",
+            causes,
+            sum(causes.values()),
+        )
 
     def ms_per_step(self, ns: float) -> float:
         return ns / self.steps / 1e6
@@ -82,11 +88,17 @@ def gpu_starved(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
     if busy >= STARVED_BUSY_PCT:
         return []
     top = max(w.causes, key=w.causes.get) if w.idle_ns else "unattributed"
-    return [finding(
-        "gpu_starved", "warning",
-        f"GPU busy only {busy:.1f}% of {window_words(a)} ({a.gpu_idle_pct:.1f}% idle, "
-        f"{w.ms_per_step(w.idle_ns):.2f} ms idle {w.per_step}); most idle time: {top.replace('_', ' ')}",
-        gpu_busy_pct=busy, idle_ms_per_step=w.ms_per_step(w.idle_ns), main_cause=top)]
+    return [
+        finding(
+            "gpu_starved",
+            "warning",
+            f"GPU busy only {busy:.1f}% of {window_words(a)} ({a.gpu_idle_pct:.1f}% idle, "
+            f"{w.ms_per_step(w.idle_ns):.2f} ms idle {w.per_step}); most idle time: {top.replace('_', ' ')}",
+            gpu_busy_pct=busy,
+            idle_ms_per_step=w.ms_per_step(w.idle_ns),
+            main_cause=top,
+        )
+    ]
 
 
 def data_loading(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
@@ -95,26 +107,35 @@ def data_loading(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
         return []
     workers = context.get("num_workers")
     advice = "raise dataloader.num_workers" + (f" (now {workers})" if workers is not None else "")
-    return [finding(
-        "data_loading", "warning",
-        f"data-loading bound: {100 * _share(loading, w.idle_ns):.0f}% of the GPU idle time "
-        f"({w.ms_per_step(loading):.2f} ms {w.per_step}) is the host loading data or waiting; {advice}, "
-        "pin memory and prefetch",
-        data_loading_ms_per_step=w.ms_per_step(w.causes.get("data_loading", 0)),
-        host_wait_ms_per_step=w.ms_per_step(w.causes.get("host_wait", 0)),
-        share_of_idle_pct=100 * _share(loading, w.idle_ns))]
+    return [
+        finding(
+            "data_loading",
+            "warning",
+            f"data-loading bound: {100 * _share(loading, w.idle_ns):.0f}% of the GPU idle time "
+            f"({w.ms_per_step(loading):.2f} ms {w.per_step}) is the host loading data or waiting; {advice}, "
+            "pin memory and prefetch",
+            data_loading_ms_per_step=w.ms_per_step(w.causes.get("data_loading", 0)),
+            host_wait_ms_per_step=w.ms_per_step(w.causes.get("host_wait", 0)),
+            share_of_idle_pct=100 * _share(loading, w.idle_ns),
+        )
+    ]
 
 
 def host_sync(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
     sync_pct = 100 * _share(w.causes.get("sync", 0), w.ns)
     if sync_pct < SYNC_MIN_PCT:
         return []
-    return [finding(
-        "host_sync", "warning",
-        f"host synchronisation: the GPU sits idle at synchronising calls for {sync_pct:.1f}% {w.of_step} "
-        f"({w.ms_per_step(w.causes['sync']):.2f} ms {w.per_step}); remove .item()/.cpu()/print of GPU values "
-        "from the step, or do them every N steps",
-        sync_idle_pct=sync_pct, sync_ms_per_step=w.ms_per_step(w.causes["sync"]))]
+    return [
+        finding(
+            "host_sync",
+            "warning",
+            f"host synchronisation: the GPU sits idle at synchronising calls for {sync_pct:.1f}% {w.of_step} "
+            f"({w.ms_per_step(w.causes['sync']):.2f} ms {w.per_step}); remove .item()/.cpu()/print of GPU values "
+            "from the step, or do them every N steps",
+            sync_idle_pct=sync_pct,
+            sync_ms_per_step=w.ms_per_step(w.causes["sync"]),
+        )
+    ]
 
 
 def launch_bound(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
@@ -124,25 +145,35 @@ def launch_bound(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
     launch_heavy = kernels.get("launch_api_ns", 0) >= kernels.get("total_ns", 0) > 0
     if launch_pct < LAUNCH_MIN_PCT or not (short or launch_heavy):
         return []
-    return [finding(
-        "launch_bound", "warning",
-        f"launch bound: the GPU waits for the host to launch work for {launch_pct:.1f}% {w.of_step} "
-        f"({kernels.get('short_pct', 0):.0f}% of kernels under {SHORT_KERNEL_NS / 1e3:.0f} us, launch calls "
-        f"{kernels.get('launch_api_ns', 0) / 1e6:.1f} ms vs kernels {kernels.get('total_ns', 0) / 1e6:.1f} ms); "
-        "use CUDA graphs or torch.compile to launch fewer, larger kernels",
-        launch_latency_pct=launch_pct, short_kernel_pct=kernels.get("short_pct", 0))]
+    return [
+        finding(
+            "launch_bound",
+            "warning",
+            f"launch bound: the GPU waits for the host to launch work for {launch_pct:.1f}% {w.of_step} "
+            f"({kernels.get('short_pct', 0):.0f}% of kernels under {SHORT_KERNEL_NS / 1e3:.0f} us, launch calls "
+            f"{kernels.get('launch_api_ns', 0) / 1e6:.1f} ms vs kernels {kernels.get('total_ns', 0) / 1e6:.1f} ms); "
+            "use CUDA graphs or torch.compile to launch fewer, larger kernels",
+            launch_latency_pct=launch_pct,
+            short_kernel_pct=kernels.get("short_pct", 0),
+        )
+    ]
 
 
 def pageable_copies(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
     pageable = a.memcpy.get("pageable_big", {})
     if not pageable.get("count"):
         return []
-    return [finding(
-        "pageable_copies", "warning",
-        f"{pageable['count'] / w.steps:.1f} copies {w.per_step} of >= 1 MiB to or from pageable host memory "
-        f"({pageable['bytes'] / w.steps / 2**20:.0f} MiB {w.per_step}); pageable copies are synchronous and slow: "
-        "use pinned memory (pin_memory=True, tensor.pin_memory()) and non_blocking=True",
-        copies_per_step=pageable["count"] / w.steps, mib_per_step=pageable["bytes"] / w.steps / 2**20)]
+    return [
+        finding(
+            "pageable_copies",
+            "warning",
+            f"{pageable['count'] / w.steps:.1f} copies {w.per_step} of >= 1 MiB to or from pageable host memory "
+            f"({pageable['bytes'] / w.steps / 2**20:.0f} MiB {w.per_step}); pageable copies are synchronous and slow: "
+            "use pinned memory (pin_memory=True, tensor.pin_memory()) and non_blocking=True",
+            copies_per_step=pageable["count"] / w.steps,
+            mib_per_step=pageable["bytes"] / w.steps / 2**20,
+        )
+    ]
 
 
 def exposed_copies(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
@@ -151,20 +182,31 @@ def exposed_copies(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
     exposed = a.exposed_memcpy_pct or 0.0
     if exposed < EXPOSED_MEMCPY_MIN_PCT:
         return []
-    by_kind = {c["kind"]: c for c in a.memcpy.get("copies", [])
-               if c["src"] == "pinned" or c["dst"] == "pinned"}
+    by_kind = {c["kind"]: c for c in a.memcpy.get("copies", []) if c["src"] == "pinned" or c["dst"] == "pinned"}
     if ("HtoD" in by_kind and "DtoH" in by_kind) or context.get("offload"):
-        return [finding(
-            "offload_cost", "warning",
-            f"offload cost: copies to and from pinned host memory run with no kernel beside them for "
-            f"{exposed:.1f}% {w.of_step} ({a.h2d_gb / w.steps:.2f} GB in and {a.d2h_gb / w.steps:.2f} GB out "
-            f"{w.per_step}); overlap them with compute (separate stream, prefetch ahead of use) or offload fewer layers",
-            exposed_memcpy_pct=exposed, h2d_gb_per_step=a.h2d_gb / w.steps, d2h_gb_per_step=a.d2h_gb / w.steps)]
-    return [finding(
-        "exposed_memcpy", "warning",
-        f"copies not hidden behind compute: {exposed:.1f}% {w.of_step} only copies data "
-        f"(memcpy {a.memcpy_time_pct:.1f}% of GPU operation time)",
-        exposed_memcpy_pct=exposed, memcpy_time_pct=a.memcpy_time_pct)]
+        return [
+            finding(
+                "offload_cost",
+                "warning",
+                f"offload cost: copies to and from pinned host memory run with no kernel beside them for "
+                f"{exposed:.1f}% {w.of_step} ({a.h2d_gb / w.steps:.2f} GB in and {a.d2h_gb / w.steps:.2f} GB out "
+                f"{w.per_step}); overlap them with compute (separate stream, prefetch ahead of use) "
+                "or offload fewer layers",
+                exposed_memcpy_pct=exposed,
+                h2d_gb_per_step=a.h2d_gb / w.steps,
+                d2h_gb_per_step=a.d2h_gb / w.steps,
+            )
+        ]
+    return [
+        finding(
+            "exposed_memcpy",
+            "warning",
+            f"copies not hidden behind compute: {exposed:.1f}% {w.of_step} only copies data "
+            f"(memcpy {a.memcpy_time_pct:.1f}% of GPU operation time)",
+            exposed_memcpy_pct=exposed,
+            memcpy_time_pct=a.memcpy_time_pct,
+        )
+    ]
 
 
 def um_migrations(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
@@ -175,16 +217,28 @@ def um_migrations(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
     faults = a.page_faults
     severity = "warning" if um >= UM_WARN_PCT or _share(um_idle, w.ns) * 100 >= IDLE_MIN_PCT else "info"
     fault_text = ", ".join(f"{v} {k.upper()} page faults" for k, v in faults.items()) or "page faults not traced"
-    idle_text = (f"; {w.ms_per_step(um_idle):.2f} ms {w.per_step} of GPU idle time "
-                 f"({100 * _share(um_idle, w.idle_ns):.0f}% of it) is in phases where the host faults on or "
-                 "migrates managed memory") if um_idle else ""
-    return [finding(
-        "um_migrations", severity,
-        f"unified memory: migrations are {um:.1f}% of memory-operation time and "
-        f"{(a.um_migration_bytes_pct or 0):.1f}% of the bytes moved ({fault_text}){idle_text}; prefetch "
-        "managed memory to the GPU (cudaMemPrefetchAsync) or keep hot data in device memory",
-        um_migration_pct=um, um_migration_bytes_pct=(a.um_migration_bytes_pct or 0),
-        um_idle_ms_per_step=w.ms_per_step(um_idle), **faults)]
+    idle_text = (
+        (
+            f"; {w.ms_per_step(um_idle):.2f} ms {w.per_step} of GPU idle time "
+            f"({100 * _share(um_idle, w.idle_ns):.0f}% of it) is in phases where the host faults on or "
+            "migrates managed memory"
+        )
+        if um_idle
+        else ""
+    )
+    return [
+        finding(
+            "um_migrations",
+            severity,
+            f"unified memory: migrations are {um:.1f}% of memory-operation time and "
+            f"{(a.um_migration_bytes_pct or 0):.1f}% of the bytes moved ({fault_text}){idle_text}; prefetch "
+            "managed memory to the GPU (cudaMemPrefetchAsync) or keep hot data in device memory",
+            um_migration_pct=um,
+            um_migration_bytes_pct=(a.um_migration_bytes_pct or 0),
+            um_idle_ms_per_step=w.ms_per_step(um_idle),
+            **faults,
+        )
+    ]
 
 
 def fp8_not_effective(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
@@ -192,27 +246,45 @@ def fp8_not_effective(a: ProfileAnalysis, w: Window, context: dict) -> list[dict
     gemm_ns, fp8_ns = kernels.get("gemm_ns", 0), kernels.get("fp8_gemm_ns", 0)
     if context.get("precision") != "fp8" or not gemm_ns or fp8_ns >= FP8_MIN_GEMM_SHARE * gemm_ns:
         return []
-    return [finding(
-        "fp8_not_effective", "warning",
-        f"precision=fp8 but only {100 * fp8_ns / gemm_ns:.0f}% of the GEMM time is in fp8 GEMMs: the matmuls "
-        "still run in bf16/fp16 (check the fp8 recipe is applied to the Linear layers)",
-        fp8_gemm_pct=100 * fp8_ns / gemm_ns, top_kernels=[k["name"][:80] for k in a.top_kernels])]
+    return [
+        finding(
+            "fp8_not_effective",
+            "warning",
+            f"precision=fp8 but only {100 * fp8_ns / gemm_ns:.0f}% of the GEMM time is in fp8 GEMMs: the matmuls "
+            "still run in bf16/fp16 (check the fp8 recipe is applied to the Linear layers)",
+            fp8_gemm_pct=100 * fp8_ns / gemm_ns,
+            top_kernels=[k["name"][:80] for k in a.top_kernels],
+        )
+    ]
 
 
 def roofline(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
-    return [finding(
-        f"roofline_{point['bound']}", "info",
-        f"{point['name'][:60]}: {point['bound']} ({point['achieved_tflops']:.1f} TFLOP/s, "
-        f"{point['pct_of_compute_peak']:.0f}% of the compute ceiling, {point['pct_of_dram_peak']:.0f}% of DRAM "
-        f"bandwidth, intensity {point['intensity_dram']:.1f} FLOP/byte)",
-        kernel=point["name"], **{k: point[k] for k in ("achieved_tflops", "pct_of_compute_peak", "pct_of_dram_peak",
-                                                       "intensity_dram")})
-        for point in a.roofline.get("kernels", [])]
+    return [
+        finding(
+            f"roofline_{point['bound']}",
+            "info",
+            f"{point['name'][:60]}: {point['bound']} ({point['achieved_tflops']:.1f} TFLOP/s, "
+            f"{point['pct_of_compute_peak']:.0f}% of the compute ceiling, {point['pct_of_dram_peak']:.0f}% of DRAM "
+            f"bandwidth, intensity {point['intensity_dram']:.1f} FLOP/byte)",
+            kernel=point["name"],
+            **{k: point[k] for k in ("achieved_tflops", "pct_of_compute_peak", "pct_of_dram_peak", "intensity_dram")},
+        )
+        for point in a.roofline.get("kernels", [])
+    ]
 
 
 # The device rules, in the order their findings are listed (each fires independently of the others).
-RULES = (gpu_starved, data_loading, host_sync, launch_bound, pageable_copies, exposed_copies, um_migrations,
-         fp8_not_effective, roofline)
+RULES = (
+    gpu_starved,
+    data_loading,
+    host_sync,
+    launch_bound,
+    pageable_copies,
+    exposed_copies,
+    um_migrations,
+    fp8_not_effective,
+    roofline,
+)
 
 
 def evaluate(a: ProfileAnalysis, context: dict | None = None) -> list[dict]:
@@ -232,9 +304,14 @@ def health(a: ProfileAnalysis) -> list[dict]:
     out = [finding("profile_health", "warning", message) for message in a.health]
     roofline = a.roofline
     if roofline.get("missing"):
-        out.append(finding("profile_health", "warning",
-                           f"ncu profiled none of these top kernels: {', '.join(roofline['missing'])[:300]}",
-                           missing=roofline["missing"]))
+        out.append(
+            finding(
+                "profile_health",
+                "warning",
+                f"ncu profiled none of these top kernels: {', '.join(roofline['missing'])[:300]}",
+                missing=roofline["missing"],
+            )
+        )
     return out
 
 
@@ -252,6 +329,8 @@ def summary(a: ProfileAnalysis) -> list[str]:
         lines.append(f"warm-up excluded: {window.get('warmup_reason')}")
     if a.gpu_busy_pct is not None and window.get("duration_ns"):
         kind = "compute" if a.kernel_time_pct >= 90 else "transfer"
-        lines.append(f"{a.kernel_time_pct:.1f}% kernels vs {a.memcpy_time_pct + a.memset_time_pct:.1f}% "
-                     f"memory operations: {kind}-dominated; GPU busy {a.gpu_busy_pct:.1f}% of {window_words(a)}")
+        lines.append(
+            f"{a.kernel_time_pct:.1f}% kernels vs {a.memcpy_time_pct + a.memset_time_pct:.1f}% "
+            f"memory operations: {kind}-dominated; GPU busy {a.gpu_busy_pct:.1f}% of {window_words(a)}"
+        )
     return lines

@@ -40,8 +40,10 @@ def is_optimizer(name: str) -> bool:
 def gemm_time(kernels: list[dict]) -> dict[str, float]:
     """GEMM and fp8-GEMM time (ns) of ranked kernels ({name, total_ns})."""
     gemm = [k for k in kernels if is_gemm(k["name"])]
-    return {"gemm_ns": sum(k["total_ns"] for k in gemm),
-            "fp8_gemm_ns": sum(k["total_ns"] for k in gemm if is_fp8_gemm(k["name"]))}
+    return {
+        "gemm_ns": sum(k["total_ns"] for k in gemm),
+        "fp8_gemm_ns": sum(k["total_ns"] for k in gemm if is_fp8_gemm(k["name"])),
+    }
 
 
 def _strip_brackets(text: str, open_: str, close: str) -> str:

@@ -11,27 +11,74 @@ from pathlib import Path
 import numpy as np
 
 from ghsweep.core.errors import ProfileError, first_line
-from ghsweep.profile import kernel_kinds, steps as step_finder
+from ghsweep.profile import kernel_kinds
 from ghsweep.profile import nsys_db as db
-from ghsweep.profile.engine import (MEMCPY_KIND, PHASES, UM_KINDS, GapEvidence, Intervals, device_metrics,
-                                    gap_block, infer_steps, memory_ops, pct, steady_window, step_times,
-                                    whole_trace_block, window_block, window_timeline)
+from ghsweep.profile import steps as step_finder
+from ghsweep.profile.engine import (
+    MEMCPY_KIND,
+    PHASES,
+    UM_KINDS,
+    GapEvidence,
+    Intervals,
+    device_metrics,
+    gap_block,
+    infer_steps,
+    memory_ops,
+    pct,
+    steady_window,
+    step_times,
+    whole_trace_block,
+    window_block,
+    window_timeline,
+)
 from ghsweep.profile.result import ProfileAnalysis
-from ghsweep.profile.timeline import KERNEL as KERNEL_OP, MEMCPY as MEMCPY_OP, MEMSET as MEMSET_OP, Ops, union_ns
+from ghsweep.profile.timeline import KERNEL as KERNEL_OP
+from ghsweep.profile.timeline import MEMCPY as MEMCPY_OP
+from ghsweep.profile.timeline import MEMSET as MEMSET_OP
+from ghsweep.profile.timeline import Ops, union_ns
 
-SYNC_CALLS = ("cudaDeviceSynchronize%", "cudaStreamSynchronize%", "cudaEventSynchronize%", "cudaMemcpy\\_%",
-              "cudaMemcpy", "cuCtxSynchronize%", "cuStreamSynchronize%", "cuEventSynchronize%", "cuMemcpyDtoH\\_%",
-              "cuMemcpyHtoD\\_%", "cudaStreamQuery%")
-OS_WAITS = ("pthread_cond_wait%", "pthread_cond_timedwait%", "pthread_cond_clockwait%", "sem_wait%",
-            "sem_timedwait%", "poll", "ppoll", "epoll_wait", "epoll_pwait", "select", "pselect%", "read", "pread%",
-            "readv", "recv%", "nanosleep", "clock_nanosleep", "usleep", "futex%")
+SYNC_CALLS = (
+    "cudaDeviceSynchronize%",
+    "cudaStreamSynchronize%",
+    "cudaEventSynchronize%",
+    "cudaMemcpy\\_%",
+    "cudaMemcpy",
+    "cuCtxSynchronize%",
+    "cuStreamSynchronize%",
+    "cuEventSynchronize%",
+    "cuMemcpyDtoH\\_%",
+    "cuMemcpyHtoD\\_%",
+    "cudaStreamQuery%",
+)
+OS_WAITS = (
+    "pthread_cond_wait%",
+    "pthread_cond_timedwait%",
+    "pthread_cond_clockwait%",
+    "sem_wait%",
+    "sem_timedwait%",
+    "poll",
+    "ppoll",
+    "epoll_wait",
+    "epoll_pwait",
+    "select",
+    "pselect%",
+    "read",
+    "pread%",
+    "readv",
+    "recv%",
+    "nanosleep",
+    "clock_nanosleep",
+    "usleep",
+    "futex%",
+)
 LAUNCH_CALLS = ("cudaLaunchKernel%", "cuLaunchKernel%", "cudaLaunchCooperativeKernel%", "cudaGraphLaunch%")
 PHASE_LIKE = tuple(f"{p}%" for p in PHASES)
 # Columns a GPU table must have to be analysed (the analysis reads no other).
-REQUIRED_COLUMNS = {db.KERNEL: ("start", "end", "deviceId", "globalPid", "correlationId"),
-                    db.MEMCPY: ("start", "end", "deviceId", "globalPid", "correlationId", "bytes", "copyKind",
-                                "srcKind", "dstKind"),
-                    db.MEMSET: ("start", "end", "deviceId", "globalPid", "correlationId", "bytes")}
+REQUIRED_COLUMNS = {
+    db.KERNEL: ("start", "end", "deviceId", "globalPid", "correlationId"),
+    db.MEMCPY: ("start", "end", "deviceId", "globalPid", "correlationId", "bytes", "copyKind", "srcKind", "dstKind"),
+    db.MEMSET: ("start", "end", "deviceId", "globalPid", "correlationId", "bytes"),
+}
 
 
 def analyze_nsys(path: Path) -> ProfileAnalysis:
@@ -51,18 +98,25 @@ def check_export(con, schema: db.Schema, path: Path) -> None:
         raise ProfileError(f"{path}: not an nsys SQLite export: it has no tables (an empty or truncated file?)")
     present = [t for t in REQUIRED_COLUMNS if schema.has(t)]
     if not present:
-        raise ProfileError(f"{path}: no GPU activity: the export has no kernel, memcpy or memset table (was CUDA "
-                           "traced, --trace=cuda, and did the capture range run any GPU work?)")
+        raise ProfileError(
+            f"{path}: no GPU activity: the export has no kernel, memcpy or memset table (was CUDA "
+            "traced, --trace=cuda, and did the capture range run any GPU work?)"
+        )
     for table in present:
         missing = [c for c in REQUIRED_COLUMNS[table] if not schema.has(table, con, c)]
         if missing:
-            raise ProfileError(f"{path}: table {table} lacks the columns {', '.join(missing)}: not an nsys export "
-                               "this tool reads (nsys export --type=sqlite writes them)")
+            raise ProfileError(
+                f"{path}: table {table} lacks the columns {', '.join(missing)}: not an nsys export "
+                "this tool reads (nsys export --type=sqlite writes them)"
+            )
     if schema.has(db.KERNEL) and not schema.has("StringIds"):
-        raise ProfileError(f"{path}: no StringIds table, so kernel names cannot be read: an incomplete export "
-                           "(export the .nsys-rep again with nsys export --type=sqlite)")
-    if schema.has(db.KERNEL) and not (schema.has(db.KERNEL, con, "demangledName")
-                                      or schema.has(db.KERNEL, con, "shortName")):
+        raise ProfileError(
+            f"{path}: no StringIds table, so kernel names cannot be read: an incomplete export "
+            "(export the .nsys-rep again with nsys export --type=sqlite)"
+        )
+    if schema.has(db.KERNEL) and not (
+        schema.has(db.KERNEL, con, "demangledName") or schema.has(db.KERNEL, con, "shortName")
+    ):
         raise ProfileError(f"{path}: table {db.KERNEL} has no kernel name column (demangledName, shortName)")
 
 
@@ -83,13 +137,17 @@ def um_phase_ranges(phases: list[tuple[int, int]], faults: np.ndarray, migration
     """The phase ranges that contain a unified-memory CPU page fault or overlap a UM migration: the
     host's time there goes to unified memory, whatever the phase is called."""
     faults = np.sort(faults)
-    hit = [(s, e) for s, e in phases
-           if np.searchsorted(faults, s) < np.searchsorted(faults, e, side="right") or migrations.overlaps(s, e)]
+    hit = [
+        (s, e)
+        for s, e in phases
+        if np.searchsorted(faults, s) < np.searchsorted(faults, e, side="right") or migrations.overlaps(s, e)
+    ]
     return Intervals(hit + [(int(t), int(t) + 1) for t in faults])
 
 
-def nsys_gap_evidence(con, schema: db.Schema, gaps: list[tuple[int, int, int]], pid: int, device: int,
-                      window: tuple[int, int]) -> GapEvidence:
+def nsys_gap_evidence(
+    con, schema: db.Schema, gaps: list[tuple[int, int, int]], pid: int, device: int, window: tuple[int, int]
+) -> GapEvidence:
     """Evidence from the export: synchronising calls of the process; OS waits of the thread that
     launched the work ending a gap (other threads' waits say nothing: an idle autograd or loader
     thread always waits); phase ranges with unified-memory faults or migrations; "data*" ranges."""
@@ -106,9 +164,17 @@ def nsys_gap_evidence(con, schema: db.Schema, gaps: list[tuple[int, int, int]], 
             per_thread.setdefault(tid, []).append((s, e))
         evidence.waits = {tid: Intervals(spans) for tid, spans in per_thread.items()}
     faults = db.cpu_page_faults(con, schema, pid, window)
-    migrations = Intervals(con.execute(
-        f"SELECT start, end FROM {db.MEMCPY} WHERE globalPid = ? AND deviceId = ? AND copyKind IN {UM_KINDS} "
-        "AND end > ? AND start < ?", (pid, device, *window)).fetchall()) if schema.has(db.MEMCPY) else Intervals([])
+    migrations = (
+        Intervals(
+            con.execute(
+                f"SELECT start, end FROM {db.MEMCPY} WHERE globalPid = ? AND deviceId = ? AND copyKind IN {UM_KINDS} "
+                "AND end > ? AND start < ?",
+                (pid, device, *window),
+            ).fetchall()
+        )
+        if schema.has(db.MEMCPY)
+        else Intervals([])
+    )
     if len(faults) or migrations.starts:
         phases = [(s, e) for like in PHASE_LIKE for _, s, e in db.nvtx_intervals(con, schema, pid, like, window)]
         evidence.unified_memory = um_phase_ranges(phases, faults, migrations)
@@ -118,6 +184,7 @@ def nsys_gap_evidence(con, schema: db.Schema, gaps: list[tuple[int, int, int]], 
 @dataclass
 class DeviceOps:
     """The export's GPU tables and the main process's operations on its device."""
+
     kernels: db.Table
     tables: list[db.Table]  # kernels, copies, memsets
     pid: int
@@ -128,17 +195,25 @@ class DeviceOps:
 def read_device_ops(con, schema: db.Schema, path: Path, health: list[str]) -> DeviceOps:
     kernels = db.read_table(con, schema, db.KERNEL, db.kernel_columns(con, schema))
     if not len(kernels):
-        health.append("the export has no CUDA kernels, only copies or memsets (did the capture range see the "
-                      "training's work?)")
+        health.append(
+            "the export has no CUDA kernels, only copies or memsets (did the capture range see the training's work?)"
+        )
     copies = db.read_table(con, schema, db.MEMCPY, db.GPU_COLUMNS)
     sets = db.read_table(con, schema, db.MEMSET, db.GPU_COLUMNS)
     gpu = [(kernels, KERNEL_OP), (copies, MEMCPY_OP), (sets, MEMSET_OP)]
     pid, device = db.main_process_device([t for t, _ in gpu])
     if pid is None:
-        raise ProfileError(f"{path}: no GPU activity: the export has no kernels, copies or memsets (did the capture "
-                           "range run any GPU work?)")
-    ops = Ops.concat([Ops(t["start"][m], t["end"][m], np.full(int(m.sum()), kind), t["corr"][m])
-                      for t, kind in gpu for m in [(t["pid"] == pid) & (t["dev"] == device)]])
+        raise ProfileError(
+            f"{path}: no GPU activity: the export has no kernels, copies or memsets (did the capture "
+            "range run any GPU work?)"
+        )
+    ops = Ops.concat(
+        [
+            Ops(t["start"][m], t["end"][m], np.full(int(m.sum()), kind), t["corr"][m])
+            for t, kind in gpu
+            for m in [(t["pid"] == pid) & (t["dev"] == device)]
+        ]
+    )
     return DeviceOps(kernels, [t for t, _ in gpu], pid, device, ops)
 
 
@@ -147,15 +222,18 @@ def nsys_phases(con, schema: db.Schema, pid: int, found: step_finder.Steps) -> d
     if found.basis != step_finder.NVTX_BASIS:
         return {}
     cpu_window = (found.steady[0].start, found.steady[-1].end)
-    return {name: sum(e - s for _, s, e in db.nvtx_intervals(con, schema, pid, name, cpu_window))
-            / len(found.steady) / 1e6 for name in PHASES}
+    return {
+        name: sum(e - s for _, s, e in db.nvtx_intervals(con, schema, pid, name, cpu_window)) / len(found.steady) / 1e6
+        for name in PHASES
+    }
 
 
 def top_kernels(con, schema: db.Schema, groups: dict, params: dict) -> list[dict]:
     """The five kernels with the most time, each with how many launch configurations it ran with."""
     top = groups["ranked"][:5]
-    configs = db.launch_configs(con, schema, db.kernel_name_column(con, schema, "demangledName"),
-                                [k["name"] for k in top], params)
+    configs = db.launch_configs(
+        con, schema, db.kernel_name_column(con, schema, "demangledName"), [k["name"] for k in top], params
+    )
     for k in top:
         k["launch_configs"] = configs.get(k["name"])
     return top
@@ -172,9 +250,11 @@ def _analyze_nsys(con, path: Path) -> dict:
     pid, device, kernels = dev.pid, dev.device, dev.kernels
 
     found, window = steady_window(
-        find_steps(con, schema, kernels, pid, device), health,
+        find_steps(con, schema, kernels, pid, device),
+        health,
         lambda steady: db.gpu_window(con, schema, dev.tables, steady, pid, device),
-        "launched no GPU work of the main process")
+        "launched no GPU work of the main process",
+    )
     if window is None:
         window = (int(dev.ops.start.min()), int(dev.ops.end.max()))
     span, n_steps = window[1] - window[0], len(found.steady)
@@ -182,26 +262,37 @@ def _analyze_nsys(con, path: Path) -> dict:
     line = window_timeline(dev.ops, window)
     gap_info = gap_block(line, nsys_gap_evidence(con, schema, line.long_gaps, pid, device, window), n_steps)
 
-    inside = (kernels["pid"] == pid) & (kernels["dev"] == device) & (kernels["start"] >= window[0]) \
+    inside = (
+        (kernels["pid"] == pid)
+        & (kernels["dev"] == device)
+        & (kernels["start"] >= window[0])
         & (kernels["end"] <= window[1])
+    )
     groups = db.kernel_groups(con, kernels, inside)
     k_n, k_ns = groups["count"], groups["total_ns"]
     c_n, c_ns, c_b = db.sums(con, db.MEMCPY, params) if schema.has(db.MEMCPY) else (0, 0, 0)
     s_n, s_ns, s_b = db.sums(con, db.MEMSET, params) if schema.has(db.MEMSET) else (0, 0, 0)
     mem = memory_ops(db.memcpy_groups(con, params)) if schema.has(db.MEMCPY) else memory_ops([])
-    launch_ns = db.call_time(con, db.RUNTIME, pid, db.names_like(con, LAUNCH_CALLS), window) \
-        if schema.has(db.RUNTIME) else 0
+    launch_ns = (
+        db.call_time(con, db.RUNTIME, pid, db.names_like(con, LAUNCH_CALLS), window) if schema.has(db.RUNTIME) else 0
+    )
     communication = nccl_communication(kernels.where(inside), db.names_like(con, ("%nccl%",)), span, n_steps)
     return {
         "source": {"path": str(path), "kind": "nsys", **info},
         "window": window_block(window, found),
         "whole_trace": whole_trace(con, schema, kernels),
         **device_metrics(line, span, gap_info, k_ns, c_ns, s_ns, mem),
-        "um_migration_bytes_pct": pct(sum(v["bytes"] for k, v in mem["by_kind"].items() if k.startswith("UM")),
-                                      c_b + s_b),
+        "um_migration_bytes_pct": pct(
+            sum(v["bytes"] for k, v in mem["by_kind"].items() if k.startswith("UM")), c_b + s_b
+        ),
         "top_kernels": top_kernels(con, schema, groups, params),
-        "kernels": {"count": k_n, "total_ns": k_ns, "short_pct": pct(groups["short"], k_n), "launch_api_ns": launch_ns,
-                    **kernel_kinds.gemm_time(groups["ranked"])},
+        "kernels": {
+            "count": k_n,
+            "total_ns": k_ns,
+            "short_pct": pct(groups["short"], k_n),
+            "launch_api_ns": launch_ns,
+            **kernel_kinds.gemm_time(groups["ranked"]),
+        },
         "memcpy": {"count": c_n, "total_ns": c_ns, "bytes": c_b, **mem},
         "memset": {"count": s_n, "total_ns": s_ns, "bytes": s_b},
         "page_faults": db.page_faults(con, schema),
@@ -245,7 +336,8 @@ def whole_trace(con, schema: db.Schema, kernel_table: db.Table) -> dict:
     ops = {}
     if schema.has(db.MEMCPY):
         for kind, count, ns, nbytes in con.execute(
-                f"SELECT copyKind, COUNT(*), SUM(end - start), SUM(bytes) FROM {db.MEMCPY} GROUP BY copyKind"):
+            f"SELECT copyKind, COUNT(*), SUM(end - start), SUM(bytes) FROM {db.MEMCPY} GROUP BY copyKind"
+        ):
             ops[MEMCPY_KIND.get(kind, f"kind {kind}")] = {"count": count, "total_ns": ns, "bytes": nbytes}
     if schema.has(db.MEMSET):
         count, ns, nbytes = db.sums(con, db.MEMSET, None)

@@ -115,6 +115,7 @@ def read_columns(con: sqlite3.Connection, sql: str, params=()) -> list[np.ndarra
 @dataclass
 class Table:
     """Columns of one big table, by name."""
+
     cols: dict[str, np.ndarray]
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -157,8 +158,9 @@ def main_process_device(tables: list[Table]) -> tuple[int | None, int | None]:
     return int(pairs[best][0]), int(pairs[best][1])
 
 
-def gpu_window(con: sqlite3.Connection, schema: Schema, gpu: list[Table], steps: list[Step], pid: int,
-               device: int) -> tuple[tuple[int, int] | None, bool]:
+def gpu_window(
+    con: sqlite3.Connection, schema: Schema, gpu: list[Table], steps: list[Step], pid: int, device: int
+) -> tuple[tuple[int, int] | None, bool]:
     """The GPU time span of the work launched inside `steps` (NVTX ranges projected on the GPU),
     and whether it was projected through the launches (False: by time alone).
 
@@ -184,7 +186,9 @@ def gpu_window(con: sqlite3.Connection, schema: Schema, gpu: list[Table], steps:
     starts, ends = [], []
     for t in gpu:
         inside = (t["pid"] == pid) & (t["dev"] == device)
-        inside &= ((t["corr"] >= lo) & (t["corr"] <= hi)) if projected else ((t["start"] >= first) & (t["start"] <= last))
+        inside &= (
+            ((t["corr"] >= lo) & (t["corr"] <= hi)) if projected else ((t["start"] >= first) & (t["start"] <= last))
+        )
         if inside.any():
             starts.append(t["start"][inside].min())
             ends.append(t["end"][inside].max())
@@ -258,8 +262,9 @@ def names_like(con: sqlite3.Connection, patterns: tuple[str, ...]) -> list[int]:
     return [r[0] for r in con.execute(f"SELECT id FROM StringIds WHERE {clause}", patterns)]
 
 
-def process_intervals(con: sqlite3.Connection, table: str, pid: int, name_ids: list[int], window: tuple[int, int]
-                      ) -> list[tuple[int, int, int]]:
+def process_intervals(
+    con: sqlite3.Connection, table: str, pid: int, name_ids: list[int], window: tuple[int, int]
+) -> list[tuple[int, int, int]]:
     """(globalTid, start, end) of the calls of `table` (runtime API or OS runtime) named by
     `name_ids`, on any thread of process `pid`, overlapping the window."""
     if not name_ids:
@@ -299,8 +304,9 @@ def launch_calls(con: sqlite3.Connection, pid: int, correlation_ids: list[int]) 
     return {c: (start, tid) for c, start, tid in rows}
 
 
-def nvtx_intervals(con: sqlite3.Connection, schema: Schema, pid: int | None, like: str, window: tuple[int, int]
-                   ) -> list[tuple[str, int, int]]:
+def nvtx_intervals(
+    con: sqlite3.Connection, schema: Schema, pid: int | None, like: str, window: tuple[int, int]
+) -> list[tuple[str, int, int]]:
     """NVTX push/pop or start/end ranges of process `pid` whose name is LIKE `like`, overlapping
     `window` (CPU time)."""
     if not schema.has(NVTX) or not schema.has(NVTX, con, "globalTid"):
@@ -318,11 +324,19 @@ def meta(con: sqlite3.Connection, schema: Schema) -> dict:
     """Export version, traced event types, and the GPU's name and memory bandwidth."""
     out: dict = {}
     if schema.has("META_DATA_EXPORT"):
-        out.update({k: v for k, v in con.execute(
-            "SELECT name, value FROM META_DATA_EXPORT WHERE name IN ('EXPORT_PRODUCT_VERSION', 'EXPORT_SCHEMA_VERSION')")})
+        out.update(
+            {
+                k: v
+                for k, v in con.execute(
+                    "SELECT name, value FROM META_DATA_EXPORT "
+                    "WHERE name IN ('EXPORT_PRODUCT_VERSION', 'EXPORT_SCHEMA_VERSION')"
+                )
+            }
+        )
     if schema.has("META_DATA_CAPTURE"):
-        out["traced"] = sorted(v for (v,) in con.execute(
-            "SELECT value FROM META_DATA_CAPTURE WHERE name = 'CAPTURE_EVENT_TYPE'"))
+        out["traced"] = sorted(
+            v for (v,) in con.execute("SELECT value FROM META_DATA_CAPTURE WHERE name = 'CAPTURE_EVENT_TYPE'")
+        )
     if schema.has("TARGET_INFO_GPU"):
         row = con.execute("SELECT name, memoryBandwidth, smCount FROM TARGET_INFO_GPU ORDER BY id LIMIT 1").fetchone()
         if row:
@@ -334,8 +348,11 @@ def cpu_page_faults(con: sqlite3.Connection, schema: Schema, pid: int, window: t
     """Times of the unified-memory CPU page faults of process `pid` inside the window."""
     if not schema.has(UM_CPU_FAULTS) or not schema.has(UM_CPU_FAULTS, con, "globalPid"):
         return np.empty(0, np.int64)
-    return read_columns(con, f"SELECT start FROM {UM_CPU_FAULTS} WHERE (globalPid & {PID_MASK}) = ? "
-                             "AND start >= ? AND start <= ?", (pid, *window))[0]
+    return read_columns(
+        con,
+        f"SELECT start FROM {UM_CPU_FAULTS} WHERE (globalPid & {PID_MASK}) = ? AND start >= ? AND start <= ?",
+        (pid, *window),
+    )[0]
 
 
 def page_faults(con: sqlite3.Connection, schema: Schema) -> dict[str, int]:
@@ -348,8 +365,9 @@ def page_faults(con: sqlite3.Connection, schema: Schema) -> dict[str, int]:
     return out
 
 
-def launch_configs(con: sqlite3.Connection, schema: Schema, name_column: str, names: list[str], params: dict
-                   ) -> dict[str, int]:
+def launch_configs(
+    con: sqlite3.Connection, schema: Schema, name_column: str, names: list[str], params: dict
+) -> dict[str, int]:
     """Distinct launch configurations (grid, block, dynamic shared memory) of the kernels named
     `names` in the window: how many launches Nsight Compute profiles with one per configuration."""
     columns = ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ", "dynamicSharedMemory")
@@ -357,9 +375,11 @@ def launch_configs(con: sqlite3.Connection, schema: Schema, name_column: str, na
         return {}
     config = " || ',' || ".join(columns)
     marks = ",".join("?" * len(names))
-    return dict(con.execute(
-        f"SELECT s.value, COUNT(DISTINCT {config}) FROM {KERNEL} k JOIN StringIds s ON s.id = k.{name_column} "
-        f"WHERE k.globalPid = ? AND k.deviceId = ? AND k.start >= ? AND k.end <= ? AND s.value IN ({marks}) "
-        "GROUP BY s.value",
-        [params["pid"], params["dev"], params["w0"], params["w1"], *names],
-    ).fetchall())
+    return dict(
+        con.execute(
+            f"SELECT s.value, COUNT(DISTINCT {config}) FROM {KERNEL} k JOIN StringIds s ON s.id = k.{name_column} "
+            f"WHERE k.globalPid = ? AND k.deviceId = ? AND k.start >= ? AND k.end <= ? AND s.value IN ({marks}) "
+            "GROUP BY s.value",
+            [params["pid"], params["dev"], params["w0"], params["w1"], *names],
+        ).fetchall()
+    )

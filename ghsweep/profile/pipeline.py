@@ -3,19 +3,19 @@ report, plots and the files and numbers for MLflow (the plan that led here: plan
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from ghsweep.config.world import world_of
 from ghsweep.core.errors import ProfilerUnavailable
 from ghsweep.core.run_dir import CONFIG, NCU_PASS_DIR, TORCH_TRACE
 from ghsweep.core.run_plan import ProfilePlan, RunPlan
-from ghsweep.config.world import world_of
 from ghsweep.profile import capture, plots, report
 from ghsweep.profile.analysis import analyze
 from ghsweep.profile.ranks import rank_of
@@ -39,8 +39,12 @@ class ProfileOutcome:
 
 def context_of(cfg: DictConfig) -> dict:
     """What the findings may know about the run's config."""
-    return {"precision": cfg.precision.name, "offload": bool(cfg.offload.enabled), "memory": cfg.memory.name,
-            "num_workers": cfg.dataloader.num_workers}
+    return {
+        "precision": cfg.precision.name,
+        "offload": bool(cfg.offload.enabled),
+        "memory": cfg.memory.name,
+        "num_workers": cfg.dataloader.num_workers,
+    }
 
 
 def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass) -> ProfileOutcome:
@@ -59,8 +63,11 @@ def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass
             ncu_csv, ncu_info = ncu_pass(cfg, run_dir, plan, profiles[0], run_ncu_pass)
             outcome.metrics["ncu_s"] = ncu_info["seconds"]
             raw.append(ncu_csv)
-        analysis = full_analysis(profiles[0], context_of(cfg), ncu_csv) if world_size == 1 or plan.used != "nsys" \
+        analysis = (
+            full_analysis(profiles[0], context_of(cfg), ncu_csv)
+            if world_size == 1 or plan.used != "nsys"
             else rank_analysis(profiles, context_of(cfg), world_size)
+        )
         if ncu_info:
             analysis.roofline["ncu_pass"] = ncu_info
     except (ProfilerUnavailable, OSError, ValueError) as exc:
@@ -87,8 +94,10 @@ def profile_files(run_dir: Path, plan: ProfilePlan, world_size: int) -> tuple[li
         return [*reports, *exports], exports
     trace = run_dir / TORCH_TRACE
     if not trace.exists():
-        raise ProfilerUnavailable(f"the PyTorch profiler wrote no trace ({TORCH_TRACE}): the capture window "
-                                  "(capture.start_step, capture.num_steps) never ran")
+        raise ProfilerUnavailable(
+            f"the PyTorch profiler wrote no trace ({TORCH_TRACE}): the capture window "
+            "(capture.start_step, capture.num_steps) never ran"
+        )
     return [trace], [trace]
 
 
@@ -120,13 +129,18 @@ def ncu_plan(top: list[dict]) -> tuple[int, bool, str]:
     unless that exceeds NCU_MAX_LAUNCHES, then the first NCU_MAX_LAUNCHES launches of these kernels."""
     configs = sum(k.get("launch_configs") or 1 for k in top)
     if configs * NCU_LAUNCHES_PER_CONFIG <= NCU_MAX_LAUNCHES:
-        return NCU_LAUNCHES_PER_CONFIG, True, (f"{NCU_LAUNCHES_PER_CONFIG} launch per launch configuration "
-                                               f"(~{configs * NCU_LAUNCHES_PER_CONFIG} launches)")
+        return (
+            NCU_LAUNCHES_PER_CONFIG,
+            True,
+            (
+                f"{NCU_LAUNCHES_PER_CONFIG} launch per launch configuration "
+                f"(~{configs * NCU_LAUNCHES_PER_CONFIG} launches)"
+            ),
+        )
     return NCU_MAX_LAUNCHES, False, f"the first {NCU_MAX_LAUNCHES} launches ({configs} launch configurations)"
 
 
-def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Path, run_ncu_pass
-             ) -> tuple[Path, dict]:
+def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Path, run_ncu_pass) -> tuple[Path, dict]:
     """Second, short run of the worker under ncu over one captured step, for a few launches of each
     of the top-k kernels; (raw CSV, {seconds, kernels, launches}: what the pass did)."""
     top = analyze(profile_file).top_kernels[: cfg.profile.ncu.top_k]
@@ -156,7 +170,8 @@ def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Pa
         run_ncu_pass(prefix, work)
     seconds = time.monotonic() - started
     if not report_path.exists():
-        raise ProfilerUnavailable(f"the ncu pass failed (counters not readable, or no kernel matched "
-                                          f"{names}); see {work}/worker.log")
+        raise ProfilerUnavailable(
+            f"the ncu pass failed (counters not readable, or no kernel matched {names}); see {work}/worker.log"
+        )
     csv_path = capture.ncu_raw_csv(plan.ncu_path, report_path, run_dir / capture.NCU_CSV, plan.tool_prefix)
     return csv_path, {"seconds": seconds, "kernels": names, "launches": planned}

@@ -2,8 +2,9 @@
 pipeline.py).
 
 The plan is decided once in the job (before any GPU time) as part of the run's RunPlan
-(run_plan.json), which the worker reads (profile=torch); the job builds the worker command from it. A profiler that is asked for by name and cannot run here is a ConfigError naming what is
-missing; profile=auto records its choice and why (ghsweep.profile_used / ghsweep.profile_note).
+(run_plan.json), which the worker reads (profile=torch); the job builds the worker command from it.
+A profiler that is asked for by name and cannot run here is a ConfigError naming what is missing;
+profile=auto records its choice and why (ghsweep.profile_used / ghsweep.profile_note).
 A dry run makes the same plans on the submitting side from the config alone (plans_from_config).
 """
 
@@ -16,13 +17,17 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ghsweep.config.world import world_of
-from ghsweep.profile import capture
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_plan import ProfilePlan
+from ghsweep.profile import capture
 
 
-def resolve(profile: DictConfig, on_gpu: bool, device: str,
-            find_tool: Callable[[str, str | None], str | None] = capture.find_tool) -> ProfilePlan:
+def resolve(
+    profile: DictConfig,
+    on_gpu: bool,
+    device: str,
+    find_tool: Callable[[str, str | None], str | None] = capture.find_tool,
+) -> ProfilePlan:
     """The plan for `profile` on this machine; ConfigError when a named profiler cannot run.
 
     find_tool(name, configured path) looks a profiler up; a dry run passes node_tool.
@@ -39,19 +44,25 @@ def resolve(profile: DictConfig, on_gpu: bool, device: str,
             return ProfilePlan(name, "torch", note=f"auto: nsys not found on {where}, PyTorch profiler")
         return ProfilePlan(name, "nsys", nsys_path=nsys, note="auto: nsys found and a GPU: Nsight Systems")
     if not on_gpu:
-        raise ConfigError(f"profile={name}: Nsight Systems traces CUDA and this run has no GPU (device={device}); "
-                          "accepted here: profile=torch, auto, none")
+        raise ConfigError(
+            f"profile={name}: Nsight Systems traces CUDA and this run has no GPU (device={device}); "
+            "accepted here: profile=torch, auto, none"
+        )
     nsys = find_tool("nsys", profile.nsys.path)
     if nsys is None:
-        raise ConfigError(f"profile={name}: nsys not found on {where}; install Nsight Systems or set "
-                          "profile.nsys.path=/path/to/nsys; accepted here: profile=torch, auto, none")
+        raise ConfigError(
+            f"profile={name}: nsys not found on {where}; install Nsight Systems or set "
+            "profile.nsys.path=/path/to/nsys; accepted here: profile=torch, auto, none"
+        )
     plan = ProfilePlan(name, "nsys", nsys_path=nsys)
     if profile.ncu.enabled:
         plan.ncu_path = find_tool("ncu", profile.ncu.path)
         if plan.ncu_path is None:
             where = f"profile.ncu.path={profile.ncu.path}" if profile.ncu.path else "PATH"
-            raise ConfigError(f"profile={name}: ncu not found on {where}; install Nsight Compute or set "
-                              "profile.ncu.path=/path/to/ncu; accepted here: profile=nsys, torch, auto, none")
+            raise ConfigError(
+                f"profile={name}: ncu not found on {where}; install Nsight Compute or set "
+                "profile.ncu.path=/path/to/ncu; accepted here: profile=nsys, torch, auto, none"
+            )
         plan.ncu = True
     return plan
 

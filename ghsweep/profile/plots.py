@@ -23,8 +23,13 @@ def gap_histogram(analysis: ProfileAnalysis, path: Path) -> Path:
     labels = [h["bucket"] for h in hist]
     bars = ax.bar(labels, [h["count"] for h in hist], color="#4c72b0")
     for bar, h in zip(bars, hist):
-        ax.annotate(f"{h['total_ns'] / 1e6:.1f} ms", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center", va="bottom", fontsize=8)
+        ax.annotate(
+            f"{h['total_ns'] / 1e6:.1f} ms",
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax.set_xlabel("GPU idle gap length")
     ax.set_ylabel("gaps in the steady-state window")
     ax.set_title(f"GPU idle gaps (busy {analysis.gpu_busy_pct or 0:.1f}%; label: total idle time)", fontsize=9)
@@ -42,12 +47,22 @@ def roofline_plot(roofline: dict, path: Path) -> Path:
     for level, style in (("dram", "-"), ("l2", "--"), ("l1", ":")):
         bandwidth = peaks.get(f"{level}_bytes_per_s")
         if bandwidth:
-            ax.plot(xs, [min(compute, x * bandwidth) / 1e12 for x in xs], style, color="grey",
-                    label=f"{level.upper()} {bandwidth / 1e12:.1f} TB/s")
+            ax.plot(
+                xs,
+                [min(compute, x * bandwidth) / 1e12 for x in xs],
+                style,
+                color="grey",
+                label=f"{level.upper()} {bandwidth / 1e12:.1f} TB/s",
+            )
     for p in points:
         if p["intensity_dram"] > 0 and p["achieved_tflops"] > 0:
-            ax.scatter(p["intensity_dram"], p["achieved_tflops"], s=30, zorder=3,
-                       label=f"{p['name'][:40]} ({p['bound'].replace('_', ' ')})")
+            ax.scatter(
+                p["intensity_dram"],
+                p["achieved_tflops"],
+                s=30,
+                zorder=3,
+                label=f"{p['name'][:40]} ({p['bound'].replace('_', ' ')})",
+            )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP per DRAM byte)")

@@ -62,15 +62,23 @@ def combine(per_rank: dict[int, tuple[Path, ProfileAnalysis]], world_size: int) 
     is the base, the rows, means and findings are added."""
     ranks = sorted(per_rank)
     rows = [rank_row(r, *per_rank[r]) for r in ranks]
-    means = {key: statistics.fmean(values) if (values := [row[key] for row in rows if row[key] is not None]) else None
-             for key in AVERAGED}
+    means = {
+        key: statistics.fmean(values) if (values := [row[key] for row in rows if row[key] is not None]) else None
+        for key in AVERAGED
+    }
     result = replace(per_rank[ranks[0]][1], ranks=rows, **means)
     missing = sorted(set(range(world_size)) - set(ranks))
     extra = []
     if missing:
-        extra.append(finding("profile_health", "warning",
-                             f"no profile of rank(s) {', '.join(map(str, missing))} of {world_size}: the analysis "
-                             "covers the others only", missing_ranks=missing))
+        extra.append(
+            finding(
+                "profile_health",
+                "warning",
+                f"no profile of rank(s) {', '.join(map(str, missing))} of {world_size}: the analysis "
+                "covers the others only",
+                missing_ranks=missing,
+            )
+        )
     extra += rank_findings(rows)
     result.findings = [*result.findings, *extra]
     result.summary = [*result.summary, ranks_summary(rows)]
@@ -87,37 +95,68 @@ def rank_findings(rows: list[dict]) -> list[dict]:
         step_ms = statistics.median(r["step_ms"] for r in measured)
         share = 100.0 * wait_ms / step_ms
         if share >= STRAGGLER_MIN_PCT:
-            out.append(finding("straggler", "warning",
-                               f"rank {waited_for['rank']} is a straggler: the other ranks wait {wait_ms:.1f} ms per "
-                               f"step for it in NCCL collectives ({share:.0f}% of a {step_ms:.1f} ms step; its NCCL time "
-                               f"{waited_for['nccl_ms_per_step']:.1f} ms per step, the others' median "
-                               f"{statistics.median(others):.1f}): a slower or shared GPU, a busier host, or more work "
-                               "in its micro-batches (uneven sequence lengths)", rank=waited_for["rank"],
-                               wait_ms_per_step=wait_ms, step_ms=step_ms, share_pct=share))
+            out.append(
+                finding(
+                    "straggler",
+                    "warning",
+                    f"rank {waited_for['rank']} is a straggler: the other ranks wait {wait_ms:.1f} ms per "
+                    f"step for it in NCCL collectives ({share:.0f}% of a {step_ms:.1f} ms step; its NCCL time "
+                    f"{waited_for['nccl_ms_per_step']:.1f} ms per step, the others' median "
+                    f"{statistics.median(others):.1f}): a slower or shared GPU, a busier host, or more work "
+                    "in its micro-batches (uneven sequence lengths)",
+                    rank=waited_for["rank"],
+                    wait_ms_per_step=wait_ms,
+                    step_ms=step_ms,
+                    share_pct=share,
+                )
+            )
     exposed = [r["exposed_nccl_pct"] for r in rows if r["exposed_nccl_pct"] is not None]
     if exposed and statistics.fmean(exposed) >= EXPOSED_COMM_MIN_PCT:
         worst = max(rows, key=lambda r: r["exposed_nccl_pct"] or 0.0)
-        out.append(finding("exposed_communication", "warning",
-                           f"communication is exposed: NCCL kernels run with no compute beside them for "
-                           f"{statistics.fmean(exposed):.1f}% of the steady state on average (rank {worst['rank']}: "
-                           f"{worst['exposed_nccl_pct']:.1f}%); the GPUs wait for gradients or parameters (larger "
-                           "buckets or micro-batches, FSDP prefetch, or a faster link)",
-                           exposed_nccl_pct=statistics.fmean(exposed), worst_rank=worst["rank"]))
+        out.append(
+            finding(
+                "exposed_communication",
+                "warning",
+                f"communication is exposed: NCCL kernels run with no compute beside them for "
+                f"{statistics.fmean(exposed):.1f}% of the steady state on average (rank {worst['rank']}: "
+                f"{worst['exposed_nccl_pct']:.1f}%); the GPUs wait for gradients or parameters (larger "
+                "buckets or micro-batches, FSDP prefetch, or a faster link)",
+                exposed_nccl_pct=statistics.fmean(exposed),
+                worst_rank=worst["rank"],
+            )
+        )
     return out
 
 
 def ranks_summary(rows: list[dict]) -> str:
-    parts = [f"rank {r['rank']}: busy {r['gpu_busy_pct']:.1f}%, NCCL {r['nccl_time_pct']:.1f}% of kernel time, "
-             f"exposed {r['exposed_nccl_pct']:.1f}%" for r in rows if r["gpu_busy_pct"] is not None]
+    parts = [
+        f"rank {r['rank']}: busy {r['gpu_busy_pct']:.1f}%, NCCL {r['nccl_time_pct']:.1f}% of kernel time, "
+        f"exposed {r['exposed_nccl_pct']:.1f}%"
+        for r in rows
+        if r["gpu_busy_pct"] is not None
+    ]
     return f"{len(rows)} ranks profiled; " + "; ".join(parts)
 
 
 def table(rows: list[dict]) -> str:
     """The per-rank table of the profile report (markdown)."""
-    lines = ["| rank | GPU busy % | GPU idle % | NCCL % of kernel time | exposed NCCL % | step ms | NCCL ms/step "
-             "| compute ms/step |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| rank | GPU busy % | GPU idle % | NCCL % of kernel time | exposed NCCL % | step ms | NCCL ms/step "
+        "| compute ms/step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        cells = [r[k] for k in ("gpu_busy_pct", "gpu_idle_pct", "nccl_time_pct", "exposed_nccl_pct", "step_ms",
-                                "nccl_ms_per_step", "compute_ms_per_step")]
+        cells = [
+            r[k]
+            for k in (
+                "gpu_busy_pct",
+                "gpu_idle_pct",
+                "nccl_time_pct",
+                "exposed_nccl_pct",
+                "step_ms",
+                "nccl_ms_per_step",
+                "compute_ms_per_step",
+            )
+        ]
         lines.append(f"| {r['rank']} | " + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |")
     return "\n".join(lines) + "\n"

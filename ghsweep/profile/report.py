@@ -14,17 +14,23 @@ TOP_KERNELS_TABLE = "top_kernels.md"
 def top_kernels_table(analysis: ProfileAnalysis) -> str:
     lines = ["| # | kernel | total ms | count | mean us | % of kernel time |", "|---|---|---|---|---|---|"]
     for i, k in enumerate(analysis.top_kernels, 1):
-        lines.append(f"| {i} | `{k['name'][:90]}` | {k['total_ns'] / 1e6:.2f} | {k['count']} | "
-                     f"{k['mean_ns'] / 1e3:.1f} | {k['pct']:.1f} |")
+        lines.append(
+            f"| {i} | `{k['name'][:90]}` | {k['total_ns'] / 1e6:.2f} | {k['count']} | "
+            f"{k['mean_ns'] / 1e3:.1f} | {k['pct']:.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def render(analysis: ProfileAnalysis) -> str:
     w = analysis.window
     steps = f", steps {w.get('steps')}" if w.get("steps") else ""
-    lines = [f"# Profile analysis ({analysis.source['kind']})", "",
-             f"Window: {w.get('basis')}{steps}, {w.get('duration_ns', 0) / 1e6:.1f} ms"
-             + (f"; warm-up excluded: {w['warmup_steps']}" if w.get("warmup_steps") else ""), ""]
+    lines = [
+        f"# Profile analysis ({analysis.source['kind']})",
+        "",
+        f"Window: {w.get('basis')}{steps}, {w.get('duration_ns', 0) / 1e6:.1f} ms"
+        + (f"; warm-up excluded: {w['warmup_steps']}" if w.get("warmup_steps") else ""),
+        "",
+    ]
     lines += [f"- {s}" for s in analysis.summary]
     lines += ["", "## Findings", ""]
     lines += [f"- **{f['severity']}** `{f['id']}`: {f['message']}" for f in analysis.findings] or ["- none"]
@@ -36,22 +42,38 @@ def render(analysis: ProfileAnalysis) -> str:
         lines.append(f"| {key} | {'n/a' if value is None else f'{value:.3g}'} |")
     causes = analysis.gaps.get("causes_ns")
     if causes:
-        lines += ["", "Idle time by cause (ms in the window): "
-                  + ", ".join(f"{k.replace('_', ' ')} {v / 1e6:.2f}" for k, v in causes.items())]
+        lines += [
+            "",
+            "Idle time by cause (ms in the window): "
+            + ", ".join(f"{k.replace('_', ' ')} {v / 1e6:.2f}" for k, v in causes.items()),
+        ]
     phases = analysis.phases_ms_per_step
     if phases:
         lines += ["", "Phases per step (ms, host time): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())]
     if analysis.ranks:
-        lines += ["", "## Ranks", "", "Each rank's own steady window; the metrics above are means over the ranks "
-                  "(top kernels and idle causes: rank 0).", "", ranks_table(analysis.ranks)]
+        lines += [
+            "",
+            "## Ranks",
+            "",
+            "Each rank's own steady window; the metrics above are means over the ranks "
+            "(top kernels and idle causes: rank 0).",
+            "",
+            ranks_table(analysis.ranks),
+        ]
     lines += ["", "## Top kernels", "", top_kernels_table(analysis)]
     roof = analysis.roofline
     if roof:
-        lines += ["## Roofline (Nsight Compute)", "", "| kernel | TFLOP/s | % compute peak | % DRAM | FLOP/byte | bound |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "## Roofline (Nsight Compute)",
+            "",
+            "| kernel | TFLOP/s | % compute peak | % DRAM | FLOP/byte | bound |",
+            "|---|---|---|---|---|---|",
+        ]
         for p in roof["kernels"]:
-            lines.append(f"| `{p['name'][:70]}` | {p['achieved_tflops']:.1f} | {p['pct_of_compute_peak']:.0f} | "
-                         f"{p['pct_of_dram_peak']:.0f} | {p['intensity_dram']:.1f} | {p['bound'].replace('_', ' ')} |")
+            lines.append(
+                f"| `{p['name'][:70]}` | {p['achieved_tflops']:.1f} | {p['pct_of_compute_peak']:.0f} | "
+                f"{p['pct_of_dram_peak']:.0f} | {p['intensity_dram']:.1f} | {p['bound'].replace('_', ' ')} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -13,8 +13,9 @@ from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.profile.roofline import kernel_points
 
 
-def full_analysis(path: Path, context: dict | None = None, ncu_csv: Path | None = None,
-                  nsys_path: str | None = None) -> ProfileAnalysis:
+def full_analysis(
+    path: Path, context: dict | None = None, ncu_csv: Path | None = None, nsys_path: str | None = None
+) -> ProfileAnalysis:
     """Analysis + roofline (when an Nsight Compute CSV is given) + findings + summary lines."""
     result = analyze(path, nsys_path)
     if ncu_csv is not None:
@@ -24,8 +25,9 @@ def full_analysis(path: Path, context: dict | None = None, ncu_csv: Path | None 
     return result
 
 
-def rank_analysis(paths: list[Path], context: dict | None, world_size: int, nsys_path: str | None = None
-                  ) -> ProfileAnalysis:
+def rank_analysis(
+    paths: list[Path], context: dict | None, world_size: int, nsys_path: str | None = None
+) -> ProfileAnalysis:
     """One run on several GPUs: each rank's report (profile_rank<N>.*) analysed, combined (profile/ranks.py)."""
     per_rank = {rank_of(p): (p, full_analysis(p, context, nsys_path=nsys_path)) for p in paths}
     return combine(per_rank, world_size)

@@ -5,9 +5,9 @@ Found, in this order:
    case-insensitive, with or without separators and numbers (`step 3`, `step0`, `step_12`,
    `Step 3`, `iteration 7`, `iter7`, `Batch 3`, `train_step`, `training_step`, `ProfilerStep#4`),
    also behind a module or framework prefix (`megatron.train_step`,
-   `[pl][profile]...Strategy.training_step`, `NeMo/step_5`), nested or not, on any thread. Ranges of one convention are one candidate; of several candidates the
-   one covering the most time wins (an outer `iteration` over its inner micro-`step`s). Unnumbered
-   ranges are numbered in time order.
+   `[pl][profile]...Strategy.training_step`, `NeMo/step_5`), nested or not, on any thread. Ranges
+   of one convention are one candidate; of several candidates the one covering the most time wins
+   (an outer `iteration` over its inner micro-`step`s). Unnumbered ranges are numbered in time order.
 2. The repeating structure of the GPU work: one burst of optimizer kernels ends each step; without
    optimizer kernels, the kernel sequence's period (a kernel launched once every L kernels).
 3. Neither: no steps (the caller falls back to the whole trace and says so).
@@ -67,6 +67,7 @@ class Step:
 @dataclass
 class Steps:
     """The steps of a profile and how they were found."""
+
     all: list[Step] = field(default_factory=list)
     basis: str = WHOLE_TRACE  # NVTX_BASIS | INFERRED_BASIS | WHOLE_TRACE
     source: str = ""  # what they were found from, in words
@@ -171,8 +172,13 @@ def from_repeats(start: np.ndarray, end: np.ndarray, keys: np.ndarray, names: di
         finish = int(end[: mark + 1].max())
         steps.append(Step(i, begin, finish))
         begin = finish
-    return Steps(steps, INFERRED_BASIS, f"the GPU work: it repeats every {best[0]} kernels, one step each, ending at "
-                                        f"{names.get(best[2], best[2])}"[:200])
+    return Steps(
+        steps,
+        INFERRED_BASIS,
+        f"the GPU work: it repeats every {best[0]} kernels, one step each, ending at {names.get(best[2], best[2])}"[
+            :200
+        ],
+    )
 
 
 def split_warmup(steps: list[Step]) -> tuple[list[Step], list[Step], str]:
@@ -181,7 +187,7 @@ def split_warmup(steps: list[Step]) -> tuple[list[Step], list[Step], str]:
     step stays."""
     warm = 0
     while warm < len(steps) - 1:
-        after = steps[warm + 1:]
+        after = steps[warm + 1 :]
         factor = WARMUP_FACTOR if len(after) > 1 else WARMUP_FACTOR_VS_ONE
         if steps[warm].duration <= factor * statistics.median(s.duration for s in after):
             break
@@ -191,6 +197,12 @@ def split_warmup(steps: list[Step]) -> tuple[list[Step], list[Step], str]:
     after = steps[warm:]
     factor = WARMUP_FACTOR if len(after) > 1 else WARMUP_FACTOR_VS_ONE
     slow = ", ".join(f"step {s.step} {s.duration / 1e6:.1f} ms" for s in steps[:warm])
-    return steps[:warm], after, (f"{slow}: slower than {factor}x the median "
-                                 f"{statistics.median(s.duration for s in after) / 1e6:.1f} ms of the "
-                                 f"{len(after)} steps after")
+    return (
+        steps[:warm],
+        after,
+        (
+            f"{slow}: slower than {factor}x the median "
+            f"{statistics.median(s.duration for s in after) / 1e6:.1f} ms of the "
+            f"{len(after)} steps after"
+        ),
+    )

@@ -3,8 +3,8 @@ kernels, memcpy and memset, written as a Chrome trace (the format Holistic Trace
 Perfetto read).
 
 The training loop calls `step(n)` at the start of every step and `close()` when it ends (also when
-it fails: a context manager); the profiler records steps `start_step` .. `start_step + num_steps - 1` only, because a trace of
-every step of a 7B model would be gigabytes.
+it fails: a context manager); the profiler records steps `start_step` .. `start_step + num_steps - 1`
+only, because a trace of every step of a 7B model would be gigabytes.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 
 from ghsweep.core.run_dir import TORCH_TRACE
 from ghsweep.core.run_plan import ProfilePlan
+
 
 class TorchCapture:
     def __init__(self, path: Path | None, device: torch.device, start_step: int, num_steps: int):
@@ -50,8 +51,9 @@ class TorchCapture:
         self.path = None  # one window per run
 
 
-def torch_capture(plan: ProfilePlan, run_dir: Path, device: torch.device, start_step: int, num_steps: int,
-                  rank: int = 0) -> TorchCapture:
+def torch_capture(
+    plan: ProfilePlan, run_dir: Path, device: torch.device, start_step: int, num_steps: int, rank: int = 0
+) -> TorchCapture:
     """The capture a worker runs with: active when the run's profile plan says torch (profile=torch,
     or profile=auto without nsys or GPU), a no-op otherwise. With several ranks rank 0 traces (one
     trace file per run)."""

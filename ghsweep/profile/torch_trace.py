@@ -17,19 +17,39 @@ from pathlib import Path
 
 import numpy as np
 
-from ghsweep.profile import kernel_kinds, steps as step_finder
-from ghsweep.profile.engine import (MEMCPY_KIND, PHASES, GapEvidence, Intervals, device_metrics, gap_block, infer_steps,
-                                    memory_ops, pct, steady_window, step_times, whole_trace_block, whole_trace_steps,
-                                    window_block, window_timeline)
-from ghsweep.profile.result import ProfileAnalysis
-from ghsweep.profile.timeline import KERNEL as KERNEL_OP, MEMCPY as MEMCPY_OP, MEMSET as MEMSET_OP, Ops
-from ghsweep.profile.nsys_db import PAGEABLE_MIN_BYTES, SHORT_KERNEL_NS
 from ghsweep.core.errors import ProfileError, first_line
+from ghsweep.profile import kernel_kinds
+from ghsweep.profile import steps as step_finder
+from ghsweep.profile.engine import (
+    MEMCPY_KIND,
+    PHASES,
+    GapEvidence,
+    Intervals,
+    device_metrics,
+    gap_block,
+    infer_steps,
+    memory_ops,
+    pct,
+    steady_window,
+    step_times,
+    whole_trace_block,
+    whole_trace_steps,
+    window_block,
+    window_timeline,
+)
+from ghsweep.profile.nsys_db import PAGEABLE_MIN_BYTES, SHORT_KERNEL_NS
+from ghsweep.profile.result import ProfileAnalysis
+from ghsweep.profile.timeline import KERNEL as KERNEL_OP
+from ghsweep.profile.timeline import MEMCPY as MEMCPY_OP
+from ghsweep.profile.timeline import MEMSET as MEMSET_OP
+from ghsweep.profile.timeline import Ops
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 OP_KIND = {"kernel": KERNEL_OP, "gpu_memcpy": MEMCPY_OP, "gpu_memset": MEMSET_OP}
-SYNC_NAMES = re.compile(r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|cudaMemcpy$|"
-                        r"cudaStreamQuery|cuCtxSynchronize|cuStreamSynchronize)")
+SYNC_NAMES = re.compile(
+    r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|cudaMemcpy$|"
+    r"cudaStreamQuery|cuCtxSynchronize|cuStreamSynchronize)"
+)
 # "Memcpy HtoD (Pageable -> Device)"
 MEMCPY_NAME = re.compile(r"Memcpy (\w+) \((\w+) -> (\w+)\)")
 COPY_KIND = {"HtoD": 1, "DtoH": 2, "DtoD": 8, "PtoP": 10}
@@ -54,8 +74,17 @@ def trace_events(trace, path: Path) -> list[dict]:
         if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
             continue
         args = e.get("args")
-        events.append({"name": str(e.get("name", "")), "cat": str(e.get("cat", "")), "ts": ts, "dur": dur,
-                       "args": args if isinstance(args, dict) else {}, "pid": e.get("pid"), "tid": e.get("tid")})
+        events.append(
+            {
+                "name": str(e.get("name", "")),
+                "cat": str(e.get("cat", "")),
+                "ts": ts,
+                "dur": dur,
+                "args": args if isinstance(args, dict) else {},
+                "pid": e.get("pid"),
+                "tid": e.get("tid"),
+            }
+        )
     if not events:
         raise ProfileError(f"{path}: an empty trace: no complete events (was the profiler's window ever reached?)")
     return events
@@ -81,8 +110,12 @@ def analyze_torch_trace(path: Path) -> ProfileAnalysis:
     events = trace_events(trace, path)
     gpu = [e for e in events if e["cat"] in GPU_CATS]
     props = ((trace.get("deviceProperties") if isinstance(trace, dict) else None) or [{}])[0]
-    source = {"path": str(path), "kind": "torch", "gpu_name": props.get("name") if isinstance(props, dict) else None,
-              "device": "cuda" if gpu else "cpu"}
+    source = {
+        "path": str(path),
+        "kind": "torch",
+        "gpu_name": props.get("name") if isinstance(props, dict) else None,
+        "device": "cuda" if gpu else "cpu",
+    }
     health: list[str] = []
     found = find_steps(events, gpu)
     if not gpu:
@@ -107,14 +140,18 @@ def gpu_analysis(events: list[dict], gpu: list[dict], found: step_finder.Steps |
     kernels = ranked((ev["name"], e - s) for s, e, ev in inside if ev["cat"] == "kernel")
     return {
         "window": window_block(window, found),
-        "whole_trace": whole_trace_block(ranked((e["name"], e["dur"] * 1000) for e in gpu if e["cat"] == "kernel"),
-                                         whole_trace_memory_ops(gpu)),
+        "whole_trace": whole_trace_block(
+            ranked((e["name"], e["dur"] * 1000) for e in gpu if e["cat"] == "kernel"), whole_trace_memory_ops(gpu)
+        ),
         **device_metrics(line, w1 - w0, gap_info, kernel_ns, copy_ns, set_ns, mem),
         "top_kernels": kernels["ranked"][:5],
-        "kernels": {"count": kernels["count"], "total_ns": kernel_ns,
-                    "short_pct": pct(kernels["short"], kernels["count"]),
-                    "launch_api_ns": sum(_ns(e)[1] - _ns(e)[0] for e in runtime if "Launch" in e["name"]),
-                    **kernel_kinds.gemm_time(kernels["ranked"])},
+        "kernels": {
+            "count": kernels["count"],
+            "total_ns": kernel_ns,
+            "short_pct": pct(kernels["short"], kernels["count"]),
+            "launch_api_ns": sum(_ns(e)[1] - _ns(e)[0] for e in runtime if "Launch" in e["name"]),
+            **kernel_kinds.gemm_time(kernels["ranked"]),
+        },
         "memcpy": {"count": sum(r["count"] for r in mem["copies"]), "total_ns": copy_ns, **mem},
         "memset": {"count": sum(ev["cat"] == "gpu_memset" for *_, ev in inside), "total_ns": set_ns},
         "gaps": gap_info,
@@ -128,8 +165,12 @@ def device_ops(gpu: list[dict]) -> Ops:
     """The trace's GPU events as the engine's operations (a missing correlation id: -1)."""
     spans = np.array([_ns(e) for e in gpu], dtype=np.int64).reshape(-1, 2)
     corr = [c if isinstance(c := e["args"].get("correlation"), int) else -1 for e in gpu]
-    return Ops(spans[:, 0], spans[:, 1], np.array([OP_KIND[e["cat"]] for e in gpu], dtype=np.int64),
-               np.array(corr, dtype=np.int64))
+    return Ops(
+        spans[:, 0],
+        spans[:, 1],
+        np.array([OP_KIND[e["cat"]] for e in gpu], dtype=np.int64),
+        np.array(corr, dtype=np.int64),
+    )
 
 
 def gap_evidence(events: list[dict], runtime: list[dict]) -> GapEvidence:
@@ -138,7 +179,8 @@ def gap_evidence(events: list[dict], runtime: list[dict]) -> GapEvidence:
     return GapEvidence(
         sync=Intervals(_ns(e) for e in runtime if SYNC_NAMES.match(e["name"])),
         data=Intervals(_ns(e) for e in events if e["cat"] == "user_annotation" and e["name"].startswith("data")),
-        launches={e["args"].get("correlation"): (_ns(e)[0], None) for e in runtime})
+        launches={e["args"].get("correlation"): (_ns(e)[0], None) for e in runtime},
+    )
 
 
 def copy_groups(copies) -> dict[tuple, list[int]]:
@@ -167,8 +209,11 @@ def whole_trace_memory_ops(gpu: list[dict]) -> dict:
         entry["bytes"] += nbytes
     sets = [e for e in gpu if e["cat"] == "gpu_memset"]
     if sets:
-        out["memset"] = {"count": len(sets), "total_ns": sum(_ns(e)[1] - _ns(e)[0] for e in sets),
-                         "bytes": sum(_bytes(e) for e in sets)}
+        out["memset"] = {
+            "count": len(sets),
+            "total_ns": sum(_ns(e)[1] - _ns(e)[0] for e in sets),
+            "bytes": sum(_bytes(e) for e in sets),
+        }
     return out
 
 
@@ -177,8 +222,9 @@ def _bytes(event: dict) -> int:
     return int(value) if isinstance(value, (int, float)) else 0
 
 
-def project(steady: list[step_finder.Step], runtime: list[dict], gpu: list[dict]
-            ) -> tuple[tuple[int, int] | None, bool]:
+def project(
+    steady: list[step_finder.Step], runtime: list[dict], gpu: list[dict]
+) -> tuple[tuple[int, int] | None, bool]:
     """GPU span of the work launched inside the steady steps, and whether it was found through the
     launches' correlation ids (else by time: see nsys_db.gpu_window)."""
     first, last = steady[0].start, steady[-1].end
@@ -262,9 +308,22 @@ def ranked(items, function_names: bool = True) -> dict:
         short += ns < SHORT_KERNEL_NS
     whole = sum(t for t, _ in totals.values())
     order = sorted(totals.items(), key=lambda kv: -kv[1][0])
-    return {"ranked": [{"name": n, "short_name": kernel_kinds.function_name(n) if function_names else n,
-                        "total_ns": t, "count": c, "mean_ns": t / c, "pct": pct(t, whole)} for n, (t, c) in order],
-            "count": sum(c for _, c in totals.values()), "total_ns": whole, "short": short}
+    return {
+        "ranked": [
+            {
+                "name": n,
+                "short_name": kernel_kinds.function_name(n) if function_names else n,
+                "total_ns": t,
+                "count": c,
+                "mean_ns": t / c,
+                "pct": pct(t, whole),
+            }
+            for n, (t, c) in order
+        ],
+        "count": sum(c for _, c in totals.values()),
+        "total_ns": whole,
+        "short": short,
+    }
 
 
 def load_json(path: Path):

@@ -1,9 +1,9 @@
 """Rebuild a sweep's comparison report, or write the profiling assignment's report, from MLflow alone.
 
-    python -m ghsweep.report SWEEP                      # SWEEP: the parent run's id or name
-    python -m ghsweep.report SWEEP --baseline 'precision=bf16 offload=off'
-    python -m ghsweep.report --assignment SWEEP         # its baseline vs its fastest other run
-    python -m ghsweep.report --assignment BASELINE_RUN OPTIMISED_RUN
+python -m ghsweep.report SWEEP                      # SWEEP: the parent run's id or name
+python -m ghsweep.report SWEEP --baseline 'precision=bf16 offload=off'
+python -m ghsweep.report --assignment SWEEP         # its baseline vs its fastest other run
+python -m ghsweep.report --assignment BASELINE_RUN OPTIMISED_RUN
 """
 
 from __future__ import annotations
@@ -23,19 +23,35 @@ DEFAULT_URI = "sqlite:///mlflow.db"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m ghsweep.report", description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[2:]))
-    parser.add_argument("runs", nargs="+", metavar="RUN",
-                        help="a sweep (parent run id or name, e.g. 'sweep 2026-11-21/01-49-38'); with --assignment "
-                             "also two runs (ids or names): baseline, then optimised")
-    parser.add_argument("--assignment", action="store_true",
-                        help="the profiling assignment's report: Top-5 kernels, roofline, speedup, profile diff")
-    parser.add_argument("--baseline", help="the sweep's baseline: a job number or the overrides of one combination "
-                                           "(default: the sweep's report.baseline, else the first that finished)")
+    parser = argparse.ArgumentParser(
+        prog="python -m ghsweep.report",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[2:]),
+    )
+    parser.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="a sweep (parent run id or name, e.g. 'sweep 2026-11-21/01-49-38'); with --assignment "
+        "also two runs (ids or names): baseline, then optimised",
+    )
+    parser.add_argument(
+        "--assignment",
+        action="store_true",
+        help="the profiling assignment's report: Top-5 kernels, roofline, speedup, profile diff",
+    )
+    parser.add_argument(
+        "--baseline",
+        help="the sweep's baseline: a job number or the overrides of one combination "
+        "(default: the sweep's report.baseline, else the first that finished)",
+    )
     parser.add_argument("--out", type=Path, default=Path("ghsweep-report"), help="output folder (default: %(default)s)")
-    parser.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI),
-                        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else %(default)s)")
+    parser.add_argument(
+        "--tracking-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI),
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else %(default)s)",
+    )
     args = parser.parse_args(argv)
     if len(args.runs) > (2 if args.assignment else 1):
         parser.error(f"too many runs: {' '.join(args.runs)}; give one sweep, or --assignment with two runs")
@@ -56,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             c = compare.build(parent.name, load_sweep(store, parent), args.baseline)
             others = [i for i, s in enumerate(c.speedups) if s is not None and i != c.baseline]
             if not others:
-                raise SweepNotFound(f"sweep {args.runs[0]!r}: needs two finished runs for --assignment, has "
-                                    f"{sum(r.finished for r in c.runs)}")
+                raise SweepNotFound(
+                    f"sweep {args.runs[0]!r}: needs two finished runs for --assignment, has "
+                    f"{sum(r.finished for r in c.runs)}"
+                )
             optimised = c.runs[max(others, key=lambda i: c.speedups[i])]
             files = assignment.write_assignment(c.runs[c.baseline], optimised, args.out)
             print(assignment.summary(c.runs[c.baseline], optimised))

@@ -95,8 +95,11 @@ def iteration_speedup(baseline: SweepRun, optimised: SweepRun) -> float | None:
 
 def setup_changes(baseline: SweepRun, optimised: SweepRun) -> list[tuple[str, str, str]]:
     keys = sorted(set(baseline.params) | set(optimised.params))
-    return [(k, baseline.params.get(k, "-"), optimised.params.get(k, "-")) for k in keys
-            if k not in NOT_SETUP and baseline.params.get(k) != optimised.params.get(k)]
+    return [
+        (k, baseline.params.get(k, "-"), optimised.params.get(k, "-"))
+        for k in keys
+        if k not in NOT_SETUP and baseline.params.get(k) != optimised.params.get(k)
+    ]
 
 
 def roofline(analysis: ProfileAnalysis | None) -> tuple[list[dict], dict]:
@@ -119,23 +122,42 @@ def top_kernel_rows(analysis: ProfileAnalysis) -> list[list[str]]:
     rows = []
     for i, k in enumerate(analysis.top_kernels[:TOP_K]):
         p = kernel_point(k, points)
-        rows.append([
-            str(i + 1), plots.short_name(k["name"], 90), fmt_value(k["total_ns"] / steps / 1e6, ".3f"),
-            fmt_value(k["count"] / steps, ".1f"), fmt_value(k["mean_ns"] / 1e3, ".1f"), fmt_value(k["pct"], ".1f"),
-            fmt_value(p.get("intensity_dram"), ".3g"), fmt_value(p.get("achieved_tflops"), ".3g"),
-            fmt_value(p.get("pct_of_compute_peak"), ".1f"), p.get("bound", "-").replace("_", " "),
-        ])
+        rows.append(
+            [
+                str(i + 1),
+                plots.short_name(k["name"], 90),
+                fmt_value(k["total_ns"] / steps / 1e6, ".3f"),
+                fmt_value(k["count"] / steps, ".1f"),
+                fmt_value(k["mean_ns"] / 1e3, ".1f"),
+                fmt_value(k["pct"], ".1f"),
+                fmt_value(p.get("intensity_dram"), ".3g"),
+                fmt_value(p.get("achieved_tflops"), ".3g"),
+                fmt_value(p.get("pct_of_compute_peak"), ".1f"),
+                p.get("bound", "-").replace("_", " "),
+            ]
+        )
     return rows
 
 
-TOP_HEADER = ["#", "kernel", "ms / iteration", "launches / iteration", "mean us", "% of kernel time",
-              "FLOP / DRAM byte", "TFLOP/s", "% of compute peak", "bound"]
+TOP_HEADER = [
+    "#",
+    "kernel",
+    "ms / iteration",
+    "launches / iteration",
+    "mean us",
+    "% of kernel time",
+    "FLOP / DRAM byte",
+    "TFLOP/s",
+    "% of compute peak",
+    "bound",
+]
 
 
 def document(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> tuple[Document, list[Path]]:
     doc = Document("Profiling assignment: baseline vs optimised")
-    doc.paragraph(f"Baseline: run {baseline.name} ({baseline.run_id}). Optimised: run {optimised.name} "
-                  f"({optimised.run_id}).")
+    doc.paragraph(
+        f"Baseline: run {baseline.name} ({baseline.run_id}). Optimised: run {optimised.name} ({optimised.run_id})."
+    )
     changes = setup_changes(baseline, optimised)
     doc.heading("What the optimisation changed")
     if changes:
@@ -145,12 +167,19 @@ def document(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> tuple[Do
 
     doc.heading("One training iteration")
     speedup = iteration_speedup(baseline, optimised)
-    doc.paragraph(f"Speedup of one iteration: {fmt_value(speedup, '.2f')}x (baseline step time / optimised step "
-                  "time; median of the steady-state steps).")
+    doc.paragraph(
+        f"Speedup of one iteration: {fmt_value(speedup, '.2f')}x (baseline step time / optimised step "
+        "time; median of the steady-state steps)."
+    )
     rows = []
-    for name, header, spec in (("step_time_ms", "step time (ms)", ".2f"), ("tokens_per_s", "tokens/s", ",.0f"),
-                               ("tflops_per_gpu", "TFLOP/s", ".3g"), ("mfu", "MFU", ".3g"),
-                               ("peak_mem_gb", "peak memory (GiB)", ".2f"), ("gpu_idle_pct", "GPU idle %", ".1f")):
+    for name, header, spec in (
+        ("step_time_ms", "step time (ms)", ".2f"),
+        ("tokens_per_s", "tokens/s", ",.0f"),
+        ("tflops_per_gpu", "TFLOP/s", ".3g"),
+        ("mfu", "MFU", ".3g"),
+        ("peak_mem_gb", "peak memory (GiB)", ".2f"),
+        ("gpu_idle_pct", "GPU idle %", ".1f"),
+    ):
         rows.append([header, fmt_value(baseline.metrics.get(name), spec), fmt_value(optimised.metrics.get(name), spec)])
     doc.table(["", "baseline", "optimised"], rows)
 
@@ -159,8 +188,10 @@ def document(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> tuple[Do
         if run.analysis and run.analysis.top_kernels:
             doc.table(TOP_HEADER, top_kernel_rows(run.analysis))
             if steps_in_window(run.analysis) is None:
-                doc.paragraph("This analysis does not say how many iterations it covers: the times per iteration "
-                              "above are totals over its whole profiled window.")
+                doc.paragraph(
+                    "This analysis does not say how many iterations it covers: the times per iteration "
+                    "above are totals over its whole profiled window."
+                )
             found = run.analysis.roofline
             if not roofline(run.analysis)[0]:
                 doc.paragraph("No roofline points: this run's profile had no Nsight Compute pass.")
@@ -172,8 +203,10 @@ def document(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> tuple[Do
         else:
             doc.paragraph(f"No profile analysis in run {run.name}: run it with a profile option to get its kernels.")
 
-    drawn = plots.roofline({"baseline": roofline(baseline.analysis), "optimised": roofline(optimised.analysis)},
-                           out_dir / "plots" / "roofline.png")
+    drawn = plots.roofline(
+        {"baseline": roofline(baseline.analysis), "optimised": roofline(optimised.analysis)},
+        out_dir / "plots" / "roofline.png",
+    )
     if drawn:
         doc.heading("Roofline")
         doc.image("Roofline of the top kernels", drawn)
@@ -181,12 +214,23 @@ def document(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> tuple[Do
     doc.heading("Kernel mix: profile diff")
     diff = profile_diff(baseline.analysis, optimised.analysis)
     if diff:
-        doc.paragraph(f"The top kernels of both runs, time per iteration. added / removed: absent from the other "
-                      f"run's whole profile; entered / left top: outside the other run's top list (present in its "
-                      f"profile, or its profile lists no more kernels); unchanged: within {UNCHANGED_WITHIN:.0%}.")
-        doc.table(["change", "kernel", "baseline ms", "optimised ms"],
-                  [[c.kind, plots.short_name(c.name, 90), fmt_value(_ms(c.baseline_ns), ".3f"),
-                    fmt_value(_ms(c.optimised_ns), ".3f")] for c in diff])
+        doc.paragraph(
+            f"The top kernels of both runs, time per iteration. added / removed: absent from the other "
+            f"run's whole profile; entered / left top: outside the other run's top list (present in its "
+            f"profile, or its profile lists no more kernels); unchanged: within {UNCHANGED_WITHIN:.0%}."
+        )
+        doc.table(
+            ["change", "kernel", "baseline ms", "optimised ms"],
+            [
+                [
+                    c.kind,
+                    plots.short_name(c.name, 90),
+                    fmt_value(_ms(c.baseline_ns), ".3f"),
+                    fmt_value(_ms(c.optimised_ns), ".3f"),
+                ]
+                for c in diff
+            ],
+        )
     else:
         doc.paragraph("No kernels to compare: neither run has a profile analysis.")
 
@@ -213,5 +257,7 @@ def summary(baseline: SweepRun, optimised: SweepRun) -> str:
     diff = profile_diff(baseline.analysis, optimised.analysis)
     counts = ", ".join(f"{sum(c.kind == k for c in diff)} {k}" for k in CHANGE_KINDS)
     changed = ", ".join(f"{k} {b} -> {o}" for k, b, o in setup_changes(baseline, optimised)[:SUMMARY_CHANGES])
-    return (f"speedup of one iteration: {fmt_value(iteration_speedup(baseline, optimised), '.2f')}x "
-            f"({changed or 'same settings'}); kernels: {counts if diff else 'no profile analysis'}")
+    return (
+        f"speedup of one iteration: {fmt_value(iteration_speedup(baseline, optimised), '.2f')}x "
+        f"({changed or 'same settings'}); kernels: {counts if diff else 'no profile analysis'}"
+    )

@@ -11,13 +11,13 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from ghsweep.core.errors import BaselineError
+from ghsweep.core.names import RUN_IDS_TAG
 from ghsweep.report import plots
 from ghsweep.report.document import Document
-from ghsweep.core.names import RUN_IDS_TAG
 from ghsweep.report.sweep_source import SweepRun, load_sweep
 from ghsweep.report.sweep_table import align, fmt_value, knob_columns
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
-from ghsweep.core.errors import BaselineError
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,10 @@ def choose_baseline(runs: list[SweepRun], spec: int | str | None) -> int | None:
     if not match:
         example = " ".join(o for o in runs[0].overrides if not o.startswith("report.")) if runs else "precision=bf16"
         numbers = ", ".join(str(r.job_num) for r in runs if r.job_num is not None) or "none recorded"
-        raise BaselineError(f"report.baseline={spec}: matches no combination of this sweep; accepted: a job number "
-                            f"({numbers}) or the overrides of one combination, e.g. '{example}'")
+        raise BaselineError(
+            f"report.baseline={spec}: matches no combination of this sweep; accepted: a job number "
+            f"({numbers}) or the overrides of one combination, e.g. '{example}'"
+        )
     return match[0]
 
 
@@ -106,8 +108,11 @@ def scaling_efficiency(runs: list[tuple[list[str], dict | None]]) -> list[float 
     def combination(overrides: list[str]) -> tuple[str, ...]:
         return tuple(sorted(o for o in overrides if not o.startswith(WORLD_KEYS)))
 
-    single = {combination(o): m["tokens_per_s"] for o, m in runs
-              if m and m.get("tokens_per_s") and (m.get("world_size") or 1) == 1}
+    single = {
+        combination(o): m["tokens_per_s"]
+        for o, m in runs
+        if m and m.get("tokens_per_s") and (m.get("world_size") or 1) == 1
+    }
     out = []
     for overrides, m in runs:
         world = (m or {}).get("world_size") or 1
@@ -145,11 +150,15 @@ def build(title: str, runs: list[SweepRun], baseline: int | str | None = None) -
     """The comparison of `runs`; baseline None: the sweep's configured report.baseline, else the first finished."""
     base = choose_baseline(runs, baseline if baseline is not None else configured_baseline(runs))
     speedups = [speedup(r, runs[base]) if base is not None else None for r in runs]
-    points = {i: (r.metrics["tokens_per_s"], r.metrics["peak_mem_gb"]) for i, r in enumerate(runs)
-              if r.finished and "tokens_per_s" in r.metrics and "peak_mem_gb" in r.metrics}
+    points = {
+        i: (r.metrics["tokens_per_s"], r.metrics["peak_mem_gb"])
+        for i, r in enumerate(runs)
+        if r.finished and "tokens_per_s" in r.metrics and "peak_mem_gb" in r.metrics
+    }
     scaling = scaling_efficiency([(r.overrides, r.metrics if r.finished else None) for r in runs])
-    return Comparison(title, runs, knob_columns([r.overrides for r in runs]), base, speedups, pareto_front(points),
-                      scaling)
+    return Comparison(
+        title, runs, knob_columns([r.overrides for r in runs]), base, speedups, pareto_front(points), scaling
+    )
 
 
 def table(c: Comparison) -> tuple[list[str], list[list[str]]]:
@@ -157,18 +166,44 @@ def table(c: Comparison) -> tuple[list[str], list[list[str]]]:
     # Only a sweep with multi-GPU runs gets the world's columns.
     multi_gpu = any((r.metrics.get("world_size") or 1) > 1 for r in c.runs)
     world_header = ["GPUs", "tokens/s/GPU", "scaling eff"] if multi_gpu else []
-    header = ["#", *c.knobs, "status", *(h for _, h, _ in METRIC_COLUMNS[:2]), "speedup", *world_header,
-              *(h for _, h, _ in METRIC_COLUMNS[2:]), "Pareto", "top finding / error"]
+    header = [
+        "#",
+        *c.knobs,
+        "status",
+        *(h for _, h, _ in METRIC_COLUMNS[:2]),
+        "speedup",
+        *world_header,
+        *(h for _, h, _ in METRIC_COLUMNS[2:]),
+        "Pareto",
+        "top finding / error",
+    ]
     rows = []
     for i, r in enumerate(c.runs):
         metrics = [fmt_value(r.metrics.get(name), spec) for name, _, spec in METRIC_COLUMNS]
         mark = "baseline" if i == c.baseline else fmt_value(c.speedups[i], ".2f") + ("x" if c.speedups[i] else "")
-        world = [fmt_value(r.metrics.get("world_size"), ".0f"), fmt_value(r.metrics.get("tokens_per_s_per_gpu"), ",.0f"),
-                 fmt_value(c.scaling[i], ".2f")] if multi_gpu else []
+        world = (
+            [
+                fmt_value(r.metrics.get("world_size"), ".0f"),
+                fmt_value(r.metrics.get("tokens_per_s_per_gpu"), ",.0f"),
+                fmt_value(c.scaling[i], ".2f"),
+            ]
+            if multi_gpu
+            else []
+        )
         note = r.error if not r.finished else top_finding(r)
-        rows.append([str(c.number(i)), *(r.knobs.get(k, "-") for k in c.knobs), r.status,
-                     *metrics[:2], mark, *world, *metrics[2:],
-                     "yes" if i in c.pareto else "", note or "-"])
+        rows.append(
+            [
+                str(c.number(i)),
+                *(r.knobs.get(k, "-") for k in c.knobs),
+                r.status,
+                *metrics[:2],
+                mark,
+                *world,
+                *metrics[2:],
+                "yes" if i in c.pareto else "",
+                note or "-",
+            ]
+        )
     return header, rows
 
 
@@ -191,8 +226,11 @@ def verdict(c: Comparison) -> list[str]:
     elif best == c.baseline:
         lines.append("Fastest: the baseline itself; no other combination beat it.")
     if c.pareto:
-        lines.append("Pareto front (no other run has both more tokens/s and less peak memory): "
-                     + ", ".join(c.label(i) for i in sorted(c.pareto)) + ".")
+        lines.append(
+            "Pareto front (no other run has both more tokens/s and less peak memory): "
+            + ", ".join(c.label(i) for i in sorted(c.pareto))
+            + "."
+        )
     for i, r in enumerate(c.runs):
         if not r.finished:
             lines.append(f"{c.label(i)} {r.status}: {r.error or 'no reason recorded'}")
@@ -203,13 +241,18 @@ def draw_plots(c: Comparison, out_dir: Path) -> dict[str, Path]:
     labels = [c.label(i) for i in range(len(c.runs))]
     drawn = {
         "Speedup": plots.speedup_bars(labels, c.speedups, c.baseline, out_dir / "speedup.png")
-        if c.baseline is not None else None,
+        if c.baseline is not None
+        else None,
         "Throughput vs peak memory": plots.throughput_vs_memory(
-            labels, [r.metrics.get("tokens_per_s") if r.finished else None for r in c.runs],
-            [r.metrics.get("peak_mem_gb") if r.finished else None for r in c.runs], c.pareto,
-            out_dir / "throughput_vs_memory.png"),
+            labels,
+            [r.metrics.get("tokens_per_s") if r.finished else None for r in c.runs],
+            [r.metrics.get("peak_mem_gb") if r.finished else None for r in c.runs],
+            c.pareto,
+            out_dir / "throughput_vs_memory.png",
+        ),
         "Kernel-time shares": plots.kernel_shares(
-            labels, [r.analysis.top_kernels if r.analysis else None for r in c.runs], out_dir / "kernel_shares.png"),
+            labels, [r.analysis.top_kernels if r.analysis else None for r in c.runs], out_dir / "kernel_shares.png"
+        ),
         "Loss curves": plots.loss_curves(labels, [r.loss for r in c.runs], out_dir / "loss_curves.png"),
     }
     return {title: path for title, path in drawn.items() if path is not None}
@@ -244,8 +287,9 @@ def write_report(c: Comparison, out_dir: Path) -> list[Path]:
     return [*document(c, drawn).write(out_dir, REPORT_STEM), *drawn.values()]
 
 
-def compare_sweep(store: MlflowStore, parent: StoredRun, out_dir: Path,
-                  baseline: int | str | None = None) -> tuple[Comparison, list[Path]]:
+def compare_sweep(
+    store: MlflowStore, parent: StoredRun, out_dir: Path, baseline: int | str | None = None
+) -> tuple[Comparison, list[Path]]:
     """Read the sweep under `parent` from MLflow, compare its runs and write the report."""
     c = build(parent.name, load_sweep(store, parent), baseline)
     return c, write_report(c, out_dir)
@@ -273,9 +317,16 @@ def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run
         store.set_tags(parent_run_id, {"ghsweep.report_error": f"{type(exc).__name__}: {exc}"})
         return
     for path in files:
-        store.log_artifacts(parent_run_id, [path],
-                            str(PurePosixPath(COMPARISON_DIR, *path.parent.relative_to(out_dir).parts)))
+        store.log_artifacts(
+            parent_run_id, [path], str(PurePosixPath(COMPARISON_DIR, *path.parent.relative_to(out_dir).parts))
+        )
     if comparison.baseline is not None:
         store.set_tags(parent_run_id, {"ghsweep.baseline": comparison.label(comparison.baseline)})
-    print("ghsweep comparison:\n" + align(*table(comparison)) + "\n  " + "\n  ".join(verdict(comparison))
-          + f"\n  report: {out_dir / HTML_FILE} (and on the sweep's MLflow run under {COMPARISON_DIR}/)\n", flush=True)
+    print(
+        "ghsweep comparison:\n"
+        + align(*table(comparison))
+        + "\n  "
+        + "\n  ".join(verdict(comparison))
+        + f"\n  report: {out_dir / HTML_FILE} (and on the sweep's MLflow run under {COMPARISON_DIR}/)\n",
+        flush=True,
+    )

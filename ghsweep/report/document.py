@@ -53,8 +53,10 @@ class Document:
 
     def to_html(self) -> str:
         esc = html.escape
-        parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(self.title)}</title>"
-                 f"<style>{STYLE}</style></head><body><h1>{esc(self.title)}</h1>"]
+        parts = [
+            f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(self.title)}</title>"
+            f"<style>{STYLE}</style></head><body><h1>{esc(self.title)}</h1>"
+        ]
         for kind, value in self.blocks:
             if kind == "heading":
                 parts.append(f"<h2>{esc(str(value))}</h2>")
@@ -62,9 +64,13 @@ class Document:
                 parts.append(f"<p>{esc(str(value))}</p>")
             elif kind == "table":
                 header, rows = value
-                parts.append("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"
-                             + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
-                             + "</table>")
+                parts.append(
+                    "<table><tr>"
+                    + "".join(f"<th>{esc(h)}</th>" for h in header)
+                    + "</tr>"
+                    + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
+                    + "</table>"
+                )
             else:
                 # Embedded, so the file reads the same in a browser, an e-mail or MLflow's artifact view.
                 alt, path = value

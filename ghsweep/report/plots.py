@@ -37,8 +37,11 @@ def speedup_bars(labels: Sequence[str], speedups: Sequence[float | None], baseli
         return None
     fig = Figure(figsize=(max(5.0, 0.9 * len(shown) + 2), 3.8))
     ax = fig.add_subplot()
-    bars = ax.bar([labels[i] for i, _ in shown], [s for _, s in shown],
-                  color=[BASELINE_COLOR if i == baseline else RUN_COLOR for i, _ in shown])
+    bars = ax.bar(
+        [labels[i] for i, _ in shown],
+        [s for _, s in shown],
+        color=[BASELINE_COLOR if i == baseline else RUN_COLOR for i, _ in shown],
+    )
     ax.bar_label(bars, labels=[f"{s:.2f}x" for _, s in shown], fontsize=8)
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_ylabel(f"tokens/s relative to {labels[baseline]}")
@@ -47,8 +50,13 @@ def speedup_bars(labels: Sequence[str], speedups: Sequence[float | None], baseli
     return _save(fig, path)
 
 
-def throughput_vs_memory(labels: Sequence[str], tokens_per_s: Sequence[float | None],
-                         peak_mem_gb: Sequence[float | None], pareto: set[int], path: Path) -> Path | None:
+def throughput_vs_memory(
+    labels: Sequence[str],
+    tokens_per_s: Sequence[float | None],
+    peak_mem_gb: Sequence[float | None],
+    pareto: set[int],
+    path: Path,
+) -> Path | None:
     points = [(i, t, m) for i, (t, m) in enumerate(zip(tokens_per_s, peak_mem_gb)) if t is not None and m is not None]
     if not points:
         return None
@@ -60,8 +68,14 @@ def throughput_vs_memory(labels: Sequence[str], tokens_per_s: Sequence[float | N
         ax.annotate(labels[i], (m, t), textcoords="offset points", xytext=(5, 4), fontsize=8)
     front = sorted((m, t) for i, t, m in points if i in pareto)
     if len(front) > 1:
-        ax.plot([m for m, _ in front], [t for _, t in front], color=PARETO_COLOR, linewidth=1, linestyle="--",
-                label="Pareto front")
+        ax.plot(
+            [m for m, _ in front],
+            [t for _, t in front],
+            color=PARETO_COLOR,
+            linewidth=1,
+            linestyle="--",
+            label="Pareto front",
+        )
         ax.legend(fontsize=8)
     ax.set_xlabel("peak memory (GiB)")
     ax.set_ylabel("tokens/s")
@@ -81,7 +95,7 @@ def kernel_shares(labels: Sequence[str], top_kernels: Sequence[Sequence[dict] | 
     color = {n: KERNEL_COLORS[i % len(KERNEL_COLORS)] for i, n in enumerate(names)}
     fig = Figure(figsize=(7.0, 1.5 + 0.5 * max(len(rows), 0.4 * len(names))))
     ax = fig.add_subplot()
-    for y, (label, kernels) in enumerate(rows):
+    for y, (_label, kernels) in enumerate(rows):
         left = 0.0
         for k in kernels:
             ax.barh(y, k["pct"], left=left, color=color[k["name"]])
@@ -93,8 +107,14 @@ def kernel_shares(labels: Sequence[str], top_kernels: Sequence[Sequence[dict] | 
     ax.set_xlabel("share of kernel time (%)")
     ax.set_title("Kernel-time shares per run (top kernels; grey: all other kernels)")
     handles = [Patch(color=color[n]) for n in names] + [Patch(color=OTHER_COLOR)]
-    ax.legend(handles, [short_name(n) for n in names] + ["other kernels"], loc="upper left",
-              bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    ax.legend(
+        handles,
+        [short_name(n) for n in names] + ["other kernels"],
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=7,
+        frameon=False,
+    )
     return _save(fig, path)
 
 
@@ -131,15 +151,21 @@ def roofline(series: dict[str, tuple[Sequence[dict], dict]], path: Path) -> Path
         if not shown:
             continue
         ai = [p["intensity_dram"] for p in shown]
-        ax.scatter(ai, [p["achieved_tflops"] for p in shown], marker=markers[n % len(markers)], label=run_label,
-                   zorder=3)
+        ax.scatter(
+            ai, [p["achieved_tflops"] for p in shown], marker=markers[n % len(markers)], label=run_label, zorder=3
+        )
         compute_tflops = max((p.get("compute_peak_tflops") or 0 for p in shown), default=0)
         dram_tbps = (peaks.get("dram_bytes_per_s") or 0) / 1e12
         if compute_tflops and dram_tbps:
             ridge = compute_tflops / dram_tbps
             xs = [min(min(ai) / 4, ridge / 10), ridge, max(max(ai) * 4, ridge * 10)]
-            ax.plot(xs, [min(compute_tflops, x * dram_tbps) for x in xs], linewidth=1, linestyle="--",
-                    label=f"{run_label}: ceiling")
+            ax.plot(
+                xs,
+                [min(compute_tflops, x * dram_tbps) for x in xs],
+                linewidth=1,
+                linestyle="--",
+                label=f"{run_label}: ceiling",
+            )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP per DRAM byte)")

@@ -39,8 +39,11 @@ def write_run_report(result: RunResult, cfg: DictConfig, info: dict, path: Path)
                 lines.append(f"| {key} | {result.metrics[key]:.4g} | {unit} |")
         first, last = result.metrics.get("first_loss"), result.metrics.get("final_loss")
         if first is not None and last is not None:
-            lines += ["", f"Loss went from {first:.4f} (first step) to {last:.4f} (last step) "
-                          f"over {result.metrics.get('steps', 0):.0f} steps."]
+            lines += [
+                "",
+                f"Loss went from {first:.4f} (first step) to {last:.4f} (last step) "
+                f"over {result.metrics.get('steps', 0):.0f} steps.",
+            ]
         lines.append("")
     if result.timing:
         t = result.timing

@@ -64,8 +64,10 @@ def find_run(store: MlflowStore, ref: str, role: str) -> StoredRun:
         if run.name in names:
             return run
     newest = ", ".join(repr(r.name) for r in candidates[:5]) or "none"
-    raise SweepNotFound(f"{ref!r}: no run of that name or id with tag {ROLE_TAG}={role} in {store.tracking_uri}; "
-                        f"newest {role} runs there: {newest}")
+    raise SweepNotFound(
+        f"{ref!r}: no run of that name or id with tag {ROLE_TAG}={role} in {store.tracking_uri}; "
+        f"newest {role} runs there: {newest}"
+    )
 
 
 def load_run(store: MlflowStore, run: StoredRun) -> SweepRun:

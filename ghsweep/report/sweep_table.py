@@ -32,19 +32,28 @@ def format_table(results: list[RunResult]) -> str:
     for i, r in enumerate(results):
         knobs = dict(o.partition("=")[::2] for o in r.overrides)
         m = r.metrics
-        rows.append([
-            str(i), *(knobs.get(k, "-") for k in keys), r.status,
-            fmt_value(m.get("step_time_ms"), ".1f"), fmt_value(m.get("tokens_per_s"), ",.0f"),
-            fmt_value(m.get("peak_mem_gb"), ".2f"), fmt_value(m.get("final_loss"), ".4f"),
-            fmt_value(r.timing.get("overhead_s"), ".1f"), r.error or "",
-        ])
+        rows.append(
+            [
+                str(i),
+                *(knobs.get(k, "-") for k in keys),
+                r.status,
+                fmt_value(m.get("step_time_ms"), ".1f"),
+                fmt_value(m.get("tokens_per_s"), ",.0f"),
+                fmt_value(m.get("peak_mem_gb"), ".2f"),
+                fmt_value(m.get("final_loss"), ".4f"),
+                fmt_value(r.timing.get("overhead_s"), ".1f"),
+                r.error or "",
+            ]
+        )
     return align(header, rows)
 
 
 def align(header: list[str], rows: list[list[str]]) -> str:
     """A plain-text table, columns padded to their widest cell."""
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
+
     # The last column (reasons, findings) is left unpadded so long text wraps in the terminal, not the table.
     def line(cells: list[str]) -> str:
         return "  ".join(c.ljust(w) for c, w in zip(cells[:-1], widths[:-1])) + "  " + cells[-1]
+
     return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])

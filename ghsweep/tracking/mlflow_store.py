@@ -35,7 +35,16 @@ from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from ghsweep.core.errors import TrackingError, TrackingUriError, first_line  # noqa: E402
-from ghsweep.core.names import ERROR_TAG, JOB_NUM_TAG, OVERRIDES_TAG, ROLE_RUN, ROLE_SWEEP, ROLE_TAG, RUN_DIR_TAG, STATUS_TAG  # noqa: E402
+from ghsweep.core.names import (
+    ERROR_TAG,
+    JOB_NUM_TAG,
+    OVERRIDES_TAG,
+    ROLE_RUN,
+    ROLE_SWEEP,
+    ROLE_TAG,
+    RUN_DIR_TAG,
+    STATUS_TAG,
+)  # noqa: E402
 from ghsweep.tracking import redact  # noqa: E402
 
 MAX_METRICS_PER_BATCH = 1000
@@ -69,19 +78,26 @@ def check_tracking_uri(uri: str) -> None:
     if scheme not in ACCEPTED_SCHEMES:
         raise TrackingUriError(
             f"tracking.uri={uri}: not a tracking URI MLflow can open; accepted: http://HOST:PORT or https://... "
-            f"(a tracking server), sqlite:///FILE, or a database URL ({', '.join(ACCEPTED_SCHEMES[3:])})")
+            f"(a tracking server), sqlite:///FILE, or a database URL ({', '.join(ACCEPTED_SCHEMES[3:])})"
+        )
     if scheme not in ("http", "https"):
         return
     port = parts.port or (443 if scheme == "https" else 80)
-    start_hint = (f"start one with `python -m ghsweep.tracking.server --port {port}`, "
-                  "or pass tracking=sqlite to log to ./mlflow.db")
+    start_hint = (
+        f"start one with `python -m ghsweep.tracking.server --port {port}`, "
+        "or pass tracking=sqlite to log to ./mlflow.db"
+    )
     try:
         socket.create_connection((parts.hostname, port), timeout=CONNECT_TIMEOUT_S).close()
     except ConnectionRefusedError:
-        raise TrackingUriError(f"tracking.uri={uri}: no tracking server there (connection refused); {start_hint}") from None
+        raise TrackingUriError(
+            f"tracking.uri={uri}: no tracking server there (connection refused); {start_hint}"
+        ) from None
     except OSError as error:  # host not found, unreachable, no answer in time
-        raise TrackingUriError(f"tracking.uri={uri}: cannot connect to {parts.hostname}:{port} "
-                               f"({error.strerror or error}); check the address, or pass tracking=sqlite") from None
+        raise TrackingUriError(
+            f"tracking.uri={uri}: cannot connect to {parts.hostname}:{port} "
+            f"({error.strerror or error}); check the address, or pass tracking=sqlite"
+        ) from None
 
 
 def is_transient(error: MlflowException) -> bool:
@@ -116,7 +132,7 @@ def absolute_tracking_uri(uri: str, base_dir: str | Path) -> str:
     """Make a relative `sqlite:///file.db` absolute, so jobs that run elsewhere share one store."""
     prefix = "sqlite:///"
     if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        return prefix + str((Path(base_dir) / uri[len(prefix):]).resolve())
+        return prefix + str((Path(base_dir) / uri[len(prefix) :]).resolve())
     return uri
 
 
@@ -161,8 +177,16 @@ class StoredRun:
 
     @classmethod
     def of(cls, run: Run) -> StoredRun:
-        return cls(run.info.run_id, run.info.run_name, run.info.status, run.info.experiment_id, run.info.start_time,
-                   dict(run.data.tags), dict(run.data.params), dict(run.data.metrics))
+        return cls(
+            run.info.run_id,
+            run.info.run_name,
+            run.info.status,
+            run.info.experiment_id,
+            run.info.start_time,
+            dict(run.data.tags),
+            dict(run.data.params),
+            dict(run.data.metrics),
+        )
 
     @property
     def role(self) -> str | None:
@@ -195,8 +219,12 @@ def _quoted(value: str) -> str:
     raise ValueError(f"{value!r}: holds both quote characters, which an MLflow search filter cannot match")
 
 
-def run_filter(role: str | None = None, status: str | None = None, parent_run_id: str | None = None,
-               tags: Mapping[str, str] | None = None) -> str:
+def run_filter(
+    role: str | None = None,
+    status: str | None = None,
+    parent_run_id: str | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> str:
     """MLflow's search filter for runs with all of these (None: any)."""
     terms = [f"tags.`{ROLE_TAG}` = {_quoted(role)}"] if role else []
     terms += [f"tags.`{PARENT_TAG}` = {_quoted(parent_run_id)}"] if parent_run_id else []
@@ -272,18 +300,32 @@ class MlflowStore:
     def get_run(self, run_id: str) -> StoredRun:
         return StoredRun.of(self.retry(self.client.get_run, run_id))
 
-    def search(self, role: str | None = None, status: str | None = None, parent_run_id: str | None = None,
-               tags: Mapping[str, str] | None = None, limit: int | None = None) -> list[StoredRun]:
+    def search(
+        self,
+        role: str | None = None,
+        status: str | None = None,
+        parent_run_id: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        limit: int | None = None,
+    ) -> list[StoredRun]:
         """The runs with all of these, newest first (at most `limit`), in the store's experiment, or in
         every experiment for a reader."""
-        experiments = ([self.experiment_id] if self.experiment_id is not None
-                       else [e.experiment_id for e in self.retry(self.client.search_experiments)])
+        experiments = (
+            [self.experiment_id]
+            if self.experiment_id is not None
+            else [e.experiment_id for e in self.retry(self.client.search_experiments)]
+        )
         found: list[StoredRun] = []
         token = None
         while limit is None or len(found) < limit:
-            page = self.retry(self.client.search_runs, experiments, run_filter(role, status, parent_run_id, tags),
-                              max_results=min(SEARCH_PAGE, limit or SEARCH_PAGE),
-                              order_by=["attributes.start_time DESC"], page_token=token)
+            page = self.retry(
+                self.client.search_runs,
+                experiments,
+                run_filter(role, status, parent_run_id, tags),
+                max_results=min(SEARCH_PAGE, limit or SEARCH_PAGE),
+                order_by=["attributes.start_time DESC"],
+                page_token=token,
+            )
             found += [StoredRun.of(r) for r in page]
             token = page.token
             if not token:

@@ -39,10 +39,20 @@ class TrackingServer:
 
 def server_command(root: Path, host: str, port: int) -> list[str]:
     return [
-        sys.executable, "-m", "mlflow", "server",
-        "--backend-store-uri", f"sqlite:///{root.resolve() / 'mlflow.db'}",
-        "--artifacts-destination", str((root / "artifacts").resolve()),
-        "--host", host, "--port", str(port), "--workers", "1",
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{root.resolve() / 'mlflow.db'}",
+        "--artifacts-destination",
+        str((root / "artifacts").resolve()),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
     ]
 
 
@@ -52,11 +62,16 @@ def start_server(root: Path, host: str = "127.0.0.1", port: int = 5000, timeout_
     log_path = root / "server.log"
     # NullPool: a connection per request. SQLite serialises the writes itself (MLflow sets a 20 s busy
     # timeout); SQLAlchemy's default pool (5 + 10) made the 16th concurrent job wait 30 s and fail.
-    env = {"MLFLOW_SQLALCHEMYSTORE_POOLCLASS": "NullPool", **os.environ,
-           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env = {
+        "MLFLOW_SQLALCHEMYSTORE_POOLCLASS": "NullPool",
+        **os.environ,
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+    }
     with open(log_path, "w") as log:
-        process = subprocess.Popen(server_command(root, host, port), stdout=log, stderr=subprocess.STDOUT,
-                                   env=env, start_new_session=True)
+        process = subprocess.Popen(
+            server_command(root, host, port), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     server = TrackingServer(process, f"http://{host}:{port}", log_path)
     try:
         _wait_until_healthy(server, timeout_s)
@@ -78,7 +93,9 @@ def _wait_until_healthy(server: TrackingServer, timeout_s: float) -> None:
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.5)
-    raise TimeoutError(f"mlflow server at {server.url} did not answer /health within {timeout_s} s; see {server.log_path}")
+    raise TimeoutError(
+        f"mlflow server at {server.url} did not answer /health within {timeout_s} s; see {server.log_path}"
+    )
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -98,8 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # start_server stopped what it had started
         return 130
     try:
-        print(f"MLflow tracking server at {server.url} (store and artifacts in {args.root}); Ctrl-C or SIGTERM "
-              "stops it", flush=True)
+        print(
+            f"MLflow tracking server at {server.url} (store and artifacts in {args.root}); Ctrl-C or SIGTERM stops it",
+            flush=True,
+        )
         server.process.wait()
     except KeyboardInterrupt:
         server.stop()

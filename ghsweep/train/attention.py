@@ -22,8 +22,12 @@ from typing import Any
 
 import torch
 
-SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
-                 "math": "MATH"}
+SDPA_BACKENDS = {
+    "cudnn": "CUDNN_ATTENTION",
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "math": "MATH",
+}
 
 
 def resolve(attention: str, packing_mask: str, device_type: str) -> str:

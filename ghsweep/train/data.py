@@ -46,8 +46,15 @@ _WORDS = (
     "meadow copper violet canyon orbit pepper willow ember glacier"
 ).split()
 _COUNTRIES = {
-    "France": "Paris", "Japan": "Tokyo", "Kenya": "Nairobi", "Peru": "Lima", "Norway": "Oslo",
-    "Egypt": "Cairo", "Canada": "Ottawa", "Chile": "Santiago", "India": "New Delhi",
+    "France": "Paris",
+    "Japan": "Tokyo",
+    "Kenya": "Nairobi",
+    "Peru": "Lima",
+    "Norway": "Oslo",
+    "Egypt": "Cairo",
+    "Canada": "Ottawa",
+    "Chile": "Santiago",
+    "India": "New Delhi",
 }
 # Shape of databricks-dolly-15k's record lengths: log-normal, most records short, a long tail of
 # records with long contexts or responses. The mean (data.mean_tokens, default 210 tokens under
@@ -86,15 +93,23 @@ def _task(rng: random.Random) -> tuple[str, str, str, str]:
         return "open_qa", f"What is {a} plus {b}?", "", str(a + b)
     if kind == 1:
         country = rng.choice(sorted(_COUNTRIES))
-        return ("closed_qa", f"What is the capital of {country}?",
-                f"The capital of {country} is {_COUNTRIES[country]}.", _COUNTRIES[country])
+        return (
+            "closed_qa",
+            f"What is the capital of {country}?",
+            f"The capital of {country} is {_COUNTRIES[country]}.",
+            _COUNTRIES[country],
+        )
     if kind == 2:
         return "creative_writing", f"Repeat the word {word} three times.", "", " ".join([word] * 3)
     if kind == 3:
         return "general_qa", f"Spell {word} backwards.", "", word[::-1]
     name, age = rng.choice(_WORDS).title(), rng.randrange(18, 90)
-    return ("information_extraction", "How old is the person described?",
-            f"Name: {name}. Age: {age}. Favourite word: {word}.", str(age))
+    return (
+        "information_extraction",
+        "How old is the person described?",
+        f"Name: {name}. Age: {age}. Favourite word: {word}.",
+        str(age),
+    )
 
 
 def _words(first: int, chars: int, step: int = 1) -> str:
@@ -127,8 +142,9 @@ def _record(rng: random.Random, chars: int) -> dict:
     return record
 
 
-def synthetic_dolly(num_examples: int, seed: int, mean_tokens: float = 210, max_tokens: int = 4096,
-                    chars_per_token: float = 1.0) -> list[dict]:
+def synthetic_dolly(
+    num_examples: int, seed: int, mean_tokens: float = 210, max_tokens: int = 4096, chars_per_token: float = 1.0
+) -> list[dict]:
     """Dolly-format records with dolly-like lengths (sample_length) made of learnable tasks.
 
     Each record is a small task (arithmetic, a capital, spelling...) whose answer is followed by a
@@ -270,8 +286,11 @@ def make_dataloader(
 ) -> DataLoader:
     """Shuffled micro-batches; with several ranks each rank reads its own share of the blocks."""
     dataset = PackedDataset(blocks)
-    sampler = DistributedSampler(dataset, world_size, rank, shuffle=True, seed=seed, drop_last=True) \
-        if world_size > 1 else None
+    sampler = (
+        DistributedSampler(dataset, world_size, rank, shuffle=True, seed=seed, drop_last=True)
+        if world_size > 1
+        else None
+    )
     return DataLoader(
         dataset,
         batch_size=batch_size,

@@ -31,8 +31,9 @@ class Ranks:
 
 
 def ranks_from_env() -> Ranks:
-    return Ranks(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-                 int(os.environ.get("LOCAL_RANK", 0)))
+    return Ranks(
+        int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+    )
 
 
 def rank_device(device: torch.device, ranks: Ranks) -> torch.device:
@@ -47,8 +48,9 @@ def rank_device(device: torch.device, ranks: Ranks) -> torch.device:
 def start(ranks: Ranks, device: torch.device) -> None:
     """Join the process group (nothing for a world of one)."""
     if ranks.world_size > 1:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None
+        )
 
 
 def stop(ranks: Ranks) -> None:

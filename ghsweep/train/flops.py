@@ -67,7 +67,9 @@ def peak_tflops(device_name: str, precision: str) -> float | None:
     return None
 
 
-def add_throughput_metrics(metrics: dict, flops: float, device_name: str, precision: str, gpus: int = 1) -> float | None:
+def add_throughput_metrics(
+    metrics: dict, flops: float, device_name: str, precision: str, gpus: int = 1
+) -> float | None:
     """Add `tflops_per_gpu` (and `mfu` where the device's peak is known) to a run's metrics from
     its `tokens_per_s`; returns the peak used, recorded as the param `mfu_peak_tflops`."""
     metrics["tflops_per_gpu"] = flops * metrics["tokens_per_s"] / gpus / 1e12

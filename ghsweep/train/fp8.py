@@ -50,8 +50,11 @@ def apply_fp8(model: nn.Module, precision_cfg: DictConfig, precision: Precision,
 
         # Frozen weights (a LoRA base) are quantised once; trained ones by torchao every step.
         freeze_to_fp8(model, _is_fp8_target)
-        convert_to_float8_training(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=fsdp_all_gather),
-                                   module_filter_fn=lambda m, fqn: _is_fp8_target(fqn, m))
+        convert_to_float8_training(
+            model,
+            config=Float8LinearConfig(enable_fsdp_float8_all_gather=fsdp_all_gather),
+            module_filter_fn=lambda m, fqn: _is_fp8_target(fqn, m),
+        )
         return library
 
     import transformer_engine.pytorch as te
@@ -59,14 +62,20 @@ def apply_fp8(model: nn.Module, precision_cfg: DictConfig, precision: Precision,
 
     fmt = recipe.Format.HYBRID if precision_cfg.format == "hybrid" else recipe.Format.E4M3
     fp8_recipe = (
-        recipe.DelayedScaling(fp8_format=fmt) if precision_cfg.scaling == "delayed"
+        recipe.DelayedScaling(fp8_format=fmt)
+        if precision_cfg.scaling == "delayed"
         else recipe.Float8CurrentScaling(fp8_format=fmt)
     )
     for name, module in list(model.named_modules()):
         if _is_fp8_target(name, module):
             parent_name, _, child = name.rpartition(".")
-            replacement = te.Linear(module.in_features, module.out_features, bias=module.bias is not None,
-                                    params_dtype=module.weight.dtype, device=module.weight.device)
+            replacement = te.Linear(
+                module.in_features,
+                module.out_features,
+                bias=module.bias is not None,
+                params_dtype=module.weight.dtype,
+                device=module.weight.device,
+            )
             replacement.load_state_dict(module.state_dict())
             replacement.weight.requires_grad_(module.weight.requires_grad)
             setattr(model.get_submodule(parent_name), child, replacement)

@@ -24,8 +24,9 @@ def _quantise(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.
 
 class _FrozenFp8Matmul(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor
-                ) -> torch.Tensor:
+    def forward(
+        ctx, x: torch.Tensor, weight: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor
+    ) -> torch.Tensor:
         ctx.save_for_backward(weight_t, scale)
         x2d = x.reshape(-1, x.shape[-1])
         x8, x_scale = _quantise(x2d, E4M3)

@@ -24,8 +24,9 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def build_model(model_cfg: DictConfig, device: torch.device, dtype: torch.dtype, attn_implementation: str = "sdpa"
-                ) -> tuple[torch.nn.Module, Any, bool]:
+def build_model(
+    model_cfg: DictConfig, device: torch.device, dtype: torch.dtype, attn_implementation: str = "sdpa"
+) -> tuple[torch.nn.Module, Any, bool]:
     """Return (model, tokenizer, random_init), the model's weights in `dtype` on `device`, its
     attention computed by transformers' `attn_implementation` (sdpa, flex_attention).
 
@@ -36,7 +37,9 @@ def build_model(model_cfg: DictConfig, device: torch.device, dtype: torch.dtype,
     """
     if model_cfg.path:
         path = Path(model_cfg.path)
-        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn_implementation, dtype=dtype, device_map=device)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, attn_implementation=attn_implementation, dtype=dtype, device_map=device
+        )
         tokenizer = AutoTokenizer.from_pretrained(path)
         if tokenizer.bos_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError(f"model.path={path}: the tokenizer defines no BOS/EOS token")

@@ -60,8 +60,13 @@ class ActivationOffload:
             or tensor.numel() * tensor.element_size() < MIN_OFFLOAD_BYTES
         ):
             return (index, tensor)
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride(),
-               tensor.dtype)
+        key = (
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tensor.stride(),
+            tensor.dtype,
+        )
         if key in self._packing:
             parked = self._packing[key][1]
         else:

@@ -22,6 +22,7 @@ import torch
 from omegaconf import DictConfig
 from torch.distributed.tensor import DTensor
 
+
 def lr_factor(step: int, max_steps: int, schedule: str, warmup_ratio: float, min_ratio: float) -> float:
     """The multiple of the peak rate used at `step` (0-based)."""
     warmup = math.ceil(warmup_ratio * max_steps)
@@ -34,12 +35,16 @@ def lr_factor(step: int, max_steps: int, schedule: str, warmup_ratio: float, min
     return min_ratio + (1 - min_ratio) * decay
 
 
-def make_optimizer(params: Iterable[torch.nn.Parameter], train: DictConfig, device: torch.device
-                   ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    optimizer = torch.optim.AdamW(list(params), lr=train.lr, weight_decay=train.weight_decay,
-                                  fused=device.type == "cuda")
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(
-        step, train.max_steps, train.lr_schedule, train.lr_warmup_ratio, train.min_lr_ratio))
+def make_optimizer(
+    params: Iterable[torch.nn.Parameter], train: DictConfig, device: torch.device
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    optimizer = torch.optim.AdamW(
+        list(params), lr=train.lr, weight_decay=train.weight_decay, fused=device.type == "cuda"
+    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: lr_factor(step, train.max_steps, train.lr_schedule, train.lr_warmup_ratio, train.min_lr_ratio),
+    )
     return optimizer, schedule
 
 
@@ -79,8 +84,9 @@ class AdamStepsInBackward:
             schedule.step()
 
 
-def clip_gradients(params: list[torch.nn.Parameter], max_norm: float | None,
-                   optimizer: torch.optim.Optimizer | None = None) -> None:
+def clip_gradients(
+    params: list[torch.nn.Parameter], max_norm: float | None, optimizer: torch.optim.Optimizer | None = None
+) -> None:
     """Clip to a global norm without a host sync (the norm stays on the device).
 
     Given a fused optimizer, the clip is folded into its next step instead: its `grad_scale` (the

@@ -67,8 +67,11 @@ class StepLog:
             return
         self.flush()
         if progress:
-            print(f"{STEP_RANGE_PREFIX}{steps_done}/{max_steps} loss {self.losses[-1]:.4f} "
-                  f"step_time_ms {self.step_times_ms[-1]:.1f}", flush=True)
+            print(
+                f"{STEP_RANGE_PREFIX}{steps_done}/{max_steps} loss {self.losses[-1]:.4f} "
+                f"step_time_ms {self.step_times_ms[-1]:.1f}",
+                flush=True,
+            )
 
     def close(self) -> None:
         self.flush()

@@ -22,10 +22,24 @@ def run_peak_gib(managed: ManagedAllocator | None, measured_gib: Callable[[], fl
     return managed_peak if managed_peak is not None else measured_gib()
 
 
-def run_summary(cfg: DictConfig, log: StepLog, device: torch.device, *, peak_gib: float, flops_per_token: float,
-                gpus: int, params: tuple[int, int], random_init: bool, offload_applied: bool,
-                managed: ManagedAllocator | None, setup_at: float, train_started_at: float, train_ended_at: float,
-                metrics: dict[str, float] | None = None, info: dict[str, object] | None = None) -> RunSummary:
+def run_summary(
+    cfg: DictConfig,
+    log: StepLog,
+    device: torch.device,
+    *,
+    peak_gib: float,
+    flops_per_token: float,
+    gpus: int,
+    params: tuple[int, int],
+    random_init: bool,
+    offload_applied: bool,
+    managed: ManagedAllocator | None,
+    setup_at: float,
+    train_started_at: float,
+    train_ended_at: float,
+    metrics: dict[str, float] | None = None,
+    info: dict[str, object] | None = None,
+) -> RunSummary:
     """The run's summary from its step log and facts; `metrics` and `info` add the backend's own.
 
     `params`: (total, trainable) parameter counts. `setup_at`: when the backend started setting up
@@ -52,7 +66,10 @@ def run_summary(cfg: DictConfig, log: StepLog, device: torch.device, *, peak_gib
     return RunSummary(
         metrics=measured | (metrics or {}),
         # setup_at: the worker counts the time before it as import_s.
-        timing={"setup_at": setup_at, "setup_s": train_started_at - setup_at,
-                "train_s": train_ended_at - train_started_at},
+        timing={
+            "setup_at": setup_at,
+            "setup_s": train_started_at - setup_at,
+            "train_s": train_ended_at - train_started_at,
+        },
         info=facts | (info or {}),
     )

@@ -21,8 +21,9 @@ class TorchBackend:
     def describe(self, cfg: DictConfig, run_dir: Path) -> str:
         return ""
 
-    def train(self, cfg: DictConfig, plan: RunPlan, run_dir: Path,
-              managed: ManagedAllocator | None = None) -> RunSummary:
+    def train(
+        self, cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None
+    ) -> RunSummary:
         from ghsweep.train.torch_train import train
 
         return train(cfg, plan, run_dir, managed)

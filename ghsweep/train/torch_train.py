@@ -66,8 +66,7 @@ class OptimizerStep:
     """One optimizer step after backward: fused AdamW with its schedule, or (train.optimizer_in_backward)
     the end of the per-tensor AdamW steps that ran during backward."""
 
-    def __init__(self, trained: list[nn.Parameter], train_cfg: DictConfig, device: torch.device,
-                 precision: Precision):
+    def __init__(self, trained: list[nn.Parameter], train_cfg: DictConfig, device: torch.device, precision: Precision):
         self._trained, self._grad_clip, self._precision = trained, train_cfg.grad_clip, precision
         self._in_backward = AdamStepsInBackward(trained, train_cfg, device) if train_cfg.optimizer_in_backward else None
         if self._in_backward is None:
@@ -98,13 +97,21 @@ def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocat
         distributed.stop(ranks)
 
 
-def _train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None,
-           ranks: distributed.Ranks, device: torch.device, setup_at: float) -> RunSummary:
+def _train(
+    cfg: DictConfig,
+    plan: RunPlan,
+    run_dir: Path,
+    managed: ManagedAllocator | None,
+    ranks: distributed.Ranks,
+    device: torch.device,
+    setup_at: float,
+) -> RunSummary:
     # The same seed on every rank: the same initial weights (DDP and FSDP2 start from them unbroadcast).
     torch.manual_seed(cfg.seed)
     precision = Precision(cfg.precision, device)
-    attention = attn.PackedAttention(attn.resolve(cfg.train.attention, cfg.data.packing_mask, device.type),
-                                     cfg.data.packing_mask)
+    attention = attn.PackedAttention(
+        attn.resolve(cfg.train.attention, cfg.data.packing_mask, device.type), cfg.data.packing_mask
+    )
     model = build(cfg, plan, ranks, device, precision, attention)
     blocks = dolly.load_blocks(cfg, model.tokenizer)
     loader = make_loader(cfg, blocks, ranks, device)
@@ -115,11 +122,15 @@ def _train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAlloca
 
     train_started_at = time.time()
     # Closed however the loop ends: the trace and the capture window cover what ran, metrics.jsonl is complete.
-    with (log, Phases(device, cfg.capture.start_step, cfg.capture.num_steps) as phases,
-          torch_capture(plan.profile, run_dir, device, cfg.capture.start_step, cfg.capture.num_steps,
-                        ranks.rank) as profiler,
-          # The partitioner reads the budget when each compiled region is first traced (in the first step).
-          torch._functorch.config.patch(activation_memory_budget=cfg.train.activation_memory_budget)):
+    with (
+        log,
+        Phases(device, cfg.capture.start_step, cfg.capture.num_steps) as phases,
+        torch_capture(
+            plan.profile, run_dir, device, cfg.capture.start_step, cfg.capture.num_steps, ranks.rank
+        ) as profiler,
+        # The partitioner reads the budget when each compiled region is first traced (in the first step).
+        torch._functorch.config.patch(activation_memory_budget=cfg.train.activation_memory_budget),
+    ):
         batches = dolly.endless(loader)
         for step in range(cfg.train.max_steps):
             profiler.step(step)
@@ -139,20 +150,28 @@ def _train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAlloca
     train_ended_at = time.time()
 
     peak_gib = run_peak_gib(managed, lambda: peak_memory_gib(device))
-    ranks_seen = distributed.rank_summary(distributed.gather(log.step_times_ms, ranks),
-                                          distributed.gather(peak_gib, ranks), cfg.train.warmup_steps)
-    shape = ModelShape(**{k: model.hf_config.to_dict()[k] for k in (
-        "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")},
-        num_layers=model.hf_config.num_hidden_layers)
+    ranks_seen = distributed.rank_summary(
+        distributed.gather(log.step_times_ms, ranks), distributed.gather(peak_gib, ranks), cfg.train.warmup_steps
+    )
+    shape = ModelShape(
+        **{
+            k: model.hf_config.to_dict()[k]
+            for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")
+        },
+        num_layers=model.hf_config.num_hidden_layers,
+    )
     flops = run_flops_per_token(shape, cfg, attn.attended_keys_per_token(blocks.position_ids, attention.document))
-    metrics, info = {}, {
-        "packed_blocks": len(blocks),
-        "examples_dropped_too_long": blocks.dropped,
-        "dataloader_workers": loader.num_workers,
-        "compiled": model.compiled,
-        "attention": attention.implementation,
-        "data_parallel": model.data_parallel or "none",
-    }
+    metrics, info = (
+        {},
+        {
+            "packed_blocks": len(blocks),
+            "examples_dropped_too_long": blocks.dropped,
+            "dataloader_workers": loader.num_workers,
+            "compiled": model.compiled,
+            "attention": attention.implementation,
+            "data_parallel": model.data_parallel or "none",
+        },
+    )
     if ranks.world_size > 1:
         metrics = {k: ranks_seen[k] for k in ("slowest_rank", "slowest_rank_step_time_ms", "rank_spread_pct")}
         info["rank_step_time_ms"] = " ".join(f"{t:.1f}" for t in ranks_seen["rank_step_time_ms"])
@@ -160,15 +179,34 @@ def _train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAlloca
         info["offload_gb_per_step"] = model.offload.bytes_offloaded / 2**30 / cfg.train.max_steps
     if model.fp8_library:
         info["fp8_library"] = model.fp8_library
-    return run_summary(cfg, log, device, peak_gib=max(ranks_seen["rank_peak_mem_gb"]), flops_per_token=flops,
-                       gpus=ranks.world_size, params=model.params, random_init=model.random_init,
-                       # Activation offload moves saved tensors from GPU to host memory; on the CPU they already live there.
-                       offload_applied=model.offload is not None, managed=managed, setup_at=setup_at,
-                       train_started_at=train_started_at, train_ended_at=train_ended_at, metrics=metrics, info=info)
+    return run_summary(
+        cfg,
+        log,
+        device,
+        peak_gib=max(ranks_seen["rank_peak_mem_gb"]),
+        flops_per_token=flops,
+        gpus=ranks.world_size,
+        params=model.params,
+        random_init=model.random_init,
+        # Activation offload moves saved tensors from GPU to host memory; on the CPU they already live there.
+        offload_applied=model.offload is not None,
+        managed=managed,
+        setup_at=setup_at,
+        train_started_at=train_started_at,
+        train_ended_at=train_ended_at,
+        metrics=metrics,
+        info=info,
+    )
 
 
-def build(cfg: DictConfig, plan: RunPlan, ranks: distributed.Ranks, device: torch.device, precision: Precision,
-          attention: attn.PackedAttention) -> Model:
+def build(
+    cfg: DictConfig,
+    plan: RunPlan,
+    ranks: distributed.Ranks,
+    device: torch.device,
+    precision: Precision,
+    attention: attn.PackedAttention,
+) -> Model:
     """The model with its adapters, fp8 layers, compiled layers, data parallelism and activation offload."""
     lora = cfg.peft.name == "lora"
     base, tokenizer, random_init = build_model(
@@ -192,16 +230,18 @@ def build(cfg: DictConfig, plan: RunPlan, ranks: distributed.Ranks, device: torc
         for layer in decoder.layers:
             layer.compile()
         loss_fn = torch.compile(causal_lm_loss)
-    train_step, parallel = distributed.parallelize(distributed.TrainStep(decoder, causal_lm.lm_head, loss_fn), cfg,
-                                                   ranks, plan.data_parallel)
+    train_step, parallel = distributed.parallelize(
+        distributed.TrainStep(decoder, causal_lm.lm_head, loss_fn), cfg, ranks, plan.data_parallel
+    )
     offload = None
     if cfg.offload.enabled and device.type == "cuda":
         offload = ActivationOffload(decoder.layers, cfg.offload.num_layers)
     return Model(train_step, causal_lm.config, tokenizer, random_init, params, compiled, parallel, fp8_library, offload)
 
 
-def make_loader(cfg: DictConfig, blocks: dolly.PackedBlocks, ranks: distributed.Ranks,
-                device: torch.device) -> torch.utils.data.DataLoader:
+def make_loader(
+    cfg: DictConfig, blocks: dolly.PackedBlocks, ranks: distributed.Ranks, device: torch.device
+) -> torch.utils.data.DataLoader:
     dl = cfg.dataloader
     return dolly.make_dataloader(
         blocks,

@@ -3,8 +3,8 @@
 Set up in the worker before anything touches CUDA. With RMM installed (RAPIDS; as in NVIDIA's
 Grace Hopper guides) PyTorch draws from RMM's managed-memory pool; otherwise from a small
 allocator built here around the driver's cuMemAllocManaged (with exact-size free lists, as
-training allocates the same sizes every step), plugged in through CUDAPluggableAllocator. Both are capped at the GPU's free memory, so a run can never ask the
-driver for more managed memory than the card has free.
+training allocates the same sizes every step), plugged in through CUDAPluggableAllocator. Both are
+capped at the GPU's free memory, so a run can never ask the driver for more managed memory than the card has free.
 """
 
 from __future__ import annotations

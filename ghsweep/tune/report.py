@@ -17,11 +17,10 @@ import optuna  # noqa: E402
 from optuna.trial import FrozenTrial, TrialState  # noqa: E402
 from optuna.visualization import matplotlib as optuna_plots  # noqa: E402
 
-from ghsweep.report.sweep_table import align  # noqa: E402
 from ghsweep.core.run_dir import TUNE_ANSWER, TUNE_REPORT  # noqa: E402
+from ghsweep.report.sweep_table import align  # noqa: E402
 from ghsweep.tune.settings import TuneSettings  # noqa: E402
 from ghsweep.tune.space import SearchSpace  # noqa: E402
-
 
 
 def command(trial: FrozenTrial) -> str:
@@ -48,13 +47,28 @@ def trial_table(study: optuna.Study, settings: TuneSettings, space: SearchSpace)
     header = ["trial", *space.distributions, *(o.metric for o in settings.objectives), "state", "best", "note"]
     rows = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        values = [format(v, ".4g") for v in t.values] if t.state == TrialState.COMPLETE else ["-"] * len(settings.objectives)
-        state = "finished" if t.state == TrialState.COMPLETE and _feasible(t) else \
-            "infeasible" if t.state == TrialState.COMPLETE else "failed"
+        values = (
+            [format(v, ".4g") for v in t.values] if t.state == TrialState.COMPLETE else ["-"] * len(settings.objectives)
+        )
+        state = (
+            "finished"
+            if t.state == TrialState.COMPLETE and _feasible(t)
+            else "infeasible"
+            if t.state == TrialState.COMPLETE
+            else "failed"
+        )
         broken = ", ".join(k for k, v in t.constraints.items() if v > 0)
         note = t.user_attrs.get("error") or (f"violates {broken}" if broken else "")
-        rows.append([str(t.number), *(str(t.params.get(k, "-")) for k in space.distributions), *values, state,
-                     "*" if t.number in best else "", note])
+        rows.append(
+            [
+                str(t.number),
+                *(str(t.params.get(k, "-")) for k in space.distributions),
+                *values,
+                state,
+                "*" if t.number in best else "",
+                note,
+            ]
+        )
     return align(header, rows)
 
 
@@ -101,40 +115,64 @@ def plots(study: optuna.Study, settings: TuneSettings, out_dir: Path) -> list[Pa
     if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         return files
     for i, objective in enumerate(settings.objectives):
-        files.append(_save(optuna_plots.plot_optimization_history(
-            study, target=lambda t, i=i: t.values[i], target_name=objective.metric),
-            out_dir / f"history_{objective.metric}.png"))
+        files.append(
+            _save(
+                optuna_plots.plot_optimization_history(
+                    study, target=lambda t, i=i: t.values[i], target_name=objective.metric
+                ),
+                out_dir / f"history_{objective.metric}.png",
+            )
+        )
     for metric, shares in importances(study, settings).items():
         if shares:
             i = [o.metric for o in settings.objectives].index(metric)
-            files.append(_save(optuna_plots.plot_param_importances(
-                study, target=_target(settings, i), target_name=metric), out_dir / f"importance_{metric}.png"))
+            files.append(
+                _save(
+                    optuna_plots.plot_param_importances(study, target=_target(settings, i), target_name=metric),
+                    out_dir / f"importance_{metric}.png",
+                )
+            )
     if settings.multi_objective:
-        files.append(_save(optuna_plots.plot_pareto_front(
-            study, target_names=[o.metric for o in settings.objectives]), out_dir / "pareto_front.png"))
+        files.append(
+            _save(
+                optuna_plots.plot_pareto_front(study, target_names=[o.metric for o in settings.objectives]),
+                out_dir / "pareto_front.png",
+            )
+        )
     return files
 
 
 def summarize(study: optuna.Study, settings: TuneSettings, space: SearchSpace) -> str:
     """The study's answer in words, for the terminal and the report."""
     states = [t.state for t in study.trials]
-    lines = [f"ghsweep tune: study {study.study_name}: {states.count(TrialState.COMPLETE)} trials finished, "
-             f"{states.count(TrialState.PRUNED)} failed",
-             "objective: " + ", ".join(f"{o.direction} {o.metric}" for o in settings.objectives)
-             + ("; constraints: " + ", ".join(c.label for c in settings.constraints) if settings.constraints else ""),
-             "", trial_table(study, settings, space), ""]
+    lines = [
+        f"ghsweep tune: study {study.study_name}: {states.count(TrialState.COMPLETE)} trials finished, "
+        f"{states.count(TrialState.PRUNED)} failed",
+        "objective: "
+        + ", ".join(f"{o.direction} {o.metric}" for o in settings.objectives)
+        + ("; constraints: " + ", ".join(c.label for c in settings.constraints) if settings.constraints else ""),
+        "",
+        trial_table(study, settings, space),
+        "",
+    ]
     best = answer(study)
     if not best:
-        lines.append("No trial finished within the constraints: no answer (see the failed and infeasible trials above).")
+        lines.append(
+            "No trial finished within the constraints: no answer (see the failed and infeasible trials above)."
+        )
     for t in best:
         values = ", ".join(f"{o.metric}={v:.4g}" for o, v in zip(settings.objectives, t.values))
         lead = "Pareto front" if settings.multi_objective else "Best"
-        lines += [f"{lead}: trial {t.number}: {values}: "
-                  + " ".join(f"{k}={t.params[k]}" for k in space.distributions),
-                  f"  reproduce: {command(t)}"]
+        lines += [
+            f"{lead}: trial {t.number}: {values}: " + " ".join(f"{k}={t.params[k]}" for k in space.distributions),
+            f"  reproduce: {command(t)}",
+        ]
     for metric, shares in importances(study, settings).items():
-        text = ", ".join(f"{k} {v:.2f}" for k, v in shares.items()) if shares else \
-            "needs more finished trials with different knob values"
+        text = (
+            ", ".join(f"{k} {v:.2f}" for k, v in shares.items())
+            if shares
+            else "needs more finished trials with different knob values"
+        )
         lines.append(f"Knob importance for {metric} (Optuna): {text}")
     return "\n".join(lines)
 
@@ -147,6 +185,7 @@ def write_report(study: optuna.Study, settings: TuneSettings, space: SearchSpace
     text = summarize(study, settings, space)
     (out_dir / TUNE_ANSWER).write_text("".join(command(t) + "\n" for t in answer(study)))
     markdown = f"# Tuning study {study.study_name}\n\n```\n{text}\n```\n\n" + "".join(
-        f"![{p.stem}]({p.name})\n\n" for p in images)
+        f"![{p.stem}]({p.name})\n\n" for p in images
+    )
     (out_dir / TUNE_REPORT).write_text(markdown)
     return [out_dir / TUNE_REPORT, out_dir / TUNE_ANSWER, *images]

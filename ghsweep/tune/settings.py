@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+
 from ghsweep.core.errors import TuneConfigError
 
 DIRECTIONS = ("maximize", "minimize")
@@ -54,8 +55,11 @@ class TuneSettings:
     @classmethod
     def from_config(cls, tune: DictConfig) -> TuneSettings:
         objectives = _objectives(tune.objective, tune.direction)
-        constraints = [Constraint(metric, op, _number(f"tune.{key}.{metric}", bound))
-                       for key, op in (("max", "<="), ("min", ">=")) for metric, bound in (tune[key] or {}).items()]
+        constraints = [
+            Constraint(metric, op, _number(f"tune.{key}.{metric}", bound))
+            for key, op in (("max", "<="), ("min", ">="))
+            for metric, bound in (tune[key] or {}).items()
+        ]
         if tune.max_peak_mem_gb is not None:
             constraints.append(Constraint("peak_mem_gb", "<=", _number("tune.max_peak_mem_gb", tune.max_peak_mem_gb)))
         if tune.sampler not in SAMPLERS:
@@ -92,13 +96,16 @@ def _as_list(value: object) -> list:
 def _objectives(metric: object, direction: object) -> list[Objective]:
     metrics, directions = _as_list(metric), _as_list(direction)
     if not 1 <= len(metrics) <= 2 or not all(isinstance(m, str) and m for m in metrics):
-        raise TuneConfigError(f"tune.objective={metric}: one metric name (e.g. tokens_per_s) or two for a Pareto "
-                              "front (e.g. [tokens_per_s,peak_mem_gb])")
+        raise TuneConfigError(
+            f"tune.objective={metric}: one metric name (e.g. tokens_per_s) or two for a Pareto "
+            "front (e.g. [tokens_per_s,peak_mem_gb])"
+        )
     if len(directions) != len(metrics):
-        raise TuneConfigError(f"tune.direction={direction}: one direction per objective ({len(metrics)}), "
-                              f"e.g. tune.direction=[maximize,minimize]")
+        raise TuneConfigError(
+            f"tune.direction={direction}: one direction per objective ({len(metrics)}), "
+            f"e.g. tune.direction=[maximize,minimize]"
+        )
     for d in directions:
         if d not in DIRECTIONS:
             raise TuneConfigError(f"tune.direction={d}: accepted: {', '.join(DIRECTIONS)}")
     return [Objective(m, d) for m, d in zip(metrics, directions)]
-

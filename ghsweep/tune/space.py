@@ -22,8 +22,8 @@ from optuna.distributions import (
     distribution_to_json,
 )
 
-from ghsweep.launch.resume import identity_overrides
 from ghsweep.core.errors import SpaceError
+from ghsweep.launch.resume import identity_overrides
 
 # Overrides that configure the study itself, not the runs it launches.
 TUNE_PREFIX = "tune."
@@ -35,15 +35,19 @@ def _distribution(override: Override) -> BaseDistribution:
     if isinstance(value, RangeSweep):
         values = list(override.sweep_iterator())
         if not values or not all(isinstance(v, int) for v in values):
-            raise SpaceError(f"{override.input_line}: a tuned range needs integer bounds and at least one value, "
-                             f"e.g. {key}=range(0,33,4); for floats use {key}=interval(lo,hi)")
+            raise SpaceError(
+                f"{override.input_line}: a tuned range needs integer bounds and at least one value, "
+                f"e.g. {key}=range(0,33,4); for floats use {key}=interval(lo,hi)"
+            )
         return IntDistribution(min(values), max(values), step=abs(value.step) if len(values) > 1 else 1)
     if isinstance(value, IntervalSweep):
         return FloatDistribution(float(value.start), float(value.end), log="log" in value.tags)
     if override.is_discrete_sweep():
         return CategoricalDistribution(list(override.sweep_string_iterator()))
-    raise SpaceError(f"{override.input_line}: not a sweep the tune sweeper can search; accepted: a=x,y, "
-                     "choice(x,y), range(start,stop,step), interval(lo,hi), tag(log,interval(lo,hi))")
+    raise SpaceError(
+        f"{override.input_line}: not a sweep the tune sweeper can search; accepted: a=x,y, "
+        "choice(x,y), range(start,stop,step), interval(lo,hi), tag(log,interval(lo,hi))"
+    )
 
 
 @dataclass(frozen=True)
@@ -58,11 +62,16 @@ class SearchSpace:
         for override in parser.parse_overrides(overrides):
             by_key[override.get_key_element()] = override
         distributions = {k: _distribution(o) for k, o in by_key.items() if o.is_sweep_override()}
-        fixed = [o.input_line for k, o in by_key.items()
-                 if not o.is_sweep_override() and not k.lstrip("+~").startswith(TUNE_PREFIX)]
+        fixed = [
+            o.input_line
+            for k, o in by_key.items()
+            if not o.is_sweep_override() and not k.lstrip("+~").startswith(TUNE_PREFIX)
+        ]
         if not distributions:
-            raise SpaceError("hydra/sweeper=tune: nothing to search; name knobs with several values on the command "
-                             "line, e.g. precision=bf16,fp8 train.micro_batch_size=1,2,4")
+            raise SpaceError(
+                "hydra/sweeper=tune: nothing to search; name knobs with several values on the command "
+                "line, e.g. precision=bf16,fp8 train.micro_batch_size=1,2,4"
+            )
         return cls(distributions, fixed)
 
     def overrides(self, params: dict[str, object]) -> list[str]:
@@ -70,7 +79,10 @@ class SearchSpace:
         return [*self.fixed, *(f"{k}={params[k]}" for k in self.distributions)]
 
     def fingerprint(self) -> str:
-        """Stable text of what is searched and what is fixed (where runs are recorded left out), for naming the study."""
-        spec = {"fixed": sorted(identity_overrides(self.fixed)),
-                "space": {k: distribution_to_json(d) for k, d in sorted(self.distributions.items())}}
+        """Stable text of what is searched and what is fixed (where runs are recorded left out), for
+        naming the study."""
+        spec = {
+            "fixed": sorted(identity_overrides(self.fixed)),
+            "space": {k: distribution_to_json(d) for k, d in sorted(self.distributions.items())},
+        }
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]

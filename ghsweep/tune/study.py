@@ -25,9 +25,9 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import Trial, TrialState
 
+from ghsweep.core.errors import one_line
 from ghsweep.tune.settings import TuneSettings
 from ghsweep.tune.space import SearchSpace
-from ghsweep.core.errors import one_line
 
 RUN_FAILED = "run_failed"
 # The tags that tie an MLflow run to its trial.
@@ -40,6 +40,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 @dataclass
 class TrialOutcome:
     """What a trial's run ended with, from the job's return value (a RunResult as a dict)."""
+
     overrides: list[str]
     status: str
     metrics: dict[str, float] = field(default_factory=dict)
@@ -55,14 +56,23 @@ class TrialOutcome:
             return cls(overrides, "FAILED", error=one_line(exc))
         if not result:
             return cls(overrides, "FAILED", error="the job returned no result")
-        return cls(overrides, result["status"], dict(result.get("metrics") or {}), result.get("error"),
-                   result.get("mlflow_run_id"), result.get("run_dir"))
+        return cls(
+            overrides,
+            result["status"],
+            dict(result.get("metrics") or {}),
+            result.get("error"),
+            result.get("mlflow_run_id"),
+            result.get("run_dir"),
+        )
 
 
 def study_name(settings: TuneSettings, space: SearchSpace) -> str:
     """The default name: the same search, objective and constraints give the same study."""
-    spec = {"space": space.fingerprint(), "objectives": [(o.metric, o.direction) for o in settings.objectives],
-            "constraints": sorted(c.label for c in settings.constraints)}
+    spec = {
+        "space": space.fingerprint(),
+        "objectives": [(o.metric, o.direction) for o in settings.objectives],
+        "constraints": sorted(c.label for c in settings.constraints),
+    }
     return "tune-" + hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -81,8 +91,9 @@ def _sampler(settings: TuneSettings, seed: int) -> optuna.samplers.BaseSampler:
     # Multivariate TPE (knobs modelled jointly) is marked experimental; it is what we want here.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=settings.startup_trials, multivariate=True,
-                                          constant_liar=settings.parallel > 1)
+        return optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=settings.startup_trials, multivariate=True, constant_liar=settings.parallel > 1
+        )
 
 
 def open_study(settings: TuneSettings, space: SearchSpace, cwd: str, in_memory: bool = False) -> optuna.Study:
@@ -126,8 +137,10 @@ def tell(study: optuna.Study, settings: TuneSettings, trial: Trial, outcome: Tri
     missing = [o.metric for o in settings.objectives if o.metric not in outcome.metrics]
     error = outcome.error or (f"status {outcome.status}" if outcome.status != "FINISHED" else None)
     if error is None and missing:
-        error = (f"the run recorded no {missing[0]} (tune.objective); it recorded: "
-                 f"{', '.join(sorted(outcome.metrics)) or 'nothing'}")
+        error = (
+            f"the run recorded no {missing[0]} (tune.objective); it recorded: "
+            f"{', '.join(sorted(outcome.metrics)) or 'nothing'}"
+        )
     if error is not None:
         trial.set_user_attr("error", error)
         trial.set_constraint(RUN_FAILED, 1.0)

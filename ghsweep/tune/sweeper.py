@@ -18,16 +18,24 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import Trial
 
+from ghsweep.core.errors import SpaceError, TuneConfigError
 from ghsweep.core.names import ERROR_TAG
+from ghsweep.core.run_dir import TUNE_DIR, TUNE_REPORT
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking.mlflow_store import MlflowStore
-from ghsweep.core.run_dir import TUNE_DIR, TUNE_REPORT
 from ghsweep.tune.report import answer, command, summarize, write_report
 from ghsweep.tune.settings import TuneSettings
 from ghsweep.tune.space import SearchSpace
-from ghsweep.tune.study import (STUDY_TAG, TRIAL_TAG, TrialOutcome, earlier_failures, knob_values, open_study, tell,
-                                trials_done)
-from ghsweep.core.errors import SpaceError, TuneConfigError
+from ghsweep.tune.study import (
+    STUDY_TAG,
+    TRIAL_TAG,
+    TrialOutcome,
+    earlier_failures,
+    knob_values,
+    open_study,
+    tell,
+    trials_done,
+)
 
 
 def end_sweep_run(sweep_dir: Path, error: str) -> None:
@@ -49,7 +57,8 @@ class TuneSweeper(Sweeper):
         self.hydra_context = hydra_context
         self.config = config
         self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config)
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
 
     def sweep(self, arguments: list[str]) -> None:
         cfg = self.config
@@ -59,8 +68,10 @@ class TuneSweeper(Sweeper):
             parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
             space = SearchSpace.parse(parser, [f"{k}={v}" for k, v in self.params.items()] + list(arguments))
             if not cfg.wait and not cfg.dry_run:
-                raise TuneConfigError("wait=false: a tuning study needs each batch's results before it asks for the "
-                                      "next; accepted with hydra/sweeper=tune: wait=true")
+                raise TuneConfigError(
+                    "wait=false: a tuning study needs each batch's results before it asks for the "
+                    "next; accepted with hydra/sweeper=tune: wait=true"
+                )
         except (TuneConfigError, SpaceError) as exc:
             end_sweep_run(sweep_dir, str(exc))
             raise
@@ -78,8 +89,11 @@ class TuneSweeper(Sweeper):
         store = MlflowStore(manifest.tracking_uri, manifest.experiment)
         store.set_tags(manifest.parent_run_id, {STUDY_TAG: study.study_name, "ghsweep.tune.storage": settings.storage})
         store.log_params(manifest.parent_run_id, {f"tune.{k}": v for k, v in OmegaConf.to_container(cfg.tune).items()})
-        print(f"ghsweep tune: study {study.study_name} ({settings.storage}): {trials_done(study)} of "
-              f"{settings.trials} trials done before this sweep", flush=True)
+        print(
+            f"ghsweep tune: study {study.study_name} ({settings.storage}): {trials_done(study)} of "
+            f"{settings.trials} trials done before this sweep",
+            flush=True,
+        )
 
         self.job_num = 0
         while (left := settings.trials - trials_done(study)) > 0:
@@ -96,17 +110,28 @@ class TuneSweeper(Sweeper):
         store.log_artifacts(manifest.parent_run_id, files, TUNE_DIR)
         best = answer(study)
         if best:
-            store.set_tags(manifest.parent_run_id, {"ghsweep.tune.best_trials": ",".join(str(t.number) for t in best),
-                                                    "ghsweep.tune.best_command": command(best[0])})
-        print("\n" + summarize(study, settings, space) + f"\n  report: {sweep_dir / TUNE_DIR / TUNE_REPORT} "
-              "(and on the sweep's MLflow run under tune/)\n", flush=True)
+            store.set_tags(
+                manifest.parent_run_id,
+                {
+                    "ghsweep.tune.best_trials": ",".join(str(t.number) for t in best),
+                    "ghsweep.tune.best_command": command(best[0]),
+                },
+            )
+        print(
+            "\n" + summarize(study, settings, space) + f"\n  report: {sweep_dir / TUNE_DIR / TUNE_REPORT} "
+            "(and on the sweep's MLflow run under tune/)\n",
+            flush=True,
+        )
 
     def _outcomes(self, study: optuna.Study, space: SearchSpace, trials: list[Trial]) -> dict[int, TrialOutcome]:
         """Each trial's outcome by its number: the failure its knob values had before in the study, or
         its run, the runs of a batch launched together as jobs numbered on from the sweep's last."""
         failed_before = {} if self.config.force else earlier_failures(study)
-        outcomes = {t.number: TrialOutcome(space.overrides(t.params), "FAILED", error=failed_before[key])
-                    for t in trials if (key := knob_values(t.params)) in failed_before}
+        outcomes = {
+            t.number: TrialOutcome(space.overrides(t.params), "FAILED", error=failed_before[key])
+            for t in trials
+            if (key := knob_values(t.params)) in failed_before
+        }
         to_run = [t for t in trials if t.number not in outcomes]
         batch = [space.overrides(t.params) for t in to_run]
         if batch:

@@ -9,8 +9,19 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from tests.conftest import CONF_DIR, compose_config
 
-KNOB_GROUPS = ["peft", "precision", "offload", "memory", "dataloader", "model", "data", "backend", "profile",
-               "tracking", "experiment"]
+KNOB_GROUPS = [
+    "peft",
+    "precision",
+    "offload",
+    "memory",
+    "dataloader",
+    "model",
+    "data",
+    "backend",
+    "profile",
+    "tracking",
+    "experiment",
+]
 
 
 def group_options(group: str) -> list[str]:
@@ -26,9 +37,7 @@ def test_group_options_are_what_hydra_offers(group):
     assert sorted(offered) == group_options(group)
 
 
-@pytest.mark.parametrize(
-    "group,option", [(g, o) for g in KNOB_GROUPS for o in group_options(g)]
-)
+@pytest.mark.parametrize("group,option", [(g, o) for g in KNOB_GROUPS for o in group_options(g)])
 def test_every_option_composes(group, option):
     cfg = compose_config(f"{group}={option}")
     if group in ("peft", "precision", "memory", "model", "data", "backend", "profile"):

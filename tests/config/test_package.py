@@ -33,14 +33,40 @@ def installed_python(tmp_path_factory) -> Path:
         else:
             shutil.copy2(REPO / name, source / name)
     wheels = root / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
-                    str(source)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+            str(source),
+        ],
+        check=True,
+    )
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     python = venv / "bin" / "python"
     # --force-reinstall: this interpreter's site-packages already hold a ghsweep (editable) to shadow.
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--force-reinstall",
-                    *map(str, wheels.glob("ghsweep-*.whl"))], check=True, env=without_repo())
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--force-reinstall",
+            *map(str, wheels.glob("ghsweep-*.whl")),
+        ],
+        check=True,
+        env=without_repo(),
+    )
     return python
 
 
@@ -50,8 +76,9 @@ def without_repo() -> dict[str, str]:
 
 
 def run_installed(python: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(python), *args], cwd=cwd, env=without_repo(), capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [str(python), *args], cwd=cwd, env=without_repo(), capture_output=True, text=True, timeout=300
+    )
 
 
 def test_the_wheel_is_imported_not_the_repo(installed_python, tmp_path):
@@ -61,8 +88,9 @@ def test_the_wheel_is_imported_not_the_repo(installed_python, tmp_path):
 
 
 def test_installed_wheel_composes_a_preset(installed_python, tmp_path):
-    proc = run_installed(installed_python, tmp_path, "-m", "ghsweep", "--cfg", "job", "experiment=smoke",
-                         "precision=fp32")
+    proc = run_installed(
+        installed_python, tmp_path, "-m", "ghsweep", "--cfg", "job", "experiment=smoke", "precision=fp32"
+    )
     assert proc.returncode == 0, proc.stderr
     assert "max_steps: 20" in proc.stdout and "name: fp32" in proc.stdout
 

@@ -35,14 +35,17 @@ def test_every_schema_knob_is_in_the_config_and_its_default_meets_the_rule(full_
     schema.check(key, value)
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("precision", "fp64", "precision=fp64: not an accepted value; accepted: fp32, fp16, bf16, fp8"),
-    ("train.compile", "sometimes", "train.compile=sometimes: not an accepted value; accepted: auto, True, False"),
-    ("train.max_steps", 2.5, "train.max_steps=2.5: must be an integer >= 1"),
-    ("train.min_lr_ratio", -0.5, "train.min_lr_ratio=-0.5: must be a number >= 0 and <= 1"),
-    ("train.grad_clip", 0, "train.grad_clip=0: must be a number > 0"),
-    ("profile.nsys.trace", ["cuda", "gpu"], "profile.nsys.trace=gpu: not an accepted value; accepted: cuda, nvtx"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("precision", "fp64", "precision=fp64: not an accepted value; accepted: fp32, fp16, bf16, fp8"),
+        ("train.compile", "sometimes", "train.compile=sometimes: not an accepted value; accepted: auto, True, False"),
+        ("train.max_steps", 2.5, "train.max_steps=2.5: must be an integer >= 1"),
+        ("train.min_lr_ratio", -0.5, "train.min_lr_ratio=-0.5: must be a number >= 0 and <= 1"),
+        ("train.grad_clip", 0, "train.grad_clip=0: must be a number > 0"),
+        ("profile.nsys.trace", ["cuda", "gpu"], "profile.nsys.trace=gpu: not an accepted value; accepted: cuda, nvtx"),
+    ],
+)
 def test_a_broken_rule_is_one_line_naming_the_key_and_what_is_accepted(key, value, message):
     with pytest.raises(ConfigError) as err:
         schema.check(key, value)

@@ -97,8 +97,9 @@ def hf_config_folder(tmp_path, **fields):
     """A model folder as far as validation reads it: config.json written by save_pretrained."""
     import json
 
-    (tmp_path / "config.json").write_text(json.dumps(
-        {"model_type": "llama", "num_hidden_layers": 2, "max_position_embeddings": 512, **fields}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "llama", "num_hidden_layers": 2, "max_position_embeddings": 512, **fields})
+    )
     return tmp_path
 
 
@@ -109,8 +110,12 @@ def test_model_folder_shape_wins_over_the_model_yaml(tmp_path):
     assert msg.startswith("offload.num_layers=8:") and f"model.path={folder} has only 2 layers" in msg
     msg = error_of(composed("model=llama2_7b", f"model.path={folder}", "train.seq_length=1024"))
     assert "train.seq_length=1024" in msg and "8 to 512" in msg
-    validate(composed("model=llama2_7b", f"model.path={folder}", "train.seq_length=512", "offload=on",
-                      "offload.num_layers=2"), None)
+    validate(
+        composed(
+            "model=llama2_7b", f"model.path={folder}", "train.seq_length=512", "offload=on", "offload.num_layers=2"
+        ),
+        None,
+    )
 
 
 def test_model_folder_of_another_architecture(tmp_path):
@@ -140,15 +145,18 @@ def test_a_model_without_a_rate_for_this_peft_names_the_keys():
     assert msg.startswith("train.lr:") and "model.lr.lora" in msg and "train.lr=RATE" in msg
 
 
-@pytest.mark.parametrize("override, start, accepted", [
-    ("train.lr=0", "train.lr=0:", "> 0"),
-    ("train.lr_schedule=step", "train.lr_schedule=step:", "cosine, linear, constant"),
-    ("train.lr_warmup_ratio=1.5", "train.lr_warmup_ratio=1.5:", "<= 1"),
-    ("train.grad_clip=-1", "train.grad_clip=-1:", "> 0"),
-    ("train.activation_memory_budget=1.5", "train.activation_memory_budget=1.5:", "<= 1"),
-    ("train.optimizer_in_backward=maybe", "train.optimizer_in_backward=maybe:", "True, False"),
-    ("data.mean_tokens=0", "data.mean_tokens=0:", "> 0"),
-])
+@pytest.mark.parametrize(
+    "override, start, accepted",
+    [
+        ("train.lr=0", "train.lr=0:", "> 0"),
+        ("train.lr_schedule=step", "train.lr_schedule=step:", "cosine, linear, constant"),
+        ("train.lr_warmup_ratio=1.5", "train.lr_warmup_ratio=1.5:", "<= 1"),
+        ("train.grad_clip=-1", "train.grad_clip=-1:", "> 0"),
+        ("train.activation_memory_budget=1.5", "train.activation_memory_budget=1.5:", "<= 1"),
+        ("train.optimizer_in_backward=maybe", "train.optimizer_in_backward=maybe:", "True, False"),
+        ("data.mean_tokens=0", "data.mean_tokens=0:", "> 0"),
+    ],
+)
 def test_training_settings_out_of_range(override, start, accepted):
     msg = error_of(composed(override))
     assert msg.startswith(start) and accepted in msg
@@ -157,7 +165,11 @@ def test_training_settings_out_of_range(override, start, accepted):
 def test_flex_attention_needs_document_masking_on_a_gpu():
     validate(composed("train.attention=flex"), H100)
     msg = error_of(composed("train.attention=flex"))
-    assert msg.startswith("train.attention=flex:") and "device=auto" in msg and "flex" not in msg.split("accepted here:")[1]
+    assert (
+        msg.startswith("train.attention=flex:")
+        and "device=auto" in msg
+        and "flex" not in msg.split("accepted here:")[1]
+    )
     msg = error_of(composed("train.attention=flex", "data.packing_mask=causal"), H100)
     assert "data.packing_mask=causal" in msg
 
@@ -168,14 +180,15 @@ def test_activation_memory_budget_needs_compiled_layers():
     msg = error_of(composed("train.activation_memory_budget=0.5"))
     assert msg.startswith("train.activation_memory_budget=0.5:") and "train.compile=auto, device=auto" in msg
     assert "train.compile=true" in msg.split("accepted here:")[1]
-    assert "train.compile=False" in error_of(composed("train.activation_memory_budget=0.5", "train.compile=false"), H100)
+    assert "train.compile=False" in error_of(
+        composed("train.activation_memory_budget=0.5", "train.compile=false"), H100
+    )
 
 
 def test_optimizer_in_backward_refuses_fp16_loss_scaling():
     validate(composed("train.optimizer_in_backward=true", "precision=bf16"), None)
     msg = error_of(composed("train.optimizer_in_backward=true", "precision=fp16"))
     assert msg.startswith("train.optimizer_in_backward=true:") and "accepted with precision=fp16: false" in msg
-
 
 
 def test_fp8_settings_are_checked_against_the_schema():

@@ -19,9 +19,19 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import REPO, run_cli
 
-SMOKE = ["model=tiny_llama", "device=cpu", "train.max_steps=3", "train.seq_length=64", "train.micro_batch_size=1",
-         "train.warmup_steps=1", "train.log_every=1", "offload.num_layers=2", "capture.start_step=1",
-         "capture.num_steps=1", "profile=none"]
+SMOKE = [
+    "model=tiny_llama",
+    "device=cpu",
+    "train.max_steps=3",
+    "train.seq_length=64",
+    "train.micro_batch_size=1",
+    "train.warmup_steps=1",
+    "train.log_every=1",
+    "offload.num_layers=2",
+    "capture.start_step=1",
+    "capture.num_steps=1",
+    "profile=none",
+]
 UNIFIED_ON_CPU = "memory=unified: CUDA managed memory needs an NVIDIA GPU and this run has none"
 FP8_ON_CPU = "precision=fp8: needs an NVIDIA GPU of compute capability >= 8.9 and this run has none"
 # Per preset: extra smoke overrides, and the outcome of each combination (by its swept override):
@@ -35,8 +45,10 @@ EXPECTED = {
     "peft_vs_full": ([], {"peft=lora": "FINISHED", "peft=none": "FINISHED"}),
     "top5_roofline": (["profile=torch"], {"precision=fp32": "FINISHED", "precision=bf16": "FINISHED"}),
     # A tuning study: its trials are sampled; with precision fixed its random start covers offload's two values.
-    "autotune": (["precision=bf16", "tune.trials=3", "tune.startup_trials=3"],
-                 {"precision=bf16 offload=off": "FINISHED", "precision=bf16 offload=on": "FINISHED"}),
+    "autotune": (
+        ["precision=bf16", "tune.trials=3", "tune.startup_trials=3"],
+        {"precision=bf16 offload=off": "FINISHED", "precision=bf16 offload=on": "FINISHED"},
+    ),
 }
 PRESETS = sorted(p.stem for p in (REPO / "experiments").glob("*.yaml"))
 
@@ -61,8 +73,17 @@ def store_uri(tmp_path_factory) -> str:
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_runs_at_smoke_size(preset, store_uri, tmp_path):
     extra, outcomes = EXPECTED[preset]
-    proc = run_cli(["-m", f"experiment={preset}", *SMOKE, *extra, f"tracking.uri={store_uri}",
-                    f"tracking.experiment=preset_{preset}"], tmp_path)
+    proc = run_cli(
+        [
+            "-m",
+            f"experiment={preset}",
+            *SMOKE,
+            *extra,
+            f"tracking.uri={store_uri}",
+            f"tracking.experiment=preset_{preset}",
+        ],
+        tmp_path,
+    )
     failures = [o for o in outcomes.values() if o != "FINISHED"]
     assert proc.returncode == (1 if failures else 0), proc.stderr[-3000:]
 
@@ -88,13 +109,29 @@ def test_preset_runs_at_smoke_size(preset, store_uri, tmp_path):
     if preset == "top5_roofline":
         # Profiled runs (the PyTorch profiler here) also get the kernel-time shares plot.
         assert "comparison/plots/kernel_shares.png" in {
-            a.path for a in client.list_artifacts(parent.info.run_id, "comparison/plots")}
+            a.path for a in client.list_artifacts(parent.info.run_id, "comparison/plots")
+        }
         check_assignment(parent.info.run_name, store_uri, tmp_path)
 
 
 def check_assignment(sweep_name: str, store_uri: str, cwd: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "ghsweep.report", "--assignment", sweep_name, "--out", "asg",
-                           "--tracking-uri", store_uri], cwd=cwd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ghsweep.report",
+            "--assignment",
+            sweep_name,
+            "--out",
+            "asg",
+            "--tracking-uri",
+            store_uri,
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("speedup of one iteration: ")
     md = (cwd / "asg" / "assignment.md").read_text()

@@ -17,8 +17,9 @@ SWEEP = ["-m", "experiment=smoke", "precision=fp32,bf16", "train.max_steps=6", "
 
 def gate(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
-    return subprocess.run([sys.executable, "-m", "ghsweep.gate", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "ghsweep.gate", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +27,7 @@ def swept(tmp_path_factory) -> Path:
     cwd = tmp_path_factory.mktemp("gate")
     proc = run_cli([*SWEEP, "hydra.sweep.dir=sweep"], cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    written = gate(cwd, "sweep", "--against", "ref.json", "--write",
-                   "--checks", "tokens_per_s,peak_mem_gb,loss")
+    written = gate(cwd, "sweep", "--against", "ref.json", "--write", "--checks", "tokens_per_s,peak_mem_gb,loss")
     assert written.returncode == 0, written.stderr
     return cwd
 
@@ -48,13 +48,15 @@ def scale(metric: str, factor: float):
     def change(reference: dict) -> None:
         for values in reference["runs"].values():
             values[metric] *= factor
+
     return change
 
 
 def test_written_reference_holds_every_run_and_the_sweep_passes_it(swept):
     reference = json.loads((swept / "ref.json").read_text())
-    assert set(reference["runs"]) == {f"experiment=smoke precision={p} train.max_steps=6 train.seq_length=64"
-                                      for p in ("fp32", "bf16")}
+    assert set(reference["runs"]) == {
+        f"experiment=smoke precision={p} train.max_steps=6 train.seq_length=64" for p in ("fp32", "bf16")
+    }
     for values in reference["runs"].values():
         assert [step for step, _ in values["loss"]] == list(range(6))
         assert values["tokens_per_s"] > 0 and values["peak_mem_gb"] > 0
@@ -65,8 +67,9 @@ def test_written_reference_holds_every_run_and_the_sweep_passes_it(swept):
 
 def test_a_planted_ten_percent_regression_fails_with_one_line_per_run(swept):
     # The reference 10% faster than this sweep: this sweep is a 10% throughput regression.
-    proc = gate(swept, "sweep", "--against", planted(swept, "faster.json", scale("tokens_per_s", 1 / 0.9)),
-                "--tolerance", "5%")
+    proc = gate(
+        swept, "sweep", "--against", planted(swept, "faster.json", scale("tokens_per_s", 1 / 0.9)), "--tolerance", "5%"
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith("REGRESSION ")]
     assert len(lines) == 2 and all("tokens_per_s" in line and "(-10.0%, tolerance 5%)" in line for line in lines)
@@ -82,15 +85,25 @@ def test_noise_within_the_tolerance_passes(swept):
 
 def test_a_missing_or_failed_run_fails(swept):
     def add_run(reference: dict) -> None:
-        reference["runs"]["experiment=smoke precision=fp16 train.max_steps=6 train.seq_length=64"] = {"loss": [[0, 5.0]]}
+        reference["runs"]["experiment=smoke precision=fp16 train.max_steps=6 train.seq_length=64"] = {
+            "loss": [[0, 5.0]]
+        }
+
     proc = gate(swept, "sweep", "--against", planted(swept, "more.json", add_run))
     assert proc.returncode == 1
-    assert "REGRESSION experiment=smoke precision=fp16 train.max_steps=6 train.seq_length=64: not in the sweep" in proc.stdout
+    assert (
+        "REGRESSION experiment=smoke precision=fp16 train.max_steps=6 train.seq_length=64: not in the sweep"
+        in proc.stdout
+    )
 
     failing = run_cli([*SWEEP[:2], "precision=fp8", *SWEEP[3:], "hydra.sweep.dir=fp8"], swept)
     assert failing.returncode != 0
+
     def expect_fp8(reference: dict) -> None:
-        reference["runs"] = {"experiment=smoke precision=fp8 train.max_steps=6 train.seq_length=64": {"loss": [[0, 5.0]]}}
+        reference["runs"] = {
+            "experiment=smoke precision=fp8 train.max_steps=6 train.seq_length=64": {"loss": [[0, 5.0]]}
+        }
+
     proc = gate(swept, "fp8", "--against", planted(swept, "fp8.json", expect_fp8))
     assert proc.returncode == 1 and "FAILED: precision=fp8: needs an NVIDIA GPU" in proc.stdout, proc.stdout
 
@@ -99,6 +112,7 @@ def test_a_loss_curve_outside_the_band_fails(swept):
     def shift(reference: dict) -> None:
         for values in reference["runs"].values():
             values["loss"][-1][1] *= 1.1
+
     proc = gate(swept, "sweep", "--against", planted(swept, "loss.json", shift), "--loss-band", "5%")
     assert proc.returncode == 1 and regression_lines(proc, "loss at step 5") == 2, proc.stdout
 
@@ -117,10 +131,13 @@ def test_a_sweep_by_its_mlflow_name(swept):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--tolerance", "five"], "'five': a fraction such as 5% or 0.05"),
-    (["--write", "--checks", "speed"], "--checks speed: unknown; accepted: tokens_per_s"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--tolerance", "five"], "'five': a fraction such as 5% or 0.05"),
+        (["--write", "--checks", "speed"], "--checks speed: unknown; accepted: tokens_per_s"),
+    ],
+)
 def test_bad_arguments_are_one_line_errors(swept, args, message):
     proc = gate(swept, "sweep", "--against", "x.json", *args)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from ghsweep.core.errors import ConfigError
 from ghsweep.launch.container import check_container, container_prefix, tool_finder
 from ghsweep.launch.plan import node_plan
 from ghsweep.launch.worker_process import worker_command
 from ghsweep.profile import capture
-from ghsweep.core.errors import ConfigError
 from tests.launch.stand_ins import NODE_GPU, compose_config, fake_runtime
 
 
@@ -34,20 +34,36 @@ def test_gh200_profile_wraps_the_worker_in_the_container_with_binds_and_env(tmp_
     assert ["--bind", str(tmp_path.resolve())] == prefix[3:5]
     assert ["--bind", str(Path.home())] == prefix[5:7]
     assert ["--env", "HF_HUB_OFFLINE=1"] == prefix[7:9]
-    assert command[image + 1:] == ["python3", "-m", "ghsweep.train.worker", str(tmp_path)]
+    assert command[image + 1 :] == ["python3", "-m", "ghsweep.train.worker", str(tmp_path)]
 
 
 def test_binds_env_and_runtime_from_the_command_line(tmp_path):
-    cfg = compose_config("experiment=smoke", "container.image=/c.sif", "container.runtime=singularity",
-                         "container.nv=false", "container.binds=[/lustre/data:/data:ro]", "+container.env.MSG='a b;rm -rf /'")
+    cfg = compose_config(
+        "experiment=smoke",
+        "container.image=/c.sif",
+        "container.runtime=singularity",
+        "container.nv=false",
+        "container.binds=[/lustre/data:/data:ro]",
+        "+container.env.MSG='a b;rm -rf /'",
+    )
     assert container_prefix(cfg, tmp_path) == [
-        "singularity", "exec", "--bind", str(tmp_path.resolve()), "--bind", "/lustre/data:/data:ro",
-        "--env", "MSG=a b;rm -rf /", "/c.sif"]
+        "singularity",
+        "exec",
+        "--bind",
+        str(tmp_path.resolve()),
+        "--bind",
+        "/lustre/data:/data:ro",
+        "--env",
+        "MSG=a b;rm -rf /",
+        "/c.sif",
+    ]
 
 
 def test_unknown_runtime_is_a_one_line_error(tmp_path):
     cfg = compose_config("experiment=smoke", "container.image=/c.sif", "container.runtime=docker")
-    with pytest.raises(ConfigError, match=r"^container.runtime=docker: not a container runtime; accepted: apptainer, singularity$"):
+    with pytest.raises(
+        ConfigError, match=r"^container.runtime=docker: not a container runtime; accepted: apptainer, singularity$"
+    ):
         worker_command(cfg, tmp_path)
 
 
@@ -69,13 +85,16 @@ def test_profilers_are_looked_up_and_exported_inside_the_container(tmp_path, mon
     fake_runtime(host_bin)
     image_bin = Path(f"{image}.bin")
     image_bin.mkdir()
-    (image_bin / "nsys").write_text('#!/bin/sh\nfor a in "$@"; do case "$a" in --output=*) : > "${a#--output=}";; esac; done\n')
+    (image_bin / "nsys").write_text(
+        '#!/bin/sh\nfor a in "$@"; do case "$a" in --output=*) : > "${a#--output=}";; esac; done\n'
+    )
     (image_bin / "nsys").chmod(0o755)
     monkeypatch.setenv("PATH", f"{host_bin}:/usr/bin:/bin")
     image.touch()
     # device=auto: the run takes the node's GPU (smoke's default device is the CPU).
-    cfg = compose_config("hydra/launcher=gh200", "experiment=smoke", f"container.image={image}", "profile=nsys_ncu",
-                 "device=auto")
+    cfg = compose_config(
+        "hydra/launcher=gh200", "experiment=smoke", f"container.image={image}", "profile=nsys_ncu", "device=auto"
+    )
     prefix = container_prefix(cfg, tmp_path)
     find = tool_finder(prefix)
     assert find("nsys", None) == "nsys"
@@ -85,9 +104,16 @@ def test_profilers_are_looked_up_and_exported_inside_the_container(tmp_path, mon
     # The job's plan: nsys from the image, and ncu missing there is the one-line error before training.
     with pytest.raises(ConfigError, match=r"^profile=nsys_ncu: ncu not found on PATH"):
         node_plan(cfg, tmp_path, "run", [], NODE_GPU, slurm_tasks=None)
-    plan = node_plan(compose_config("hydra/launcher=gh200", "experiment=smoke", f"container.image={image}",
-                                    "profile=nsys", "device=auto"),
-                     tmp_path, "run", [], NODE_GPU, slurm_tasks=None).profile
+    plan = node_plan(
+        compose_config(
+            "hydra/launcher=gh200", "experiment=smoke", f"container.image={image}", "profile=nsys", "device=auto"
+        ),
+        tmp_path,
+        "run",
+        [],
+        NODE_GPU,
+        slurm_tasks=None,
+    ).profile
     assert (plan.nsys_path, plan.tool_prefix) == ("nsys", prefix)
 
     # The export runs where the report was made: through the container, not on the host.
@@ -102,7 +128,13 @@ def test_torchrun_starts_one_container_per_rank(tmp_path):
     """Locally, as srun on SLURM: each rank is its own container process with the rank's environment."""
     cfg = compose_config("experiment=smoke", "container.image=/c.sif", "backend.gpus_per_node=2")
     command = worker_command(cfg, tmp_path, local_ranks=2)
-    assert command[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           "--no-python"]
+    assert command[:6] == [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "--no-python",
+    ]
     assert command[6:9] == ["apptainer", "exec", "--nv"]
     assert command[-4:] == ["python3", "-m", "ghsweep.train.worker", str(tmp_path)]

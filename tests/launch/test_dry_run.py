@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from ghsweep.core.errors import ConfigError
 from ghsweep.launch.plan import dry_run_plans, node_plan
 from ghsweep.profile.plan import resolve
-from ghsweep.core.errors import ConfigError
 from tests.conftest import run_cli
 from tests.launch.stand_ins import NODE_GPU, compose_config, fake_runtime, tool
 
@@ -37,8 +37,17 @@ def assert_nothing_ran(cwd) -> None:
 
 
 def test_slurm_sweep_dry_run_prints_every_combination_and_submits_nothing(tmp_path):
-    proc = run_cli(["-m", "hydra/launcher=local_slurm", "experiment=smoke", "precision=fp32,bf16",
-                    "offload=off,on", "dry_run=true"], tmp_path)
+    proc = run_cli(
+        [
+            "-m",
+            "hydra/launcher=local_slurm",
+            "experiment=smoke",
+            "precision=fp32,bf16",
+            "offload=off,on",
+            "dry_run=true",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = blocks(proc.stdout)
     assert len(found) == 4
@@ -48,8 +57,15 @@ def test_slurm_sweep_dry_run_prints_every_combination_and_submits_nothing(tmp_pa
         assert head.startswith(f"#{i} ")
         run_dirs.add(run_dir.split("run dir: ")[1])
         assert worker.endswith(f"-m ghsweep.train.worker {run_dir.split('run dir: ')[1]}")
-        for option in ("--array=0-3%4", "--cpus-per-task=1", "--gpus-per-node=1", "--mem=2GB",
-                       "--partition=debug", "--time=10", "--signal=USR2@120"):
+        for option in (
+            "--array=0-3%4",
+            "--cpus-per-task=1",
+            "--gpus-per-node=1",
+            "--mem=2GB",
+            "--partition=debug",
+            "--time=10",
+            "--signal=USR2@120",
+        ):
             assert option in launch.split(), option
     assert len(run_dirs) == 4
     assert "dry run, 4 combinations; nothing was submitted" in proc.stdout
@@ -58,15 +74,32 @@ def test_slurm_sweep_dry_run_prints_every_combination_and_submits_nothing(tmp_pa
 
 def test_gh200_dry_run_shows_the_container_command(tmp_path):
     image = tmp_path / "ghsweep-nemo.sif"
-    proc = run_cli(["-m", "hydra/launcher=gh200", "experiment=smoke", "precision=fp32", f"container.image={image}",
-                    "hydra.launcher.partition=gh", "hydra.launcher.account=proj1", "dry_run=true"], tmp_path)
+    proc = run_cli(
+        [
+            "-m",
+            "hydra/launcher=gh200",
+            "experiment=smoke",
+            "precision=fp32",
+            f"container.image={image}",
+            "hydra.launcher.partition=gh",
+            "hydra.launcher.account=proj1",
+            "dry_run=true",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ((_, run_dir, worker, launch),) = [b[:4] for b in blocks(proc.stdout)]
     run_dir = run_dir.split("run dir: ")[1]
     assert worker.split("worker:  ")[1].startswith(f"singularity exec --nv --bind {run_dir} ")
     assert f" {image} python3 -m ghsweep.train.worker {run_dir}" in worker
-    for option in ("--gpus-per-node=1", "--cpus-per-task=72", "--mem=400GB", "--time=120", "--partition=gh",
-                   "--account=proj1"):
+    for option in (
+        "--gpus-per-node=1",
+        "--cpus-per-task=72",
+        "--mem=400GB",
+        "--time=120",
+        "--partition=gh",
+        "--account=proj1",
+    ):
         assert option in launch.split(), option
     # The profile's tracking server, with no tracking flag.
     assert "  mlflow:  http://login-node:5000 (experiment ghsweep)" in proc.stdout.splitlines()
@@ -85,8 +118,10 @@ def test_local_dry_run_prints_and_trains_nothing(tmp_path):
 def test_wait_false_needs_a_slurm_launcher(tmp_path):
     proc = run_cli(["-m", "experiment=smoke", "wait=false"], tmp_path)
     assert proc.returncode != 0
-    assert "wait=false: needs a SLURM launcher profile (e.g. hydra/launcher=gh200); this sweep uses " \
-           "hydra/launcher=local" in proc.stderr
+    assert (
+        "wait=false: needs a SLURM launcher profile (e.g. hydra/launcher=gh200); this sweep uses "
+        "hydra/launcher=local" in proc.stderr
+    )
     assert_nothing_ran(tmp_path)
     # hydra-submitit-launcher's own SLURM launcher blocks and records no jobs for `ghsweep.status`.
     proc = run_cli(["-m", "experiment=smoke", "wait=false", "hydra/launcher=submitit_slurm"], tmp_path)
@@ -138,8 +173,18 @@ def test_nsys_worker_command_is_the_one_the_job_runs_with_and_without_container(
     image.touch()  # on the node, where the job checks it
     # The image brings its own nsys and ncu; the host's are not used inside it.
     fake_runtime(bin_dir), tool(Path(f"{image}.bin"), "nsys"), tool(Path(f"{image}.bin"), "ncu")
-    proc = run_cli(["-m", "hydra/launcher=gh200", "experiment=smoke", "device=auto", "profile=nsys,nsys_ncu,auto",
-                    f"container.image={image},null", "dry_run=true"], tmp_path)
+    proc = run_cli(
+        [
+            "-m",
+            "hydra/launcher=gh200",
+            "experiment=smoke",
+            "device=auto",
+            "profile=nsys,nsys_ncu,auto",
+            f"container.image={image},null",
+            "dry_run=true",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = combinations(proc.stdout)
     assert len(found) == 6
@@ -153,7 +198,7 @@ def test_nsys_worker_command_is_the_one_the_job_runs_with_and_without_container(
         # In the container the image's PATH resolves nsys; on the host, the one found here.
         at = printed.index("nsys" if python == "python3" else str(nsys))
         assert printed[at + 1] == "profile" and f"--output={run_dir / 'profile'}" in printed
-        assert printed[printed.index(python):] == [python, "-m", "ghsweep.train.worker", str(run_dir)]
+        assert printed[printed.index(python) :] == [python, "-m", "ghsweep.train.worker", str(run_dir)]
         assert at < printed.index(python)
         if python == "python3":
             assert printed[:3] == ["singularity", "exec", "--nv"] and printed.index(str(image)) == at - 1
@@ -176,8 +221,17 @@ def test_nsys_worker_command_is_the_one_the_job_runs_with_and_without_container(
 
 def test_in_process_dry_run_prints_the_nsys_command_the_job_runs(tmp_path):
     nsys = tool(tmp_path / "opt", "nsys")
-    proc = run_cli(["hydra/launcher=local", "experiment=smoke", "device=cuda", "profile=nsys",
-                    f"profile.nsys.path={nsys}", "dry_run=true"], tmp_path)
+    proc = run_cli(
+        [
+            "hydra/launcher=local",
+            "experiment=smoke",
+            "device=cuda",
+            "profile=nsys",
+            f"profile.nsys.path={nsys}",
+            "dry_run=true",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ((name, block),) = combinations(proc.stdout).items()
     run_dir = Path(block["run dir"])
@@ -195,17 +249,32 @@ def test_without_nsys_here_the_node_resolves_it_and_what_never_runs_says_why(tmp
     # This machine has no nsys: the dry run shows the command with `nsys`, the node's PATH decides.
     path = [d for d in os.environ["PATH"].split(":") if not (Path(d) / "nsys").exists()]
     monkeypatch.setenv("PATH", ":".join(path))
-    proc = run_cli(["-m", "hydra/launcher=local_slurm", "experiment=smoke", "profile=nsys,auto,torch",
-                    "device=auto,cpu", "dry_run=true"], tmp_path)
+    proc = run_cli(
+        [
+            "-m",
+            "hydra/launcher=local_slurm",
+            "experiment=smoke",
+            "profile=nsys,auto,torch",
+            "device=auto,cpu",
+            "dry_run=true",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    found = {(o["profile"], o["device"]): b for o, b in ((overrides_of(n), b) for n, b in combinations(proc.stdout).items())}
+    found = {
+        (o["profile"], o["device"]): b for o, b in ((overrides_of(n), b) for n, b in combinations(proc.stdout).items())
+    }
     assert len(found) == 6
 
     command = shlex.split(found["nsys", "auto"]["worker"])
     assert command[:2] == ["nsys", "profile"] and command[-3:-1] == ["-m", "ghsweep.train.worker"]
-    assert f"nsys {NODE_MARK} (the first on its PATH; none on PATH here, so shown as `nsys`)" in \
-        found["nsys", "auto"]["profile"]
-    same_dir = found["auto", "auto"]["worker"].replace(found["auto", "auto"]["run dir"], found["nsys", "auto"]["run dir"])
+    assert (
+        f"nsys {NODE_MARK} (the first on its PATH; none on PATH here, so shown as `nsys`)"
+        in found["nsys", "auto"]["profile"]
+    )
+    same_dir = found["auto", "auto"]["worker"].replace(
+        found["auto", "auto"]["run dir"], found["nsys", "auto"]["run dir"]
+    )
     assert shlex.split(same_dir) == command
     assert found["auto", "auto"]["profile"].startswith(f"auto, {NODE_MARK}:")
 
@@ -218,17 +287,22 @@ def test_without_nsys_here_the_node_resolves_it_and_what_never_runs_says_why(tmp
         assert NODE_MARK not in block["profile"] and "else" not in block
         overrides = {"hydra/launcher": "local_slurm", "experiment": "smoke", "profile": profile, "device": device}
         assert shlex.split(block["worker"]) == node_command(overrides, Path(block["run dir"]), on_gpu=False)
-    assert found["auto", "cpu"]["profile"] == \
-        "auto: the PyTorch profiler inside the worker, steps 5-7 (no GPU in this run, device=cpu)"
+    assert (
+        found["auto", "cpu"]["profile"]
+        == "auto: the PyTorch profiler inside the worker, steps 5-7 (no GPU in this run, device=cpu)"
+    )
     assert_nothing_ran(tmp_path)
 
 
-@pytest.mark.parametrize("overrides", [
-    ["device=auto", "profile=auto"],  # two plans: the node with a GPU and nsys, and without
-    ["device=auto", "profile=nsys", "backend.gpus_per_node=1"],
-    ["device=cpu", "profile=torch", "worker.timeout_min=5"],
-    ["device=cpu", "profile=none", "backend.gpus_per_node=2", "peft=none"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["device=auto", "profile=auto"],  # two plans: the node with a GPU and nsys, and without
+        ["device=auto", "profile=nsys", "backend.gpus_per_node=1"],
+        ["device=cpu", "profile=torch", "worker.timeout_min=5"],
+        ["device=cpu", "profile=none", "backend.gpus_per_node=2", "peft=none"],
+    ],
+)
 def test_the_dry_run_plan_is_the_plan_the_job_makes_on_the_node(tmp_path, monkeypatch, overrides):
     """One builder: every field of a dry run's plan (worker command, world, data parallelism, profiler,
     timeout) is what the job decides on a node with a GPU (and, for a second plan, without), bar the
@@ -239,7 +313,7 @@ def test_the_dry_run_plan_is_the_plan_the_job_makes_on_the_node(tmp_path, monkey
     cfg = compose_config("experiment=smoke", *overrides)
     planned = dry_run_plans(cfg, tmp_path, "a=1", ["a=1"], on_slurm=False)
     gpus = [NODE_GPU, None] if cfg.device != "cpu" else [None]
-    on_nodes = [node_plan(cfg, tmp_path, "a=1", ["a=1"], gpu, slurm_tasks=None) for gpu in gpus[:len(planned)]]
+    on_nodes = [node_plan(cfg, tmp_path, "a=1", ["a=1"], gpu, slurm_tasks=None) for gpu in gpus[: len(planned)]]
     assert planned == [dataclasses.replace(plan, gpu=None) for plan in on_nodes]
     assert planned[0].worker_command[-3:] == ["-m", "ghsweep.train.worker", str(tmp_path)]
     assert len(planned) == (2 if overrides[:2] == ["device=auto", "profile=auto"] else 1)

@@ -30,8 +30,17 @@ from tests.launch.stand_ins import compose_config
 
 def combination(run_dir: Path, name: str = "train.max_steps=2") -> Combination:
     run_dir.mkdir(parents=True, exist_ok=True)
-    return Combination(name=name, run_dir=run_dir, overrides=[name], num=0, in_sweep=False, sweep_dir=run_dir.parent,
-                       choices={"precision": "fp32"}, launcher="local", cwd=str(run_dir.parent))
+    return Combination(
+        name=name,
+        run_dir=run_dir,
+        overrides=[name],
+        num=0,
+        in_sweep=False,
+        sweep_dir=run_dir.parent,
+        choices={"precision": "fp32"},
+        launcher="local",
+        cwd=str(run_dir.parent),
+    )
 
 
 def failed_result(combo: Combination) -> RunResult:
@@ -55,7 +64,9 @@ def test_a_config_on_a_slurm_job_of_the_wrong_size_is_refused_on_every_rank(tmp_
     combo = combination(tmp_path / "0")
     result = failed_result(combo)
     train_and_measure(compose_config("experiment=smoke", "backend.gpus_per_node=2"), combo, result, slurm_tasks=3)
-    assert result.error.startswith("backend.num_nodes x backend.gpus_per_node = 2 ranks, but this SLURM job has 3 tasks")
+    assert result.error.startswith(
+        "backend.num_nodes x backend.gpus_per_node = 2 ranks, but this SLURM job has 3 tasks"
+    )
 
 
 def planned_worker(tmp_path: Path, program: str, *overrides: str) -> RunPlan:
@@ -82,25 +93,37 @@ sys.exit(1)
 """
 
 
-@pytest.mark.parametrize("program, error", [
-    (WRITES_ERROR, "OutOfMemoryError: CUDA out of memory"),
-    ("print('loading'); print('segfault in a kernel'); raise SystemExit(3)",
-     "worker exited with status 3: segfault in a kernel"),
-    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
-     "worker killed by SIGKILL (killed from outside, often the out-of-memory killer)"),
-    ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "worker killed by SIGSEGV"),
-], ids=["worker_error.json", "exit status", "SIGKILL", "SIGSEGV"])
+@pytest.mark.parametrize(
+    "program, error",
+    [
+        (WRITES_ERROR, "OutOfMemoryError: CUDA out of memory"),
+        (
+            "print('loading'); print('segfault in a kernel'); raise SystemExit(3)",
+            "worker exited with status 3: segfault in a kernel",
+        ),
+        (
+            "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+            "worker killed by SIGKILL (killed from outside, often the out-of-memory killer)",
+        ),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "worker killed by SIGSEGV"),
+    ],
+    ids=["worker_error.json", "exit status", "SIGKILL", "SIGSEGV"],
+)
 def test_a_worker_that_crashes_is_failed_with_its_reason(tmp_path, program, error):
     result = run_planned(planned_worker(tmp_path, program))
     assert (result.status, result.error, result.metrics) == ("FAILED", error, {})
 
 
 def test_a_hanging_worker_is_killed_at_its_timeout(tmp_path):
-    plan = planned_worker(tmp_path, "import time; print('step 1', flush=True); time.sleep(600)",
-                          "worker.timeout_min=0.01")
+    plan = planned_worker(
+        tmp_path, "import time; print('step 1', flush=True); time.sleep(600)", "worker.timeout_min=0.01"
+    )
     assert plan.timeout_min == 0.01
     result = run_planned(plan)
-    assert (result.status, result.error) == ("FAILED", "worker timed out after 0.01 min (worker.timeout_min) and was killed")
+    assert (result.status, result.error) == (
+        "FAILED",
+        "worker timed out after 0.01 min (worker.timeout_min) and was killed",
+    )
     assert (tmp_path / "0" / WORKER_LOG).read_text() == "step 1\n"
 
 

@@ -24,21 +24,24 @@ def tracking_of(*overrides: str) -> tuple[str, str]:
     return cfg.hydra.runtime.choices.tracking, cfg.tracking.uri
 
 
-@pytest.mark.parametrize("overrides,expected", [
-    ((), ("auto", "sqlite:///mlflow.db")),
-    (("hydra/launcher=local",), ("auto", "sqlite:///mlflow.db")),
-    (("hydra/launcher=submitit_local",), ("auto", "sqlite:///mlflow.db")),
-    (("hydra/launcher=gh200",), ("auto", GH200_SERVER)),
-    (("hydra/launcher=gh200", "experiment=smoke"), ("auto", GH200_SERVER)),
-    (("hydra/launcher=local_slurm",), ("auto", "http://127.0.0.1:5000")),
-    # The command line beats the profile: one URI, the profile's key, or another tracking option.
-    (("hydra/launcher=gh200", "tracking.uri=http://other:5000"), ("auto", "http://other:5000")),
-    (("hydra/launcher=gh200", "tracking.server_uri=http://other:5000"), ("auto", "http://other:5000")),
-    (("hydra/launcher=gh200", "tracking=sqlite"), ("sqlite", "sqlite:///mlflow.db")),
-    (("hydra/launcher=gh200", "tracking=server"), ("server", GH200_SERVER)),
-    (("tracking=server",), ("server", "http://127.0.0.1:5000")),
-    (("tracking=server", "tracking.uri=http://other:5000"), ("server", "http://other:5000")),
-])
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        ((), ("auto", "sqlite:///mlflow.db")),
+        (("hydra/launcher=local",), ("auto", "sqlite:///mlflow.db")),
+        (("hydra/launcher=submitit_local",), ("auto", "sqlite:///mlflow.db")),
+        (("hydra/launcher=gh200",), ("auto", GH200_SERVER)),
+        (("hydra/launcher=gh200", "experiment=smoke"), ("auto", GH200_SERVER)),
+        (("hydra/launcher=local_slurm",), ("auto", "http://127.0.0.1:5000")),
+        # The command line beats the profile: one URI, the profile's key, or another tracking option.
+        (("hydra/launcher=gh200", "tracking.uri=http://other:5000"), ("auto", "http://other:5000")),
+        (("hydra/launcher=gh200", "tracking.server_uri=http://other:5000"), ("auto", "http://other:5000")),
+        (("hydra/launcher=gh200", "tracking=sqlite"), ("sqlite", "sqlite:///mlflow.db")),
+        (("hydra/launcher=gh200", "tracking=server"), ("server", GH200_SERVER)),
+        (("tracking=server",), ("server", "http://127.0.0.1:5000")),
+        (("tracking=server", "tracking.uri=http://other:5000"), ("server", "http://other:5000")),
+    ],
+)
 def test_tracking_uri_of_launch_profiles_and_the_command_line(overrides, expected):
     assert tracking_of(*overrides) == expected
 
@@ -72,9 +75,19 @@ def test_sweep_through_a_site_profile_logs_to_its_tracking_server(mlflow_server,
     (site / "hydra" / "launcher").mkdir(parents=True)
     (site / "hydra" / "launcher" / "site.yaml").write_text(SITE_PROFILE.format(url=mlflow_server.url))
     experiment = "site_profile"
-    proc = run_cli(["-m", f"hydra.searchpath=[file://{site}]", "hydra/launcher=site", "experiment=smoke",
-                    "precision=fp32", "train.max_steps=2", f"tracking.experiment={experiment}",
-                    "hydra.sweep.dir=sweep"], tmp_path)
+    proc = run_cli(
+        [
+            "-m",
+            f"hydra.searchpath=[file://{site}]",
+            "hydra/launcher=site",
+            "experiment=smoke",
+            "precision=fp32",
+            "train.max_steps=2",
+            f"tracking.experiment={experiment}",
+            "hydra.sweep.dir=sweep",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
 
     manifest = json.loads((tmp_path / "sweep" / SWEEP_MANIFEST).read_text())

@@ -18,8 +18,17 @@ def config(*overrides: str):
 
 def test_hash_ignores_launch_and_tracking_keys_but_not_what_trains():
     base = run_hash(config("experiment=smoke"))
-    assert base == run_hash(config("experiment=smoke", "force=true", "dry_run=true", "wait=false",
-                                   "tracking=server", "tracking.experiment=other", "hydra/launcher=local_slurm"))
+    assert base == run_hash(
+        config(
+            "experiment=smoke",
+            "force=true",
+            "dry_run=true",
+            "wait=false",
+            "tracking=server",
+            "tracking.experiment=other",
+            "hydra/launcher=local_slurm",
+        )
+    )
     assert base != run_hash(config("experiment=smoke", "train.max_steps=7"))
     assert base != run_hash(config("experiment=smoke", "precision=fp32"))
     assert base != run_hash(config("experiment=smoke", "container.image=/c.sif"))

@@ -36,10 +36,12 @@ def sections() -> tuple[dict[str, str], dict[str, str]]:
 
 def run_section(script: str, *args: str) -> subprocess.CompletedProcess:
     # python3 of this environment, as the image's python3 would be.
-    env = dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
-               MLFLOW_DISABLE_TELEMETRY="true")
-    return subprocess.run(["bash", "-euc", script, "runscript", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    env = dict(
+        os.environ, PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", MLFLOW_DISABLE_TELEMETRY="true"
+    )
+    return subprocess.run(
+        ["bash", "-euc", script, "runscript", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_builds_from_a_nemo_base_image_with_a_tag_argument():

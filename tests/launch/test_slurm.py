@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from ghsweep.core.run_dir import SLURM_JOBS
 from ghsweep.launch.slurm_jobs import load_jobs
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
@@ -28,8 +29,15 @@ RUN_METRICS = {"loss", "step_time_ms", "tokens_per_s", "peak_mem_gb", "final_los
 
 def sweep_args(server, experiment: str, *args: str) -> list[str]:
     # The profile names its tracking server (tracking.server_uri); this session's server has its own port.
-    return ["-m", "hydra/launcher=local_slurm", "experiment=smoke", "precision=fp32",
-            f"tracking.server_uri={server.url}", f"tracking.experiment={experiment}", *args]
+    return [
+        "-m",
+        "hydra/launcher=local_slurm",
+        "experiment=smoke",
+        "precision=fp32",
+        f"tracking.server_uri={server.url}",
+        f"tracking.experiment={experiment}",
+        *args,
+    ]
 
 
 def runs(server, experiment: str, role: str) -> list[StoredRun]:
@@ -45,8 +53,9 @@ def artifacts(server, run_id: str, path: str | None = None) -> set[str]:
 
 
 def test_smoke_sweep_2x2(mlflow_server, tmp_path):
-    proc = run_cli(sweep_args(mlflow_server, "slurm_smoke", "peft=lora,none", "offload=off,on",
-                              "train.max_steps=3"), tmp_path)
+    proc = run_cli(
+        sweep_args(mlflow_server, "slurm_smoke", "peft=lora,none", "offload=off,on", "train.max_steps=3"), tmp_path
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # The sweep directory has ${now:} in it: the jobs, in other processes, must find the same one.
     (sweep_dir,) = [p.parent for p in tmp_path.glob(f"multirun/*/*/{SLURM_JOBS}")]
@@ -66,7 +75,11 @@ def test_smoke_sweep_2x2(mlflow_server, tmp_path):
         assert RUN_METRICS <= set(child.metrics)
         assert len(store.metric_history(child.run_id, "loss")) == 3
     assert {(c.params["peft"], c.params["offload"]) for c in children} == {
-        ("lora", "off"), ("lora", "on"), ("none", "off"), ("none", "on")}
+        ("lora", "off"),
+        ("lora", "on"),
+        ("none", "off"),
+        ("none", "on"),
+    }
     assert "4 of 4 runs finished" in proc.stdout
 
 
@@ -74,8 +87,9 @@ def test_failing_job_is_failed_with_its_slurm_log(mlflow_server, tmp_path):
     # Passes the checks before training (its fields are there) but is not text: the worker fails on the node.
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"instruction": "hi", "response": {"nested": 1}}\n')
-    proc = run_cli(sweep_args(mlflow_server, "slurm_fail", "data=dolly_file", f"data.path={bad}",
-                              "train.max_steps=2"), tmp_path)
+    proc = run_cli(
+        sweep_args(mlflow_server, "slurm_fail", "data=dolly_file", f"data.path={bad}", "train.max_steps=2"), tmp_path
+    )
     assert proc.returncode != 0
     assert "1 of 1 runs failed" in proc.stderr
     (child,) = runs(mlflow_server, "slurm_fail", "run")
@@ -97,8 +111,13 @@ def test_job_cancelled_with_scancel_ends_killed_and_the_sweep_ends(mlflow_server
     sweep_dir = tmp_path / "sweep"
     # Combination 1 trains long enough to be cancelled while it runs.
     args = sweep_args(mlflow_server, "slurm_cancel", "train.max_steps=3,5000", f"hydra.sweep.dir={sweep_dir}")
-    proc = subprocess.Popen([sys.executable, "-m", "ghsweep", *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ghsweep", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: (sweep_dir / SLURM_JOBS).exists(), 120, "the sweep's jobs to be submitted")
         long_job = next(j for j in load_jobs(sweep_dir) if j.num == 1)
@@ -123,8 +142,9 @@ def test_job_cancelled_with_scancel_ends_killed_and_the_sweep_ends(mlflow_server
     (parent,) = runs(mlflow_server, "slurm_cancel", "sweep")
     assert parent.status == "FAILED"
     # Collecting the ended sweep again changes nothing that was recorded.
-    again = subprocess.run([sys.executable, "-m", "ghsweep.status", str(sweep_dir)], capture_output=True, text=True,
-                           timeout=120)
+    again = subprocess.run(
+        [sys.executable, "-m", "ghsweep.status", str(sweep_dir)], capture_output=True, text=True, timeout=120
+    )
     assert "1 of 2 runs failed" in again.stdout + again.stderr, again.stderr[-2000:]
     (still,) = [c for c in runs(mlflow_server, "slurm_cancel", "run") if c.params["train.max_steps"] == "5000"]
     assert still.tags["ghsweep.error"] == cancelled.tags["ghsweep.error"]
@@ -134,8 +154,16 @@ def test_job_cancelled_with_scancel_ends_killed_and_the_sweep_ends(mlflow_server
 def test_time_limit_without_resumable_backend_is_recorded_timed_out(mlflow_server, tmp_path):
     # SLURM signals the job signal_delay_s before its 2-minute limit, or up to 60 s earlier (its event
     # resolution): 30-90 s after it starts, while it trains.
-    proc = run_cli(sweep_args(mlflow_server, "slurm_timeout", "train.max_steps=5000",
-                              "hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=30"), tmp_path)
+    proc = run_cli(
+        sweep_args(
+            mlflow_server,
+            "slurm_timeout",
+            "train.max_steps=5000",
+            "hydra.launcher.timeout_min=2",
+            "hydra.launcher.signal_delay_s=30",
+        ),
+        tmp_path,
+    )
     assert proc.returncode != 0
     (child,) = runs(mlflow_server, "slurm_timeout", "run")
     assert child.status == "FAILED"
@@ -147,8 +175,16 @@ def test_time_limit_without_resumable_backend_is_recorded_timed_out(mlflow_serve
     # was given, and the job ended inside it on its own (a job SLURM kills at the limit ends TIMEOUT).
     (sweep_dir,) = [p.parent for p in tmp_path.glob(f"multirun/*/*/{SLURM_JOBS}")]
     (job_id,) = job_ids(sweep_dir)
-    state, limit, elapsed = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "State,Timelimit,Elapsed", "-j", job_id],
-                                           capture_output=True, text=True, check=True).stdout.strip().split("|")
+    state, limit, elapsed = (
+        subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-o", "State,Timelimit,Elapsed", "-j", job_id],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .split("|")
+    )
     assert limit == "00:02:00" and state != "TIMEOUT" and elapsed < limit, (state, limit, elapsed)
 
 
@@ -174,8 +210,18 @@ def test_resume_skips_finished_and_reruns_failed(mlflow_server, tmp_path):
     assert sorted(by_path[str(good)]) == ["FINISHED"]
     assert sorted(by_path[str(late)]) == ["FAILED", "FINISHED"]
 
-    forced = run_cli(sweep_args(mlflow_server, "slurm_resume", "data=dolly_file", f"data.path={good}",
-                                "train.max_steps=2", "force=true", f"hydra.sweep.dir={tmp_path / 's3'}"), tmp_path)
+    forced = run_cli(
+        sweep_args(
+            mlflow_server,
+            "slurm_resume",
+            "data=dolly_file",
+            f"data.path={good}",
+            "train.max_steps=2",
+            "force=true",
+            f"hydra.sweep.dir={tmp_path / 's3'}",
+        ),
+        tmp_path,
+    )
     assert forced.returncode == 0
     assert len(load_jobs(tmp_path / "s3")) == 1
     again = [c for c in runs(mlflow_server, "slurm_resume", "run") if c.params["data.path"] == str(good)]
@@ -183,8 +229,17 @@ def test_resume_skips_finished_and_reruns_failed(mlflow_server, tmp_path):
 
 
 def test_eight_jobs_finishing_at_once_lose_nothing(mlflow_server, tmp_path):
-    proc = run_cli(sweep_args(mlflow_server, "slurm_eight", "peft=lora,none", "offload=off,on",
-                              "dataloader=default,sync", "train.max_steps=4"), tmp_path)
+    proc = run_cli(
+        sweep_args(
+            mlflow_server,
+            "slurm_eight",
+            "peft=lora,none",
+            "offload=off,on",
+            "dataloader=default,sync",
+            "train.max_steps=4",
+        ),
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (sweep_dir,) = [p.parent for p in tmp_path.glob(f"multirun/*/*/{SLURM_JOBS}")]
     ids = job_ids(sweep_dir)
@@ -202,8 +257,17 @@ def test_eight_jobs_finishing_at_once_lose_nothing(mlflow_server, tmp_path):
 
 def test_wait_false_returns_at_once_and_status_collects_later(mlflow_server, tmp_path):
     sweep_dir = tmp_path / "sweep"
-    proc = run_cli(sweep_args(mlflow_server, "slurm_nowait", "offload=off,on", "train.max_steps=3", "wait=false",
-                              f"hydra.sweep.dir={sweep_dir}"), tmp_path)
+    proc = run_cli(
+        sweep_args(
+            mlflow_server,
+            "slurm_nowait",
+            "offload=off,on",
+            "train.max_steps=3",
+            "wait=false",
+            f"hydra.sweep.dir={sweep_dir}",
+        ),
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"python -m ghsweep.status {sweep_dir}" in proc.stdout
     (parent,) = runs(mlflow_server, "slurm_nowait", "sweep")
@@ -226,13 +290,19 @@ def test_wait_false_returns_at_once_and_status_collects_later(mlflow_server, tmp
 def test_one_combination_on_two_nodes_runs_four_ranks(mlflow_server, tmp_path):
     """backend.num_nodes=2 x gpus_per_node=2: one job on both nodes of the cluster, srun's 4 tasks train
     one gloo world (rendezvous from SLURM's environment), rank 0 records it."""
-    proc = run_cli(sweep_args(mlflow_server, "slurm_world", "backend.num_nodes=2", "backend.gpus_per_node=2",
-                              "train.max_steps=3"), tmp_path)
+    proc = run_cli(
+        sweep_args(mlflow_server, "slurm_world", "backend.num_nodes=2", "backend.gpus_per_node=2", "train.max_steps=3"),
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (sweep_dir,) = [p.parent for p in tmp_path.glob(f"multirun/*/*/{SLURM_JOBS}")]
     (job_id,) = job_ids(sweep_dir)
-    accounted = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "State,NNodes,NTasks,NodeList", "-j", job_id],
-                               capture_output=True, text=True, check=True).stdout.split("|")
+    accounted = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-o", "State,NNodes,NTasks,NodeList", "-j", job_id],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("|")
     assert accounted[:2] == ["COMPLETED", "2"] and accounted[3].strip() == "node[1-2]"
     (child,) = runs(mlflow_server, "slurm_world", "run")
     assert child.status == "FINISHED", child.tags.get("ghsweep.error")

@@ -53,9 +53,17 @@ def submitted(sweep_dir: Path, num: int) -> SubmittedJob:
     logs.mkdir(parents=True)
     (logs / "out").write_text(f"job {num} stdout\n")
     (logs / "err").write_text(f"job {num} stderr\n")
-    return SubmittedJob(job_id=str(100 + num), num=num, name=f"precision=bf16,n={num}",
-                        run_dir=str(sweep_dir / str(num)), overrides=["precision=bf16", f"n={num}"],
-                        run_hash=f"hash{num}", folder=str(logs), stdout=str(logs / "out"), stderr=str(logs / "err"))
+    return SubmittedJob(
+        job_id=str(100 + num),
+        num=num,
+        name=f"precision=bf16,n={num}",
+        run_dir=str(sweep_dir / str(num)),
+        overrides=["precision=bf16", f"n={num}"],
+        run_hash=f"hash{num}",
+        folder=str(logs),
+        stdout=str(logs / "out"),
+        stderr=str(logs / "err"),
+    )
 
 
 def recorded_by_job(store: MlflowStore, parent: str, job: SubmittedJob, status: str, error: str | None = None) -> str:
@@ -105,8 +113,10 @@ def test_a_job_killed_at_its_time_limit_ends_its_own_run_failed_with_what_it_rec
     job = submitted(sweep_dir, 2)
     run_id = recorded_by_job(store, parent, job, "FAILED", error="worker stopped by SIGTERM")
     [result] = settle(sweep_dir, [(job, FakeSlurmJob(job.job_id, "TIMEOUT"))])
-    reason = ("SLURM job 102 was killed at its time limit (TIMEOUT) and not requeued; "
-              "the job recorded: worker stopped by SIGTERM")
+    reason = (
+        "SLURM job 102 was killed at its time limit (TIMEOUT) and not requeued; "
+        "the job recorded: worker stopped by SIGTERM"
+    )
     assert (result.status, result.error, result.mlflow_run_id) == ("FAILED", reason, run_id)
     child = only_child(store, parent)
     assert (child.run_id, child.status, child.error) == (run_id, "FAILED", reason)
@@ -114,21 +124,36 @@ def test_a_job_killed_at_its_time_limit_ends_its_own_run_failed_with_what_it_rec
 
 # submitit's FailedJobError subclasses UncompletedJobError, so job_failure's `except UncompletedJobError`
 # comes first and takes it: the reason is the trace's header line, not the error (catch FailedJobError first).
-TASK_RAISED_BUG = pytest.mark.xfail(strict=True, reason="slurm_jobs.job_failure catches FailedJobError as "
-                                    "UncompletedJobError, so the reason is the trace header, not the error")
+TASK_RAISED_BUG = pytest.mark.xfail(
+    strict=True,
+    reason="slurm_jobs.job_failure catches FailedJobError as "
+    "UncompletedJobError, so the reason is the trace header, not the error",
+)
 
 
-@pytest.mark.parametrize(("returned", "reason"), [
-    pytest.param(FailedJobError("Job (task=0) failed during processing with trace:\n...\nMemoryError: node out of "
-                                "memory\n"), "SLURM job 103 failed: MemoryError: node out of memory",
-                 marks=TASK_RAISED_BUG),
-    (UncompletedJobError("Job 103 (task: 0) with path x\nhas not produced any output (state: NODE_FAIL)"),
-     "SLURM job 103 ended NODE_FAIL: Job 103 (task: 0) with path x"),
-    (JobReturn(status=JobStatus.FAILED, _return_value=RuntimeError("cannot open the tracking store")),
-     "SLURM job 103: RuntimeError: cannot open the tracking store"),
-    (JobReturn(status=JobStatus.FAILED, _return_value=JobTimeout("the time limit came while recording")),
-     "the time limit came while recording"),
-], ids=["task-raised", "node-lost", "job-raised", "job-timeout"])
+@pytest.mark.parametrize(
+    ("returned", "reason"),
+    [
+        pytest.param(
+            FailedJobError("Job (task=0) failed during processing with trace:\n...\nMemoryError: node out of memory\n"),
+            "SLURM job 103 failed: MemoryError: node out of memory",
+            marks=TASK_RAISED_BUG,
+        ),
+        (
+            UncompletedJobError("Job 103 (task: 0) with path x\nhas not produced any output (state: NODE_FAIL)"),
+            "SLURM job 103 ended NODE_FAIL: Job 103 (task: 0) with path x",
+        ),
+        (
+            JobReturn(status=JobStatus.FAILED, _return_value=RuntimeError("cannot open the tracking store")),
+            "SLURM job 103: RuntimeError: cannot open the tracking store",
+        ),
+        (
+            JobReturn(status=JobStatus.FAILED, _return_value=JobTimeout("the time limit came while recording")),
+            "the time limit came while recording",
+        ),
+    ],
+    ids=["task-raised", "node-lost", "job-raised", "job-timeout"],
+)
 def test_a_failed_job_that_recorded_nothing_gets_a_failed_run_saying_why(sweep, returned, reason):
     sweep_dir, store, parent = sweep
     job = submitted(sweep_dir, 3)

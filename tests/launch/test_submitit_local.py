@@ -9,8 +9,19 @@ from tests.conftest import run_cli
 
 
 def test_submitit_local_sweep_records_every_run(tmp_path):
-    proc = run_cli(["-m", "hydra/launcher=submitit_local", "hydra.launcher.cpus_per_task=1", "experiment=smoke",
-                    "precision=fp32", "peft=lora,none", "train.max_steps=2", "hydra.sweep.dir=sweep"], tmp_path)
+    proc = run_cli(
+        [
+            "-m",
+            "hydra/launcher=submitit_local",
+            "hydra.launcher.cpus_per_task=1",
+            "experiment=smoke",
+            "precision=fp32",
+            "peft=lora,none",
+            "train.max_steps=2",
+            "hydra.sweep.dir=sweep",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert len(load_jobs(tmp_path / "sweep")) == 2
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")

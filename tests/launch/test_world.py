@@ -12,8 +12,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
-from ghsweep.launch.world import check_world
 from ghsweep.core.errors import ConfigError
+from ghsweep.launch.world import check_world
 from tests.conftest import CONF_DIR, run_cli
 
 SMOKE = ["experiment=smoke", "train.max_steps=4", "train.seq_length=64", "train.log_every=2", "train.warmup_steps=1"]
@@ -75,14 +75,28 @@ def test_local_dry_run_prints_the_torchrun_line(tmp_path):
     proc = run_cli(["-m", *SMOKE, "backend.gpus_per_node=3", "dry_run=true"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     worker = next(line for line in proc.stdout.splitlines() if line.strip().startswith("worker:"))
-    assert re.search(r"-m torch\.distributed\.run --standalone --nproc-per-node=3 --no-python \S*python\S* -m "
-                     r"ghsweep\.train\.worker ", worker)
+    assert re.search(
+        r"-m torch\.distributed\.run --standalone --nproc-per-node=3 --no-python \S*python\S* -m "
+        r"ghsweep\.train\.worker ",
+        worker,
+    )
     assert "ranks:   3 ranks on this machine" in proc.stdout
 
 
 def test_slurm_dry_run_asks_for_nodes_and_tasks_and_prints_srun(tmp_path):
-    proc = run_cli(["-m", *SMOKE, "hydra/launcher=local_slurm", "backend.num_nodes=1,2", "backend.gpus_per_node=2",
-                    "profile=nsys", "device=cuda", "dry_run=true"], tmp_path)
+    proc = run_cli(
+        [
+            "-m",
+            *SMOKE,
+            "hydra/launcher=local_slurm",
+            "backend.num_nodes=1,2",
+            "backend.gpus_per_node=2",
+            "profile=nsys",
+            "device=cuda",
+            "dry_run=true",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     blocks = proc.stdout.split("\n#")
     two_nodes = next(b for b in blocks if "backend.num_nodes=2" in b.splitlines()[0])
@@ -100,27 +114,65 @@ def compose_run(*overrides: str):
         return compose("config", overrides=list(overrides))
 
 
-@pytest.mark.parametrize("overrides,on_gpu,visible,slurm,message", [
-    (["backend.num_nodes=2"], False, 0, False,
-     "backend.num_nodes=2: several nodes need a SLURM launch profile (hydra/launcher=local_slurm, gh200 or your "
-     "site's); this launch runs on one machine; accepted here: 1"),
-    (["backend.gpus_per_node=4"], True, 2, False,
-     "backend.gpus_per_node=4: this machine shows 2 GPU(s) to the run; accepted here: 1 to 2"),
-    (["backend.gpus_per_node=0"], False, 0, False, "backend.gpus_per_node=0: must be an integer >= 1"),
-    (["backend.data_parallel=zero"], False, 0, False,
-     "backend.data_parallel=zero: not an accepted value; accepted: auto, ddp, fsdp"),
-    (["backend.gpus_per_node=2", "backend.data_parallel=fsdp", "precision=fp8"], True, 2, False,
-     "backend.data_parallel=fsdp with precision=fp8 and peft=lora: the frozen fp8 base weights are not sharded; "
-     "accepted: backend.data_parallel=ddp (or auto)"),
-    (["backend.gpus_per_node=2", "profile=nsys_ncu"], True, 2, False,
-     "profile=nsys_ncu with 2 ranks: the Nsight Compute pass reruns one process; accepted here: profile=nsys, "
-     "torch, auto, none (or backend.gpus_per_node=1)"),
-    (["backend.gpus_per_node=2", "train.optimizer_in_backward=true"], True, 2, False,
-     "train.optimizer_in_backward=true with 2 ranks: each tensor would step on its own rank's gradient before "
-     "DDP/FSDP2 averages it; accepted here: false (or backend.gpus_per_node=1)"),
-    (["precision.reduce_dtype=fp16"], False, 0, False,
-     "precision.reduce_dtype=fp16: not an accepted value; accepted: fp32, param"),
-])
+@pytest.mark.parametrize(
+    "overrides,on_gpu,visible,slurm,message",
+    [
+        (
+            ["backend.num_nodes=2"],
+            False,
+            0,
+            False,
+            "backend.num_nodes=2: several nodes need a SLURM launch profile (hydra/launcher=local_slurm, gh200 or your "
+            "site's); this launch runs on one machine; accepted here: 1",
+        ),
+        (
+            ["backend.gpus_per_node=4"],
+            True,
+            2,
+            False,
+            "backend.gpus_per_node=4: this machine shows 2 GPU(s) to the run; accepted here: 1 to 2",
+        ),
+        (["backend.gpus_per_node=0"], False, 0, False, "backend.gpus_per_node=0: must be an integer >= 1"),
+        (
+            ["backend.data_parallel=zero"],
+            False,
+            0,
+            False,
+            "backend.data_parallel=zero: not an accepted value; accepted: auto, ddp, fsdp",
+        ),
+        (
+            ["backend.gpus_per_node=2", "backend.data_parallel=fsdp", "precision=fp8"],
+            True,
+            2,
+            False,
+            "backend.data_parallel=fsdp with precision=fp8 and peft=lora: the frozen fp8 base weights are not sharded; "
+            "accepted: backend.data_parallel=ddp (or auto)",
+        ),
+        (
+            ["backend.gpus_per_node=2", "profile=nsys_ncu"],
+            True,
+            2,
+            False,
+            "profile=nsys_ncu with 2 ranks: the Nsight Compute pass reruns one process; accepted here: profile=nsys, "
+            "torch, auto, none (or backend.gpus_per_node=1)",
+        ),
+        (
+            ["backend.gpus_per_node=2", "train.optimizer_in_backward=true"],
+            True,
+            2,
+            False,
+            "train.optimizer_in_backward=true with 2 ranks: each tensor would step on its own rank's gradient before "
+            "DDP/FSDP2 averages it; accepted here: false (or backend.gpus_per_node=1)",
+        ),
+        (
+            ["precision.reduce_dtype=fp16"],
+            False,
+            0,
+            False,
+            "precision.reduce_dtype=fp16: not an accepted value; accepted: fp32, param",
+        ),
+    ],
+)
 def test_a_world_the_launch_cannot_give_is_one_line(overrides, on_gpu, visible, slurm, message):
     with pytest.raises(ConfigError) as error:
         check_world(compose_run(*overrides), on_gpu, visible, slurm)

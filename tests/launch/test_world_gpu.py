@@ -23,14 +23,27 @@ pytestmark = [
 
 
 def test_two_gpus_train_with_nccl_and_every_rank_is_profiled(tmp_path):
-    proc = run_cli(["-m", "experiment=smoke", "device=cuda", "peft=lora,none", "backend.gpus_per_node=2",
-                    "train.max_steps=10", "profile=nsys", "hydra.sweep.dir=sweep"], tmp_path)
+    proc = run_cli(
+        [
+            "-m",
+            "experiment=smoke",
+            "device=cuda",
+            "peft=lora,none",
+            "backend.gpus_per_node=2",
+            "train.max_steps=10",
+            "profile=nsys",
+            "hydra.sweep.dir=sweep",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for run_dir in sorted((tmp_path / "sweep").glob("[0-9]")):
         result = json.loads((run_dir / "result.json").read_text())
         assert result["status"] == "FINISHED" and result["metrics"]["world_size"] == 2
-        assert sorted(p.name for p in run_dir.glob("profile_rank*.sqlite")) == ["profile_rank0.sqlite",
-                                                                                 "profile_rank1.sqlite"]
+        assert sorted(p.name for p in run_dir.glob("profile_rank*.sqlite")) == [
+            "profile_rank0.sqlite",
+            "profile_rank1.sqlite",
+        ]
         analysis = json.loads((run_dir / "profile_analysis.json").read_text())
         assert [r["rank"] for r in analysis["ranks"]] == [0, 1]
         assert all(r["nccl_time_pct"] > 0 for r in analysis["ranks"])

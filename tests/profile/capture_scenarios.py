@@ -61,8 +61,16 @@ SCENARIOS = ("clean", "dataload", "hostsync", "pageable", "offload", "unified")
 NSYS_TRACE = ("cuda", "nvtx", "osrt", "cudnn", "cublas")
 # Small exports: no CPU sampling or context switches (they make reports of gigabytes).
 NSYS_EXTRA = ("--sample=none", "--cpuctxsw=none")
-STATS_REPORTS = ("cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "cuda_gpu_mem_size_sum", "cuda_api_sum",
-                 "nvtx_sum", "osrt_sum", "um_sum", "um_total_sum")
+STATS_REPORTS = (
+    "cuda_gpu_kern_sum",
+    "cuda_gpu_mem_time_sum",
+    "cuda_gpu_mem_size_sum",
+    "cuda_api_sum",
+    "nvtx_sum",
+    "osrt_sum",
+    "um_sum",
+    "um_total_sum",
+)
 VOCAB, HIDDEN, HEADS, FFN, LAYERS, BATCH, SEQ = 8192, 2048, 16, 8192, 4, 8, 1024
 MANAGED_MB = 64
 CALIBRATION_MNK = 4096
@@ -73,8 +81,9 @@ class TinyLM(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, HIDDEN)
         self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(HIDDEN, HEADS, FFN, dropout=0.0, activation="gelu", batch_first=True,
-                                       norm_first=True)
+            nn.TransformerEncoderLayer(
+                HIDDEN, HEADS, FFN, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+            )
             for _ in range(LAYERS)
         )
         self.head = nn.Linear(HIDDEN, VOCAB, bias=False)
@@ -121,8 +130,9 @@ class ManagedBuffer:
         self.cpu = torch.frombuffer(array, dtype=torch.float16)
 
 
-def train(scenario: str, steps: int, capture_start: int, capture_steps: int, timing_out: Path | None,
-          torch_trace: Path | None) -> None:
+def train(
+    scenario: str, steps: int, capture_start: int, capture_steps: int, timing_out: Path | None, torch_trace: Path | None
+) -> None:
     device = torch.device("cuda")
     torch.manual_seed(0)
     model = TinyLM().to(device)
@@ -215,8 +225,17 @@ def tensor_metrics(ncu: str, out: Path, log: Path) -> list[str]:
         subprocess.run([ncu, "--query-metrics"], stdout=f, stderr=subprocess.STDOUT, timeout=120)
     names = {line.split()[0] for line in listing.read_text().splitlines() if line.strip() and "__" in line.split()[0]}
     wanted = [n for n in sorted(names) if n.startswith("sm__ops_path_tensor_src_") and "sparsity" not in n]
-    wanted += [n for n in ("sm__inst_executed_pipe_tensor", "dram__bytes", "lts__t_bytes", "l1tex__t_bytes",
-                           "gpu__time_duration") if n in names]
+    wanted += [
+        n
+        for n in (
+            "sm__inst_executed_pipe_tensor",
+            "dram__bytes",
+            "lts__t_bytes",
+            "l1tex__t_bytes",
+            "gpu__time_duration",
+        )
+        if n in names
+    ]
     metrics = [f"{n}.sum" for n in wanted]
     metrics += [f"{n}.sum.peak_sustained" for n in ("dram__bytes", "lts__t_bytes", "l1tex__t_bytes") if n in names]
     with open(log, "a") as f:
@@ -224,8 +243,9 @@ def tensor_metrics(ncu: str, out: Path, log: Path) -> list[str]:
     return metrics
 
 
-def ncu_pass(ncu: str, script: list[str], report: Path, names: list[str], count: int, metrics: list[str],
-             out: Path, log: Path) -> None:
+def ncu_pass(
+    ncu: str, script: list[str], report: Path, names: list[str], count: int, metrics: list[str], out: Path, log: Path
+) -> None:
     base = capture.ncu_command(ncu, report, names, count, "roofline", metrics)
     rc = run(base + script, log, 300)
     if rc != 0 and metrics:  # a metric this ncu does not know: the section set alone
@@ -271,8 +291,11 @@ def all_scenarios(out: Path, nsys: str, ncu: str | None, deadline_s: float) -> N
         if (d / "timing_unprofiled.json").exists() and (d / "timing_profiled.json").exists():
             plain = json.loads((d / "timing_unprofiled.json").read_text())["step_time_ms"][2:9]
             prof = json.loads((d / "timing_profiled.json").read_text())["step_time_ms"][2:9]
-            overhead[scenario] = {"unprofiled_ms": statistics.median(plain), "profiled_ms": statistics.median(prof),
-                                  "overhead_pct": 100 * (statistics.median(prof) / statistics.median(plain) - 1)}
+            overhead[scenario] = {
+                "unprofiled_ms": statistics.median(plain),
+                "profiled_ms": statistics.median(prof),
+                "overhead_pct": 100 * (statistics.median(prof) / statistics.median(plain) - 1),
+            }
     (out / "nsys_overhead.json").write_text(json.dumps(overhead, indent=2))
 
     clean_db = out / "clean" / capture.NSYS_SQLITE
@@ -291,16 +314,41 @@ def all_scenarios(out: Path, nsys: str, ncu: str | None, deadline_s: float) -> N
         ncu_pass(ncu, calib, out / "clean" / "calibration.ncu-rep", [], 1, metrics, out / "clean", log)
 
     if time.time() - started < deadline_s:
-        run(me + ["train", "clean", "--steps", "6", "--capture-start", "3", "--capture-steps", "2",
-                  "--torch-trace", str(out / "clean" / "torch_trace.json")], log, 300)
+        run(
+            me
+            + [
+                "train",
+                "clean",
+                "--steps",
+                "6",
+                "--capture-start",
+                "3",
+                "--capture-steps",
+                "2",
+                "--torch-trace",
+                str(out / "clean" / "torch_trace.json"),
+            ],
+            log,
+            300,
+        )
 
 
 # A Llama of Llama-2-7B's width and four decoder layers: the 7B's GEMM shapes in a small export,
 # with enough decoder GEMMs beside the bf16 lm_head for fp8 to carry most of the GEMM time.
-LLAMA_SLICE = ("model.hidden_size=4096", "model.intermediate_size=11008", "model.num_layers=4",
-               "model.num_attention_heads=32", "model.num_key_value_heads=32", "model.vocab_size=32000",
-               "train.seq_length=2048", "train.micro_batch_size=1", "train.max_steps=8", "train.log_every=8",
-               "capture.start_step=4", "capture.num_steps=3")
+LLAMA_SLICE = (
+    "model.hidden_size=4096",
+    "model.intermediate_size=11008",
+    "model.num_layers=4",
+    "model.num_attention_heads=32",
+    "model.num_key_value_heads=32",
+    "model.vocab_size=32000",
+    "train.seq_length=2048",
+    "train.micro_batch_size=1",
+    "train.max_steps=8",
+    "train.log_every=8",
+    "capture.start_step=4",
+    "capture.num_steps=3",
+)
 GPU_RUN_STATS = ("cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "cuda_gpu_mem_size_sum")
 # What the tests read from each captured run directory.
 KEPT = ("profile.sqlite", "torch_trace.json.gz", "capture.json", *(f"profile_stats_{r}.csv" for r in GPU_RUN_STATS))
@@ -316,9 +364,19 @@ def stats_csvs(nsys: str, sqlite: Path, log: Path) -> None:
 def ghsweep_run(precision: str, nsys: str, work: Path, log: Path) -> Path:
     """One `python -m ghsweep` run under nsys; its run directory."""
     run_dir = work / precision
-    cmd = [sys.executable, "-m", "ghsweep", f"precision={precision}", "device=cuda", "profile=nsys",
-           f"profile.nsys.path={nsys}", *LLAMA_SLICE, "tracking=sqlite", f"tracking.uri=sqlite:///{work}/mlflow.db",
-           f"hydra.run.dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ghsweep",
+        f"precision={precision}",
+        "device=cuda",
+        "profile=nsys",
+        f"profile.nsys.path={nsys}",
+        *LLAMA_SLICE,
+        "tracking=sqlite",
+        f"tracking.uri=sqlite:///{work}/mlflow.db",
+        f"hydra.run.dir={run_dir}",
+    ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     with open(log, "a") as f:
         f.write("$ " + " ".join(cmd) + "\n")
@@ -342,7 +400,18 @@ def crosscheck_run(nsys: str, work: Path, log: Path) -> Path:
     d = work / "crosscheck"
     d.mkdir(parents=True, exist_ok=True)
     trace = d / "torch_trace.json"
-    args = ["train", "offload", "--steps", "6", "--capture-start", "2", "--capture-steps", "3", "--torch-trace", str(trace)]
+    args = [
+        "train",
+        "offload",
+        "--steps",
+        "6",
+        "--capture-start",
+        "2",
+        "--capture-steps",
+        "3",
+        "--torch-trace",
+        str(trace),
+    ]
     me = [sys.executable, str(Path(__file__).resolve())]
     report = d / capture.NSYS_REPORT
     run(capture.nsys_profile_command(nsys, report, NSYS_TRACE, False, NSYS_EXTRA) + me + args, log, 600)
@@ -390,9 +459,16 @@ def gpu_runs(out: Path, nsys: str) -> None:
                     continue
                 k = a.kernels
                 share = f"{100 * k['fp8_gemm_ns'] / k['gemm_ns']:.0f}%" if k.get("gemm_ns") else "-"
-                rows.append((f"{d.name}/{path.name}", f"{a['window']['basis']} {a['window']['steps']}",
-                             f"{a.gpu_busy_pct:.1f}", share, a.top_kernels[0]["short_name"][:48],
-                             ",".join(f["id"] for f in a.findings) or "none"))
+                rows.append(
+                    (
+                        f"{d.name}/{path.name}",
+                        f"{a['window']['basis']} {a['window']['steps']}",
+                        f"{a.gpu_busy_pct:.1f}",
+                        share,
+                        a.top_kernels[0]["short_name"][:48],
+                        ",".join(f["id"] for f in a.findings) or "none",
+                    )
+                )
     shutil.rmtree(work, ignore_errors=True)
     header = ("run", "window", "busy %", "fp8 GEMM share", "top kernel", "findings (read as precision=fp8)")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]

@@ -19,15 +19,25 @@ from pathlib import Path
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "profiles"
 SCHEMA_SOURCES = (DATA / "unified" / "profile.sqlite", DATA / "clean" / "profile.sqlite")
-TABLES = ("StringIds", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY",
-          "CUPTI_ACTIVITY_KIND_MEMSET", "NVTX_EVENTS", "CUDA_UM_CPU_PAGE_FAULT_EVENTS", "META_DATA_EXPORT")
+TABLES = (
+    "StringIds",
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "CUPTI_ACTIVITY_KIND_MEMCPY",
+    "CUPTI_ACTIVITY_KIND_MEMSET",
+    "NVTX_EVENTS",
+    "CUDA_UM_CPU_PAGE_FAULT_EVENTS",
+    "META_DATA_EXPORT",
+)
 PID, MAIN_TID, OTHER_TID = 4242, 4242, 4250
 US = 1_000
 MS = 1_000_000
 GEMM = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"
-OPTIMIZER = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
-             "FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4>>"
-             "(T1, T2)")
+OPTIMIZER = (
+    "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+    "FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4>>"
+    "(T1, T2)"
+)
 OPTIMIZER_SHORT = "multi_tensor_apply_kernel"
 
 
@@ -52,8 +62,14 @@ class Run:
         return gpu_at + length
 
 
-def training_run(step_name: Callable[[int], str] | None, steps: int = 6, warmup: bool = True,
-                 nested: str | None = None, burst: tuple[str, ...] = (OPTIMIZER,) * 4, loss: str | None = None) -> Run:
+def training_run(
+    step_name: Callable[[int], str] | None,
+    steps: int = 6,
+    warmup: bool = True,
+    nested: str | None = None,
+    burst: tuple[str, ...] = (OPTIMIZER,) * 4,
+    loss: str | None = None,
+) -> Run:
     """The planted run; `step_name(i)` names step i's range (None: no step ranges); `nested` names a
     range inside each step on another thread (a framework's own inner range); `burst`: the kernels
     that end each step; `loss`: a kernel launched once in the middle of each step."""
@@ -126,18 +142,58 @@ def write_nsys(run: Run, path: Path) -> Path:
 
     gpid, tid = PID << 24, (PID << 24) | MAIN_TID
     short = {GEMM: GEMM, OPTIMIZER: OPTIMIZER_SHORT}
-    _insert(con, "CUPTI_ACTIVITY_KIND_KERNEL", [
-        {"start": s, "end": e, "deviceId": 0, "streamId": 7, "correlationId": c, "globalPid": gpid,
-         "demangledName": sid(n), "shortName": sid(short.get(n, n.split("<")[0].split("::")[-1])),
-         "gridX": 132, "gridY": 1, "gridZ": 1, "blockX": 384, "blockY": 1, "blockZ": 1}
-        for s, e, n, c in run.kernels])
-    _insert(con, "CUPTI_ACTIVITY_KIND_MEMCPY", [
-        {"start": s, "end": e, "deviceId": 0, "streamId": 7, "correlationId": c, "globalPid": gpid, "bytes": b,
-         "copyKind": k, "srcKind": sk, "dstKind": dk} for s, e, b, k, sk, dk, c in run.copies])
-    _insert(con, "CUPTI_ACTIVITY_KIND_RUNTIME", [
-        {"start": s, "end": e, "globalTid": tid, "correlationId": c, "nameId": sid(n)} for s, e, n, c in run.calls])
-    _insert(con, "NVTX_EVENTS", [
-        {"start": s, "end": e, "eventType": 59, "text": n, "globalTid": (PID << 24) | t} for n, s, e, t in run.ranges])
+    _insert(
+        con,
+        "CUPTI_ACTIVITY_KIND_KERNEL",
+        [
+            {
+                "start": s,
+                "end": e,
+                "deviceId": 0,
+                "streamId": 7,
+                "correlationId": c,
+                "globalPid": gpid,
+                "demangledName": sid(n),
+                "shortName": sid(short.get(n, n.split("<")[0].split("::")[-1])),
+                "gridX": 132,
+                "gridY": 1,
+                "gridZ": 1,
+                "blockX": 384,
+                "blockY": 1,
+                "blockZ": 1,
+            }
+            for s, e, n, c in run.kernels
+        ],
+    )
+    _insert(
+        con,
+        "CUPTI_ACTIVITY_KIND_MEMCPY",
+        [
+            {
+                "start": s,
+                "end": e,
+                "deviceId": 0,
+                "streamId": 7,
+                "correlationId": c,
+                "globalPid": gpid,
+                "bytes": b,
+                "copyKind": k,
+                "srcKind": sk,
+                "dstKind": dk,
+            }
+            for s, e, b, k, sk, dk, c in run.copies
+        ],
+    )
+    _insert(
+        con,
+        "CUPTI_ACTIVITY_KIND_RUNTIME",
+        [{"start": s, "end": e, "globalTid": tid, "correlationId": c, "nameId": sid(n)} for s, e, n, c in run.calls],
+    )
+    _insert(
+        con,
+        "NVTX_EVENTS",
+        [{"start": s, "end": e, "eventType": 59, "text": n, "globalTid": (PID << 24) | t} for n, s, e, t in run.ranges],
+    )
     _insert(con, "META_DATA_EXPORT", [{"name": "EXPORT_SCHEMA_VERSION", "value": "3.20.0"}])
     con.commit()
     con.close()
@@ -149,17 +205,57 @@ def write_torch(run: Run, path: Path, array: bool = False) -> Path:
     events: list[dict] = []
     copy_name = {(1, 0): "Memcpy HtoD (Pageable -> Device)", (1, 1): "Memcpy HtoD (Pinned -> Device)"}
     for s, e, n, c in run.kernels:
-        events.append({"ph": "X", "cat": "kernel", "name": n, "pid": 0, "tid": 7, "ts": s / 1e3, "dur": (e - s) / 1e3,
-                       "args": {"correlation": c, "device": 0, "stream": 7}})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": n,
+                "pid": 0,
+                "tid": 7,
+                "ts": s / 1e3,
+                "dur": (e - s) / 1e3,
+                "args": {"correlation": c, "device": 0, "stream": 7},
+            }
+        )
     for s, e, b, k, sk, _, c in run.copies:
-        events.append({"ph": "X", "cat": "gpu_memcpy", "name": copy_name[(k, sk)], "pid": 0, "tid": 7,
-                       "ts": s / 1e3, "dur": (e - s) / 1e3, "args": {"correlation": c, "bytes": b}})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "gpu_memcpy",
+                "name": copy_name[(k, sk)],
+                "pid": 0,
+                "tid": 7,
+                "ts": s / 1e3,
+                "dur": (e - s) / 1e3,
+                "args": {"correlation": c, "bytes": b},
+            }
+        )
     for s, e, n, c in run.calls:
-        events.append({"ph": "X", "cat": "cuda_runtime", "name": n.split("_v")[0], "pid": PID, "tid": MAIN_TID,
-                       "ts": s / 1e3, "dur": (e - s) / 1e3, "args": {"correlation": c}})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": n.split("_v")[0],
+                "pid": PID,
+                "tid": MAIN_TID,
+                "ts": s / 1e3,
+                "dur": (e - s) / 1e3,
+                "args": {"correlation": c},
+            }
+        )
     for n, s, e, t in run.ranges:
-        events.append({"ph": "X", "cat": "user_annotation", "name": n, "pid": PID, "tid": t, "ts": s / 1e3,
-                       "dur": (e - s) / 1e3, "args": {}})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": n,
+                "pid": PID,
+                "tid": t,
+                "ts": s / 1e3,
+                "dur": (e - s) / 1e3,
+                "args": {},
+            }
+        )
     trace = events if array else {"traceEvents": events, "deviceProperties": [{"name": "planted GPU"}]}
     text = json.dumps(trace)
     if path.name.endswith(".gz"):

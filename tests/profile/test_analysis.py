@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from ghsweep.profile.run_analysis import full_analysis
 from ghsweep.profile import roofline
 from ghsweep.profile.analysis import analyze
 from ghsweep.profile.result import ProfileAnalysis
+from ghsweep.profile.run_analysis import full_analysis
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "profiles"
 SCENARIOS = {
@@ -27,8 +27,13 @@ SCENARIOS = {
     "unified": "um_migrations",
 }
 # `nsys stats` operation names -> the analysis' memory-operation kinds.
-NSYS_OPS = {"Host-to-Device": "HtoD", "Device-to-Host": "DtoH", "Device-to-Device": "DtoD",
-            "Unified Host-to-Device": "UM HtoD", "Unified Device-to-Host": "UM DtoH"}
+NSYS_OPS = {
+    "Host-to-Device": "HtoD",
+    "Device-to-Host": "DtoH",
+    "Device-to-Device": "DtoD",
+    "Unified Host-to-Device": "UM HtoD",
+    "Unified Device-to-Host": "UM DtoH",
+}
 
 
 def stats(scenario: str, report: str) -> list[dict]:
@@ -75,7 +80,8 @@ def test_unified_memory_idle_time_is_unified_memory_not_data_loading(results):
     con = sqlite3.connect(DATA / "unified" / "profile.sqlite")
     faults, inside = con.execute(
         "SELECT COUNT(*), SUM(EXISTS (SELECT 1 FROM NVTX_EVENTS n WHERE n.text = 'data' AND f.start BETWEEN n.start "
-        "AND n.end)) FROM CUDA_UM_CPU_PAGE_FAULT_EVENTS f").fetchone()
+        "AND n.end)) FROM CUDA_UM_CPU_PAGE_FAULT_EVENTS f"
+    ).fetchone()
     assert faults == inside == 768
     causes = results["unified"].gaps["causes_ns"]
     assert max(causes, key=causes.get) == "unified_memory" and causes["data_loading"] == 0
@@ -145,12 +151,25 @@ def test_unified_memory_faults_match_nsys_stats(results):
 
 
 def test_json_has_the_documented_keys():
-    proc = subprocess.run([sys.executable, "-m", "ghsweep.analyze", str(DATA / "offload" / "profile.sqlite"), "--json"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ghsweep.analyze", str(DATA / "offload" / "profile.sqlite"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    for key in ("gpu_busy_pct", "gpu_idle_pct", "kernel_time_pct", "memcpy_time_pct", "memset_time_pct",
-                "um_migration_pct", "top_kernels", "window", "findings"):
+    for key in (
+        "gpu_busy_pct",
+        "gpu_idle_pct",
+        "kernel_time_pct",
+        "memcpy_time_pct",
+        "memset_time_pct",
+        "um_migration_pct",
+        "top_kernels",
+        "window",
+        "findings",
+    ):
         assert key in out, key
     assert len(out["top_kernels"]) == 5
     assert set(out["top_kernels"][0]) >= {"name", "total_ns", "count", "mean_ns", "pct"}
@@ -159,8 +178,9 @@ def test_json_has_the_documented_keys():
 
 
 def test_text_report_names_top_kernels_and_findings():
-    proc = subprocess.run([sys.executable, "-m", "ghsweep.analyze", str(DATA / "dataload")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ghsweep.analyze", str(DATA / "dataload")], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert "data_loading" in proc.stdout and "nvjet_sm90" in proc.stdout
 
@@ -169,8 +189,13 @@ def test_nsys_rep_without_nsys_is_a_clear_error(tmp_path, monkeypatch):
     rep = tmp_path / "profile.nsys-rep"
     rep.write_bytes(b"not read")
     monkeypatch.setenv("PATH", str(tmp_path))
-    proc = subprocess.run([sys.executable, "-m", "ghsweep.analyze", str(rep)], capture_output=True, text=True,
-                          timeout=120, env={"PATH": str(tmp_path)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "ghsweep.analyze", str(rep)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": str(tmp_path)},
+    )
     assert proc.returncode == 2
     assert "nsys" in proc.stderr and "export" in proc.stderr
 

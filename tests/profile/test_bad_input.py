@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from ghsweep.analyze import main
-from ghsweep.profile.analysis import analyze
 from ghsweep.core.errors import ProfileError
+from ghsweep.profile.analysis import analyze
 from tests.profile.planted import training_run, write_torch
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "profiles"
@@ -48,19 +48,22 @@ def sqlite_copy(tmp_path: Path, edit: str | None = None) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name,content,what", [
-    ("missing.sqlite", None, "no such file"),
-    ("empty.sqlite", b"", "no tables"),
-    ("text.sqlite", b"not sqlite at all " * 200, "not a readable nsys"),
-    ("half.sqlite", CLEAN.read_bytes()[:200_000], "not a readable nsys"),
-    ("t.json", b'{"traceEvents": [', "not a readable JSON trace"),
-    ("t.json.gz", b"{}", "not a readable JSON trace"),
-    ("t.json", b'{"traceEvents": []}', "an empty trace"),
-    ("t.json", b'{"schemaVersion": 1}', "not a Chrome trace"),
-    ("t.json", b'[{"ph": "X", "cat": "cpu_instant_event", "ts": 1, "dur": 2}]', "neither GPU activity nor CPU"),
-    ("a.txt", b"x", "not a profile this tool reads"),
-    ("", None, "no profile in this directory"),
-])
+@pytest.mark.parametrize(
+    "name,content,what",
+    [
+        ("missing.sqlite", None, "no such file"),
+        ("empty.sqlite", b"", "no tables"),
+        ("text.sqlite", b"not sqlite at all " * 200, "not a readable nsys"),
+        ("half.sqlite", CLEAN.read_bytes()[:200_000], "not a readable nsys"),
+        ("t.json", b'{"traceEvents": [', "not a readable JSON trace"),
+        ("t.json.gz", b"{}", "not a readable JSON trace"),
+        ("t.json", b'{"traceEvents": []}', "an empty trace"),
+        ("t.json", b'{"schemaVersion": 1}', "not a Chrome trace"),
+        ("t.json", b'[{"ph": "X", "cat": "cpu_instant_event", "ts": 1, "dur": 2}]', "neither GPU activity nor CPU"),
+        ("a.txt", b"x", "not a profile this tool reads"),
+        ("", None, "no profile in this directory"),
+    ],
+)
 def test_bad_files_are_one_line_errors(tmp_path, capsys, name, content, what):
     path = tmp_path / name
     if content is not None:
@@ -68,14 +71,23 @@ def test_bad_files_are_one_line_errors(tmp_path, capsys, name, content, what):
     assert_refused(path, capsys, what)
 
 
-@pytest.mark.parametrize("edit,what", [
-    ("DROP TABLE StringIds", "no StringIds table"),
-    ("DROP TABLE CUPTI_ACTIVITY_KIND_KERNEL; DROP TABLE CUPTI_ACTIVITY_KIND_MEMCPY; "
-     "DROP TABLE CUPTI_ACTIVITY_KIND_MEMSET", "no GPU activity"),
-    ("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL; DELETE FROM CUPTI_ACTIVITY_KIND_MEMCPY; "
-     "DELETE FROM CUPTI_ACTIVITY_KIND_MEMSET", "no GPU activity"),
-    ("ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL DROP COLUMN correlationId", "lacks the columns correlationId"),
-])
+@pytest.mark.parametrize(
+    "edit,what",
+    [
+        ("DROP TABLE StringIds", "no StringIds table"),
+        (
+            "DROP TABLE CUPTI_ACTIVITY_KIND_KERNEL; DROP TABLE CUPTI_ACTIVITY_KIND_MEMCPY; "
+            "DROP TABLE CUPTI_ACTIVITY_KIND_MEMSET",
+            "no GPU activity",
+        ),
+        (
+            "DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL; DELETE FROM CUPTI_ACTIVITY_KIND_MEMCPY; "
+            "DELETE FROM CUPTI_ACTIVITY_KIND_MEMSET",
+            "no GPU activity",
+        ),
+        ("ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL DROP COLUMN correlationId", "lacks the columns correlationId"),
+    ],
+)
 def test_unusable_exports_are_one_line_errors(tmp_path, capsys, edit, what):
     assert_refused(sqlite_copy(tmp_path, edit), capsys, what)
 
@@ -90,8 +102,10 @@ def test_torch_profiler_output_directory(tmp_path, capsys):
     assert main([str(tmp_path), "--json"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["source"]["path"] == str(newer)
-    assert captured.err.strip() == (f"ghsweep.analyze: {tmp_path}: 2 PyTorch profiler traces; analysing the newest, "
-                                    f"{newer.name} (pass another one to analyse it)")
+    assert captured.err.strip() == (
+        f"ghsweep.analyze: {tmp_path}: 2 PyTorch profiler traces; analysing the newest, "
+        f"{newer.name} (pass another one to analyse it)"
+    )
 
 
 def test_missing_ncu_csv(tmp_path, capsys):
@@ -113,8 +127,9 @@ def test_no_runtime_table_keeps_the_steps_and_says_how_they_were_mapped(tmp_path
 def test_subprocess_never_prints_a_traceback(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2")
-    proc = subprocess.run([sys.executable, "-m", "ghsweep.analyze", str(bad)], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ghsweep.analyze", str(bad)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and str(bad) in proc.stderr
 
 
@@ -128,14 +143,27 @@ def refuses_or_reads(path: Path) -> None:
     assert result.top_kernels or result.health
 
 
-TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
-          "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS", "StringIds", "OSRT_API", "META_DATA_CAPTURE",
-          "META_DATA_EXPORT", "TARGET_INFO_GPU", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION")
-COLUMNS = {"CUPTI_ACTIVITY_KIND_KERNEL": ("demangledName", "shortName", "globalPid", "gridX", "end"),
-           "CUPTI_ACTIVITY_KIND_MEMCPY": ("srcKind", "bytes", "copyKind"),
-           "CUPTI_ACTIVITY_KIND_RUNTIME": ("correlationId", "nameId", "globalTid"),
-           "NVTX_EVENTS": ("text", "textId", "globalTid", "eventType"),
-           "OSRT_API": ("nameId",), "StringIds": ("value",)}
+TABLES = (
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_MEMCPY",
+    "CUPTI_ACTIVITY_KIND_MEMSET",
+    "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "NVTX_EVENTS",
+    "StringIds",
+    "OSRT_API",
+    "META_DATA_CAPTURE",
+    "META_DATA_EXPORT",
+    "TARGET_INFO_GPU",
+    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+)
+COLUMNS = {
+    "CUPTI_ACTIVITY_KIND_KERNEL": ("demangledName", "shortName", "globalPid", "gridX", "end"),
+    "CUPTI_ACTIVITY_KIND_MEMCPY": ("srcKind", "bytes", "copyKind"),
+    "CUPTI_ACTIVITY_KIND_RUNTIME": ("correlationId", "nameId", "globalTid"),
+    "NVTX_EVENTS": ("text", "textId", "globalTid", "eventType"),
+    "OSRT_API": ("nameId",),
+    "StringIds": ("value",),
+}
 
 
 @pytest.mark.parametrize("table", TABLES)
@@ -150,8 +178,10 @@ def test_fuzz_nsys_dropped_columns(tmp_path, table, column):
     con = sqlite3.connect(path)
     # DROP COLUMN refuses indexed columns: rebuild the table without it.
     cols = [r[1] for r in con.execute(f"PRAGMA table_info({table})") if r[1] != column]
-    con.executescript(f"CREATE TABLE tmp AS SELECT {', '.join(cols)} FROM {table}; DROP TABLE {table}; "
-                      f"ALTER TABLE tmp RENAME TO {table};")
+    con.executescript(
+        f"CREATE TABLE tmp AS SELECT {', '.join(cols)} FROM {table}; DROP TABLE {table}; "
+        f"ALTER TABLE tmp RENAME TO {table};"
+    )
     con.close()
     refuses_or_reads(path)
 

@@ -59,7 +59,9 @@ def test_bf16_gemms_under_precision_fp8_fire_the_rule():
 
 
 def test_torch_trace_and_nsys_agree_on_one_run():
-    sqlite, trace, info = needs("crosscheck/profile.sqlite", "crosscheck/torch_trace.json.gz", "crosscheck/capture.json")
+    sqlite, trace, info = needs(
+        "crosscheck/profile.sqlite", "crosscheck/torch_trace.json.gz", "crosscheck/capture.json"
+    )
     # One run seen by both profilers agrees closely; two runs of the same program within run-to-run noise.
     close = 0.5 if json.loads(info.read_text())["simultaneous"] else 3.0
     nsys, torch = full_analysis(sqlite), full_analysis(trace)
@@ -72,4 +74,5 @@ def test_torch_trace_and_nsys_agree_on_one_run():
     assert torch.whole_trace["kernel_count"] == pytest.approx(nsys.whole_trace["kernel_count"], rel=0.02)
     for kind in ("HtoD", "DtoH"):
         assert torch.whole_trace["memory_ops"][kind]["bytes"] == pytest.approx(
-            nsys.whole_trace["memory_ops"][kind]["bytes"], rel=0.01)
+            nsys.whole_trace["memory_ops"][kind]["bytes"], rel=0.01
+        )

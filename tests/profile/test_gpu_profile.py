@@ -14,11 +14,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from ghsweep.core.gpu import probe_gpu
+from ghsweep.core.run_dir import PROFILE_ANALYSIS
+from ghsweep.launch.plan import node_plan
 from ghsweep.launch.worker_process import run_worker, worker_command
 from ghsweep.profile import capture
-from ghsweep.core.run_dir import PROFILE_ANALYSIS
-from ghsweep.core.gpu import probe_gpu
-from ghsweep.launch.plan import node_plan
 from ghsweep.profile.pipeline import after_worker
 from ghsweep.profile.result import METRICS
 from tests.conftest import CONF_DIR
@@ -28,9 +28,20 @@ pytestmark = pytest.mark.gpu
 
 def profiled_run(tmp_path, *overrides: str) -> tuple[dict, object]:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "device=cuda", "train.max_steps=10", "train.log_every=10", "train.compile=false", "train.seq_length=256",
-            "train.micro_batch_size=4", "capture.start_step=4", "capture.num_steps=4", *overrides])
+        cfg = compose(
+            config_name="config",
+            overrides=[
+                "device=cuda",
+                "train.max_steps=10",
+                "train.log_every=10",
+                "train.compile=false",
+                "train.seq_length=256",
+                "train.micro_batch_size=4",
+                "capture.start_step=4",
+                "capture.num_steps=4",
+                *overrides,
+            ],
+        )
     run_dir = tmp_path / cfg.profile.name
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -39,8 +50,12 @@ def profiled_run(tmp_path, *overrides: str) -> tuple[dict, object]:
     plan.save(run_dir)
     exit = run_worker(plan.worker_command, run_dir, 900)
     assert exit.returncode == 0, (run_dir / "worker.log").read_text()[-3000:]
-    outcome = after_worker(cfg, run_dir, plan.profile, lambda prefix, work: run_worker(
-        worker_command(cfg, work, prefix), work, 900).returncode)
+    outcome = after_worker(
+        cfg,
+        run_dir,
+        plan.profile,
+        lambda prefix, work: run_worker(worker_command(cfg, work, prefix), work, 900).returncode,
+    )
     assert "ghsweep.profile_error" not in outcome.tags, outcome.tags
     return json.loads((run_dir / PROFILE_ANALYSIS).read_text()), outcome
 
@@ -64,8 +79,14 @@ def test_nsys_ncu_run_is_analysed(tmp_path):
     assert all(p["bound"] in ("compute_bound", "memory_bound", "latency_bound") for p in roof["kernels"])
     assert any(p["bytes_dram"] > 0 for p in roof["kernels"])  # the extra metrics were collected
     names = {p.name for p in outcome.artifacts}
-    assert {"profile_report.md", "top_kernels.md", "gap_histogram.png", "roofline.png", "profile.sqlite",
-            "top_kernels_ncu.csv"} <= names
+    assert {
+        "profile_report.md",
+        "top_kernels.md",
+        "gap_histogram.png",
+        "roofline.png",
+        "profile.sqlite",
+        "top_kernels_ncu.csv",
+    } <= names
     print(json.dumps({k: analysis[k] for k in METRICS}, indent=1))
     print(json.dumps(roof["kernels"], indent=1)[:3000])
 

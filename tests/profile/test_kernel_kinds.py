@@ -48,19 +48,28 @@ def test_not_gemms(name):
 def test_optimizer_and_function_names():
     assert is_optimizer(NOT_GEMMS[3]) and not is_optimizer(OTHER_GEMMS[0])
     assert function_name(NOT_GEMMS[3]) == "multi_tensor_apply_kernel"
-    assert function_name("void at::<unnamed>::multi_tensor_apply_kernel<at::<unnamed>::X<4>>(T1)") == \
-        "multi_tensor_apply_kernel"
+    assert (
+        function_name("void at::<unnamed>::multi_tensor_apply_kernel<at::<unnamed>::X<4>>(T1)")
+        == "multi_tensor_apply_kernel"
+    )
     assert function_name(FP8_GEMMS[0]) == FP8_GEMMS[0]
 
 
 def analysis_with(gemms: dict[str, int]) -> ProfileAnalysis:
     """A minimal analysis of a busy run whose GEMMs took these ns."""
-    ranked = [{"name": n, "short_name": n, "total_ns": ns, "count": 1, "mean_ns": ns, "pct": 0} for n, ns in gemms.items()]
+    ranked = [
+        {"name": n, "short_name": n, "total_ns": ns, "count": 1, "mean_ns": ns, "pct": 0} for n, ns in gemms.items()
+    ]
     from ghsweep.profile.kernel_kinds import gemm_time
 
-    return ProfileAnalysis(window={"duration_ns": 10**9, "steps": [1, 2], "basis": "nvtx steps"}, gpu_busy_pct=99.0,
-                           gpu_idle_pct=1.0, top_kernels=ranked, kernels={"total_ns": 10**9, **gemm_time(ranked)},
-                           gaps={"causes_ns": {}})
+    return ProfileAnalysis(
+        window={"duration_ns": 10**9, "steps": [1, 2], "basis": "nvtx steps"},
+        gpu_busy_pct=99.0,
+        gpu_idle_pct=1.0,
+        top_kernels=ranked,
+        kernels={"total_ns": 10**9, **gemm_time(ranked)},
+        gaps={"causes_ns": {}},
+    )
 
 
 def test_fp8_rule_in_both_directions():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ghsweep.profile.run_analysis import full_analysis
-from ghsweep.profile.steps import split_warmup, Step, step_kind
+from ghsweep.profile.steps import Step, split_warmup, step_kind
 from tests.profile.planted import training_run, write_nsys, write_torch
 
 CONVENTIONS = {
@@ -23,8 +23,10 @@ CONVENTIONS = {
     "Batch N": lambda i: f"Batch {i}",
     "module.train_step": lambda i: "megatron.training.train_step",
 }
-WRITERS = {"nsys": lambda run, d: write_nsys(run, d / "profile.sqlite"),
-           "torch": lambda run, d: write_torch(run, d / "trace.json")}
+WRITERS = {
+    "nsys": lambda run, d: write_nsys(run, d / "profile.sqlite"),
+    "torch": lambda run, d: write_torch(run, d / "trace.json"),
+}
 
 
 def analysed(run, tmp_path, reader: str) -> dict:
@@ -71,8 +73,11 @@ def test_steps_inferred_from_optimizer_bursts(tmp_path, reader):
 def test_steps_inferred_from_the_period_of_the_kernels(tmp_path, reader):
     """No optimizer kernel by name (a hand-written update): the kernel launched once per step and
     followed by the host's time between steps marks the step's end."""
-    run = training_run(None, burst=("void scale_grads_kernel<float>()", "void apply_update_kernel<float>(float*)"),
-                       loss="void cross_entropy_kernel<float>()")
+    run = training_run(
+        None,
+        burst=("void scale_grads_kernel<float>()", "void apply_update_kernel<float>(float*)"),
+        loss="void cross_entropy_kernel<float>()",
+    )
     a = analysed(run, tmp_path, reader)
     assert a.window["basis"] == "inferred steps"
     assert a.window["source"].endswith("repeats every 43 kernels, one step each, ending at apply_update_kernel")
@@ -122,8 +127,18 @@ def test_step_names():
     assert step_kind("[pl][profile][Strategy]SingleDeviceStrategy.training_step") == ("trainingstep", None)
     assert step_kind("[pl][profile]run_training_batch") == ("runtrainingbatch", None)
     assert step_kind("Batch 3") == ("batch", 3) and step_kind("NeMo/step_5") == ("step", 5)
-    for not_a_step in ("Optimizer.step#AdamW.step", "Optimizer.zero_grad#AdamW.zero_grad", "optimizer_step",
-                       "forward_step", "get_batch", "batch", "steps", "data", "stepping 3", "cub::DeviceScan"):
+    for not_a_step in (
+        "Optimizer.step#AdamW.step",
+        "Optimizer.zero_grad#AdamW.zero_grad",
+        "optimizer_step",
+        "forward_step",
+        "get_batch",
+        "batch",
+        "steps",
+        "data",
+        "stepping 3",
+        "cub::DeviceScan",
+    ):
         assert step_kind(not_a_step) is None, not_a_step
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_plan import ProfilePlan
 from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve
-from ghsweep.core.errors import ConfigError
 from tests.conftest import CONF_DIR, run_cli
 
 
@@ -51,16 +51,18 @@ def test_ncu_missing_for_nsys_ncu(tmp_path, monkeypatch):
     cfg = compose_cfg("profile=nsys_ncu", f"profile.nsys.path={fake_tool(tmp_path, 'nsys')}")
     with pytest.raises(ConfigError, match=r"^profile=nsys_ncu: ncu not found on PATH"):
         resolve(cfg.profile, on_gpu=True, device="cuda")
-    cfg = compose_cfg("profile=nsys_ncu", f"profile.nsys.path={tmp_path / 'nsys'}",
-                      f"profile.ncu.path={fake_tool(tmp_path, 'ncu')}")
+    cfg = compose_cfg(
+        "profile=nsys_ncu", f"profile.nsys.path={tmp_path / 'nsys'}", f"profile.ncu.path={fake_tool(tmp_path, 'ncu')}"
+    )
     plan = resolve(cfg.profile, on_gpu=True, device="cuda")
     assert plan.used == "nsys" and plan.ncu and plan.ncu_path.endswith("ncu")
 
 
 def test_nsys_command_records_the_capture_window(tmp_path):
     nsys = fake_tool(tmp_path, "nsys")
-    cfg = compose_cfg("profile=nsys", f"profile.nsys.path={nsys}", "memory=unified",
-                      "profile.nsys.extra_args=['--sample=none']")
+    cfg = compose_cfg(
+        "profile=nsys", f"profile.nsys.path={nsys}", "memory=unified", "profile.nsys.extra_args=['--sample=none']"
+    )
     command = profiler_prefix(cfg, tmp_path, resolve(cfg.profile, on_gpu=True, device="cuda"))
     assert command[:2] == [nsys, "profile"]
     assert "--trace=cuda,nvtx,osrt,cudnn,cublas" in command
@@ -78,8 +80,10 @@ def test_plans_from_config_are_the_plans_the_node_makes(tmp_path, monkeypatch):
         profile = compose_cfg(f"profile={name}").profile
         assert plans_from_config(profile, "auto") == [resolve(profile, on_gpu=True, device="auto")]
     auto = compose_cfg("profile=auto").profile
-    assert plans_from_config(auto, "cuda:1") == [resolve(auto, on_gpu=True, device="cuda:1"),
-                                                 resolve(auto, on_gpu=False, device="cuda:1")]
+    assert plans_from_config(auto, "cuda:1") == [
+        resolve(auto, on_gpu=True, device="cuda:1"),
+        resolve(auto, on_gpu=False, device="cuda:1"),
+    ]
     # A CPU run: the config alone decides, as the node would, errors included.
     for name in ("auto", "torch", "none"):
         profile = compose_cfg(f"profile={name}").profile
@@ -106,8 +110,11 @@ def test_profile_nsys_on_a_machine_without_gpu_fails_before_training(tmp_path):
 
 
 def test_profile_torch_end_to_end_on_cpu(tmp_path):
-    proc = run_cli(["experiment=smoke", "profile=torch", "train.max_steps=5", "capture.start_step=2",
-                    "capture.num_steps=2"], tmp_path, timeout=600)
+    proc = run_cli(
+        ["experiment=smoke", "profile=torch", "train.max_steps=5", "capture.start_step=2", "capture.num_steps=2"],
+        tmp_path,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run_dir = next(tmp_path.glob("outputs/*/*"))
     analysis = json.loads((run_dir / "profile_analysis.json").read_text())
@@ -126,11 +133,14 @@ def test_profile_torch_end_to_end_on_cpu(tmp_path):
     assert {"profile/torch_trace.json", "profile/profile_report.md", "profile/top_kernels.md"} <= files
 
 
-@pytest.mark.parametrize("override,message", [
-    ("profile.nsys.trace=[cuda,gpu]", "profile.nsys.trace=gpu: not an accepted value; accepted: cuda, nvtx"),
-    ("profile.ncu.top_k=0", "profile.ncu.top_k=0: must be an integer >= 1"),
-    ("profile.artifact_max_mb=-1", "profile.artifact_max_mb=-1: must be a number >= 0"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("profile.nsys.trace=[cuda,gpu]", "profile.nsys.trace=gpu: not an accepted value; accepted: cuda, nvtx"),
+        ("profile.ncu.top_k=0", "profile.ncu.top_k=0: must be an integer >= 1"),
+        ("profile.artifact_max_mb=-1", "profile.artifact_max_mb=-1: must be a number >= 0"),
+    ],
+)
 def test_bad_profile_options_are_one_line_errors(override, message):
     from ghsweep.config.validate import validate
 

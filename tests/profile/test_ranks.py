@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 from ghsweep.profile.ranks import STRAGGLER_MIN_PCT
+from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 from tests.profile.planted import GEMM, MS, OPTIMIZER, US, Run, write_nsys
 
 ALLREDUCE = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -48,7 +48,7 @@ def data_parallel_rank(gemm_us: int, slowest_gemm_us: int) -> tuple[Run, dict]:
         end = gpu + 20 * US
         run.ranges.append((f"step {i}", host0, end, 4242))
         if i >= 1:
-            buckets = (GEMMS // 10 - 1)
+            buckets = GEMMS // 10 - 1
             truth["nccl_ns"] += buckets * BUCKET_US * US + wait + TAIL_US * US
             truth["kernel_ns"] += GEMMS * gemm_us * US + buckets * BUCKET_US * US + wait + TAIL_US * US + 100 * US
             truth["exposed_ns"] += wait + TAIL_US * US
@@ -126,12 +126,14 @@ def test_a_missing_rank_is_a_health_finding(two_ranks):
 
 def test_cli_analyses_every_rank_of_a_run_directory(two_ranks):
     folder, _ = two_ranks
-    out = subprocess.run([sys.executable, "-m", "ghsweep.analyze", str(folder), "--json"], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "ghsweep.analyze", str(folder), "--json"], capture_output=True, text=True, check=True
+    )
     result = json.loads(out.stdout)
     assert [r["rank"] for r in result["ranks"]] == [0, 1]
-    text = subprocess.run([sys.executable, "-m", "ghsweep.analyze", str(folder)], capture_output=True, text=True,
-                          check=True).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "ghsweep.analyze", str(folder)], capture_output=True, text=True, check=True
+    ).stdout
     assert "## Ranks" in text and "rank 1 is a straggler" in text
 
 
@@ -157,13 +159,15 @@ def nccl_ms_in_window(path: Path, window: dict) -> dict[str, float]:
     rows = con.execute(
         "SELECT s.value, SUM(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName "
         "WHERE s.value LIKE '%nccl%' AND k.start >= ? AND k.end <= ? GROUP BY s.value",
-        (window["start_ns"], window["end_ns"])).fetchall()
+        (window["start_ns"], window["end_ns"]),
+    ).fetchall()
     con.close()
     return {name: ns / 1e6 for name, ns in rows}
 
 
-@pytest.mark.parametrize("name,collectives", [("ddp2_lora_7b", {"AllReduce"}),
-                                              ("fsdp2_full_7b", {"AllGather", "ReduceScatter"})])
+@pytest.mark.parametrize(
+    "name,collectives", [("ddp2_lora_7b", {"AllReduce"}), ("fsdp2_full_7b", {"AllGather", "ReduceScatter"})]
+)
 def test_real_two_gpu_captures_show_each_rank_and_its_communication(real_runs, name, collectives):
     paths = real_runs[name]
     result = rank_analysis(paths, None, 2)

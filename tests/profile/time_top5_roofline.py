@@ -37,17 +37,26 @@ def timed(cmd: list[str], cwd: Path, log: Path) -> tuple[int, float]:
 
 
 def run_facts(job_dir: Path) -> dict:
-    facts: dict = {"job": job_dir.name, "overrides": (job_dir / "overrides.yaml").read_text().strip().splitlines()
-                   if (job_dir / "overrides.yaml").exists() else []}
+    facts: dict = {
+        "job": job_dir.name,
+        "overrides": (job_dir / "overrides.yaml").read_text().strip().splitlines()
+        if (job_dir / "overrides.yaml").exists()
+        else [],
+    }
     if (job_dir / "summary.json").exists():
         facts["step_time_ms"] = json.loads((job_dir / "summary.json").read_text())["metrics"].get("step_time_ms")
     analysis_file = job_dir / "profile_analysis.json"
     if analysis_file.exists():
         a = json.loads(analysis_file.read_text())
         roof = a.get("roofline", {})
-        facts |= {"steps": a["window"]["steps"], "top_kernels": [k["short_name"] for k in a["top_kernels"]],
-                  "roofline_points": len(roof.get("kernels", [])), "missing": roof.get("missing"),
-                  "ncu_pass": roof.get("ncu_pass"), "findings": [f["id"] for f in a.get("findings", [])]}
+        facts |= {
+            "steps": a["window"]["steps"],
+            "top_kernels": [k["short_name"] for k in a["top_kernels"]],
+            "roofline_points": len(roof.get("kernels", [])),
+            "missing": roof.get("missing"),
+            "ncu_pass": roof.get("ncu_pass"),
+            "findings": [f["id"] for f in a.get("findings", [])],
+        }
     return facts
 
 
@@ -62,17 +71,41 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="top5_"))
     log = work / "sweep.log"
     store = f"sqlite:///{work}/mlflow.db"
-    sweep = [sys.executable, "-m", "ghsweep", "-m", "experiment=top5_roofline", "tracking=sqlite",
-             f"tracking.uri={store}", f"hydra.sweep.dir={work}/top5/sweep"]
+    sweep = [
+        sys.executable,
+        "-m",
+        "ghsweep",
+        "-m",
+        "experiment=top5_roofline",
+        "tracking=sqlite",
+        f"tracking.uri={store}",
+        f"hydra.sweep.dir={work}/top5/sweep",
+    ]
     sweep += [f"profile.nsys.path={args.nsys}"] if args.nsys else []
     sweep += [f"profile.ncu.path={args.ncu}"] if args.ncu else []
     sweep_code, sweep_s = timed(sweep + args.overrides, work, log)
-    report = [sys.executable, "-m", "ghsweep.report", "--assignment", "sweep top5/sweep", "--out", str(work / "asg"),
-              "--tracking-uri", store]
+    report = [
+        sys.executable,
+        "-m",
+        "ghsweep.report",
+        "--assignment",
+        "sweep top5/sweep",
+        "--out",
+        str(work / "asg"),
+        "--tracking-uri",
+        store,
+    ]
     report_code, report_s = timed(report, work, log)
     runs = [run_facts(d) for d in sorted((work / "top5" / "sweep").glob("[0-9]*"))]
-    result = {"sweep_exit": sweep_code, "sweep_s": sweep_s, "report_exit": report_code, "report_s": report_s,
-              "total_s": sweep_s + report_s, "target_s": TARGET_S, "runs": runs}
+    result = {
+        "sweep_exit": sweep_code,
+        "sweep_s": sweep_s,
+        "report_exit": report_code,
+        "report_s": report_s,
+        "total_s": sweep_s + report_s,
+        "target_s": TARGET_S,
+        "runs": runs,
+    }
     (out / "top5_roofline.json").write_text(json.dumps(result, indent=2))
     if (work / "asg" / "assignment.md").exists():
         (out / "assignment.md").write_text((work / "asg" / "assignment.md").read_text())
@@ -82,15 +115,24 @@ def main() -> None:
     rows = [("run", "step ms", "ncu_s", "ncu profiled", "roofline points", "top kernels without a point")]
     for r in runs:
         ncu = r.get("ncu_pass") or {}
-        rows.append((r["overrides"][0].lstrip("- ") if r["overrides"] else r["job"], f"{r.get('step_time_ms') or 0:.0f}",
-                     f"{ncu.get('seconds', 0):.0f}", ncu.get("launches", "-"), str(r.get("roofline_points", "-")),
-                     ", ".join(r.get("missing") or []) or "none"))
+        rows.append(
+            (
+                r["overrides"][0].lstrip("- ") if r["overrides"] else r["job"],
+                f"{r.get('step_time_ms') or 0:.0f}",
+                f"{ncu.get('seconds', 0):.0f}",
+                ncu.get("launches", "-"),
+                str(r.get("roofline_points", "-")),
+                ", ".join(r.get("missing") or []) or "none",
+            )
+        )
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)))
     verdict = "within" if result["total_s"] < TARGET_S and not sweep_code and not report_code else "NOT within"
-    print(f"sweep {sweep_s:.0f} s (exit {sweep_code}) + assignment report {report_s:.0f} s (exit {report_code}) = "
-          f"{result['total_s']:.0f} s: {verdict} the {TARGET_S} s target")
+    print(
+        f"sweep {sweep_s:.0f} s (exit {sweep_code}) + assignment report {report_s:.0f} s (exit {report_code}) = "
+        f"{result['total_s']:.0f} s: {verdict} the {TARGET_S} s target"
+    )
 
 
 if __name__ == "__main__":

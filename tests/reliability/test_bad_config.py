@@ -12,8 +12,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from tests.reliability.records import (all_runs, assert_nothing_running, assert_one_line_errors, by_role,
-                                       only_sweep_dir, results, sqlite_uri)
+from tests.reliability.records import (
+    all_runs,
+    assert_nothing_running,
+    assert_one_line_errors,
+    by_role,
+    only_sweep_dir,
+    results,
+    sqlite_uri,
+)
 
 DOLLY = {"instruction": "Say hi.", "context": "", "response": "hi", "category": "open_qa"}
 
@@ -35,42 +42,81 @@ def model_folder(folder: Path) -> Path:
 
 # (the sweep's overrides, the one-line error of each job in order); `{dir}` is the test's data folder.
 CASES = {
-    "type and range": (["train.max_steps=abc,0,2.5"], [
-        "train.max_steps=abc: must be an integer >= 1", "train.max_steps=0: must be an integer >= 1",
-        "train.max_steps=2.5: must be an integer >= 1"]),
-    "learning rate": (["train.lr=fast,-0.1,0"], [
-        "train.lr=fast: must be a number > 0", "train.lr=-0.1: must be a number > 0", "train.lr=0: must be a number > 0"]),
+    "type and range": (
+        ["train.max_steps=abc,0,2.5"],
+        [
+            "train.max_steps=abc: must be an integer >= 1",
+            "train.max_steps=0: must be an integer >= 1",
+            "train.max_steps=2.5: must be an integer >= 1",
+        ],
+    ),
+    "learning rate": (
+        ["train.lr=fast,-0.1,0"],
+        [
+            "train.lr=fast: must be a number > 0",
+            "train.lr=-0.1: must be a number > 0",
+            "train.lr=0: must be a number > 0",
+        ],
+    ),
     "lora": (["peft.r=0,four"], ["peft.r=0: must be an integer >= 1", "peft.r=four: must be an integer >= 1"]),
-    "dropout": (["peft.dropout=1.5,-0.1"], ["peft.dropout=1.5: must be in [0, 1)", "peft.dropout=-0.1: must be in [0, 1)"]),
-    "loader": (["dataloader.num_workers=-1,many"], [
-        "dataloader.num_workers=-1: must be an integer >= 0", "dataloader.num_workers=many: must be an integer >= 0"]),
-    "sequence": (["train.seq_length=4,100000"], [
-        "train.seq_length=4: must be an integer >= 8",
-        "train.seq_length=100000: longer than model=tiny_llama supports; accepted: 8 to 2048"]),
-    "device": (["device=tpu,cuda"], [
-        "device=tpu: not an accepted value; accepted: auto, cpu, cuda, cuda:N",
-        "device=cuda: no NVIDIA GPU is visible to this job; accepted here: auto, cpu"]),
-    "timeout": (["worker.timeout_min=soon,-5"], [
-        "worker.timeout_min=soon: must be a number of minutes > 0, null (no limit) or auto (60 on a GPU, no limit on CPU)",
-        "worker.timeout_min=-5: must be a number of minutes > 0, null (no limit) or auto (60 on a GPU, no limit on CPU)"]),
-    "model folder": (["model=llama2_7b", "model.path={dir}/missing,{dir}/no_config"], [
-        "model.path={dir}/missing: no such folder; expected a Hugging Face model folder",
-        "model.path={dir}/no_config: config.json is missing or lacks model_type, num_hidden_layers, "
-        "max_position_embeddings (FileNotFoundError: [Errno 2] No such file or directory: '{dir}/no_config/config.json'); "
-        "expected a folder written by save_pretrained"]),
-    "dolly files": (["data=dolly_file", "data.path={dir}/missing.jsonl,{dir}/not_json.jsonl,{dir}/empty.jsonl,"
-                     "{dir}/huge_line.jsonl,{dir}/no_response.jsonl,{dir}/array.jsonl"], [
-        "data.path={dir}/missing.jsonl: no such file; expected a dolly-format JSONL file",
-        "data.path={dir}/not_json.jsonl: line 2 is not JSON (Expecting property name enclosed in double quotes: "
-        "line 1 column 2 (char 1)); expected one dolly record (a JSON object with instruction and response) per line",
-        "data.path={dir}/empty.jsonl: no records (the file is empty); expected one dolly record (a JSON object with "
-        "instruction and response) per line",
-        "data.path={dir}/huge_line.jsonl: line 1 is 52,428,837 bytes, over 1,048,576; expected one dolly record "
-        "(a JSON object with instruction and response) per line",
-        "data.path={dir}/no_response.jsonl: line 1 lacks instruction or response; expected one dolly record "
-        "(a JSON object with instruction and response) per line",
-        "data.path={dir}/array.jsonl: line 1 lacks instruction or response; expected one dolly record "
-        "(a JSON object with instruction and response) per line"]),
+    "dropout": (
+        ["peft.dropout=1.5,-0.1"],
+        ["peft.dropout=1.5: must be in [0, 1)", "peft.dropout=-0.1: must be in [0, 1)"],
+    ),
+    "loader": (
+        ["dataloader.num_workers=-1,many"],
+        ["dataloader.num_workers=-1: must be an integer >= 0", "dataloader.num_workers=many: must be an integer >= 0"],
+    ),
+    "sequence": (
+        ["train.seq_length=4,100000"],
+        [
+            "train.seq_length=4: must be an integer >= 8",
+            "train.seq_length=100000: longer than model=tiny_llama supports; accepted: 8 to 2048",
+        ],
+    ),
+    "device": (
+        ["device=tpu,cuda"],
+        [
+            "device=tpu: not an accepted value; accepted: auto, cpu, cuda, cuda:N",
+            "device=cuda: no NVIDIA GPU is visible to this job; accepted here: auto, cpu",
+        ],
+    ),
+    "timeout": (
+        ["worker.timeout_min=soon,-5"],
+        [
+            "worker.timeout_min=soon: must be a number of minutes > 0, null (no limit) or auto (60 on a GPU, no limit on CPU)",
+            "worker.timeout_min=-5: must be a number of minutes > 0, null (no limit) or auto (60 on a GPU, no limit on CPU)",
+        ],
+    ),
+    "model folder": (
+        ["model=llama2_7b", "model.path={dir}/missing,{dir}/no_config"],
+        [
+            "model.path={dir}/missing: no such folder; expected a Hugging Face model folder",
+            "model.path={dir}/no_config: config.json is missing or lacks model_type, num_hidden_layers, "
+            "max_position_embeddings (FileNotFoundError: [Errno 2] No such file or directory: '{dir}/no_config/config.json'); "
+            "expected a folder written by save_pretrained",
+        ],
+    ),
+    "dolly files": (
+        [
+            "data=dolly_file",
+            "data.path={dir}/missing.jsonl,{dir}/not_json.jsonl,{dir}/empty.jsonl,"
+            "{dir}/huge_line.jsonl,{dir}/no_response.jsonl,{dir}/array.jsonl",
+        ],
+        [
+            "data.path={dir}/missing.jsonl: no such file; expected a dolly-format JSONL file",
+            "data.path={dir}/not_json.jsonl: line 2 is not JSON (Expecting property name enclosed in double quotes: "
+            "line 1 column 2 (char 1)); expected one dolly record (a JSON object with instruction and response) per line",
+            "data.path={dir}/empty.jsonl: no records (the file is empty); expected one dolly record (a JSON object with "
+            "instruction and response) per line",
+            "data.path={dir}/huge_line.jsonl: line 1 is 52,428,837 bytes, over 1,048,576; expected one dolly record "
+            "(a JSON object with instruction and response) per line",
+            "data.path={dir}/no_response.jsonl: line 1 lacks instruction or response; expected one dolly record "
+            "(a JSON object with instruction and response) per line",
+            "data.path={dir}/array.jsonl: line 1 lacks instruction or response; expected one dolly record "
+            "(a JSON object with instruction and response) per line",
+        ],
+    ),
 }
 
 
@@ -112,11 +158,14 @@ def test_each_bad_value_fails_its_run_with_one_line(sweeps, case):
     assert [c.tags["ghsweep.error"] for c in children] == expected
 
 
-@pytest.mark.parametrize("override, first_line", [
-    ("precision=fp64", "In 'config': Could not find 'precision/fp64'"),
-    ("train.max_stepz=3", "Could not override 'train.max_stepz'."),
-    ("hydra/launcher=nowhere", "In 'hydra/config': Could not find 'hydra/launcher/nowhere'"),
-])
+@pytest.mark.parametrize(
+    "override, first_line",
+    [
+        ("precision=fp64", "In 'config': Could not find 'precision/fp64'"),
+        ("train.max_stepz=3", "Could not override 'train.max_stepz'."),
+        ("hydra/launcher=nowhere", "In 'hydra/config': Could not find 'hydra/launcher/nowhere'"),
+    ],
+)
 def test_an_option_or_key_the_groups_do_not_have_is_refused_before_any_run(tmp_path, override, first_line):
     proc = run_cli(["-m", "experiment=smoke", override], tmp_path)
     assert proc.returncode == 1

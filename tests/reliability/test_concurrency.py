@@ -10,10 +10,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ghsweep.launch.worker_process import GPU_TIMEOUT_MIN, worker_timeout_min
 from ghsweep.core.errors import ConfigError
+from ghsweep.launch.worker_process import GPU_TIMEOUT_MIN, worker_timeout_min
 from tests.conftest import run_cli
-from tests.reliability.records import all_runs, assert_nothing_running, assert_one_line_errors, by_role, results, sqlite_uri
+from tests.reliability.records import (
+    all_runs,
+    assert_nothing_running,
+    assert_one_line_errors,
+    by_role,
+    results,
+    sqlite_uri,
+)
 
 SHORT = ["-m", "experiment=smoke", "precision=fp32,bf16", "train.max_steps=2", "train.seq_length=64"]
 
@@ -42,7 +49,8 @@ def test_a_sweep_directory_in_use_is_refused_with_one_line(tmp_path):
     assert second.returncode == 1
     assert second.stderr.strip().splitlines()[-1] == (
         "ghsweep: hydra.sweep.dir=shared: already holds a sweep (ghsweep_sweep.json); start the sweep again (the "
-        "default directory is named by the second) or set hydra.sweep.dir to a new directory")
+        "default directory is named by the second) or set hydra.sweep.dir to a new directory"
+    )
     assert_one_line_errors(second.stdout, second.stderr)
     runs = all_runs(sqlite_uri(tmp_path))
     assert len(runs) == 2 and results(tmp_path / "shared")[0]["status"] == "FINISHED"
@@ -55,8 +63,17 @@ def test_a_full_disk_fails_only_the_run_on_it(tmp_path):
     # Room for the run's small files, not for the PyTorch profiler's trace.
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(full)], check=True)
     try:
-        proc = run_cli(["-m", "experiment=smoke", "precision=fp32,bf16", "train.max_steps=8", "profile=torch",
-                        "hydra.sweep.dir=sweep"], tmp_path)
+        proc = run_cli(
+            [
+                "-m",
+                "experiment=smoke",
+                "precision=fp32,bf16",
+                "train.max_steps=8",
+                "profile=torch",
+                "hydra.sweep.dir=sweep",
+            ],
+            tmp_path,
+        )
     finally:
         subprocess.run(["umount", str(full)], check=True)
     assert proc.returncode == 1
@@ -71,8 +88,17 @@ def test_a_full_disk_fails_only_the_run_on_it(tmp_path):
 
 
 def test_a_hanging_worker_is_stopped_by_its_timeout_and_the_sweep_goes_on(tmp_path):
-    proc = run_cli(["-m", "experiment=smoke", "precision=fp32", "train.max_steps=100000,2", "train.seq_length=64",
-                    "worker.timeout_min=0.3"], tmp_path)
+    proc = run_cli(
+        [
+            "-m",
+            "experiment=smoke",
+            "precision=fp32",
+            "train.max_steps=100000,2",
+            "train.seq_length=64",
+            "worker.timeout_min=0.3",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 1
     reason = "worker timed out after 0.3 min (worker.timeout_min) and was killed"
     assert reason in proc.stdout

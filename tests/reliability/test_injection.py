@@ -20,8 +20,9 @@ VALUES = {
     "UNICODE": "héllo ☃ 日本語 \u202e",
 }
 # Through Hydra's quoted-string syntax, the way a value with such characters is given.
-OVERRIDES = [f"+container.env.{name}='" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-             for name, value in VALUES.items()]
+OVERRIDES = [
+    f"+container.env.{name}='" + value.replace("\\", "\\\\").replace("'", "\\'") + "'" for name, value in VALUES.items()
+]
 
 
 def worker_commands(stdout: str) -> list[str]:
@@ -30,15 +31,22 @@ def worker_commands(stdout: str) -> list[str]:
 
 
 def launchers() -> list:
-    slurm = pytest.param("local_slurm", marks=pytest.mark.skipif(
-        shutil.which("srun") is None, reason="the SLURM dry run needs srun (Debian's slurm-client; .ci/run installs it)"))
+    slurm = pytest.param(
+        "local_slurm",
+        marks=pytest.mark.skipif(
+            shutil.which("srun") is None,
+            reason="the SLURM dry run needs srun (Debian's slurm-client; .ci/run installs it)",
+        ),
+    )
     return ["local", slurm]
 
 
 @pytest.mark.parametrize("launcher", launchers())
 def test_values_stay_whole_arguments_of_the_worker_command(tmp_path, launcher):
-    proc = run_cli(["-m", f"hydra/launcher={launcher}", "experiment=smoke", "dry_run=true",
-                    "container.image=img.sif", *OVERRIDES], tmp_path)
+    proc = run_cli(
+        ["-m", f"hydra/launcher={launcher}", "experiment=smoke", "dry_run=true", "container.image=img.sif", *OVERRIDES],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_one_line_errors(proc.stdout, proc.stderr)
     [line] = worker_commands(proc.stdout)
@@ -50,19 +58,24 @@ def test_values_stay_whole_arguments_of_the_worker_command(tmp_path, launcher):
     assert not (tmp_path / "mlflow.db").exists()
 
 
-@pytest.mark.parametrize("override, shown", [
-    ("+notes.a=$(touch PWNED)", "+notes.a=$(touch PWNED)"),
-    ("+notes.b=line1\nline2", "+notes.b=line1\\nline2"),
-    ("+notes.c=héllo☃", "+notes.c=héllo☃"),
-    ("+notes.d=" + "x(" * 5000, "+notes.d=" + ("x(" * 5000)[:191] + "... (10009 characters)"),
-    ("+db.password=hun(ter2", "+db.password=***"),
-])
+@pytest.mark.parametrize(
+    "override, shown",
+    [
+        ("+notes.a=$(touch PWNED)", "+notes.a=$(touch PWNED)"),
+        ("+notes.b=line1\nline2", "+notes.b=line1\\nline2"),
+        ("+notes.c=héllo☃", "+notes.c=héllo☃"),
+        ("+notes.d=" + "x(" * 5000, "+notes.d=" + ("x(" * 5000)[:191] + "... (10009 characters)"),
+        ("+db.password=hun(ter2", "+db.password=***"),
+    ],
+)
 def test_an_override_hydra_cannot_parse_is_one_line_naming_it(tmp_path, override, shown):
     proc = run_cli(["-m", "experiment=smoke", override], tmp_path)
     assert proc.returncode == 1
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith(f"ghsweep: override {shown} cannot be parsed"), line
-    assert line.endswith("""quote a value with spaces, brackets, quotes, $, newlines or non-ASCII characters: 'key="value"'""")
+    assert line.endswith(
+        """quote a value with spaces, brackets, quotes, $, newlines or non-ASCII characters: 'key="value"'"""
+    )
     assert "hun(ter2" not in line and len(line) < 800
     assert_one_line_errors(proc.stdout, proc.stderr)
     assert not list(tmp_path.iterdir())

@@ -16,19 +16,37 @@ import pytest
 
 from ghsweep.tracking.mlflow_store import MlflowStore
 from tests.conftest import run_cli
-from tests.reliability.records import (all_runs, assert_nothing_running, assert_one_line_errors, by_role, results,
-                                       sqlite_uri)
+from tests.reliability.records import (
+    all_runs,
+    assert_nothing_running,
+    assert_one_line_errors,
+    by_role,
+    results,
+    sqlite_uri,
+)
 
 LONG_STEPS = 60
 # Job 1 trains long enough to be stopped once it has started; jobs 0 and 2 are short.
-SWEEP = ["-m", "experiment=smoke", "precision=fp32", f"train.max_steps=3,{LONG_STEPS},4", "train.seq_length=64",
-         "train.log_every=1"]
+SWEEP = [
+    "-m",
+    "experiment=smoke",
+    "precision=fp32",
+    f"train.max_steps=3,{LONG_STEPS},4",
+    "train.seq_length=64",
+    "train.log_every=1",
+]
 
 
 def start_sweep(cwd: Path, sweep_dir: str) -> subprocess.Popen:
     env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", HYDRA_FULL_ERROR="0")
-    return subprocess.Popen([sys.executable, "-m", "ghsweep", *SWEEP, f"hydra.sweep.dir={sweep_dir}"], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ghsweep", *SWEEP, f"hydra.sweep.dir={sweep_dir}"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_until_training(run_dir: Path, proc: subprocess.Popen, timeout_s: float = 300) -> int:
@@ -65,8 +83,9 @@ def test_an_interrupted_sweep_ends_killed_with_its_summary_and_resumes(tmp_path,
     stdout, stderr = proc.communicate(timeout=120)
     reason = f"interrupted by {stop.name}" + (" (Ctrl-C)" if stop == signal.SIGINT else "")
     assert proc.returncode == status, stderr[-3000:]
-    assert stderr.strip().splitlines()[-1] == (f"ghsweep: {reason}; the same command again resumes the sweep "
-                                               "(runs that finished are skipped)")
+    assert stderr.strip().splitlines()[-1] == (
+        f"ghsweep: {reason}; the same command again resumes the sweep (runs that finished are skipped)"
+    )
     assert_one_line_errors(stdout, stderr)
     assert "1 of 2 runs finished" in stdout and reason in stdout
     assert wait_gone(worker), "the worker outlived the sweep"
@@ -110,16 +129,16 @@ def assert_settled_as_died(cwd: Path, sweep_dir: str, worker: int) -> None:
     assert_nothing_running(runs)
     parent = next(r for r in by_role(runs, "sweep") if r.tags["ghsweep.sweep_dir"].endswith(sweep_dir))
     assert parent.status == "FAILED"
-    died = [c for c in by_role(runs, "run") if c.tags["mlflow.parentRunId"] == parent.run_id
-            and c.status == "FAILED"]
+    died = [c for c in by_role(runs, "run") if c.tags["mlflow.parentRunId"] == parent.run_id and c.status == "FAILED"]
     assert len(died) == 1 and died[0].tags["ghsweep.error"].startswith("the sweep process died (pid ")
     assert results(cwd / sweep_dir)[1]["status"] == "FAILED"
 
 
 def test_a_killed_sweep_is_settled_by_ghsweep_status(tmp_path):
     worker = kill_in_the_middle(tmp_path, "killed")
-    status = subprocess.run([sys.executable, "-m", "ghsweep.status", "killed"], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=300)
+    status = subprocess.run(
+        [sys.executable, "-m", "ghsweep.status", "killed"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert status.returncode == 1 and "1 of 2 runs finished" in status.stdout, status.stderr[-3000:]
     assert "the sweep process died (pid " in status.stdout
     assert_one_line_errors(status.stdout, status.stderr)
@@ -129,7 +148,9 @@ def test_a_killed_sweep_is_settled_by_ghsweep_status(tmp_path):
 def test_a_killed_sweep_is_settled_by_the_next_sweep(tmp_path):
     worker = kill_in_the_middle(tmp_path, "killed")
     # Any sweep into the experiment on this host settles it; a short one keeps the test short.
-    again = run_cli(["-m", "experiment=smoke", "precision=bf16", "train.max_steps=2", "hydra.sweep.dir=again"], tmp_path)
+    again = run_cli(
+        ["-m", "experiment=smoke", "precision=bf16", "train.max_steps=2", "hydra.sweep.dir=again"], tmp_path
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "1 of 1 runs finished" in again.stdout
     assert_settled_as_died(tmp_path, "killed", worker)

@@ -21,12 +21,23 @@ HF_TOKEN = "hf-env-only-9wQp"  # an environment variable no config names
 SHELL_VALUE = "$(touch PWNED); `touch PWNED2` | rm -rf x && echo done"
 
 
-@pytest.mark.parametrize("key, secret", [
-    ("tracking.password", True), ("model.hf_token", True), ("container.env.AWS_SECRET_ACCESS_KEY", True),
-    ("db.api_key", True), ("site.credentials", True), ("x.apiKey", True), ("x.Password", True), ("x.client-secret", True),
-    ("container.env.TOKENIZERS_PARALLELISM", False), ("metrics.tokens_per_s", False), ("peft.r", False),
-    ("password.file_path", False),  # only the last part of a key counts
-])
+@pytest.mark.parametrize(
+    "key, secret",
+    [
+        ("tracking.password", True),
+        ("model.hf_token", True),
+        ("container.env.AWS_SECRET_ACCESS_KEY", True),
+        ("db.api_key", True),
+        ("site.credentials", True),
+        ("x.apiKey", True),
+        ("x.Password", True),
+        ("x.client-secret", True),
+        ("container.env.TOKENIZERS_PARALLELISM", False),
+        ("metrics.tokens_per_s", False),
+        ("peft.r", False),
+        ("password.file_path", False),  # only the last part of a key counts
+    ],
+)
 def test_which_keys_are_secret(key, secret):
     assert redact.is_secret_key(key) is secret
 
@@ -44,9 +55,18 @@ def secret_sweep(tmp_path_factory):
     env_before = dict(os.environ)
     os.environ.update(GHSWEEP_TEST_TOKEN=TOKEN_IN_ENV, HF_TOKEN=HF_TOKEN)
     try:
-        proc = run_cli(["-m", "experiment=smoke", "precision=fp32", "train.max_steps=2",
-                        f"+tracking.password={PASSWORD}", "+model.hf_token=${oc.env:GHSWEEP_TEST_TOKEN}",
-                        f"+notes.shell='{SHELL_VALUE}'"], cwd)
+        proc = run_cli(
+            [
+                "-m",
+                "experiment=smoke",
+                "precision=fp32",
+                "train.max_steps=2",
+                f"+tracking.password={PASSWORD}",
+                "+model.hf_token=${oc.env:GHSWEEP_TEST_TOKEN}",
+                f"+notes.shell='{SHELL_VALUE}'",
+            ],
+            cwd,
+        )
     finally:
         os.environ.clear()
         os.environ.update(env_before)
@@ -96,11 +116,16 @@ def test_the_worker_gets_the_real_values_and_only_its_config_holds_them(secret_s
     assert f"password: {PASSWORD}" in config.read_text() and f"hf_token: {TOKEN_IN_ENV}" in config.read_text()
     assert stat.S_IMODE(config.stat().st_mode) == 0o600
     # Hydra's own records keep the command line as typed: the interpolation, not the token.
-    records = [p for p in _holding_a_secret(cwd / "multirun")
-               if Path(p).name not in ("multirun.yaml",) and "/.hydra/" not in p and p != str(config)]
+    records = [
+        p
+        for p in _holding_a_secret(cwd / "multirun")
+        if Path(p).name not in ("multirun.yaml",) and "/.hydra/" not in p and p != str(config)
+    ]
     assert records == []
     assert TOKEN_IN_ENV not in (run_dir / ".hydra" / "overrides.yaml").read_text()
-    assert not any(HF_TOKEN in p.read_text(errors="replace") for p in cwd.rglob("*") if p.is_file() and p.suffix != ".db")
+    assert not any(
+        HF_TOKEN in p.read_text(errors="replace") for p in cwd.rglob("*") if p.is_file() and p.suffix != ".db"
+    )
 
 
 def test_shell_metacharacters_in_a_value_run_nothing(secret_sweep):

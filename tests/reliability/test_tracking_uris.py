@@ -28,7 +28,9 @@ def test_no_server_at_the_uri_fails_in_seconds_before_any_job(tmp_path, mode):
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
         f"ghsweep: tracking.uri=http://127.0.0.1:{port}: no tracking server there (connection refused); "
-        + START_HINT.format(port=port) + " to log to ./mlflow.db")
+        + START_HINT.format(port=port)
+        + " to log to ./mlflow.db"
+    )
     assert_one_line_errors(proc.stdout, proc.stderr)
     # MLflow's own HTTP retries took minutes here; the check answers before them.
     assert took < 60, f"took {took:.0f} s"
@@ -42,14 +44,18 @@ def test_a_uri_of_no_store_mlflow_knows_is_one_line(tmp_path, uri):
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
         f"ghsweep: tracking.uri={uri}: not a tracking URI MLflow can open; accepted: http://HOST:PORT or https://... "
-        "(a tracking server), sqlite:///FILE, or a database URL (postgresql, mysql, mssql)")
+        "(a tracking server), sqlite:///FILE, or a database URL (postgresql, mysql, mssql)"
+    )
     assert_one_line_errors(proc.stdout, proc.stderr)
     assert not list(tmp_path.rglob("result.json"))
 
 
 def test_an_unknown_host_is_one_line_too():
-    with pytest.raises(ValueError, match=r"^tracking.uri=http://no-such-host.invalid:5000: cannot connect to "
-                                         r"no-such-host.invalid:5000 \(.+\); check the address, or pass tracking=sqlite$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^tracking.uri=http://no-such-host.invalid:5000: cannot connect to "
+        r"no-such-host.invalid:5000 \(.+\); check the address, or pass tracking=sqlite$",
+    ):
         check_tracking_uri("http://no-such-host.invalid:5000")
 
 
@@ -70,8 +76,13 @@ def _refuses(port: int) -> bool:
 def test_the_server_wrapper_stops_its_server_on_sigterm_as_on_ctrl_c(tmp_path, stop):
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO), MLFLOW_DISABLE_TELEMETRY="true")
-    wrapper = subprocess.Popen([sys.executable, "-m", "ghsweep.tracking.server", "--root", str(tmp_path / "server"),
-                                "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wrapper = subprocess.Popen(
+        [sys.executable, "-m", "ghsweep.tracking.server", "--root", str(tmp_path / "server"), "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         first_line = wrapper.stdout.readline()
         assert first_line.startswith(f"MLflow tracking server at http://127.0.0.1:{port}"), first_line

@@ -27,8 +27,7 @@ PROFILES = Path(__file__).resolve().parents[1] / "data" / "profiles"
 def scenario(name: str, with_roofline: bool = False) -> ProfileAnalysis:
     a = analyze(PROFILES / name / "profile.sqlite")
     if with_roofline:
-        a.roofline = roofline.kernel_points(PROFILES / name / "top_kernels_ncu.csv",
-                                            [k["name"] for k in a.top_kernels])
+        a.roofline = roofline.kernel_points(PROFILES / name / "top_kernels_ncu.csv", [k["name"] for k in a.top_kernels])
     return a
 
 
@@ -40,15 +39,23 @@ def median_step_ms(name: str) -> float:
 def test_diff_of_hand_made_profiles_normalises_per_iteration():
     def a(kernels, steps, all_names=None):
         top = [{"name": n, "total_ns": ns, "count": 1, "mean_ns": ns, "pct": 0.0} for n, ns in kernels.items()]
-        return ProfileAnalysis(top_kernels=top, window={"steps": list(range(steps))},
-                               whole_trace={"kernels": [{"name": n} for n in all_names]} if all_names else {})
+        return ProfileAnalysis(
+            top_kernels=top,
+            window={"steps": list(range(steps))},
+            whole_trace={"kernels": [{"name": n} for n in all_names]} if all_names else {},
+        )
 
     before = a({"gemm": 400, "norm": 100, "copy": 80, "cast": 50}, steps=4, all_names=["gemm", "norm", "copy", "cast"])
     after = a({"gemm": 200, "norm": 60, "fused": 30, "copy": 21}, steps=2, all_names=["gemm", "norm", "fused", "copy"])
     kinds = {c.name: (c.kind, c.baseline_ns, c.optimised_ns) for c in profile_diff(before, after)}
     # Per iteration: gemm 100 -> 100, norm 25 -> 30, copy 20 -> 10.5, cast removed, fused added.
-    assert kinds == {"gemm": ("unchanged", 100, 100), "norm": ("slower", 25, 30), "copy": ("faster", 20, 10.5),
-                     "cast": ("removed", 12.5, None), "fused": ("added", None, 15)}
+    assert kinds == {
+        "gemm": ("unchanged", 100, 100),
+        "norm": ("slower", 25, 30),
+        "copy": ("faster", 20, 10.5),
+        "cast": ("removed", 12.5, None),
+        "fused": ("added", None, 15),
+    }
     # Without the other run's whole-trace kernel list a kernel outside its top list is not called removed.
     before.whole_trace = {}
     assert {c.name: c.kind for c in profile_diff(after, before)}["fused"] == "left top"
@@ -74,20 +81,46 @@ def two_runs(tmp_path_factory):
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     store = MlflowStore(uri, "assignment_test")
     runs = {}
-    for label, name, with_roofline, workers in (("baseline", "dataload", False, "0"), ("optimised", "clean", True, "4")):
+    for label, name, with_roofline, workers in (
+        ("baseline", "dataload", False, "0"),
+        ("optimised", "clean", True, "4"),
+    ):
         analysis = scenario(name, with_roofline)
-        runs[label] = log_run(store, tmp, None, 0, [f"dataloader.num_workers={workers}"], "FINISHED",
-                              {"step_time_ms": median_step_ms(name), "gpu_idle_pct": analysis.gpu_idle_pct},
-                              [3.0, 2.5], analysis=analysis)
+        runs[label] = log_run(
+            store,
+            tmp,
+            None,
+            0,
+            [f"dataloader.num_workers={workers}"],
+            "FINISHED",
+            {"step_time_ms": median_step_ms(name), "gpu_idle_pct": analysis.gpu_idle_pct},
+            [3.0, 2.5],
+            analysis=analysis,
+        )
     return uri, tmp, runs
 
 
 def test_assignment_command_writes_top5_roofline_speedup_and_diff(two_runs):
     uri, tmp, runs = two_runs
     out = tmp / "report"
-    proc = subprocess.run([sys.executable, "-m", "ghsweep.report", "--assignment", runs["baseline"], runs["optimised"],
-                           "--tracking-uri", uri, "--out", str(out)], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true"))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ghsweep.report",
+            "--assignment",
+            runs["baseline"],
+            runs["optimised"],
+            "--tracking-uri",
+            uri,
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true"),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     speedup = median_step_ms("dataload") / median_step_ms("clean")
     assert f"speedup of one iteration: {speedup:.2f}x" in proc.stdout
@@ -113,11 +146,29 @@ def test_assignment_command_writes_top5_roofline_speedup_and_diff(two_runs):
 
 def test_assignment_command_names_a_missing_run(two_runs):
     uri, tmp, runs = two_runs
-    proc = subprocess.run([sys.executable, "-m", "ghsweep.report", "--assignment", runs["baseline"], "no-such-run",
-                           "--tracking-uri", uri, "--out", str(tmp / "x")], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ghsweep.report",
+            "--assignment",
+            runs["baseline"],
+            "no-such-run",
+            "--tracking-uri",
+            uri,
+            "--out",
+            str(tmp / "x"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith(
-        "ghsweep.report: 'no-such-run': no run of that name or id with tag ghsweep.role=run in sqlite:///")
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith("ghsweep.report: 'no-such-run': no run of that name or id with tag ghsweep.role=run in sqlite:///")
+    )
 
 
 def test_every_top_kernel_of_a_torch_trace_gets_its_roofline_point():

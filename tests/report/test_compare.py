@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
 from pathlib import Path
 
-from ghsweep.report import compare
+import pytest
+
+from ghsweep.core.errors import SweepNotFound
 from ghsweep.core.names import ROLE_SWEEP, RUN_IDS_TAG
+from ghsweep.report import compare
 from ghsweep.report.sweep_source import find_run, load_sweep
 from ghsweep.tracking.mlflow_store import MlflowStore
-from ghsweep.core.errors import SweepNotFound
 from tests.report.sweeps import four_run_sweep, log_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -81,8 +82,17 @@ def test_first_finished_run_is_the_default_baseline(db, tmp_path):
     store, _ = db
     parent = store.start_run("sweep x", ROLE_SWEEP, {})
     log_run(store, tmp_path, parent, 0, ["peft=none"], "FAILED", {}, [], error="out of memory")
-    log_run(store, tmp_path, parent, 1, ["peft=lora"], "FINISHED", {"tokens_per_s": 10.0, "peak_mem_gb": 1.0}, [1.0],
-            params={"report.baseline": "None"})
+    log_run(
+        store,
+        tmp_path,
+        parent,
+        1,
+        ["peft=lora"],
+        "FINISHED",
+        {"tokens_per_s": 10.0, "peak_mem_gb": 1.0},
+        [1.0],
+        params={"report.baseline": "None"},
+    )
     c = compare.build("x", load_sweep(store, store.get_run(parent)))
     assert c.baseline == 1 and c.speedups == [None, 1.0]
 
@@ -91,8 +101,17 @@ def test_configured_baseline_is_read_from_the_runs_params(db, tmp_path):
     store, _ = db
     parent = store.start_run("sweep y", ROLE_SWEEP, {})
     for job, (peft, tps) in enumerate((("lora", 10.0), ("none", 20.0))):
-        log_run(store, tmp_path, parent, job, [f"peft={peft}"], "FINISHED", {"tokens_per_s": tps, "peak_mem_gb": 1.0},
-                [1.0], params={"report.baseline": "peft=none"})
+        log_run(
+            store,
+            tmp_path,
+            parent,
+            job,
+            [f"peft={peft}"],
+            "FINISHED",
+            {"tokens_per_s": tps, "peak_mem_gb": 1.0},
+            [1.0],
+            params={"report.baseline": "peft=none"},
+        )
     c = compare.build("y", load_sweep(store, store.get_run(parent)))
     assert c.baseline == 1 and c.speedups == [0.5, 1.0]
 
@@ -108,8 +127,14 @@ def test_report_files_markdown_html_and_four_plots(sweep, tmp_path):
     store, parent, _ = sweep
     c, files = compare.compare_sweep(store, parent, tmp_path / "out")
     names = sorted(f.name for f in files)
-    assert names == ["comparison.html", "comparison.md", "kernel_shares.png", "loss_curves.png", "speedup.png",
-                     "throughput_vs_memory.png"]
+    assert names == [
+        "comparison.html",
+        "comparison.md",
+        "kernel_shares.png",
+        "loss_curves.png",
+        "speedup.png",
+        "throughput_vs_memory.png",
+    ]
     for f in files:
         if f.suffix == ".png":
             assert f.read_bytes()[:8] == PNG_MAGIC and f.stat().st_size > 5000, f

@@ -29,8 +29,13 @@ def cluster_is_up() -> bool:
 
 def sacct_states(job_ids: list[str]) -> dict[str, str]:
     """SLURM accounting's final state of each job (array tasks as 12_3)."""
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)],
-                         capture_output=True, text=True, check=True, timeout=60).stdout
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
     states = dict(line.split("|", 1) for line in out.splitlines() if line)
     return {j: states.get(j, "missing") for j in job_ids}
 
@@ -43,8 +48,10 @@ def slurm_cluster():
     missing = [b for b in ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd") if shutil.which(b) is None]
     reason = None
     if missing:
-        reason = (f"no SLURM cluster: {', '.join(missing)} not installed (apt-get install slurmctld slurmd "
-                  "slurm-client munge slurmdbd mariadb-server)")
+        reason = (
+            f"no SLURM cluster: {', '.join(missing)} not installed (apt-get install slurmctld slurmd "
+            "slurm-client munge slurmdbd mariadb-server)"
+        )
     elif os.geteuid() != 0:
         reason = f"no SLURM cluster: starting one needs root (sudo {HERE / 'start_cluster.sh'})"
     if reason:

@@ -24,14 +24,33 @@ def test_concurrent_jobs_lose_nothing(mlflow_server, tmp_path):
     parent = store.start_run("sweep concurrent", ROLE_SWEEP, {})
     env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", PYTHONPATH=str(REPO))
     started = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.tracking.log_like_a_job", mlflow_server.url,
-                               "concurrent_jobs", parent, str(job), str(STEPS), str(tmp_path), str(JOBS)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for job in range(JOBS)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.tracking.log_like_a_job",
+                mlflow_server.url,
+                "concurrent_jobs",
+                parent,
+                str(job),
+                str(STEPS),
+                str(tmp_path),
+                str(JOBS),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for job in range(JOBS)
+    ]
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     retries = sum(o.count("tracking server busy") for o in outputs)
-    print(f"{JOBS} jobs x {STEPS} loss points: {time.monotonic() - started:.1f} s wall, including start-up; "
-          f"{retries} busy-server retries")
+    print(
+        f"{JOBS} jobs x {STEPS} loss points: {time.monotonic() - started:.1f} s wall, including start-up; "
+        f"{retries} busy-server retries"
+    )
     assert [p.returncode for p in procs] == [0] * JOBS, "\n".join(o[-1500:] for o in outputs if o)
 
     children = store.search(parent_run_id=parent)

@@ -9,7 +9,14 @@ from mlflow.exceptions import MlflowException, RestException
 
 from ghsweep.core.errors import TrackingError
 from ghsweep.core.names import HOST_TAG, JOB_NUM_TAG, ROLE_RUN, ROLE_SWEEP, ROLE_TAG, RUN_HASH_TAG, STATUS_TAG
-from ghsweep.tracking.mlflow_store import RETRY_DELAYS_S, MlflowStore, Retry, absolute_tracking_uri, flatten, is_transient
+from ghsweep.tracking.mlflow_store import (
+    RETRY_DELAYS_S,
+    MlflowStore,
+    Retry,
+    absolute_tracking_uri,
+    flatten,
+    is_transient,
+)
 
 # The body a SQLite-backed `mlflow server` returned when sixteen jobs logged at once.
 POOL_EXHAUSTED = {
@@ -20,9 +27,13 @@ POOL_EXHAUSTED = {
 
 def test_busy_server_errors_are_transient_and_bad_requests_are_not():
     assert is_transient(RestException(POOL_EXHAUSTED))
-    assert is_transient(RestException({"error_code": "BAD_REQUEST", "message": "(sqlite3.OperationalError) database is locked"}))
+    assert is_transient(
+        RestException({"error_code": "BAD_REQUEST", "message": "(sqlite3.OperationalError) database is locked"})
+    )
     assert is_transient(RestException({"error_code": "TEMPORARILY_UNAVAILABLE", "message": "try later"}))
-    assert not is_transient(RestException({"error_code": "INVALID_PARAMETER_VALUE", "message": "Changing param values is not allowed"}))
+    assert not is_transient(
+        RestException({"error_code": "INVALID_PARAMETER_VALUE", "message": "Changing param values is not allowed"})
+    )
     assert not is_transient(MlflowException("Run 'abc' not found"))
 
 
@@ -75,7 +86,10 @@ def test_relative_sqlite_uri_becomes_absolute_and_others_stay(tmp_path):
 
 def test_flatten_nests_keys_with_dots():
     assert flatten({"peft": {"r": 16, "targets": ["q", "v"]}, "precision": None}) == {
-        "peft.r": "16", "peft.targets": "['q', 'v']", "precision": "None"}
+        "peft.r": "16",
+        "peft.targets": "['q', 'v']",
+        "precision": "None",
+    }
 
 
 def test_runs_are_found_by_role_parent_status_and_tags_newest_first(tmp_path, monkeypatch):
@@ -97,7 +111,11 @@ def test_runs_are_found_by_role_parent_status_and_tags_newest_first(tmp_path, mo
 
     ended = store.get_run(failed)
     assert (ended.status, ended.error, ended.tags[STATUS_TAG], ended.tags["ghsweep.slurm_job_id"]) == (
-        "FAILED", "out of memory", "FAILED", "7")
+        "FAILED",
+        "out of memory",
+        "FAILED",
+        "7",
+    )
     assert store.get_run(done).job_num == 0 and ended.job_num is None
 
 
@@ -116,6 +134,8 @@ def test_a_reader_searches_every_experiment_and_creates_none(tmp_path, monkeypat
 def test_a_run_has_one_of_the_two_roles(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     store = MlflowStore(f"sqlite:///{tmp_path / 'mlflow.db'}", "roles")
-    with pytest.raises(ValueError, match=r"^role=\{'ghsweep.role': 'sweep'\}: not a ghsweep run role; accepted: sweep, run$"):
+    with pytest.raises(
+        ValueError, match=r"^role=\{'ghsweep.role': 'sweep'\}: not a ghsweep run role; accepted: sweep, run$"
+    ):
         store.start_run("sweep x", {ROLE_TAG: ROLE_SWEEP}, {})  # type: ignore[arg-type]
     assert store.search() == []

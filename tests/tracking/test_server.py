@@ -28,15 +28,26 @@ def test_server_binds_loopback_and_answers(mlflow_server):
     port = urlsplit(mlflow_server.url).port
     assert listening_ipv4(port) == {"127.0.0.1"}
     # MLflow's REST API answers there: the experiment every store starts with.
-    with urllib.request.urlopen(f"{mlflow_server.url}/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default",
-                                timeout=30) as response:
+    with urllib.request.urlopen(
+        f"{mlflow_server.url}/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default", timeout=30
+    ) as response:
         assert json.load(response)["experiment"]["experiment_id"] == "0"
 
 
 def test_sweep_logs_to_server(mlflow_server, tmp_path):
-    proc = run_cli(["-m", "experiment=smoke", "tracking=server", f"tracking.uri={mlflow_server.url}",
-                    "tracking.experiment=server_test", "peft=lora,none", "precision=fp32", "train.max_steps=4"],
-                   tmp_path)
+    proc = run_cli(
+        [
+            "-m",
+            "experiment=smoke",
+            "tracking=server",
+            f"tracking.uri={mlflow_server.url}",
+            "tracking.experiment=server_test",
+            "peft=lora,none",
+            "precision=fp32",
+            "train.max_steps=4",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     store = MlflowStore(mlflow_server.url, "server_test")
     children = store.search(role=ROLE_RUN)
@@ -60,11 +71,30 @@ def test_tracking_server_gone_mid_run_loses_nothing_on_disk(tmp_path):
 
     server = start_server(tmp_path / "server", port=free_port())
     # No long HTTP retries against a server that is gone for good.
-    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
-               MLFLOW_HTTP_REQUEST_TIMEOUT="5")
-    proc = subprocess.Popen([sys.executable, "-m", "ghsweep", "experiment=smoke", "precision=fp32", "train.max_steps=40",
-                             "tracking=server", f"tracking.uri={server.url}", "tracking.experiment=outage"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = dict(
+        os.environ,
+        MLFLOW_DISABLE_TELEMETRY="true",
+        MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
+        MLFLOW_HTTP_REQUEST_TIMEOUT="5",
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ghsweep",
+            "experiment=smoke",
+            "precision=fp32",
+            "train.max_steps=40",
+            "tracking=server",
+            f"tracking.uri={server.url}",
+            "tracking.experiment=outage",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while not list(tmp_path.glob("outputs/*/*/worker.log")) and time.monotonic() < deadline:

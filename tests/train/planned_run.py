@@ -8,10 +8,10 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
+from ghsweep.config.world import data_parallel
+from ghsweep.core.gpu import probe_gpu
 from ghsweep.core.run_dir import CONFIG
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
-from ghsweep.core.gpu import probe_gpu
-from ghsweep.config.world import data_parallel
 from tests.conftest import CONF_DIR
 
 
@@ -25,9 +25,19 @@ def planned_run(run_dir: Path, cfg: DictConfig, profiler: str = "none") -> RunPl
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
     gpu = probe_gpu() if cfg.device != "cpu" else None
-    plan = RunPlan(name=run_dir.name, run_dir=str(run_dir), overrides=[], backend=cfg.backend.name,
-                   device="cuda" if gpu else "cpu", gpu=gpu, world=World(), data_parallel=data_parallel(cfg),
-                   profile=ProfilePlan(requested=profiler, used=profiler), container_prefix=[], worker_command=[],
-                   timeout_min=None)
+    plan = RunPlan(
+        name=run_dir.name,
+        run_dir=str(run_dir),
+        overrides=[],
+        backend=cfg.backend.name,
+        device="cuda" if gpu else "cpu",
+        gpu=gpu,
+        world=World(),
+        data_parallel=data_parallel(cfg),
+        profile=ProfilePlan(requested=profiler, used=profiler),
+        container_prefix=[],
+        worker_command=[],
+        timeout_min=None,
+    )
     plan.save(run_dir)
     return plan

@@ -16,9 +16,16 @@ TOK = ByteTokenizer()
 
 def _model(implementation: str, dtype: torch.dtype, device: str) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=4, vocab_size=TOK.vocab_size, use_cache=False,
-                         attn_implementation=implementation)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=TOK.vocab_size,
+        use_cache=False,
+        attn_implementation=implementation,
+    )
     return LlamaForCausalLM(config).to(device=device, dtype=dtype)
 
 
@@ -37,16 +44,22 @@ def _packed_and_alone(implementation: str, dtype: torch.dtype, device: str, pack
     examples = _examples(4)
     blocks = dolly.pack(iter(examples), seq_length=sum(len(e[0]) for e in examples) + 5, pad_id=TOK.pad_token_id)
     assert len(blocks) == 1
-    batch = {"input_ids": blocks.input_ids.to(device), "labels": blocks.labels.to(device),
-             "position_ids": blocks.position_ids.to(device)}
+    batch = {
+        "input_ids": blocks.input_ids.to(device),
+        "labels": blocks.labels.to(device),
+        "position_ids": blocks.position_ids.to(device),
+    }
     packed_attention = attn.PackedAttention(implementation, packing_mask)
     model = _model(packed_attention.hf_implementation, dtype, device)
     with torch.no_grad(), packed_attention.region():
-        total, count = _token_loss_sum(model, batch["input_ids"], batch["labels"],
-                                       **packed_attention.decoder_kwargs(batch))
+        total, count = _token_loss_sum(
+            model, batch["input_ids"], batch["labels"], **packed_attention.decoder_kwargs(batch)
+        )
         alone_model = _model("sdpa", dtype, device)
-        alone = [_token_loss_sum(alone_model, torch.tensor([ids], device=device), torch.tensor([labels], device=device))
-                 for ids, labels in examples]
+        alone = [
+            _token_loss_sum(alone_model, torch.tensor([ids], device=device), torch.tensor([labels], device=device))
+            for ids, labels in examples
+        ]
     assert count == sum(c for _, c in alone)
     return (total / count).item(), (sum(t for t, _ in alone) / count).item()
 

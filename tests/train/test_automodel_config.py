@@ -13,9 +13,9 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
+from ghsweep.core.errors import ConfigError
 from ghsweep.train.automodel.checks import check_config
 from ghsweep.train.automodel.config import recipe_config
-from ghsweep.core.errors import ConfigError
 from tests.conftest import CONF_DIR, run_cli
 
 
@@ -25,17 +25,31 @@ def compose_cfg(*overrides: str):
 
 
 def test_lora_bf16_maps_onto_automodel_s_peft_model_and_loop(tmp_path):
-    cfg = compose_cfg("model=llama2_7b", "peft.r=32", "peft.alpha=64", "train.seq_length=4096",
-                      "train.micro_batch_size=2", "train.max_steps=12", "dataloader=sync")
+    cfg = compose_cfg(
+        "model=llama2_7b",
+        "peft.r=32",
+        "peft.alpha=64",
+        "train.seq_length=4096",
+        "train.micro_batch_size=2",
+        "train.max_steps=12",
+        "dataloader=sync",
+    )
     recipe = recipe_config(cfg, tmp_path, "cuda")
-    assert recipe["peft"] == {"_target_": "nemo_automodel.components._peft.lora.PeftConfig", "dim": 32, "alpha": 64,
-                              "dropout": cfg.peft.dropout,
-                              "target_modules": [f"*.{m}" for m in cfg.peft.target_modules]}
+    assert recipe["peft"] == {
+        "_target_": "nemo_automodel.components._peft.lora.PeftConfig",
+        "dim": 32,
+        "alpha": 64,
+        "dropout": cfg.peft.dropout,
+        "target_modules": [f"*.{m}" for m in cfg.peft.target_modules],
+    }
     model = recipe["model"]
     assert model["_target_"] == "nemo_automodel.NeMoAutoModelForCausalLM.from_config"
     assert model["torch_dtype"] == "bfloat16" and model["attn_implementation"] == "flex_attention"
     assert {k: model["config"][k] for k in ("hidden_size", "num_hidden_layers", "intermediate_size")} == {
-        "hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 11008}
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "intermediate_size": 11008,
+    }
     steps = recipe["step_scheduler"]
     assert steps["max_steps"] == 12 and steps["local_batch_size"] == steps["global_batch_size"] == 2
     assert steps["ckpt_every_steps"] > 12 and steps["val_every_steps"] > 12
@@ -56,13 +70,19 @@ def test_full_fine_tuning_fp8_and_a_checkpoint(tmp_path):
     assert recipe["model"]["attn_implementation"] == "sdpa"
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["precision=fp16"], "precision=fp16: AutoModel trains in one dtype without loss scaling; accepted with "
-                         "backend=automodel: fp32, bf16, fp8"),
-    (["precision=fp8", "precision.library=te"], "precision.library=te:"),
-    (["precision=fp8", "precision.scaling=delayed"], "precision.scaling=delayed:"),
-    (["offload=on"], "offload=on: AutoModel offloads parameters and optimizer state"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["precision=fp16"],
+            "precision=fp16: AutoModel trains in one dtype without loss scaling; accepted with "
+            "backend=automodel: fp32, bf16, fp8",
+        ),
+        (["precision=fp8", "precision.library=te"], "precision.library=te:"),
+        (["precision=fp8", "precision.scaling=delayed"], "precision.scaling=delayed:"),
+        (["offload=on"], "offload=on: AutoModel offloads parameters and optimizer state"),
+    ],
+)
 def test_what_automodel_cannot_do_is_refused_in_one_line(overrides, message):
     with pytest.raises(ConfigError) as err:
         check_config(compose_cfg(*overrides))
@@ -79,5 +99,8 @@ def test_dry_run_prints_the_recipe_config_and_a_cpu_run_is_refused(tmp_path):
 
     proc = run_cli(["backend=automodel", "device=cpu", "train.max_steps=2"], tmp_path)
     assert proc.returncode != 0
-    assert re.search(r"backend=automodel: training needs an NVIDIA GPU \(FSDP2 over NCCL\) and this run has none "
-                     r"\(device=cpu\); accepted here: backend=torch", proc.stdout + proc.stderr)
+    assert re.search(
+        r"backend=automodel: training needs an NVIDIA GPU \(FSDP2 over NCCL\) and this run has none "
+        r"\(device=cpu\); accepted here: backend=torch",
+        proc.stdout + proc.stderr,
+    )

@@ -44,15 +44,16 @@ def test_automodel_reads_the_loop_sections_as_ghsweep_set_them(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     matcher = ModuleMatcher(target_modules=lora.target_modules)
-    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2, vocab_size=64))
+    model = LlamaForCausalLM(
+        LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=64)
+    )
     adapted = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if matcher.match(module, name)}
     assert adapted == set(cfg.peft.target_modules)
 
 
 def test_the_dataset_is_the_torch_backend_s_blocks_with_next_token_labels(tmp_path):
-    from ghsweep.train.tokenizer import load_tokenizer
     from ghsweep.train.data import load_blocks
+    from ghsweep.train.tokenizer import load_tokenizer
 
     cfg, recipe = written_recipe(tmp_path)
     dataset = recipe.dataset.instantiate()

@@ -18,8 +18,10 @@ HEAVY = ("torch", "transformers", "peft", "nemo", "nemo_automodel", "lightning",
 
 @pytest.mark.parametrize("name", sorted(BACKENDS))
 def test_a_registered_backend_loads_no_training_library(name):
-    code = (f"import json, sys; from ghsweep.core.backends import backend_named; b = backend_named({name!r}); "
-            f"print(json.dumps([b.name, sorted(m for m in {HEAVY!r} if m in sys.modules)]))")
+    code = (
+        f"import json, sys; from ghsweep.core.backends import backend_named; b = backend_named({name!r}); "
+        f"print(json.dumps([b.name, sorted(m for m in {HEAVY!r} if m in sys.modules)]))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == [name, []]
 
@@ -29,12 +31,21 @@ def test_an_unknown_backend_is_refused_with_the_known_ones():
         backend_named("jax")
 
 
-@pytest.mark.parametrize(("name", "message"), [
-    ("nemo", "backend=nemo: training needs an NVIDIA GPU (Megatron) and this run has none (device=cpu); "
-             "accepted here: backend=torch"),
-    ("automodel", "backend=automodel: training needs an NVIDIA GPU (FSDP2 over NCCL) and this run has none "
-                  "(device=cpu); accepted here: backend=torch"),
-])
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        (
+            "nemo",
+            "backend=nemo: training needs an NVIDIA GPU (Megatron) and this run has none (device=cpu); "
+            "accepted here: backend=torch",
+        ),
+        (
+            "automodel",
+            "backend=automodel: training needs an NVIDIA GPU (FSDP2 over NCCL) and this run has none "
+            "(device=cpu); accepted here: backend=torch",
+        ),
+    ],
+)
 def test_nemo_and_automodel_need_a_gpu(name, message):
     cfg = composed(f"backend={name}", "device=cpu")
     with pytest.raises(ConfigError) as err:

@@ -24,8 +24,17 @@ from tests.train.test_model_folder import hf_folder  # noqa: F401  (the fixture:
 pytestmark = pytest.mark.gpu
 
 PROFILE = "profile=nsys" if shutil.which("nsys") else "profile=none"
-STEPS = ["device=cuda", "train.max_steps=8", "train.log_every=4", "train.warmup_steps=2", "capture.start_step=4",
-         "capture.num_steps=2", "train.seq_length=1024", "train.micro_batch_size=1", PROFILE]
+STEPS = [
+    "device=cuda",
+    "train.max_steps=8",
+    "train.log_every=4",
+    "train.warmup_steps=2",
+    "capture.start_step=4",
+    "capture.num_steps=2",
+    "train.seq_length=1024",
+    "train.micro_batch_size=1",
+    PROFILE,
+]
 TWO_LAYERS = ["model=tiny_llama", "model.num_layers=2"]
 
 
@@ -53,12 +62,16 @@ def assert_recorded_like_torch(run_dir: Path, torch_dir: Path, cwd: Path) -> Non
     assert set(ours["timing"]) == set(theirs["timing"])
     assert ours["info"]["device_name"] == theirs["info"]["device_name"]
     client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}")
-    children = client.search_runs([client.get_experiment_by_name("ghsweep").experiment_id],
-                                  "tags.`ghsweep.role` = 'run'")
-    ours_run, torch_run = (next(r for r in children if all(r.data.params[k] == str(v) for k, v in choices.items()))
-                           for choices in ({"backend.name": choice(run_dir, "backend"),
-                                            "peft.name": choice(run_dir, "peft")},
-                                           {"backend.name": "torch", "peft.name": choice(torch_dir, "peft")}))
+    children = client.search_runs(
+        [client.get_experiment_by_name("ghsweep").experiment_id], "tags.`ghsweep.role` = 'run'"
+    )
+    ours_run, torch_run = (
+        next(r for r in children if all(r.data.params[k] == str(v) for k, v in choices.items()))
+        for choices in (
+            {"backend.name": choice(run_dir, "backend"), "peft.name": choice(run_dir, "peft")},
+            {"backend.name": "torch", "peft.name": choice(torch_dir, "peft")},
+        )
+    )
     assert ours_run.info.status == torch_run.info.status == "FINISHED"
     assert set(ours_run.data.metrics) == set(torch_run.data.metrics)
     if PROFILE == "profile=nsys":
@@ -91,6 +104,5 @@ def test_automodel_lora_and_full_record_what_torch_records(tmp_path):
     require_automodel()
     runs = sweep(tmp_path, "backend=torch,automodel", "peft=lora,none", *TWO_LAYERS)
     for peft in ("lora", "none"):
-        assert_recorded_like_torch(runs[("automodel", peft)], runs[("torch", peft)],
-                                   tmp_path)
+        assert_recorded_like_torch(runs[("automodel", peft)], runs[("torch", peft)], tmp_path)
     assert (runs[("automodel", "lora")] / "automodel.yaml").exists()

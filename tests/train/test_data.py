@@ -68,8 +68,9 @@ def test_load_jsonl_round_trip_and_bad_record(tmp_path):
 def test_num_workers_starts_worker_processes():
     examples = (dolly.tokenize(r, TOK) for r in dolly.synthetic_dolly(40, seed=3))
     blocks = dolly.pack(examples, seq_length=256, pad_id=TOK.pad_token_id)
-    loader = dolly.make_dataloader(blocks, 2, seed=0, num_workers=2, pin_memory=False, prefetch_factor=2,
-                                   persistent_workers=False)
+    loader = dolly.make_dataloader(
+        blocks, 2, seed=0, num_workers=2, pin_memory=False, prefetch_factor=2, persistent_workers=False
+    )
     iterator = iter(loader)
     batch = next(iterator)
     assert batch["input_ids"].shape == (2, 256) and batch["input_ids"].dtype == torch.long
@@ -85,7 +86,9 @@ def test_synthetic_lengths_follow_the_documented_distribution():
     # sigma 1, lifted at the short end by the prompt template).
     assert 220 <= mean <= 250 and 120 <= p50 <= 150 and 420 <= p90 <= 500
     assert max(lengths) > 900  # the long tail of long contexts
-    short = [len(dolly.tokenize(r, TOK)[0]) for r in dolly.synthetic_dolly(500, seed=4, mean_tokens=210, max_tokens=128)]
+    short = [
+        len(dolly.tokenize(r, TOK)[0]) for r in dolly.synthetic_dolly(500, seed=4, mean_tokens=210, max_tokens=128)
+    ]
     assert max(short) <= 128 + 2  # BOS and EOS
 
 

@@ -25,8 +25,16 @@ LOSS_TOLERANCE = {"bf16": 0.03, "fp16": 0.01, "fp8": 0.1}
 
 def train(tmp_path, *overrides: str) -> tuple[list[float], dict]:
     """Train in a real worker process (memory=unified must be set up before CUDA starts)."""
-    cfg = composed("device=cuda", "profile=none", "train.max_steps=12", "train.log_every=12", "train.compile=false",
-                   "train.seq_length=256", "train.micro_batch_size=4", *overrides)
+    cfg = composed(
+        "device=cuda",
+        "profile=none",
+        "train.max_steps=12",
+        "train.log_every=12",
+        "train.compile=false",
+        "train.seq_length=256",
+        "train.micro_batch_size=4",
+        *overrides,
+    )
     run_dir = tmp_path / ("_".join(overrides).replace("/", "_").replace("=", "-") or "default")
     planned_run(run_dir, cfg)
     proc = subprocess.run([sys.executable, "-m", "ghsweep.train.worker", str(run_dir)], capture_output=True, text=True)
@@ -73,8 +81,11 @@ def test_fp8_replaces_decoder_linears():
     assert kinds and all("Float8" in k for k in kinds), kinds
     assert type(model.lm_head).__name__ == "Linear"
     # With LoRA the frozen base layers get fp8 weights quantised once; the adapters stay bf16.
-    lora_model = apply_peft(build_model(model_cfg, torch.device("cuda"), torch.bfloat16)[0],
-                            OmegaConf.load(CONF_DIR / "peft" / "lora.yaml"), torch.bfloat16)
+    lora_model = apply_peft(
+        build_model(model_cfg, torch.device("cuda"), torch.bfloat16)[0],
+        OmegaConf.load(CONF_DIR / "peft" / "lora.yaml"),
+        torch.bfloat16,
+    )
     apply_fp8(lora_model, prec_cfg, Precision(prec_cfg, torch.device("cuda")))
     base = {type(m).__name__ for name, m in lora_model.named_modules() if name.endswith("q_proj.base_layer")}
     adapters = {type(m).__name__ for name, m in lora_model.named_modules() if "lora_A" in name and "q_proj" in name}
@@ -82,20 +93,35 @@ def test_fp8_replaces_decoder_linears():
 
 
 def test_offload_keeps_losses_and_lowers_memory(tmp_path):
-    big = ["model.hidden_size=1024", "model.intermediate_size=2816", "model.num_attention_heads=8",
-           "model.num_key_value_heads=8", "train.seq_length=1024", "precision=bf16"]
+    big = [
+        "model.hidden_size=1024",
+        "model.intermediate_size=2816",
+        "model.num_attention_heads=8",
+        "model.num_key_value_heads=8",
+        "train.seq_length=1024",
+        "precision=bf16",
+    ]
     off_losses, off = train(tmp_path, *big, "offload=off")
     on_losses, on = train(tmp_path, *big, "offload=on", "offload.num_layers=3")
-    print(f"offload: peak {off['metrics']['peak_mem_gb']:.3f} -> {on['metrics']['peak_mem_gb']:.3f} GiB, "
-          f"{on['info']['offload_gb_per_step']:.3f} GiB/step to host")
+    print(
+        f"offload: peak {off['metrics']['peak_mem_gb']:.3f} -> {on['metrics']['peak_mem_gb']:.3f} GiB, "
+        f"{on['info']['offload_gb_per_step']:.3f} GiB/step to host"
+    )
     assert on["info"]["offload_applied"] and on["info"]["offload_gb_per_step"] > 0.1
     assert on_losses == off_losses
     assert on["metrics"]["peak_mem_gb"] < off["metrics"]["peak_mem_gb"]
 
 
 def test_activation_memory_budget_lowers_memory_and_keeps_losses(tmp_path):
-    big = ["model.hidden_size=1024", "model.intermediate_size=2816", "model.num_attention_heads=8",
-           "model.num_key_value_heads=8", "train.seq_length=1024", "precision=bf16", "train.compile=true"]
+    big = [
+        "model.hidden_size=1024",
+        "model.intermediate_size=2816",
+        "model.num_attention_heads=8",
+        "model.num_key_value_heads=8",
+        "train.seq_length=1024",
+        "precision=bf16",
+        "train.compile=true",
+    ]
     full_losses, full = train(tmp_path, *big)
     half_losses, half = train(tmp_path, *big, "train.activation_memory_budget=0.5")
     print(f"budget 0.5: peak {full['metrics']['peak_mem_gb']:.3f} -> {half['metrics']['peak_mem_gb']:.3f} GiB")
@@ -137,8 +163,14 @@ def test_llama2_7b_lora_loss_falls_alike_in_bf16_and_fp8(tmp_path):
     """
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 needs compute capability >= 8.9")
-    seven_b = ["model=llama2_7b", "train.seq_length=4096", "train.micro_batch_size=1", "train.max_steps=30",
-               "train.log_every=10", "train.compile=auto"]
+    seven_b = [
+        "model=llama2_7b",
+        "train.seq_length=4096",
+        "train.micro_batch_size=1",
+        "train.max_steps=30",
+        "train.log_every=10",
+        "train.compile=auto",
+    ]
     curves = {p: train(tmp_path, *seven_b, f"precision={p}")[0] for p in ("bf16", "fp8")}
     for precision, losses in curves.items():
         assert sum(losses[-5:]) / 5 < sum(losses[:3]) / 3 - 3, (precision, losses)

@@ -25,9 +25,17 @@ def hf_folder(tmp_path_factory):
     bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"]))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     tokenizer.save_pretrained(folder)
-    config = LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=4, vocab_size=len(tokenizer), max_position_embeddings=512,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)
     assert (folder / "model.safetensors").exists()
@@ -46,8 +54,9 @@ def test_build_model_loads_the_saved_weights(hf_folder):
 
 
 def test_cli_trains_from_the_folder(hf_folder, tmp_path):
-    proc = run_cli(["experiment=smoke", f"model.path={hf_folder}", "precision=fp32", "train.max_steps=4",
-                    "offload=off"], tmp_path)
+    proc = run_cli(
+        ["experiment=smoke", f"model.path={hf_folder}", "precision=fp32", "train.max_steps=4", "offload=off"], tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(next(tmp_path.glob("outputs/*/*/summary.json")).read_text())
     assert summary["info"]["random_init"] is False

@@ -29,7 +29,7 @@ def test_packed_documents_attend_only_within_themselves():
     lengths = [40, 100, 60]
     q, k, v = (torch.randn(sum(lengths), HEADS, DIM) for _ in range(3))
     cu_seqlens = torch.tensor([0, 40, 140, 200], dtype=torch.int32)
-    attention = SimpleNamespace(softmax_scale=DIM ** -0.5)
+    attention = SimpleNamespace(softmax_scale=DIM**-0.5)
     packed = SimpleNamespace(cu_seqlens_q_padded=None, cu_seqlens_q=cu_seqlens)
     with torch.no_grad():  # FlexAttention has a CPU forward, no CPU backward
         out = TorchCoreAttention.forward(attention, q, k, v, None, packed_seq_params=packed)
@@ -42,6 +42,6 @@ def test_an_unpacked_batch_is_causal_sdpa():
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(32, 2, HEADS, DIM) for _ in range(3))  # [s, b, heads, dim]
-    out = TorchCoreAttention.forward(SimpleNamespace(softmax_scale=DIM ** -0.5), q, k, v, None)
+    out = TorchCoreAttention.forward(SimpleNamespace(softmax_scale=DIM**-0.5), q, k, v, None)
     expected = torch.stack([_alone(q[:, b], k[:, b], v[:, b]) for b in range(2)], dim=1)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

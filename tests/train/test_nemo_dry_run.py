@@ -20,8 +20,10 @@ pytestmark = [pytest.mark.nemo, pytest.mark.usefixtures("nemo_llm")]
 
 
 def test_dry_run_prints_the_recipe_and_the_worker_command_and_keeps_the_recipe(tmp_path):
-    proc = run_cli(["-m", "backend=nemo", "dry_run=true", "model=llama2_7b,tiny_llama", "offload=on",
-                    "offload.num_layers=4"], tmp_path)
+    proc = run_cli(
+        ["-m", "backend=nemo", "dry_run=true", "model=llama2_7b,tiny_llama", "offload=on", "offload.num_layers=4"],
+        tmp_path,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     blocks = re.split(r"(?m)^#(?=\d+ )", proc.stdout)[1:]
@@ -36,8 +38,9 @@ def test_dry_run_prints_the_recipe_and_the_worker_command_and_keeps_the_recipe(t
     # Nothing trained, nothing recorded: only the recipe is kept.
     assert (run_dir / RECIPE_TXT).exists() and not (run_dir / "metrics.jsonl").exists()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["backend=nemo", "model=llama2_7b", "offload=on",
-                                                       "offload.num_layers=4"])
+        cfg = compose(
+            config_name="config", overrides=["backend=nemo", "model=llama2_7b", "offload=on", "offload.num_layers=4"]
+        )
     assert load_recipe(run_dir) == build_recipe(cfg, run_dir)
 
     # Four offloaded layers of a four-layer model: Megatron would refuse it, the dry run says so.

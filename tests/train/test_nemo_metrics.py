@@ -40,8 +40,15 @@ def test_callback_writes_one_row_per_step_with_the_losses_lightning_saw(tmp_path
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
     callback = StepMetricsCallback(str(tmp_path / "metrics.jsonl"), tokens_per_step=256, max_steps=6, log_every=4)
     module = Regression()
-    trainer = pl.Trainer(max_steps=6, accelerator="cpu", callbacks=[callback], logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        max_steps=6,
+        accelerator="cpu",
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, data)
 
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -63,8 +70,10 @@ def test_callback_writes_one_row_per_step_with_the_losses_lightning_saw(tmp_path
 def test_the_nemo_training_path_loads_none_of_the_torch_backend():
     """NeMo's worker shares the light pieces (data, device, flops, summary), not the torch backend's
     model code, which imports transformers and peft."""
-    code = ("import json, sys, ghsweep.train.nemo.train; "
-            "print(json.dumps(sorted(m for m in sys.modules if m in ('ghsweep.train.model', 'ghsweep.train.torch_train', "
-            "'ghsweep.train.torch_backend'))))")
+    code = (
+        "import json, sys, ghsweep.train.nemo.train; "
+        "print(json.dumps(sorted(m for m in sys.modules if m in ('ghsweep.train.model', 'ghsweep.train.torch_train', "
+        "'ghsweep.train.torch_backend'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == []

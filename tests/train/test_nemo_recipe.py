@@ -17,12 +17,17 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from ghsweep.train import data as dolly
-from ghsweep.train.flops import ModelShape
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import RECIPE_JSON, RECIPE_TXT
+from ghsweep.train import data as dolly
+from ghsweep.train.flops import ModelShape
 from ghsweep.train.nemo.recipe import (
-    DATASET_DIR, build_recipe, check_config, load_recipe, model_shape, save_recipe,
+    DATASET_DIR,
+    build_recipe,
+    check_config,
+    load_recipe,
+    model_shape,
+    save_recipe,
 )
 from tests.conftest import CONF_DIR
 from tests.nemo import nemo_llm  # noqa: F401  (the fixture)
@@ -59,8 +64,9 @@ def nemo_validate(recipe) -> None:
     parts.model.config.apply_rope_fusion = False
     # The strategy and parallel layout are what is checked; the accelerator only decides where it would run.
     parts.trainer.accelerator = "cpu"
-    api._validate_config(fdl.build(parts.model), fdl.build(parts.data), fdl.build(parts.trainer),
-                         optim=fdl.build(parts.optim))
+    api._validate_config(
+        fdl.build(parts.model), fdl.build(parts.data), fdl.build(parts.trainer), optim=fdl.build(parts.optim)
+    )
 
 
 def test_lora_maps_rank_alpha_dropout_and_fused_targets(tmp_path):
@@ -88,13 +94,16 @@ def test_full_fine_tuning_has_no_adapter_and_the_run_s_parallel_layout(tmp_path)
         nemo_validate(raw)
 
 
-@pytest.mark.parametrize("overrides, precision, fp8, fp8_recipe", [
-    (["precision=fp32"], "32", None, None),
-    (["precision=fp16"], "16-mixed", None, None),
-    (["precision=bf16"], "bf16-mixed", None, None),
-    (["precision=fp8", "precision.scaling=delayed"], "bf16-mixed", "hybrid", "delayed"),
-    (["precision=fp8", "precision.scaling=current", "precision.format=e4m3"], "bf16-mixed", "e4m3", "tensorwise"),
-])
+@pytest.mark.parametrize(
+    "overrides, precision, fp8, fp8_recipe",
+    [
+        (["precision=fp32"], "32", None, None),
+        (["precision=fp16"], "16-mixed", None, None),
+        (["precision=bf16"], "bf16-mixed", None, None),
+        (["precision=fp8", "precision.scaling=delayed"], "bf16-mixed", "hybrid", "delayed"),
+        (["precision=fp8", "precision.scaling=current", "precision.format=e4m3"], "bf16-mixed", "e4m3", "tensorwise"),
+    ],
+)
 def test_precision_maps_to_the_megatron_plugin_and_matching_optimizer(tmp_path, overrides, precision, fp8, fp8_recipe):
     import fiddle as fdl
 
@@ -109,29 +118,49 @@ def test_precision_maps_to_the_megatron_plugin_and_matching_optimizer(tmp_path, 
     # NeMo's plugin asserts the optimizer's dtype flags match its own before training (it reads
     # them from the Megatron optimizer's config, the only part a namespace stands in for here).
     built = fdl.build(plugin)
-    built.convert_optimizer(types.SimpleNamespace(mcore_optimizer=types.SimpleNamespace(config=fdl.build(recipe.optim.config))))
-    assert built.dtype_config.params_dtype == {"32": torch.float32, "16-mixed": torch.half}.get(precision, torch.bfloat16)
+    built.convert_optimizer(
+        types.SimpleNamespace(mcore_optimizer=types.SimpleNamespace(config=fdl.build(recipe.optim.config)))
+    )
+    assert built.dtype_config.params_dtype == {"32": torch.float32, "16-mixed": torch.half}.get(
+        precision, torch.bfloat16
+    )
 
 
 def test_offload_maps_to_megatron_activation_offloading(tmp_path):
     recipe, _ = recipe_of(tmp_path, "model=llama2_7b", "offload=on", "offload.num_layers=8")
     c = recipe.model.config
-    assert (c.cpu_offloading, c.cpu_offloading_num_layers, c.cpu_offloading_activations, c.cpu_offloading_weights) \
-        == (True, 8, True, False)
+    assert (c.cpu_offloading, c.cpu_offloading_num_layers, c.cpu_offloading_activations, c.cpu_offloading_weights) == (
+        True,
+        8,
+        True,
+        False,
+    )
     assert c.recompute_granularity is None and c.recompute_method is None and c.recompute_num_layers is None
     assert built_model_config(recipe).cpu_offloading_num_layers == 8
     off, _ = recipe_of(tmp_path, "model=llama2_7b", "offload=off")
     assert off.model.config.cpu_offloading is False and built_model_config(off).cpu_offloading is False
 
 
-@pytest.mark.parametrize("overrides, ours, megatrons", [
-    (["model=tiny_llama", "offload=on", "offload.num_layers=4"],
-     r"offload.num_layers=4: .* accepted: 1 to 3", "CPU offloading can be done only for layers less than 4"),
-    (["model=llama2_7b", "offload=on", "backend.recompute_granularity=selective"],
-     r"backend.recompute_granularity=selective: Megatron refuses", "CPU offloading does not work when activation"),
-    (["model=llama2_7b", "backend.recompute_granularity=full"],
-     r"backend.recompute_method=None: .* accepted: block, uniform", 'recompute_method must be "block" or "uniform"'),
-])
+@pytest.mark.parametrize(
+    "overrides, ours, megatrons",
+    [
+        (
+            ["model=tiny_llama", "offload=on", "offload.num_layers=4"],
+            r"offload.num_layers=4: .* accepted: 1 to 3",
+            "CPU offloading can be done only for layers less than 4",
+        ),
+        (
+            ["model=llama2_7b", "offload=on", "backend.recompute_granularity=selective"],
+            r"backend.recompute_granularity=selective: Megatron refuses",
+            "CPU offloading does not work when activation",
+        ),
+        (
+            ["model=llama2_7b", "backend.recompute_granularity=full"],
+            r"backend.recompute_method=None: .* accepted: block, uniform",
+            'recompute_method must be "block" or "uniform"',
+        ),
+    ],
+)
 def test_impossible_combinations_are_refused_by_us_and_by_megatron(tmp_path, overrides, ours, megatrons):
     cfg = composed(*overrides)
     with pytest.raises(ConfigError, match=ours):
@@ -159,10 +188,23 @@ def test_model_shape_reaches_megatron(tmp_path, model):
     recipe, cfg = recipe_of(tmp_path, f"model={model}")
     built = built_model_config(recipe)
     m = cfg.model
-    assert (built.num_layers, built.hidden_size, built.ffn_hidden_size, built.num_attention_heads,
-            built.num_query_groups, built.vocab_size, built.layernorm_epsilon) == (
-        m.num_layers, m.hidden_size, m.intermediate_size, m.num_attention_heads, m.num_key_value_heads,
-        m.vocab_size, m.rms_norm_eps)
+    assert (
+        built.num_layers,
+        built.hidden_size,
+        built.ffn_hidden_size,
+        built.num_attention_heads,
+        built.num_query_groups,
+        built.vocab_size,
+        built.layernorm_epsilon,
+    ) == (
+        m.num_layers,
+        m.hidden_size,
+        m.intermediate_size,
+        m.num_attention_heads,
+        m.num_key_value_heads,
+        m.vocab_size,
+        m.rms_norm_eps,
+    )
     # Random init: nothing to restore, byte-level tokens.
     assert recipe.resume is None
     assert recipe.model.tokenizer.__fn_or_cls__.__name__ == "ByteLevelTokenizer"
@@ -174,18 +216,35 @@ def test_model_path_restores_the_imported_checkpoint_in_its_own_shape_with_its_t
     folder = tmp_path / "two-layer-llama"
     folder.mkdir()
     # A Llama that is not Llama-2-7B, as transformers >= 5 writes it (rope_theta inside rope_parameters).
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "llama", "num_hidden_layers": 2, "max_position_embeddings": 4096, "hidden_size": 512,
-        "intermediate_size": 1376, "num_attention_heads": 8, "num_key_value_heads": 4, "rms_norm_eps": 1e-6,
-        "vocab_size": 1000, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
-        "tie_word_embeddings": True}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "num_hidden_layers": 2,
+                "max_position_embeddings": 4096,
+                "hidden_size": 512,
+                "intermediate_size": 1376,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 4,
+                "rms_norm_eps": 1e-6,
+                "vocab_size": 1000,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+                "tie_word_embeddings": True,
+            }
+        )
+    )
     recipe, cfg = recipe_of(tmp_path, "model=llama2_7b", f"model.path={folder}")
     assert recipe.resume.restore_config.path == str(Path(NEMO_MODELS_CACHE) / "two-layer-llama")
     assert recipe.model.tokenizer.pretrained_model_name == str(folder)
     c = recipe.model.config
     # The checkpoint's shape, not model=llama2_7b's.
     assert (c.num_layers, c.hidden_size, c.ffn_hidden_size, c.num_attention_heads, c.num_query_groups) == (
-        2, 512, 1376, 8, 4)
+        2,
+        512,
+        1376,
+        8,
+        4,
+    )
     assert (c.layernorm_epsilon, c.rotary_base, c.share_embeddings_and_output_weights) == (1e-6, 500000.0, True)
     assert model_shape(cfg.model) == ModelShape(512, 1376, 2, 8, 4, 1000)
 
@@ -199,12 +258,17 @@ def test_dolly_file_is_packed_by_nemo_s_own_data_module(tmp_path):
 
     records = dolly.synthetic_dolly(60, seed=3)
     dolly.write_dolly_jsonl(records, tmp_path / "dolly.jsonl")
-    recipe, cfg = recipe_of(tmp_path, "data=dolly_file", f"data.path={tmp_path / 'dolly.jsonl'}", "train.seq_length=128")
+    recipe, cfg = recipe_of(
+        tmp_path, "data=dolly_file", f"data.path={tmp_path / 'dolly.jsonl'}", "train.seq_length=128"
+    )
     assert recipe.data.dataset_root == str(tmp_path / DATASET_DIR)
     assert write_dataset(cfg, tmp_path / DATASET_DIR) == 60 - VALIDATION_RECORDS
     lines = (tmp_path / DATASET_DIR / "training.jsonl").read_text().splitlines()
     first = json.loads(lines[0])
-    assert first == {"input": dolly.prompt_text(records[VALIDATION_RECORDS]), "output": records[VALIDATION_RECORDS]["response"]}
+    assert first == {
+        "input": dolly.prompt_text(records[VALIDATION_RECORDS]),
+        "output": records[VALIDATION_RECORDS]["response"],
+    }
 
     data = fdl.build(recipe.data)
     data.tokenizer = fdl.build(recipe.model.tokenizer)
@@ -215,8 +279,15 @@ def test_dolly_file_is_packed_by_nemo_s_own_data_module(tmp_path):
 
 
 def test_train_settings_and_callbacks(tmp_path):
-    recipe, cfg = recipe_of(tmp_path, "train.max_steps=12", "train.log_every=4", "train.lr=2e-4",
-                            "train.weight_decay=0.01", "capture.start_step=2", "capture.num_steps=4")
+    recipe, cfg = recipe_of(
+        tmp_path,
+        "train.max_steps=12",
+        "train.log_every=4",
+        "train.lr=2e-4",
+        "train.weight_decay=0.01",
+        "capture.start_step=2",
+        "capture.num_steps=4",
+    )
     t = recipe.trainer
     assert (t.max_steps, t.log_every_n_steps, t.limit_val_batches, t.enable_checkpointing) == (12, 4, 0, False)
     assert (recipe.optim.config.lr, recipe.optim.config.weight_decay, recipe.optim.lr_scheduler) == (2e-4, 0.01, None)

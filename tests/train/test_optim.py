@@ -26,8 +26,16 @@ def test_linear_and_constant_schedules():
 
 def test_optimizer_follows_the_schedule_and_clips_gradients():
     layer = torch.nn.Linear(4, 4)
-    train = OmegaConf.create({"lr": 1e-2, "weight_decay": 0.0, "max_steps": 10, "lr_schedule": "cosine",
-                              "lr_warmup_ratio": 0.2, "min_lr_ratio": 0.0})
+    train = OmegaConf.create(
+        {
+            "lr": 1e-2,
+            "weight_decay": 0.0,
+            "max_steps": 10,
+            "lr_schedule": "cosine",
+            "lr_warmup_ratio": 0.2,
+            "min_lr_ratio": 0.0,
+        }
+    )
     params = list(layer.parameters())
     optimizer, schedule = make_optimizer(params, train, torch.device("cpu"))
     precision = Precision(OmegaConf.create({"name": "fp32"}), torch.device("cpu"))
@@ -49,8 +57,17 @@ def test_adam_stepped_in_backward_is_adamw_with_per_tensor_clipping():
     when each gradient is clipped on its own; no gradient is left held after backward."""
     from ghsweep.train.optim import AdamStepsInBackward, clip_gradients
 
-    train = OmegaConf.create({"lr": 1e-2, "weight_decay": 0.01, "max_steps": 6, "lr_schedule": "cosine",
-                              "lr_warmup_ratio": 0.2, "min_lr_ratio": 0.1, "grad_clip": 0.5})
+    train = OmegaConf.create(
+        {
+            "lr": 1e-2,
+            "weight_decay": 0.01,
+            "max_steps": 6,
+            "lr_schedule": "cosine",
+            "lr_warmup_ratio": 0.2,
+            "min_lr_ratio": 0.1,
+            "grad_clip": 0.5,
+        }
+    )
     torch.manual_seed(0)
     reference = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     overlapped = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
@@ -71,7 +88,8 @@ def test_adam_stepped_in_backward_is_adamw_with_per_tensor_clipping():
     for ours, theirs in zip(overlapped.parameters(), reference.parameters()):
         torch.testing.assert_close(ours, theirs)
     assert in_backward.optimizers[next(overlapped.parameters())].param_groups[0]["lr"] == pytest.approx(
-        optimizer.param_groups[0]["lr"])
+        optimizer.param_groups[0]["lr"]
+    )
 
 
 def test_clip_folded_into_a_fused_step_equals_clipping_first():

@@ -20,8 +20,14 @@ from ghsweep.train.step_log import StepLog
 from tests.train.planned_run import composed, planned_run
 
 # Runs the worker as `python -m` would, then prints which of these modules it loaded.
-NOT_FOR_THE_WORKER = ("ghsweep.launch", "ghsweep.config", "ghsweep.profile.plan", "ghsweep.report",
-                      "ghsweep.tracking", "matplotlib")
+NOT_FOR_THE_WORKER = (
+    "ghsweep.launch",
+    "ghsweep.config",
+    "ghsweep.profile.plan",
+    "ghsweep.report",
+    "ghsweep.tracking",
+    "matplotlib",
+)
 WORKER = f"""
 import json, runpy, sys
 sys.argv = ["ghsweep.train.worker", sys.argv[1]]
@@ -35,8 +41,13 @@ except SystemExit as exit:
 
 
 def run_worker(run_dir: Path, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", WORKER, str(run_dir)], capture_output=True, text=True,
-                          env=dict(os.environ, **env), timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", WORKER, str(run_dir)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, **env),
+        timeout=600,
+    )
 
 
 def loaded(proc: subprocess.CompletedProcess) -> list[str]:
@@ -44,14 +55,23 @@ def loaded(proc: subprocess.CompletedProcess) -> list[str]:
 
 
 def test_the_worker_trains_the_planned_run_and_loads_only_training(tmp_path):
-    cfg = composed("experiment=smoke", "train.max_steps=3", "train.log_every=2", "train.seq_length=64",
-                   "train.warmup_steps=1", "capture.start_step=1", "capture.num_steps=1")
+    cfg = composed(
+        "experiment=smoke",
+        "train.max_steps=3",
+        "train.log_every=2",
+        "train.seq_length=64",
+        "train.warmup_steps=1",
+        "capture.start_step=1",
+        "capture.num_steps=1",
+    )
     planned_run(tmp_path, cfg, profiler="torch")
     proc = run_worker(tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert loaded(proc) == []
-    assert [line.split(" loss")[0] for line in proc.stdout.splitlines() if line.startswith("step ")] == \
-        ["step 2/3", "step 3/3"]
+    assert [line.split(" loss")[0] for line in proc.stdout.splitlines() if line.startswith("step ")] == [
+        "step 2/3",
+        "step 3/3",
+    ]
     rows = [json.loads(line) for line in (tmp_path / METRICS).read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2] and all(r["tokens"] == 64 for r in rows)
     summary = json.loads((tmp_path / SUMMARY).read_text())

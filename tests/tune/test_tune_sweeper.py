@@ -25,10 +25,21 @@ from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.tune.study import STUDY_TAG
 from tests.conftest import run_cli
 
-SPACE = ["hydra/sweeper=tune", "experiment=smoke", "train.max_steps=6", "train.seq_length=64",
-         "train.lr=1e-6,1e-4,3e-3"]
-STUDY = ["-m", *SPACE, "precision=fp32,fp8", "tune.objective=final_loss", "tune.direction=minimize",
-         "tune.startup_trials=2"]
+SPACE = [
+    "hydra/sweeper=tune",
+    "experiment=smoke",
+    "train.max_steps=6",
+    "train.seq_length=64",
+    "train.lr=1e-6,1e-4,3e-3",
+]
+STUDY = [
+    "-m",
+    *SPACE,
+    "precision=fp32,fp8",
+    "tune.objective=final_loss",
+    "tune.direction=minimize",
+    "tune.startup_trials=2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -97,14 +108,17 @@ def test_trials_are_mlflow_children_of_the_tuning_parent(cwd, first):
     (parent,) = store.search(role=ROLE_SWEEP, tags={STUDY_TAG: study.study_name})
     assert parent.status == "FINISHED"
     assert parent.tags["ghsweep.tune.best_command"].endswith("train.lr=0.003 precision=fp32")
-    assert {"tune/tune.md", "tune/best.txt", "tune/history_final_loss.png"} <= store.artifact_paths(parent.run_id, "tune")
+    assert {"tune/tune.md", "tune/best.txt", "tune/history_final_loss.png"} <= store.artifact_paths(
+        parent.run_id, "tune"
+    )
     for trial in study.trials:
         run = store.get_run(trial.user_attrs["run_id"])
         assert run.tags[STUDY_TAG] == study.study_name
         assert run.params["train.lr"] == str(float(trial.params["train.lr"]))
         assert run.status == ("FINISHED" if trial.state == TrialState.COMPLETE else "FAILED")
-    own = [t for t in study.trials if store.get_run(t.user_attrs["run_id"]).tags.get("mlflow.parentRunId")
-           == parent.run_id]
+    own = [
+        t for t in study.trials if store.get_run(t.user_attrs["run_id"]).tags.get("mlflow.parentRunId") == parent.run_id
+    ]
     assert own, "the trials that trained are children of the tuning run"
 
 
@@ -121,16 +135,21 @@ def test_rerun_continues_the_study_and_reuses_finished_runs(cwd, first):
 def test_a_stopped_study_resumes_with_the_interrupted_trial(cwd, first):
     args = [*STUDY, "train.max_steps=5", "tune.trials=3"]  # new runs: 5 steps were never trained
     env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
-    proc = subprocess.Popen([sys.executable, "-m", "ghsweep", *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ghsweep", *args],
+        cwd=cwd,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     for line in proc.stdout:
         if "training in a worker process" in line:  # the first trial is training: stop the sweep there
             proc.send_signal(signal.SIGINT)
             break
     proc.communicate(timeout=120)
     assert proc.returncode != 0
-    (stopped,) = [s for s in load_studies(cwd).values()
-                  if any(t.state == TrialState.RUNNING for t in s.trials)]
+    (stopped,) = [s for s in load_studies(cwd).values() if any(t.state == TrialState.RUNNING for t in s.trials)]
     interrupted = stopped.trials[-1]
 
     again = run_cli(args, cwd)
@@ -145,8 +164,19 @@ def test_a_stopped_study_resumes_with_the_interrupted_trial(cwd, first):
 
 def test_a_constraint_rules_out_the_unconstrained_best(cwd, first):
     # Maximising the loss would pick lr 1e-6 (5.87); the bound leaves lr 1e-4 (5.82). The runs are reused.
-    proc = run_cli(["-m", *SPACE, "precision=fp32", "tune.objective=final_loss", "tune.direction=maximize",
-                    "+tune.max.final_loss=5.845", "tune.trials=6", "tune.startup_trials=6"], cwd)
+    proc = run_cli(
+        [
+            "-m",
+            *SPACE,
+            "precision=fp32",
+            "tune.objective=final_loss",
+            "tune.direction=maximize",
+            "+tune.max.final_loss=5.845",
+            "tune.trials=6",
+            "tune.startup_trials=6",
+        ],
+        cwd,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     study = study_of(cwd, proc.stdout)
     tried = {t.params["train.lr"] for t in study.trials}
@@ -158,8 +188,18 @@ def test_a_constraint_rules_out_the_unconstrained_best(cwd, first):
 
 
 def test_two_objectives_give_the_pareto_front(cwd, first):
-    proc = run_cli(["-m", *SPACE, "precision=fp32", "tune.objective=[final_loss,steps]",
-                    "tune.direction=[minimize,maximize]", "tune.trials=4", "tune.startup_trials=4"], cwd)
+    proc = run_cli(
+        [
+            "-m",
+            *SPACE,
+            "precision=fp32",
+            "tune.objective=[final_loss,steps]",
+            "tune.direction=[minimize,maximize]",
+            "tune.trials=4",
+            "tune.startup_trials=4",
+        ],
+        cwd,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     study = study_of(cwd, proc.stdout)
     front = {t.params["train.lr"] for t in study.best_trials}
@@ -168,14 +208,20 @@ def test_two_objectives_give_the_pareto_front(cwd, first):
     assert (cwd / sweep_dir(proc.stdout) / "tune" / "pareto_front.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("bad, message", [
-    (["tune.direction=up"], "tune.direction=up: accepted: maximize, minimize"),
-    (["tune.objective=[a,b]"], "tune.direction=maximize: one direction per objective (2)"),
-    (["+tune.min.mfu=high"], "tune.min.mfu=high: must be a number"),
-    (["tune.trials=0"], "tune.trials=0: must be a whole number >= 1"),
-    # A SLURM profile, as wait=false asks; its jobs are never submitted.
-    (["wait=false", "hydra/launcher=local_slurm", "tracking=sqlite"], "wait=false: a tuning study needs each batch's"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (["tune.direction=up"], "tune.direction=up: accepted: maximize, minimize"),
+        (["tune.objective=[a,b]"], "tune.direction=maximize: one direction per objective (2)"),
+        (["+tune.min.mfu=high"], "tune.min.mfu=high: must be a number"),
+        (["tune.trials=0"], "tune.trials=0: must be a whole number >= 1"),
+        # A SLURM profile, as wait=false asks; its jobs are never submitted.
+        (
+            ["wait=false", "hydra/launcher=local_slurm", "tracking=sqlite"],
+            "wait=false: a tuning study needs each batch's",
+        ),
+    ],
+)
 def test_bad_tune_settings_are_one_line_errors(tmp_path, bad, message):
     proc = run_cli(["-m", *SPACE, *bad], tmp_path)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
@@ -190,10 +236,24 @@ def test_nothing_to_search_is_an_error(tmp_path):
 
 
 def test_parallel_trials_run_as_one_batch_of_submitit_jobs(tmp_path):
-    proc = run_cli(["-m", "hydra/sweeper=tune", "hydra/launcher=submitit_local", "hydra.launcher.cpus_per_task=1",
-                    "experiment=smoke", "train.max_steps=2", "train.seq_length=64", "precision=fp32,bf16",
-                    "tune.objective=final_loss", "tune.direction=minimize", "tune.trials=2", "tune.parallel=2",
-                    "hydra.sweep.dir=sweep"], tmp_path)
+    proc = run_cli(
+        [
+            "-m",
+            "hydra/sweeper=tune",
+            "hydra/launcher=submitit_local",
+            "hydra.launcher.cpus_per_task=1",
+            "experiment=smoke",
+            "train.max_steps=2",
+            "train.seq_length=64",
+            "precision=fp32,bf16",
+            "tune.objective=final_loss",
+            "tune.direction=minimize",
+            "tune.trials=2",
+            "tune.parallel=2",
+            "hydra.sweep.dir=sweep",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert len(load_jobs(tmp_path / "sweep")) == 2 and "ghsweep: submitted 2 jobs (local)" in proc.stdout
     study = study_of(tmp_path, proc.stdout)

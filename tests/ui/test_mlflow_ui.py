@@ -37,9 +37,19 @@ from playwright.sync_api import Page, sync_playwright  # noqa: E402
 @pytest.fixture(scope="module")
 def sweep(mlflow_server, tmp_path_factory):
     """A real 2-run smoke sweep logged to the session's tracking server."""
-    proc = run_cli(["-m", "experiment=smoke", "tracking=server", f"tracking.uri={mlflow_server.url}",
-                    f"tracking.experiment={EXPERIMENT}", "peft=lora,none", "precision=fp32", "train.max_steps=4"],
-                   tmp_path_factory.mktemp("ui_sweep"))
+    proc = run_cli(
+        [
+            "-m",
+            "experiment=smoke",
+            "tracking=server",
+            f"tracking.uri={mlflow_server.url}",
+            f"tracking.experiment={EXPERIMENT}",
+            "peft=lora,none",
+            "precision=fp32",
+            "train.max_steps=4",
+        ],
+        tmp_path_factory.mktemp("ui_sweep"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     client = MlflowClient(tracking_uri=mlflow_server.url)
     exp = client.get_experiment_by_name(EXPERIMENT)

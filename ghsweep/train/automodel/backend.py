@@ -36,11 +36,13 @@ class AutoModelBackend:
         from ghsweep.train.automodel.config import RECIPE_YAML, recipe_config
 
         text = yaml.safe_dump(recipe_config(cfg, run_dir, "cuda"), sort_keys=False)
-        return f"  recipe:  AutoModel TrainFinetuneRecipeForNextTokenPrediction, {run_dir / RECIPE_YAML}\n" + \
-            "\n".join("    " + line for line in text.splitlines())
+        return f"  recipe:  AutoModel TrainFinetuneRecipeForNextTokenPrediction, {run_dir / RECIPE_YAML}\n" + "\n".join(
+            "    " + line for line in text.splitlines()
+        )
 
-    def train(self, cfg: DictConfig, plan: RunPlan, run_dir: Path,
-              managed: ManagedAllocator | None = None) -> RunSummary:
+    def train(
+        self, cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None
+    ) -> RunSummary:
         check_config(cfg)
         from ghsweep.train.automodel.train import train
 

@@ -27,20 +27,33 @@ def attn_implementation(cfg: DictConfig, device_type: str) -> str:
 
 def _model(cfg: DictConfig, device_type: str) -> dict[str, Any]:
     m = cfg.model
-    common = {"torch_dtype": TORCH_DTYPES[cfg.precision.name],
-              "attn_implementation": attn_implementation(cfg, device_type),
-              # The torch backend's model as it is: no Liger kernels swapped in.
-              "use_liger_kernel": False}
+    common = {
+        "torch_dtype": TORCH_DTYPES[cfg.precision.name],
+        "attn_implementation": attn_implementation(cfg, device_type),
+        # The torch backend's model as it is: no Liger kernels swapped in.
+        "use_liger_kernel": False,
+    }
     if m.path:
-        return {"_target_": "nemo_automodel.NeMoAutoModelForCausalLM.from_pretrained",
-                "pretrained_model_name_or_path": str(m.path), **common}
-    config = {"_target_": "transformers.LlamaConfig", "hidden_size": m.hidden_size,
-              "intermediate_size": m.intermediate_size, "num_hidden_layers": m.num_layers,
-              "num_attention_heads": m.num_attention_heads, "num_key_value_heads": m.num_key_value_heads,
-              "vocab_size": m.vocab_size, "max_position_embeddings": m.max_position_embeddings,
-              "rms_norm_eps": m.rms_norm_eps, "bos_token_id": ByteTokenizer.bos_token_id,
-              "eos_token_id": ByteTokenizer.eos_token_id, "pad_token_id": ByteTokenizer.pad_token_id,
-              "use_cache": False}
+        return {
+            "_target_": "nemo_automodel.NeMoAutoModelForCausalLM.from_pretrained",
+            "pretrained_model_name_or_path": str(m.path),
+            **common,
+        }
+    config = {
+        "_target_": "transformers.LlamaConfig",
+        "hidden_size": m.hidden_size,
+        "intermediate_size": m.intermediate_size,
+        "num_hidden_layers": m.num_layers,
+        "num_attention_heads": m.num_attention_heads,
+        "num_key_value_heads": m.num_key_value_heads,
+        "vocab_size": m.vocab_size,
+        "max_position_embeddings": m.max_position_embeddings,
+        "rms_norm_eps": m.rms_norm_eps,
+        "bos_token_id": ByteTokenizer.bos_token_id,
+        "eos_token_id": ByteTokenizer.eos_token_id,
+        "pad_token_id": ByteTokenizer.pad_token_id,
+        "use_cache": False,
+    }
     return {"_target_": "nemo_automodel.NeMoAutoModelForCausalLM.from_config", "config": config, **common}
 
 
@@ -52,24 +65,38 @@ def recipe_config(cfg: DictConfig, run_dir: Path, device_type: str) -> dict[str,
     never = t.max_steps + 1
     recipe: dict[str, Any] = {
         "seed": cfg.seed,
-        "step_scheduler": {"global_batch_size": t.micro_batch_size, "local_batch_size": t.micro_batch_size,
-                           "max_steps": t.max_steps, "ckpt_every_steps": never, "val_every_steps": never,
-                           "num_epochs": t.max_steps},
+        "step_scheduler": {
+            "global_batch_size": t.micro_batch_size,
+            "local_batch_size": t.micro_batch_size,
+            "max_steps": t.max_steps,
+            "ckpt_every_steps": never,
+            "val_every_steps": never,
+            "num_epochs": t.max_steps,
+        },
         "dist_env": {"backend": "nccl", "timeout_minutes": 10},
         "model": _model(cfg, device_type),
         "checkpoint": {"enabled": False, "checkpoint_dir": str(run_dir / "automodel")},
-        "distributed": {"strategy": "fsdp2", "dp_size": None, "tp_size": 1, "cp_size": 1,
-                        "sequence_parallel": False},
+        "distributed": {"strategy": "fsdp2", "dp_size": None, "tp_size": 1, "cp_size": 1, "sequence_parallel": False},
         "loss_fn": {"_target_": "nemo_automodel.components.loss.masked_ce.MaskedCrossEntropy"},
         # The torch backend's packed blocks, read back from this run's config.
         "dataset": {"_target_": "ghsweep.train.automodel.data.packed_dolly", "run_dir": str(run_dir)},
-        "dataloader": {"_target_": "torchdata.stateful_dataloader.StatefulDataLoader",
-                       "batch_size": t.micro_batch_size, "shuffle": True, "drop_last": True,
-                       "num_workers": dl.num_workers, "pin_memory": dl.pin_memory,
-                       "persistent_workers": dl.persistent_workers and dl.num_workers > 0,
-                       "collate_fn": "torch.utils.data.default_collate"},
-        "optimizer": {"_target_": "torch.optim.AdamW", "lr": t.lr, "weight_decay": t.weight_decay,
-                      "betas": [0.9, 0.999], "eps": 1.0e-8},
+        "dataloader": {
+            "_target_": "torchdata.stateful_dataloader.StatefulDataLoader",
+            "batch_size": t.micro_batch_size,
+            "shuffle": True,
+            "drop_last": True,
+            "num_workers": dl.num_workers,
+            "pin_memory": dl.pin_memory,
+            "persistent_workers": dl.persistent_workers and dl.num_workers > 0,
+            "collate_fn": "torch.utils.data.default_collate",
+        },
+        "optimizer": {
+            "_target_": "torch.optim.AdamW",
+            "lr": t.lr,
+            "weight_decay": t.weight_decay,
+            "betas": [0.9, 0.999],
+            "eps": 1.0e-8,
+        },
         "compile": {"enabled": t.compile is True or (t.compile == "auto" and device_type == "cuda")},
     }
     if dl.num_workers > 0 and dl.prefetch_factor is not None:
@@ -78,13 +105,16 @@ def recipe_config(cfg: DictConfig, run_dir: Path, device_type: str) -> dict[str,
         recipe["clip_grad_norm"] = {"max_norm": t.grad_clip}
     if cfg.peft.name == "lora":
         p = cfg.peft
-        recipe["peft"] = {"_target_": "nemo_automodel.components._peft.lora.PeftConfig",
-                          # AutoModel matches patterns against a module's full name.
-                          "target_modules": [f"*.{name}" for name in p.target_modules], "dim": p.r, "alpha": p.alpha,
-                          "dropout": p.dropout}
+        recipe["peft"] = {
+            "_target_": "nemo_automodel.components._peft.lora.PeftConfig",
+            # AutoModel matches patterns against a module's full name.
+            "target_modules": [f"*.{name}" for name in p.target_modules],
+            "dim": p.r,
+            "alpha": p.alpha,
+            "dropout": p.dropout,
+        }
     if cfg.precision.name == "fp8":
-        recipe["fp8"] = {"enabled": True, "recipe_name": "tensorwise",
-                         "filter_fqns": ["lm_head"], "emulate": False}
+        recipe["fp8"] = {"enabled": True, "recipe_name": "tensorwise", "filter_fqns": ["lm_head"], "emulate": False}
     return recipe
 
 

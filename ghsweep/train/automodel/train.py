@@ -59,8 +59,10 @@ def _measured_recipe(cfg: DictConfig, run_dir: Path, tokens_per_step: int) -> An
             device = torch.device("cuda", torch.cuda.current_device())
             self.train_started_at = time.time()
             # Closed however the loop ends: the capture window and metrics.jsonl cover what ran.
-            with (StepLog(run_dir / METRICS, device, tokens_per_step) as self.step_log,
-                  Phases(device, cfg.capture.start_step, cfg.capture.num_steps) as self.phases):
+            with (
+                StepLog(run_dir / METRICS, device, tokens_per_step) as self.step_log,
+                Phases(device, cfg.capture.start_step, cfg.capture.num_steps) as self.phases,
+            ):
                 super().run_train_validation_loop()
             self.train_ended_at = time.time()
 
@@ -98,12 +100,19 @@ def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocat
 
     device = torch.device("cuda", torch.cuda.current_device())
     hf = model.config
-    shape = ModelShape(hf.hidden_size, hf.intermediate_size, hf.num_hidden_layers, hf.num_attention_heads,
-                       hf.num_key_value_heads, hf.vocab_size)
+    shape = ModelShape(
+        hf.hidden_size,
+        hf.intermediate_size,
+        hf.num_hidden_layers,
+        hf.num_attention_heads,
+        hf.num_key_value_heads,
+        hf.vocab_size,
+    )
     # The blocks the recipe's dataset packed (packed_dolly), for the attention FLOPs of document masking.
     blocks = dolly.load_blocks(cfg, load_tokenizer(cfg.model))
-    flops = run_flops_per_token(shape, cfg, attended_keys_per_token(blocks.position_ids,
-                                                                    cfg.data.packing_mask == "document"))
+    flops = run_flops_per_token(
+        shape, cfg, attended_keys_per_token(blocks.position_ids, cfg.data.packing_mask == "document")
+    )
     info = {
         "automodel_version": nemo_automodel.__version__,
         "packed_blocks": len(blocks),
@@ -115,7 +124,19 @@ def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocat
     if cfg.precision.name == "fp8":
         info["fp8_library"] = "torchao"
     # One process: _single_process_env, AutoModel's FSDP2 over one GPU.
-    return run_summary(cfg, recipe.step_log, device, peak_gib=run_peak_gib(managed, lambda: recipe.peak_gib),
-                       flops_per_token=flops, gpus=1, params=params, random_init=not cfg.model.path,
-                       offload_applied=False, managed=managed, setup_at=setup_at,
-                       train_started_at=recipe.train_started_at, train_ended_at=recipe.train_ended_at, info=info)
+    return run_summary(
+        cfg,
+        recipe.step_log,
+        device,
+        peak_gib=run_peak_gib(managed, lambda: recipe.peak_gib),
+        flops_per_token=flops,
+        gpus=1,
+        params=params,
+        random_init=not cfg.model.path,
+        offload_applied=False,
+        managed=managed,
+        setup_at=setup_at,
+        train_started_at=recipe.train_started_at,
+        train_ended_at=recipe.train_ended_at,
+        info=info,
+    )

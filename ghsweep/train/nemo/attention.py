@@ -47,15 +47,24 @@ def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: Any, sc
 class TorchCoreAttention(DotProductAttention):
     """Megatron's DotProductAttention interface, computed by SDPA (causal) or FlexAttention (packed)."""
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
-                attn_mask_type: Any = None, attention_bias: Any = None, packed_seq_params: Any = None) -> torch.Tensor:
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: Any,
+        attn_mask_type: Any = None,
+        attention_bias: Any = None,
+        packed_seq_params: Any = None,
+    ) -> torch.Tensor:
         if attention_bias is not None:
             raise ValueError("TorchCoreAttention: attention_bias is not supported; accepted: None")
         if packed_seq_params is None:
             # [s, b, heads, dim] -> [b, heads, s, dim]
             q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
-                                                 enable_gqa=q.size(1) != k.size(1))
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=q.size(1) != k.size(1)
+            )
             # -> [s, b, heads * dim]
             return out.permute(2, 0, 1, 3).reshape(out.size(2), out.size(0), -1)
         # THD: [tokens, heads, dim] -> [1, heads, tokens, dim]
@@ -73,7 +82,11 @@ def local_layer_spec(config: Any) -> Any:
     """Megatron's local (no Transformer Engine) GPT layer with TorchCoreAttention as its core attention."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=config.moe_grouped_gemm,
-                                    qk_layernorm=config.qk_layernorm, normalization=config.normalization)
+    spec = get_gpt_layer_local_spec(
+        num_experts=config.num_moe_experts,
+        moe_grouped_gemm=config.moe_grouped_gemm,
+        qk_layernorm=config.qk_layernorm,
+        normalization=config.normalization,
+    )
     spec.submodules.self_attention.submodules.core_attention = TorchCoreAttention
     return spec

@@ -29,8 +29,9 @@ class NemoBackend:
     def describe(self, cfg: DictConfig, run_dir: Path) -> str:
         return describe_recipe(cfg, run_dir)
 
-    def train(self, cfg: DictConfig, plan: RunPlan, run_dir: Path,
-              managed: ManagedAllocator | None = None) -> RunSummary:
+    def train(
+        self, cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None
+    ) -> RunSummary:
         # The worker's interpreter is the one that trains: the installed packages are checked too.
         check_config(cfg, runtime=True)
         from ghsweep.train.nemo.train import train

@@ -15,9 +15,9 @@ from omegaconf import DictConfig
 
 from ghsweep.config.schema import check_int
 from ghsweep.config.validate import model_facts
-from ghsweep.train.flops import ModelShape
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import METRICS, RECIPE_JSON, RECIPE_TXT
+from ghsweep.train.flops import ModelShape
 
 # LoRA targets: transformers' module names -> Megatron's fused linear layers. Megatron fuses
 # q/k/v into one GEMM and gate/up into another, so a LoRA target is all of a group or none of it.
@@ -160,6 +160,7 @@ def build_recipe(cfg: DictConfig, run_dir: Path) -> Any:
 
 def _map_model(recipe: Any, cfg: DictConfig) -> None:
     import nemo_run as run
+
     from nemo import lightning as nl
     from nemo.collections.common.tokenizers.bytelevel_tokenizers import ByteLevelTokenizer
     from nemo.collections.common.tokenizers.huggingface.auto_tokenizer import AutoTokenizer
@@ -195,18 +196,28 @@ def llama_architecture(model: DictConfig) -> dict[str, Any]:
     """The trained Llama's shape in Hugging Face's names: the checkpoint's config.json with `model.path`
     (NeMo imports the checkpoint with it), else the model config."""
     if not model.path:
-        return {"num_hidden_layers": model.num_layers, "hidden_size": model.hidden_size,
-                "intermediate_size": model.intermediate_size, "num_attention_heads": model.num_attention_heads,
-                "num_key_value_heads": model.num_key_value_heads, "rms_norm_eps": model.rms_norm_eps,
-                "vocab_size": model.vocab_size, "rope_theta": 10000.0, "tie_word_embeddings": False}
+        return {
+            "num_hidden_layers": model.num_layers,
+            "hidden_size": model.hidden_size,
+            "intermediate_size": model.intermediate_size,
+            "num_attention_heads": model.num_attention_heads,
+            "num_key_value_heads": model.num_key_value_heads,
+            "rms_norm_eps": model.rms_norm_eps,
+            "vocab_size": model.vocab_size,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": False,
+        }
     hf = json.loads((Path(model.path) / "config.json").read_text())
     # transformers >= 5 writes rope_theta inside rope_parameters.
     rope = hf.get("rope_parameters") or {}
     return {
-        "num_hidden_layers": hf["num_hidden_layers"], "hidden_size": hf["hidden_size"],
-        "intermediate_size": hf["intermediate_size"], "num_attention_heads": hf["num_attention_heads"],
+        "num_hidden_layers": hf["num_hidden_layers"],
+        "hidden_size": hf["hidden_size"],
+        "intermediate_size": hf["intermediate_size"],
+        "num_attention_heads": hf["num_attention_heads"],
         "num_key_value_heads": hf.get("num_key_value_heads") or hf["num_attention_heads"],
-        "rms_norm_eps": hf["rms_norm_eps"], "vocab_size": hf["vocab_size"],
+        "rms_norm_eps": hf["rms_norm_eps"],
+        "vocab_size": hf["vocab_size"],
         "rope_theta": float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
         "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
     }
@@ -215,8 +226,14 @@ def llama_architecture(model: DictConfig) -> dict[str, Any]:
 def model_shape(model: DictConfig) -> ModelShape:
     """The FLOPs-relevant shape of `llama_architecture(model)`."""
     a = llama_architecture(model)
-    return ModelShape(a["hidden_size"], a["intermediate_size"], a["num_hidden_layers"], a["num_attention_heads"],
-                      a["num_key_value_heads"], a["vocab_size"])
+    return ModelShape(
+        a["hidden_size"],
+        a["intermediate_size"],
+        a["num_hidden_layers"],
+        a["num_attention_heads"],
+        a["num_key_value_heads"],
+        a["vocab_size"],
+    )
 
 
 def _use_local_spec(c: Any) -> None:
@@ -260,13 +277,20 @@ def _map_precision(recipe: Any, cfg: DictConfig) -> None:
 def _precision_plugin(cfg: DictConfig) -> Any:
     import nemo_run as run
     import torch
+
     from nemo.collections.llm.recipes.precision import mixed_precision as mp
     from nemo.lightning.pytorch.plugins.mixed_precision import MegatronMixedPrecision
 
     p = cfg.precision
     if p.name == "fp32":
-        return run.Config(MegatronMixedPrecision, precision="32", params_dtype=torch.float32,
-                          pipeline_dtype=torch.float32, autocast_enabled=False, grad_reduce_in_fp32=True)
+        return run.Config(
+            MegatronMixedPrecision,
+            precision="32",
+            params_dtype=torch.float32,
+            pipeline_dtype=torch.float32,
+            autocast_enabled=False,
+            grad_reduce_in_fp32=True,
+        )
     if p.name == "fp16":
         plugin = mp.fp16_mixed()
         plugin.fp16_initial_loss_scale = p.initial_loss_scale
@@ -294,6 +318,7 @@ def _map_offload(recipe: Any, cfg: DictConfig) -> None:
 
 def _map_data(recipe: Any, cfg: DictConfig, run_dir: Path, packed_length: int) -> None:
     import nemo_run as run
+
     from nemo.collections import llm
     from nemo.collections.llm.gpt.data.packed_sequence import PackedSequenceSpecs
 
@@ -315,9 +340,9 @@ def _map_data(recipe: Any, cfg: DictConfig, run_dir: Path, packed_length: int) -
 
 def _map_train(recipe: Any, cfg: DictConfig, run_dir: Path) -> None:
     import nemo_run as run
-    from nemo.lightning.pytorch.callbacks.nsys import NsysCallback
 
     from ghsweep.train.nemo.metrics import StepMetricsCallback
+    from nemo.lightning.pytorch.callbacks.nsys import NsysCallback
 
     t = cfg.train
     trainer = recipe.trainer
@@ -339,10 +364,19 @@ def _map_train(recipe: Any, cfg: DictConfig, run_dir: Path) -> None:
     # NsysCallback stops after the batch of its end_step: capture.num_steps steps from start_step.
     trainer.callbacks = [
         *(trainer.callbacks or []),
-        run.Config(NsysCallback, start_step=cfg.capture.start_step,
-                   end_step=cfg.capture.start_step + cfg.capture.num_steps - 1, ranks=[0]),
-        run.Config(StepMetricsCallback, metrics_path=str(run_dir / METRICS),
-                   tokens_per_step=tokens_per_step(cfg), max_steps=t.max_steps, log_every=t.log_every),
+        run.Config(
+            NsysCallback,
+            start_step=cfg.capture.start_step,
+            end_step=cfg.capture.start_step + cfg.capture.num_steps - 1,
+            ranks=[0],
+        ),
+        run.Config(
+            StepMetricsCallback,
+            metrics_path=str(run_dir / METRICS),
+            tokens_per_step=tokens_per_step(cfg),
+            max_steps=t.max_steps,
+            log_every=t.log_every,
+        ),
     ]
 
 
@@ -372,8 +406,10 @@ def describe_recipe(cfg: DictConfig, run_dir: Path) -> str:
     try:
         import nemo.collections.llm  # noqa: F401
     except ImportError as exc:
-        return (f"  recipe:  (not composed) NeMo does not import here ({exc}); run the dry run where it does: "
-                "the NeMo container, or the environment tests/nemo/make_env.sh builds")
+        return (
+            f"  recipe:  (not composed) NeMo does not import here ({exc}); run the dry run where it does: "
+            "the NeMo container, or the environment tests/nemo/make_env.sh builds"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     text = save_recipe(build_recipe(cfg, run_dir), run_dir)
     return f"  recipe:  {run_dir / RECIPE_JSON}\n" + "\n".join("    " + line for line in text.splitlines())

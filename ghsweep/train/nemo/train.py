@@ -23,7 +23,14 @@ from ghsweep.train.attention import attended_keys_per_token
 from ghsweep.train.device import peak_memory_gib
 from ghsweep.train.flops import run_flops_per_token
 from ghsweep.train.nemo.metrics import StepMetricsCallback
-from ghsweep.train.nemo.recipe import DATASET_DIR, build_recipe, hf_import_path, llama_architecture, model_shape, save_recipe
+from ghsweep.train.nemo.recipe import (
+    DATASET_DIR,
+    build_recipe,
+    hf_import_path,
+    llama_architecture,
+    model_shape,
+    save_recipe,
+)
 from ghsweep.train.summary import run_peak_gib, run_summary
 from ghsweep.train.tokenizer import load_tokenizer
 
@@ -56,15 +63,20 @@ def import_hf_model(model: DictConfig) -> None:
     if hf_import_path(model.path).exists():
         return
     a = llama_architecture(model)
-    config = llm.LlamaConfig(num_layers=a["num_hidden_layers"], hidden_size=a["hidden_size"],
-                             ffn_hidden_size=a["intermediate_size"], num_attention_heads=a["num_attention_heads"],
-                             num_query_groups=a["num_key_value_heads"])
+    config = llm.LlamaConfig(
+        num_layers=a["num_hidden_layers"],
+        hidden_size=a["hidden_size"],
+        ffn_hidden_size=a["intermediate_size"],
+        num_attention_heads=a["num_attention_heads"],
+        num_query_groups=a["num_key_value_heads"],
+    )
     llm.import_ckpt(model=llm.LlamaModel(config), source=f"hf://{model.path}")
 
 
 def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None) -> RunSummary:
     """Run the recipe `cfg` maps to; metrics.jsonl comes from StepMetricsCallback; return the summary."""
     import fiddle as fdl
+
     import nemo
 
     setup_at = time.time()
@@ -86,9 +98,19 @@ def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocat
     # the same records (NeMo packs them differently, but every token still sees only its own document).
     blocks = dolly.load_blocks(cfg, load_tokenizer(cfg.model))
     flops = run_flops_per_token(model_shape(cfg.model), cfg, attended_keys_per_token(blocks.position_ids, True))
-    return run_summary(cfg, metrics_cb.log, device, peak_gib=run_peak_gib(managed, lambda: peak_memory_gib(device)),
-                       flops_per_token=flops, gpus=plan.world.size,
-                       params=(metrics_cb.params_total, metrics_cb.params_trainable), random_init=not cfg.model.path,
-                       offload_applied=bool(cfg.offload.enabled), managed=managed, setup_at=setup_at,
-                       train_started_at=metrics_cb.train_started_at, train_ended_at=metrics_cb.train_ended_at,
-                       info={"nemo_version": nemo.__version__, "examples": examples})
+    return run_summary(
+        cfg,
+        metrics_cb.log,
+        device,
+        peak_gib=run_peak_gib(managed, lambda: peak_memory_gib(device)),
+        flops_per_token=flops,
+        gpus=plan.world.size,
+        params=(metrics_cb.params_total, metrics_cb.params_trainable),
+        random_init=not cfg.model.path,
+        offload_applied=bool(cfg.offload.enabled),
+        managed=managed,
+        setup_at=setup_at,
+        train_started_at=metrics_cb.train_started_at,
+        train_ended_at=metrics_cb.train_ended_at,
+        info={"nemo_version": nemo.__version__, "examples": examples},
+    )
