@@ -85,11 +85,12 @@ def job_failure(job: submitit.Job) -> tuple[str, str] | None:
     try:
         # A job of several tasks (one per rank) returns one result per task; rank 0's records the run.
         returned = job.results()[0]
-    except UncompletedJobError as exc:
-        return "FAILED", f"SLURM job {job.job_id} ended {state}: {str(exc).strip().splitlines()[0]}"
+    # FailedJobError (the task raised) subclasses UncompletedJobError, so it is caught first.
     except FailedJobError as exc:
         lines = [line for line in str(exc).strip().splitlines() if line.strip()]
         return "FAILED", f"SLURM job {job.job_id} failed: {lines[-1] if lines else state}"
+    except UncompletedJobError as exc:
+        return "FAILED", f"SLURM job {job.job_id} ended {state}: {str(exc).strip().splitlines()[0]}"
     if returned.status == JobStatus.FAILED:
         # The task raised (Hydra's run_job keeps the exception): ghsweep could not record the run itself.
         exc = returned._return_value

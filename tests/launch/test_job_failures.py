@@ -23,7 +23,7 @@ from ghsweep.launch.job import Combination, measure, record, start_run, timeout_
 from ghsweep.launch.plan import node_plan
 from ghsweep.launch.rank_reports import write_rank_report
 from ghsweep.launch.worker_process import run_worker
-from ghsweep.profile.plan import ProfileOutcome
+from ghsweep.profile.pipeline import ProfileOutcome
 from ghsweep.tracking.mlflow_store import MlflowStore
 from tests.launch.stand_ins import compose_config
 

@@ -122,22 +122,13 @@ def test_a_job_killed_at_its_time_limit_ends_its_own_run_failed_with_what_it_rec
     assert (child.run_id, child.status, child.error) == (run_id, "FAILED", reason)
 
 
-# submitit's FailedJobError subclasses UncompletedJobError, so job_failure's `except UncompletedJobError`
-# comes first and takes it: the reason is the trace's header line, not the error (catch FailedJobError first).
-TASK_RAISED_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="slurm_jobs.job_failure catches FailedJobError as "
-    "UncompletedJobError, so the reason is the trace header, not the error",
-)
-
-
 @pytest.mark.parametrize(
     ("returned", "reason"),
     [
-        pytest.param(
+        # FailedJobError subclasses UncompletedJobError: the reason is the error, not the trace's header.
+        (
             FailedJobError("Job (task=0) failed during processing with trace:\n...\nMemoryError: node out of memory\n"),
             "SLURM job 103 failed: MemoryError: node out of memory",
-            marks=TASK_RAISED_BUG,
         ),
         (
             UncompletedJobError("Job 103 (task: 0) with path x\nhas not produced any output (state: NODE_FAIL)"),
