@@ -41,7 +41,8 @@ TWO_LAYERS = ["model=tiny_llama", "model.num_layers=2"]
 def sweep(cwd: Path, *overrides: str) -> dict[tuple[str, str], Path]:
     """Run one sweep in `cwd`; its run directories by (backend, peft)."""
     cwd.mkdir(parents=True, exist_ok=True)
-    proc = run_cli(["-m", *overrides, *STEPS], cwd)
+    # The test's own overrides last: they win over the shared STEPS (train.seq_length for a small checkpoint).
+    proc = run_cli(["-m", *STEPS, *overrides], cwd)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     dirs = [summary.parent for summary in cwd.glob("multirun/*/*/*/summary.json")]
     return {(choice(d, "backend"), choice(d, "peft")): d for d in dirs}
