@@ -7,6 +7,7 @@ holds no conf/: Hydra must find conf/, experiments/ and launchers/ as package da
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -101,3 +102,21 @@ def test_installed_wheel_finds_the_launch_profiles(installed_python, tmp_path):
     assert "ghsweep_launcher.SlurmLauncher" in proc.stdout
     searchpath = run_installed(installed_python, tmp_path, "-m", "ghsweep", "--info", "searchpath")
     assert f"file://{installed_python.parents[1]}" in searchpath.stdout and "ghsweep/conf" in searchpath.stdout
+
+
+def test_installed_wheel_trains_a_run(installed_python, tmp_path):
+    # Every subpackage must be in the wheel, the worker's backends included, not only the config.
+    proc = run_installed(
+        installed_python,
+        tmp_path,
+        "-m",
+        "ghsweep",
+        "experiment=smoke",
+        "train.max_steps=4",
+        "train.log_every=2",
+        "profile=none",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["status"] == "FINISHED"
