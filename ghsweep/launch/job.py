@@ -39,7 +39,7 @@ from ghsweep.core.names import (
     RUN_HASH_TAG,
     STATUS_TAG,
 )
-from ghsweep.core.run_dir import CONFIG, OVERRIDES, REPORT, WORKER_ERROR, WORKER_LOG, RunDir
+from ghsweep.core.run_dir import ARTIFACTS, CONFIG, METRICS, OVERRIDES, REPORT, WORKER_ERROR, WORKER_LOG, RunDir
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.run_result import RunResult
 from ghsweep.launch import interrupts
@@ -398,7 +398,7 @@ def _record(
     store.set_tags(run_id, {**tags, **profile.tags})
 
     points = []
-    metrics_file = run_dir / "metrics.jsonl"
+    metrics_file = run_dir / METRICS
     if metrics_file.exists():
         for line in metrics_file.read_text().splitlines():
             row = json.loads(line)
@@ -413,22 +413,11 @@ def _record(
     _finish_timing(result, started, record_started)
     store.log_metrics(run_id, [(k, v, 0) for k, v in result.timing.items()])
     _save_run_files(result, cfg, info, run_dir)
-    # recipe.*: the composed NeMo recipe (backend=nemo); files a run did not write are skipped.
-    artifacts = [
-        "config.yaml",
-        "overrides.yaml",
-        WORKER_LOG,
-        "report.md",
-        "metrics.jsonl",
-        "summary.json",
-        "result.json",
-        "recipe.txt",
-        "recipe.json",
-    ]
     with tempfile.TemporaryDirectory() as shown_dir:
         # config.yaml under its own name, its secrets redacted; the run directory's copy is the worker's.
-        (Path(shown_dir) / "config.yaml").write_text(shown_config(cfg))
-        store.log_artifacts(run_id, [Path(shown_dir) / "config.yaml"])
-    store.log_artifacts(run_id, [run_dir / a for a in artifacts if a != "config.yaml"])
+        (Path(shown_dir) / CONFIG).write_text(shown_config(cfg))
+        store.log_artifacts(run_id, [Path(shown_dir) / CONFIG])
+    # recipe.*: the composed NeMo recipe (backend=nemo); files a run did not write are skipped.
+    store.log_artifacts(run_id, [run_dir / a for a in ARTIFACTS if a != CONFIG])
     store.log_artifacts(run_id, profile.artifacts, "profile")
     store.finish(run_id, result.status)

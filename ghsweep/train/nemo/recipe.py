@@ -160,7 +160,6 @@ def build_recipe(cfg: DictConfig, run_dir: Path) -> Any:
 
 def _map_model(recipe: Any, cfg: DictConfig) -> None:
     import nemo_run as run
-
     from nemo import lightning as nl
     from nemo.collections.common.tokenizers.bytelevel_tokenizers import ByteLevelTokenizer
     from nemo.collections.common.tokenizers.huggingface.auto_tokenizer import AutoTokenizer
@@ -277,7 +276,6 @@ def _map_precision(recipe: Any, cfg: DictConfig) -> None:
 def _precision_plugin(cfg: DictConfig) -> Any:
     import nemo_run as run
     import torch
-
     from nemo.collections.llm.recipes.precision import mixed_precision as mp
     from nemo.lightning.pytorch.plugins.mixed_precision import MegatronMixedPrecision
 
@@ -318,7 +316,6 @@ def _map_offload(recipe: Any, cfg: DictConfig) -> None:
 
 def _map_data(recipe: Any, cfg: DictConfig, run_dir: Path, packed_length: int) -> None:
     import nemo_run as run
-
     from nemo.collections import llm
     from nemo.collections.llm.gpt.data.packed_sequence import PackedSequenceSpecs
 
@@ -340,9 +337,9 @@ def _map_data(recipe: Any, cfg: DictConfig, run_dir: Path, packed_length: int) -
 
 def _map_train(recipe: Any, cfg: DictConfig, run_dir: Path) -> None:
     import nemo_run as run
+    from nemo.lightning.pytorch.callbacks.nsys import NsysCallback
 
     from ghsweep.train.nemo.metrics import StepMetricsCallback
-    from nemo.lightning.pytorch.callbacks.nsys import NsysCallback
 
     t = cfg.train
     trainer = recipe.trainer

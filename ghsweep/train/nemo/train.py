@@ -76,7 +76,6 @@ def import_hf_model(model: DictConfig) -> None:
 def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None) -> RunSummary:
     """Run the recipe `cfg` maps to; metrics.jsonl comes from StepMetricsCallback; return the summary."""
     import fiddle as fdl
-
     import nemo
 
     setup_at = time.time()
