@@ -39,9 +39,10 @@ from ghsweep.core.names import (
     RUN_HASH_TAG,
     STATUS_TAG,
 )
-from ghsweep.core.run_dir import ARTIFACTS, CONFIG, METRICS, OVERRIDES, REPORT, WORKER_ERROR, WORKER_LOG, RunDir
+from ghsweep.core.run_dir import ARTIFACTS, CONFIG, METRICS, OVERRIDES, REPORT, WORKER_ERROR, WORKER_LOG
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.run_result import RunResult
+from ghsweep.core.summary import RunSummary
 from ghsweep.launch import interrupts
 from ghsweep.launch.dry_run import describe
 from ghsweep.launch.plan import check_required, node_plan
@@ -248,7 +249,7 @@ def timeout_s(plan: RunPlan) -> float | None:
 
 def train_and_measure(
     cfg: DictConfig, combo: Combination, result: RunResult, slurm_tasks: int | None
-) -> tuple[dict, ProfileOutcome, KeyboardInterrupt | None]:
+) -> tuple[RunSummary, ProfileOutcome, KeyboardInterrupt | None]:
     """Rank 0: plan, run the worker, read what it measured into `result`; (summary, profile outcome,
     the interrupt to raise once recorded). Never raises for a failed run: `result` says how it failed."""
     run_dir = combo.run_dir
@@ -277,24 +278,24 @@ def train_and_measure(
             result.error = one_line(exc)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: run_worker has stopped the worker's process group
         result.status, result.error = "KILLED", interrupts.reason(exc)
-        return {}, ProfileOutcome(), exc
-    return {}, ProfileOutcome(), None
+        return RunSummary(), ProfileOutcome(), exc
+    return RunSummary(), ProfileOutcome(), None
 
 
-def measure(cfg: DictConfig, plan: RunPlan, exit: WorkerExit, result: RunResult) -> tuple[dict, ProfileOutcome]:
+def measure(cfg: DictConfig, plan: RunPlan, exit: WorkerExit, result: RunResult) -> tuple[RunSummary, ProfileOutcome]:
     """How the worker ended, into `result`; a finished one's summary and profile analysis."""
     run_dir = Path(plan.run_dir)
     other_ranks_error = wait_for_ranks(run_dir, plan.world.size) if plan.srun_ranks else None
     if exit.returncode != 0:
         result.error = failure_reason(run_dir, exit, plan.timeout_min)
-        return {}, ProfileOutcome()
+        return RunSummary(), ProfileOutcome()
     if other_ranks_error:
         result.error = other_ranks_error
-        return {}, ProfileOutcome()
-    summary = json.loads(RunDir(run_dir).summary.read_text())
+        return RunSummary(), ProfileOutcome()
+    summary = RunSummary.load(run_dir)
     result.status = "FINISHED"
-    result.metrics = summary["metrics"]
-    train = summary["timing"]
+    result.metrics = summary.metrics
+    train = summary.timing
     result.timing = {
         "startup_s": train["ready_at"] - exit.started_at + train["import_s"],
         "setup_s": train["setup_s"],
@@ -317,7 +318,7 @@ def record(
     cfg: DictConfig,
     run_dir: Path,
     result: RunResult,
-    summary: dict,
+    summary: RunSummary,
     profile: ProfileOutcome,
     started: float,
 ) -> None:
@@ -374,7 +375,7 @@ def _record(
     cfg: DictConfig,
     run_dir: Path,
     result: RunResult,
-    summary: dict,
+    summary: RunSummary,
     profile: ProfileOutcome,
     started: float,
 ) -> None:
@@ -384,7 +385,7 @@ def _record(
     again at the end with the time the record itself took.
     """
     record_started = time.time()
-    info = summary.get("info", {})
+    info = summary.info
     _finish_timing(result, started, record_started)
     _save_run_files(result, cfg, info, run_dir)
     tags = {

@@ -19,6 +19,7 @@ from ghsweep.core.names import ROLE_RUN, ROLE_TAG
 from ghsweep.core.run_dir import CONFIG, REPORT, RUN_PLAN, WORKER_ERROR, WORKER_LOG
 from ghsweep.core.run_plan import RunPlan, World
 from ghsweep.core.run_result import RunResult
+from ghsweep.core.summary import RunSummary
 from ghsweep.launch.job import Combination, measure, record, start_run, timeout_s, train_and_measure
 from ghsweep.launch.plan import node_plan
 from ghsweep.launch.rank_reports import write_rank_report
@@ -53,7 +54,7 @@ def test_a_config_the_node_refuses_fails_before_any_worker_with_one_line(tmp_pat
     result = failed_result(combo)
     summary, profile, interrupt = train_and_measure(cfg, combo, result, slurm_tasks=None)
     assert (result.status, result.error) == ("FAILED", "train.max_steps=0: must be an integer >= 1")
-    assert (summary, profile, interrupt) == ({}, ProfileOutcome(), None)
+    assert (summary, profile, interrupt) == (RunSummary(), ProfileOutcome(), None)
     # The job said it was running before it checked anything, and the worker's input is there to read.
     assert RunResult.load(combo.run_dir).status == "RUNNING"
     assert (combo.run_dir / CONFIG).exists()
@@ -162,7 +163,7 @@ def test_a_broken_mlflow_store_at_record_time_leaves_the_run_files_complete(tmp_
     result = dataclasses.replace(failed_result(combo), mlflow_run_id=run_id, error="worker exited with status 1: boom")
     db.write_bytes(b"this is not a database" * 100)  # the store breaks between the start and the record
 
-    record(store, run_id, cfg, combo.run_dir, result, {}, ProfileOutcome(), time.time())
+    record(store, run_id, cfg, combo.run_dir, result, RunSummary(), ProfileOutcome(), time.time())
     assert "the MLflow record is incomplete; the run's record is complete in" in caplog.text
     saved = RunResult.load(combo.run_dir)
     assert (saved.status, saved.error, saved.mlflow_run_id) == ("FAILED", "worker exited with status 1: boom", run_id)
