@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -110,7 +111,7 @@ class GapEvidence:
     waits: dict[int, Intervals] = field(default_factory=dict)  # OS waits, per thread
     unified_memory: Intervals = field(default_factory=lambda: Intervals([]))  # phases with UM faults/migrations
     data: Intervals = field(default_factory=lambda: Intervals([]))  # "data*" ranges
-    launches: dict[int, tuple[int, int | None]] = field(default_factory=dict)  # correlation -> (launch, thread)
+    launches: Mapping[int, tuple[int, int | None]] = field(default_factory=dict)  # correlation -> (launch, thread)
 
     def cause(self, start: int, end: int, corr: int) -> str:
         """The cause of the idle gap (start, end) ended by the operation launched as `corr`; the
@@ -138,7 +139,8 @@ class GapEvidence:
 
 def memory_ops(groups: list[tuple]) -> dict:
     """Per direction and host memory kind: count, bytes, time, bandwidth; pageable and UM totals."""
-    rows, by_kind = [], {}
+    rows: list[dict[str, Any]] = []
+    by_kind: dict[str, dict[str, int]] = {}
     big_pageable = {"count": 0, "bytes": 0}
     for kind, src, dst, count, ns, nbytes, big_n, big_b in groups:
         label = MEMCPY_KIND.get(kind, f"kind {kind}")

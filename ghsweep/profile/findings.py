@@ -85,9 +85,9 @@ class Window:
 
 def gpu_starved(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
     busy = a.gpu_busy_pct
-    if busy >= STARVED_BUSY_PCT:
+    if busy is None or busy >= STARVED_BUSY_PCT:  # None: no device (evaluate runs no rule then)
         return []
-    top = max(w.causes, key=w.causes.get) if w.idle_ns else "unattributed"
+    top = max(w.causes, key=w.causes.__getitem__) if w.idle_ns else "unattributed"
     return [
         finding(
             "gpu_starved",
@@ -184,17 +184,20 @@ def exposed_copies(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
         return []
     by_kind = {c["kind"]: c for c in a.memcpy.get("copies", []) if c["src"] == "pinned" or c["dst"] == "pinned"}
     if ("HtoD" in by_kind and "DtoH" in by_kind) or context.get("offload"):
+        h2d_gb, d2h_gb = a.h2d_gb, a.d2h_gb
+        # engine.device_metrics sets the transfer volumes with exposed_memcpy_pct.
+        assert h2d_gb is not None and d2h_gb is not None, "exposed copies measured without their volumes"
         return [
             finding(
                 "offload_cost",
                 "warning",
                 f"offload cost: copies to and from pinned host memory run with no kernel beside them for "
-                f"{exposed:.1f}% {w.of_step} ({a.h2d_gb / w.steps:.2f} GB in and {a.d2h_gb / w.steps:.2f} GB out "
+                f"{exposed:.1f}% {w.of_step} ({h2d_gb / w.steps:.2f} GB in and {d2h_gb / w.steps:.2f} GB out "
                 f"{w.per_step}); overlap them with compute (separate stream, prefetch ahead of use) "
                 "or offload fewer layers",
                 exposed_memcpy_pct=exposed,
-                h2d_gb_per_step=a.h2d_gb / w.steps,
-                d2h_gb_per_step=a.d2h_gb / w.steps,
+                h2d_gb_per_step=h2d_gb / w.steps,
+                d2h_gb_per_step=d2h_gb / w.steps,
             )
         ]
     return [
@@ -327,10 +330,13 @@ def summary(a: ProfileAnalysis) -> list[str]:
         lines.append(f"steps from {window['source']}")
     if window.get("warmup_steps"):
         lines.append(f"warm-up excluded: {window.get('warmup_reason')}")
+    kernel_pct, memcpy_pct, memset_pct = a.kernel_time_pct, a.memcpy_time_pct, a.memset_time_pct
     if a.gpu_busy_pct is not None and window.get("duration_ns"):
-        kind = "compute" if a.kernel_time_pct >= 90 else "transfer"
+        # engine.device_metrics sets the operation shares together with gpu_busy_pct.
+        assert kernel_pct is not None and memcpy_pct is not None and memset_pct is not None, "device metrics incomplete"
+        kind = "compute" if kernel_pct >= 90 else "transfer"
         lines.append(
-            f"{a.kernel_time_pct:.1f}% kernels vs {a.memcpy_time_pct + a.memset_time_pct:.1f}% "
+            f"{kernel_pct:.1f}% kernels vs {memcpy_pct + memset_pct:.1f}% "
             f"memory operations: {kind}-dominated; GPU busy {a.gpu_busy_pct:.1f}% of {window_words(a)}"
         )
     return lines

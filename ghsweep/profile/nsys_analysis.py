@@ -202,7 +202,7 @@ def read_device_ops(con, schema: db.Schema, path: Path, health: list[str]) -> De
     sets = db.read_table(con, schema, db.MEMSET, db.GPU_COLUMNS)
     gpu = [(kernels, KERNEL_OP), (copies, MEMCPY_OP), (sets, MEMSET_OP)]
     pid, device = db.main_process_device([t for t, _ in gpu])
-    if pid is None:
+    if pid is None or device is None:  # both None together
         raise ProfileError(
             f"{path}: no GPU activity: the export has no kernels, copies or memsets (did the capture "
             "range run any GPU work?)"

@@ -210,7 +210,7 @@ def kernel_groups(con: sqlite3.Connection, kernels: Table, mask: np.ndarray | No
     ranked = [
         {
             "name": names.get(key, str(key)),
-            "short_name": names.get(first.get(key), str(first.get(key))),
+            "short_name": _string_or_id(names, first.get(key)),
             "total_ns": total,
             "count": count,
             "mean_ns": total / count,
@@ -219,6 +219,11 @@ def kernel_groups(con: sqlite3.Connection, kernels: Table, mask: np.ndarray | No
         for key, total, count, _ in groups
     ]
     return {"ranked": ranked, "count": len(dur), "total_ns": all_total, "short": sum(g[3] for g in groups)}
+
+
+def _string_or_id(names: dict[int, str], key: int | None) -> str:
+    """The string of id `key`, else the id itself in words ("None" for no id)."""
+    return str(key) if key is None else names.get(key, str(key))
 
 
 def string_values(con: sqlite3.Connection, ids) -> dict[int, str]:

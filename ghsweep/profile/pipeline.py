@@ -9,6 +9,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -89,8 +90,11 @@ def profile_files(run_dir: Path, plan: ProfilePlan, world_size: int) -> tuple[li
     """(the profiler's files to keep, the files the analysis reads): the PyTorch trace, or each
     rank's nsys report and its SQLite export."""
     if plan.used == "nsys":
+        nsys = plan.nsys_path
+        if nsys is None:
+            raise ProfilerUnavailable("the run's plan uses nsys but names no nsys path")
         reports = nsys_reports(run_dir, world_size)
-        exports = [capture.export_sqlite(plan.nsys_path, rep, plan.tool_prefix) for rep in reports]
+        exports = [capture.export_sqlite(nsys, rep, plan.tool_prefix) for rep in reports]
         return [*reports, *exports], exports
     trace = run_dir / TORCH_TRACE
     if not trace.exists():
@@ -143,6 +147,9 @@ def ncu_plan(top: list[dict]) -> tuple[int, bool, str]:
 def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Path, run_ncu_pass) -> tuple[Path, dict]:
     """Second, short run of the worker under ncu over one captured step, for a few launches of each
     of the top-k kernels; (raw CSV, {seconds, kernels, launches}: what the pass did)."""
+    ncu = plan.ncu_path
+    if ncu is None:
+        raise ProfilerUnavailable("ncu pass skipped: the run's plan names no ncu path")
     top = analyze(profile_file).top_kernels[: cfg.profile.ncu.top_k]
     if not top:
         raise ProfilerUnavailable("ncu pass skipped: the nsys profile has no kernels to pick from")
@@ -151,7 +158,8 @@ def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Pa
     work = run_dir / NCU_PASS_DIR
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
-    short = OmegaConf.to_container(cfg, resolve=True)
+    # A DictConfig converts to a dict (the stubs return every container type).
+    short = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     short["capture"]["num_steps"] = 1
     short["train"]["max_steps"] = short["capture"]["start_step"] + 2
     (work / CONFIG).write_text(OmegaConf.to_yaml(OmegaConf.create(short)))
@@ -161,17 +169,17 @@ def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Pa
     metrics = list(cfg.profile.ncu.metrics)
     section_set = cfg.profile.ncu.section_set
     started = time.monotonic()
-    prefix = capture.ncu_command(plan.ncu_path, report_path, names, launches, section_set, metrics, per_config)
+    prefix = capture.ncu_command(ncu, report_path, names, launches, section_set, metrics, per_config)
     if run_ncu_pass(prefix, work) != 0 and metrics:
         # A metric this GPU or ncu version does not know: the section set alone still gives time
         # and FLOPs (bytes then read 0 and the roofline says so).
         log.warning("ncu with profile.ncu.metrics failed; retrying with --set %s only", section_set)
-        prefix = capture.ncu_command(plan.ncu_path, report_path, names, launches, section_set, (), per_config)
+        prefix = capture.ncu_command(ncu, report_path, names, launches, section_set, (), per_config)
         run_ncu_pass(prefix, work)
     seconds = time.monotonic() - started
     if not report_path.exists():
         raise ProfilerUnavailable(
             f"the ncu pass failed (counters not readable, or no kernel matched {names}); see {work}/worker.log"
         )
-    csv_path = capture.ncu_raw_csv(plan.ncu_path, report_path, run_dir / capture.NCU_CSV, plan.tool_prefix)
+    csv_path = capture.ncu_raw_csv(ncu, report_path, run_dir / capture.NCU_CSV, plan.tool_prefix)
     return csv_path, {"seconds": seconds, "kernels": names, "launches": planned}

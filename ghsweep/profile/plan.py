@@ -107,6 +107,8 @@ def profiler_prefix(cfg: DictConfig, run_dir: Path, plan: ProfilePlan) -> list[s
     expands %q{RANK} from the rank's environment)."""
     if plan.used != "nsys":
         return []
+    if plan.nsys_path is None:
+        raise ConfigError("profile: the plan uses nsys but names no nsys path (resolve() sets one)")
     opts = cfg.profile.nsys
     um = cfg.memory.name == "unified" if opts.um_page_faults == "auto" else bool(opts.um_page_faults)
     report = capture.NSYS_REPORT if world_of(cfg).size == 1 else capture.NSYS_RANK_REPORT

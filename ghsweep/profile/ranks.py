@@ -22,6 +22,7 @@ import re
 import statistics
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from ghsweep.profile.findings import finding
 from ghsweep.profile.result import ProfileAnalysis
@@ -62,7 +63,8 @@ def combine(per_rank: dict[int, tuple[Path, ProfileAnalysis]], world_size: int) 
     is the base, the rows, means and findings are added."""
     ranks = sorted(per_rank)
     rows = [rank_row(r, *per_rank[r]) for r in ranks]
-    means = {
+    # Values for the AVERAGED fields of the analysis (float | None each), passed to replace() by name.
+    means: dict[str, Any] = {
         key: statistics.fmean(values) if (values := [row[key] for row in rows if row[key] is not None]) else None
         for key in AVERAGED
     }

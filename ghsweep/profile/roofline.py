@@ -178,7 +178,7 @@ def point(name: str, group: list[dict]) -> dict:
     bytes_ = {level: sum(_num(r, key) for r in group) for level, key in LEVELS.items()}
     top = peaks(first)
     if tensor:
-        dtype = max(tensor, key=tensor.get)
+        dtype = max(tensor, key=tensor.__getitem__)
         compute_peak = dense_tensor_peak(first, dtype) * _num(first, "sm__cycles_elapsed.avg.per_second")
     else:
         dtype, compute_peak = "fp32 (CUDA cores)", top["fp32_flops_per_s"]

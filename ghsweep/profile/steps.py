@@ -115,8 +115,9 @@ def from_ranges(ranges: list[tuple[str, int, int]], where: str) -> Steps | None:
         return None
     best = max(families, key=lambda k: (sum(e - s for s, e, _ in _outermost(families[k])), len(families[k])))
     kept = _outermost(families[best])
-    numbered = all(n is not None for _, _, n in kept) and len({n for _, _, n in kept}) == len(kept)
-    steps = [Step(n if numbered else i, s, e) for i, (s, e, n) in enumerate(kept)]
+    numbers = [n for _, _, n in kept if n is not None]
+    numbered = len(numbers) == len(kept) and len(set(numbers)) == len(kept)
+    steps = [Step(numbers[i] if numbered else i, s, e) for i, (s, e, _) in enumerate(kept)]
     return Steps(steps, NVTX_BASIS, f'{where} named like "{re.sub(r"[0-9]+", "N", names[best])}"')
 
 

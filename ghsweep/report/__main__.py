@@ -70,15 +70,16 @@ def main(argv: list[str] | None = None) -> int:
         elif args.assignment:
             parent = find_run(store, args.runs[0], ROLE_SWEEP)
             c = compare.build(parent.name, load_sweep(store, parent), args.baseline)
-            others = [i for i, s in enumerate(c.speedups) if s is not None and i != c.baseline]
-            if not others:
+            base = c.baseline
+            others = {i: s for i, s in enumerate(c.speedups) if s is not None and i != base}
+            if base is None or not others:  # no baseline: no speedups either
                 raise SweepNotFound(
                     f"sweep {args.runs[0]!r}: needs two finished runs for --assignment, has "
                     f"{sum(r.finished for r in c.runs)}"
                 )
-            optimised = c.runs[max(others, key=lambda i: c.speedups[i])]
-            files = assignment.write_assignment(c.runs[c.baseline], optimised, args.out)
-            print(assignment.summary(c.runs[c.baseline], optimised))
+            optimised = c.runs[max(others, key=others.__getitem__)]
+            files = assignment.write_assignment(c.runs[base], optimised, args.out)
+            print(assignment.summary(c.runs[base], optimised))
         else:
             parent = find_run(store, args.runs[0], ROLE_SWEEP)
             c, files = compare.compare_sweep(store, parent, args.out, args.baseline)

@@ -56,7 +56,8 @@ class Comparison:
 
     def number(self, i: int) -> int:
         """The run's job number in its sweep (its position where a job number is missing)."""
-        return self.runs[i].job_num if self.runs[i].job_num is not None else i
+        job_num = self.runs[i].job_num
+        return job_num if job_num is not None else i
 
     def label(self, i: int) -> str:
         run = self.runs[i]
@@ -65,8 +66,8 @@ class Comparison:
 
     @property
     def fastest(self) -> int | None:
-        ranked = [i for i, s in enumerate(self.speedups) if s is not None]
-        return max(ranked, key=lambda i: self.speedups[i]) if ranked else None
+        ranked = {i: s for i, s in enumerate(self.speedups) if s is not None}
+        return max(ranked, key=ranked.__getitem__) if ranked else None
 
 
 def choose_baseline(runs: list[SweepRun], spec: int | str | None) -> int | None:

@@ -10,6 +10,7 @@ import base64
 import html
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 STYLE = (
     "body{font-family:sans-serif;margin:1.5em;max-width:1400px}table{border-collapse:collapse;font-size:13px}"
@@ -17,37 +18,58 @@ STYLE = (
 )
 
 
+@dataclass(frozen=True)
+class TextBlock:
+    kind: Literal["heading", "paragraph"]
+    text: str
+
+
+@dataclass(frozen=True)
+class TableBlock:
+    header: list[str]
+    rows: list[list[str]]
+
+
+@dataclass(frozen=True)
+class ImageBlock:
+    alt: str
+    path: Path
+
+
+Block = TextBlock | TableBlock | ImageBlock
+
+
 @dataclass
 class Document:
     title: str
-    blocks: list[tuple[str, object]] = field(default_factory=list)
+    blocks: list[Block] = field(default_factory=list)
 
     def heading(self, text: str) -> None:
-        self.blocks.append(("heading", text))
+        self.blocks.append(TextBlock("heading", text))
 
     def paragraph(self, text: str) -> None:
-        self.blocks.append(("paragraph", text))
+        self.blocks.append(TextBlock("paragraph", text))
 
     def table(self, header: list[str], rows: list[list[str]]) -> None:
-        self.blocks.append(("table", (header, rows)))
+        self.blocks.append(TableBlock(header, rows))
 
     def image(self, alt: str, path: Path) -> None:
-        self.blocks.append(("image", (alt, path)))
+        self.blocks.append(ImageBlock(alt, path))
 
     def to_markdown(self, base_dir: Path) -> str:
         lines = [f"# {self.title}", ""]
-        for kind, value in self.blocks:
-            if kind == "heading":
-                lines += [f"## {value}", ""]
-            elif kind == "paragraph":
-                lines += [str(value), ""]
-            elif kind == "table":
-                header, rows = value
+        for block in self.blocks:
+            if isinstance(block, TextBlock) and block.kind == "heading":
+                lines += [f"## {block.text}", ""]
+            elif isinstance(block, TextBlock):
+                lines += [str(block.text), ""]
+            elif isinstance(block, TableBlock):
+                header, rows = block.header, block.rows
                 lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
                 lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
                 lines.append("")
             else:
-                alt, path = value
+                alt, path = block.alt, block.path
                 lines += [f"![{alt}]({path.relative_to(base_dir).as_posix()})", ""]
         return "\n".join(lines)
 
@@ -57,13 +79,13 @@ class Document:
             f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(self.title)}</title>"
             f"<style>{STYLE}</style></head><body><h1>{esc(self.title)}</h1>"
         ]
-        for kind, value in self.blocks:
-            if kind == "heading":
-                parts.append(f"<h2>{esc(str(value))}</h2>")
-            elif kind == "paragraph":
-                parts.append(f"<p>{esc(str(value))}</p>")
-            elif kind == "table":
-                header, rows = value
+        for block in self.blocks:
+            if isinstance(block, TextBlock) and block.kind == "heading":
+                parts.append(f"<h2>{esc(str(block.text))}</h2>")
+            elif isinstance(block, TextBlock):
+                parts.append(f"<p>{esc(str(block.text))}</p>")
+            elif isinstance(block, TableBlock):
+                header, rows = block.header, block.rows
                 parts.append(
                     "<table><tr>"
                     + "".join(f"<th>{esc(h)}</th>" for h in header)
@@ -73,7 +95,7 @@ class Document:
                 )
             else:
                 # Embedded, so the file reads the same in a browser, an e-mail or MLflow's artifact view.
-                alt, path = value
+                alt, path = block.alt, block.path
                 data = base64.b64encode(path.read_bytes()).decode()
                 parts.append(f'<img alt="{esc(alt)}" src="data:image/png;base64,{data}">')
         return "".join(parts) + "</body></html>"
