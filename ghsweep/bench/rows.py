@@ -197,14 +197,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     settings = ROWS[args.name]
     try:
-        runner = run_ours if settings["stack"] == "ours" else run_usual
-        result = runner(
-            [*settings["overrides"], *args.ours_override] if settings["stack"] == "ours" else settings,
-            args.seq,
-            args.steps,
-            args.warmup,
-            args.layers,
-        )
+        sizes = (args.seq, args.steps, args.warmup, args.layers)
+        if settings["stack"] == "ours":
+            result = run_ours([*settings["overrides"], *args.ours_override], *sizes)
+        else:
+            result = run_usual(settings, *sizes)
         result["ok"] = True
     except Exception as exc:  # a row that fails is reported in the table, not fatal to the benchmark
         traceback.print_exc()

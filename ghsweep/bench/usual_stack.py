@@ -35,14 +35,19 @@ def train_steps(
         vocab_size=shape.vocab_size,
         max_position_embeddings=max(seq_length, 4096),
         use_cache=False,
-        attn_implementation="sdpa",
+        # Accepted at run time (kept as _attn_implementation); transformers' annotated signature leaves it out.
+        attn_implementation="sdpa",  # type: ignore[call-arg]
     )
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
-        model = LlamaForCausalLM(config)
+        base = LlamaForCausalLM(config)
     torch.set_default_dtype(torch.float32)
+    model: torch.nn.Module = base
     if peft != "none":
         from peft import LoraConfig, get_peft_model
+
+        if lora is None:
+            raise ValueError(f"peft={peft}: LoRA adapters need `lora` (rank, alpha and targets)")
 
         adapters = LoraConfig(
             r=lora.r,
@@ -57,7 +62,7 @@ def train_steps(
 
         convert_to_float8_training(model, module_filter_fn=lambda m, fqn: "lm_head" not in fqn)
     if compile_layers:
-        base = model.get_base_model() if peft != "none" else model
+        # LoRA wraps the model in place: `base` is the PEFT model's base model.
         for layer in base.model.layers:
             layer.compile()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)

@@ -16,9 +16,10 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.base import DictKeyType
 
 SECRET_WORDS = ("password", "passwd", "token", "secret", "api_key", "apikey", "credential", "credentials")
 REDACTED = "***"
@@ -57,14 +58,16 @@ def remember(cfg: DictConfig | Mapping, overrides: Iterable[str] = ()) -> None:
     _install_log_redaction()
 
 
-def _plain(cfg: DictConfig | Mapping, key: str) -> Any:
+def _plain(cfg: DictConfig | Mapping, key: DictKeyType) -> Any:
     """cfg[key] as plain data, resolved where it resolves (an unset environment variable does not)."""
     if not isinstance(cfg, DictConfig):
         return cfg[key]
     node = cfg._get_node(key)
     for resolve in (True, False):
         try:
-            return OmegaConf.to_container(OmegaConf.create({"v": node}), resolve=resolve)["v"]
+            # A DictConfig's container is a dict (the stubs allow any container).
+            plain = cast("dict[str, Any]", OmegaConf.to_container(OmegaConf.create({"v": node}), resolve=resolve))
+            return plain["v"]
         except Exception:  # noqa: BLE001 - an interpolation that fails now fails in the run, with its own error
             continue
     return None

@@ -286,7 +286,7 @@ def make_dataloader(
 ) -> DataLoader:
     """Shuffled micro-batches; with several ranks each rank reads its own share of the blocks."""
     dataset = PackedDataset(blocks)
-    sampler = (
+    sampler: DistributedSampler[int] | None = (
         DistributedSampler(dataset, world_size, rank, shuffle=True, seed=seed, drop_last=True)
         if world_size > 1
         else None

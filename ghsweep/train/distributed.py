@@ -91,7 +91,10 @@ def parallelize(step: TrainStep, cfg: DictConfig, ranks: Ranks, mode: str) -> tu
     # false: a layer's gathered weights stay until its backward (one all-gather per step instead of two,
     # the full weights in memory as with DDP); true: resharded after forward (ZeRO-3, least memory).
     reshard = bool(cfg.backend.get("fsdp_reshard_after_forward", False))
-    for layer in step.decoder.layers:
+    layers = step.decoder.layers
+    if not isinstance(layers, nn.ModuleList):
+        raise TypeError(f"FSDP2 shards each decoder layer: the decoder's layers are a {type(layers).__name__}")
+    for layer in layers:
         fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(step, mp_policy=policy, reshard_after_forward=reshard)
     return step, mode

@@ -50,7 +50,8 @@ class FrozenFp8Linear(nn.Module):
         super().__init__()
         if linear.bias is not None or linear.weight.requires_grad:
             raise ValueError("FrozenFp8Linear takes a frozen linear layer without bias")
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.in_features: int = linear.in_features
+        self.out_features: int = linear.out_features
         weight, scale = _quantise(linear.weight.detach(), E4M3)
         self.register_buffer("weight_fp8", weight)
         self.register_buffer("weight_fp8_t", weight.t().contiguous())

@@ -37,7 +37,7 @@ def build_model(
     """
     if model_cfg.path:
         path = Path(model_cfg.path)
-        model = AutoModelForCausalLM.from_pretrained(
+        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
             path, attn_implementation=attn_implementation, dtype=dtype, device_map=device
         )
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -57,7 +57,8 @@ def build_model(
         eos_token_id=ByteTokenizer.eos_token_id,
         pad_token_id=ByteTokenizer.pad_token_id,
         use_cache=False,
-        attn_implementation=attn_implementation,
+        # Accepted at run time (kept as _attn_implementation); transformers' annotated signature leaves it out.
+        attn_implementation=attn_implementation,  # type: ignore[call-arg]
     )
     with torch.device(device), _default_dtype(dtype):
         model = LlamaForCausalLM(config)

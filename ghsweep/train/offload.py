@@ -96,6 +96,8 @@ class ActivationOffload:
         if not isinstance(value, _Parked):
             return value
         self._prefetch(index)  # not fetched ahead (fewer layers after it than the prefetch distance)
+        if value.ready is None or value.on_device is None:
+            raise RuntimeError(f"layer {index}: a parked tensor was unpacked but never fetched back to the GPU")
         current = torch.cuda.current_stream()
         current.wait_event(value.ready)
         value.on_device.record_stream(current)

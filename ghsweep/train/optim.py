@@ -70,6 +70,7 @@ class AdamStepsInBackward:
         if self.stream is not None:
             # The gradient (and every use of the weight in this backward) is queued before this point.
             self.stream.wait_stream(torch.cuda.current_stream())
+            assert param.grad is not None, "a post-accumulate-grad hook runs once the gradient is accumulated"
             param.grad.record_stream(self.stream)
         with torch.cuda.stream(self.stream):  # None (CPU): a no-op, the step runs where it is
             clip_gradients([param], self.max_norm, self.optimizers[param])
@@ -104,4 +105,5 @@ def clip_gradients(
         return
     norm = torch.nn.utils.get_total_norm(grads, foreach=True)
     # clip_grad_norm_ multiplies by min(1, max_norm / (norm + 1e-6)); the step divides by its inverse.
-    optimizer.grad_scale = ((norm.float() + 1e-6) / max_norm).clamp(min=1.0)
+    # Read by the fused optimizers' step (getattr), undeclared in torch's Optimizer annotations.
+    optimizer.grad_scale = ((norm.float() + 1e-6) / max_norm).clamp(min=1.0)  # type: ignore[attr-defined]

@@ -10,31 +10,34 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeAlias
 
 import torch
 
 from ghsweep.core.names import STEP_RANGE_PREFIX
 
+# A step's start or end: a recorded CUDA timing event on a GPU, else a perf_counter reading (seconds).
+Mark: TypeAlias = torch.cuda.Event | float
+
 
 class StepLog:
-    def __init__(self, path: Path | None, device: torch.device, tokens_per_step: int):
+    def __init__(self, path: str | Path | None, device: torch.device, tokens_per_step: int):
         """`path` None: measure without writing (a rank other than 0)."""
         self._file: IO[str] | None = open(path, "a", encoding="utf-8") if path else None
         self._cuda = device.type == "cuda"
         self._tokens_per_step = tokens_per_step
-        self._pending: list[tuple[int, torch.Tensor, object, object]] = []
+        self._pending: list[tuple[int, torch.Tensor, Mark, Mark]] = []
         self.losses: list[float] = []
         self.step_times_ms: list[float] = []
 
-    def start(self) -> object:
+    def start(self) -> Mark:
         if self._cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             return event
         return time.perf_counter()
 
-    def end(self, step: int, loss: torch.Tensor, started: object) -> None:
+    def end(self, step: int, loss: torch.Tensor, started: Mark) -> None:
         ended = self.start()
         self._pending.append((step, loss.detach(), started, ended))
 
@@ -45,10 +48,12 @@ class StepLog:
             torch.cuda.synchronize()
         rows = []
         for step, loss, started, ended in self._pending:
-            if self._cuda:
+            if isinstance(started, torch.cuda.Event) and isinstance(ended, torch.cuda.Event):  # self._cuda
                 ms = started.elapsed_time(ended)
-            else:
+            elif isinstance(started, float) and isinstance(ended, float):
                 ms = (ended - started) * 1000.0
+            else:
+                raise TypeError(f"a step's start and end were measured differently: {started!r}, {ended!r}")
             row = {"step": step, "loss": float(loss), "step_time_ms": ms, "tokens": self._tokens_per_step}
             if self._file:
                 self._file.write(json.dumps(row) + "\n")

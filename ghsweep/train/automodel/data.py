@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.core.run_dir import CONFIG
 from ghsweep.train.data import IGNORE_INDEX, PackedDataset, load_blocks
@@ -28,6 +28,8 @@ class ShiftedPackedDataset(PackedDataset):
 
 def packed_dolly(run_dir: str) -> ShiftedPackedDataset:
     cfg = OmegaConf.load(Path(run_dir) / CONFIG)
+    if not isinstance(cfg, DictConfig):
+        raise TypeError(f"{Path(run_dir) / CONFIG}: the run's config is a list, not a mapping")
     # On the CPU even inside the recipe's setup, which the backend runs under the CUDA device: the
     # dataloader's workers and pinned memory take host tensors.
     with torch.device("cpu"):

@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks.callback import Callback
 
 from ghsweep.core.names import STEP_RANGE_PREFIX
 from ghsweep.train.phases import Phases
-from ghsweep.train.step_log import StepLog
+from ghsweep.train.step_log import Mark, StepLog
 
 
 class StepMetricsCallback(Callback):
@@ -27,7 +27,7 @@ class StepMetricsCallback(Callback):
         self.log: StepLog | None = None
         self._phases: Phases | None = None
         self._step = contextlib.ExitStack()
-        self._started: object = None
+        self._started: Mark | None = None
         # Counted here rather than read from trainer.global_step, whose increment point depends on
         # the strategy's optimisation mode.
         self._steps_done = 0
@@ -47,18 +47,28 @@ class StepMetricsCallback(Callback):
         # Ranges only: NsysCallback owns the capture window.
         self._phases = Phases(device, capture_start=-1, capture_steps=0)
 
+    def _require_log(self) -> StepLog:
+        if self.log is None:
+            raise RuntimeError("a training hook ran before on_train_start")
+        return self.log
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if self._phases is None:
+            raise RuntimeError("a training hook ran before on_train_start")
         self._step.enter_context(self._phases.range(f"{STEP_RANGE_PREFIX}{self._steps_done}"))
-        self._started = self.log.start()
+        self._started = self._require_log().start()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if self._started is None:
+            raise RuntimeError("on_train_batch_end ran without on_train_batch_start")
+        log = self._require_log()
         step = self._steps_done
         self._steps_done += 1
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self.log.end(step, torch.as_tensor(loss), self._started)
+        log.end(step, torch.as_tensor(loss), self._started)
         self._step.close()
-        self.log.flush_due(step + 1, self.max_steps, self.log_every, progress=trainer.global_rank == 0)
+        log.flush_due(step + 1, self.max_steps, self.log_every, progress=trainer.global_rank == 0)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self.log.close()
+        self._require_log().close()
         self.train_ended_at = time.time()

@@ -97,6 +97,8 @@ def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocat
     # the same records (NeMo packs them differently, but every token still sees only its own document).
     blocks = dolly.load_blocks(cfg, load_tokenizer(cfg.model))
     flops = run_flops_per_token(model_shape(cfg.model), cfg, attended_keys_per_token(blocks.position_ids, True))
+    if metrics_cb.log is None:
+        raise RuntimeError("NeMo's trainer returned without starting training: no step was measured")
     return run_summary(
         cfg,
         metrics_cb.log,
