@@ -63,7 +63,7 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
     summary shows what finished, the parent run ends KILLED, and the exit status is 130 or 143.
     The comparison report is left out: a stopped process should stop soon.
     """
-    manifest = SweepManifest.load(sweep_dir)
+    manifest = SweepManifest.require(sweep_dir)
     store = MlflowStore(manifest.tracking_uri, manifest.experiment)
     if interrupt is not None:
         end_running_children(store, manifest.parent_run_id, "KILLED", interrupts.reason(interrupt))

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any, cast
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -184,7 +185,7 @@ def run_one(cfg: DictConfig) -> RunResult:
 
     slurm_tasks = slurm_task_ranks()
     rank = export_slurm_rendezvous() if slurm_tasks and slurm_tasks > 1 else 0
-    if rank > 0:
+    if slurm_tasks and rank > 0:  # rank > 0 only in a SLURM job of several tasks
         return run_rank(cfg, combo, rank, slurm_tasks)
 
     manifest = SweepManifest.load(combo.sweep_dir) if combo.in_sweep else None
@@ -230,7 +231,9 @@ def start_run(
         },
         parent_run_id=manifest.parent_run_id if manifest else None,
     )
-    store.log_params(run_id, {**combo.choices, **flatten(OmegaConf.to_container(cfg, resolve=True))})
+    store.log_params(
+        run_id, {**combo.choices, **flatten(cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True)))}
+    )
     return run_id
 
 

@@ -93,25 +93,29 @@ def job_failure(job: submitit.Job) -> tuple[str, str] | None:
         return "FAILED", f"SLURM job {job.job_id} ended {state}: {str(exc).strip().splitlines()[0]}"
     if returned.status == JobStatus.FAILED:
         # The task raised (Hydra's run_job keeps the exception): ghsweep could not record the run itself.
-        exc = returned._return_value
-        if isinstance(exc, JobTimeout):  # the time limit came before the run could record itself
-            return "FAILED", str(exc)
-        return "FAILED", f"SLURM job {job.job_id}: {type(exc).__name__}: {exc}"
+        raised = returned._return_value
+        if isinstance(raised, JobTimeout):  # the time limit came before the run could record itself
+            return "FAILED", str(raised)
+        return "FAILED", f"SLURM job {job.job_id}: {type(raised).__name__}: {raised}"
     return None
 
 
 def settle(sweep_dir: Path, jobs: list[tuple[SubmittedJob, submitit.Job]]) -> list[RunResult]:
     """The result of every finished job, recording in MLflow those that could not record themselves."""
-    manifest = SweepManifest.load(sweep_dir)
+    manifest = SweepManifest.require(sweep_dir)
     store = MlflowStore(manifest.tracking_uri, manifest.experiment)
-    results = []
+    results: list[RunResult] = []
     for submitted, job in jobs:
         run_dir = Path(submitted.run_dir)
         result = RunResult.load(run_dir) if (run_dir / RESULT).exists() else None
         failure = job_failure(job)
         if failure and (result is None or result.status != "FINISHED"):
             result = _record_lost(store, manifest, submitted, result, *failure)
-        if result.status != "FINISHED":
+        if result is None:
+            raise FileNotFoundError(
+                f"{run_dir / RESULT}: SLURM job {submitted.job_id} completed its task but its run recorded no result"
+            )
+        if result.status != "FINISHED" and result.mlflow_run_id is not None:
             store.log_artifacts(result.mlflow_run_id, [Path(submitted.stdout), Path(submitted.stderr)], "slurm")
         results.append(result)
     return results
@@ -136,7 +140,8 @@ def _record_lost(
     log.error("%s: %s: %s", submitted.name, status, reason)
     run_dir = Path(submitted.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if result is None or result.mlflow_run_id is None:
+    run_id = result.mlflow_run_id if result is not None else None
+    if result is None or run_id is None:
         run_id = store.start_run(
             submitted.name,
             ROLE_RUN,
@@ -159,7 +164,7 @@ def _record_lost(
     if result.error and result.status != "RUNNING":
         reason = f"{reason}; the job recorded: {result.error}"
     result.status, result.error = status, reason
-    store.log_artifacts(result.mlflow_run_id, [run_dir / WORKER_LOG])
-    store.end_run(result.mlflow_run_id, status, reason, {"ghsweep.slurm_job_id": submitted.job_id})
+    store.log_artifacts(run_id, [run_dir / WORKER_LOG])
+    store.end_run(run_id, status, reason, {"ghsweep.slurm_job_id": submitted.job_id})
     result.save()
     return result

@@ -20,15 +20,16 @@ import logging
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import submitit
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra.types import HydraContext
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
-from omegaconf import OmegaConf, open_dict
-from submitit.slurm.slurm import _make_sbatch_string
+from omegaconf import DictConfig, OmegaConf, open_dict
+from submitit.slurm.slurm import SlurmExecutor, _make_sbatch_string
 
 from ghsweep.config.world import world_of
 from ghsweep.core.errors import JobTimeout
@@ -66,6 +67,16 @@ class GhsweepLauncher:
     """Mixed into the plugin's launchers (not a subclass: Hydra's plugin scan imports the plugin's
     module a second time, so its classes exist twice and only the copy beside a launcher is its base)."""
 
+    # What the plugin's launcher (BaseSubmititLauncher) this is mixed into provides.
+    _EXECUTOR: str
+    params: dict[str, Any]
+    config: DictConfig
+    hydra_context: HydraContext
+
+    if TYPE_CHECKING:
+        # The plugin's remote side: the callable each submitted job runs.
+        def __call__(self, *args: Any, **kwargs: Any) -> JobReturn: ...
+
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """Called in the job when SLURM signals the time limit (submitit's checkpointing).
 
@@ -102,8 +113,9 @@ class GhsweepLauncher:
         if self._EXECUTOR != "slurm":
             return f"submitit {self._EXECUTOR} job with {parameters}", local_ranks_text(world)
         # The #SBATCH lines and the srun line submitit writes for this job array.
+        slurm_executor = cast(SlurmExecutor, executor._executor)  # AutoExecutor(cluster="slurm") holds one
         script = _make_sbatch_string(
-            command=executor._executor._submitit_command_str, folder=executor.folder, map_count=count, **parameters
+            command=slurm_executor._submitit_command_str, folder=executor.folder, map_count=count, **parameters
         ).splitlines()
         sbatch = "sbatch " + " ".join(line.removeprefix("#SBATCH ") for line in script if line.startswith("#SBATCH"))
         if world.size == 1:
@@ -135,7 +147,7 @@ class GhsweepLauncher:
             print(f"ghsweep: dry run, {len(combos)} combinations; nothing was submitted", flush=True)
             return [self._job_return(c, None) for c in combos]
 
-        manifest = SweepManifest.load(sweep_dir)
+        manifest = SweepManifest.require(sweep_dir)
         store = MlflowStore(manifest.tracking_uri, manifest.experiment)
         done: dict[int, RunResult] = {}
         for c in combos:

@@ -43,3 +43,13 @@ class SweepManifest:
     def load(cls, sweep_dir: Path) -> SweepManifest | None:
         path = sweep_dir / SWEEP_MANIFEST
         return cls(**json.loads(path.read_text())) if path.exists() else None
+
+    @classmethod
+    def require(cls, sweep_dir: Path) -> SweepManifest:
+        """The manifest of a sweep that must have one: its callback wrote it when the sweep started."""
+        manifest = cls.load(sweep_dir)
+        if manifest is None:
+            raise FileNotFoundError(
+                f"{sweep_dir / SWEEP_MANIFEST}: no sweep manifest; the sweep's callback writes it at sweep start"
+            )
+        return manifest

@@ -114,6 +114,7 @@ def run_worker(command: list[str], run_dir: Path, timeout_s: float | None, rank:
             start_new_session=True,
         )
         (run_dir / rank_file(WORKER_PID, rank)).write_text(str(proc.pid))
+        assert proc.stdout is not None, "the worker was started with stdout=PIPE"
         timed_out = threading.Event()
 
         def kill_on_timeout() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -109,6 +109,11 @@ def _save(axes, path: Path) -> Path:
     return path
 
 
+def _objective_value(i: int) -> Callable[[FrozenTrial], float]:
+    """A trial's value of objective i, the target of a plot of one objective."""
+    return lambda t: t.values[i]
+
+
 def plots(study: optuna.Study, settings: TuneSettings, out_dir: Path) -> list[Path]:
     """History of each objective, knob importances, and the Pareto front of two objectives."""
     files: list[Path] = []
@@ -117,9 +122,7 @@ def plots(study: optuna.Study, settings: TuneSettings, out_dir: Path) -> list[Pa
     for i, objective in enumerate(settings.objectives):
         files.append(
             _save(
-                optuna_plots.plot_optimization_history(
-                    study, target=lambda t, i=i: t.values[i], target_name=objective.metric
-                ),
+                optuna_plots.plot_optimization_history(study, target=_objective_value(i), target_name=objective.metric),
                 out_dir / f"history_{objective.metric}.png",
             )
         )

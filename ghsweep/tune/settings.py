@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Literal, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ghsweep.core.errors import TuneConfigError
 
-DIRECTIONS = ("maximize", "minimize")
+Direction = Literal["maximize", "minimize"]
+DIRECTIONS: tuple[Direction, ...] = ("maximize", "minimize")
 SAMPLERS = ("tpe", "random")
 
 
 @dataclass(frozen=True)
 class Objective:
     metric: str
-    direction: str
+    direction: Direction
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,8 @@ def _number(key: str, value: object) -> float:
     return float(value)
 
 
-def _as_list(value: object) -> list:
-    return list(OmegaConf.to_container(value)) if isinstance(value, ListConfig) else [value]
+def _as_list(value: object) -> list[Any]:
+    return cast(list[Any], OmegaConf.to_container(value)) if isinstance(value, ListConfig) else [value]
 
 
 def _objectives(metric: object, direction: object) -> list[Objective]:

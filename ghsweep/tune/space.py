@@ -34,13 +34,17 @@ def _distribution(override: Override) -> BaseDistribution:
     key = override.get_key_element()
     if isinstance(value, RangeSweep):
         values = list(override.sweep_iterator())
-        if not values or not all(isinstance(v, int) for v in values):
+        ints = [v for v in values if isinstance(v, int)]
+        if not ints or len(ints) < len(values):
             raise SpaceError(
                 f"{override.input_line}: a tuned range needs integer bounds and at least one value, "
                 f"e.g. {key}=range(0,33,4); for floats use {key}=interval(lo,hi)"
             )
-        return IntDistribution(min(values), max(values), step=abs(value.step) if len(values) > 1 else 1)
+        # Integer values come only from an integer start and step.
+        return IntDistribution(min(ints), max(ints), step=int(abs(value.step)) if len(ints) > 1 else 1)
     if isinstance(value, IntervalSweep):
+        if value.start is None or value.end is None:
+            raise SpaceError(f"{override.input_line}: an interval needs both bounds, e.g. {key}=interval(lo,hi)")
         return FloatDistribution(float(value.start), float(value.end), log="log" in value.tags)
     if override.is_discrete_sweep():
         return CategoricalDistribution(list(override.sweep_string_iterator()))
@@ -48,6 +52,11 @@ def _distribution(override: Override) -> BaseDistribution:
         f"{override.input_line}: not a sweep the tune sweeper can search; accepted: a=x,y, "
         "choice(x,y), range(start,stop,step), interval(lo,hi), tag(log,interval(lo,hi))"
     )
+
+
+def _input_line(override: Override) -> str:
+    assert override.input_line is not None, "the overrides parser keeps each override's text"
+    return override.input_line
 
 
 @dataclass(frozen=True)
@@ -63,7 +72,7 @@ class SearchSpace:
             by_key[override.get_key_element()] = override
         distributions = {k: _distribution(o) for k, o in by_key.items() if o.is_sweep_override()}
         fixed = [
-            o.input_line
+            _input_line(o)
             for k, o in by_key.items()
             if not o.is_sweep_override() and not k.lstrip("+~").startswith(TUNE_PREFIX)
         ]

@@ -9,10 +9,12 @@ and comparison work as for a grid. Hydra instantiates it from hydra_plugins.ghsw
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 import optuna
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.plugins import Plugins
+from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
@@ -49,6 +51,11 @@ def end_sweep_run(sweep_dir: Path, error: str) -> None:
 
 
 class TuneSweeper(Sweeper):
+    # Set by setup(), which Hydra calls before sweep().
+    hydra_context: HydraContext
+    config: DictConfig
+    launcher: Launcher
+
     def __init__(self, params: dict[str, str] | None = None) -> None:
         # Presets give their search space here (hydra.sweeper.params), as for Hydra's basic sweeper.
         self.params = dict(params or {})
@@ -85,10 +92,13 @@ class TuneSweeper(Sweeper):
             return
 
         study = open_study(settings, space, cfg.hydra.runtime.cwd)
-        manifest = SweepManifest.load(sweep_dir)
+        manifest = SweepManifest.require(sweep_dir)
         store = MlflowStore(manifest.tracking_uri, manifest.experiment)
         store.set_tags(manifest.parent_run_id, {STUDY_TAG: study.study_name, "ghsweep.tune.storage": settings.storage})
-        store.log_params(manifest.parent_run_id, {f"tune.{k}": v for k, v in OmegaConf.to_container(cfg.tune).items()})
+        store.log_params(
+            manifest.parent_run_id,
+            {f"tune.{k}": v for k, v in cast(dict[str, Any], OmegaConf.to_container(cfg.tune)).items()},
+        )
         print(
             f"ghsweep tune: study {study.study_name} ({settings.storage}): {trials_done(study)} of "
             f"{settings.trials} trials done before this sweep",
