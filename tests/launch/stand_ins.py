@@ -5,11 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
-
 from ghsweep.core.gpu import GpuInfo
-from tests.conftest import CONF_DIR
 
 # No container runtime is installed here: this stands in for `singularity exec [--nv] [--bind B]...
 # [--env K=V]... IMAGE CMD...`, running CMD on this machine with the image's tools (IMAGE.bin/) first
@@ -41,9 +37,3 @@ def tool(directory: Path, name: str) -> Path:
 
 # A node's GPU as nvidia-smi reports it (ghsweep.core.gpu.probe_gpu): what the job plans with on a GPU node.
 NODE_GPU = GpuInfo("NVIDIA H200", (9, 0), 139.8, 139.0, 1)
-
-
-def compose_config(*overrides: str) -> DictConfig:
-    """The config `python -m ghsweep OVERRIDES` composes (without Hydra's runtime)."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))

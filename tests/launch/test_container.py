@@ -16,7 +16,8 @@ from ghsweep.launch.container import check_container, container_prefix, tool_fin
 from ghsweep.launch.plan import node_plan
 from ghsweep.launch.worker_process import worker_command
 from ghsweep.profile import capture
-from tests.launch.stand_ins import NODE_GPU, compose_config, fake_runtime
+from tests.conftest import compose_config
+from tests.launch.stand_ins import NODE_GPU, fake_runtime
 
 
 def test_no_image_runs_the_worker_on_the_host(tmp_path):

@@ -15,8 +15,8 @@ import pytest
 from ghsweep.core.errors import ConfigError
 from ghsweep.launch.plan import dry_run_plans, node_plan
 from ghsweep.profile.plan import resolve
-from tests.conftest import run_cli
-from tests.launch.stand_ins import NODE_GPU, compose_config, fake_runtime, tool
+from tests.conftest import compose_config, run_cli
+from tests.launch.stand_ins import NODE_GPU, fake_runtime, tool
 
 
 def blocks(stdout: str) -> list[list[str]]:
