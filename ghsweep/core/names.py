@@ -10,6 +10,8 @@ ROLE_RUN = "run"
 # Every training step is an NVTX / record_function range named f"{STEP_RANGE_PREFIX}{n}"; the profile
 # analysis finds steps by it and the job reads the worker's progress lines by it.
 STEP_RANGE_PREFIX = "step "
+# The ranges inside each step (train/phases.py records them, the profile analysis reads them).
+PHASES = ("data", "forward", "backward", "optimizer")
 
 # Tags of ghsweep's MLflow runs that more than one stage writes or reads (the full list is in README).
 RUN_DIR_TAG = "ghsweep.run_dir"

@@ -6,9 +6,6 @@ directory; they agree on file names by importing them from here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
 CONFIG = "config.yaml"  # the composed config, as Hydra saves it (.hydra/config.yaml is also kept)
 OVERRIDES = "overrides.yaml"
 RUN_PLAN = "run_plan.json"  # what the job decided for this combination; the worker reads it
@@ -35,31 +32,3 @@ TUNE_ANSWER = "best.txt"
 
 # What a finished combination logs to MLflow from its directory, when present.
 ARTIFACTS = (CONFIG, OVERRIDES, WORKER_LOG, REPORT, METRICS, SUMMARY, RESULT, RECIPE_TXT, RECIPE_JSON)
-
-
-@dataclass(frozen=True)
-class RunDir:
-    path: Path
-
-    def __truediv__(self, name: str) -> Path:
-        return self.path / name
-
-    @property
-    def summary(self) -> Path:
-        return self.path / SUMMARY
-
-    @property
-    def result(self) -> Path:
-        return self.path / RESULT
-
-    @property
-    def worker_log(self) -> Path:
-        return self.path / WORKER_LOG
-
-    @property
-    def worker_error(self) -> Path:
-        return self.path / WORKER_ERROR
-
-    @property
-    def metrics(self) -> Path:
-        return self.path / METRICS

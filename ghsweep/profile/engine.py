@@ -33,7 +33,6 @@ GAP_CAUSES = ("sync", "host_wait", "unified_memory", "data_loading", "launch_lat
 MEMCPY_KIND = {1: "HtoD", 2: "DtoH", 8: "DtoD", 10: "PtoP", 11: "UM HtoD", 12: "UM DtoH", 13: "UM DtoD"}
 UM_KINDS = (11, 12, 13)
 MEM_KIND = {0: "pageable", 1: "pinned", 2: "device", 4: "managed", 7: "unknown"}
-PHASES = ("data", "forward", "backward", "optimizer")
 WHOLE_TRACE_KERNELS = 50
 TIME_MAPPED = (
     "no CUDA runtime API calls with correlation ids: the steps were mapped onto the GPU by time, not "

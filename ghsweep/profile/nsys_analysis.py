@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 
 from ghsweep.core.errors import ProfileError, first_line
+from ghsweep.core.names import PHASES
 from ghsweep.profile import kernel_kinds
 from ghsweep.profile import nsys_db as db
 from ghsweep.profile import steps as step_finder
 from ghsweep.profile.engine import (
     MEMCPY_KIND,
-    PHASES,
     UM_KINDS,
     GapEvidence,
     Intervals,

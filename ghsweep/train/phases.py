@@ -16,8 +16,6 @@ import torch
 
 from ghsweep.core.names import STEP_RANGE_PREFIX
 
-PHASES = ("data", "forward", "backward", "optimizer")
-
 
 class Phases:
     def __init__(self, device: torch.device, capture_start: int, capture_steps: int):

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.core.backends import backend_named
 from ghsweep.core.errors import first_line
-from ghsweep.core.run_dir import CONFIG, RunDir
+from ghsweep.core.run_dir import CONFIG, WORKER_ERROR
 from ghsweep.core.run_plan import RunPlan
 
 
@@ -28,10 +28,10 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m ghsweep.train.worker RUN_DIR", file=sys.stderr)
         return 2
-    run_dir = RunDir(Path(argv[1]))
+    run_dir = Path(argv[1])
     ready_at = time.time()
     try:
-        plan = RunPlan.load(run_dir.path)
+        plan = RunPlan.load(run_dir)
         cfg = OmegaConf.load(run_dir / CONFIG)
         if not isinstance(cfg, DictConfig):
             raise ValueError(f"{run_dir / CONFIG}: a list; accepted: the mapping of a composed config")
@@ -43,12 +43,12 @@ def main(argv: list[str]) -> int:
             from ghsweep.train.unified_memory import setup_unified_memory
 
             managed = setup_unified_memory(cfg.memory, plan.gpu)
-        summary = backend.train(cfg, plan, run_dir.path, managed)
+        summary = backend.train(cfg, plan, run_dir, managed)
     except BaseException as exc:
         rank = os.environ.get("RANK")
         message = first_line(exc) if rank is None else f"rank {rank}: {first_line(exc)}"
         # With several ranks the first to fail explains the run; the others often fail because of it.
-        with contextlib.suppress(FileExistsError), open(run_dir.worker_error, "x") as error_file:
+        with contextlib.suppress(FileExistsError), open(run_dir / WORKER_ERROR, "x") as error_file:
             error_file.write(json.dumps({"type": type(exc).__name__, "message": message}))
         traceback.print_exc()
         return 1
@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
     if int(os.environ.get("RANK", 0)) == 0:
         # setup_at: when the backend began its setup, its imports done (startup as the job counts it).
         summary.timing.update(ready_at=ready_at, import_s=summary.timing["setup_at"] - ready_at)
-        summary.save(run_dir.path)
+        summary.save(run_dir)
     return 0
 
 
