@@ -4,10 +4,29 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
-from mlflow.tracking import MlflowClient
-
+from ghsweep.core.names import ROLE_SWEEP
+from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 from tests.conftest import run_cli
+
+
+def sweep_run(db: Path) -> tuple[MlflowStore, StoredRun]:
+    """The store at `db` (read across its experiments) and the one sweep it holds."""
+    store = MlflowStore(f"sqlite:///{db}", None)
+    (parent,) = store.search(role=ROLE_SWEEP)
+    return store, parent
+
+
+def rebuild(cwd: Path, name: str, db: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python -m ghsweep.report NAME ARGS` in `cwd`, against the store at `db`."""
+    return subprocess.run(
+        [sys.executable, "-m", "ghsweep.report", name, *args, "--tracking-uri", f"sqlite:///{db}"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_sweep_end_writes_logs_and_prints_the_comparison(smoke_sweep):
@@ -37,11 +56,9 @@ def test_sweep_end_writes_logs_and_prints_the_comparison(smoke_sweep):
     (sweep_dir,) = [p.parent for p in cwd.glob("multirun/*/*/comparison")]
     md = (sweep_dir / "comparison" / "comparison.md").read_text()
     assert md.count("| FINISHED |") == 4
-    client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("ghsweep")
-    (parent,) = client.search_runs([exp.experiment_id], "tags.`ghsweep.role` = 'sweep'")
-    assert parent.data.tags["ghsweep.baseline"] == "#0 fp32 off"
-    logged = {a.path for a in client.list_artifacts(parent.info.run_id, "comparison/plots")}
+    store, parent = sweep_run(cwd / "mlflow.db")
+    assert parent.tags["ghsweep.baseline"] == "#0 fp32 off"
+    logged = store.artifact_paths(parent.run_id, "comparison/plots")
     assert {
         "comparison/plots/speedup.png",
         "comparison/plots/loss_curves.png",
@@ -54,44 +71,12 @@ def test_report_command_rebuilds_the_same_report_from_mlflow_alone(smoke_sweep, 
     (sweep_dir,) = [p.parent for p in cwd.glob("multirun/*/*/comparison")]
     name = "/".join(sweep_dir.parts[-2:])  # the sweep's name without its "sweep " prefix
     # Elsewhere, with the run directories out of reach: only the tracking store is read.
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ghsweep.report",
-            name,
-            "--out",
-            "again",
-            "--tracking-uri",
-            f"sqlite:///{cwd / 'mlflow.db'}",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = rebuild(tmp_path, name, cwd / "mlflow.db", "--out", "again")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("4 of 4 combinations finished.\nBaseline: #0 fp32 off (")
     rebuilt = (tmp_path / "again" / "comparison.md").read_text()
     assert rebuilt == (sweep_dir / "comparison" / "comparison.md").read_text()
-    with_other_baseline = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ghsweep.report",
-            name,
-            "--out",
-            "b3",
-            "--baseline",
-            "3",
-            "--tracking-uri",
-            f"sqlite:///{cwd / 'mlflow.db'}",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    with_other_baseline = rebuild(tmp_path, name, cwd / "mlflow.db", "--out", "b3", "--baseline", "3")
     assert with_other_baseline.returncode == 0
     assert "Baseline: #3 bf16 on (" in with_other_baseline.stdout
 
@@ -104,8 +89,6 @@ def test_bad_baseline_is_one_line_and_the_sweep_still_finishes(tmp_path):
         "report.baseline=7: matches no combination of this sweep; accepted: a job number (0) or "
         "the overrides of one combination, e.g. 'experiment=smoke peft=lora train.max_steps=2'"
     )
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("ghsweep")
-    (parent,) = client.search_runs([exp.experiment_id], "tags.`ghsweep.role` = 'sweep'")
-    assert parent.info.status == "FINISHED"
-    assert parent.data.tags["ghsweep.report_error"].startswith("report.baseline=7: matches no combination")
+    _, parent = sweep_run(tmp_path / "mlflow.db")
+    assert parent.status == "FINISHED"
+    assert parent.tags["ghsweep.report_error"].startswith("report.baseline=7: matches no combination")

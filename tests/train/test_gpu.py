@@ -92,17 +92,20 @@ def test_fp8_replaces_decoder_linears():
     assert base == {"FrozenFp8Linear"} and "Linear" in adapters, (base, adapters)
 
 
+# A model whose activations are large enough for offloading and recompute to show in peak memory.
+BIG = [
+    "model.hidden_size=1024",
+    "model.intermediate_size=2816",
+    "model.num_attention_heads=8",
+    "model.num_key_value_heads=8",
+    "train.seq_length=1024",
+    "precision=bf16",
+]
+
+
 def test_offload_keeps_losses_and_lowers_memory(tmp_path):
-    big = [
-        "model.hidden_size=1024",
-        "model.intermediate_size=2816",
-        "model.num_attention_heads=8",
-        "model.num_key_value_heads=8",
-        "train.seq_length=1024",
-        "precision=bf16",
-    ]
-    off_losses, off = train(tmp_path, *big, "offload=off")
-    on_losses, on = train(tmp_path, *big, "offload=on", "offload.num_layers=3")
+    off_losses, off = train(tmp_path, *BIG, "offload=off")
+    on_losses, on = train(tmp_path, *BIG, "offload=on", "offload.num_layers=3")
     print(
         f"offload: peak {off['metrics']['peak_mem_gb']:.3f} -> {on['metrics']['peak_mem_gb']:.3f} GiB, "
         f"{on['info']['offload_gb_per_step']:.3f} GiB/step to host"
@@ -113,15 +116,7 @@ def test_offload_keeps_losses_and_lowers_memory(tmp_path):
 
 
 def test_activation_memory_budget_lowers_memory_and_keeps_losses(tmp_path):
-    big = [
-        "model.hidden_size=1024",
-        "model.intermediate_size=2816",
-        "model.num_attention_heads=8",
-        "model.num_key_value_heads=8",
-        "train.seq_length=1024",
-        "precision=bf16",
-        "train.compile=true",
-    ]
+    big = [*BIG, "train.compile=true"]
     full_losses, full = train(tmp_path, *big)
     half_losses, half = train(tmp_path, *big, "train.activation_memory_budget=0.5")
     print(f"budget 0.5: peak {full['metrics']['peak_mem_gb']:.3f} -> {half['metrics']['peak_mem_gb']:.3f} GiB")
