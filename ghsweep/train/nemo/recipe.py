@@ -349,8 +349,8 @@ def _map_train(recipe: Any, cfg: DictConfig, run_dir: Path) -> None:
     trainer.limit_val_batches = 0
     trainer.val_check_interval = None
     trainer.enable_checkpointing = False
-    # NeMo's asynchronous checkpoint wrapper is built even when nothing is saved, and it needs
-    # megatron-core's tensorstore strategy, which megatron-core 0.16 no longer has.
+    # NeMo's asynchronous checkpoint wrapper is built even when nothing is saved, and it imports
+    # megatron-core's tensorstore strategy (gone from megatron-core 0.16; an optional package before).
     trainer.strategy.ckpt_async_save = False
     recipe.log.ckpt = None
     recipe.log.tensorboard = None

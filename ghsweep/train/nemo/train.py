@@ -1,7 +1,8 @@
 """The worker side of backend=nemo: write the data, compose the recipe, run it, summarise the run.
 
-Training needs CUDA (Megatron's gradient buffers) and, for Llama's fused rope, Transformer Engine:
-it runs in a NeMo container on GPU nodes. Everything before `fit` runs anywhere NeMo imports.
+Training needs CUDA (Megatron's gradient buffers). With Transformer Engine (the NeMo container) it
+uses NeMo's own layer spec; without it, Megatron's local spec with PyTorch attention
+(`recipe._use_local_spec`, `without_te`). Everything before `fit` runs anywhere NeMo imports.
 Nothing here loads transformers or peft (the torch backend's model): the pieces both backends use
 live in light modules (data, device, flops, summary).
 """
@@ -30,7 +31,9 @@ from ghsweep.train.nemo.recipe import (
     llama_architecture,
     model_shape,
     save_recipe,
+    transformer_engine_available,
 )
+from ghsweep.train.nemo.without_te import allow_lora_without_te
 from ghsweep.train.summary import run_peak_gib, run_summary
 from ghsweep.train.tokenizer import load_tokenizer
 
@@ -86,6 +89,8 @@ def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocat
     examples = write_dataset(cfg, run_dir / DATASET_DIR)
     if cfg.model.path:
         import_hf_model(cfg.model)
+    if cfg.peft.name == "lora" and not transformer_engine_available():
+        allow_lora_without_te()
     recipe = build_recipe(cfg, run_dir)
     save_recipe(recipe, run_dir)
     finetune = fdl.build(recipe)

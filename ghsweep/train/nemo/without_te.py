@@ -1,0 +1,32 @@
+"""What NeMo 2's LoRA needs to wrap Megatron's local (non Transformer Engine) layers.
+
+NeMo 2.7.3 asks two questions of every layer LoRA matches, and both go wrong without Transformer
+Engine:
+
+- `LoRA.transform` (nemo/collections/llm/peft/lora.py) compares `m.__class__ == te.Linear`.
+  Megatron's local layers are not `nn.Linear`, so the comparison is reached, and `te` is NeMo's
+  placeholder, whose every attribute raises `UnavailableError`.
+- `get_adapter_attributes_from_linear` (nemo/collections/llm/peft/utils.py) trusts its `HAVE_TE`,
+  which is true whenever `megatron.core.extensions.transformer_engine` imports; without the package
+  that module still imports, with placeholders for the TE layers, so `isinstance` gets a non-type.
+
+Both only ask whether a layer is a Transformer Engine layer; where that package is missing the
+answer is no, and NeMo's own branch for Megatron's Column/RowParallelLinear takes over.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+
+class _AbsentTELinear:
+    """Stands for `transformer_engine.pytorch.Linear` where it is not installed: no layer is one."""
+
+
+def allow_lora_without_te() -> None:
+    """Let NeMo's LoRA wrap Megatron's local layers; call only where Transformer Engine is missing."""
+    from nemo.collections.llm.peft import lora, utils
+
+    lora.te = SimpleNamespace(Linear=_AbsentTELinear)
+    lora.HAVE_TE = False
+    utils.HAVE_TE = False
