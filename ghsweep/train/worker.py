@@ -8,10 +8,10 @@ the plan says what the job decided (device, profiler, data parallelism), nothing
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -22,6 +22,24 @@ from ghsweep.core.backends import backend_named
 from ghsweep.core.errors import first_line
 from ghsweep.core.run_dir import CONFIG, WORKER_ERROR
 from ghsweep.core.run_plan import RunPlan
+
+
+def record_error(run_dir: Path, error: dict[str, str], started_at: float) -> None:
+    """worker_error.json, unless another rank of this attempt wrote it first: with several ranks the
+    first to fail explains the run (the others often fail because of it). A file older than this
+    worker is an earlier attempt's in the same run directory (a fixed hydra.run.dir run again): it
+    would name the wrong failure, so it is replaced."""
+    path = run_dir / WORKER_ERROR
+    text = json.dumps(error)
+    try:
+        with open(path, "x") as error_file:
+            error_file.write(text)
+    except FileExistsError:
+        if path.stat().st_mtime >= started_at:
+            return
+        with tempfile.NamedTemporaryFile("w", dir=run_dir, prefix=".worker_error.", delete=False) as tmp:
+            tmp.write(text)
+        os.replace(tmp.name, path)
 
 
 def main(argv: list[str]) -> int:
@@ -47,9 +65,7 @@ def main(argv: list[str]) -> int:
     except BaseException as exc:
         rank = os.environ.get("RANK")
         message = first_line(exc) if rank is None else f"rank {rank}: {first_line(exc)}"
-        # With several ranks the first to fail explains the run; the others often fail because of it.
-        with contextlib.suppress(FileExistsError), open(run_dir / WORKER_ERROR, "x") as error_file:
-            error_file.write(json.dumps({"type": type(exc).__name__, "message": message}))
+        record_error(run_dir, {"type": type(exc).__name__, "message": message}, ready_at)
         traceback.print_exc()
         return 1
     # Rank 0 writes the run's summary (it holds every rank's step times); other ranks only train.

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,20 @@ def test_a_failing_loop_still_closes_the_trace_and_the_step_log(tmp_path):
     assert [json.loads(line)["step"] for line in (tmp_path / METRICS).read_text().splitlines()] == [0]
     names = {e.get("name") for e in json.loads((tmp_path / TORCH_TRACE).read_text())["traceEvents"]}
     assert {"step 0", "step 1"} <= names
+
+
+def test_a_failure_replaces_an_earlier_attempts_error_but_not_another_ranks(tmp_path):
+    (tmp_path / "config.yaml").write_text("seed: 0\n")
+    error_file = tmp_path / WORKER_ERROR
+    # An earlier attempt in the same run directory (hydra.run.dir fixed, the run started again).
+    error_file.write_text(json.dumps({"type": "OutOfMemoryError", "message": "CUDA out of memory"}))
+    os.utime(error_file, (0, 0))
+    assert run_worker(tmp_path).returncode == 1
+    assert json.loads(error_file.read_text())["type"] == "FileNotFoundError"
+    # Another rank of this attempt, started before that file was written (its mtime set past this
+    # worker's start), fails later and keeps the first rank's reason.
+    later = time.time() + 600
+    os.utime(error_file, (later, later))
+    assert run_worker(tmp_path, RANK="1").returncode == 1
+    assert not json.loads(error_file.read_text())["message"].startswith("rank 1: ")
+    assert not list(tmp_path.glob(".worker_error.*"))
