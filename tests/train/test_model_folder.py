@@ -37,7 +37,12 @@ def hf_folder(tmp_path_factory):
         eos_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(folder)
+    model = LlamaForCausalLM(config)
+    # Trained norms are not the initial 1.0: a conversion that skips them shows.
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            torch.nn.init.uniform_(param, 0.5, 1.5)
+    model.save_pretrained(folder)
     assert (folder / "model.safetensors").exists()
     return folder
 

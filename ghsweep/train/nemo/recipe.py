@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from ghsweep.config.validate import model_facts
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import METRICS, RECIPE_JSON, RECIPE_TXT
 from ghsweep.train.flops import ModelShape
+from ghsweep.train.nemo.without_te import use_local_spec
 
 # LoRA targets: transformers' module names -> Megatron's fused linear layers. Megatron fuses
 # q/k/v into one GEMM and gate/up into another, so a LoRA target is all of a group or none of it.
@@ -167,7 +169,7 @@ def _map_model(recipe: Any, cfg: DictConfig) -> None:
     m = cfg.model
     c = recipe.model.config
     if not transformer_engine_available():
-        _use_local_spec(c)
+        use_local_spec(c)
     arch = llama_architecture(m)
     c.num_layers = arch["num_hidden_layers"]
     c.hidden_size = arch["hidden_size"]
@@ -178,7 +180,10 @@ def _map_model(recipe: Any, cfg: DictConfig) -> None:
     c.rotary_base = arch["rope_theta"]
     c.share_embeddings_and_output_weights = arch["tie_word_embeddings"]
     if m.path:
-        # A Hugging Face folder: the worker converts it once into NeMo's model cache (`hf_import_path`).
+        # A Hugging Face folder: the worker converts it once into NeMo's model cache (`hf_import_path`),
+        # into a model of this config. NeMo pads the vocabulary to a multiple of this divisor; its
+        # importer picks one that leaves the checkpoint's vocabulary unpadded, and so must training.
+        c.make_vocab_size_divisible_by = vocab_divisor(arch["vocab_size"])
         recipe.model.tokenizer = run.Config(AutoTokenizer, pretrained_model_name=str(m.path))
         recipe.resume = run.Config(
             nl.AutoResume, restore_config=run.Config(nl.RestoreConfig, path=str(hf_import_path(m.path)))
@@ -235,15 +240,61 @@ def model_shape(model: DictConfig) -> ModelShape:
     )
 
 
-def _use_local_spec(c: Any) -> None:
-    """Megatron's layers without Transformer Engine: PyTorch attention, and no fusion that needs TE or apex."""
-    from ghsweep.train.nemo.attention import local_layer_spec
+def vocab_divisor(vocab_size: int) -> int:
+    """The largest power of two up to 128 that divides `vocab_size` (NeMo's Llama importer's rule)."""
+    divisor = 128
+    while vocab_size % divisor:
+        divisor //= 2
+    return divisor
 
-    c.transformer_layer_spec = local_layer_spec
-    c.apply_rope_fusion = False
-    c.gradient_accumulation_fusion = False
-    c.persist_layer_norm = False
-    c.masked_softmax_fusion = False
+
+def llama_folder_importer(folder: str, model_config: Any) -> Any:
+    """NeMo's Hugging Face Llama importer for `folder`, converting into a model of `model_config`
+    (the recipe's, built), kept in the checkpoint's dtype: the model the run trains, on the layers it
+    trains on. NeMo's own importer derives the config from the checkpoint itself, with Transformer
+    Engine's defaults and transformers 4's config attributes."""
+    import dataclasses
+
+    import torch
+    from nemo.collections.llm.gpt.model.llama import HFLlamaImporter
+
+    dtype = getattr(torch, json.loads((Path(folder) / "config.json").read_text()).get("torch_dtype") or "float32")
+    config = dataclasses.replace(
+        model_config, params_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16
+    )
+
+    class LlamaFolderImporter(HFLlamaImporter):
+        @property
+        def config(self) -> Any:
+            return config
+
+        def convert_state(self, source: Any, target: Any) -> Any:
+            converted = super().convert_state(source, target)
+            if not transformer_engine_available():
+                copy_local_layer_norms(source, converted)
+            return converted
+
+    return LlamaFolderImporter(folder)
+
+
+# Megatron's local layer norms -> the Hugging Face Llama layer's.
+LOCAL_NORM = re.compile(r"decoder\.layers\.(\d+)\.(input_layernorm|pre_mlp_layernorm)\.weight$")
+HF_NORM = {"input_layernorm": "input_layernorm", "pre_mlp_layernorm": "post_attention_layernorm"}
+
+
+def copy_local_layer_norms(source: Any, target: Any) -> int:
+    """The decoder layers' RMSNorm weights of the Hugging Face model `source` into NeMo's `target` on
+    Megatron's local layers; how many. NeMo's importer maps them onto Transformer Engine's fused
+    norm+linear layers only, and without those leaves them at their initial value (with a warning)."""
+    import torch
+
+    copied = 0
+    with torch.no_grad():
+        for name, param in target.named_parameters():
+            if match := LOCAL_NORM.search(name):
+                param.copy_(getattr(source.model.layers[int(match[1])], HF_NORM[match[2]]).weight)
+                copied += 1
+    return copied
 
 
 def hf_import_path(model_path: str) -> Path:

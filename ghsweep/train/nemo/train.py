@@ -2,7 +2,7 @@
 
 Training needs CUDA (Megatron's gradient buffers). With Transformer Engine (the NeMo container) it
 uses NeMo's own layer spec; without it, Megatron's local spec with PyTorch attention
-(`recipe._use_local_spec`, `without_te`). Everything before `fit` runs anywhere NeMo imports.
+(`without_te`). Everything before `fit` runs anywhere NeMo imports.
 Nothing here loads transformers or peft (the torch backend's model): the pieces both backends use
 live in light modules (data, device, flops, summary).
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -28,7 +29,7 @@ from ghsweep.train.nemo.recipe import (
     DATASET_DIR,
     build_recipe,
     hf_import_path,
-    llama_architecture,
+    llama_folder_importer,
     model_shape,
     save_recipe,
     transformer_engine_available,
@@ -55,25 +56,14 @@ def write_dataset(cfg: DictConfig, root: Path) -> int:
     return len(splits["training.jsonl"])
 
 
-def import_hf_model(model: DictConfig) -> None:
-    """Convert a Hugging Face folder into NeMo's model cache once (NeMo skips it when present).
+def import_hf_model(model: DictConfig, recipe: Any) -> None:
+    """Convert the Hugging Face folder `model.path` into NeMo's model cache once (skipped when it
+    is there), into the model `recipe` trains."""
+    import fiddle as fdl
 
-    NeMo's Llama importer reads the folder's config.json itself; the model passed here only picks
-    that importer, and is given the same shape so nothing suggests another.
-    """
-    from nemo.collections import llm
-
-    if hf_import_path(model.path).exists():
-        return
-    a = llama_architecture(model)
-    config = llm.LlamaConfig(
-        num_layers=a["num_hidden_layers"],
-        hidden_size=a["hidden_size"],
-        ffn_hidden_size=a["intermediate_size"],
-        num_attention_heads=a["num_attention_heads"],
-        num_query_groups=a["num_key_value_heads"],
-    )
-    llm.import_ckpt(model=llm.LlamaModel(config), source=f"hf://{model.path}")
+    target = hf_import_path(model.path)
+    if not target.exists():
+        llama_folder_importer(str(model.path), fdl.build(recipe.model.config))(output_path=target)
 
 
 def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None) -> RunSummary:
@@ -87,12 +77,12 @@ def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocat
     if cfg.precision.name == "fp32":
         torch.backends.cuda.matmul.allow_tf32 = bool(cfg.precision.allow_tf32)
     examples = write_dataset(cfg, run_dir / DATASET_DIR)
-    if cfg.model.path:
-        import_hf_model(cfg.model)
     if cfg.peft.name == "lora" and not transformer_engine_available():
         allow_lora_without_te()
     recipe = build_recipe(cfg, run_dir)
     save_recipe(recipe, run_dir)
+    if cfg.model.path:
+        import_hf_model(cfg.model, recipe)
     finetune = fdl.build(recipe)
     metrics_cb = next(c for c in finetune.keywords["trainer"].callbacks if isinstance(c, StepMetricsCallback))
     finetune()

@@ -1,7 +1,11 @@
-"""What NeMo 2's LoRA needs to wrap Megatron's local (non Transformer Engine) layers.
+"""NeMo 2 on Megatron's local (non Transformer Engine) layers: what its model config and its LoRA
+need where Transformer Engine is not installed.
 
-NeMo 2.7.3 asks two questions of every layer LoRA matches, and both go wrong without Transformer
-Engine:
+NeMo's Llama defaults assume Transformer Engine (its layer spec, its fused rope). `use_local_spec`
+switches a model config to Megatron's local layers with PyTorch attention (the recipe applies it).
+
+NeMo 2.7.3's LoRA then asks two questions of every layer it matches, and both go wrong without
+Transformer Engine (`allow_lora_without_te`):
 
 - `LoRA.transform` (nemo/collections/llm/peft/lora.py) compares `m.__class__ == te.Linear`.
   Megatron's local layers are not `nn.Linear`, so the comparison is reached, and `te` is NeMo's
@@ -17,6 +21,18 @@ answer is no, and NeMo's own branch for Megatron's Column/RowParallelLinear take
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
+
+
+def use_local_spec(config: Any) -> None:
+    """Megatron's layers without Transformer Engine: PyTorch attention, and no fusion that needs TE or apex."""
+    from ghsweep.train.nemo.attention import local_layer_spec
+
+    config.transformer_layer_spec = local_layer_spec
+    config.apply_rope_fusion = False
+    config.gradient_accumulation_fusion = False
+    config.persist_layer_norm = False
+    config.masked_softmax_fusion = False
 
 
 class _AbsentTELinear:

@@ -1,5 +1,6 @@
-"""backend=nemo without Transformer Engine: NeMo's LoRA wraps Megatron's local layers
-(ghsweep.train.nemo.without_te), checked on CPU on a 2-layer Llama-shaped GPTModel."""
+"""backend=nemo without Transformer Engine (ghsweep.train.nemo.without_te), checked on CPU: NeMo's LoRA
+wraps Megatron's local layers of a 2-layer Llama-shaped GPTModel, and a Hugging Face checkpoint is
+imported onto those layers in the checkpoint's own shape."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from tests.nemo import nemo_llm  # noqa: F401  (the fixture)
+from tests.train.test_model_folder import hf_folder  # noqa: F401  (the fixture: a 2-layer Llama folder)
 
 pytestmark = [pytest.mark.nemo, pytest.mark.usefixtures("nemo_llm")]
 
@@ -93,3 +95,40 @@ def test_lora_wraps_every_local_layer_and_trains_only_its_adapters():
         "adapter.linear_in.weight",
         "adapter.linear_out.weight",
     }
+
+
+@pytest.mark.usefixtures("model_parallel")
+def test_a_checkpoint_is_converted_onto_the_local_layers_in_its_own_shape(tmp_path, hf_folder):  # noqa: F811
+    import fiddle as fdl
+    from transformers import AutoModelForCausalLM
+
+    from ghsweep.train.nemo.attention import local_layer_spec
+    from ghsweep.train.nemo.recipe import build_recipe, llama_folder_importer
+    from tests.conftest import compose_config
+
+    cfg = compose_config("backend=nemo", f"model.path={hf_folder}", "train.seq_length=256")
+    importer = llama_folder_importer(str(hf_folder), fdl.build(build_recipe(cfg, tmp_path).model.config))
+    # What the importer's apply does before saving, without the GPU its save needs.
+    target = importer.init()
+    config = target.config
+    assert (config.num_layers, config.hidden_size, config.ffn_hidden_size) == (2, 64, 176)
+    assert config.transformer_layer_spec is local_layer_spec
+    # NeMo's Llama default, which fails without Transformer Engine ("apply_rope_fusion is not available").
+    assert config.apply_rope_fusion is False
+    config.use_cpu_initialization = True  # this test's only change: no GPU here
+    target.configure_model()
+    source = AutoModelForCausalLM.from_pretrained(hf_folder)
+    converted = dict(importer.convert_state(source, target).named_parameters())
+
+    def nemo(name: str) -> torch.Tensor:
+        return next(p for n, p in converted.items() if n.endswith(name))
+
+    layer = source.model.layers[1]
+    torch.testing.assert_close(nemo("embedding.word_embeddings.weight"), source.model.embed_tokens.weight)
+    torch.testing.assert_close(
+        nemo("decoder.layers.1.self_attention.linear_proj.weight"), layer.self_attn.o_proj.weight
+    )
+    # The norms NeMo maps onto Transformer Engine's fused layers only: the checkpoint's, not 1.0.
+    for ours, theirs in (("input_layernorm", "input_layernorm"), ("pre_mlp_layernorm", "post_attention_layernorm")):
+        assert not torch.all(getattr(layer, theirs).weight == 1)
+        torch.testing.assert_close(nemo(f"decoder.layers.1.{ours}.weight"), getattr(layer, theirs).weight)
