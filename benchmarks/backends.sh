@@ -37,7 +37,7 @@ for run_dir in sorted(p for p in sweep.iterdir() if (p / "config.yaml").exists()
         error = run_dir / "worker_error.json"
         rows[backend] = {"row": backend, "ok": False,
                          "error": json.loads(error.read_text())["message"] if error.exists() else "no summary.json"}
-print(json.dumps({"command": command.replace(str(sweep), "SWEEP_DIR"), "exit_status": status,
+print(json.dumps({"command": command.replace(str(sweep.parent), "WORK_DIR"), "exit_status": status,
                   "workload": "Llama-2-7B shape, random weights, seq 4096, micro-batch 1, LoRA r=16 on all 7 projections, "
                               "bf16, dolly_synthetic packed with a document mask",
                   "rows": rows}, indent=1))

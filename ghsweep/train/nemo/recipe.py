@@ -19,7 +19,7 @@ from ghsweep.config.validate import model_facts
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import METRICS, RECIPE_JSON, RECIPE_TXT
 from ghsweep.train.flops import ModelShape
-from ghsweep.train.nemo.without_te import use_local_spec
+from ghsweep.train.nemo.compat import use_local_spec
 
 # LoRA targets: transformers' module names -> Megatron's fused linear layers. Megatron fuses
 # q/k/v into one GEMM and gate/up into another, so a LoRA target is all of a group or none of it.

@@ -2,7 +2,7 @@
 
 Training needs CUDA (Megatron's gradient buffers). With Transformer Engine (the NeMo container) it
 uses NeMo's own layer spec; without it, Megatron's local spec with PyTorch attention
-(`without_te`). Everything before `fit` runs anywhere NeMo imports.
+(`compat`). Everything before `fit` runs anywhere NeMo imports.
 Nothing here loads transformers or peft (the torch backend's model): the pieces both backends use
 live in light modules (data, device, flops, summary).
 """
@@ -24,6 +24,7 @@ from ghsweep.train import data as dolly
 from ghsweep.train.attention import attended_keys_per_token
 from ghsweep.train.device import peak_memory_gib
 from ghsweep.train.flops import run_flops_per_token
+from ghsweep.train.nemo.compat import allow_lora_without_te, track_nemo_auto_tokenizer
 from ghsweep.train.nemo.metrics import StepMetricsCallback
 from ghsweep.train.nemo.recipe import (
     DATASET_DIR,
@@ -34,7 +35,6 @@ from ghsweep.train.nemo.recipe import (
     save_recipe,
     transformer_engine_available,
 )
-from ghsweep.train.nemo.without_te import allow_lora_without_te
 from ghsweep.train.summary import run_peak_gib, run_summary
 from ghsweep.train.tokenizer import load_tokenizer
 
@@ -79,6 +79,8 @@ def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocat
     examples = write_dataset(cfg, run_dir / DATASET_DIR)
     if cfg.peft.name == "lora" and not transformer_engine_available():
         allow_lora_without_te()
+    if cfg.model.path:
+        track_nemo_auto_tokenizer()
     recipe = build_recipe(cfg, run_dir)
     save_recipe(recipe, run_dir)
     if cfg.model.path:

@@ -1,5 +1,5 @@
-"""NeMo 2 on Megatron's local (non Transformer Engine) layers: what its model config and its LoRA
-need where Transformer Engine is not installed.
+"""What NeMo 2.7.3 needs on a stack it was not released for: no Transformer Engine (Megatron's
+local layers), and transformers 5.
 
 NeMo's Llama defaults assume Transformer Engine (its layer spec, its fused rope). `use_local_spec`
 switches a model config to Megatron's local layers with PyTorch attention (the recipe applies it).
@@ -46,3 +46,30 @@ def allow_lora_without_te() -> None:
     lora.te = SimpleNamespace(Linear=_AbsentTELinear)
     lora.HAVE_TE = False
     utils.HAVE_TE = False
+
+
+def track_nemo_auto_tokenizer() -> None:
+    """Make NeMo's AutoTokenizer serialisable into a NeMo checkpoint's context, as NeMo 2.7.3 does
+    under transformers 4 (a no-op there).
+
+    nemo/lightning/io/registry.py registers it (`track_io`) in one block with transformers' Llama
+    tokenizer classes, importing `transformers.models.llama.tokenization_llama_fast`, which
+    transformers 5 no longer has: the block is skipped whole, and saving a model whose tokenizer is
+    NeMo's AutoTokenizer (any `model.path` run) fails with `UnserializableValueError`. Call before
+    the first tokenizer is built: `track_io` wraps the class's `__init__` to record its arguments.
+    """
+    from nemo.collections.common.tokenizers import AutoTokenizer
+    from nemo.lightning.io.artifact import DirOrStringArtifact, FileArtifact
+    from nemo.lightning.io.mixin import track_io
+
+    if hasattr(AutoTokenizer, "__io_artifacts__"):  # tracked already: transformers 4, or an earlier call
+        return
+    # NeMo's own registration (registry.py).
+    track_io(
+        AutoTokenizer,
+        artifacts=[
+            FileArtifact("vocab_file", required=False),
+            FileArtifact("merges_file", required=False),
+            DirOrStringArtifact("pretrained_model_name", required=False),
+        ],
+    )

@@ -1,4 +1,4 @@
-"""backend=nemo without Transformer Engine (ghsweep.train.nemo.without_te), checked on CPU: NeMo's LoRA
+"""backend=nemo without Transformer Engine (ghsweep.train.nemo.compat), checked on CPU: NeMo's LoRA
 wraps Megatron's local layers of a 2-layer Llama-shaped GPTModel, and a Hugging Face checkpoint is
 imported onto those layers in the checkpoint's own shape."""
 
@@ -50,8 +50,8 @@ def test_lora_wraps_every_local_layer_and_trains_only_its_adapters():
     from nemo.collections.llm.peft.lora import LoRALinear
 
     from ghsweep.train.nemo.attention import local_layer_spec
+    from ghsweep.train.nemo.compat import allow_lora_without_te
     from ghsweep.train.nemo.recipe import transformer_engine_available
-    from ghsweep.train.nemo.without_te import allow_lora_without_te
 
     assert not transformer_engine_available(), "this test is about an environment without Transformer Engine"
     torch.manual_seed(0)
@@ -132,3 +132,17 @@ def test_a_checkpoint_is_converted_onto_the_local_layers_in_its_own_shape(tmp_pa
     for ours, theirs in (("input_layernorm", "input_layernorm"), ("pre_mlp_layernorm", "post_attention_layernorm")):
         assert not torch.all(getattr(layer, theirs).weight == 1)
         torch.testing.assert_close(nemo(f"decoder.layers.1.{ours}.weight"), getattr(layer, theirs).weight)
+
+
+def test_nemo_s_auto_tokenizer_is_serialisable_into_a_checkpoint_context(hf_folder):  # noqa: F811
+    from fiddle._src.experimental import serialization
+    from nemo.collections.common.tokenizers import AutoTokenizer
+
+    from ghsweep.train.nemo.compat import track_nemo_auto_tokenizer
+
+    track_nemo_auto_tokenizer()
+    track_nemo_auto_tokenizer()  # twice, as two runs in one process would: still one registration
+    tokenizer = AutoTokenizer(str(hf_folder))
+    # What NeMo's checkpoint save does with the model's tokenizer: its recorded arguments, as JSON.
+    config = tokenizer.__io__
+    assert str(hf_folder) in serialization.dump_json(config)
