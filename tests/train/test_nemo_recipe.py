@@ -327,3 +327,15 @@ def test_serialised_recipe_reloads(tmp_path):
     reloaded.model.config.apply_rope_fusion = False
     assert fdl.build(reloaded.model.config).cpu_offloading_num_layers == 4
     assert json.loads((tmp_path / RECIPE_JSON).read_text())  # plain JSON on disk
+
+
+def test_every_rank_finds_the_packed_data_where_rank_0_writes_it(tmp_path):
+    import fiddle as fdl
+
+    recipe, _ = recipe_of(tmp_path)
+    # Each rank builds the recipe in its own process: its own tokenizer object, the same files.
+    ranks = [fdl.build(recipe.data) for _ in range(2)]
+    for data in ranks:
+        data.tokenizer = fdl.build(recipe.model.tokenizer)  # what llm.finetune hands the data module
+    assert ranks[0].train_path_packed == ranks[1].train_path_packed
+    assert ranks[0].train_path_packed.parent == tmp_path / "nemo_data" / "packed" / "byte_level"

@@ -381,7 +381,14 @@ def _map_data(recipe: Any, cfg: DictConfig, run_dir: Path, packed_length: int) -
         num_workers=dl.num_workers,
         pin_memory=dl.pin_memory,
         persistent_workers=dl.persistent_workers and dl.num_workers > 0,
-        packed_sequence_specs=run.Config(PackedSequenceSpecs, packed_sequence_size=packed_length),
+        # NeMo names the packed file's folder after the tokenizer, or `hash(tokenizer)` for one it
+        # does not know (the byte-level one): a different folder in every rank's process, so with
+        # several ranks only rank 0's is ever written and the others fail to load theirs.
+        packed_sequence_specs=run.Config(
+            PackedSequenceSpecs,
+            packed_sequence_size=packed_length,
+            tokenizer_model_name=Path(cfg.model.path).name if cfg.model.path else "byte_level",
+        ),
         dataset_kwargs={"pad_to_max_length": True},
     )
 
