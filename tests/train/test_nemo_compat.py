@@ -50,7 +50,7 @@ def test_lora_wraps_every_local_layer_and_trains_only_its_adapters():
     from nemo.collections.llm.peft.lora import LoRALinear
 
     from ghsweep.train.nemo.attention import local_layer_spec
-    from ghsweep.train.nemo.compat import allow_lora_without_te
+    from ghsweep.train.nemo.compat import allow_lora_without_te, use_local_spec
     from ghsweep.train.nemo.recipe import transformer_engine_available
 
     assert not transformer_engine_available(), "this test is about an environment without Transformer Engine"
@@ -62,13 +62,11 @@ def test_lora_wraps_every_local_layer_and_trains_only_its_adapters():
         num_attention_heads=4,
         num_query_groups=4,
         use_cpu_initialization=True,
-        apply_rope_fusion=False,
-        gradient_accumulation_fusion=False,
-        persist_layer_norm=False,
-        masked_softmax_fusion=False,
+        apply_rope_fusion=False,  # checked on construction; use_local_spec sets it again with the rest
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
     )
+    use_local_spec(config)
     model = GPTModel(config, transformer_layer_spec=local_layer_spec(config), vocab_size=256, max_sequence_length=64)
     model.requires_grad_(False)  # what NeMo's PEFT callback does before its transform
 
