@@ -26,6 +26,7 @@ DEFAULT_ROWS = [
     "ours_lora_bf16",
     "ours_lora_bf16_causal",
     "ours_full_bf16",
+    "ours_full_bf16_adamw",
     "ours_lora_fp8",
     "ours_full_fp8",
     "ours_lora_offload8",

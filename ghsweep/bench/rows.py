@@ -52,6 +52,14 @@ ROWS: dict[str, dict] = {
     "ours_full_bf16": {"stack": "ours", "overrides": ["peft=none", "precision=bf16"]},
     "ours_lora_fp8": {"stack": "ours", "overrides": ["peft=lora", "precision=fp8"]},
     "ours_full_fp8": {"stack": "ours", "overrides": ["peft=none", "precision=fp8"]},
+    # Full fine-tuning's AdamW side by side (the default is adamw_sr): torch's fused AdamW, which drops
+    # most of its updates to bf16 weights, and torchao's with 8-bit states.
+    "ours_full_bf16_adamw": {"stack": "ours", "overrides": ["peft=none", "precision=bf16", "train.optimizer=adamw"]},
+    "ours_full_bf16_adamw8bit": {
+        "stack": "ours",
+        "overrides": ["peft=none", "precision=bf16", "train.optimizer=adamw8bit"],
+    },
+    "ours_full_fp8_adamw": {"stack": "ours", "overrides": ["peft=none", "precision=fp8", "train.optimizer=adamw"]},
     "ours_lora_offload8": {
         "stack": "ours",
         "overrides": ["peft=lora", "precision=bf16", "offload=on", "offload.num_layers=8"],

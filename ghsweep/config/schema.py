@@ -50,6 +50,7 @@ class TrainSchema:
     compile: Literal["auto", True, False]  # auto: on a GPU only
     attention: Literal["auto", "flex", "cudnn", "flash", "efficient", "math"]  # ghsweep/train/attention.py
     activation_memory_budget: Ratio  # below 1.0 needs compiled layers
+    optimizer: Literal["auto", "adamw", "adamw_sr", "adamw8bit"]  # ghsweep/train/optim.py
     optimizer_in_backward: bool  # not with precision=fp16
 
 

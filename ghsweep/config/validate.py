@@ -169,6 +169,11 @@ def _validate_train(cfg: DictConfig, model: ModelFacts, on_gpu: bool) -> None:
             "train.optimizer_in_backward=true: fp16's loss scaling must see every gradient before "
             "any step; accepted with precision=fp16: false"
         )
+    if t.optimizer == "adamw_sr" and cfg.precision.name in ("fp32", "fp16"):
+        raise ConfigError(
+            f"train.optimizer=adamw_sr: stochastic rounding is for bf16 weights, and precision={cfg.precision.name} "
+            f"trains fp32 ones; accepted with precision={cfg.precision.name}: auto, adamw, adamw8bit"
+        )
     if t.seq_length > model.max_position_embeddings:
         raise ConfigError(
             f"train.seq_length={t.seq_length}: longer than {model.source} supports; "

@@ -6,6 +6,18 @@ linearly over `train.lr_warmup_ratio` of the steps, then decays to `train.min_lr
 peak: cosine (NeMo's and most recipes' choice), linear, or constant. Gradients are clipped to a
 global norm of `train.grad_clip` (1.0 in NeMo and transformers' Trainer).
 
+`train.optimizer` picks what steps the weights. A bf16 weight keeps 8 significant bits, so rounding
+a step's result to the nearest bf16 drops every update smaller than half the weight's last bit: for
+a weight of 0.02 that is 6.1e-5, and AdamW's update is about the learning rate, 5e-6 for Llama-2-7B
+full fine-tuning. torch's AdamW on bf16 weights applies 7% of its update there (30 steps over
+N(0, 0.02) weights, against the same steps in fp32; tests/train/test_optim.py). torchao's AdamW
+with bf16 stochastic rounding rounds up with the probability of the remainder, so every update
+lands in expectation, at the memory of pure bf16 (no fp32 master weights). `auto` takes it for full
+fine-tuning in bf16 and torch's fused AdamW otherwise: LoRA's adapters start at or near zero, where
+bf16 steps are fine, and torchao steps tensor by tensor while torch's fused kernel takes all of a
+model's hundreds of adapter tensors at once. `adamw8bit` is torchao's AdamW8bit (8-bit states: 2
+bytes a parameter less), also stochastically rounded.
+
 With `train.optimizer_in_backward` (AdamStepsInBackward) each tensor is stepped by its own AdamW as
 soon as its gradient is accumulated, while backward goes on through earlier layers, and its gradient
 is freed at once: the optimizer's memory traffic hides behind backward compute and the gradients of
@@ -17,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -35,12 +48,31 @@ def lr_factor(step: int, max_steps: int, schedule: str, warmup_ratio: float, min
     return min_ratio + (1 - min_ratio) * decay
 
 
+def optimizer_for(choice: str, peft: str, trained_dtype: torch.dtype) -> str:
+    """What `train.optimizer=choice` steps in this run: adamw, adamw_sr or adamw8bit."""
+    if choice != "auto":
+        return choice
+    return "adamw_sr" if peft == "none" and trained_dtype == torch.bfloat16 else "adamw"
+
+
 def make_optimizer(
-    params: Iterable[torch.nn.Parameter], train: DictConfig, device: torch.device
+    params: Iterable[torch.nn.Parameter], train: DictConfig, device: torch.device, kind: str = "adamw"
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    optimizer = torch.optim.AdamW(
-        list(params), lr=train.lr, weight_decay=train.weight_decay, fused=device.type == "cuda"
-    )
+    """AdamW of `kind` (see `optimizer_for`) over `params`, with its learning-rate schedule."""
+    optimizer: Any
+    if kind == "adamw":
+        optimizer = torch.optim.AdamW(
+            list(params), lr=train.lr, weight_decay=train.weight_decay, fused=device.type == "cuda"
+        )
+    else:
+        # torchao's plain AdamW is `_AdamW`: named for its quantized training, it takes any weights.
+        from torchao.optim import AdamW8bit, _AdamW
+
+        torchao_adamw = AdamW8bit if kind == "adamw8bit" else _AdamW
+        # Rounds only bf16 weights stochastically (others are stepped as they are).
+        optimizer = torchao_adamw(
+            list(params), lr=train.lr, weight_decay=train.weight_decay, bf16_stochastic_round=True
+        )
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
         lambda step: lr_factor(step, train.max_steps, train.lr_schedule, train.lr_warmup_ratio, train.min_lr_ratio),
@@ -56,13 +88,15 @@ class AdamStepsInBackward:
     backward kernels of earlier layers instead of after all of them.
     """
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], train: DictConfig, device: torch.device):
+    def __init__(
+        self, params: Iterable[torch.nn.Parameter], train: DictConfig, device: torch.device, kind: str = "adamw"
+    ):
         self.max_norm = train.grad_clip
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.optimizers: dict[torch.nn.Parameter, torch.optim.Optimizer] = {}
         self.schedules = []
         for param in params:
-            self.optimizers[param], schedule = make_optimizer([param], train, device)
+            self.optimizers[param], schedule = make_optimizer([param], train, device, kind)
             self.schedules.append(schedule)
             param.register_post_accumulate_grad_hook(self._step)
 

@@ -4,8 +4,9 @@ On a GPU each knob does what its name says: precision sets parameter dtypes and 
 (precision.py, fp8.py), offload parks the first layers' activations in pinned host memory
 (offload.py), memory=unified serves every CUDA allocation from managed memory (unified_memory.py),
 and train.compile compiles each decoder layer and the loss (train.activation_memory_budget: how
-much of their saved activations the compiled layers keep). The optimizer is fused AdamW (optim.py),
-or with train.optimizer_in_backward one AdamW per tensor stepped during backward. With several ranks
+much of their saved activations the compiled layers keep). The optimizer is AdamW (optim.py:
+torch's fused one, or torchao's with stochastic rounding for bf16 weights, train.optimizer), or with
+train.optimizer_in_backward one AdamW per tensor stepped during backward. With several ranks
 (torchrun or SLURM tasks) each trains its share of the data under DDP or FSDP2 (distributed.py) and
 rank 0 writes the records.
 
@@ -36,7 +37,7 @@ from ghsweep.train.flops import ModelShape, run_flops_per_token
 from ghsweep.train.loss import causal_lm_loss
 from ghsweep.train.model import apply_peft, build_model, count_parameters
 from ghsweep.train.offload import ActivationOffload
-from ghsweep.train.optim import AdamStepsInBackward, make_optimizer
+from ghsweep.train.optim import AdamStepsInBackward, make_optimizer, optimizer_for
 from ghsweep.train.phases import Phases
 from ghsweep.train.precision import Precision
 from ghsweep.train.step_log import StepLog
@@ -63,14 +64,18 @@ class Model:
 
 
 class OptimizerStep:
-    """One optimizer step after backward: fused AdamW with its schedule, or (train.optimizer_in_backward)
-    the end of the per-tensor AdamW steps that ran during backward."""
+    """One optimizer step after backward: AdamW (`kind`, see optim.optimizer_for) with its schedule, or
+    (train.optimizer_in_backward) the end of the per-tensor AdamW steps that ran during backward."""
 
-    def __init__(self, trained: list[nn.Parameter], train_cfg: DictConfig, device: torch.device, precision: Precision):
+    def __init__(
+        self, trained: list[nn.Parameter], train_cfg: DictConfig, device: torch.device, precision: Precision, kind: str
+    ):
         self._trained, self._grad_clip, self._precision = trained, train_cfg.grad_clip, precision
-        self._in_backward = AdamStepsInBackward(trained, train_cfg, device) if train_cfg.optimizer_in_backward else None
+        self._in_backward = (
+            AdamStepsInBackward(trained, train_cfg, device, kind) if train_cfg.optimizer_in_backward else None
+        )
         if self._in_backward is None:
-            self._optimizer, self._schedule = make_optimizer(trained, train_cfg, device)
+            self._optimizer, self._schedule = make_optimizer(trained, train_cfg, device, kind)
 
     def __call__(self) -> None:
         if self._in_backward is not None:
@@ -112,10 +117,11 @@ def _train(
     attention = attn.PackedAttention(
         attn.resolve(cfg.train.attention, cfg.data.packing_mask, device.type), cfg.data.packing_mask
     )
-    model = build(cfg, plan, ranks, device, precision, attention)
+    optimizer = optimizer_for(cfg.train.optimizer, cfg.peft.name, precision.trained_dtype)
+    model = build(cfg, plan, ranks, device, precision, attention, optimizer)
     blocks = dolly.load_blocks(cfg, model.tokenizer)
     loader = make_loader(cfg, blocks, ranks, device)
-    optimizer_step = OptimizerStep(model.trained_parameters(), cfg.train, device, precision)
+    optimizer_step = OptimizerStep(model.trained_parameters(), cfg.train, device, precision, optimizer)
     # The global batch: every rank trains micro_batch_size blocks per step.
     tokens_per_step = cfg.train.micro_batch_size * cfg.train.seq_length * ranks.world_size
     log = StepLog(run_dir / METRICS if ranks.is_main else None, device, tokens_per_step)
@@ -170,6 +176,7 @@ def _train(
             "compiled": model.compiled,
             "attention": attention.implementation,
             "data_parallel": model.data_parallel or "none",
+            "optimizer": optimizer,
         },
     )
     if ranks.world_size > 1:
@@ -206,8 +213,10 @@ def build(
     device: torch.device,
     precision: Precision,
     attention: attn.PackedAttention,
+    optimizer: str,
 ) -> Model:
-    """The model with its adapters, fp8 layers, compiled layers, data parallelism and activation offload."""
+    """The model with its adapters, fp8 layers, compiled layers, data parallelism and activation offload;
+    `optimizer` (optim.optimizer_for) is what will step its weights."""
     lora = cfg.peft.name == "lora"
     base, tokenizer, random_init = build_model(
         cfg.model, device, precision.frozen_dtype if lora else precision.trained_dtype, attention.hf_implementation
@@ -219,7 +228,10 @@ def build(
     if precision.name == "fp8":
         from ghsweep.train.fp8 import apply_fp8
 
-        fp8_library = apply_fp8(hf_model, cfg.precision, precision, fsdp_all_gather=plan.data_parallel == "fsdp")
+        # torchao's fp8 all-gather wraps the trained weights in a tensor subclass that torch.compile, and so
+        # torchao's own AdamW, cannot step; FSDP2 then gathers them in bf16. One rank gathers nothing.
+        fp8_all_gather = plan.data_parallel == "fsdp" and ranks.world_size > 1 and optimizer == "adamw"
+        fp8_library = apply_fp8(hf_model, cfg.precision, precision, fsdp_all_gather=fp8_all_gather)
     hf_model.train()
 
     causal_lm = hf_model.get_base_model() if lora else hf_model

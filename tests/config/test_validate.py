@@ -191,6 +191,18 @@ def test_optimizer_in_backward_refuses_fp16_loss_scaling():
     assert msg.startswith("train.optimizer_in_backward=true:") and "accepted with precision=fp16: false" in msg
 
 
+def test_stochastic_rounding_needs_bf16_weights():
+    validate(composed("train.optimizer=adamw_sr", "precision=fp8"), H100)
+    msg = error_of(composed("train.optimizer=adamw_sr", "precision=fp16"))
+    assert msg == (
+        "train.optimizer=adamw_sr: stochastic rounding is for bf16 weights, and precision=fp16 trains fp32 ones; "
+        "accepted with precision=fp16: auto, adamw, adamw8bit"
+    )
+    assert error_of(composed("train.optimizer=sgd")).startswith(
+        "train.optimizer=sgd: not an accepted value; accepted: auto,"
+    )
+
+
 def test_fp8_settings_are_checked_against_the_schema():
     msg = error_of(composed("precision=fp8", "precision.scaling=tensorwise"), H100)
     assert msg == "precision.scaling=tensorwise: not an accepted value; accepted: delayed, current"

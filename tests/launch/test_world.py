@@ -50,6 +50,8 @@ def test_two_processes_train_under_torchrun_and_rank_0_records(sweep):
         run_dir = Path(run.data.tags["ghsweep.run_dir"])
         # One metrics.jsonl, written by rank 0 only.
         assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 4
+        # FSDP2's shards (DTensors) are stepped by torchao's AdamW with stochastic rounding too.
+        assert run.data.tags["ghsweep.optimizer"] == ("adamw" if peft == "lora" else "adamw_sr")
         if gpus == "2":
             assert run.data.tags["ghsweep.data_parallel"] == ("ddp" if peft == "lora" else "fsdp")
             per_rank = [float(t) for t in run.data.tags["ghsweep.rank_step_time_ms"].split()]

@@ -81,6 +81,11 @@ def test_full_fine_tuning_fp8_and_a_checkpoint(tmp_path):
         (["precision=fp8", "precision.library=te"], "precision.library=te:"),
         (["precision=fp8", "precision.scaling=delayed"], "precision.scaling=delayed:"),
         (["offload=on"], "offload=on: AutoModel offloads parameters and optimizer state"),
+        (
+            ["peft=none", "train.optimizer=adamw_sr"],
+            "train.optimizer=adamw_sr: AutoModel's recipe here steps torch's AdamW; accepted with "
+            "backend=automodel: auto, adamw",
+        ),
     ],
 )
 def test_what_automodel_cannot_do_is_refused_in_one_line(overrides, message):

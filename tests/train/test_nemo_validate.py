@@ -84,6 +84,11 @@ def test_nemo_needs_a_gpu():
             "dataloader.prefetch_factor=4: NeMo's data module always uses PyTorch's default; accepted with backend=nemo: null, 2",
         ),
         (
+            ["peft=none", "train.optimizer=adamw8bit"],
+            "train.optimizer=adamw8bit: NeMo steps Megatron's distributed Adam over fp32 master weights; "
+            "accepted with backend=nemo: auto",
+        ),
+        (
             ["precision=fp8", "precision.library=torchao"],
             "precision.library=torchao: NeMo's fp8 is Transformer Engine's; accepted with backend=nemo: auto, te",
         ),

@@ -6,7 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from ghsweep.train.optim import lr_factor, make_optimizer
+from ghsweep.train.optim import lr_factor, make_optimizer, optimizer_for
 from ghsweep.train.precision import Precision
 
 
@@ -114,3 +114,77 @@ def test_clip_folded_into_a_fused_step_equals_clipping_first():
             optimizer.zero_grad()
     for ours, theirs in zip(models[1].parameters(), models[0].parameters()):
         torch.testing.assert_close(ours, theirs)
+
+
+TRAIN = OmegaConf.create(
+    {
+        "lr": 5e-6,
+        "weight_decay": 0.0,
+        "max_steps": 30,
+        "lr_schedule": "constant",
+        "lr_warmup_ratio": 0.0,
+        "min_lr_ratio": 1.0,
+    }
+)
+
+
+def applied_share(kind: str) -> float:
+    """30 AdamW steps at Llama-2-7B full fine-tuning's rate (5e-6) over bf16 weights drawn like a
+    Llama layer's, N(0, 0.02): the share of the fp32 reference's update that reaches the weights."""
+    torch.manual_seed(0)
+    start = torch.randn(1 << 16) * 0.02
+    grads = [torch.randn(1 << 16) * 1e-3 + 1e-3 for _ in range(30)]  # a steady direction, and noise
+    reference = torch.nn.Parameter(start.bfloat16().float())
+    weights = torch.nn.Parameter(start.bfloat16())
+    fp32_adamw, _ = make_optimizer([reference], TRAIN, torch.device("cpu"))
+    optimizer, _ = make_optimizer([weights], TRAIN, torch.device("cpu"), kind)
+    for grad in grads:
+        reference.grad, weights.grad = grad.bfloat16().float(), grad.bfloat16()
+        fp32_adamw.step()
+        optimizer.step()
+    expected = (reference.detach() - start.bfloat16().float()).sum()
+    return float((weights.detach().float() - start.bfloat16().float()).sum() / expected)
+
+
+def test_adamw_on_bf16_weights_drops_most_small_updates():
+    # What optim.py's docstring states: 7% of the update reaches bf16 weights rounded to nearest.
+    assert applied_share("adamw") == pytest.approx(0.07, abs=0.02)
+
+
+@pytest.mark.parametrize("kind", ["adamw_sr", "adamw8bit"])
+def test_stochastic_rounding_lands_the_whole_update_in_expectation(kind):
+    assert applied_share(kind) == pytest.approx(1.0, abs=0.02)
+
+
+@pytest.mark.parametrize(
+    ("choice", "peft", "dtype", "expected"),
+    [
+        ("auto", "none", torch.bfloat16, "adamw_sr"),
+        ("auto", "lora", torch.bfloat16, "adamw"),
+        ("auto", "none", torch.float32, "adamw"),
+        ("adamw8bit", "lora", torch.bfloat16, "adamw8bit"),
+        ("adamw", "none", torch.bfloat16, "adamw"),
+    ],
+)
+def test_auto_rounds_stochastically_for_full_fine_tuning_in_bf16(choice, peft, dtype, expected):
+    assert optimizer_for(choice, peft, dtype) == expected
+
+
+def test_stochastic_rounding_steps_the_weights_of_torchao_fp8_layers():
+    """precision=fp8 peft=none on one rank: torchao's float8 layers keep plain bf16 weights, which its
+    AdamW steps (torchao's fp8 all-gather subclass, used only under FSDP2 with torch's AdamW, it cannot)."""
+    from ghsweep.train.fp8 import apply_fp8
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 64, bias=False)).bfloat16()
+    precision_cfg = OmegaConf.create({"name": "fp8", "library": "torchao", "scaling": "current"})
+    assert apply_fp8(model, precision_cfg, Precision(precision_cfg, torch.device("cpu"))) == "torchao"
+    assert type(model[0]).__name__ == "Float8Linear"
+    optimizer, _ = make_optimizer(
+        model.parameters(), OmegaConf.merge(TRAIN, {"lr": 1e-3}), torch.device("cpu"), "adamw_sr"
+    )
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.randn(16, 64, dtype=torch.bfloat16)).float().square().sum().backward()
+    optimizer.step()
+    for weight, start in zip(model.parameters(), before):
+        assert (weight != start).float().mean() > 0.5

@@ -27,6 +27,11 @@ def check_config(cfg: DictConfig) -> None:
             f"precision.scaling={cfg.precision.scaling}: torchao's float8 training scales from the tensor itself; "
             "accepted with backend=automodel: current"
         )
+    if cfg.train.optimizer not in ("auto", "adamw"):
+        raise ConfigError(
+            f"train.optimizer={cfg.train.optimizer}: AutoModel's recipe here steps torch's AdamW; "
+            "accepted with backend=automodel: auto, adamw"
+        )
     if cfg.offload.enabled:
         raise ConfigError(
             "offload=on: AutoModel offloads parameters and optimizer state (FSDP2's CPUOffloadPolicy), "

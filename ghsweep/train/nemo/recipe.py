@@ -100,6 +100,11 @@ def check_config(cfg: DictConfig, runtime: bool) -> None:
                 f"backend.recompute_granularity={b.recompute_granularity}: Megatron refuses activation "
                 "recomputation together with offload=on; accepted with offload=on: null"
             )
+    if cfg.train.optimizer != "auto":
+        raise ConfigError(
+            f"train.optimizer={cfg.train.optimizer}: NeMo steps Megatron's distributed Adam over fp32 master "
+            "weights; accepted with backend=nemo: auto"
+        )
     if cfg.data.packing_mask != "document":
         raise ConfigError(
             f"data.packing_mask={cfg.data.packing_mask}: NeMo's packed sequences always keep each example to "
