@@ -65,14 +65,10 @@ def make_optimizer(
             list(params), lr=train.lr, weight_decay=train.weight_decay, fused=device.type == "cuda"
         )
     else:
-        # torchao's plain AdamW is `_AdamW`: named for its quantized training, it takes any weights.
-        from torchao.optim import AdamW8bit, _AdamW
+        from ghsweep.train.torchao_adamw import StochasticAdamW, StochasticAdamW8bit
 
-        torchao_adamw = AdamW8bit if kind == "adamw8bit" else _AdamW
-        # Rounds only bf16 weights stochastically (others are stepped as they are).
-        optimizer = torchao_adamw(
-            list(params), lr=train.lr, weight_decay=train.weight_decay, bf16_stochastic_round=True
-        )
+        torchao_adamw = StochasticAdamW8bit if kind == "adamw8bit" else StochasticAdamW
+        optimizer = torchao_adamw(list(params), lr=train.lr, weight_decay=train.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
         lambda step: lr_factor(step, train.max_steps, train.lr_schedule, train.lr_warmup_ratio, train.min_lr_ratio),
@@ -124,19 +120,21 @@ def clip_gradients(
 ) -> None:
     """Clip to a global norm without a host sync (the norm stays on the device).
 
-    Given a fused optimizer, the clip is folded into its next step instead: its `grad_scale` (the
-    attribute through which GradScaler hands fused optimizers a divisor) divides every gradient
-    inside the AdamW kernel, which saves a read and a write of every gradient (27 GB a step for
-    full fine-tuning of a 7B model in bf16).
+    Given torch's fused AdamW or torchao's (torchao_adamw.py), the clip is folded into its next step
+    instead: its `grad_scale` (the attribute through which GradScaler hands fused optimizers a
+    divisor) divides every gradient inside the AdamW kernel, which saves a read and a write of every
+    gradient (27 GB a step for full fine-tuning of a 7B model in bf16).
     """
     if max_norm is None:
         return
     grads = [p.grad for p in params if p.grad is not None]
     # FSDP2's gradients are shards (DTensors): their global norm needs clip_grad_norm_'s reduction.
     sharded = any(isinstance(g, DTensor) for g in grads)
-    if optimizer is None or not optimizer.defaults.get("fused") or sharded:
+    folds = optimizer is not None and (optimizer.defaults.get("fused") or hasattr(optimizer, "grad_scale"))
+    if not folds or sharded:
         torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
         return
+    assert optimizer is not None
     norm = torch.nn.utils.get_total_norm(grads, foreach=True)
     # clip_grad_norm_ multiplies by min(1, max_norm / (norm + 1e-6)); the step divides by its inverse.
     # Read by the fused optimizers' step (getattr), undeclared in torch's Optimizer annotations.

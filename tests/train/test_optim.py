@@ -188,3 +188,29 @@ def test_stochastic_rounding_steps_the_weights_of_torchao_fp8_layers():
     optimizer.step()
     for weight, start in zip(model.parameters(), before):
         assert (weight != start).float().mean() > 0.5
+
+
+def test_torchao_adamw_with_the_clip_folded_in_equals_torch_adamw_after_clipping():
+    """fp32 weights (nothing to round): torchao's AdamW as ghsweep steps it, the clip divided out
+    inside its compiled step, ends where clip_grad_norm_ and torch's AdamW put the weights."""
+    from ghsweep.train.optim import clip_gradients
+
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8)) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    train = OmegaConf.merge(TRAIN, {"lr": 1e-2, "weight_decay": 0.1})
+    reference, _ = make_optimizer(models[0].parameters(), train, torch.device("cpu"))
+    ours, _ = make_optimizer(models[1].parameters(), train, torch.device("cpu"), "adamw_sr")
+    for _ in range(4):
+        x = torch.randn(4, 16) * 100
+        for model in models:
+            model(x).square().sum().backward()
+        torch.nn.utils.clip_grad_norm_(models[0].parameters(), 0.5)
+        reference.step()
+        clip_gradients(list(models[1].parameters()), 0.5, ours)
+        assert ours.grad_scale > 1  # the clip was active, and folded
+        ours.step()
+        for optimizer in (reference, ours):
+            optimizer.zero_grad()
+    for theirs, mine in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(mine, theirs)
