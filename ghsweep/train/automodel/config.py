@@ -6,6 +6,7 @@ recipe config on any machine.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,26 @@ def _model(cfg: DictConfig, device_type: str) -> dict[str, Any]:
     return {"_target_": "nemo_automodel.NeMoAutoModelForCausalLM.from_config", "config": config, **common}
 
 
+def lr_scheduler(train: DictConfig) -> dict[str, Any]:
+    """The torch backend's schedule (optim.lr_factor) in AutoModel's scheduler (Megatron's
+    OptimizerParamScheduler); without it AutoModel keeps the rate constant.
+
+    Step k (from 0) trains at init_lr + (max_lr - init_lr) * k / lr_warmup_steps up to the end of
+    warm-up: with one warm-up step fewer and init_lr = lr / warmup that is the torch backend's
+    lr * (k + 1) / warmup. The decay then ends at min_lr on the last step as the torch backend's
+    does, its midpoint within a step of it.
+    """
+    warmup = math.ceil(train.lr_warmup_ratio * train.max_steps)
+    return {
+        "lr_warmup_steps": max(0, warmup - 1),
+        "lr_decay_steps": train.max_steps - 1,
+        "lr_decay_style": train.lr_schedule,
+        "init_lr": train.lr / max(1, warmup),
+        "max_lr": train.lr,
+        "min_lr": train.lr * train.min_lr_ratio,
+    }
+
+
 def recipe_config(cfg: DictConfig, run_dir: Path, device_type: str) -> dict[str, Any]:
     """The AutoModel recipe config that trains `cfg`, logging into `run_dir`."""
     t = cfg.train
@@ -97,6 +118,7 @@ def recipe_config(cfg: DictConfig, run_dir: Path, device_type: str) -> dict[str,
             "betas": [0.9, 0.999],
             "eps": 1.0e-8,
         },
+        "lr_scheduler": lr_scheduler(t),
         "compile": {"enabled": t.compile is True or (t.compile == "auto" and device_type == "cuda")},
     }
     if dl.num_workers > 0 and dl.prefetch_factor is not None:
