@@ -16,6 +16,25 @@ REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
 
 
+def sqlite_uri(cwd: Path) -> str:
+    """The tracking URI of the MLflow store a CLI run in `cwd` writes by default (./mlflow.db)."""
+    return f"sqlite:///{cwd / 'mlflow.db'}"
+
+
+class MlflowRecords:
+    """What ghsweep recorded in one MLflow experiment, read back with MLflow's own client."""
+
+    def __init__(self, tracking_uri: str, experiment: str = "ghsweep"):
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.experiment_id = self.client.get_experiment_by_name(experiment).experiment_id
+
+    def runs(self, role: str) -> list:
+        """The runs tagged `ghsweep.role` = `role`: "sweep" (a sweep's parent) or "run" (one combination)."""
+        return self.client.search_runs([self.experiment_id], filter_string=f"tags.`ghsweep.role` = '{role}'")
+
+
 def compose_config(*overrides: str, hydra: bool = False) -> DictConfig:
     """The config `python -m ghsweep OVERRIDES` composes (with the `hydra` node when `hydra`)."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, MlflowRecords, run_cli
 
 SMOKE = [
     "model=tiny_llama",
@@ -87,10 +86,11 @@ def test_preset_runs_at_smoke_size(preset, store_uri, tmp_path):
     failures = [o for o in outcomes.values() if o != "FINISHED"]
     assert proc.returncode == (1 if failures else 0), proc.stderr[-3000:]
 
-    client = MlflowClient(tracking_uri=store_uri)
-    exp = client.get_experiment_by_name(f"preset_{preset}")
-    (parent,) = client.search_runs([exp.experiment_id], "tags.`ghsweep.role` = 'sweep'")
-    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    records = MlflowRecords(store_uri, f"preset_{preset}")
+    client = records.client
+    (parent,) = records.runs("sweep")
+    children = records.runs("run")
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
     got = {swept(c.data.tags["ghsweep.overrides"]): c for c in children}
     assert set(got) == set(outcomes)
     for combination, outcome in outcomes.items():

@@ -9,10 +9,9 @@ import json
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
-from mlflow.tracking import MlflowClient
 
 from ghsweep.core.run_dir import SWEEP_MANIFEST
-from tests.conftest import CONF_DIR, run_cli
+from tests.conftest import CONF_DIR, MlflowRecords, run_cli
 
 GH200_SERVER = "http://login-node:5000"
 
@@ -92,10 +91,9 @@ def test_sweep_through_a_site_profile_logs_to_its_tracking_server(mlflow_server,
 
     manifest = json.loads((tmp_path / "sweep" / SWEEP_MANIFEST).read_text())
     assert manifest["tracking_uri"] == mlflow_server.url
-    client = MlflowClient(tracking_uri=mlflow_server.url)
-    exp_id = client.get_experiment_by_name(experiment).experiment_id
-    (parent,) = client.search_runs([exp_id], filter_string="tags.`ghsweep.role` = 'sweep'")
-    (child,) = client.search_runs([exp_id], filter_string="tags.`ghsweep.role` = 'run'")
+    records = MlflowRecords(mlflow_server.url, experiment)
+    (parent,) = records.runs("sweep")
+    (child,) = records.runs("run")
     assert parent.info.run_id == manifest["parent_run_id"] and parent.info.status == "FINISHED"
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id and child.info.status == "FINISHED"
     assert child.data.params["tracking.uri"] == mlflow_server.url

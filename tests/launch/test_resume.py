@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 from hydra import compose, initialize_config_dir
-from mlflow.tracking import MlflowClient
 
 from ghsweep.launch.resume import run_hash
-from tests.conftest import CONF_DIR, run_cli
+from tests.conftest import CONF_DIR, MlflowRecords, run_cli, sqlite_uri
 
 
 def config(*overrides: str):
@@ -38,18 +37,13 @@ def test_same_sweep_again_skips_what_finished_and_force_reruns(tmp_path):
     args = ["-m", "experiment=smoke", "precision=fp32", "train.max_steps=2"]
     first = run_cli(args, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    exp_id = client.get_experiment_by_name("ghsweep").experiment_id
-
-    def children():
-        return client.search_runs([exp_id], filter_string="tags.`ghsweep.role` = 'run'")
-
-    (done,) = children()
+    records = MlflowRecords(sqlite_uri(tmp_path))
+    (done,) = records.runs("run")
     second = run_cli([*args, "hydra.sweep.dir=again"], tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"skipped, already FINISHED in MLflow run {done.info.run_id}" in second.stdout
     assert "1 of 1 runs finished" in second.stdout
-    assert len(children()) == 1
+    assert len(records.runs("run")) == 1
     result = json.loads((tmp_path / "again" / "0" / "result.json").read_text())
     assert result["status"] == "FINISHED" and result["mlflow_run_id"] == done.info.run_id
     assert result["metrics"]["final_loss"] == done.data.metrics["final_loss"]
@@ -57,4 +51,4 @@ def test_same_sweep_again_skips_what_finished_and_force_reruns(tmp_path):
 
     forced = run_cli([*args, "force=true", "hydra.sweep.dir=forced"], tmp_path)
     assert forced.returncode == 0, forced.stderr[-3000:]
-    assert len(children()) == 2 and (tmp_path / "forced" / "0" / "worker.log").exists()
+    assert len(records.runs("run")) == 2 and (tmp_path / "forced" / "0" / "worker.log").exists()

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from mlflow.tracking import MlflowClient
-
 from ghsweep.launch.slurm_jobs import load_jobs
-from tests.conftest import run_cli
+from tests.conftest import MlflowRecords, run_cli, sqlite_uri
 
 
 def test_submitit_local_sweep_records_every_run(tmp_path):
@@ -24,10 +22,9 @@ def test_submitit_local_sweep_records_every_run(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert len(load_jobs(tmp_path / "sweep")) == 2
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    exp_id = client.get_experiment_by_name("ghsweep").experiment_id
-    (parent,) = client.search_runs([exp_id], filter_string="tags.`ghsweep.role` = 'sweep'")
-    children = client.search_runs([exp_id], filter_string="tags.`ghsweep.role` = 'run'")
+    records = MlflowRecords(sqlite_uri(tmp_path))
+    (parent,) = records.runs("sweep")
+    children = records.runs("run")
     assert sorted(c.data.params["peft"] for c in children) == ["lora", "none"]
     assert {c.info.status for c in children} == {"FINISHED"}
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}

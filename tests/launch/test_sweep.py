@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from mlflow.tracking import MlflowClient
-
-from tests.conftest import run_cli
+from tests.conftest import MlflowRecords, run_cli, sqlite_uri
 
 RUN_METRICS = {"loss", "step_time_ms", "tokens_per_s", "peak_mem_gb", "final_loss"}
 RUN_PARAMS = {"precision", "offload", "peft", "memory", "dataloader.num_workers", "peft.r", "train.max_steps"}
@@ -15,22 +12,14 @@ RUN_TAGS = {"mlflow.source.git.commit", "ghsweep.host", "ghsweep.torch_version",
 ARTIFACTS = {"config.yaml", "overrides.yaml", "worker.log", "report.md", "metrics.jsonl", "summary.json"}
 
 
-def client_for(cwd: Path) -> tuple[MlflowClient, str]:
-    client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}")
-    return client, client.get_experiment_by_name("ghsweep").experiment_id
-
-
-def runs_by_role(client, exp_id, role):
-    return client.search_runs([exp_id], filter_string=f"tags.`ghsweep.role` = '{role}'")
-
-
 def test_smoke_sweep_records_parent_and_four_children(smoke_sweep):
     cwd, proc = smoke_sweep
     assert proc.returncode == 0, proc.stderr[-3000:]
-    client, exp_id = client_for(cwd)
-    parents = runs_by_role(client, exp_id, "sweep")
+    records = MlflowRecords(sqlite_uri(cwd))
+    client = records.client
+    parents = records.runs("sweep")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    children = runs_by_role(client, exp_id, "run")
+    children = records.runs("run")
     assert len(children) == 4
     combos = set()
     for child in children:
@@ -83,15 +72,15 @@ def test_failing_combination_does_not_stop_the_sweep(tmp_path):
     proc = run_cli(["-m", "experiment=smoke", "precision=fp8,fp32", "train.max_steps=5"], tmp_path)
     assert proc.returncode != 0
     assert "1 of 2 runs failed" in proc.stderr
-    client, exp_id = client_for(tmp_path)
-    children = {c.data.params["precision"]: c for c in runs_by_role(client, exp_id, "run")}
+    records = MlflowRecords(sqlite_uri(tmp_path))
+    children = {c.data.params["precision"]: c for c in records.runs("run")}
     assert children["fp32"].info.status == "FINISHED"
     failed = children["fp8"]
     assert failed.info.status == "FAILED"
     assert failed.data.tags["ghsweep.error"].startswith("precision=fp8: needs an NVIDIA GPU")
     table_row = next(line for line in proc.stdout.splitlines() if " FAILED " in line)
     assert "precision=fp8: needs an NVIDIA GPU" in table_row
-    assert runs_by_role(client, exp_id, "sweep")[0].info.status == "FAILED"
+    assert records.runs("sweep")[0].info.status == "FAILED"
 
 
 def test_worker_crash_is_recorded_with_its_log(tmp_path):
@@ -101,8 +90,9 @@ def test_worker_crash_is_recorded_with_its_log(tmp_path):
     bad.write_text('{"instruction": "hi", "response": {"nested": 1}}\n')
     proc = run_cli(["-m", "experiment=smoke", "data=dolly_file", f"data.path={bad}", "train.max_steps=2"], tmp_path)
     assert proc.returncode != 0
-    client, exp_id = client_for(tmp_path)
-    (child,) = runs_by_role(client, exp_id, "run")
+    records = MlflowRecords(sqlite_uri(tmp_path))
+    client = records.client
+    (child,) = records.runs("run")
     assert child.info.status == "FAILED"
     assert child.data.tags["ghsweep.error"] == "AttributeError: 'dict' object has no attribute 'encode'"
     assert "worker.log" in {a.path for a in client.list_artifacts(child.info.run_id)}
@@ -111,14 +101,14 @@ def test_worker_crash_is_recorded_with_its_log(tmp_path):
 def test_single_run_is_parentless_with_same_content(tmp_path):
     proc = run_cli(["experiment=smoke", "train.max_steps=4", "peft=none"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    client, exp_id = client_for(tmp_path)
-    (run,) = runs_by_role(client, exp_id, "run")
+    records = MlflowRecords(sqlite_uri(tmp_path))
+    (run,) = records.runs("run")
     assert "mlflow.parentRunId" not in run.data.tags
     assert run.info.status == "FINISHED"
     assert RUN_METRICS <= set(run.data.metrics) and run.data.params["peft"] == "none"
     # Full fine-tuning in bf16 (the default precision): AdamW rounds the bf16 weights stochastically.
     assert run.data.tags["ghsweep.optimizer"] == "adamw_sr"
-    assert not runs_by_role(client, exp_id, "sweep")
+    assert not records.runs("sweep")
 
 
 def test_single_run_bad_input_fails_before_training(tmp_path):

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from mlflow.tracking import MlflowClient
 
 from ghsweep.core.errors import ConfigError
 from ghsweep.launch.world import check_world
-from tests.conftest import CONF_DIR, run_cli
+from tests.conftest import CONF_DIR, MlflowRecords, run_cli, sqlite_uri
 
 SMOKE = ["experiment=smoke", "train.max_steps=4", "train.seq_length=64", "train.log_every=2", "train.warmup_steps=1"]
 
@@ -27,18 +26,13 @@ def sweep(tmp_path_factory) -> tuple[Path, object]:
     return cwd, proc
 
 
-def children(cwd: Path) -> list:
-    client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("ghsweep")
-    return client.search_runs([exp.experiment_id], filter_string="tags.`ghsweep.role` = 'run'")
-
-
 def test_two_processes_train_under_torchrun_and_rank_0_records(sweep):
     cwd, proc = sweep
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    runs = {(r.data.params["peft"], r.data.params["backend.gpus_per_node"]): r for r in children(cwd)}
+    records = MlflowRecords(sqlite_uri(cwd))
+    runs = {(r.data.params["peft"], r.data.params["backend.gpus_per_node"]): r for r in records.runs("run")}
     assert set(runs) == {("lora", "1"), ("lora", "2"), ("none", "1"), ("none", "2")}
-    client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}")
+    client = records.client
     for (peft, gpus), run in runs.items():
         assert run.info.status == "FINISHED", run.data.tags.get("ghsweep.error")
         m = run.data.metrics
@@ -66,7 +60,10 @@ def test_the_comparison_shows_scaling_efficiency(sweep):
     cwd, proc = sweep
     report = (cwd / "sweep" / "comparison" / "comparison.md").read_text()
     assert "tokens/s/GPU" in report and "scaling eff" in report
-    runs = {(r.data.params["peft"], r.data.params["backend.gpus_per_node"]): r.data.metrics for r in children(cwd)}
+    runs = {
+        (r.data.params["peft"], r.data.params["backend.gpus_per_node"]): r.data.metrics
+        for r in MlflowRecords(sqlite_uri(cwd)).runs("run")
+    }
     for peft in ("lora", "none"):
         expected = runs[(peft, "2")]["tokens_per_s"] / 2 / runs[(peft, "1")]["tokens_per_s"]
         row = next(line for line in report.splitlines() if re.search(rf"\| {peft} +\| 2 ", line))

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_plan import ProfilePlan
 from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve
-from tests.conftest import CONF_DIR, run_cli
+from tests.conftest import CONF_DIR, MlflowRecords, run_cli, sqlite_uri
 
 
 def compose_cfg(*overrides: str):
@@ -124,12 +124,10 @@ def test_profile_torch_end_to_end_on_cpu(tmp_path):
     assert analysis["top_kernels"] and analysis["top_kernels"][0]["name"].startswith("aten::")
     assert analysis["phases_ms_per_step"]["forward"] > 0
 
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    run = client.search_runs([client.get_experiment_by_name("ghsweep").experiment_id])[0]
+    records = MlflowRecords(sqlite_uri(tmp_path))
+    (run,) = records.runs("run")
     assert run.data.tags["ghsweep.profile_used"] == "torch"
-    files = {a.path for a in client.list_artifacts(run.info.run_id, "profile")}
+    files = {a.path for a in records.client.list_artifacts(run.info.run_id, "profile")}
     assert {"profile/torch_trace.json", "profile/profile_report.md", "profile/top_kernels.md"} <= files
 
 

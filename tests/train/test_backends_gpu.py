@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mlflow.tracking import MlflowClient
 
 from tests.automodel import require_automodel
-from tests.conftest import run_cli
+from tests.conftest import MlflowRecords, run_cli, sqlite_uri
 from tests.nemo import require_nemo
 from tests.train.test_model_folder import hf_folder  # noqa: F401  (the fixture: a 2-layer Llama folder)
 
@@ -62,10 +61,8 @@ def assert_recorded_like_torch(run_dir: Path, torch_dir: Path, cwd: Path) -> Non
     assert set(ours["metrics"]) == set(theirs["metrics"])
     assert set(ours["timing"]) == set(theirs["timing"])
     assert ours["info"]["device_name"] == theirs["info"]["device_name"]
-    client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}")
-    children = client.search_runs(
-        [client.get_experiment_by_name("ghsweep").experiment_id], "tags.`ghsweep.role` = 'run'"
-    )
+    records = MlflowRecords(sqlite_uri(cwd))
+    children = records.runs("run")
     ours_run, torch_run = (
         next(r for r in children if all(r.data.params[k] == str(v) for k, v in choices.items()))
         for choices in (

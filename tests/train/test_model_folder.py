@@ -6,13 +6,12 @@ import json
 
 import pytest
 import torch
-from mlflow.tracking import MlflowClient
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ghsweep.train import data as dolly
 from ghsweep.train.model import build_model
-from tests.conftest import run_cli
+from tests.conftest import MlflowRecords, run_cli, sqlite_uri
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +64,6 @@ def test_cli_trains_from_the_folder(hf_folder, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(next(tmp_path.glob("outputs/*/*/summary.json")).read_text())
     assert summary["info"]["random_init"] is False
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("ghsweep").experiment_id])
+    (run,) = MlflowRecords(sqlite_uri(tmp_path)).runs("run")
     assert run.data.tags["ghsweep.random_init"] == "False"
     assert run.data.params["model.path"] == str(hf_folder)

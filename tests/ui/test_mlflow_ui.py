@@ -14,9 +14,8 @@ import re
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, MlflowRecords, run_cli
 from tests.optional_env import unavailable
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -51,12 +50,11 @@ def sweep(mlflow_server, tmp_path_factory):
         tmp_path_factory.mktemp("ui_sweep"),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    client = MlflowClient(tracking_uri=mlflow_server.url)
-    exp = client.get_experiment_by_name(EXPERIMENT)
-    (parent,) = client.search_runs([exp.experiment_id], "tags.`ghsweep.role` = 'sweep'")
-    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-    children.sort(key=lambda r: int(r.data.tags["ghsweep.job_num"]))
-    return mlflow_server.url, exp.experiment_id, parent, children
+    records = MlflowRecords(mlflow_server.url, EXPERIMENT)
+    (parent,) = records.runs("sweep")
+    children = sorted(records.runs("run"), key=lambda r: int(r.data.tags["ghsweep.job_num"]))
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
+    return mlflow_server.url, records.experiment_id, parent, children
 
 
 @pytest.fixture(scope="module")
