@@ -315,23 +315,6 @@ def measure(cfg: DictConfig, plan: RunPlan, exit: WorkerExit, result: RunResult)
     return summary, profile
 
 
-def record(
-    store: MlflowStore,
-    run_id: str,
-    cfg: DictConfig,
-    run_dir: Path,
-    result: RunResult,
-    summary: RunSummary,
-    profile: ProfileOutcome,
-    started: float,
-) -> None:
-    """The run's files and its MLflow record; an MLflow failure is logged, not raised."""
-    try:
-        _record(store, run_id, cfg, run_dir, result, summary, profile, started)
-    except Exception:  # MLflow unreachable even after retries: the run's own files hold the record
-        log.exception("%s: the MLflow record is incomplete; the run's record is complete in %s", result.name, run_dir)
-
-
 def run_rank(cfg: DictConfig, combo: Combination, rank: int, slurm_tasks: int) -> RunResult:
     """A SLURM task of rank > 0: train this rank and say how it ended in rankN.json; rank 0's task
     records the run (MLflow, profile analysis over every rank's report)."""
@@ -372,7 +355,7 @@ def _save_run_files(result: RunResult, cfg: DictConfig, info: dict, run_dir: Pat
         log.error("%s: the run's files could not be written in %s: %s", result.name, run_dir, exc)
 
 
-def _record(
+def record(
     store: MlflowStore,
     run_id: str,
     cfg: DictConfig,
@@ -385,43 +368,46 @@ def _record(
     """Report, result.json and MLflow: everything the run measured, whatever its status.
 
     The files come first, so an MLflow outage cannot take them with it; result.json is written
-    again at the end with the time the record itself took.
+    again at the end with the time the record itself took. A failure here is logged, not raised.
     """
-    record_started = time.time()
-    info = summary.info
-    _finish_timing(result, started, record_started)
-    _save_run_files(result, cfg, info, run_dir)
-    tags = {
-        STATUS_TAG: result.status,
-        "ghsweep.torch_version": info.get("torch_version", _package_version("torch")),
-        "ghsweep.device_name": info.get("device_name", "unknown (worker did not start)"),
-    }
-    tags.update({f"ghsweep.{k}": v for k, v in info.items() if k not in ("torch_version", "device_name")})
-    if result.error:
-        tags[ERROR_TAG] = result.error
-    store.set_tags(run_id, {**tags, **profile.tags})
+    try:
+        record_started = time.time()
+        info = summary.info
+        _finish_timing(result, started, record_started)
+        _save_run_files(result, cfg, info, run_dir)
+        tags = {
+            STATUS_TAG: result.status,
+            "ghsweep.torch_version": info.get("torch_version", _package_version("torch")),
+            "ghsweep.device_name": info.get("device_name", "unknown (worker did not start)"),
+        }
+        tags.update({f"ghsweep.{k}": v for k, v in info.items() if k not in ("torch_version", "device_name")})
+        if result.error:
+            tags[ERROR_TAG] = result.error
+        store.set_tags(run_id, {**tags, **profile.tags})
 
-    points = []
-    metrics_file = run_dir / METRICS
-    if metrics_file.exists():
-        for line in metrics_file.read_text().splitlines():
-            row = json.loads(line)
-            points.append(("loss", row["loss"], row["step"]))
-    points += [
-        (k, v, 0)
-        for k, v in result.metrics.items()
-        if k != "first_loss" and isinstance(v, (int, float)) and not isinstance(v, bool)
-    ]
-    store.log_metrics(run_id, points)
+        points = []
+        metrics_file = run_dir / METRICS
+        if metrics_file.exists():
+            for line in metrics_file.read_text().splitlines():
+                row = json.loads(line)
+                points.append(("loss", row["loss"], row["step"]))
+        points += [
+            (k, v, 0)
+            for k, v in result.metrics.items()
+            if k != "first_loss" and isinstance(v, (int, float)) and not isinstance(v, bool)
+        ]
+        store.log_metrics(run_id, points)
 
-    _finish_timing(result, started, record_started)
-    store.log_metrics(run_id, [(k, v, 0) for k, v in result.timing.items()])
-    _save_run_files(result, cfg, info, run_dir)
-    with tempfile.TemporaryDirectory() as shown_dir:
-        # config.yaml under its own name, its secrets redacted; the run directory's copy is the worker's.
-        (Path(shown_dir) / CONFIG).write_text(shown_config(cfg))
-        store.log_artifacts(run_id, [Path(shown_dir) / CONFIG])
-    # recipe.*: the composed NeMo recipe (backend=nemo); files a run did not write are skipped.
-    store.log_artifacts(run_id, [run_dir / a for a in ARTIFACTS if a != CONFIG])
-    store.log_artifacts(run_id, profile.artifacts, "profile")
-    store.finish(run_id, result.status)
+        _finish_timing(result, started, record_started)
+        store.log_metrics(run_id, [(k, v, 0) for k, v in result.timing.items()])
+        _save_run_files(result, cfg, info, run_dir)
+        with tempfile.TemporaryDirectory() as shown_dir:
+            # config.yaml under its own name, its secrets redacted; the run directory's copy is the worker's.
+            (Path(shown_dir) / CONFIG).write_text(shown_config(cfg))
+            store.log_artifacts(run_id, [Path(shown_dir) / CONFIG])
+        # recipe.*: the composed NeMo recipe (backend=nemo); files a run did not write are skipped.
+        store.log_artifacts(run_id, [run_dir / a for a in ARTIFACTS if a != CONFIG])
+        store.log_artifacts(run_id, profile.artifacts, "profile")
+        store.finish(run_id, result.status)
+    except Exception:  # MLflow unreachable even after retries: the run's own files hold the record
+        log.exception("%s: the MLflow record is incomplete; the run's record is complete in %s", result.name, run_dir)
