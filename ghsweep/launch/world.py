@@ -59,6 +59,12 @@ def check_world(cfg: DictConfig, on_gpu: bool, visible_gpus: int, slurm_task: bo
                 "backend.data_parallel=fsdp with precision=fp8 and peft=lora: the frozen fp8 base "
                 "weights are not sharded; accepted: backend.data_parallel=ddp (or auto)"
             )
+        if world.size > 1 and data_parallel(cfg) == "fsdp" and cfg.train.get("optimizer") == "adamw8bit":
+            raise ConfigError(
+                f"train.optimizer=adamw8bit with {world.size} ranks under FSDP2: torchao's 8-bit states cannot "
+                "step sharded (DTensor) weights (its compiled step needs aten.view.dtype, which they lack); "
+                "accepted here: auto, adamw, adamw_sr (or backend.gpus_per_node=1)"
+            )
         reduce = cfg.precision.get("reduce_dtype", "fp32")
         if reduce not in ("fp32", "param"):
             raise ConfigError(f"precision.reduce_dtype={reduce}: not an accepted value; accepted: fp32, param")

@@ -164,6 +164,15 @@ def compose_run(*overrides: str):
             "DDP/FSDP2 averages it; accepted here: false (or backend.gpus_per_node=1)",
         ),
         (
+            ["backend.gpus_per_node=2", "peft=none", "train.optimizer=adamw8bit"],
+            True,
+            2,
+            False,
+            "train.optimizer=adamw8bit with 2 ranks under FSDP2: torchao's 8-bit states cannot step sharded "
+            "(DTensor) weights (its compiled step needs aten.view.dtype, which they lack); accepted here: auto, "
+            "adamw, adamw_sr (or backend.gpus_per_node=1)",
+        ),
+        (
             ["precision.reduce_dtype=fp16"],
             False,
             0,
