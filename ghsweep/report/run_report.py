@@ -29,6 +29,8 @@ def write_run_report(result: RunResult, cfg: DictConfig, info: dict, path: Path)
         f"| offload | {'on, ' + str(cfg.offload.num_layers) + ' layers' if cfg.offload.enabled else 'off'} |",
         f"| memory | {cfg.memory.name} |",
         f"| dataloader.num_workers | {cfg.dataloader.num_workers} |",
+        # What stepped the weights (train.optimizer=auto resolved), where the backend says.
+        *([f"| optimizer | {info['optimizer']} |"] if "optimizer" in info else []),
         f"| device | {info.get('device_name', cfg.device)} |",
         "",
     ]

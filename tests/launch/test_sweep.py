@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from tests.conftest import MlflowRecords, run_cli, sqlite_uri
 
@@ -108,6 +109,7 @@ def test_single_run_is_parentless_with_same_content(tmp_path):
     assert RUN_METRICS <= set(run.data.metrics) and run.data.params["peft"] == "none"
     # Full fine-tuning in bf16 (the default precision): AdamW rounds the bf16 weights stochastically.
     assert run.data.tags["ghsweep.optimizer"] == "adamw_sr"
+    assert "| optimizer | adamw_sr |" in (Path(run.data.tags["ghsweep.run_dir"]) / "report.md").read_text()
     assert not records.runs("sweep")
 
 
