@@ -290,7 +290,8 @@ def test_train_settings_and_callbacks(tmp_path):
     )
     t = recipe.trainer
     assert (t.max_steps, t.log_every_n_steps, t.limit_val_batches, t.enable_checkpointing) == (12, 4, 0, False)
-    assert (recipe.optim.config.lr, recipe.optim.config.weight_decay, recipe.optim.lr_scheduler) == (2e-4, 0.01, None)
+    assert (recipe.optim.config.lr, recipe.optim.config.weight_decay) == (2e-4, 0.01)
+    assert recipe.optim.lr_scheduler.__fn_or_cls__.__name__ == "CosineAnnealingScheduler"
     by_name = {c.__fn_or_cls__.__name__: c for c in t.callbacks}
     # NsysCallback stops after its end_step's batch: steps 2, 3, 4, 5.
     assert (by_name["NsysCallback"].start_step, by_name["NsysCallback"].end_step) == (2, 5)
@@ -339,3 +340,28 @@ def test_every_rank_finds_the_packed_data_where_rank_0_writes_it(tmp_path):
         data.tokenizer = fdl.build(recipe.model.tokenizer)  # what llm.finetune hands the data module
     assert ranks[0].train_path_packed == ranks[1].train_path_packed
     assert ranks[0].train_path_packed.parent == tmp_path / "nemo_data" / "packed" / "byte_level"
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
+def test_nemo_s_scheduler_steps_the_torch_backend_s_rates(tmp_path, schedule):
+    """NeMo's own scheduler, built from the recipe as its optimizer module builds it: the torch
+    backend's warm-up exactly, the same peak and floor, the decay within one step of it."""
+    import fiddle as fdl
+
+    from ghsweep.train.optim import lr_factor
+
+    recipe, cfg = recipe_of(tmp_path, "train.max_steps=20", "train.lr=0.01", f"train.lr_schedule={schedule}")
+    t = cfg.train
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=t.lr)
+    scheduler = fdl.build(recipe.optim.lr_scheduler).scheduler(None, optimizer)["lr_scheduler"]["scheduler"]
+    theirs = []
+    for _ in range(t.max_steps):
+        theirs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    ours = [t.lr * lr_factor(k, t.max_steps, schedule, t.lr_warmup_ratio, t.min_lr_ratio) for k in range(t.max_steps)]
+    warmup = 2  # 10% of 20 steps
+    assert theirs[:warmup] == pytest.approx(ours[:warmup])
+    assert theirs[-1] == pytest.approx(ours[-1]) and max(theirs) == pytest.approx(t.lr)
+    for k in range(warmup, t.max_steps):
+        assert min(ours[k - 1 : k + 2]) - 1e-12 <= theirs[k] <= max(ours[k - 1 : k + 2]) + 1e-12

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -398,6 +399,31 @@ def _map_data(recipe: Any, cfg: DictConfig, run_dir: Path, packed_length: int) -
     )
 
 
+def lr_scheduler(train: DictConfig) -> tuple[type, dict[str, Any]]:
+    """The torch backend's schedule (optim.lr_factor) as NeMo's scheduler module and its settings.
+
+    NeMo's warm-up trains step k (from 0) at lr * (k + 1) / (warmup_steps + 1): with one warm-up
+    step fewer that is the torch backend's lr * (k + 1) / warmup. Its decay then ends at min_lr on
+    the last step as the torch backend's does, its midpoint within a step of it.
+    """
+    from nemo.lightning.pytorch.optim import (
+        CosineAnnealingScheduler,
+        WarmupAnnealingScheduler,
+        WarmupPolicyScheduler,
+    )
+
+    warmup = math.ceil(train.lr_warmup_ratio * train.max_steps)
+    settings: dict[str, Any] = {
+        "warmup_steps": max(0, warmup - 1),
+        "max_steps": train.max_steps - 1,
+        "min_lr": train.lr * train.min_lr_ratio,
+    }
+    if train.lr_schedule == "cosine":
+        # constant_steps: NeMo's default (80,000) would hold the peak rate instead of decaying.
+        return CosineAnnealingScheduler, {**settings, "constant_steps": 0}
+    return (WarmupAnnealingScheduler if train.lr_schedule == "linear" else WarmupPolicyScheduler), settings
+
+
 def _map_train(recipe: Any, cfg: DictConfig, run_dir: Path) -> None:
     import nemo_run as run
     from nemo.lightning.pytorch.callbacks.nsys import NsysCallback
@@ -419,8 +445,8 @@ def _map_train(recipe: Any, cfg: DictConfig, run_dir: Path) -> None:
     recipe.log.tensorboard = None
     recipe.optim.config.lr = t.lr
     recipe.optim.config.weight_decay = t.weight_decay
-    # A constant learning rate, as in the torch backend.
-    recipe.optim.lr_scheduler = None
+    scheduler, settings = lr_scheduler(t)
+    recipe.optim.lr_scheduler = run.Config(scheduler, **settings)
     # NsysCallback stops after the batch of its end_step: capture.num_steps steps from start_step.
     trainer.callbacks = [
         *(trainer.callbacks or []),
