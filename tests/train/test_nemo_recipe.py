@@ -285,12 +285,18 @@ def test_train_settings_and_callbacks(tmp_path):
         "train.log_every=4",
         "train.lr=2e-4",
         "train.weight_decay=0.01",
+        "train.grad_clip=0.5",
         "capture.start_step=2",
         "capture.num_steps=4",
     )
     t = recipe.trainer
     assert (t.max_steps, t.log_every_n_steps, t.limit_val_batches, t.enable_checkpointing) == (12, 4, 0, False)
-    assert (recipe.optim.config.lr, recipe.optim.config.weight_decay) == (2e-4, 0.01)
+    assert (recipe.optim.config.lr, recipe.optim.config.weight_decay, recipe.optim.config.clip_grad) == (
+        2e-4,
+        0.01,
+        0.5,
+    )
+    assert recipe_of(tmp_path, "train.grad_clip=null")[0].optim.config.clip_grad == 0.0  # Megatron: no clipping
     assert recipe.optim.lr_scheduler.__fn_or_cls__.__name__ == "CosineAnnealingScheduler"
     by_name = {c.__fn_or_cls__.__name__: c for c in t.callbacks}
     # NsysCallback stops after its end_step's batch: steps 2, 3, 4, 5.

@@ -445,6 +445,8 @@ def _map_train(recipe: Any, cfg: DictConfig, run_dir: Path) -> None:
     recipe.log.tensorboard = None
     recipe.optim.config.lr = t.lr
     recipe.optim.config.weight_decay = t.weight_decay
+    # Megatron clips only above 0.
+    recipe.optim.config.clip_grad = 0.0 if t.grad_clip is None else t.grad_clip
     scheduler, settings = lr_scheduler(t)
     recipe.optim.lr_scheduler = run.Config(scheduler, **settings)
     # NsysCallback stops after the batch of its end_step: capture.num_steps steps from start_step.
