@@ -130,11 +130,11 @@ def clip_gradients(
     grads = [p.grad for p in params if p.grad is not None]
     # FSDP2's gradients are shards (DTensors): their global norm needs clip_grad_norm_'s reduction.
     sharded = any(isinstance(g, DTensor) for g in grads)
+    # torch's fused AdamW reads `grad_scale` in its kernel; torchao_adamw's optimizers declare it.
     folds = optimizer is not None and (optimizer.defaults.get("fused") or hasattr(optimizer, "grad_scale"))
-    if not folds or sharded:
+    if optimizer is None or not folds or sharded:
         torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
         return
-    assert optimizer is not None
     norm = torch.nn.utils.get_total_norm(grads, foreach=True)
     # clip_grad_norm_ multiplies by min(1, max_norm / (norm + 1e-6)); the step divides by its inverse.
     # Read by the fused optimizers' step (getattr), undeclared in torch's Optimizer annotations.
