@@ -16,6 +16,7 @@ from ghsweep.train.automodel.config import recipe_config, write_recipe
 from ghsweep.train.data import IGNORE_INDEX
 from tests.automodel import automodel  # noqa: F401  (the fixture)
 from tests.conftest import CONF_DIR
+from tests.train.lr_schedule import assert_steps_the_torch_backend_s_rates
 
 pytestmark = [pytest.mark.automodel, pytest.mark.usefixtures("automodel")]
 
@@ -69,8 +70,6 @@ def test_the_dataset_is_the_torch_backend_s_blocks_with_next_token_labels(tmp_pa
 def test_automodel_s_scheduler_steps_the_torch_backend_s_rates(tmp_path, schedule):
     """AutoModel's own scheduler, built from the recipe: the torch backend's warm-up exactly, the
     same peak and floor, the decay within one step of it."""
-    from ghsweep.train.optim import lr_factor
-
     cfg, recipe = written_recipe(tmp_path, "train.max_steps=20", "train.lr=0.01", f"train.lr_schedule={schedule}")
     t = cfg.train
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=t.lr)
@@ -80,9 +79,4 @@ def test_automodel_s_scheduler_steps_the_torch_backend_s_rates(tmp_path, schedul
     for _ in range(t.max_steps):
         theirs.append(optimizer.param_groups[0]["lr"])
         scheduler.step(1)
-    ours = [t.lr * lr_factor(k, t.max_steps, schedule, t.lr_warmup_ratio, t.min_lr_ratio) for k in range(t.max_steps)]
-    warmup = 2  # 10% of 20 steps
-    assert theirs[:warmup] == pytest.approx(ours[:warmup])
-    assert theirs[-1] == pytest.approx(ours[-1]) and max(theirs) == pytest.approx(t.lr)
-    for k in range(warmup, t.max_steps):
-        assert min(ours[k - 1 : k + 2]) - 1e-12 <= theirs[k] <= max(ours[k - 1 : k + 2]) + 1e-12
+    assert_steps_the_torch_backend_s_rates(theirs, t)

@@ -31,6 +31,7 @@ from ghsweep.train.nemo.recipe import (
 )
 from tests.conftest import CONF_DIR
 from tests.nemo import nemo_llm  # noqa: F401  (the fixture)
+from tests.train.lr_schedule import assert_steps_the_torch_backend_s_rates
 
 pytestmark = [pytest.mark.nemo, pytest.mark.usefixtures("nemo_llm")]
 
@@ -354,8 +355,6 @@ def test_nemo_s_scheduler_steps_the_torch_backend_s_rates(tmp_path, schedule):
     backend's warm-up exactly, the same peak and floor, the decay within one step of it."""
     import fiddle as fdl
 
-    from ghsweep.train.optim import lr_factor
-
     recipe, cfg = recipe_of(tmp_path, "train.max_steps=20", "train.lr=0.01", f"train.lr_schedule={schedule}")
     t = cfg.train
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=t.lr)
@@ -365,9 +364,4 @@ def test_nemo_s_scheduler_steps_the_torch_backend_s_rates(tmp_path, schedule):
         theirs.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         scheduler.step()
-    ours = [t.lr * lr_factor(k, t.max_steps, schedule, t.lr_warmup_ratio, t.min_lr_ratio) for k in range(t.max_steps)]
-    warmup = 2  # 10% of 20 steps
-    assert theirs[:warmup] == pytest.approx(ours[:warmup])
-    assert theirs[-1] == pytest.approx(ours[-1]) and max(theirs) == pytest.approx(t.lr)
-    for k in range(warmup, t.max_steps):
-        assert min(ours[k - 1 : k + 2]) - 1e-12 <= theirs[k] <= max(ours[k - 1 : k + 2]) + 1e-12
+    assert_steps_the_torch_backend_s_rates(theirs, t)
