@@ -42,7 +42,7 @@ class TrainSchema:
     warmup_steps: Annotated[int, Range(0)]  # steps left out of step_time_ms and tokens_per_s
     log_every: Annotated[int, Range(1)]
     lr: PositiveNumber  # peak learning rate
-    lr_schedule: Literal["cosine", "linear", "constant"]  # ghsweep/train/optim.py
+    lr_schedule: Literal["cosine", "linear", "constant"]  # ghsweep/train/schedule.py
     lr_warmup_ratio: Ratio
     min_lr_ratio: Ratio
     grad_clip: PositiveNumber | None  # global gradient norm; null: no clipping

@@ -1,10 +1,5 @@
-"""AdamW, its learning-rate schedule and gradient clipping, as fine-tuning recipes set them.
-
-The peak rate comes per model and per peft (`model.lr.lora`, `model.lr.none`; for Llama-2-7B
-NeMo's fine-tuning recipe: 1e-4 for LoRA, 5e-6 for full fine-tuning). The schedule warms up
-linearly over `train.lr_warmup_ratio` of the steps, then decays to `train.min_lr_ratio` of the
-peak: cosine (NeMo's and most recipes' choice), linear, or constant. Gradients are clipped to a
-global norm of `train.grad_clip` (1.0 in NeMo and transformers' Trainer).
+"""AdamW, its learning-rate schedule (schedule.py) and gradient clipping, as fine-tuning recipes set
+them. Gradients are clipped to a global norm of `train.grad_clip` (1.0 in NeMo and transformers' Trainer).
 
 `train.optimizer` picks what steps the weights. A bf16 weight keeps 8 significant bits, so rounding
 a step's result to the nearest bf16 drops every update smaller than half the weight's last bit: for
@@ -27,7 +22,6 @@ there `train.grad_clip` clips each tensor's gradient to that norm on its own.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -35,17 +29,7 @@ import torch
 from omegaconf import DictConfig
 from torch.distributed.tensor import DTensor
 
-
-def lr_factor(step: int, max_steps: int, schedule: str, warmup_ratio: float, min_ratio: float) -> float:
-    """The multiple of the peak rate used at `step` (0-based)."""
-    warmup = math.ceil(warmup_ratio * max_steps)
-    if step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    progress = (step - warmup) / max(1, max_steps - warmup - 1)
-    decay = 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1 - progress
-    return min_ratio + (1 - min_ratio) * decay
+from ghsweep.train.schedule import lr_factor
 
 
 def optimizer_for(choice: str, peft: str, trained_dtype: torch.dtype) -> str:

@@ -1,13 +1,11 @@
-"""Checks that another library's scheduler steps the torch backend's learning rates (optim.lr_factor)."""
+"""Checks that another library's scheduler steps the torch backend's learning rates (schedule.lr_factor)."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 from omegaconf import DictConfig
 
-from ghsweep.train.optim import lr_factor
+from ghsweep.train.schedule import lr_factor, warmup_steps
 
 
 def assert_steps_the_torch_backend_s_rates(theirs: list[float], train: DictConfig) -> None:
@@ -17,7 +15,7 @@ def assert_steps_the_torch_backend_s_rates(theirs: list[float], train: DictConfi
         train.lr * lr_factor(k, train.max_steps, train.lr_schedule, train.lr_warmup_ratio, train.min_lr_ratio)
         for k in range(train.max_steps)
     ]
-    warmup = math.ceil(train.lr_warmup_ratio * train.max_steps)
+    warmup = warmup_steps(train.max_steps, train.lr_warmup_ratio)
     assert theirs[:warmup] == pytest.approx(ours[:warmup])
     assert theirs[-1] == pytest.approx(ours[-1]) and max(theirs) == pytest.approx(train.lr)
     for k in range(warmup, train.max_steps):

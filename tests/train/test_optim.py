@@ -6,8 +6,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from ghsweep.train.optim import lr_factor, make_optimizer, optimizer_for
+from ghsweep.train.optim import make_optimizer, optimizer_for
 from ghsweep.train.precision import Precision
+from ghsweep.train.schedule import lr_factor
 
 
 def test_cosine_warms_up_linearly_then_decays_to_the_floor():

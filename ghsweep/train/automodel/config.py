@@ -6,7 +6,6 @@ recipe config on any machine.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from omegaconf import DictConfig
 
 from ghsweep.train.attention import resolve
 from ghsweep.train.automodel.checks import TORCH_DTYPES
+from ghsweep.train.schedule import warmup_steps
 from ghsweep.train.tokenizer import ByteTokenizer
 
 # The recipe config a run trained with, as AutoModel's own YAML (its CLI takes the same file).
@@ -59,7 +59,7 @@ def _model(cfg: DictConfig, device_type: str) -> dict[str, Any]:
 
 
 def lr_scheduler(train: DictConfig) -> dict[str, Any]:
-    """The torch backend's schedule (optim.lr_factor) in AutoModel's scheduler (Megatron's
+    """The torch backend's schedule (schedule.lr_factor) in AutoModel's scheduler (Megatron's
     OptimizerParamScheduler); without it AutoModel keeps the rate constant.
 
     Step k (from 0) trains at init_lr + (max_lr - init_lr) * k / lr_warmup_steps up to the end of
@@ -67,7 +67,7 @@ def lr_scheduler(train: DictConfig) -> dict[str, Any]:
     lr * (k + 1) / warmup. The decay then ends at min_lr on the last step as the torch backend's
     does, its midpoint within a step of it.
     """
-    warmup = math.ceil(train.lr_warmup_ratio * train.max_steps)
+    warmup = warmup_steps(train.max_steps, train.lr_warmup_ratio)
     return {
         "lr_warmup_steps": max(0, warmup - 1),
         "lr_decay_steps": train.max_steps - 1,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import METRICS, RECIPE_JSON, RECIPE_TXT
 from ghsweep.train.flops import ModelShape
 from ghsweep.train.nemo.compat import use_local_spec
+from ghsweep.train.schedule import warmup_steps
 
 # LoRA targets: transformers' module names -> Megatron's fused linear layers. Megatron fuses
 # q/k/v into one GEMM and gate/up into another, so a LoRA target is all of a group or none of it.
@@ -400,7 +400,7 @@ def _map_data(recipe: Any, cfg: DictConfig, run_dir: Path, packed_length: int) -
 
 
 def lr_scheduler(train: DictConfig) -> tuple[type, dict[str, Any]]:
-    """The torch backend's schedule (optim.lr_factor) as NeMo's scheduler module and its settings.
+    """The torch backend's schedule (schedule.lr_factor) as NeMo's scheduler module and its settings.
 
     NeMo's warm-up trains step k (from 0) at lr * (k + 1) / (warmup_steps + 1): with one warm-up
     step fewer that is the torch backend's lr * (k + 1) / warmup. Its decay then ends at min_lr on
@@ -412,7 +412,7 @@ def lr_scheduler(train: DictConfig) -> tuple[type, dict[str, Any]]:
         WarmupPolicyScheduler,
     )
 
-    warmup = math.ceil(train.lr_warmup_ratio * train.max_steps)
+    warmup = warmup_steps(train.max_steps, train.lr_warmup_ratio)
     settings: dict[str, Any] = {
         "warmup_steps": max(0, warmup - 1),
         "max_steps": train.max_steps - 1,
