@@ -288,19 +288,16 @@ LOCAL_NORM = re.compile(r"decoder\.layers\.(\d+)\.(input_layernorm|pre_mlp_layer
 HF_NORM = {"input_layernorm": "input_layernorm", "pre_mlp_layernorm": "post_attention_layernorm"}
 
 
-def copy_local_layer_norms(source: Any, target: Any) -> int:
+def copy_local_layer_norms(source: Any, target: Any) -> None:
     """The decoder layers' RMSNorm weights of the Hugging Face model `source` into NeMo's `target` on
-    Megatron's local layers; how many. NeMo's importer maps them onto Transformer Engine's fused
+    Megatron's local layers. NeMo's importer maps them onto Transformer Engine's fused
     norm+linear layers only, and without those leaves them at their initial value (with a warning)."""
     import torch
 
-    copied = 0
     with torch.no_grad():
         for name, param in target.named_parameters():
             if match := LOCAL_NORM.search(name):
                 param.copy_(getattr(source.model.layers[int(match[1])], HF_NORM[match[2]]).weight)
-                copied += 1
-    return copied
 
 
 def hf_import_path(model_path: str) -> Path:
