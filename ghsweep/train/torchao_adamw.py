@@ -1,12 +1,13 @@
 """torchao's AdamW (bf16 stochastic rounding; 8-bit states for `AdamW8bit`), stepped with the
 gradient clip folded into each tensor's step.
 
-torchao's own `step` wraps its per-tensor step in a new `torch.compile` every call (pytorch/ao#2500):
-about 0.2 ms of Python a tensor, 60 ms a step for Llama-2-7B's 291 tensors. Here the step is
-compiled once; each tensor shape still gets its own graph (static shapes, as torchao compiles it).
-torchao's `single_param_adam` does the arithmetic, and its optimizers make the states. The step
-divides each gradient by `grad_scale` inside the compiled kernel, the attribute through which
-`optim.clip_gradients` hands torch's fused AdamW the clip: no separate pass over the gradients.
+On a GPU `StochasticAdamW` steps each tensor with one Triton kernel (adamw_kernel.py: torchao's
+arithmetic, a cheaper random source). Elsewhere, and for `AdamW8bit`, torchao's own per-tensor step
+is used, compiled once: torchao's `step` wraps it in a new `torch.compile` every call
+(pytorch/ao#2500), about 0.2 ms of Python a tensor, 60 ms a step for Llama-2-7B's 291 tensors.
+Each tensor shape still gets its own graph (static shapes, as torchao compiles it). The step
+divides each gradient by `grad_scale`, the attribute through which `optim.clip_gradients` hands
+torch's fused AdamW the clip: no separate pass over the gradients.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.distributed.tensor import DTensor
 from torchao.optim import AdamW8bit, _AdamW
 from torchao.optim.adam import single_param_adam
 
@@ -57,39 +59,65 @@ class _CompiledOnce:
     def step(self, closure: None = None) -> None:
         # One graph per tensor shape, as many as the model has: more than dynamo's default cache limit.
         with torch._dynamo.utils.disable_cache_limit():
-            for group in self.param_groups:
-                for p in group["params"]:
-                    if p.grad is None:
-                        continue
-                    state = self.state[p]
-                    if not state:
-                        state["step"] = torch.tensor(0.0)
-                        state["exp_avg"] = self._new_buffer(p, True)
-                        state["exp_avg_sq"] = self._new_buffer(p, False)
-                    state["step"] += 1
-                    beta1, beta2 = group["betas"]
-                    # p.detach(): torch.compile and FSDP2's DTensor parameters (torchao's own reason, ao#652).
-                    _compiled_adamw_step(
-                        p.detach(),
-                        p.grad,
-                        self.grad_scale,
-                        state["step"],
-                        state["exp_avg"],
-                        state["exp_avg_sq"],
-                        group["lr"],
-                        beta1,
-                        beta2,
-                        group["weight_decay"],
-                        group["eps"],
-                        self.bf16_stochastic_round and p.dtype is torch.bfloat16,
-                    )
+            tensors = [(group, p) for group in self.param_groups for p in group["params"]]
+            for index, (group, p) in enumerate(tensors):
+                grad = p.grad
+                if grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = self._new_buffer(p, True)
+                    state["exp_avg_sq"] = self._new_buffer(p, False)
+                state["step"] += 1
+                self._step_tensor(p, grad, state, group, index)
+
+    def _step_tensor(self, param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict, index: int) -> None:
+        beta1, beta2 = group["betas"]
+        # param.detach(): torch.compile and FSDP2's DTensor parameters (torchao's own reason, ao#652).
+        _compiled_adamw_step(
+            param.detach(),
+            grad,
+            self.grad_scale,
+            state["step"],
+            state["exp_avg"],
+            state["exp_avg_sq"],
+            group["lr"],
+            beta1,
+            beta2,
+            group["weight_decay"],
+            group["eps"],
+            self.bf16_stochastic_round and param.dtype is torch.bfloat16,
+        )
 
 
 class StochasticAdamW(_CompiledOnce, _AdamW):
-    """torchao's AdamW; bf16 weights rounded stochastically."""
+    """torchao's AdamW; bf16 weights rounded stochastically. On a GPU, one Triton kernel a tensor."""
 
     def __init__(self, params, lr: float, weight_decay: float) -> None:
         super().__init__(params, lr=lr, weight_decay=weight_decay, bf16_stochastic_round=True)
+
+    def _step_tensor(self, param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict, index: int) -> None:
+        if not param.is_cuda:
+            super()._step_tensor(param, grad, state, group, index)
+            return
+        from ghsweep.train.adamw_kernel import adamw_step
+
+        step = int(state["step"])
+        # Every data-parallel replica must round alike: the seed depends on the step and the tensor only.
+        adamw_step(
+            _local(param),
+            _local(grad),
+            _local(state["exp_avg"]),
+            _local(state["exp_avg_sq"]),
+            step=step,
+            lr=float(group["lr"]),
+            betas=group["betas"],
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            grad_divisor=self.grad_scale,
+            seed=(step * 1_000_003 + index) % 2**31,
+        )
 
 
 class StochasticAdamW8bit(_CompiledOnce, AdamW8bit):
@@ -98,3 +126,8 @@ class StochasticAdamW8bit(_CompiledOnce, AdamW8bit):
 
     def __init__(self, params, lr: float, weight_decay: float) -> None:
         super().__init__(params, lr=lr, weight_decay=weight_decay, bf16_stochastic_round=True)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP2 (DTensor) parameter, gradient or state; the tensor otherwise."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor

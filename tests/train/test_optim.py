@@ -129,16 +129,16 @@ TRAIN = OmegaConf.create(
 )
 
 
-def applied_share(kind: str) -> float:
+def applied_share(kind: str, device: str = "cpu") -> float:
     """30 AdamW steps at Llama-2-7B full fine-tuning's rate (5e-6) over bf16 weights drawn like a
     Llama layer's, N(0, 0.02): the share of the fp32 reference's update that reaches the weights."""
     torch.manual_seed(0)
-    start = torch.randn(1 << 16) * 0.02
-    grads = [torch.randn(1 << 16) * 1e-3 + 1e-3 for _ in range(30)]  # a steady direction, and noise
+    start = torch.randn(1 << 16, device=device) * 0.02
+    grads = [torch.randn(1 << 16, device=device) * 1e-3 + 1e-3 for _ in range(30)]  # a steady direction, and noise
     reference = torch.nn.Parameter(start.bfloat16().float())
     weights = torch.nn.Parameter(start.bfloat16())
-    fp32_adamw, _ = make_optimizer([reference], TRAIN, torch.device("cpu"))
-    optimizer, _ = make_optimizer([weights], TRAIN, torch.device("cpu"), kind)
+    fp32_adamw, _ = make_optimizer([reference], TRAIN, torch.device(device))
+    optimizer, _ = make_optimizer([weights], TRAIN, torch.device(device), kind)
     for grad in grads:
         reference.grad, weights.grad = grad.bfloat16().float(), grad.bfloat16()
         fp32_adamw.step()
@@ -152,9 +152,13 @@ def test_adamw_on_bf16_weights_drops_most_small_updates():
     assert applied_share("adamw") == pytest.approx(0.07, abs=0.02)
 
 
-@pytest.mark.parametrize("kind", ["adamw_sr", "adamw8bit"])
-def test_stochastic_rounding_lands_the_whole_update_in_expectation(kind):
-    assert applied_share(kind) == pytest.approx(1.0, abs=0.02)
+@pytest.mark.parametrize(
+    ("kind", "device"),
+    [("adamw_sr", "cpu"), ("adamw8bit", "cpu"), pytest.param("adamw_sr", "cuda", marks=pytest.mark.gpu)],
+)
+def test_stochastic_rounding_lands_the_whole_update_in_expectation(kind, device):
+    # On a GPU adamw_sr steps with ghsweep's Triton kernel, elsewhere with torchao's compiled step.
+    assert applied_share(kind, device) == pytest.approx(1.0, abs=0.02)
 
 
 @pytest.mark.parametrize(
@@ -191,19 +195,24 @@ def test_stochastic_rounding_steps_the_weights_of_torchao_fp8_layers():
         assert (weight != start).float().mean() > 0.5
 
 
-def test_torchao_adamw_with_the_clip_folded_in_equals_torch_adamw_after_clipping():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_torchao_adamw_with_the_clip_folded_in_equals_torch_adamw_after_clipping(device):
     """fp32 weights (nothing to round): torchao's AdamW as ghsweep steps it, the clip divided out
-    inside its compiled step, ends where clip_grad_norm_ and torch's AdamW put the weights."""
+    inside its step (compiled; the Triton kernel on a GPU), ends where clip_grad_norm_ and torch's
+    AdamW put the weights."""
     from ghsweep.train.optim import clip_gradients
 
     torch.manual_seed(0)
-    models = [torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8)) for _ in range(2)]
+    models = [
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8)).to(device)
+        for _ in range(2)
+    ]
     models[1].load_state_dict(models[0].state_dict())
     train = OmegaConf.merge(TRAIN, {"lr": 1e-2, "weight_decay": 0.1})
-    reference, _ = make_optimizer(models[0].parameters(), train, torch.device("cpu"))
-    ours, _ = make_optimizer(models[1].parameters(), train, torch.device("cpu"), "adamw_sr")
+    reference, _ = make_optimizer(models[0].parameters(), train, torch.device(device))
+    ours, _ = make_optimizer(models[1].parameters(), train, torch.device(device), "adamw_sr")
     for _ in range(4):
-        x = torch.randn(4, 16) * 100
+        x = torch.randn(4, 16, device=device) * 100
         for model in models:
             model(x).square().sum().backward()
         torch.nn.utils.clip_grad_norm_(models[0].parameters(), 0.5)
