@@ -11,7 +11,8 @@ lands in expectation, at the memory of pure bf16 (no fp32 master weights). `auto
 fine-tuning in bf16 and torch's fused AdamW otherwise: LoRA's adapters start at or near zero, where
 bf16 steps are fine, and torchao steps tensor by tensor while torch's fused kernel takes all of a
 model's hundreds of adapter tensors at once. `adamw8bit` is torchao's AdamW8bit (8-bit states: 2
-bytes a parameter less), also stochastically rounded. torchao_adamw.py steps both.
+bytes a parameter less), also stochastically rounded. torchao_adamw.py steps both (adamw_sr on a GPU
+with one Triton kernel a tensor, adamw_kernel.py).
 
 With `train.optimizer_in_backward` (AdamStepsInBackward) each tensor is stepped by its own AdamW as
 soon as its gradient is accumulated, while backward goes on through earlier layers, and its gradient

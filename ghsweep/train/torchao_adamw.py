@@ -98,7 +98,9 @@ class StochasticAdamW(_CompiledOnce, _AdamW):
         super().__init__(params, lr=lr, weight_decay=weight_decay, bf16_stochastic_round=True)
 
     def _step_tensor(self, param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict, index: int) -> None:
-        if not param.is_cuda:
+        tensors = [_local(t) for t in (param, grad, state["exp_avg"], state["exp_avg_sq"])]
+        # The kernel walks flat memory; a strided shard (none that FSDP2 makes today) takes torchao's step.
+        if not param.is_cuda or not all(t.is_contiguous() for t in tensors):
             super()._step_tensor(param, grad, state, group, index)
             return
         from ghsweep.train.adamw_kernel import adamw_step
@@ -106,10 +108,7 @@ class StochasticAdamW(_CompiledOnce, _AdamW):
         step = int(state["step"])
         # Every data-parallel replica must round alike: the seed depends on the step and the tensor only.
         adamw_step(
-            _local(param),
-            _local(grad),
-            _local(state["exp_avg"]),
-            _local(state["exp_avg_sq"]),
+            *tensors,
             step=step,
             lr=float(group["lr"]),
             betas=group["betas"],
