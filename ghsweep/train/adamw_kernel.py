@@ -1,10 +1,11 @@
 """One AdamW step of a tensor in a single Triton kernel, bf16 weights rounded stochastically.
 
 torchao's AdamW computes the same step (torchao_adamw.py), but its stochastic rounding draws one
-64-bit Philox number per element (`torch.randint`, which inductor lowers to `randint64`): on an
-H200 that made the step of Llama-2-7B's 6.7 B parameters take 57 ms, where its memory traffic
-(14 bytes a parameter: weight, gradient and two states) needs about 25 ms. Here one Philox call
-gives four 32-bit numbers, that is 16 random bits for each of 8 elements.
+64-bit Philox number per element (`torch.randint`, which inductor lowers to `randint64`). On an
+H200 its step over Llama-2-7B's 6.7 B parameters took 34-39 ms alone and 57 ms inside training,
+where copying the bytes the step moves (14 a parameter: weight, gradient and two states) takes
+22 ms. Here one Philox call gives four 32-bit numbers, 16 random bits for each of 8 elements, and
+the step takes 24 ms (`python -m ghsweep.bench.optimizer_step`).
 
 The arithmetic is torchao's `single_param_adam` (AdamW): decoupled weight decay, states kept in the
 weight's dtype (rounded to nearest, as torchao and torch do), the update from the fp32 states
