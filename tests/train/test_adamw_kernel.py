@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from torchao.optim.adam import single_param_adam
 
 from tests.optional_env import unavailable
 
@@ -29,6 +28,8 @@ def kernel(request) -> tuple[str, Callable]:
 def test_kernel_steps_like_torchao_on_fp32_weights(kernel):
     """Nothing to round in fp32: three steps with weight decay and a folded clip divisor end where
     torchao's AdamW arithmetic ends, over a length that leaves a ragged last block."""
+    from torchao.optim.adam import single_param_adam
+
     device, adamw_step = kernel
     torch.manual_seed(0)
     n = 10_003
