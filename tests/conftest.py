@@ -90,6 +90,25 @@ SMOKE_SWEEP_MODULES = {"tests/launch/test_sweep.py", "tests/report/test_cli.py"}
 FIRST_MODULE = "tests/launch/test_slurm.py"
 
 
+UNGROUPED: list[str] = []  # why the tests cannot run here, when pytest-xdist's groups did not take
+
+
+def pytest_collection_finish(session):
+    """pytest-xdist marks a grouped test by appending "@group" to its id, which pytest 9.2 no longer
+    lets it do (pyproject.toml pins pytest below it); without the groups a module's fixtures (the
+    SLURM cluster) start on several workers at once. Every test then fails, saying so."""
+    if getattr(session.config.option, "loadgroup", False) and not any("@" in i.nodeid for i in session.items):
+        UNGROUPED.append(
+            f"pytest-xdist did not group the tests under pytest {pytest.__version__}; install the test "
+            "extra's pytest (`pip install -e '.[test]'`) or run with `-n 0`"
+        )
+
+
+def pytest_runtest_setup(item):
+    if UNGROUPED:
+        pytest.fail(UNGROUPED[0], pytrace=False)
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups on its workers
 def pytest_collection_modifyitems(config, items):
     """Group tests for pytest-xdist; skip GPU tests without CUDA, with the reason, never silently.
