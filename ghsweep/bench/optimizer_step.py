@@ -8,6 +8,7 @@ Times are the mean of 5 steps after 3 warm-up steps, on one device.
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable
 
 import torch
@@ -48,8 +49,6 @@ def mean_ms(step: Callable[[], object], device: torch.device, warmup: int = 3, s
         end.record()
         torch.cuda.synchronize()
         return start.elapsed_time(end) / steps
-    import time
-
     began = time.perf_counter()
     for _ in range(steps):
         step()
