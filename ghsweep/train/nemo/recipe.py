@@ -422,10 +422,12 @@ def lr_scheduler(train: DictConfig) -> tuple[type, dict[str, Any]]:
 
 
 def _map_train(recipe: Any, cfg: DictConfig, run_dir: Path) -> None:
+    import fiddle as fdl
     import nemo_run as run
     from nemo.lightning.pytorch.callbacks.nsys import NsysCallback
 
     from ghsweep.train.nemo.metrics import StepMetricsCallback
+    from ghsweep.train.nemo.optim import MegatronOptimizerWithFusedTorchAdam, megatron_uses_torch_adam
 
     t = cfg.train
     trainer = recipe.trainer
@@ -446,6 +448,8 @@ def _map_train(recipe: Any, cfg: DictConfig, run_dir: Path) -> None:
     recipe.optim.config.clip_grad = 0.0 if t.grad_clip is None else t.grad_clip
     scheduler, settings = lr_scheduler(t)
     recipe.optim.lr_scheduler = run.Config(scheduler, **settings)
+    if megatron_uses_torch_adam():
+        fdl.update_callable(recipe.optim, MegatronOptimizerWithFusedTorchAdam)
     # NsysCallback stops after the batch of its end_step: capture.num_steps steps from start_step.
     trainer.callbacks = [
         *(trainer.callbacks or []),
