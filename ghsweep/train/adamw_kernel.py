@@ -10,13 +10,23 @@ the step takes 24 ms (`python -m ghsweep.bench.optimizer_step`).
 The arithmetic is torchao's `single_param_adam` (AdamW): decoupled weight decay, states kept in the
 weight's dtype (rounded to nearest, as torchao and torch do), the update from the fp32 states
 before they are rounded, and the gradient divided by the folded clip's divisor when there is one.
+
+With `fp8_cast` (a weight trained in fp8, fp8_cached.py) the kernel also writes the new weight's
+fp8 copy (E4M3, scaled by the amax the weight had before the step) and gathers its new amax.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
+
+if TYPE_CHECKING:
+    from ghsweep.train.fp8_cached import Fp8Cast
+
+E4M3_MAX = 448.0
 
 # Each program steps BLOCK rows of 8 elements, with one Philox call a row (4 x 32 random bits).
 BLOCK = 512
@@ -26,7 +36,8 @@ BLOCK = 512
 def _adamw_kernel(
     p_ptr, g_ptr, m_ptr, v_ptr, n, divisor_ptr, seed,
     lr, beta1, beta2, eps, decay, bias1, bias2_sqrt,
-    HAS_DIVISOR: tl.constexpr, STOCHASTIC: tl.constexpr, BLOCK: tl.constexpr,
+    fp8_ptr, scale_ptr, amax_read_ptr, amax_gather_ptr, amax_zero_ptr,
+    HAS_DIVISOR: tl.constexpr, STOCHASTIC: tl.constexpr, CAST_FP8: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     column = tl.arange(0, 8)[None, :]
@@ -55,9 +66,21 @@ def _adamw_kernel(
         bits = p.to(tl.int32, bitcast=True)
         truncated = bits & -65536
         bits = tl.where(rand16 < (bits & 0xFFFF), truncated + 0x10000, truncated)
-        tl.store(p_ptr + offs, bits.to(tl.float32, bitcast=True).to(tl.bfloat16), mask=mask)
-    else:
-        tl.store(p_ptr + offs, p.to(p_ptr.dtype.element_ty), mask=mask)
+        p = bits.to(tl.float32, bitcast=True)
+    p = p.to(p_ptr.dtype.element_ty)
+    tl.store(p_ptr + offs, p, mask=mask)
+    if CAST_FP8:
+        w = p.to(tl.float32)
+        # fp8_cached._quantise's (torchao's) arithmetic: the scale from the amax in fp64, the cast of
+        # w times it in fp32, the dequantisation scale its correctly rounded reciprocal.
+        amax = tl.maximum(tl.load(amax_read_ptr).to(tl.float64), 1e-12)
+        inverse = (E4M3_MAX / amax).to(tl.float32)
+        w8 = tl.clamp(w * inverse, -E4M3_MAX, E4M3_MAX).to(tl.float8e4nv)
+        tl.store(fp8_ptr + offs, w8, mask=mask)
+        tl.atomic_max(amax_gather_ptr, tl.max(tl.max(tl.where(mask, tl.abs(w), 0.0), axis=1), axis=0))
+        if tl.program_id(0) == 0:
+            tl.store(scale_ptr, tl.math.div_rn(1.0, inverse))
+            tl.store(amax_zero_ptr, 0.0)
 
 
 def adamw_step(
@@ -73,17 +96,26 @@ def adamw_step(
     weight_decay: float,
     grad_divisor: torch.Tensor | None,
     seed: int,
+    fp8_cast: Fp8Cast | None = None,
 ) -> None:
-    """Step `param` in place (its states too); bf16 weights are rounded stochastically with `seed`."""
-    for tensor in (param, grad, exp_avg, exp_avg_sq):
+    """Step `param` in place (its states too); bf16 weights are rounded stochastically with `seed`.
+    With `fp8_cast`, also write the new weight's fp8 copy there."""
+    for tensor in (param, grad, exp_avg, exp_avg_sq, *((fp8_cast.weight_fp8,) if fp8_cast else ())):
         if not tensor.is_contiguous():
             raise ValueError("adamw_step steps contiguous tensors only")
     beta1, beta2 = betas
     n = param.numel()
     grid = (triton.cdiv(n, 8 * BLOCK),)
+    if fp8_cast is None:
+        fp8_args = (param,) * 5  # unread: CAST_FP8 is off
+    else:
+        amax, slot = fp8_cast.amax, fp8_cast.slot
+        fp8_args = (fp8_cast.weight_fp8, fp8_cast.scale, amax[slot % 3], amax[(slot + 1) % 3], amax[(slot + 2) % 3])
     _adamw_kernel[grid](
         param, grad, exp_avg, exp_avg_sq, n,
         grad_divisor if grad_divisor is not None else param, seed,
         lr, beta1, beta2, eps, weight_decay, 1 - beta1**step, (1 - beta2**step) ** 0.5,
-        HAS_DIVISOR=grad_divisor is not None, STOCHASTIC=param.dtype == torch.bfloat16, BLOCK=BLOCK,
+        *fp8_args,
+        HAS_DIVISOR=grad_divisor is not None, STOCHASTIC=param.dtype == torch.bfloat16,
+        CAST_FP8=fp8_cast is not None, BLOCK=BLOCK,
     )  # fmt: skip

@@ -2,8 +2,9 @@
 
 Transformer Engine when it is importable (NeMo containers ship it): its te.Linear layers under
 te.fp8_autocast with a delayed- or current-scaling recipe; format hybrid = E4M3 forward, E5M2
-backward. Otherwise torchao's float8 training (tensorwise dynamic scaling = current scaling) for
-trained weights, and fp8_frozen's once-quantised copies for frozen ones (a LoRA base model).
+backward. Otherwise fp8_cached's layers, torchao's tensorwise recipe with the weights cast outside
+the GEMMs: once for frozen weights (a LoRA base model), once a step for trained ones. Weights that
+FSDP2 shards (DTensors) are cast by torchao's float8 training in every forward instead.
 lm_head and the LoRA adapters stay in bf16: fp8 pays off only on large GEMMs.
 """
 
@@ -34,9 +35,16 @@ def _is_fp8_target(name: str, module: nn.Module) -> bool:
     return module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
-def apply_fp8(model: nn.Module, precision_cfg: DictConfig, precision: Precision, fsdp_all_gather: bool = False) -> str:
-    """Swap the target linear layers for fp8 ones; returns the library used. `fsdp_all_gather`:
-    torchao casts the weights to fp8 before FSDP2 gathers them (half the bytes of bf16)."""
+def apply_fp8(
+    model: nn.Module,
+    precision_cfg: DictConfig,
+    precision: Precision,
+    fsdp_sharded: bool = False,
+    fsdp_all_gather: bool = False,
+) -> str:
+    """Swap the target linear layers for fp8 ones; returns the library used. `fsdp_sharded`: FSDP2
+    will shard the trained weights; `fsdp_all_gather`: torchao then casts them to fp8 before FSDP2
+    gathers them (half the bytes of bf16)."""
     library = fp8_library(precision_cfg.library)
     if library == "torchao":
         if precision_cfg.scaling != "current":
@@ -46,10 +54,12 @@ def apply_fp8(model: nn.Module, precision_cfg: DictConfig, precision: Precision,
             )
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-        from ghsweep.train.fp8_frozen import freeze_to_fp8
+        from ghsweep.train.fp8_cached import freeze_to_fp8, train_in_fp8
 
-        # Frozen weights (a LoRA base) are quantised once; trained ones by torchao every step.
         freeze_to_fp8(model, _is_fp8_target)
+        if not fsdp_sharded:
+            train_in_fp8(model, _is_fp8_target)
+            return library
         convert_to_float8_training(
             model,
             config=Float8LinearConfig(enable_fsdp_float8_all_gather=fsdp_all_gather),

@@ -34,6 +34,7 @@ from ghsweep.train import data as dolly
 from ghsweep.train import distributed
 from ghsweep.train.device import peak_memory_gib
 from ghsweep.train.flops import ModelShape, run_flops_per_token
+from ghsweep.train.fp8_cached import TrainedFp8Linear
 from ghsweep.train.loss import causal_lm_loss
 from ghsweep.train.model import apply_peft, build_model, count_parameters
 from ghsweep.train.offload import ActivationOffload
@@ -56,6 +57,7 @@ class Model:
     compiled: bool
     data_parallel: str | None  # ddp | fsdp with several ranks, else None
     fp8_library: str | None
+    fp8_layers: list[TrainedFp8Linear]  # trained weights whose fp8 copies each optimizer step remakes
     offload: ActivationOffload | None
 
     def trained_parameters(self) -> list[nn.Parameter]:
@@ -65,25 +67,39 @@ class Model:
 
 class OptimizerStep:
     """One optimizer step after backward: AdamW (`kind`, see optim.optimizer_for) with its schedule, or
-    (train.optimizer_in_backward) the end of the per-tensor AdamW steps that ran during backward."""
+    (train.optimizer_in_backward) the end of the per-tensor AdamW steps that ran during backward; then
+    the fp8 copies of `fp8_layers`' weights that the optimizer's kernel did not write."""
 
     def __init__(
-        self, trained: list[nn.Parameter], train_cfg: DictConfig, device: torch.device, precision: Precision, kind: str
+        self,
+        trained: list[nn.Parameter],
+        train_cfg: DictConfig,
+        device: torch.device,
+        precision: Precision,
+        kind: str,
+        fp8_layers: list[TrainedFp8Linear],
     ):
         self._trained, self._grad_clip, self._precision = trained, train_cfg.grad_clip, precision
+        self._fp8_layers, self._steps = fp8_layers, 0
         self._in_backward = (
             AdamStepsInBackward(trained, train_cfg, device, kind) if train_cfg.optimizer_in_backward else None
         )
         if self._in_backward is None:
             self._optimizer, self._schedule = make_optimizer(trained, train_cfg, device, kind)
+            if hasattr(self._optimizer, "fp8_layers"):  # adamw_sr: its kernel writes the copies
+                self._optimizer.fp8_layers = {layer.weight: layer for layer in fp8_layers}
 
     def __call__(self) -> None:
         if self._in_backward is not None:
             self._in_backward.end_step()
-            return
-        self._precision.step(self._optimizer, self._trained, self._grad_clip)
-        self._schedule.step()
-        self._optimizer.zero_grad(set_to_none=True)
+        else:
+            self._precision.step(self._optimizer, self._trained, self._grad_clip)
+            self._schedule.step()
+            self._optimizer.zero_grad(set_to_none=True)
+        self._steps += 1
+        for layer in self._fp8_layers:
+            if layer.casts < self._steps:
+                layer.cast()
 
 
 def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None) -> RunSummary:
@@ -121,7 +137,9 @@ def _train(
     model = build(cfg, plan, ranks, device, precision, attention, optimizer)
     blocks = dolly.load_blocks(cfg, model.tokenizer)
     loader = make_loader(cfg, blocks, ranks, device)
-    optimizer_step = OptimizerStep(model.trained_parameters(), cfg.train, device, precision, optimizer)
+    optimizer_step = OptimizerStep(
+        model.trained_parameters(), cfg.train, device, precision, optimizer, model.fp8_layers
+    )
     # The global batch: every rank trains micro_batch_size blocks per step.
     tokens_per_step = cfg.train.micro_batch_size * cfg.train.seq_length * ranks.world_size
     log = StepLog(run_dir / METRICS if ranks.is_main else None, device, tokens_per_step)
@@ -228,10 +246,13 @@ def build(
     if precision.name == "fp8":
         from ghsweep.train.fp8 import apply_fp8
 
+        fsdp = plan.data_parallel == "fsdp" and ranks.world_size > 1
         # torchao's fp8 all-gather wraps the trained weights in a tensor subclass that torch.compile, and so
-        # torchao's own AdamW, cannot step; FSDP2 then gathers them in bf16. One rank gathers nothing.
-        fp8_all_gather = plan.data_parallel == "fsdp" and ranks.world_size > 1 and optimizer == "adamw"
-        fp8_library = apply_fp8(hf_model, cfg.precision, precision, fsdp_all_gather=fp8_all_gather)
+        # torchao's own AdamW, cannot step; FSDP2 then gathers them in bf16.
+        fp8_library = apply_fp8(
+            hf_model, cfg.precision, precision, fsdp_sharded=fsdp, fsdp_all_gather=fsdp and optimizer == "adamw"
+        )
+    fp8_layers = [m for m in hf_model.modules() if isinstance(m, TrainedFp8Linear)]
     hf_model.train()
 
     causal_lm = hf_model.get_base_model() if lora else hf_model
@@ -248,7 +269,9 @@ def build(
     offload = None
     if cfg.offload.enabled and device.type == "cuda":
         offload = ActivationOffload(decoder.layers, cfg.offload.num_layers)
-    return Model(train_step, causal_lm.config, tokenizer, random_init, params, compiled, parallel, fp8_library, offload)
+    return Model(
+        train_step, causal_lm.config, tokenizer, random_init, params, compiled, parallel, fp8_library, fp8_layers, offload
+    )
 
 
 def make_loader(

@@ -19,6 +19,8 @@ from torch.distributed.tensor import DTensor
 from torchao.optim import AdamW8bit, _AdamW
 from torchao.optim.adam import single_param_adam
 
+from ghsweep.train.fp8_cached import TrainedFp8Linear
+
 
 def _adamw_step(
     param: torch.Tensor,
@@ -92,10 +94,12 @@ class _CompiledOnce:
 
 
 class StochasticAdamW(_CompiledOnce, _AdamW):
-    """torchao's AdamW; bf16 weights rounded stochastically. On a GPU, one Triton kernel a tensor."""
+    """torchao's AdamW; bf16 weights rounded stochastically. On a GPU, one Triton kernel a tensor,
+    which also writes the fp8 copy of a weight in `fp8_layers` (weight -> its TrainedFp8Linear)."""
 
     def __init__(self, params, lr: float, weight_decay: float) -> None:
         super().__init__(params, lr=lr, weight_decay=weight_decay, bf16_stochastic_round=True)
+        self.fp8_layers: dict[torch.Tensor, TrainedFp8Linear] = {}
 
     def _step_tensor(self, param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict, index: int) -> None:
         tensors = [_local(t) for t in (param, grad, state["exp_avg"], state["exp_avg_sq"])]
@@ -106,6 +110,7 @@ class StochasticAdamW(_CompiledOnce, _AdamW):
         from ghsweep.train.adamw_kernel import adamw_step
 
         step = int(state["step"])
+        fp8_layer = self.fp8_layers.get(param)
         # Every data-parallel replica must round alike: the seed depends on the step and the tensor only.
         adamw_step(
             *tensors,
@@ -116,6 +121,7 @@ class StochasticAdamW(_CompiledOnce, _AdamW):
             weight_decay=group["weight_decay"],
             grad_divisor=self.grad_scale,
             seed=(step * 1_000_003 + index) % 2**31,
+            fp8_cast=None if fp8_layer is None else fp8_layer.fused_cast(),
         )
 
 

@@ -101,3 +101,34 @@ def test_strided_tensors_are_refused(kernel):
             weights, weights, weights, weights, step=1, lr=1e-3, weight_decay=0.0, grad_divisor=None, seed=0,
             **HYPER,
         )  # fmt: skip
+
+
+def test_the_step_writes_the_fp8_copy_of_the_weight_it_writes(kernel):
+    """A weight trained in fp8 (fp8_cached.TrainedFp8Linear): the same step also writes the new
+    weight's E4M3 copy, scaled by the amax before the step as fp8_cached._quantise scales (on CPU
+    only the scales: Triton's interpreter rounds fp8 its own way), gathers the new amax into the
+    next slot of the ring and clears the one after it."""
+    from torch import nn
+
+    from ghsweep.train.fp8_cached import E4M3, TrainedFp8Linear, _quantise
+
+    device, adamw_step = kernel
+    torch.manual_seed(0)
+    layer = TrainedFp8Linear(nn.Linear(96, 1000, bias=False, dtype=torch.bfloat16, device=device))
+    plain = layer.weight.detach().clone()
+    for step in (1, 2):
+        grad = torch.randn_like(plain) * 1e-2
+        before = layer.weight.detach().abs().amax().float()
+        layer.amax[(step + 1) % 3] = 123.0  # stale: the kernel must clear it
+        with torch.no_grad():
+            states = [torch.zeros_like(plain) for _ in range(4)]
+            hyper = dict(step=step, lr=1e-2, weight_decay=0.0, grad_divisor=None, seed=7, **HYPER)
+            adamw_step(layer.weight.data, grad, *states[:2], fp8_cast=layer.fused_cast(), **hyper)
+            adamw_step(plain, grad, *states[2:], **hyper)
+        assert torch.equal(layer.weight, plain)  # the weight's own step is unchanged
+        assert layer.amax[step % 3] == plain.abs().amax().float() and layer.amax[step % 3] != before
+        assert layer.amax[(step + 1) % 3] == 0.0
+        expected, scale = _quantise(plain, E4M3, amax=before)
+        assert torch.equal(layer.scale, scale)
+        if device == "cuda":
+            assert torch.equal(layer.weight_fp8.view(torch.uint8), expected.view(torch.uint8))

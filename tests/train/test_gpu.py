@@ -78,7 +78,8 @@ def test_fp8_replaces_decoder_linears():
     model, _, _ = build_model(model_cfg, torch.device("cuda"), torch.bfloat16)
     apply_fp8(model, prec_cfg, Precision(prec_cfg, torch.device("cuda")))
     kinds = {type(m).__name__ for name, m in model.named_modules() if name.endswith(("q_proj", "down_proj"))}
-    assert kinds and all("Float8" in k for k in kinds), kinds
+    # One rank: trained weights with fp8 copies the optimizer step remakes (FSDP2: torchao's Float8Linear).
+    assert kinds == {"TrainedFp8Linear"}, kinds
     assert type(model.lm_head).__name__ == "Linear"
     # With LoRA the frozen base layers get fp8 weights quantised once; the adapters stay bf16.
     lora_model = apply_peft(

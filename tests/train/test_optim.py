@@ -175,24 +175,39 @@ def test_auto_rounds_stochastically_for_full_fine_tuning_in_bf16(choice, peft, d
     assert optimizer_for(choice, peft, dtype) == expected
 
 
-def test_stochastic_rounding_steps_the_weights_of_torchao_fp8_layers():
-    """precision=fp8 peft=none on one rank: torchao's float8 layers keep plain bf16 weights, which its
-    AdamW steps (torchao's fp8 all-gather subclass, used only under FSDP2 with torch's AdamW, it cannot)."""
+@pytest.mark.parametrize("kind", ["adamw", "adamw_sr"])
+def test_every_optimizer_step_remakes_the_fp8_copies_of_the_weights_it_stepped(kind):
+    """precision=fp8 peft=none on one rank: the layers keep plain bf16 weights, which either AdamW
+    steps; after each step their fp8 copies are those of the stepped weights (on a GPU adamw_sr's
+    kernel writes them, test_adamw_kernel.py; elsewhere, and after torch's AdamW, a cast does)."""
     from ghsweep.train.fp8 import apply_fp8
+    from ghsweep.train.fp8_cached import E4M3, TrainedFp8Linear, _quantise
+    from ghsweep.train.torch_train import OptimizerStep
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 64, bias=False)).bfloat16()
     precision_cfg = OmegaConf.create({"name": "fp8", "library": "torchao", "scaling": "current"})
     assert apply_fp8(model, precision_cfg, Precision(precision_cfg, torch.device("cpu"))) == "torchao"
-    assert type(model[0]).__name__ == "Float8Linear"
-    optimizer, _ = make_optimizer(
-        model.parameters(), OmegaConf.merge(TRAIN, {"lr": 1e-3}), torch.device("cpu"), "adamw_sr"
+    layers = [m for m in model if isinstance(m, TrainedFp8Linear)]
+    assert len(layers) == 2
+    bf16 = OmegaConf.create({"name": "bf16"})
+    optimizer_step = OptimizerStep(
+        list(model.parameters()),
+        OmegaConf.merge(TRAIN, {"lr": 1e-3, "grad_clip": None, "optimizer_in_backward": False}),
+        torch.device("cpu"),
+        Precision(bf16, torch.device("cpu")),
+        kind,
+        layers,
     )
-    before = [p.detach().clone() for p in model.parameters()]
-    model(torch.randn(16, 64, dtype=torch.bfloat16)).float().square().sum().backward()
-    optimizer.step()
-    for weight, start in zip(model.parameters(), before):
-        assert (weight != start).float().mean() > 0.5
+    for step in (1, 2):
+        before = [p.detach().clone() for p in model.parameters()]
+        model(torch.randn(16, 64, dtype=torch.bfloat16)).float().square().sum().backward()
+        optimizer_step()
+        for layer, start in zip(layers, before):
+            assert (layer.weight != start).float().mean() > 0.5
+            expected, scale = _quantise(layer.weight.detach(), E4M3)
+            assert layer.casts == step and torch.equal(layer.scale, scale)
+            assert torch.equal(layer.weight_fp8.view(torch.uint8), expected.view(torch.uint8))
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
