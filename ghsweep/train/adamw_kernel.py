@@ -26,7 +26,7 @@ import triton.language as tl
 if TYPE_CHECKING:
     from ghsweep.train.fp8_cached import Fp8Cast
 
-E4M3_MAX = 448.0
+E4M3_MAX = tl.constexpr(448.0)  # E4M3's largest finite value
 
 # Each program steps BLOCK rows of 8 elements, with one Philox call a row (4 x 32 random bits).
 BLOCK = 512
