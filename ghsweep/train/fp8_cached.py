@@ -30,7 +30,9 @@ from torch import nn
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
-def _quantise(x: torch.Tensor, dtype: torch.dtype, amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantise(
+    x: torch.Tensor, dtype: torch.dtype, amax: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(x in fp8, its dequantisation scale: x ~ fp8 * scale), the tensor's amax mapped to the format's
     largest value. The arithmetic is torchao's (amax_to_scale, then a saturated cast of x * 1/scale in
     fp32), so the fp8 bytes are the ones torchao's tensorwise recipe makes."""
@@ -62,9 +64,7 @@ class _Fp8Matmul(torch.autograd.Function):
         x2d = x.reshape(-1, x.shape[-1])
         x8, x_scale = _quantise(x2d, E4M3)
         # weight_fp8 is row-major (out, in): its .t() is the column-major (in, out) operand.
-        y = torch._scaled_mm(
-            x8, weight_fp8.t(), scale_a=x_scale, scale_b=scale, out_dtype=x.dtype, use_fast_accum=True
-        )
+        y = torch._scaled_mm(x8, weight_fp8.t(), scale_a=x_scale, scale_b=scale, out_dtype=x.dtype, use_fast_accum=True)
         trains_weight = weight is not None and weight.requires_grad
         ctx.weight_dtype = None if weight is None else weight.dtype
         ctx.save_for_backward(weight_fp8, weight_fp8_t, scale, *((x8, x_scale) if trains_weight else ()))
@@ -126,6 +126,12 @@ class Fp8Cast:
 class TrainedFp8Linear(nn.Module):
     """A bias-free linear layer with a trained bf16 weight and its fp8 copy, remade once a step."""
 
+    weight: nn.Parameter
+    weight_fp8: torch.Tensor
+    scale: torch.Tensor
+    amax: torch.Tensor
+    casts: int  # fp8 copies made after the first
+
     def __init__(self, linear: nn.Linear):
         super().__init__()
         if linear.bias is not None or not linear.weight.requires_grad:
@@ -175,22 +181,18 @@ def _swap_linears(model: nn.Module, is_target: Callable[[str, nn.Module], bool],
     return swapped
 
 
+def _bias_free_linear(module: nn.Module, trained: bool) -> bool:
+    return isinstance(module, nn.Linear) and module.bias is None and module.weight.requires_grad == trained
+
+
 def freeze_to_fp8(model: nn.Module, is_target: Callable[[str, nn.Module], bool]) -> int:
     """Replace every frozen, bias-free target linear layer (`is_target(name, module)`) in place;
     returns how many."""
-    return _swap_linears(
-        model,
-        lambda name, m: is_target(name, m) and not m.weight.requires_grad and m.bias is None,
-        FrozenFp8Linear,
-    )
+    return _swap_linears(model, lambda name, m: is_target(name, m) and _bias_free_linear(m, False), FrozenFp8Linear)
 
 
 def train_in_fp8(model: nn.Module, is_target: Callable[[str, nn.Module], bool]) -> list[TrainedFp8Linear]:
     """Replace every trained, bias-free target linear layer in place; returns the new layers, whose
     fp8 copies must be remade after each optimizer step (`cast`, or the optimizer's `fused_cast`)."""
-    _swap_linears(
-        model,
-        lambda name, m: is_target(name, m) and m.weight.requires_grad and m.bias is None,
-        TrainedFp8Linear,
-    )
+    _swap_linears(model, lambda name, m: is_target(name, m) and _bias_free_linear(m, True), TrainedFp8Linear)
     return [m for m in model.modules() if isinstance(m, TrainedFp8Linear)]

@@ -270,7 +270,16 @@ def build(
     if cfg.offload.enabled and device.type == "cuda":
         offload = ActivationOffload(decoder.layers, cfg.offload.num_layers)
     return Model(
-        train_step, causal_lm.config, tokenizer, random_init, params, compiled, parallel, fp8_library, fp8_layers, offload
+        train_step,
+        causal_lm.config,
+        tokenizer,
+        random_init,
+        params,
+        compiled,
+        parallel,
+        fp8_library,
+        fp8_layers,
+        offload,
     )
 
 
