@@ -75,8 +75,8 @@ class _Fp8Matmul(torch.autograd.Function):
         weight_fp8, weight_fp8_t, scale, *saved_input = ctx.saved_tensors
         g2d = grad.reshape(-1, grad.shape[-1])
         g8, g_scale = _quantise(g2d, E5M2)
-        weight_t = weight_fp8.t().contiguous() if weight_fp8_t is None else weight_fp8_t
-        grad_x = torch._scaled_mm(g8, weight_t.t(), scale_a=g_scale, scale_b=scale, out_dtype=grad.dtype)
+        weight_column_major = _column_major(weight_fp8) if weight_fp8_t is None else weight_fp8_t.t()
+        grad_x = torch._scaled_mm(g8, weight_column_major, scale_a=g_scale, scale_b=scale, out_dtype=grad.dtype)
         grad_weight = None
         if saved_input:
             x8, x_scale = saved_input
@@ -191,8 +191,7 @@ def freeze_to_fp8(model: nn.Module, is_target: Callable[[str, nn.Module], bool])
     return _swap_linears(model, lambda name, m: is_target(name, m) and _bias_free_linear(m, False), FrozenFp8Linear)
 
 
-def train_in_fp8(model: nn.Module, is_target: Callable[[str, nn.Module], bool]) -> list[TrainedFp8Linear]:
-    """Replace every trained, bias-free target linear layer in place; returns the new layers, whose
-    fp8 copies must be remade after each optimizer step (`cast`, or the optimizer's `fused_cast`)."""
-    _swap_linears(model, lambda name, m: is_target(name, m) and _bias_free_linear(m, True), TrainedFp8Linear)
-    return [m for m in model.modules() if isinstance(m, TrainedFp8Linear)]
+def train_in_fp8(model: nn.Module, is_target: Callable[[str, nn.Module], bool]) -> int:
+    """Replace every trained, bias-free target linear layer in place; returns how many. Their fp8
+    copies must be remade after each optimizer step (`cast`, or the optimizer's `fused_cast`)."""
+    return _swap_linears(model, lambda name, m: is_target(name, m) and _bias_free_linear(m, True), TrainedFp8Linear)
