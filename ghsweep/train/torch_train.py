@@ -153,7 +153,12 @@ def _train(
             plan.profile, run_dir, device, cfg.capture.start_step, cfg.capture.num_steps, ranks.rank
         ) as profiler,
         # The partitioner reads the budget when each compiled region is first traced (in the first step).
-        torch._functorch.config.patch(activation_memory_budget=cfg.train.activation_memory_budget),
+        # Under a budget it picks what to recompute by cost: on a GPU it times each candidate op there
+        # ("profile"); its default counts FLOPs only, so every memory-bound op looks free to redo.
+        torch._functorch.config.patch(
+            activation_memory_budget=cfg.train.activation_memory_budget,
+            activation_memory_budget_runtime_estimator="profile" if device.type == "cuda" else "flops",
+        ),
     ):
         batches = dolly.endless(loader)
         for step in range(cfg.train.max_steps):
