@@ -1,5 +1,5 @@
 """train.activation_memory_budget: a compiled decoder layer under a lower budget keeps fewer bytes
-for backward and computes the same gradients (CPU, torch.compile's own partitioner)."""
+for backward and computes the same gradients (CPU, torch.compile's own partitioner, set as training sets it)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ghsweep.train.model import apply_peft, build_model
+from ghsweep.train.torch_train import partitioner_settings
 from tests.conftest import CONF_DIR
 
 
@@ -26,7 +27,7 @@ def saved_bytes_and_grads(layer: torch.nn.Module, budget: float, x: torch.Tensor
         return tensor
 
     x = x.detach().requires_grad_()
-    with torch._functorch.config.patch(activation_memory_budget=budget):
+    with torch._functorch.config.patch(**partitioner_settings(budget, x.device)):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             out = layer(x, position_embeddings=embeddings)
         (out[0] if isinstance(out, tuple) else out).square().mean().backward()
