@@ -303,7 +303,10 @@ def measure(cfg: DictConfig, plan: RunPlan, exit: WorkerExit, result: RunResult)
         "startup_s": train["ready_at"] - exit.started_at + train["import_s"],
         "setup_s": train["setup_s"],
         "train_s": train["train_s"],
+        # From the loop's end to the worker's exit: the summary, and nsys stopping and writing its report.
+        "worker_exit_s": exit.started_at + exit.wall_s - train["setup_at"] - train["setup_s"] - train["train_s"],
     }
+    analysis_started = time.time()
     # The ncu pass reruns a short worker in a subfolder, under ncu in place of nsys (inside the container).
     profile = after_worker(
         cfg,
@@ -311,6 +314,8 @@ def measure(cfg: DictConfig, plan: RunPlan, exit: WorkerExit, result: RunResult)
         plan.profile,
         lambda prefix, work: run_worker(worker_command(cfg, work, prefix), work, timeout_s(plan)).returncode,
     )
+    # Export, analysis, the ncu pass, the profile report and its plots.
+    result.timing["analysis_s"] = time.time() - analysis_started
     result.metrics.update(profile.metrics)
     return summary, profile
 

@@ -1,0 +1,98 @@
+"""Where a sweep's wall time went, per combination: `python benchmarks/time_to_answer.py SWEEP_DIR --wall S`.
+
+Reads each run's result.json (the job's timing), metrics.jsonl (the step times) and config.yaml (the
+warm-up length) and prints one row per combination: worker start and imports, set-up (model, data,
+optimizer), the first steps (compile, autotune, allocator warm-up: the loop's time outside the steady
+steps), the steady steps themselves, the worker's exit (the profiler writing its report), the profile
+analysis (export, ncu pass, report, plots) and the MLflow record. `fixed_s` is the wall time that was
+not steady-step time; the sweep's own time is the sweep's wall (`--wall`, timed by the caller) less
+its runs' walls: Hydra's start, the sweep's parent run, the comparison report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+COLUMNS = ("startup_s", "setup_s", "first_steps_s", "steady_s", "worker_exit_s", "analysis_s", "record_s", "wall_s")
+
+
+def steady_seconds(run_dir: Path) -> tuple[float, int]:
+    """(seconds, count) of the steps after the run's train.warmup_steps, as step_time_ms counts them."""
+    warmup = OmegaConf.load(run_dir / "config.yaml").train.warmup_steps
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steady = [row["step_time_ms"] for row in steps if row["step"] >= warmup]
+    return sum(steady) / 1000, len(steady)
+
+
+def run_row(run_dir: Path, shared: set[str]) -> dict:
+    result = json.loads((run_dir / "result.json").read_text())
+    timing = result["timing"]
+    swept = " ".join(o for o in result["overrides"] if o not in shared)
+    row = {"run": swept or result["name"], "status": result["status"]}
+    if result["status"] != "FINISHED":
+        return row | {"wall_s": timing.get("wall_s")}
+    steady_s, steady_steps = steady_seconds(run_dir)
+    row |= {k: timing.get(k) for k in ("startup_s", "setup_s", "worker_exit_s", "analysis_s", "record_s", "wall_s")}
+    row |= {
+        "first_steps_s": timing["train_s"] - steady_s,
+        "steady_s": steady_s,
+        "steady_steps": steady_steps,
+        "fixed_s": timing["wall_s"] - steady_s,
+        "tokens_per_s": result["metrics"].get("tokens_per_s"),
+    }
+    return row
+
+
+def sweep_rows(sweep_dir: Path) -> list[dict]:
+    runs = sorted((p for p in sweep_dir.iterdir() if (p / "result.json").exists()), key=lambda p: int(p.name))
+    overrides = [set(json.loads((p / "result.json").read_text())["overrides"]) for p in runs]
+    # Name each run by what it sweeps: the overrides every run shares say nothing about it.
+    shared = set.intersection(*overrides) if len(overrides) > 1 else set()
+    return [run_row(p, shared) for p in runs]
+
+
+def table(rows: list[dict], wall_s: float | None) -> str:
+    header = ("#", "run", *COLUMNS, "fixed_s", "tokens/s")
+    lines = [" | ".join(header), " | ".join("---" for _ in header)]
+    for i, row in enumerate(rows):
+        cells = [str(i), row["run"]]
+        cells += [f"{row[c]:.1f}" if row.get(c) is not None else "-" for c in (*COLUMNS, "fixed_s")]
+        cells.append(f"{row['tokens_per_s']:,.0f}" if row.get("tokens_per_s") else row["status"])
+        lines.append(" | ".join(cells))
+    runs_wall = sum(r["wall_s"] or 0 for r in rows)
+    fixed = [r["fixed_s"] for r in rows if "fixed_s" in r]
+    lines.append("")
+    steady_s = sum(r.get("steady_s", 0) for r in rows)
+    lines.append(f"runs: {len(rows)}, their walls {runs_wall:.1f} s, steady steps {steady_s:.1f} s")
+    if fixed:
+        later = fixed[1:] or fixed
+        later_s = statistics.median(later)
+        lines.append(f"fixed cost per combination: first {fixed[0]:.1f} s, later median {later_s:.1f} s")
+    if wall_s is not None:
+        own_s = wall_s - runs_wall
+        lines.append(f"sweep wall {wall_s:.1f} s, of which the sweep's own time (outside its runs) {own_s:.1f} s")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("sweep_dir", type=Path)
+    parser.add_argument("--wall", type=float, help="the sweep's wall time in seconds, as the caller timed it")
+    parser.add_argument("--label", default="", help="a name for this sweep in the JSON (e.g. the command)")
+    parser.add_argument("--json", type=Path, help="append the rows to this JSON file (a list of sweeps)")
+    args = parser.parse_args()
+    rows = sweep_rows(args.sweep_dir)
+    print(table(rows, args.wall))
+    if args.json:
+        sweeps = json.loads(args.json.read_text()) if args.json.exists() else []
+        sweeps.append({"label": args.label, "sweep_dir": str(args.sweep_dir), "wall_s": args.wall, "runs": rows})
+        args.json.write_text(json.dumps(sweeps, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Time to answer: where a sweep's wall time goes, per combination (worker start and imports, set-up,
+# first steps, steady steps, the worker's exit, profile analysis, MLflow record, the sweep's own time).
+#   OUT=results bash benchmarks/time_to_answer.sh user7b default      # on a GPU machine
+#   OUT=results bash benchmarks/time_to_answer.sh cpu_smoke           # the README's first command
+# Each named line runs once through the CLI; $OUT/time_to_answer.json collects the rows of every line
+# and the table is printed after each. LABEL (default: the checkout's commit) names the code measured:
+# run it from an older checkout with the same OUT to put before and after side by side.
+set -u
+OUT=${OUT:?set OUT to the folder for the results}
+WORK=${WORK:-/tmp/time_to_answer}
+LABEL=${LABEL:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+mkdir -p "$OUT" "$WORK"
+declare -A LINES=(
+  # The user's line on the seed's model: Llama-2-7B shape, seq 4096, micro-batch 1, under nsys.
+  [user7b]="precision=bf16,fp8 offload=on,off model=llama2_7b profile=nsys train.seq_length=4096 train.micro_batch_size=1 train.max_steps=12"
+  # The headline line on its defaults (tiny model; nsys where it is found).
+  [default]="precision=bf16,fp8 offload=on,off"
+  # The README's first command.
+  [cpu_smoke]="experiment=smoke precision=fp32,bf16 offload=off,on"
+)
+for name in "$@"; do
+  [[ -n ${LINES[$name]:-} ]] || { echo "unknown line '$name'; accepted: ${!LINES[*]}"; exit 2; }
+  dir="$WORK/$LABEL-$name"
+  rm -rf "$dir"
+  # shellcheck disable=SC2206  # the line's overrides are words on purpose
+  command=(python3 -m ghsweep -m ${LINES[$name]} "hydra.sweep.dir=$dir/sweep" "tracking.uri=sqlite:///$dir/mlflow.db")
+  echo "+ ${command[*]}"
+  start=$(date +%s.%N)
+  "${command[@]}" > "$dir.log" 2>&1 || echo "sweep exit $? (log: $dir.log)"
+  wall=$(python3 -c "import sys, time; print(round(time.time() - float(sys.argv[1]), 1))" "$start")
+  echo "== $LABEL $name: ${wall} s"
+  python3 "$(dirname "$0")/time_to_answer.py" "$dir/sweep" --wall "$wall" --label "$LABEL $name: ${command[*]}" \
+    --json "$OUT/time_to_answer.json"
+done
