@@ -29,14 +29,19 @@ NOT_FOR_THE_WORKER = (
     "ghsweep.tracking",
     "matplotlib",
 )
+# The worker ends through os._exit (or sys.exit under a CUDA tool): both print what it loaded first.
 WORKER = f"""
-import json, runpy, sys
+import json, os, runpy, sys
+def print_loaded():
+    loaded = sorted({{m for m in sys.modules for p in {NOT_FOR_THE_WORKER!r} if m == p or m.startswith(p + ".")}})
+    print("LOADED " + json.dumps(loaded), flush=True)
+exit_process = os._exit
+os._exit = lambda code: (print_loaded(), exit_process(code))
 sys.argv = ["ghsweep.train.worker", sys.argv[1]]
 try:
     runpy.run_module("ghsweep.train.worker", run_name="__main__")
-except SystemExit as exit:
-    loaded = sorted({{m for m in sys.modules for p in {NOT_FOR_THE_WORKER!r} if m == p or m.startswith(p + ".")}})
-    print("LOADED " + json.dumps(loaded))
+except SystemExit:
+    print_loaded()
     raise
 """
 
@@ -137,3 +142,21 @@ def test_a_failure_replaces_an_earlier_attempts_error_but_not_another_ranks(tmp_
     assert run_worker(tmp_path, RANK="1").returncode == 1
     assert not json.loads(error_file.read_text())["message"].startswith("rank 1: ")
     assert not list(tmp_path.glob(".worker_error.*"))
+
+
+def test_the_worker_leaves_no_process_behind_when_it_exits(tmp_path):
+    # The worker skips the interpreter's teardown (seconds): whatever it started (persistent
+    # data-loader workers here) must still be gone when it exits, as they share its log pipe.
+    cfg = composed("experiment=smoke", "train.max_steps=2", "train.seq_length=64", "dataloader.persistent_workers=true")
+    planned_run(tmp_path, cfg)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ghsweep.train.worker", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    assert proc.wait(timeout=600) == 0, proc.stdout.read().decode()[-3000:]  # type: ignore[union-attr]
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)
+    proc.stdout.close()  # type: ignore[union-attr]
+    assert json.loads((tmp_path / SUMMARY).read_text())["metrics"]["steps"] == 2
