@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 from ghsweep.launch import interrupts
 from ghsweep.launch.callbacks import SweepCallback, finish_sweep
 from ghsweep.launch.job import run_one
+from ghsweep.launch.overrides import refusals
 from ghsweep.tracking import redact
 
 MAX_SHOWN_CHARS = 200
@@ -39,6 +40,9 @@ def check_overrides(argv: list[str]) -> None:
                 f"ghsweep: override {_shown(shown)} cannot be parsed{detail}; quote a value with spaces, "
                 "brackets, quotes, $, newlines or non-ASCII characters: 'key=\"value\"'"
             ) from None
+    refused = refusals(get_args_parser().parse_known_args(argv)[0].overrides)
+    if refused:
+        raise SystemExit("\n".join(f"ghsweep: {line}" for line in refused))
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
