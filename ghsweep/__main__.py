@@ -52,7 +52,8 @@ def main(cfg: DictConfig) -> dict:
 
     result = run_one(cfg)
     if result.status not in ("FINISHED", "DRY_RUN") and HydraConfig.get().mode == RunMode.RUN:
-        raise SystemExit(f"ghsweep: run failed: {result.error}")
+        outcome = "not runnable" if result.status == "NOT_RUNNABLE" else "run failed"
+        raise SystemExit(f"ghsweep: {outcome}: {result.error}")
     return result.__dict__
 
 

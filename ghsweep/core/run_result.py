@@ -14,7 +14,8 @@ class RunResult:
     name: str
     run_dir: str
     overrides: list[str]
-    status: str  # an MLflow run status: FINISHED, FAILED or KILLED (RUNNING while it trains)
+    # an MLflow run status: FINISHED, FAILED or KILLED (RUNNING while it trains); a dry run: DRY_RUN or NOT_RUNNABLE
+    status: str
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)
