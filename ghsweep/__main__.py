@@ -11,7 +11,9 @@ from ghsweep.launch import interrupts
 from ghsweep.launch.callbacks import SweepCallback, finish_sweep
 from ghsweep.launch.job import run_one
 from ghsweep.launch.overrides import refusals
+from ghsweep.report.run_report import summary_line
 from ghsweep.tracking import redact
+from ghsweep.tracking.mlflow_store import absolute_tracking_uri
 
 MAX_SHOWN_CHARS = 200
 
@@ -51,9 +53,14 @@ def main(cfg: DictConfig) -> dict:
     from hydra.types import RunMode
 
     result = run_one(cfg)
-    if result.status not in ("FINISHED", "DRY_RUN") and HydraConfig.get().mode == RunMode.RUN:
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.RUN or result.status == "DRY_RUN":
+        return result.__dict__
+    if result.status != "FINISHED":
         outcome = "not runnable" if result.status == "NOT_RUNNABLE" else "run failed"
-        raise SystemExit(f"ghsweep: {outcome}: {result.error}")
+        raise SystemExit(f"ghsweep: {outcome}: {result.error} (run directory {result.run_dir})")
+    uri = absolute_tracking_uri(cfg.tracking.uri, hydra_cfg.runtime.cwd)
+    print(summary_line(result, uri, cfg.tracking.experiment), flush=True)
     return result.__dict__
 
 

@@ -20,6 +20,8 @@ class RunResult:
     metrics: dict[str, float] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)
     mlflow_run_id: str | None = None
+    # A combination a resumed sweep did not rerun: its result is this earlier run's (MLflow run id).
+    reused: bool = False
 
     def save(self) -> None:
         """Written whole or not at all: a full disk leaves the last complete result.json, never a cut one."""

@@ -46,7 +46,7 @@ from ghsweep.core.run_result import RunResult
 from ghsweep.core.summary import RunSummary
 from ghsweep.launch import interrupts
 from ghsweep.launch.dry_run import describe
-from ghsweep.launch.plan import check_anywhere, check_required, node_plan
+from ghsweep.launch.plan import check_required, node_plan, not_runnable
 from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.sweep_manifest import SweepManifest
@@ -182,11 +182,11 @@ def run_one(cfg: DictConfig) -> RunResult:
             flush=True,
         )
         result = combo.result("DRY_RUN")
-        result.error = refusal(cfg)
+        result.error = not_runnable(cfg, combo.run_dir, combo.name, combo.overrides)
         if result.error:
             result.status = "NOT_RUNNABLE"
         return result
-    refused = None if combo.in_sweep else refusal(cfg)
+    refused = None if combo.in_sweep else not_runnable(cfg, combo.run_dir, combo.name, combo.overrides)
     if refused:  # a sweep checks every combination before it starts (launch.precheck)
         raise SystemExit(f"ghsweep: {refused}; nothing was recorded")
 
@@ -210,15 +210,6 @@ def run_one(cfg: DictConfig) -> RunResult:
     if interrupt is not None:
         raise interrupt
     return result
-
-
-def refusal(cfg: DictConfig) -> str | None:
-    """Why no node can run this config, or None."""
-    try:
-        check_anywhere(cfg)
-    except ConfigError as exc:
-        return str(exc)
-    return None
 
 
 def open_store(cfg: DictConfig, combo: Combination, manifest: SweepManifest | None) -> MlflowStore:

@@ -105,6 +105,15 @@ def dry_run_plans(cfg: DictConfig, run_dir: Path, name: str, overrides: list[str
     ]
 
 
+def not_runnable(cfg: DictConfig, run_dir: Path, name: str, overrides: list[str]) -> str | None:
+    """Why no node can run this combination (the dry run's `(not runnable)` reason), or None."""
+    try:
+        dry_run_plans(cfg, run_dir, name, overrides, on_slurm=False)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 def assemble_plan(
     cfg: DictConfig,
     run_dir: Path,

@@ -7,13 +7,15 @@ as the launcher will (Hydra's config loader, the basic sweeper's grid) finds the
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
-from ghsweep.core.errors import ConfigError, one_line
-from ghsweep.launch.plan import check_anywhere
+from ghsweep.core.errors import one_line
+from ghsweep.launch.plan import not_runnable
 from ghsweep.tracking import redact
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -42,9 +44,10 @@ def sweep_refusals(config: DictConfig) -> tuple[int, list[str]]:
             cfg = loader.load_sweep_config(config, overrides)
             redact.remember(cfg, overrides)
             name = redact.run_name(cfg.hydra.job.override_dirname or "run")
-            check_anywhere(cfg)
-        except ConfigError as exc:
-            lines.append(redact.text(f"#{num} {name}: {exc}"))
+            run_dir = Path(str(cfg.hydra.sweep.dir), str(num))
+            reason = not_runnable(cfg, run_dir, name, redact.overrides(overrides))
         except Exception as exc:  # a combination Hydra cannot compose: the launcher would stop on it
-            lines.append(f"#{num} {' '.join(redact.overrides(overrides))}: {one_line(exc)}")
+            reason, name = one_line(exc), " ".join(redact.overrides(overrides))
+        if reason:
+            lines.append(redact.text(f"#{num} {name}: {reason}"))
     return len(combos), lines

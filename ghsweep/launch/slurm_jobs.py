@@ -44,8 +44,8 @@ def slurm_unavailable(launcher: str) -> str | None:
     preview = f"`python -m ghsweep -m hydra/launcher={launcher} ... dry_run=true` previews the sweep anywhere"
     if missing:
         return (
-            f"hydra/launcher={launcher} submits to SLURM, and its commands are not on PATH here ({', '.join(missing)}); "
-            f"submit from a machine of the cluster. {preview}"
+            f"hydra/launcher={launcher} submits to SLURM, and its commands are not on PATH here "
+            f"({', '.join(missing)}); submit from a machine of the cluster. {preview}"
         )
     try:
         ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=60)

@@ -20,6 +20,8 @@ from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 PROFILE_ARTIFACTS = "profile"
 SWEEP_NAME_PREFIX = "sweep "
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+# Knobs whose run records whether it applied them (ghsweep.train.summary): "False" where the device cannot.
+APPLIED_TAGS = {"offload": "ghsweep.offload_applied"}
 
 
 @dataclass
@@ -46,6 +48,15 @@ class SweepRun:
     @property
     def knobs(self) -> dict[str, str]:
         return dict(o.partition("=")[::2] for o in self.overrides)
+
+    @property
+    def shown_knobs(self) -> dict[str, str]:
+        """The knobs as tables show them: a value the run could not apply marked `(no effect here)`
+        (offload=on on a CPU), so its row's numbers are not read as the knob's."""
+        return {
+            knob: f"{value} (no effect here)" if self.tags.get(APPLIED_TAGS.get(knob, "")) == "False" else value
+            for knob, value in self.knobs.items()
+        }
 
 
 def find_run(store: MlflowStore, ref: str, role: str) -> StoredRun:
