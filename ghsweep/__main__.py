@@ -56,9 +56,10 @@ def main(cfg: DictConfig) -> dict:
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode != RunMode.RUN or result.status == "DRY_RUN":
         return result.__dict__
+    if result.status == "NOT_RUNNABLE":
+        raise SystemExit(f"ghsweep: not runnable: {result.error}")
     if result.status != "FINISHED":
-        outcome = "not runnable" if result.status == "NOT_RUNNABLE" else "run failed"
-        raise SystemExit(f"ghsweep: {outcome}: {result.error} (run directory {result.run_dir})")
+        raise SystemExit(f"ghsweep: run failed: {result.error} (run directory {result.run_dir})")
     uri = absolute_tracking_uri(cfg.tracking.uri, hydra_cfg.runtime.cwd)
     print(summary_line(result, uri, cfg.tracking.experiment), flush=True)
     return result.__dict__

@@ -72,9 +72,11 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
     results = completed_from_mlflow(collect_results(sweep_dir), store, manifest.parent_run_id)
     table = format_table(results)
     failed = [r for r in results if r.status != "FINISHED"]
-    reused = [str(i) for i, r in enumerate(results) if r.reused]
+    reused = [f"#{i}" for i, r in enumerate(results) if r.reused]
     # Which rows this sweep did not run: their numbers are an earlier run's (force=true reruns them).
-    reused_text = f"; rows {', '.join(reused)} reused from earlier runs (force=true reruns them)" if reused else ""
+    reused_text = (
+        f"; {len(reused)} reused from earlier runs ({', '.join(reused)}; force=true reruns them)" if reused else ""
+    )
     print(
         f"\nghsweep: {len(results) - len(failed)} of {len(results)} runs finished{reused_text} "
         f"(sweep directory {sweep_dir})\n{table}\n",
