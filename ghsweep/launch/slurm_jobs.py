@@ -52,10 +52,11 @@ def slurm_unavailable(launcher: str) -> str | None:
     except subprocess.TimeoutExpired:
         return f"hydra/launcher={launcher}: the SLURM controller did not answer `scontrol ping` in 60 s. {preview}"
     if ping.returncode != 0:
-        said = (ping.stdout + ping.stderr).strip().splitlines()
+        # Its first line says which controller is down, or why scontrol found none (its config).
+        said = [line for line in (ping.stdout + ping.stderr).splitlines() if line.strip(" *")]
         return (
             f"hydra/launcher={launcher}: the SLURM controller does not answer (`scontrol ping`: "
-            f"{said[-1] if said else f'exit status {ping.returncode}'}). {preview}"
+            f"{said[0].strip() if said else f'exit status {ping.returncode}'}). {preview}"
         )
     return None
 

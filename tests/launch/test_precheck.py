@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from ghsweep.core.names import EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND
-from tests.conftest import MlflowRecords, run_cli, sqlite_uri
+from tests.conftest import MlflowRecords, free_port, run_cli, sqlite_uri
 from tests.launch.test_dry_run import assert_nothing_ran
+from tests.optional_env import unavailable
 from tests.reliability.records import assert_one_line_errors
 
 FP8_ON_CPU = (
@@ -99,6 +100,27 @@ def test_a_cluster_sweep_without_slurm_is_one_line_before_anything_is_recorded(t
         "scontrol); submit from a machine of the cluster. `python -m ghsweep -m hydra/launcher=gh200 ... "
         "dry_run=true` previews the sweep anywhere"
     )
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_cluster_sweep_whose_controller_is_down_is_one_line_before_anything_is_recorded(tmp_path):
+    if shutil.which("scontrol") is None:
+        unavailable("needs SLURM's client commands (apt-get install slurm-client)")
+    # A cluster whose controller nothing serves: a port nothing listens on.
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(
+        f"ClusterName=down\nSlurmctldHost=localhost\nSlurmctldPort={free_port()}\n"
+        "NodeName=n1 CPUs=1 State=UNKNOWN\nPartitionName=p Nodes=n1 Default=YES\n"
+    )
+    proc = run_cli(["-m", "hydra/launcher=local_slurm", "experiment=smoke"], tmp_path, env={"SLURM_CONF": str(conf)})
+    assert proc.returncode == 1
+    [line] = proc.stderr.strip().splitlines()
+    assert re.fullmatch(
+        r"ghsweep: hydra/launcher=local_slurm: the SLURM controller does not answer \(`scontrol ping`: "
+        r"Slurmctld\(primary\) at \S+ is DOWN\)\. `python -m ghsweep -m hydra/launcher=local_slurm \.\.\. "
+        r"dry_run=true` previews the sweep anywhere",
+        line,
+    ), line
     assert not (tmp_path / "mlflow.db").exists()
 
 
