@@ -45,8 +45,8 @@ def _yaml_files() -> list[Path]:
 
 
 def _collect(node: DictConfig, prefix: str, keys: dict[str, bool]) -> None:
-    for name in node.keys():
-        key = f"{prefix}.{name}" if prefix else str(name)
+    for name in map(str, node.keys()):
+        key = f"{prefix}.{name}" if prefix else name
         value = node._get_node(name)
         keys[key] = keys.get(key, False) or (isinstance(value, DictConfig) and not value)
         if isinstance(value, DictConfig):

@@ -16,6 +16,7 @@ import tempfile
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -54,10 +55,14 @@ LIBRARY_NOISE = {
 DEPRECATION_NOISE = r"`is_gradient_checkpointing` is deprecated"
 
 
+def _without(noise: str) -> Callable[[logging.LogRecord], bool]:
+    return lambda record: noise not in record.getMessage()
+
+
 def quiet_library_noise() -> None:
     """Leave LIBRARY_NOISE out of the log; every other message of those libraries still shows."""
-    for logger_name, start in LIBRARY_NOISE.items():
-        logging.getLogger(logger_name).addFilter(lambda record, start=start: start not in record.getMessage())
+    for logger_name, noise in LIBRARY_NOISE.items():
+        logging.getLogger(logger_name).addFilter(_without(noise))
     warnings.filterwarnings("ignore", message=DEPRECATION_NOISE, category=FutureWarning)
 
 
