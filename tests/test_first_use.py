@@ -64,6 +64,7 @@ def test_a_knob_the_run_could_not_apply_is_marked():
     assert on_cpu.knobs["offload"] == "on"  # matching (report.baseline) still sees the value
     assert run(["offload=on"], "True").shown_knobs == {"offload": "on"}
     assert run(["offload=off"], None).shown_knobs == {"offload": "off"}
+    assert run(["offload=off"], "False").shown_knobs == {"offload": "off"}  # nothing asked, nothing missed
 
 
 def test_worker_log_leaves_out_library_noise_only(caplog):
