@@ -10,7 +10,10 @@ from omegaconf import DictConfig
 from ghsweep.launch import interrupts
 from ghsweep.launch.callbacks import SweepCallback, finish_sweep
 from ghsweep.launch.job import run_one
+from ghsweep.launch.overrides import refusals
+from ghsweep.report.run_report import summary_line
 from ghsweep.tracking import redact
+from ghsweep.tracking.mlflow_store import absolute_tracking_uri
 
 MAX_SHOWN_CHARS = 200
 
@@ -39,6 +42,9 @@ def check_overrides(argv: list[str]) -> None:
                 f"ghsweep: override {_shown(shown)} cannot be parsed{detail}; quote a value with spaces, "
                 "brackets, quotes, $, newlines or non-ASCII characters: 'key=\"value\"'"
             ) from None
+    refused = refusals(get_args_parser().parse_known_args(argv)[0].overrides)
+    if refused:
+        raise SystemExit("\n".join(f"ghsweep: {line}" for line in refused))
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -47,8 +53,15 @@ def main(cfg: DictConfig) -> dict:
     from hydra.types import RunMode
 
     result = run_one(cfg)
-    if result.status not in ("FINISHED", "DRY_RUN") and HydraConfig.get().mode == RunMode.RUN:
-        raise SystemExit(f"ghsweep: run failed: {result.error}")
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.RUN or result.status == "DRY_RUN":
+        return result.__dict__
+    if result.status == "NOT_RUNNABLE":
+        raise SystemExit(f"ghsweep: not runnable: {result.error}")
+    if result.status != "FINISHED":
+        raise SystemExit(f"ghsweep: run failed: {result.error} (run directory {result.run_dir})")
+    uri = absolute_tracking_uri(cfg.tracking.uri, hydra_cfg.runtime.cwd)
+    print(summary_line(result, uri, cfg.tracking.experiment), flush=True)
     return result.__dict__
 
 

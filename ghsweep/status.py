@@ -29,10 +29,17 @@ from ghsweep.tracking.mlflow_store import MlflowStore
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ghsweep.status", description=__doc__.splitlines()[0])
-    parser.add_argument("sweep_dir", type=Path, help="the sweep directory (printed when it was submitted)")
+    parser.add_argument(
+        "sweep_dir",
+        type=Path,
+        nargs="?",
+        help="the sweep directory (printed when it was submitted); without it, the newest sweeps under ./multirun",
+    )
     parser.add_argument("--wait", action="store_true", help="wait until every job ended, then collect")
     parser.add_argument("--poll-s", type=float, default=10.0, help="seconds between looks with --wait")
     args = parser.parse_args(argv)
+    if args.sweep_dir is None:
+        return list_sweeps(Path("multirun"))
     submitted = load_jobs(args.sweep_dir)
     if not submitted:
         manifest = SweepManifest.load(args.sweep_dir)
@@ -58,6 +65,24 @@ def main(argv: list[str] | None = None) -> int:
 
     settle(args.sweep_dir, jobs)
     finish_sweep(args.sweep_dir)
+    return 0
+
+
+def list_sweeps(root: Path, limit: int = 10) -> int:
+    """The newest sweep directories under `root` (multirun/DATE/TIME), newest first."""
+    found = sorted(
+        (p.parent for p in root.glob(f"*/*/{SWEEP_MANIFEST}")), key=lambda d: d.stat().st_mtime, reverse=True
+    )
+    if not found:
+        print(
+            f"ghsweep.status: no sweep under {root.resolve()}; give its directory: python -m ghsweep.status SWEEP_DIR"
+        )
+        return 2
+    print(f"ghsweep.status: the newest sweeps under {root}; follow one with python -m ghsweep.status SWEEP_DIR")
+    for sweep_dir in found[:limit]:
+        jobs = load_jobs(sweep_dir)
+        kind = f"{len(jobs)} SLURM jobs" if jobs else "local"
+        print(f"  {sweep_dir}  ({kind}: {SweepManifest.require(sweep_dir).command})")
     return 0
 
 

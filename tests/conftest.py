@@ -47,9 +47,12 @@ def compose_config(*overrides: str, hydra: bool = False) -> DictConfig:
         return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra)
 
 
-def run_cli(args: list[str], cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
-    """Run `python -m ghsweep ARGS` in `cwd` the way a user would, output captured."""
-    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", HYDRA_FULL_ERROR="0")
+def run_cli(
+    args: list[str], cwd: Path, timeout: float = 900, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run `python -m ghsweep ARGS` in `cwd` the way a user would, output captured; `env` adds to
+    (or replaces in) this process's environment."""
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", HYDRA_FULL_ERROR="0", **(env or {}))
     return subprocess.run(
         [sys.executable, "-m", "ghsweep", *args],
         cwd=cwd,

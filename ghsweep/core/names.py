@@ -23,3 +23,8 @@ HOST_TAG = "ghsweep.host"
 RUN_HASH_TAG = "ghsweep.run_hash"  # the run's identity (a hash of its resolved config), for resume
 SWEEP_DIR_TAG = "ghsweep.sweep_dir"
 RUN_IDS_TAG = "ghsweep.run_ids"  # on a sweep's parent run: its runs' ids in job order, comma-separated
+
+# MLflow's UI opens an experiment in the view its kind names (MLflow 3: the GenAI overview when it has
+# none); ghsweep's experiments are model training, where runs are listed and compared.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING_KIND = "custom_model_development"

@@ -14,11 +14,14 @@ class RunResult:
     name: str
     run_dir: str
     overrides: list[str]
-    status: str  # an MLflow run status: FINISHED, FAILED or KILLED (RUNNING while it trains)
+    # an MLflow run status: FINISHED, FAILED or KILLED (RUNNING while it trains); a dry run: DRY_RUN or NOT_RUNNABLE
+    status: str
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)
     mlflow_run_id: str | None = None
+    # A combination a resumed sweep did not rerun: its result is this earlier run's (MLflow run id).
+    reused: bool = False
 
     def save(self) -> None:
         """Written whole or not at all: a full disk leaves the last complete result.json, never a cut one."""

@@ -16,7 +16,9 @@ from ghsweep.core.names import ROLE_SWEEP, SWEEP_DIR_TAG
 from ghsweep.core.run_dir import RESULT, TUNE_ANSWER, TUNE_DIR, TUNE_REPORT
 from ghsweep.core.run_result import RunResult
 from ghsweep.launch import interrupts
+from ghsweep.launch.precheck import sweep_refusals
 from ghsweep.launch.resume import result_from_run
+from ghsweep.launch.slurm_jobs import slurm_unavailable
 from ghsweep.launch.stale_runs import end_running_children, end_sweep_run, process_tags, settle_dead_sweeps
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.report.compare import COMPARISON_DIR, report_comparison
@@ -70,8 +72,13 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
     results = completed_from_mlflow(collect_results(sweep_dir), store, manifest.parent_run_id)
     table = format_table(results)
     failed = [r for r in results if r.status != "FINISHED"]
+    reused = [f"#{i}" for i, r in enumerate(results) if r.reused]
+    # Which rows this sweep did not run: their numbers are an earlier run's (force=true reruns them).
+    reused_text = (
+        f"; {len(reused)} reused from earlier runs ({', '.join(reused)}; force=true reruns them)" if reused else ""
+    )
     print(
-        f"\nghsweep: {len(results) - len(failed)} of {len(results)} runs finished "
+        f"\nghsweep: {len(results) - len(failed)} of {len(results)} runs finished{reused_text} "
         f"(sweep directory {sweep_dir})\n{table}\n",
         flush=True,
     )
@@ -99,15 +106,29 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
 class SweepCallback(Callback):
     # The sweep this process started, for ending it when the process is interrupted (ghsweep.__main__).
     started_sweep_dir: Path | None = None
+    # A dry run's combinations that no node can run: the command fails once every plan is printed.
+    not_runnable: list[str] = []
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        total, refused = sweep_refusals(config)
         if config.dry_run:
+            SweepCallback.not_runnable = refused
             return
-        if not config.wait and config.hydra.launcher._target_ != GHSWEEP_SLURM_LAUNCHER:
+        if refused:
             # SystemExit: Hydra turns a callback's exceptions into warnings and would run the sweep anyway.
+            print("\n".join(f"ghsweep: {line}" for line in refused), file=sys.stderr, flush=True)
+            raise SystemExit(
+                f"ghsweep: {len(refused)} of {total} combinations cannot run on any node; nothing was "
+                "submitted or recorded"
+            )
+        launcher = config.hydra.runtime.choices["hydra/launcher"]
+        unavailable = slurm_unavailable(launcher) if config.hydra.launcher._target_ == GHSWEEP_SLURM_LAUNCHER else None
+        if unavailable:
+            raise SystemExit(f"ghsweep: {unavailable}")
+        if not config.wait and config.hydra.launcher._target_ != GHSWEEP_SLURM_LAUNCHER:
             raise SystemExit(
                 f"wait=false: needs a SLURM launcher profile (e.g. hydra/launcher=gh200); "
-                f"this sweep uses hydra/launcher={config.hydra.runtime.choices['hydra/launcher']}"
+                f"this sweep uses hydra/launcher={launcher}"
             )
         try:
             self._start_sweep(config)
@@ -143,6 +164,11 @@ class SweepCallback(Callback):
         log.info("MLflow: sweep run %s in experiment '%s' at %s", parent, config.tracking.experiment, uri)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.dry_run and SweepCallback.not_runnable:
+            raise SystemExit(
+                f"ghsweep: dry run: {len(SweepCallback.not_runnable)} combination(s) not runnable, "
+                "marked above; the sweep would refuse to start"
+            )
         # Without waiting, `python -m ghsweep.status` ends the sweep (finish_sweep) once its jobs end.
         if config.dry_run or not config.wait:
             return

@@ -46,7 +46,7 @@ from ghsweep.core.run_result import RunResult
 from ghsweep.core.summary import RunSummary
 from ghsweep.launch import interrupts
 from ghsweep.launch.dry_run import describe
-from ghsweep.launch.plan import check_required, node_plan
+from ghsweep.launch.plan import check_required, node_plan, not_runnable
 from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.sweep_manifest import SweepManifest
@@ -181,7 +181,14 @@ def run_one(cfg: DictConfig) -> RunResult:
             ),
             flush=True,
         )
-        return combo.result("DRY_RUN")
+        result = combo.result("DRY_RUN")
+        result.error = not_runnable(cfg, combo.run_dir, combo.name, combo.overrides)
+        if result.error:
+            result.status = "NOT_RUNNABLE"
+        return result
+    refused = None if combo.in_sweep else not_runnable(cfg, combo.run_dir, combo.name, combo.overrides)
+    if refused:  # a sweep checks every combination before it starts (launch.precheck)
+        raise SystemExit(f"ghsweep: {refused}; nothing was recorded")
 
     slurm_tasks = slurm_task_ranks()
     rank = export_slurm_rendezvous() if slurm_tasks and slurm_tasks > 1 else 0

@@ -6,10 +6,11 @@ runs, up to what only the node can decide (a GPU, where the profilers are).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ghsweep.config.validate import run_device, validate
 from ghsweep.config.world import data_parallel, world_of
@@ -23,6 +24,9 @@ from ghsweep.profile.capture import find_tool as find_on_node
 from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve
 
 ToolFinder = Callable[[str, str | None], str | None]
+# A GPU that meets every requirement a config can state: checking against it, and against no GPU,
+# tells what some node could run from what none can.
+ANY_GPU = GpuInfo("any GPU", (99, 0), float("inf"), float("inf"), count=1 << 16)
 
 
 def check_required(cfg: DictConfig) -> None:
@@ -30,6 +34,29 @@ def check_required(cfg: DictConfig) -> None:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"{missing[0]}=???: required and not set; set it on the command line, e.g. {missing[0]}=...")
+
+
+def check_anywhere(cfg: DictConfig) -> None:
+    """ConfigError for a config that no node can run, whatever GPU it has or lacks: decided from the
+    config alone, before anything is submitted or recorded (the dry run and the sweep's start).
+    `cfg` may hold the `hydra` node (a launcher's composed combination): it is left out, as Hydra
+    leaves it out of the job's config."""
+    if "hydra" in cfg:
+        cfg = copy.deepcopy(cfg)
+        with open_dict(cfg):
+            del cfg["hydra"]
+    check_required(cfg)
+    device = str(cfg.device)
+    nodes = [None] if device == "cpu" else [ANY_GPU] if device.startswith("cuda") else [ANY_GPU, None]
+    refused = []
+    for gpu in nodes:
+        try:
+            validate(cfg, gpu)
+            worker_timeout_min(cfg.worker.timeout_min, gpu is not None)
+            return
+        except ConfigError as exc:
+            refused.append(exc)
+    raise refused[-1]
 
 
 def node_plan(
@@ -67,6 +94,7 @@ def dry_run_plans(cfg: DictConfig, run_dir: Path, name: str, overrides: list[str
     """The plans the node can make, decided here from the config alone (profile.plan.plans_from_config):
     one, or for profile=auto on a device that may be a GPU, the node's choice with a GPU and nsys
     first and without second. ConfigError for what no node can run."""
+    check_anywhere(cfg)
     world = world_of(cfg)
     may_use_gpu = str(cfg.device) != "cpu"
     profiles = plans_from_config(cfg.profile, str(cfg.device), container_prefix(cfg, run_dir))
@@ -75,6 +103,15 @@ def dry_run_plans(cfg: DictConfig, run_dir: Path, name: str, overrides: list[str
         assemble_plan(cfg, run_dir, name, overrides, device, None, world, profile, on_slurm and world.size > 1)
         for device, profile in zip(devices, profiles)
     ]
+
+
+def not_runnable(cfg: DictConfig, run_dir: Path, name: str, overrides: list[str]) -> str | None:
+    """Why no node can run this combination (the dry run's `(not runnable)` reason), or None."""
+    try:
+        dry_run_plans(cfg, run_dir, name, overrides, on_slurm=False)
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def assemble_plan(

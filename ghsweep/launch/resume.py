@@ -68,7 +68,9 @@ def result_from_run(run: StoredRun) -> RunResult:
 def skip_finished(run: StoredRun, name: str, run_dir: Path, overrides: list[str]) -> RunResult:
     """Write this combination's result.json from the earlier run instead of training again."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    result = dataclasses.replace(result_from_run(run), name=name, run_dir=str(run_dir), overrides=overrides)
+    result = dataclasses.replace(
+        result_from_run(run), name=name, run_dir=str(run_dir), overrides=overrides, reused=True
+    )
     result.save()
     log.info(
         "%s: skipped, already FINISHED in MLflow run %s with the same config (force=true reruns it)", name, run.run_id

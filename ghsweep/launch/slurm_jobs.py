@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import socket
+import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +35,30 @@ log = logging.getLogger(__name__)
 CANCELLED = "KILLED"
 # SLURM states of a job that has not ended (UNKNOWN is not one: sacct may be unavailable for good).
 ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
+
+
+def slurm_unavailable(launcher: str) -> str | None:
+    """Why a SLURM sweep cannot be submitted from here (one line), or None: SLURM's commands are not
+    installed, or its controller does not answer. Asked before the sweep records anything."""
+    missing = [c for c in ("sbatch", "srun", "scontrol") if shutil.which(c) is None]
+    preview = f"`python -m ghsweep -m hydra/launcher={launcher} ... dry_run=true` previews the sweep anywhere"
+    if missing:
+        return (
+            f"hydra/launcher={launcher} submits to SLURM, and its commands are not on PATH here "
+            f"({', '.join(missing)}); submit from a machine of the cluster. {preview}"
+        )
+    try:
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return f"hydra/launcher={launcher}: the SLURM controller did not answer `scontrol ping` in 60 s. {preview}"
+    if ping.returncode != 0:
+        # Its first line says which controller is down, or why scontrol found none (its config).
+        said = [line for line in (ping.stdout + ping.stderr).splitlines() if line.strip(" *")]
+        return (
+            f"hydra/launcher={launcher}: the SLURM controller does not answer (`scontrol ping`: "
+            f"{said[0].strip() if said else f'exit status {ping.returncode}'}). {preview}"
+        )
+    return None
 
 
 @dataclass(frozen=True)

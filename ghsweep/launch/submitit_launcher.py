@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -43,6 +44,26 @@ from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore
 
 log = logging.getLogger(__name__)
+
+
+class _ScriptOnlySlurm(SlurmExecutor):
+    """submitit's SLURM executor where SLURM is not installed, for a dry run (a cluster sweep previewed
+    from a laptop): it builds the sbatch script and submits nothing. submitit's own refuses to start
+    without srun."""
+
+    @classmethod
+    def affinity(cls) -> int:
+        return 1
+
+
+class _ScriptOnlyExecutor(submitit.AutoExecutor):
+    """An AutoExecutor for SLURM over _ScriptOnlySlurm: the same parameter names and script, no submitting."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.cluster = "slurm"
+        self._executor = _ScriptOnlySlurm(folder)
+        self._deprecated_args = {}
+        submitit.core.core.Executor.__init__(self, self._executor.folder, self._executor.parameters)
 
 
 class _Combination:
@@ -102,7 +123,10 @@ class GhsweepLauncher:
         init = (
             {f"{self._EXECUTOR}_max_num_timeout": params.pop("max_num_timeout")} if "max_num_timeout" in params else {}
         )
-        executor = submitit.AutoExecutor(cluster=self._EXECUTOR, folder=folder, **init)
+        if self._EXECUTOR == "slurm" and self.config.dry_run and shutil.which("srun") is None:
+            executor: submitit.AutoExecutor = _ScriptOnlyExecutor(folder)
+        else:
+            executor = submitit.AutoExecutor(cluster=self._EXECUTOR, folder=folder, **init)
         generic = set(OmegaConf.structured(BaseQueueConf).keys())
         executor.update_parameters(**{k if k in generic else f"{self._EXECUTOR}_{k}": v for k, v in params.items()})
         return executor

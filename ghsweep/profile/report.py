@@ -34,12 +34,18 @@ def render(analysis: ProfileAnalysis) -> str:
     lines += [f"- {s}" for s in analysis.summary]
     lines += ["", "## Findings", ""]
     lines += [f"- **{f['severity']}** `{f['id']}`: {f['message']}" for f in analysis.findings] or ["- none"]
-    lines += ["", "## Where the time went", "", "| metric | value |", "|---|---|"]
-    for key in METRICS:
-        value = getattr(analysis, key)
-        if value is None and "nccl" in key:
-            continue  # one GPU: no communication to show
-        lines.append(f"| {key} | {'n/a' if value is None else f'{value:.3g}'} |")
+    lines += ["", "## Where the time went", ""]
+    measured = {key: getattr(analysis, key) for key in METRICS if getattr(analysis, key) is not None}
+    if measured:
+        lines += ["| metric | value |", "|---|---|"]
+        lines += [f"| {key} | {value:.3g} |" for key, value in measured.items()]
+        # One GPU has no communication to show; any other metric the profile lacks is named once.
+        missing = [key for key in METRICS if key not in measured and "nccl" not in key]
+        if missing:
+            lines += ["", f"Not in this profile: {', '.join(missing)}."]
+    else:
+        # A CPU run: the GPU-time metrics do not apply; the phases and top operators below are its profile.
+        lines.append("No GPU activity in this profile, so the GPU-time metrics do not apply.")
     causes = analysis.gaps.get("causes_ns")
     if causes:
         lines += [

@@ -61,7 +61,7 @@ class Comparison:
 
     def label(self, i: int) -> str:
         run = self.runs[i]
-        values = [run.knobs.get(k, "-") for k in self.knobs]
+        values = [run.shown_knobs.get(k, "-") for k in self.knobs]
         return f"#{self.number(i)} " + (" ".join(values) if values else run.name)
 
     @property
@@ -195,7 +195,7 @@ def table(c: Comparison) -> tuple[list[str], list[list[str]]]:
         rows.append(
             [
                 str(c.number(i)),
-                *(r.knobs.get(k, "-") for k in c.knobs),
+                *(r.shown_knobs.get(k, "-") for k in c.knobs),
                 r.status,
                 *metrics[:2],
                 mark,

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from ghsweep.core.run_dir import REPORT
 from ghsweep.core.run_result import RunResult
 
 METRIC_UNITS = {
@@ -54,3 +55,18 @@ def write_run_report(result: RunResult, cfg: DictConfig, info: dict, path: Path)
         if "overhead_s" in t:
             lines.append(f"Outside the training loop: {t['overhead_s']:.2f} s.")
     path.write_text("\n".join(lines) + "\n")
+
+
+def summary_line(result: RunResult, tracking_uri: str, experiment: str) -> str:
+    """The last line of a single run: how it ended, its throughput, and where its records are."""
+    metrics = result.metrics
+    measured = (
+        f"{metrics['tokens_per_s']:,.0f} tokens/s, {metrics['step_time_ms']:.1f} ms a step, final loss "
+        f"{metrics.get('final_loss', float('nan')):.4f}; "
+        if "tokens_per_s" in metrics and "step_time_ms" in metrics
+        else ""
+    )
+    return (
+        f"ghsweep: run {result.status}: {measured}report {Path(result.run_dir) / REPORT}; "
+        f"MLflow run {result.mlflow_run_id} in experiment {experiment} at {tracking_uri}"
+    )

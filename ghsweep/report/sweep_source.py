@@ -20,6 +20,9 @@ from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 PROFILE_ARTIFACTS = "profile"
 SWEEP_NAME_PREFIX = "sweep "
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+# Knobs whose run records whether it applied them (ghsweep.train.summary): the value that asks for the
+# effect, and the tag that is "False" where the device could not apply it.
+APPLIED_TAGS = {"offload": ("on", "ghsweep.offload_applied")}
 
 
 @dataclass
@@ -46,6 +49,22 @@ class SweepRun:
     @property
     def knobs(self) -> dict[str, str]:
         return dict(o.partition("=")[::2] for o in self.overrides)
+
+    @property
+    def shown_knobs(self) -> dict[str, str]:
+        """The knobs as tables show them: a value the run could not apply marked `(no effect here)`
+        (offload=on on a CPU), so its row's numbers are not read as the knob's."""
+        return {
+            knob: f"{value} (no effect here)" if (value, "False") == self._applied(knob) else value
+            for knob, value in self.knobs.items()
+        }
+
+    def _applied(self, knob: str) -> tuple[str, str] | None:
+        """(the value that asks for the knob's effect, whether the run recorded it applied), if recorded."""
+        if knob not in APPLIED_TAGS:
+            return None
+        asking, tag = APPLIED_TAGS[knob]
+        return asking, self.tags.get(tag, "")
 
 
 def find_run(store: MlflowStore, ref: str, role: str) -> StoredRun:

@@ -42,7 +42,7 @@ def format_table(results: list[RunResult]) -> str:
                 fmt_value(m.get("peak_mem_gb"), ".2f"),
                 fmt_value(m.get("final_loss"), ".4f"),
                 fmt_value(r.timing.get("overhead_s"), ".1f"),
-                r.error or "",
+                r.error or (f"reused: FINISHED earlier as MLflow run {r.mlflow_run_id}" if r.reused else ""),
             ]
         )
     return align(header, rows)

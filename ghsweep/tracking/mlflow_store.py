@@ -37,7 +37,9 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from ghsweep.core.errors import TrackingError, TrackingUriError, first_line  # noqa: E402
 from ghsweep.core.names import (
     ERROR_TAG,
+    EXPERIMENT_KIND_TAG,
     JOB_NUM_TAG,
+    MODEL_TRAINING_KIND,
     OVERRIDES_TAG,
     ROLE_RUN,
     ROLE_SWEEP,
@@ -246,14 +248,18 @@ class MlflowStore:
             self.experiment_id = self._experiment_id(experiment) if experiment is not None else None
 
     def _experiment_id(self, name: str) -> str:
+        """The experiment's id, created when missing; either way of the model-training kind unless
+        it names another (an experiment made before ghsweep tagged it, or by MLflow itself)."""
         found = self.retry(self.client.get_experiment_by_name, name)
-        if found is not None:
-            return found.experiment_id
-        try:
-            return self.client.create_experiment(name)
-        except MlflowException:
-            # Another job created it between our look-up and our create.
-            return self.retry(self.client.get_experiment_by_name, name).experiment_id
+        if found is None:
+            try:
+                return self.client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
+            except MlflowException:
+                # Another job created it between our look-up and our create.
+                found = self.retry(self.client.get_experiment_by_name, name)
+        if EXPERIMENT_KIND_TAG not in found.tags:
+            self.retry(self.client.set_experiment_tag, found.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
+        return found.experiment_id
 
     # Names, params and tags pass through ghsweep.tracking.redact: no secret reaches the store.
     def start_run(self, run_name: str, role: str, tags: Mapping[str, object], parent_run_id: str | None = None) -> str:

@@ -9,11 +9,14 @@ the plan says what the job decided (device, profiler, data parallelism), nothing
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import tempfile
 import time
 import traceback
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -42,7 +45,29 @@ def record_error(run_dir: Path, error: dict[str, str], started_at: float) -> Non
         os.replace(tmp.name, path)
 
 
+# Library messages every worker.log would start with, that say nothing a user can act on: torchao's
+# prebuilt kernels for other Pythons and GPUs that do not load here, and deprecations inside the
+# libraries (torch's pytree of torchao's enums, transformers' renamed gradient-checkpointing flag).
+LIBRARY_NOISE = {
+    "torchao": "Failed to load ",
+    "torch.utils._pytree": "is an Enum subclass and is now natively supported",
+}
+DEPRECATION_NOISE = r"`is_gradient_checkpointing` is deprecated"
+
+
+def _without(noise: str) -> Callable[[logging.LogRecord], bool]:
+    return lambda record: noise not in record.getMessage()
+
+
+def quiet_library_noise() -> None:
+    """Leave LIBRARY_NOISE out of the log; every other message of those libraries still shows."""
+    for logger_name, noise in LIBRARY_NOISE.items():
+        logging.getLogger(logger_name).addFilter(_without(noise))
+    warnings.filterwarnings("ignore", message=DEPRECATION_NOISE, category=FutureWarning)
+
+
 def main(argv: list[str]) -> int:
+    quiet_library_noise()
     if len(argv) != 2:
         print("usage: python -m ghsweep.train.worker RUN_DIR", file=sys.stderr)
         return 2

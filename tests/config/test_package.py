@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -50,8 +51,9 @@ def installed_python(tmp_path_factory) -> Path:
         check=True,
     )
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
+    see_these_packages(python)
     # --force-reinstall: this interpreter's site-packages already hold a ghsweep (editable) to shadow.
     subprocess.run(
         [
@@ -69,6 +71,20 @@ def installed_python(tmp_path_factory) -> Path:
         env=without_repo(),
     )
     return python
+
+
+def see_these_packages(python: Path) -> None:
+    """Give the venv of `python` this interpreter's packages (hydra, torch, ...), after its own.
+    `venv --system-site-packages` would give it the base interpreter's instead, which lack them when
+    this interpreter is itself a venv's (pip install -e ".[test]" in a venv)."""
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    dirs = [d for d in site.getsitepackages() if Path(d).is_dir()]
+    (Path(purelib) / "_outer_site_packages.pth").write_text(f"import site; [site.addsitedir(d) for d in {dirs!r}]\n")
 
 
 def without_repo() -> dict[str, str]:

@@ -260,7 +260,11 @@ def test_without_nsys_here_the_node_resolves_it_and_what_never_runs_says_why(tmp
         ],
         tmp_path,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # profile=nsys with device=cpu runs on no node: the dry run marks it and fails, as the sweep would refuse.
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "ghsweep: dry run: 1 combination(s) not runnable, marked above; the sweep would refuse to start"
+    )
     found = {
         (o["profile"], o["device"]): b for o, b in ((overrides_of(n), b) for n, b in combinations(proc.stdout).items())
     }

@@ -42,7 +42,8 @@ def test_same_sweep_again_skips_what_finished_and_force_reruns(tmp_path):
     second = run_cli([*args, "hydra.sweep.dir=again"], tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"skipped, already FINISHED in MLflow run {done.info.run_id}" in second.stdout
-    assert "1 of 1 runs finished" in second.stdout
+    assert "1 of 1 runs finished; 1 reused from earlier runs (#0; force=true reruns them)" in second.stdout
+    assert f"reused: FINISHED earlier as MLflow run {done.info.run_id}" in second.stdout  # the row's reason
     assert len(records.runs("run")) == 1
     result = json.loads((tmp_path / "again" / "0" / "result.json").read_text())
     assert result["status"] == "FINISHED" and result["mlflow_run_id"] == done.info.run_id
@@ -52,3 +53,4 @@ def test_same_sweep_again_skips_what_finished_and_force_reruns(tmp_path):
     forced = run_cli([*args, "force=true", "hydra.sweep.dir=forced"], tmp_path)
     assert forced.returncode == 0, forced.stderr[-3000:]
     assert len(records.runs("run")) == 2 and (tmp_path / "forced" / "0" / "worker.log").exists()
+    assert "reused" not in forced.stdout

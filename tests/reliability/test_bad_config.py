@@ -1,6 +1,7 @@
-"""Every kind of bad value the config groups accept, through real sweeps: each combination fails
-before training with one line naming the key and the value, the sweep exits 1 with its summary, and
-MLflow and the run directories hold each failure (FAILED, the same line), nothing left RUNNING."""
+"""Every kind of bad value the config groups accept, through real sweeps: a value no node can run is
+refused before anything is recorded, one line per refused combination naming the key and the value,
+every combination at once, and the sweep exits 1 with nothing in MLflow or the run directories. A
+value only the node can judge (device=cuda) is refused there: that run is recorded FAILED."""
 
 from __future__ import annotations
 
@@ -76,10 +77,8 @@ CASES = {
     ),
     "device": (
         ["device=tpu,cuda"],
-        [
-            "device=tpu: not an accepted value; accepted: auto, cpu, cuda, cuda:N",
-            "device=cuda: no NVIDIA GPU is visible to this job; accepted here: auto, cpu",
-        ],
+        # device=cuda: a node with a GPU could run it (the node refuses it, as the last test here shows).
+        ["device=tpu: not an accepted value; accepted: auto, cpu, cuda, cuda:N", None],
     ),
     "timeout": (
         ["worker.timeout_min=soon,-5"],
@@ -138,31 +137,46 @@ def sweeps(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProces
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_each_bad_value_fails_its_run_with_one_line(sweeps, case):
+def test_each_bad_value_refuses_the_sweep_before_anything_is_recorded(sweeps, case):
     cwd, proc, folder = sweeps[case]
-    expected = [e.replace("{dir}", str(folder)) for e in CASES[case][1]]
+    expected = [e.replace("{dir}", str(folder)) if e else None for e in CASES[case][1]]
+    refused = [(num, error) for num, error in enumerate(expected) if error]
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert proc.stderr.strip().splitlines()[-1] == f"ghsweep: {len(expected)} of {len(expected)} runs failed"
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1] == (
+        f"ghsweep: {len(refused)} of {len(expected)} combinations cannot run on any node; "
+        "nothing was submitted or recorded"
+    )
+    assert len(lines) == len(refused) + 1
+    for line, (num, error) in zip(lines, refused):
+        assert line.startswith(f"ghsweep: #{num} ") and line.endswith(f": {error}"), line
     assert_one_line_errors(proc.stdout, proc.stderr)
-    for error in expected:
-        assert error in proc.stdout  # the summary table's reason column
-    on_disk = results(only_sweep_dir(cwd))
-    assert [on_disk[i]["status"] for i in sorted(on_disk)] == ["FAILED"] * len(expected)
-    assert [on_disk[i]["error"] for i in sorted(on_disk)] == expected
-    runs = all_runs(sqlite_uri(cwd))
+    assert not (cwd / "mlflow.db").exists() and not list(cwd.rglob("result.json"))
+
+
+def test_a_value_only_the_node_can_judge_fails_its_run_and_the_sweep_goes_on(tmp_path):
+    proc = run_cli(["-m", "experiment=smoke", "precision=fp32", "train.max_steps=2", "device=cuda,cpu"], tmp_path)
+    error = "device=cuda: no NVIDIA GPU is visible to this job; accepted here: auto, cpu"
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == "ghsweep: 1 of 2 runs failed"
+    assert error in proc.stdout  # the summary table's reason column
+    on_disk = results(only_sweep_dir(tmp_path))
+    assert [on_disk[i]["status"] for i in sorted(on_disk)] == ["FAILED", "FINISHED"]
+    assert on_disk[0]["error"] == error
+    runs = all_runs(sqlite_uri(tmp_path))
     assert_nothing_running(runs)
     [parent] = by_role(runs, "sweep")
     assert parent.status == "FAILED"
     children = sorted(by_role(runs, "run"), key=lambda r: int(r.tags["ghsweep.job_num"]))
-    assert [c.status for c in children] == ["FAILED"] * len(expected)
-    assert [c.tags["ghsweep.error"] for c in children] == expected
+    assert [c.status for c in children] == ["FAILED", "FINISHED"]
+    assert children[0].tags["ghsweep.error"] == error
 
 
 @pytest.mark.parametrize(
     "override, first_line",
     [
-        ("precision=fp64", "In 'config': Could not find 'precision/fp64'"),
-        ("train.max_stepz=3", "Could not override 'train.max_stepz'."),
+        ("precision=fp64", "ghsweep: precision=fp64: precision has no option fp64; accepted: bf16, fp16, fp32, fp8"),
+        ("train.max_stepz=3", "ghsweep: train.max_stepz=3: no such key; did you mean train.max_steps?"),
         ("hydra/launcher=nowhere", "In 'hydra/config': Could not find 'hydra/launcher/nowhere'"),
     ],
 )

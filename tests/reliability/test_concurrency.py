@@ -88,18 +88,24 @@ def test_a_full_disk_fails_only_the_run_on_it(tmp_path):
 
 
 def test_a_hanging_worker_is_stopped_by_its_timeout_and_the_sweep_goes_on(tmp_path):
+    # Each combination its own timeout (a config group of the test's): the run that must finish has
+    # none, so a busy machine's slow worker start cannot time it out; the hanging one has 0.3 min.
+    cases = tmp_path / "conf" / "case"
+    cases.mkdir(parents=True)
+    (cases / "hang.yaml").write_text("# @package _global_\ntrain: {max_steps: 100000}\nworker: {timeout_min: 0.3}\n")
+    (cases / "finish.yaml").write_text("# @package _global_\ntrain: {max_steps: 2}\nworker: {timeout_min: null}\n")
     proc = run_cli(
         [
             "-m",
             "experiment=smoke",
             "precision=fp32",
-            "train.max_steps=100000,2",
+            "+case=hang,finish",
+            f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
             "train.seq_length=64",
-            "worker.timeout_min=0.3",
         ],
         tmp_path,
     )
-    assert proc.returncode == 1
+    assert proc.returncode == 1, proc.stderr[-3000:]
     reason = "worker timed out after 0.3 min (worker.timeout_min) and was killed"
     assert reason in proc.stdout
     runs = all_runs(sqlite_uri(tmp_path))

@@ -1,15 +1,21 @@
-"""The single-node SLURM cluster of start_cluster.sh as a pytest fixture.
+"""The two-node SLURM cluster of start_cluster.sh as a pytest fixture, one per test session.
 
-A cluster that already answers is used as it is. Otherwise the fixture starts one (root and
-Debian's slurm packages needed) and stops it, by its recorded pids, when the session ends. Where it
-cannot start, the tests skip with the reason, unless CI=true, where they fail (tests/optional_env.py).
+Each session starts its own cluster (root and Debian's slurm packages needed): its config, state and
+daemons' ports are the session's (a temporary directory, free ports), and its SLURM_CONF is set for
+the session, so two test runs on one host do not share daemons. It is stopped, by its recorded pids,
+when the session ends. With SLURM_CONF set beforehand, the cluster it names is used as it is when it
+answers. Where none can start, the tests skip with the reason, unless CI=true, where they fail
+(tests/optional_env.py).
 """
 
 from __future__ import annotations
 
 import os
+import random
 import shutil
+import socket
 import subprocess
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -17,7 +23,8 @@ import pytest
 from tests.optional_env import unavailable
 
 HERE = Path(__file__).resolve().parent
-STATE_DIR = Path(os.environ.get("GHSWEEP_SLURM_STATE", "/var/tmp/ghsweep-slurm"))
+# The daemons' four ports (start_cluster.sh's PORT_BASE to PORT_BASE+3) are drawn from here.
+PORT_RANGE = (20000, 60000)
 
 
 def cluster_is_up() -> bool:
@@ -40,10 +47,26 @@ def sacct_states(job_ids: list[str]) -> dict[str, str]:
     return {j: states.get(j, "missing") for j in job_ids}
 
 
+def free_port_base(count: int = 4) -> int:
+    """The first of `count` consecutive ports that nothing on this host listens on now."""
+    rng = random.Random(os.getpid())
+    for _ in range(200):
+        base = rng.randrange(*PORT_RANGE)
+        try:
+            with ExitStack() as held:
+                for port in range(base, base + count):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {count} consecutive free ports in {PORT_RANGE}")
+
+
 @pytest.fixture(scope="session")
-def slurm_cluster():
-    if cluster_is_up():
-        yield STATE_DIR
+def slurm_cluster(tmp_path_factory):
+    if os.environ.get("SLURM_CONF") and cluster_is_up():
+        yield Path(os.environ["SLURM_CONF"]).parent
         return
     missing = [b for b in ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd") if shutil.which(b) is None]
     reason = None
@@ -56,6 +79,16 @@ def slurm_cluster():
         reason = f"no SLURM cluster: starting one needs root (sudo {HERE / 'start_cluster.sh'})"
     if reason:
         unavailable(reason)
-    subprocess.run([str(HERE / "start_cluster.sh"), str(STATE_DIR)], check=True, timeout=300)
-    yield STATE_DIR
-    subprocess.run([str(HERE / "stop_cluster.sh"), str(STATE_DIR)], check=False, timeout=120)
+    state = tmp_path_factory.mktemp("slurm")
+    before = os.environ.get("SLURM_CONF")
+    # For this process and every command it starts (sbatch through submitit, the CLI under test).
+    os.environ["SLURM_CONF"] = str(state / "etc" / "slurm.conf")
+    try:
+        subprocess.run([str(HERE / "start_cluster.sh"), str(state), str(free_port_base())], check=True, timeout=300)
+        yield state
+    finally:
+        subprocess.run([str(HERE / "stop_cluster.sh"), str(state)], check=False, timeout=120)
+        if before is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = before

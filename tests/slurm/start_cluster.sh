@@ -3,7 +3,13 @@
 # munged, mariadbd (local socket only), slurmdbd (so sacct works), slurmctld and two slurmd.
 #
 #   sudo apt-get install slurmctld slurmd slurm-client munge slurmdbd mariadb-server
-#   sudo tests/slurm/start_cluster.sh [STATE_DIR]      # stop: tests/slurm/stop_cluster.sh [STATE_DIR]
+#   sudo tests/slurm/start_cluster.sh [STATE_DIR [PORT_BASE]]   # stop: tests/slurm/stop_cluster.sh [STATE_DIR]
+#
+# PORT_BASE (default 6817, SLURM's own ports): slurmctld listens on it, node1's slurmd on +1, slurmdbd
+# on +2, node2's slurmd on +3. The config files go where $SLURM_CONF points (default
+# /etc/slurm/slurm.conf; slurmdbd.conf and gres.conf beside it), so with its own SLURM_CONF, state
+# directory and ports a cluster leaves others on the host alone (the tests start one per session).
+# Commands for it need the same SLURM_CONF; STATE_DIR/slurm_conf records it.
 #
 # Two nodes, node1 and node2, are two slurmd on this host (each its own NodeName, spool and Port;
 # Debian's slurmd runs several per host as long as each has its own NodeHostname), so that a job can
@@ -16,13 +22,17 @@
 set -euo pipefail
 
 STATE=${1:-/var/tmp/ghsweep-slurm}
-CONF_DIR=/etc/slurm
+PORT_BASE=${2:-6817}
+export SLURM_CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}
+CONF_DIR=$(dirname "$SLURM_CONF")
+CTLD_PORT=$PORT_BASE
+DBD_PORT=$((PORT_BASE + 2))
 MARKER="# written by ghsweep tests/slurm/start_cluster.sh"
 NODE_CPUS=8
 NODE_GPUS=8
 NODES="node1 node2"
-# slurmd ports: node1 6818 (SLURM's default), node2 6820 (6819 is slurmdbd's).
-node_port() { [ "$1" = node1 ] && echo 6818 || echo 6820; }
+# slurmd ports: node1 PORT_BASE+1 (6818, SLURM's default), node2 PORT_BASE+3 (PORT_BASE+2 is slurmdbd's).
+node_port() { [ "$1" = node1 ] && echo $((PORT_BASE + 1)) || echo $((PORT_BASE + 3)); }
 
 die() { echo "start_cluster.sh: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root (it writes $CONF_DIR and starts daemons)"
@@ -35,8 +45,9 @@ for f in slurm.conf slurmdbd.conf gres.conf; do
     fi
 done
 
-mkdir -p "$STATE"/{run,log,spool/ctld,spool/d/node1,spool/d/node2,dev,munge,mysql}
+mkdir -p "$STATE"/{run,log,spool/ctld,spool/d/node1,spool/d/node2,dev,munge,mysql} "$CONF_DIR"
 STATE=$(cd "$STATE" && pwd)
+echo "$SLURM_CONF" >"$STATE/slurm_conf"
 RUN=$STATE/run
 waitfor() {  # waitfor SECONDS WHAT COMMAND...: retry COMMAND until it succeeds
     local deadline=$((SECONDS + $1)) what=$2; shift 2
@@ -79,6 +90,7 @@ $MARKER
 AuthType=auth/munge
 DbdHost=localhost
 DbdAddr=127.0.0.1
+DbdPort=$DBD_PORT
 SlurmUser=root
 StorageType=accounting_storage/mysql
 StorageHost=localhost
@@ -93,6 +105,7 @@ cat >"$CONF_DIR/slurm.conf" <<CONF
 $MARKER
 ClusterName=ghsweep
 SlurmctldHost=localhost
+SlurmctldPort=$CTLD_PORT
 SlurmUser=root
 AuthType=auth/munge
 StateSaveLocation=$STATE/spool/ctld
@@ -118,6 +131,7 @@ SlurmdParameters=config_overrides
 GresTypes=gpu
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
+AccountingStoragePort=$DBD_PORT
 AccountingStorageTRES=gres/gpu
 KillWait=5
 $(for node in $NODES; do

@@ -7,6 +7,8 @@ set -uo pipefail
 
 STATE=${1:-/var/tmp/ghsweep-slurm}
 [ -d "$STATE" ] || { echo "stop_cluster.sh: no cluster state in $STATE" >&2; exit 1; }
+# The cluster's config, as start_cluster.sh recorded it: squeue and scancel must ask this cluster.
+[ -s "$STATE/slurm_conf" ] && export SLURM_CONF=$(cat "$STATE/slurm_conf")
 
 if [ -s "$STATE/run/slurmctld.pid" ]; then
     jobs=$(squeue -h -o %A 2>/dev/null)

@@ -90,6 +90,20 @@ def choose_column(page: Page, name: str) -> None:
     node.locator("[class*='tree-checkbox']").first.click()
 
 
+def test_the_experiment_opens_in_the_model_training_view(sweep, browser):
+    """The experiment's link as a user follows it (no workflowType in the address): ghsweep tags the
+    experiment's kind, so MLflow lists its runs instead of its GenAI overview of traces."""
+    url, exp_id, parent, _ = sweep
+    page = browser.new_page(viewport={"width": 1600, "height": 900})
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    page.goto(f"{url}/#/experiments/{exp_id}")
+    page.get_by_text(parent.info.run_name, exact=True).wait_for()
+    close_assistant(page)
+    assert "workflowType=genai" not in page.url
+    page.screenshot(path=str(SHOTS / "experiment_opens_in_model_training.png"))
+    page.close()
+
+
 def test_experiment_page_shows_parent_children_and_metric_values(sweep, browser):
     url, exp_id, parent, children = sweep
     page = browser.new_page(viewport={"width": 1600, "height": 900})

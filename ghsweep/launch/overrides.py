@@ -1,0 +1,67 @@
+"""The command line's keys and group options, checked against conf/ before Hydra composes anything.
+
+Hydra's own refusal of an unknown key suggests appending it (`+train.max_step=3`), which it then
+accepts and nothing reads; an unknown option in a sweep list (`precision=fp32,bf61`) fails only when
+its combination is composed, after the ones before it ran. Both are refused here, every mistake of
+the command line at once, one line each with the closest known key or option.
+"""
+
+from __future__ import annotations
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, ValueType
+
+from ghsweep.config.keys import closest, did_you_mean, is_known, options, sections
+from ghsweep.tracking import redact
+
+# Value kinds whose options can be listed without composing (not glob(), which asks Hydra's loader).
+LISTED = (ValueType.ELEMENT, ValueType.SIMPLE_CHOICE_SWEEP, ValueType.CHOICE_SWEEP, ValueType.RANGE_SWEEP)
+
+
+def refusals(overrides: list[str]) -> list[str]:
+    """One line per override that names a key conf/ does not have or an option its group lacks."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    text = " ".join(overrides)
+    lines = []
+    for override, typed in zip(parsed, overrides):
+        name = override.key_or_group
+        if name == "hydra" or name.startswith(("hydra.", "hydra/")) or override.is_delete():
+            continue  # Hydra checks its own tree; `~key` removes
+        shown = redact.override(typed)
+        if options(name):
+            lines += _option_refusals(override, name, shown)
+        elif not is_known(name) and not _added_on_purpose(override, name, text):
+            lines.append(_key_refusal(override, name, shown))
+    return lines
+
+
+def _option_refusals(override: Override, group: str, shown: str) -> list[str]:
+    if override.value_type not in LISTED or override.value() is None:
+        return []
+    values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [str(override.value())]
+    accepted = options(group)
+    lines = []
+    for value in values:
+        if value not in accepted:
+            near = closest(value, accepted)
+            hint = f"; did you mean {group}={near}?" if near else ""
+            lines.append(f"{shown}: {group} has no option {value}; accepted: {', '.join(accepted)}{hint}")
+    return lines
+
+
+def _added_on_purpose(override: Override, key: str, command_line: str) -> bool:
+    """A key appended with `+` that is meant to be there: a secret (for `${...}` elsewhere to read),
+    one the command line reads through `${key}`, or one in a section of the user's own (`+notes.a=`),
+    not one of ghsweep's sections or a near miss of one (`+trian.max_steps=`)."""
+    if not (override.is_add() or override.is_force_add()):
+        return False
+    if redact.is_secret_key(key) or "${" + key + "}" in command_line:
+        return True
+    section = key.split(".", 1)[0]
+    return section not in sections() and closest(section, sorted(sections()), cutoff=0.8) is None
+
+
+def _key_refusal(override: Override, key: str, shown: str) -> str:
+    if override.is_add() or override.is_force_add():
+        return f"{shown}: {key} is not a key ghsweep reads, so it would be ignored{did_you_mean(key)}"
+    return f"{shown}: no such key{did_you_mean(key)}"

@@ -1,0 +1,88 @@
+"""Unknown keys and group options are refused before Hydra composes, with the closest known one: a
+typo (`train.max_step=3`), the same typo appended (`+train.max_step=3`, which Hydra's own hint leads
+to and nothing would read), and a typo inside a sweep list (`precision=fp32,bf61`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ghsweep.config.keys import did_you_mean, is_known, known_keys, options
+from ghsweep.launch.overrides import refusals
+from tests.conftest import run_cli
+from tests.reliability.records import assert_one_line_errors
+
+
+def test_every_key_of_the_groups_presets_and_launch_profiles_is_known():
+    keys = known_keys()
+    assert {"train.max_steps", "precision.library", "tune.trials", "tracking.server_uri", "container.env"} <= set(keys)
+    assert not any(k == "hydra" or k.startswith("hydra.") for k in keys)
+    # Maps the user fills: any name inside them is known.
+    assert is_known("container.env.MY_VAR") and is_known("tune.max.step_time_ms")
+    assert not is_known("train.max_step") and not is_known("train.max_steps.x")
+    assert options("precision") == ["bf16", "fp16", "fp32", "fp8"]
+    assert options("train") == []
+
+
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        ("train.max_step=3", "train.max_step=3: no such key; did you mean train.max_steps?"),
+        (
+            "+train.max_step=3",
+            "+train.max_step=3: train.max_step is not a key ghsweep reads, so it would be ignored; "
+            "did you mean train.max_steps?",
+        ),
+        (
+            "++trian.max_steps=3",
+            "++trian.max_steps=3: trian.max_steps is not a key ghsweep reads, so it would be ignored; "
+            "did you mean train.max_steps?",
+        ),
+        (
+            "precision=fp32,bf61",
+            "precision=fp32,bf61: precision has no option bf61; accepted: bf16, fp16, fp32, fp8; "
+            "did you mean precision=bf16?",
+        ),
+        ("offload=of", "offload=of: offload has no option of; accepted: off, on; did you mean offload=off?"),
+        ("qwertyuiop=1", "qwertyuiop=1: no such key; `python -m ghsweep --cfg job` lists the keys"),
+    ],
+)
+def test_a_mistake_is_one_line_with_the_closest_known_key(override, line):
+    assert refusals([override]) == [line]
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "train.max_steps=3",
+        "precision=fp32,bf16",
+        "experiment=smoke",
+        "experiment=null",
+        "+container.env.MSG=hi",  # a map the user fills
+        "+tune.max.step_time_ms=400",
+        "+tracking.password=${oc.env:DB_PASSWORD}",  # a secret, for an interpolation to read
+        "+notes.purpose=baseline",  # a section of the user's own, recorded with the run's params
+        "+train.extra=1 model.path=/m/${train.extra}",  # read through an interpolation
+        "hydra/launcher=anything",  # Hydra checks its own groups
+        "~train.grad_clip",
+    ],
+)
+def test_what_is_known_or_meant_passes(override):
+    assert refusals(override.split(" ")) == []
+
+
+def test_without_a_close_key_it_says_where_keys_are_listed():
+    assert did_you_mean("zzzzzz") == "; `python -m ghsweep --cfg job` lists the keys"
+
+
+def test_the_cli_refuses_every_mistake_at_once_before_anything_is_created(tmp_path):
+    proc = run_cli(["-m", "train.max_step=3", "+train.max_step=3", "precision=fp32,bf61"], tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "ghsweep: train.max_step=3: no such key; did you mean train.max_steps?",
+        "ghsweep: +train.max_step=3: train.max_step is not a key ghsweep reads, so it would be ignored; "
+        "did you mean train.max_steps?",
+        "ghsweep: precision=fp32,bf61: precision has no option bf61; accepted: bf16, fp16, fp32, fp8; "
+        "did you mean precision=bf16?",
+    ]
+    assert_one_line_errors(proc.stdout, proc.stderr)
+    assert not list(tmp_path.iterdir())

@@ -1,0 +1,141 @@
+"""What a new user's first commands get: refusals that need no node before anything is recorded (for
+every combination at once), a dry run that refuses what the run would and exits non-zero, a cluster
+dry run without SLURM, one line where SLURM is missing, and a single run that says where its
+results went."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from ghsweep.core.names import EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND
+from tests.conftest import MlflowRecords, free_port, run_cli, sqlite_uri
+from tests.launch.test_dry_run import assert_nothing_ran
+from tests.optional_env import unavailable
+from tests.reliability.records import assert_one_line_errors
+
+FP8_ON_CPU = (
+    "precision=fp8: needs an NVIDIA GPU of compute capability >= 8.9 and this run has none (device=cpu); "
+    "accepted here: fp32, fp16, bf16"
+)
+
+
+def test_a_sweep_with_values_no_node_can_run_is_refused_whole_before_anything_is_recorded(tmp_path):
+    proc = run_cli(["-m", "experiment=smoke", "precision=fp32,fp8", "train.max_steps=-1,2"], tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "ghsweep: #0 experiment=smoke,precision=fp32,train.max_steps=-1: train.max_steps=-1: must be an integer >= 1",
+        "ghsweep: #2 experiment=smoke,precision=fp8,train.max_steps=-1: train.max_steps=-1: must be an integer >= 1",
+        f"ghsweep: #3 experiment=smoke,precision=fp8,train.max_steps=2: {FP8_ON_CPU}",
+        "ghsweep: 3 of 4 combinations cannot run on any node; nothing was submitted or recorded",
+    ]
+    assert_one_line_errors(proc.stdout, proc.stderr)
+    assert not (tmp_path / "mlflow.db").exists() and not list(tmp_path.rglob("result.json"))
+
+
+def test_the_dry_run_refuses_what_the_run_would_and_exits_non_zero(tmp_path):
+    proc = run_cli(
+        ["-m", "experiment=smoke", "train.lr=-1,0.1", "precision=fp8,fp32", "dry_run=true"],
+        tmp_path,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    workers = re.findall(r"(?m)^  worker:  (.*)$", proc.stdout)
+    assert workers[:3] == [
+        "(not runnable) train.lr=-1: must be a number > 0",
+        "(not runnable) train.lr=-1: must be a number > 0",
+        f"(not runnable) {FP8_ON_CPU}",
+    ]
+    assert "-m ghsweep.train.worker" in workers[3]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "ghsweep: dry run: 3 combination(s) not runnable, marked above; the sweep would refuse to start"
+    )
+    assert_nothing_ran(tmp_path)
+
+
+def test_one_run_refused_is_one_line_and_nothing_recorded(tmp_path):
+    proc = run_cli(["experiment=smoke", "train.max_steps=abc"], tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "ghsweep: train.max_steps=abc: must be an integer >= 1; nothing was recorded"
+    )
+    assert_one_line_errors(proc.stdout, proc.stderr)
+    assert not (tmp_path / "mlflow.db").exists()
+    dry = run_cli(["experiment=smoke", "precision=fp8", "dry_run=true"], tmp_path)
+    assert dry.returncode == 1 and dry.stderr.strip().splitlines()[-1] == f"ghsweep: not runnable: {FP8_ON_CPU}"
+
+
+@pytest.fixture
+def no_slurm(tmp_path) -> dict[str, str]:
+    """A PATH with this Python and without SLURM's commands (as on a laptop)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    assert shutil.which("srun", path=str(bin_dir)) is None
+    return {"PATH": str(bin_dir)}
+
+
+def test_a_cluster_sweep_is_previewed_without_slurm(tmp_path, no_slurm):
+    proc = run_cli(
+        ["-m", "hydra/launcher=gh200", "precision=bf16,fp8", "offload=on,off", "dry_run=true"], tmp_path, env=no_slurm
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_one_line_errors(proc.stdout, proc.stderr)
+    launches = re.findall(r"(?m)^  launch:  (.*)$", proc.stdout)
+    assert len(launches) == 4 and all(line.startswith("sbatch --array=0-3%4 ") for line in launches)
+    assert "--partition=gh" in launches[0]
+    assert proc.stdout.strip().splitlines()[-1] == "ghsweep: dry run, 4 combinations; nothing was submitted"
+    assert_nothing_ran(tmp_path)
+
+
+def test_a_cluster_sweep_without_slurm_is_one_line_before_anything_is_recorded(tmp_path, no_slurm):
+    proc = run_cli(["-m", "hydra/launcher=gh200", "precision=bf16,fp8"], tmp_path, env=no_slurm)
+    assert proc.returncode == 1
+    [line] = proc.stderr.strip().splitlines()
+    assert line == (
+        "ghsweep: hydra/launcher=gh200 submits to SLURM, and its commands are not on PATH here (sbatch, srun, "
+        "scontrol); submit from a machine of the cluster. `python -m ghsweep -m hydra/launcher=gh200 ... "
+        "dry_run=true` previews the sweep anywhere"
+    )
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_cluster_sweep_whose_controller_is_down_is_one_line_before_anything_is_recorded(tmp_path):
+    if shutil.which("scontrol") is None:
+        unavailable("needs SLURM's client commands (apt-get install slurm-client)")
+    # A cluster whose controller nothing serves: a port nothing listens on.
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(
+        f"ClusterName=down\nSlurmctldHost=localhost\nSlurmctldPort={free_port()}\n"
+        "NodeName=n1 CPUs=1 State=UNKNOWN\nPartitionName=p Nodes=n1 Default=YES\n"
+    )
+    proc = run_cli(["-m", "hydra/launcher=local_slurm", "experiment=smoke"], tmp_path, env={"SLURM_CONF": str(conf)})
+    assert proc.returncode == 1
+    [line] = proc.stderr.strip().splitlines()
+    assert re.fullmatch(
+        r"ghsweep: hydra/launcher=local_slurm: the SLURM controller does not answer \(`scontrol ping`: "
+        r"Slurmctld\(primary\) at \S+ is DOWN\)\. `python -m ghsweep -m hydra/launcher=local_slurm \.\.\. "
+        r"dry_run=true` previews the sweep anywhere",
+        line,
+    ), line
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_single_run_ends_with_its_summary_line_and_opens_as_model_training(tmp_path):
+    proc = run_cli(["experiment=smoke", "precision=fp32", "train.max_steps=2", "train.seq_length=64"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    found = re.fullmatch(
+        r"ghsweep: run FINISHED: [\d,]+ tokens/s, [\d.]+ ms a step, final loss [\d.]+; report (\S+); "
+        r"MLflow run ([0-9a-f]{32}) in experiment ghsweep at (\S+)",
+        last,
+    )
+    assert found, last
+    report, run_id, uri = found.groups()
+    assert Path(report).is_file() and uri == sqlite_uri(tmp_path)
+    records = MlflowRecords(uri)
+    assert records.client.get_run(run_id).info.status == "FINISHED"
+    assert records.client.get_experiment(records.experiment_id).tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING_KIND
