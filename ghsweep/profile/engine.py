@@ -16,7 +16,7 @@ import numpy as np
 
 from ghsweep.profile import kernel_kinds
 from ghsweep.profile import steps as step_finder
-from ghsweep.profile.timeline import Ops, Timeline, timeline
+from ghsweep.profile.timeline import EDGE, Ops, Timeline, timeline
 
 GAP_BUCKETS = (
     (0, 10_000, "<10us"),
@@ -34,6 +34,10 @@ MEMCPY_KIND = {1: "HtoD", 2: "DtoH", 8: "DtoD", 10: "PtoP", 11: "UM HtoD", 12: "
 UM_KINDS = (11, 12, 13)
 MEM_KIND = {0: "pageable", 1: "pinned", 2: "device", 4: "managed", 7: "unknown"}
 WHOLE_TRACE_KERNELS = 50
+# NVTX steps whose GPU work spans less than this share of their host time are mostly CPU: the
+# window covers the steps, not just the GPU work.
+MOSTLY_CPU_SHARE = 0.5
+TOP_GAPS = 5  # longest gaps kept per cause (the evidence a report lists with their times)
 TIME_MAPPED = (
     "no CUDA runtime API calls with correlation ids: the steps were mapped onto the GPU by time, not "
     "through their launches (the GPU's lag behind the host shifts the window)"
@@ -70,18 +74,23 @@ def gap_stats(buckets: list[tuple[int, int]], idle_gaps: list[int], max_ns: int,
 
 
 def gap_block(line: Timeline, evidence: GapEvidence, steps: int) -> dict:
-    """The gaps of the window's timeline: statistics, and idle time per cause (GAP_CAUSES, one set
-    for every source); short_gaps is the rest of the gap time."""
-    causes = evidence.attribute(line.long_gaps)
+    """The gaps of the window's timeline: statistics, idle time per cause (GAP_CAUSES, one set
+    for every source; short_gaps is the rest of the gap time), and per cause the longest gaps with
+    their times, so every number a finding quotes can be found on the timeline."""
+    causes, top = evidence.attribute(line.long_gaps)
     info = gap_stats(line.gap_buckets, [e - s for s, e, _ in line.long_gaps], line.gap_max_ns, steps)
     causes["short_gaps"] = info["total_ns"] - sum(causes.values())
     info["causes_ns"] = causes
+    info["top_gaps"] = top
     return info
 
 
 def window_timeline(ops: Ops, window: tuple[int, int]) -> Timeline:
-    """The device operations' timeline inside the window (clipped to it)."""
-    return timeline(ops.clip(*window), [(lo, hi) for lo, hi, _ in GAP_BUCKETS], IDLE_GAP_MIN_NS)
+    """The device operations' timeline inside the window (clipped to it), with the idle time
+    between the window's edges and the first and last operation counted as gaps (a window that
+    covers a mostly-CPU step is mostly such time)."""
+    edges = Ops(*(np.array(v, np.int64) for v in ((window[0], window[1]),) * 2), np.full(2, EDGE), np.full(2, -1))
+    return timeline(Ops.concat([ops.clip(*window), edges]), [(lo, hi) for lo, hi, _ in GAP_BUCKETS], IDLE_GAP_MIN_NS)
 
 
 class Intervals:
@@ -101,6 +110,11 @@ class Intervals:
         i = bisect.bisect_left(self.starts, end)  # intervals starting before `end`
         return i > 0 and self.ends[i - 1] > start
 
+    def first_overlap_end(self, start: int, end: int) -> int | None:
+        """The end of the earliest interval overlapping (start, end), None when none does."""
+        first = bisect.bisect_right(self.ends, start)  # merged intervals: ends are sorted too
+        return self.ends[first] if first < len(self.starts) and self.starts[first] < end else None
+
 
 @dataclass
 class GapEvidence:
@@ -114,10 +128,17 @@ class GapEvidence:
 
     def cause(self, start: int, end: int, corr: int) -> str:
         """The cause of the idle gap (start, end) ended by the operation launched as `corr`; the
-        first match of GAP_CAUSES' order wins (findings.py writes the order down)."""
-        launch_start, launch_tid = self.launches.get(corr, (start, None))
-        if self.sync.overlaps(start, end):
+        first match of GAP_CAUSES' order wins (findings.py writes the order down).
+
+        A synchronising call explains the gap only when the work ending it was launched after the
+        call returned (the host was held there); work queued before the sync (a CUDA graph
+        launched ahead) was not delayed by it. Without the launch (no correlation), overlap alone."""
+        launch_start, launch_tid = self.launches.get(corr, (None, None))
+        sync_end = self.sync.first_overlap_end(start, end)
+        if sync_end is not None and (launch_start is None or launch_start >= sync_end):
             return "sync"
+        if launch_start is None:
+            launch_start = start
         if launch_tid in self.waits and self.waits[launch_tid].overlaps(start, end):
             return "host_wait"
         if self.unified_memory.overlaps(start, end):
@@ -128,12 +149,23 @@ class GapEvidence:
             return "launch_latency"
         return "unattributed"
 
-    def attribute(self, gaps: list[tuple[int, int, int]]) -> dict[str, int]:
-        """Idle time per cause of the idle gaps (start, end, correlation id of the op ending it)."""
+    def attribute(self, gaps: list[tuple[int, int, int]]) -> tuple[dict[str, int], dict[str, list[dict]]]:
+        """Idle time per cause of the idle gaps (start, end, correlation id of the op ending it),
+        and per cause its TOP_GAPS longest gaps (start_ns, end_ns, ms)."""
         causes = dict.fromkeys(GAP_CAUSES, 0)
+        by_cause: dict[str, list[tuple[int, int]]] = {}
         for start, end, corr in gaps:
-            causes[self.cause(start, end, corr)] += end - start
-        return causes
+            cause = self.cause(start, end, corr)
+            causes[cause] += end - start
+            by_cause.setdefault(cause, []).append((start, end))
+        top = {
+            cause: [
+                {"start_ns": s, "end_ns": e, "ms": (e - s) / 1e6}
+                for s, e in sorted(spans, key=lambda g: g[0] - g[1])[:TOP_GAPS]
+            ]
+            for cause, spans in by_cause.items()
+        }
+        return causes, top
 
 
 def memory_ops(groups: list[tuple]) -> dict:
@@ -186,17 +218,24 @@ def steady_window(
     """The steps and the GPU time window of their steady state; None: the whole trace (health says why).
 
     NVTX steps are CPU ranges: `project` maps them onto the GPU work they launched and says whether
-    it could do so through correlation ids (else by time). Inferred steps are GPU time already.
+    it could do so through correlation ids (else by time). Stub steps (no work, far shorter than
+    the rest) are dropped first. When the GPU work spans under half of the steps' host time (a
+    step that is mostly CPU), the window covers the steps too: the GPU's idle time there is
+    the step's. Inferred steps are GPU time already.
     """
     if found is None:
         return whole_trace_steps(health, NO_STEPS), None
     if found.basis != step_finder.NVTX_BASIS:
         return found, (found.steady[0].start, found.steady[-1].end)
+    found = step_finder.without_stubs(found, lambda step: project([step])[0] is not None)
     window, projected = project(found.steady)
     if window is None:
         return whole_trace_steps(health, f"the steps ({found.source}) {no_gpu_work}"), None
     if not projected:
         health.append(TIME_MAPPED)
+    host = (found.steady[0].start, found.steady[-1].end)
+    if window[1] - window[0] < MOSTLY_CPU_SHARE * (host[1] - host[0]):
+        window = (min(window[0], host[0]), max(window[1], host[1]))
     return found, window
 
 
@@ -215,6 +254,7 @@ def window_block(window: tuple[int, int], found: step_finder.Steps) -> dict:
         "steps": [s.step for s in found.steady],
         "warmup_steps": [s.step for s in found.warmup],
         "warmup_reason": found.warmup_reason,
+        "stub_steps": [{"step": s.step, "start_ns": s.start, "end_ns": s.end} for s in found.stubs],
     }
 
 

@@ -43,6 +43,8 @@ SYNC_CALLS = (
     "cudaEventSynchronize%",
     "cudaMemcpy\\_%",
     "cudaMemcpy",
+    "cudaMemcpy2D\\_%",
+    "cudaMemcpy2D",
     "cuCtxSynchronize%",
     "cuStreamSynchronize%",
     "cuEventSynchronize%",
@@ -72,6 +74,9 @@ OS_WAITS = (
     "futex%",
 )
 LAUNCH_CALLS = ("cudaLaunchKernel%", "cuLaunchKernel%", "cudaLaunchCooperativeKernel%", "cudaGraphLaunch%")
+# User ranges "data*" and PyTorch's own DataLoader ranges (with autograd NVTX emission on):
+# "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "DataLoader.__next__", ...
+DATA_LIKE = ("data%", "%DataLoader%")
 PHASE_LIKE = tuple(f"{p}%" for p in PHASES)
 # Columns a GPU table must have to be analysed (the analysis reads no other).
 REQUIRED_COLUMNS = {
@@ -151,7 +156,9 @@ def nsys_gap_evidence(
     """Evidence from the export: synchronising calls of the process; OS waits of the thread that
     launched the work ending a gap (other threads' waits say nothing: an idle autograd or loader
     thread always waits); phase ranges with unified-memory faults or migrations; "data*" ranges."""
-    evidence = GapEvidence(data=Intervals((s, e) for _, s, e in db.nvtx_intervals(con, schema, pid, "data%", window)))
+    evidence = GapEvidence(
+        data=Intervals((s, e) for like in DATA_LIKE for _, s, e in db.nvtx_intervals(con, schema, pid, like, window))
+    )
     if not gaps:
         return evidence
     if schema.has(db.RUNTIME):

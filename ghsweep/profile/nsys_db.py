@@ -262,8 +262,9 @@ PAGEABLE_MIN_BYTES = 1 << 20
 
 
 def names_like(con: sqlite3.Connection, patterns: tuple[str, ...]) -> list[int]:
-    """StringIds ids whose value is one of `patterns` (SQL LIKE), e.g. 'cudaStreamSynchronize%'."""
-    clause = " OR ".join("value LIKE ?" for _ in patterns)
+    """StringIds ids whose value is one of `patterns` (SQL LIKE, backslash escapes: 'cudaMemcpy\\_%'
+    is cudaMemcpy_v3020, never cudaMemcpyAsync_v3020), e.g. 'cudaStreamSynchronize%'."""
+    clause = " OR ".join("value LIKE ? ESCAPE '\\'" for _ in patterns)
     return [r[0] for r in con.execute(f"SELECT id FROM StringIds WHERE {clause}", patterns)]
 
 

@@ -45,11 +45,22 @@ from ghsweep.profile.timeline import MEMSET as MEMSET_OP
 from ghsweep.profile.timeline import Ops
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+# The categories of traces from PyTorch up to about 1.9 (Kineto's first layout), as today's names.
+OLD_CATS = {"Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset", "Runtime": "cuda_runtime",
+            "Operator": "cpu_op"}
+# Host categories; an event of any other category with a device in its name is an accelerator's
+# activity this reader does not measure (Intel XPU, Habana HPU, MTIA, PrivateUse1 backends).
+ACCELERATOR_CAT = re.compile(r"xpu|hpu|mtia|privateuse1|tpu|npu", re.IGNORECASE)
+# PyTorch's own DataLoader ranges ("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+# "..._MultiProcessingDataLoaderIter.__next__", "DataLoader.__next__"), and user ranges "data*".
+DATA_RANGE = re.compile(r"^data|DataLoader|DataLoaderIter", re.IGNORECASE)
 OP_KIND = {"kernel": KERNEL_OP, "gpu_memcpy": MEMCPY_OP, "gpu_memset": MEMSET_OP}
 SYNC_NAMES = re.compile(
     r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|cudaMemcpy$|"
     r"cudaStreamQuery|cuCtxSynchronize|cuStreamSynchronize)"
 )
+# record_function ranges: user_annotation; a DataLoader's own range is a cpu_op in some versions.
+HOST_RANGE_CATS = ("user_annotation", "cpu_op")
 # "Memcpy HtoD (Pageable -> Device)"
 MEMCPY_NAME = re.compile(r"Memcpy (\w+) \((\w+) -> (\w+)\)")
 COPY_KIND = {"HtoD": 1, "DtoH": 2, "DtoD": 8, "PtoP": 10}
@@ -74,10 +85,11 @@ def trace_events(trace, path: Path) -> list[dict]:
         if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
             continue
         args = e.get("args")
+        cat = str(e.get("cat", ""))
         events.append(
             {
                 "name": str(e.get("name", "")),
-                "cat": str(e.get("cat", "")),
+                "cat": OLD_CATS.get(cat, cat),
                 "ts": ts,
                 "dur": dur,
                 "args": args if isinstance(args, dict) else {},
@@ -110,12 +122,15 @@ def analyze_torch_trace(path: Path) -> ProfileAnalysis:
     events = trace_events(trace, path)
     gpu = [e for e in events if e["cat"] in GPU_CATS]
     props = ((trace.get("deviceProperties") if isinstance(trace, dict) else None) or [{}])[0]
+    accelerator = sorted({e["cat"] for e in events if ACCELERATOR_CAT.search(e["cat"])})
     source = {
         "path": str(path),
         "kind": "torch",
         "gpu_name": props.get("name") if isinstance(props, dict) else None,
-        "device": "cuda" if gpu else "cpu",
+        "device": "cuda" if gpu else ("accelerator" if accelerator else "cpu"),
     }
+    if accelerator and not gpu:
+        source["accelerator_categories"] = accelerator
     health: list[str] = []
     found = find_steps(events, gpu)
     if not gpu:
@@ -178,7 +193,7 @@ def gap_evidence(events: list[dict], runtime: list[dict]) -> GapEvidence:
     (no OS waits, page faults or migrations: the profiler does not record them)."""
     return GapEvidence(
         sync=Intervals(_ns(e) for e in runtime if SYNC_NAMES.match(e["name"])),
-        data=Intervals(_ns(e) for e in events if e["cat"] == "user_annotation" and e["name"].startswith("data")),
+        data=Intervals(_ns(e) for e in events if e["cat"] in HOST_RANGE_CATS and DATA_RANGE.search(e["name"])),
         launches={e["args"].get("correlation"): (_ns(e)[0], None) for e in runtime},
     )
 
