@@ -168,6 +168,42 @@ class GapEvidence:
         return causes, top
 
 
+# Kernels of one stream run one after another (with programmatic dependent launch, the next may
+# start before the previous ends, never end before it): a kernel inside the previous one of its
+# stream by more than this is not clock jitter.
+STREAM_OVERLAP_TOLERANCE_NS = 1_000
+
+
+def event_health(start: np.ndarray, end: np.ndarray, stream: np.ndarray, what: str) -> list[str]:
+    """Profile-health lines for device events no real timeline has: negative durations, and
+    events overlapping the previous one of their stream (shuffled or skewed timestamps). Each line
+    names how many and the first one's time, so the damage can be found in the file.
+    Overlap means inside the previous event of the stream: starting before it ends is a
+    programmatic dependent launch (cuBLAS split-K reductions on Hopper), a real timeline."""
+    lines = []
+    negative = np.flatnonzero(end < start)
+    if len(negative):
+        i = int(negative[0])
+        lines.append(
+            f"{len(negative)} {what} end before they start (negative durations; the first at {int(start[i])} ns, "
+            f"{(int(end[i]) - int(start[i])) / 1e3:.1f} us): a damaged trace; times computed from them are wrong"
+        )
+    order = np.lexsort((start, stream))
+    order = order[stream[order] >= 0]  # a stream of -1 is unknown: no order to check
+    s, e, k = start[order], end[order], stream[order]
+    same = k[1:] == k[:-1]
+    tol = STREAM_OVERLAP_TOLERANCE_NS
+    overlap = np.flatnonzero(same & (s[1:] < e[:-1] - tol) & (e[1:] < e[:-1] - tol) & (e[1:] >= s[1:]))
+    if len(overlap):
+        i = int(overlap[0]) + 1
+        lines.append(
+            f"{len(overlap)} {what} run inside the previous one of their stream (the first at "
+            f"{int(s[i])} ns on stream {int(k[i])}): a stream runs one at a time, so the timestamps are "
+            "shuffled or skewed; busy and idle times may be wrong"
+        )
+    return lines
+
+
 def memory_ops(groups: list[tuple]) -> dict:
     """Per direction and host memory kind: count, bytes, time, bandwidth; pageable and UM totals."""
     rows: list[dict[str, Any]] = []

@@ -21,6 +21,7 @@ from ghsweep.profile.engine import (
     GapEvidence,
     Intervals,
     device_metrics,
+    event_health,
     gap_block,
     infer_steps,
     memory_ops,
@@ -255,6 +256,8 @@ def _analyze_nsys(con, path: Path) -> dict:
         health.append("OS runtime tracing was on but the export has no OSRT_API table")
     dev = read_device_ops(con, schema, path, health)
     pid, device, kernels = dev.pid, dev.device, dev.kernels
+    mine = kernels.where((kernels["pid"] == pid) & (kernels["dev"] == device))
+    health += event_health(mine["start"], mine["end"], mine["stream"], "kernels")
 
     found, window = steady_window(
         find_steps(con, schema, kernels, pid, device),
@@ -280,8 +283,10 @@ def _analyze_nsys(con, path: Path) -> dict:
     c_n, c_ns, c_b = db.sums(con, db.MEMCPY, params) if schema.has(db.MEMCPY) else (0, 0, 0)
     s_n, s_ns, s_b = db.sums(con, db.MEMSET, params) if schema.has(db.MEMSET) else (0, 0, 0)
     mem = memory_ops(db.memcpy_groups(con, params)) if schema.has(db.MEMCPY) else memory_ops([])
-    launch_ns = (
-        db.call_time(con, db.RUNTIME, pid, db.names_like(con, LAUNCH_CALLS), window) if schema.has(db.RUNTIME) else 0
+    launch_ns, launch_max_ns = (
+        db.call_time(con, db.RUNTIME, pid, db.names_like(con, LAUNCH_CALLS), window)
+        if schema.has(db.RUNTIME)
+        else (0, 0)
     )
     communication = nccl_communication(kernels.where(inside), db.names_like(con, ("%nccl%",)), span, n_steps)
     return {
@@ -298,6 +303,7 @@ def _analyze_nsys(con, path: Path) -> dict:
             "total_ns": k_ns,
             "short_pct": pct(groups["short"], k_n),
             "launch_api_ns": launch_ns,
+            "launch_api_max_ns": launch_max_ns,
             **kernel_kinds.gemm_time(groups["ranked"]),
         },
         "memcpy": {"count": c_n, "total_ns": c_ns, "bytes": c_b, **mem},

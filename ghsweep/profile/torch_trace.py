@@ -26,6 +26,7 @@ from ghsweep.profile.engine import (
     GapEvidence,
     Intervals,
     device_metrics,
+    event_health,
     gap_block,
     infer_steps,
     memory_ops,
@@ -46,8 +47,13 @@ from ghsweep.profile.timeline import Ops
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 # The categories of traces from PyTorch up to about 1.9 (Kineto's first layout), as today's names.
-OLD_CATS = {"Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset", "Runtime": "cuda_runtime",
-            "Operator": "cpu_op"}
+OLD_CATS = {
+    "Kernel": "kernel",
+    "Memcpy": "gpu_memcpy",
+    "Memset": "gpu_memset",
+    "Runtime": "cuda_runtime",
+    "Operator": "cpu_op",
+}
 # Host categories; an event of any other category with a device in its name is an accelerator's
 # activity this reader does not measure (Intel XPU, Habana HPU, MTIA, PrivateUse1 backends).
 ACCELERATOR_CAT = re.compile(r"xpu|hpu|mtia|privateuse1|tpu|npu", re.IGNORECASE)
@@ -141,6 +147,10 @@ def analyze_torch_trace(path: Path) -> ProfileAnalysis:
 def gpu_analysis(events: list[dict], gpu: list[dict], found: step_finder.Steps | None, health: list[str]) -> dict:
     """The analysis of a trace with GPU activity: its operations go through the shared engine."""
     runtime = [e for e in events if e["cat"] in ("cuda_runtime", "cuda_driver")]
+    kernel_events = [e for e in gpu if e["cat"] == "kernel"]
+    spans = np.array([_ns(e) for e in kernel_events], dtype=np.int64).reshape(-1, 2)
+    streams = np.array([st if isinstance(st := e["args"].get("stream"), int) else -1 for e in kernel_events])
+    health += event_health(spans[:, 0], spans[:, 1], streams, "kernels")
     found, window = steady_window(found, health, lambda steady: project(steady, runtime, gpu), "launched no GPU work")
     if window is None:
         spans = [_ns(e) for e in gpu]
@@ -153,6 +163,8 @@ def gpu_analysis(events: list[dict], gpu: list[dict], found: step_finder.Steps |
     kernel_ns, copy_ns, set_ns = (time_of[cat] for cat in GPU_CATS)
     mem = memory_ops([(*k, *v) for k, v in copy_groups(inside).items()])
     kernels = ranked((ev["name"], e - s) for s, e, ev in inside if ev["cat"] == "kernel")
+    launch_spans = [_ns(ev) for ev in runtime if "Launch" in ev["name"]]
+    w_launches = [e - s for s, e in launch_spans if e > w0 and s < w1]
     return {
         "window": window_block(window, found),
         "whole_trace": whole_trace_block(
@@ -164,7 +176,8 @@ def gpu_analysis(events: list[dict], gpu: list[dict], found: step_finder.Steps |
             "count": kernels["count"],
             "total_ns": kernel_ns,
             "short_pct": pct(kernels["short"], kernels["count"]),
-            "launch_api_ns": sum(_ns(e)[1] - _ns(e)[0] for e in runtime if "Launch" in e["name"]),
+            "launch_api_ns": sum(w_launches),
+            "launch_api_max_ns": max(w_launches, default=0),
             **kernel_kinds.gemm_time(kernels["ranked"]),
         },
         "memcpy": {"count": sum(r["count"] for r in mem["copies"]), "total_ns": copy_ns, **mem},
