@@ -16,7 +16,7 @@ import numpy as np
 
 from ghsweep.profile import kernel_kinds
 from ghsweep.profile import steps as step_finder
-from ghsweep.profile.timeline import EDGE, Ops, Timeline, timeline
+from ghsweep.profile.timeline import EDGE, Ops, Timeline, timeline, union_ns
 
 GAP_BUCKETS = (
     (0, 10_000, "<10us"),
@@ -313,6 +313,36 @@ def device_metrics(
         "um_migration_pct": pct(um_ns, copy_ns + set_ns),
         "h2d_gb": sum(v["bytes"] for k, v in mem["by_kind"].items() if k in ("HtoD", "UM HtoD")) / 1e9,
         "d2h_gb": sum(v["bytes"] for k, v in mem["by_kind"].items() if k in ("DtoH", "UM DtoH")) / 1e9,
+    }
+
+
+def time_per_step(start: np.ndarray, end: np.ndarray, labels: list[str], window: tuple[int, int], steps: int) -> dict:
+    """Where a mean steady step's time went, in ms, from the window's device operations (start,
+    end, label: a kernel's function name, a copy's direction, "memset"): per label, the time of
+    every non-NCCL operation (compute); the union of those (compute_busy); NCCL running with no
+    compute beside it (exposed_comm); nothing running (idle). step = compute_busy + exposed_comm
+    + idle exactly, which is what lets scaling.py split a difference of steps without remainder."""
+    w0, w1 = window
+    s, e = np.maximum(start, w0), np.minimum(end, w1)
+    keep = e > s
+    s, e = s[keep], e[keep]
+    names = np.array(labels, dtype=object)[keep] if len(labels) else np.array([], dtype=object)
+    comm = np.array([kernel_kinds.is_nccl(n) for n in names], dtype=bool)
+    order = np.lexsort((e, s))
+    s, e, names, comm = s[order], e[order], names[order], comm[order]
+    per = max(steps, 1) * 1e6
+    compute_busy = union_ns(s[~comm], e[~comm])
+    busy = union_ns(s, e)
+    by_name: dict[str, float] = {}
+    for name, ns in zip(names[~comm].tolist(), (e - s)[~comm].tolist()):
+        by_name[name] = by_name.get(name, 0.0) + ns / per
+    return {
+        "step_ms": (w1 - w0) / per,
+        "compute_busy_ms": compute_busy / per,
+        "exposed_comm_ms": (busy - compute_busy) / per,
+        "comm_ms": float((e - s)[comm].sum()) / per,
+        "idle_ms": (w1 - w0 - busy) / per,
+        "compute_by_name_ms": dict(sorted(by_name.items(), key=lambda kv: -kv[1])),
     }
 
 

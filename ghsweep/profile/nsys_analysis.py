@@ -28,6 +28,7 @@ from ghsweep.profile.engine import (
     pct,
     steady_window,
     step_times,
+    time_per_step,
     whole_trace_block,
     window_block,
     window_timeline,
@@ -206,7 +207,7 @@ def read_device_ops(con, schema: db.Schema, path: Path, health: list[str]) -> De
         health.append(
             "the export has no CUDA kernels, only copies or memsets (did the capture range see the training's work?)"
         )
-    copies = db.read_table(con, schema, db.MEMCPY, db.GPU_COLUMNS)
+    copies = db.read_table(con, schema, db.MEMCPY, {**db.GPU_COLUMNS, "copy_kind": "copyKind"})
     sets = db.read_table(con, schema, db.MEMSET, db.GPU_COLUMNS)
     gpu = [(kernels, KERNEL_OP), (copies, MEMCPY_OP), (sets, MEMSET_OP)]
     pid, device = db.main_process_device([t for t, _ in gpu])
@@ -315,8 +316,21 @@ def _analyze_nsys(con, path: Path) -> dict:
         "exposed_nccl_pct": communication.get("exposed_nccl_pct"),
         "phases_ms_per_step": nsys_phases(con, schema, pid, found),
         "step_ms": step_times(found),
+        "time_per_step": nsys_time_per_step(con, dev, window, n_steps),
         "health": health,
     }
+
+
+def nsys_time_per_step(con, dev: DeviceOps, window: tuple[int, int], steps: int) -> dict:
+    """engine.time_per_step of the main process's device operations, kernels by function name."""
+    mine = [t.where((t["pid"] == dev.pid) & (t["dev"] == dev.device)) for t in dev.tables]
+    names = db.string_values(con, np.unique(mine[0]["short"]).tolist())
+    labels = [kernel_kinds.function_name(names.get(k, str(k))) for k in mine[0]["short"].tolist()]
+    labels += [f"Memcpy {MEMCPY_KIND.get(k, k)}" for k in mine[1]["copy_kind"].tolist()]
+    labels += ["Memset"] * len(mine[2])
+    start = np.concatenate([t["start"] for t in mine])
+    end = np.concatenate([t["end"] for t in mine])
+    return time_per_step(start, end, labels, window, steps)
 
 
 def nccl_communication(kernels: db.Table, nccl_names: list[int], span: int, steps: int) -> dict:

@@ -62,6 +62,7 @@ def rank_row(rank: int, path: Path, a: ProfileAnalysis) -> dict:
         # Time this rank's GPU waits: NCCL running alone, and nothing running.
         "exposed_wait_ms_per_step": (comm.get("exposed_nccl_pct", 0.0) + (a.gpu_idle_pct or 0.0)) * window_ms / 100,
         "window_ms_per_step": window_ms,
+        "time_per_step": a.time_per_step,  # scaling.py splits the step of each rank
     }
 
 

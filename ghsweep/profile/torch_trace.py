@@ -33,6 +33,7 @@ from ghsweep.profile.engine import (
     pct,
     steady_window,
     step_times,
+    time_per_step,
     whole_trace_block,
     whole_trace_steps,
     window_block,
@@ -185,8 +186,24 @@ def gpu_analysis(events: list[dict], gpu: list[dict], found: step_finder.Steps |
         "gaps": gap_info,
         "phases_ms_per_step": phases(events, found),
         "step_ms": step_times(found),
+        "time_per_step": torch_time_per_step(gpu, window, len(found.steady)),
         "health": health,
     }
+
+
+def op_label(event: dict) -> str:
+    """A device event's name for time_per_step: a kernel's function name, a copy's direction."""
+    if event["cat"] == "kernel":
+        return kernel_kinds.function_name(event["name"])
+    if event["cat"] == "gpu_memcpy":
+        m = MEMCPY_NAME.match(event["name"])
+        return f"Memcpy {m.group(1)}" if m else "Memcpy"
+    return "Memset"
+
+
+def torch_time_per_step(gpu: list[dict], window: tuple[int, int], steps: int) -> dict:
+    spans = np.array([_ns(e) for e in gpu], dtype=np.int64).reshape(-1, 2)
+    return time_per_step(spans[:, 0], spans[:, 1], [op_label(e) for e in gpu], window, steps)
 
 
 def device_ops(gpu: list[dict]) -> Ops:
