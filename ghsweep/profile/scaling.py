@@ -38,6 +38,11 @@ COMPONENTS = (
 TOP_KERNELS = 10
 
 
+def has_time_per_step(analysis: ProfileAnalysis) -> bool:
+    """Whether every rank's step was split (analyses made before time_per_step existed were not)."""
+    return all(row.get("time_per_step") for row in analysis.ranks) and bool(analysis.time_per_step)
+
+
 def rank_steps(analysis: ProfileAnalysis) -> list[dict]:
     """Each rank's time_per_step (the analysis itself on one GPU); ProfileError without one."""
     steps = [row.get("time_per_step") or {} for row in analysis.ranks] or [analysis.time_per_step]
@@ -97,7 +102,7 @@ def pairs(
 ) -> list[tuple[str, dict]]:
     """(combination in words, decomposition) for every run on several GPUs whose combination (its
     overrides less `world_keys`) also ran on one GPU, both with a profile analysis."""
-    runs = [(o, a) for o, a in runs if a is not None and a.time_per_step]
+    runs = [(o, a) for o, a in runs if a is not None and has_time_per_step(a)]
     combination = lambda overrides: " ".join(sorted(o for o in overrides if not o.startswith(world_keys)))  # noqa: E731
     single = {combination(o): a for o, a in runs if len(a.ranks) <= 1}
     return [

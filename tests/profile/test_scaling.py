@@ -117,3 +117,22 @@ def test_pairs_match_runs_by_combination_and_the_table_adds_up(scaled):
     header, rows = table(found[0][1])
     assert header[1] == "ms per step" and len(rows) == len(COMPONENTS) + 1
     assert sum(float(r[1]) for r in rows[:-1]) == pytest.approx(float(rows[-1][1]), abs=0.01 * len(rows))
+
+
+def test_the_sweep_comparison_shows_the_decomposition(scaled, tmp_path):
+    """The comparison report (report/compare.py) gets one section per combination run on 1 and 2 GPUs."""
+    from ghsweep.report.compare import build, write_report
+    from ghsweep.report.sweep_source import SweepRun
+
+    one, many = scaled
+    runs = [
+        SweepRun(
+            f"id{g}", f"run{g}", g, "FINISHED", ["peft=lora", f"backend.gpus_per_node={g}"], {}, {}, {}, analysis=a
+        )
+        for g, a in ((1, one), (2, many))
+    ]
+    report = next(p for p in write_report(build("sweep", runs), tmp_path) if p.suffix == ".md").read_text()
+    d = decompose(one, many)
+    assert "## Scaling: peft=lora" in report
+    assert f"{d['exposed_comm_ms']:+.2f}" in report and f"{d['difference_ms']:+.2f}" in report
+    assert "fsdp_cast_kernel" in report
