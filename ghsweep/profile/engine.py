@@ -34,7 +34,7 @@ MEMCPY_KIND = {1: "HtoD", 2: "DtoH", 8: "DtoD", 10: "PtoP", 11: "UM HtoD", 12: "
 UM_KINDS = (11, 12, 13)
 MEM_KIND = {0: "pageable", 1: "pinned", 2: "device", 4: "managed", 7: "unknown"}
 WHOLE_TRACE_KERNELS = 50
-# NVTX steps whose GPU work spans less than this share of their host time are mostly CPU: the
+# An NVTX step whose GPU work spans less than this share of its host time is mostly CPU: the
 # window covers the steps, not just the GPU work.
 MOSTLY_CPU_SHARE = 0.5
 TOP_GAPS = 5  # longest gaps kept per cause (the evidence a report lists with their times)
@@ -255,9 +255,9 @@ def steady_window(
 
     NVTX steps are CPU ranges: `project` maps them onto the GPU work they launched and says whether
     it could do so through correlation ids (else by time). Stub steps (no work, far shorter than
-    the rest) are dropped first. When the GPU work spans under half of the steps' host time (a
-    step that is mostly CPU), the window covers the steps too: the GPU's idle time there is
-    the step's. Inferred steps are GPU time already.
+    the rest) are dropped first. When the first steady step's GPU work spans under half of its
+    host time (a step that is mostly CPU), the window covers the steps too: the GPU's idle time
+    there is the step's. Inferred steps are GPU time already.
     """
     if found is None:
         return whole_trace_steps(health, NO_STEPS), None
@@ -269,9 +269,9 @@ def steady_window(
         return whole_trace_steps(health, f"the steps ({found.source}) {no_gpu_work}"), None
     if not projected:
         health.append(TIME_MAPPED)
-    host = (found.steady[0].start, found.steady[-1].end)
-    if window[1] - window[0] < MOSTLY_CPU_SHARE * (host[1] - host[0]):
-        window = (min(window[0], host[0]), max(window[1], host[1]))
+    first, _ = project(found.steady[:1])
+    if first is None or first[1] - first[0] < MOSTLY_CPU_SHARE * found.steady[0].duration:
+        window = (min(window[0], found.steady[0].start), max(window[1], found.steady[-1].end))
     return found, window
 
 
