@@ -21,11 +21,16 @@ Every term is ms per step and traceable to kernels: `kernels` lists the names th
 
 from __future__ import annotations
 
+import gzip
+import re
 import statistics
+import tempfile
 from collections.abc import Iterable
+from pathlib import Path
 
 from ghsweep.core.errors import ProfileError
 from ghsweep.profile.result import ProfileAnalysis
+from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 
 COMPONENTS = (
     ("slower_compute_ms", "slower compute of the same kernels"),
@@ -132,3 +137,37 @@ def headline(d: dict) -> str:
 def kernel_table(d: dict) -> tuple[list[str], list[list[str]]]:
     rows = [[k["name"][:70], f"{k['ms_1']:.2f}", f"{k['ms_n']:.2f}", f"{k['delta_ms']:+.2f}"] for k in d["kernels"]]
     return ["kernel or copy (most changed)", "ms/step 1 GPU", "ms/step N GPUs", "change"], rows
+
+
+# A folder of captures kept as data: <combination>_<N>gpu/profile_rank<R>.sqlite.gz
+# (benchmarks/scaling_profiles.py writes it).
+CAPTURE_FOLDER = re.compile(r"(?P<combination>.+)_(?P<gpus>\d+)gpu")
+
+
+def folder_analysis(folder: Path, into: Path) -> ProfileAnalysis:
+    """The analysis of a capture folder's gzipped per-rank exports (decompressed under `into`)."""
+    paths = []
+    for packed in sorted(folder.glob("profile_rank*.sqlite.gz"), key=lambda p: int(re.findall(r"\d+", p.name)[-1])):
+        path = into / folder.name / packed.name.removesuffix(".gz")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(gzip.decompress(packed.read_bytes()))
+        paths.append(path)
+    if not paths:
+        raise ProfileError(f"{folder}: no profile_rank<R>.sqlite.gz in it")
+    return full_analysis(paths[0]) if len(paths) == 1 else rank_analysis(paths, None, len(paths))
+
+
+def folder_decompositions(data: Path) -> dict[str, dict]:
+    """{combination: decomposition} for every <combination>_<N>gpu folder under `data` (N > 1)
+    beside its <combination>_1gpu."""
+    folders = {m["combination"]: {} for f in data.iterdir() if (m := CAPTURE_FOLDER.fullmatch(f.name))}
+    for f in data.iterdir():
+        if m := CAPTURE_FOLDER.fullmatch(f.name):
+            folders[m["combination"]][int(m["gpus"])] = f
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for combination, by_gpus in sorted(folders.items()):
+            for gpus in sorted(g for g in by_gpus if g > 1 and 1 in by_gpus):
+                key = combination if gpus == max(by_gpus) else f"{combination}_{gpus}gpu"
+                out[key] = decompose(folder_analysis(by_gpus[1], Path(tmp)), folder_analysis(by_gpus[gpus], Path(tmp)))
+    return out
