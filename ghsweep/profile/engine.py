@@ -89,7 +89,8 @@ def window_timeline(ops: Ops, window: tuple[int, int]) -> Timeline:
     """The device operations' timeline inside the window (clipped to it), with the idle time
     between the window's edges and the first and last operation counted as gaps (a window that
     covers a mostly-CPU step is mostly such time)."""
-    edges = Ops(*(np.array(v, np.int64) for v in ((window[0], window[1]),) * 2), np.full(2, EDGE), np.full(2, -1))
+    at = np.array(window, np.int64)
+    edges = Ops(at, at.copy(), np.full(2, EDGE, np.int64), np.full(2, -1, np.int64))
     return timeline(Ops.concat([ops.clip(*window), edges]), [(lo, hi) for lo, hi, _ in GAP_BUCKETS], IDLE_GAP_MIN_NS)
 
 

@@ -7,11 +7,15 @@ it sharpens the wording and enables the rules that need to know what was asked f
 
 Attribution follows the evidence. Each idle gap of the GPU gets one cause, the first that matches
 in this order (engine.GapEvidence.cause):
-  1. sync            a synchronising call or blocking copy of the process overlaps the gap
+  1. sync            a synchronising call or blocking copy of the process overlaps the gap, and
+                     the work ending the gap was launched after that call returned (work queued
+                     before it, a CUDA graph launched ahead, was not held back by it)
   2. host_wait       the thread that launched the work ending the gap was in an OS wait
   3. unified_memory  the gap overlaps a phase range (data/forward/backward/optimizer) inside which
                      unified-memory CPU page faults or migrations happened, or a fault itself
-  4. data_loading    the gap overlaps a "data*" range (with no unified-memory evidence in it)
+  4. data_loading    the gap overlaps a "data*" range or PyTorch's own DataLoader range
+                     (enumerate(DataLoader)#..., _SingleProcess/_MultiProcessingDataLoaderIter.__next__)
+                     with no unified-memory evidence in it
   5. launch_latency  the work ending the gap was launched after the gap began (the host was late)
   6. unattributed
 The findings then read those shares: data_loading fires on causes 2 + 4 only, so a data phase

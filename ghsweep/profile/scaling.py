@@ -61,7 +61,10 @@ def decompose(one: ProfileAnalysis, many: ProfileAnalysis) -> dict:
     COMPONENTS (ms per step); their sum is `difference_ms` exactly."""
     base = rank_steps(one)[0]
     ranks = rank_steps(many)
-    mean = lambda key: statistics.fmean(r[key] for r in ranks)  # noqa: E731 - one line, used below
+
+    def mean(key: str) -> float:
+        return statistics.fmean(r[key] for r in ranks)
+
     names = {n for r in ranks for n in r["compute_by_name_ms"]} | set(base["compute_by_name_ms"])
     by_name = {n: statistics.fmean(r["compute_by_name_ms"].get(n, 0.0) for r in ranks) for n in names}
     base_by_name = base["compute_by_name_ms"]
@@ -107,12 +110,15 @@ def pairs(
 ) -> list[tuple[str, dict]]:
     """(combination in words, decomposition) for every run on several GPUs whose combination (its
     overrides less `world_keys`) also ran on one GPU, both with a profile analysis."""
-    runs = [(o, a) for o, a in runs if a is not None and has_time_per_step(a)]
-    combination = lambda overrides: " ".join(sorted(o for o in overrides if not o.startswith(world_keys)))  # noqa: E731
-    single = {combination(o): a for o, a in runs if len(a.ranks) <= 1}
+    profiled = [(o, a) for o, a in runs if a is not None and has_time_per_step(a)]
+
+    def combination(overrides: list[str]) -> str:
+        return " ".join(sorted(o for o in overrides if not o.startswith(world_keys)))
+
+    single = {combination(o): a for o, a in profiled if len(a.ranks) <= 1}
     return [
         (combination(o) or "(defaults)", decompose(single[combination(o)], a))
-        for o, a in runs
+        for o, a in profiled
         if len(a.ranks) > 1 and combination(o) in single
     ]
 
@@ -160,10 +166,10 @@ def folder_analysis(folder: Path, into: Path) -> ProfileAnalysis:
 def folder_decompositions(data: Path) -> dict[str, dict]:
     """{combination: decomposition} for every <combination>_<N>gpu folder under `data` (N > 1)
     beside its <combination>_1gpu."""
-    folders = {m["combination"]: {} for f in data.iterdir() if (m := CAPTURE_FOLDER.fullmatch(f.name))}
+    folders: dict[str, dict[int, Path]] = {}
     for f in data.iterdir():
         if m := CAPTURE_FOLDER.fullmatch(f.name):
-            folders[m["combination"]][int(m["gpus"])] = f
+            folders.setdefault(m["combination"], {})[int(m["gpus"])] = f
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for combination, by_gpus in sorted(folders.items()):

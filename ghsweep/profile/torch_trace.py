@@ -149,9 +149,9 @@ def gpu_analysis(events: list[dict], gpu: list[dict], found: step_finder.Steps |
     """The analysis of a trace with GPU activity: its operations go through the shared engine."""
     runtime = [e for e in events if e["cat"] in ("cuda_runtime", "cuda_driver")]
     kernel_events = [e for e in gpu if e["cat"] == "kernel"]
-    spans = np.array([_ns(e) for e in kernel_events], dtype=np.int64).reshape(-1, 2)
+    kernel_spans = np.array([_ns(e) for e in kernel_events], dtype=np.int64).reshape(-1, 2)
     streams = np.array([st if isinstance(st := e["args"].get("stream"), int) else -1 for e in kernel_events])
-    health += event_health(spans[:, 0], spans[:, 1], streams, "kernels")
+    health += event_health(kernel_spans[:, 0], kernel_spans[:, 1], streams, "kernels")
     found, window = steady_window(found, health, lambda steady: project(steady, runtime, gpu), "launched no GPU work")
     if window is None:
         spans = [_ns(e) for e in gpu]
