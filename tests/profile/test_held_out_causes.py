@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from ghsweep.profile import nsys_db
+from ghsweep.profile import nsys_db, report
 from ghsweep.profile.findings import balance_words, health
 from ghsweep.profile.nsys_analysis import SYNC_CALLS
 from ghsweep.profile.result import ProfileAnalysis
@@ -321,3 +321,11 @@ def test_shares_over_100_percent_are_a_health_finding():
     assert len(found) == 1 and "kernel_time_pct 130.0%" in found[0]["message"]
     assert found[0]["evidence"] == {"kernel_time_pct": 130.0, "top kernel k": 140.0}
     assert health(ProfileAnalysis(kernel_time_pct=100.0, gpu_busy_pct=99.0)) == []
+
+
+def test_the_report_lists_the_gaps_behind_the_numbers(tmp_path):
+    run, _ = graph_run(graphs=False)
+    a = full_analysis(write_torch(run, tmp_path / "t.json"))
+    text = report.render(a)
+    gap = by_id(a, "host_sync")["evidence"]["longest_gaps"][0]
+    assert f"| sync | {gap['start_ns']} | {gap['end_ns']} | 6.000 |" in text
