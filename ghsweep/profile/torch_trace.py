@@ -62,9 +62,11 @@ ACCELERATOR_CAT = re.compile(r"xpu|hpu|mtia|privateuse1|tpu|npu", re.IGNORECASE)
 # "..._MultiProcessingDataLoaderIter.__next__", "DataLoader.__next__"), and user ranges "data*".
 DATA_RANGE = re.compile(r"^data|DataLoader|DataLoaderIter", re.IGNORECASE)
 OP_KIND = {"kernel": KERNEL_OP, "gpu_memcpy": MEMCPY_OP, "gpu_memset": MEMSET_OP}
+# CUDA's synchronising calls and blocking copies, and ROCm's (HIP) of the same names.
 SYNC_NAMES = re.compile(
     r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|cudaMemcpy$|"
-    r"cudaStreamQuery|cuCtxSynchronize|cuStreamSynchronize)"
+    r"cudaStreamQuery|cuCtxSynchronize|cuStreamSynchronize|"
+    r"hipDeviceSynchronize|hipStreamSynchronize|hipEventSynchronize|hipMemcpy$)"
 )
 # record_function ranges: user_annotation; a DataLoader's own range is a cpu_op in some versions.
 HOST_RANGE_CATS = ("user_annotation", "cpu_op")

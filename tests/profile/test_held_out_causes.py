@@ -329,3 +329,10 @@ def test_the_report_lists_the_gaps_behind_the_numbers(tmp_path):
     text = report.render(a)
     gap = by_id(a, "host_sync")["evidence"]["longest_gaps"][0]
     assert f"| sync | {gap['start_ns']} | {gap['end_ns']} | 6.000 |" in text
+
+
+def test_rocm_sync_calls_are_host_sync_too(tmp_path):
+    run, truth = graph_run(graphs=False)
+    run.calls = [(s, e, n.replace("cudaDeviceSynchronize", "hipDeviceSynchronize"), c) for s, e, n, c in run.calls]
+    a = full_analysis(write_torch(run, tmp_path / "rocm.json"))
+    assert a.gaps["causes_ns"]["sync"] == len(a.window["steps"]) * truth
