@@ -317,25 +317,30 @@ def device_metrics(
     }
 
 
-def time_per_step(start: np.ndarray, end: np.ndarray, labels: list[str], window: tuple[int, int], steps: int) -> dict:
+def time_per_step(
+    start: np.ndarray, end: np.ndarray, keys: np.ndarray, names: Mapping[int, str], window: tuple[int, int], steps: int
+) -> dict:
     """Where a mean steady step's time went, in ms, from the window's device operations (start,
-    end, label: a kernel's function name, a copy's direction, "memset"): per label, the time of
-    every non-NCCL operation (compute); the union of those (compute_busy); NCCL running with no
-    compute beside it (exposed_comm); nothing running (idle). step = compute_busy + exposed_comm
-    + idle exactly, which is what lets scaling.py split a difference of steps without remainder."""
+    end, key into `names`: a kernel's function name, a copy's direction, "Memset"): per name, the
+    time of every non-NCCL operation (compute); the union of those (compute_busy); NCCL running
+    with no compute beside it (exposed_comm); nothing running (idle). step = compute_busy +
+    exposed_comm + idle exactly, which is what lets scaling.py split a difference of steps
+    without remainder. Vectorised: a big export has millions of kernels."""
     w0, w1 = window
     s, e = np.maximum(start, w0), np.minimum(end, w1)
     keep = e > s
-    s, e = s[keep], e[keep]
-    names = np.array(labels, dtype=object)[keep] if len(labels) else np.array([], dtype=object)
-    comm = np.array([kernel_kinds.is_nccl(n) for n in names], dtype=bool)
+    s, e, k = s[keep], e[keep], keys[keep]
+    comm = np.isin(k, [key for key, name in names.items() if kernel_kinds.is_nccl(name)])
     order = np.lexsort((e, s))
-    s, e, names, comm = s[order], e[order], names[order], comm[order]
+    s, e, k, comm = s[order], e[order], k[order], comm[order]
     per = max(steps, 1) * 1e6
     compute_busy = union_ns(s[~comm], e[~comm])
     busy = union_ns(s, e)
+    uniq, inverse = np.unique(k[~comm], return_inverse=True)
+    totals = np.bincount(inverse.ravel(), weights=(e - s)[~comm].astype(np.float64), minlength=len(uniq))
     by_name: dict[str, float] = {}
-    for name, ns in zip(names[~comm].tolist(), (e - s)[~comm].tolist()):
+    for key, ns in zip(uniq.tolist(), totals.tolist()):
+        name = names.get(key, str(key))
         by_name[name] = by_name.get(name, 0.0) + ns / per
     return {
         "step_ms": (w1 - w0) / per,

@@ -322,15 +322,23 @@ def _analyze_nsys(con, path: Path) -> dict:
 
 
 def nsys_time_per_step(con, dev: DeviceOps, window: tuple[int, int], steps: int) -> dict:
-    """engine.time_per_step of the main process's device operations, kernels by function name."""
-    mine = [t.where((t["pid"] == dev.pid) & (t["dev"] == dev.device)) for t in dev.tables]
-    names = db.string_values(con, np.unique(mine[0]["short"]).tolist())
-    labels = [kernel_kinds.function_name(names.get(k, str(k))) for k in mine[0]["short"].tolist()]
-    labels += [f"Memcpy {MEMCPY_KIND.get(k, k)}" for k in mine[1]["copy_kind"].tolist()]
-    labels += ["Memset"] * len(mine[2])
-    start = np.concatenate([t["start"] for t in mine])
-    end = np.concatenate([t["end"] for t in mine])
-    return time_per_step(start, end, labels, window, steps)
+    """engine.time_per_step of the main process's device operations: kernels by function name
+    (keyed by their StringIds id), copies by direction and memsets under negative keys."""
+    kernels, copies, sets = [t.where((t["pid"] == dev.pid) & (t["dev"] == dev.device)) for t in dev.tables]
+    names = {
+        k: kernel_kinds.function_name(v) for k, v in db.string_values(con, np.unique(kernels["short"]).tolist()).items()
+    }
+    copy_keys = -100 - copies["copy_kind"]  # StringIds ids are positive
+    names |= {-100 - kind: f"Memcpy {MEMCPY_KIND.get(kind, kind)}" for kind in np.unique(copies["copy_kind"]).tolist()}
+    names[-1] = "Memset"
+    return time_per_step(
+        np.concatenate([kernels["start"], copies["start"], sets["start"]]),
+        np.concatenate([kernels["end"], copies["end"], sets["end"]]),
+        np.concatenate([kernels["short"], copy_keys, np.full(len(sets), -1, np.int64)]),
+        names,
+        window,
+        steps,
+    )
 
 
 def nccl_communication(kernels: db.Table, nccl_names: list[int], span: int, steps: int) -> dict:

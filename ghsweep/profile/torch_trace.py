@@ -205,7 +205,8 @@ def op_label(event: dict) -> str:
 
 def torch_time_per_step(gpu: list[dict], window: tuple[int, int], steps: int) -> dict:
     spans = np.array([_ns(e) for e in gpu], dtype=np.int64).reshape(-1, 2)
-    return time_per_step(spans[:, 0], spans[:, 1], [op_label(e) for e in gpu], window, steps)
+    names, keys = np.unique([op_label(e) for e in gpu], return_inverse=True)
+    return time_per_step(spans[:, 0], spans[:, 1], keys.ravel(), dict(enumerate(names.tolist())), window, steps)
 
 
 def device_ops(gpu: list[dict]) -> Ops:
