@@ -257,8 +257,8 @@ def _analyze_nsys(con, path: Path) -> dict:
         health.append("OS runtime tracing was on but the export has no OSRT_API table")
     dev = read_device_ops(con, schema, path, health)
     pid, device, kernels = dev.pid, dev.device, dev.kernels
-    mine = kernels.where((kernels["pid"] == pid) & (kernels["dev"] == device))
-    health += event_health(mine["start"], mine["end"], mine["stream"], "kernels")
+    mine = (kernels["pid"] == pid) & (kernels["dev"] == device)
+    health += event_health(kernels["start"][mine], kernels["end"][mine], kernels["stream"][mine], "kernels")
 
     found, window = steady_window(
         find_steps(con, schema, kernels, pid, device),
@@ -322,19 +322,21 @@ def _analyze_nsys(con, path: Path) -> dict:
 
 
 def nsys_time_per_step(con, dev: DeviceOps, window: tuple[int, int], steps: int) -> dict:
-    """engine.time_per_step of the main process's device operations: kernels by function name
-    (keyed by their StringIds id), copies by direction and memsets under negative keys."""
-    kernels, copies, sets = [t.where((t["pid"] == dev.pid) & (t["dev"] == dev.device)) for t in dev.tables]
-    names = {
-        k: kernel_kinds.function_name(v) for k, v in db.string_values(con, np.unique(kernels["short"]).tolist()).items()
-    }
-    copy_keys = -100 - copies["copy_kind"]  # StringIds ids are positive
-    names |= {-100 - kind: f"Memcpy {MEMCPY_KIND.get(kind, kind)}" for kind in np.unique(copies["copy_kind"]).tolist()}
+    """engine.time_per_step of the main process's device operations in the window: kernels by
+    function name (keyed by their StringIds id), copies by direction and memsets under negative keys."""
+    kernels, copies, sets = dev.tables
+    rows = [
+        (t["pid"] == dev.pid) & (t["dev"] == dev.device) & (t["end"] > window[0]) & (t["start"] < window[1])
+        for t in dev.tables
+    ]
+    short, kinds = kernels["short"][rows[0]], copies["copy_kind"][rows[1]]
+    names = {k: kernel_kinds.function_name(v) for k, v in db.string_values(con, np.unique(short).tolist()).items()}
+    names |= {-100 - kind: f"Memcpy {MEMCPY_KIND.get(kind, kind)}" for kind in np.unique(kinds).tolist()}
     names[-1] = "Memset"
     return time_per_step(
-        np.concatenate([kernels["start"], copies["start"], sets["start"]]),
-        np.concatenate([kernels["end"], copies["end"], sets["end"]]),
-        np.concatenate([kernels["short"], copy_keys, np.full(len(sets), -1, np.int64)]),
+        np.concatenate([t["start"][m] for t, m in zip(dev.tables, rows)]),
+        np.concatenate([t["end"][m] for t, m in zip(dev.tables, rows)]),
+        np.concatenate([short, -100 - kinds, np.full(int(rows[2].sum()), -1, np.int64)]),  # StringIds ids are > 0
         names,
         window,
         steps,
