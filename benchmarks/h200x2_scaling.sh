@@ -2,12 +2,16 @@
 # Scaling of one combination from 1 to 2 GPUs on a machine with two GPUs, in ONE sweep through the CLI:
 # Llama-2-7B shape, seq 4096, micro-batch 1 per GPU, LoRA bf16 (DDP) and full bf16 (FSDP2), each on
 # 1 and on 2 GPUs, every run under Nsight Systems (one report per rank).
-#   OUT=results bash benchmarks/h200x2_scaling.sh
+#   OUT=results PROFILES=tests/data/profiles/scaling_7b_2gpu bash benchmarks/h200x2_scaling.sh
 # writes $OUT/h200x2_scaling.json (the runs, their tokens/s per GPU and scaling efficiency) and
-# prints the table. WORK (default /tmp/h200x2_scaling) keeps the sweep and its MLflow store.
+# prints the table; then benchmarks/scaling_profiles.py keeps each run's nsys exports, trimmed and
+# gzipped, in $PROFILES/<peft>_<N>gpu/ (default $OUT/profiles) with decomposition.json, and prints
+# where the per-GPU throughput went from 1 to 2 GPUs. WORK (default /tmp/h200x2_scaling) keeps the
+# sweep and its MLflow store. STEPS=10 makes it shorter (the capture is always the last 4th-3rd steps).
 set -u
 OUT=${OUT:?set OUT to the folder for the results}
 WORK=${WORK:-/tmp/h200x2_scaling}
+PROFILES=${PROFILES:-$OUT/profiles}
 STEPS=${STEPS:-14}
 mkdir -p "$OUT" "$WORK"
 # NVLink SHARP (multicast) stays off: not every machine allows it.
@@ -21,3 +25,4 @@ echo "+ ${command[*]}"
 tail -25 "$WORK/sweep.log"
 python3 benchmarks/scaling.py "$WORK/sweep" --out "$OUT/h200x2_scaling.json" --command "${command[*]}"
 cp "$WORK/sweep/comparison/comparison.md" "$OUT/h200x2_comparison.md" 2>/dev/null || echo "no comparison report"
+python3 benchmarks/scaling_profiles.py "$WORK/sweep" --out "$PROFILES"

@@ -16,7 +16,7 @@ import numpy as np
 
 from ghsweep.profile import kernel_kinds
 from ghsweep.profile import steps as step_finder
-from ghsweep.profile.timeline import Ops, Timeline, timeline
+from ghsweep.profile.timeline import EDGE, Ops, Timeline, timeline, union_ns
 
 GAP_BUCKETS = (
     (0, 10_000, "<10us"),
@@ -34,6 +34,10 @@ MEMCPY_KIND = {1: "HtoD", 2: "DtoH", 8: "DtoD", 10: "PtoP", 11: "UM HtoD", 12: "
 UM_KINDS = (11, 12, 13)
 MEM_KIND = {0: "pageable", 1: "pinned", 2: "device", 4: "managed", 7: "unknown"}
 WHOLE_TRACE_KERNELS = 50
+# An NVTX step whose GPU work spans less than this share of its host time is mostly CPU: the
+# window covers the steps, not just the GPU work.
+MOSTLY_CPU_SHARE = 0.5
+TOP_GAPS = 5  # longest gaps kept per cause (the evidence a report lists with their times)
 TIME_MAPPED = (
     "no CUDA runtime API calls with correlation ids: the steps were mapped onto the GPU by time, not "
     "through their launches (the GPU's lag behind the host shifts the window)"
@@ -70,18 +74,24 @@ def gap_stats(buckets: list[tuple[int, int]], idle_gaps: list[int], max_ns: int,
 
 
 def gap_block(line: Timeline, evidence: GapEvidence, steps: int) -> dict:
-    """The gaps of the window's timeline: statistics, and idle time per cause (GAP_CAUSES, one set
-    for every source); short_gaps is the rest of the gap time."""
-    causes = evidence.attribute(line.long_gaps)
+    """The gaps of the window's timeline: statistics, idle time per cause (GAP_CAUSES, one set
+    for every source; short_gaps is the rest of the gap time), and per cause the longest gaps with
+    their times, so every number a finding quotes can be found on the timeline."""
+    causes, top = evidence.attribute(line.long_gaps)
     info = gap_stats(line.gap_buckets, [e - s for s, e, _ in line.long_gaps], line.gap_max_ns, steps)
     causes["short_gaps"] = info["total_ns"] - sum(causes.values())
     info["causes_ns"] = causes
+    info["top_gaps"] = top
     return info
 
 
 def window_timeline(ops: Ops, window: tuple[int, int]) -> Timeline:
-    """The device operations' timeline inside the window (clipped to it)."""
-    return timeline(ops.clip(*window), [(lo, hi) for lo, hi, _ in GAP_BUCKETS], IDLE_GAP_MIN_NS)
+    """The device operations' timeline inside the window (clipped to it), with the idle time
+    between the window's edges and the first and last operation counted as gaps (a window that
+    covers a mostly-CPU step is mostly such time)."""
+    at = np.array(window, np.int64)
+    edges = Ops(at, at.copy(), np.full(2, EDGE, np.int64), np.full(2, -1, np.int64))
+    return timeline(Ops.concat([ops.clip(*window), edges]), [(lo, hi) for lo, hi, _ in GAP_BUCKETS], IDLE_GAP_MIN_NS)
 
 
 class Intervals:
@@ -101,6 +111,11 @@ class Intervals:
         i = bisect.bisect_left(self.starts, end)  # intervals starting before `end`
         return i > 0 and self.ends[i - 1] > start
 
+    def first_overlap_end(self, start: int, end: int) -> int | None:
+        """The end of the earliest interval overlapping (start, end), None when none does."""
+        first = bisect.bisect_right(self.ends, start)  # merged intervals: ends are sorted too
+        return self.ends[first] if first < len(self.starts) and self.starts[first] < end else None
+
 
 @dataclass
 class GapEvidence:
@@ -114,10 +129,17 @@ class GapEvidence:
 
     def cause(self, start: int, end: int, corr: int) -> str:
         """The cause of the idle gap (start, end) ended by the operation launched as `corr`; the
-        first match of GAP_CAUSES' order wins (findings.py writes the order down)."""
-        launch_start, launch_tid = self.launches.get(corr, (start, None))
-        if self.sync.overlaps(start, end):
+        first match of GAP_CAUSES' order wins (findings.py writes the order down).
+
+        A synchronising call explains the gap only when the work ending it was launched after the
+        call returned (the host was held there); work queued before the sync (a CUDA graph
+        launched ahead) was not delayed by it. Without the launch (no correlation), overlap alone."""
+        launch_start, launch_tid = self.launches.get(corr, (None, None))
+        sync_end = self.sync.first_overlap_end(start, end)
+        if sync_end is not None and (launch_start is None or launch_start >= sync_end):
             return "sync"
+        if launch_start is None:
+            launch_start = start
         if launch_tid in self.waits and self.waits[launch_tid].overlaps(start, end):
             return "host_wait"
         if self.unified_memory.overlaps(start, end):
@@ -128,12 +150,59 @@ class GapEvidence:
             return "launch_latency"
         return "unattributed"
 
-    def attribute(self, gaps: list[tuple[int, int, int]]) -> dict[str, int]:
-        """Idle time per cause of the idle gaps (start, end, correlation id of the op ending it)."""
+    def attribute(self, gaps: list[tuple[int, int, int]]) -> tuple[dict[str, int], dict[str, list[dict]]]:
+        """Idle time per cause of the idle gaps (start, end, correlation id of the op ending it),
+        and per cause its TOP_GAPS longest gaps (start_ns, end_ns, ms)."""
         causes = dict.fromkeys(GAP_CAUSES, 0)
+        by_cause: dict[str, list[tuple[int, int]]] = {}
         for start, end, corr in gaps:
-            causes[self.cause(start, end, corr)] += end - start
-        return causes
+            cause = self.cause(start, end, corr)
+            causes[cause] += end - start
+            by_cause.setdefault(cause, []).append((start, end))
+        top = {
+            cause: [
+                {"start_ns": s, "end_ns": e, "ms": (e - s) / 1e6}
+                for s, e in sorted(spans, key=lambda g: g[0] - g[1])[:TOP_GAPS]
+            ]
+            for cause, spans in by_cause.items()
+        }
+        return causes, top
+
+
+# Kernels of one stream run one after another (with programmatic dependent launch, the next may
+# start before the previous ends, never end before it): a kernel inside the previous one of its
+# stream by more than this is not clock jitter.
+STREAM_OVERLAP_TOLERANCE_NS = 1_000
+
+
+def event_health(start: np.ndarray, end: np.ndarray, stream: np.ndarray, what: str) -> list[str]:
+    """Profile-health lines for device events no real timeline has: negative durations, and
+    events overlapping the previous one of their stream (shuffled or skewed timestamps). Each line
+    names how many and the first one's time, so the damage can be found in the file.
+    Overlap means inside the previous event of the stream: starting before it ends is a
+    programmatic dependent launch (cuBLAS split-K reductions on Hopper), a real timeline."""
+    lines = []
+    negative = np.flatnonzero(end < start)
+    if len(negative):
+        i = int(negative[0])
+        lines.append(
+            f"{len(negative)} {what} end before they start (negative durations; the first at {int(start[i])} ns, "
+            f"{(int(end[i]) - int(start[i])) / 1e3:.1f} us): a damaged trace; times computed from them are wrong"
+        )
+    order = np.lexsort((start, stream))
+    order = order[stream[order] >= 0]  # a stream of -1 is unknown: no order to check
+    s, e, k = start[order], end[order], stream[order]
+    same = k[1:] == k[:-1]
+    tol = STREAM_OVERLAP_TOLERANCE_NS
+    overlap = np.flatnonzero(same & (s[1:] < e[:-1] - tol) & (e[1:] < e[:-1] - tol) & (e[1:] >= s[1:]))
+    if len(overlap):
+        i = int(overlap[0]) + 1
+        lines.append(
+            f"{len(overlap)} {what} run inside the previous one of their stream (the first at "
+            f"{int(s[i])} ns on stream {int(k[i])}): a stream runs one at a time, so the timestamps are "
+            "shuffled or skewed; busy and idle times may be wrong"
+        )
+    return lines
 
 
 def memory_ops(groups: list[tuple]) -> dict:
@@ -186,17 +255,24 @@ def steady_window(
     """The steps and the GPU time window of their steady state; None: the whole trace (health says why).
 
     NVTX steps are CPU ranges: `project` maps them onto the GPU work they launched and says whether
-    it could do so through correlation ids (else by time). Inferred steps are GPU time already.
+    it could do so through correlation ids (else by time). Stub steps (no work, far shorter than
+    the rest) are dropped first. When the first steady step's GPU work spans under half of its
+    host time (a step that is mostly CPU), the window covers the steps too: the GPU's idle time
+    there is the step's. Inferred steps are GPU time already.
     """
     if found is None:
         return whole_trace_steps(health, NO_STEPS), None
     if found.basis != step_finder.NVTX_BASIS:
         return found, (found.steady[0].start, found.steady[-1].end)
+    found = step_finder.without_stubs(found, lambda step: project([step])[0] is not None)
     window, projected = project(found.steady)
     if window is None:
         return whole_trace_steps(health, f"the steps ({found.source}) {no_gpu_work}"), None
     if not projected:
         health.append(TIME_MAPPED)
+    first, _ = project(found.steady[:1])
+    if first is None or first[1] - first[0] < MOSTLY_CPU_SHARE * found.steady[0].duration:
+        window = (min(window[0], found.steady[0].start), max(window[1], found.steady[-1].end))
     return found, window
 
 
@@ -215,6 +291,7 @@ def window_block(window: tuple[int, int], found: step_finder.Steps) -> dict:
         "steps": [s.step for s in found.steady],
         "warmup_steps": [s.step for s in found.warmup],
         "warmup_reason": found.warmup_reason,
+        "stub_steps": [{"step": s.step, "start_ns": s.start, "end_ns": s.end} for s in found.stubs],
     }
 
 
@@ -237,6 +314,41 @@ def device_metrics(
         "um_migration_pct": pct(um_ns, copy_ns + set_ns),
         "h2d_gb": sum(v["bytes"] for k, v in mem["by_kind"].items() if k in ("HtoD", "UM HtoD")) / 1e9,
         "d2h_gb": sum(v["bytes"] for k, v in mem["by_kind"].items() if k in ("DtoH", "UM DtoH")) / 1e9,
+    }
+
+
+def time_per_step(
+    start: np.ndarray, end: np.ndarray, keys: np.ndarray, names: Mapping[int, str], window: tuple[int, int], steps: int
+) -> dict:
+    """Where a mean steady step's time went, in ms, from the window's device operations (start,
+    end, key into `names`: a kernel's function name, a copy's direction, "Memset"): per name, the
+    time of every non-NCCL operation (compute); the union of those (compute_busy); NCCL running
+    with no compute beside it (exposed_comm); nothing running (idle). step = compute_busy +
+    exposed_comm + idle exactly, which is what lets scaling.py split a difference of steps
+    without remainder. Vectorised: a big export has millions of kernels."""
+    w0, w1 = window
+    s, e = np.maximum(start, w0), np.minimum(end, w1)
+    keep = e > s
+    s, e, k = s[keep], e[keep], keys[keep]
+    comm = np.isin(k, [key for key, name in names.items() if kernel_kinds.is_nccl(name)])
+    order = np.lexsort((e, s))
+    s, e, k, comm = s[order], e[order], k[order], comm[order]
+    per = max(steps, 1) * 1e6
+    compute_busy = union_ns(s[~comm], e[~comm])
+    busy = union_ns(s, e)
+    uniq, inverse = np.unique(k[~comm], return_inverse=True)
+    totals = np.bincount(inverse.ravel(), weights=(e - s)[~comm].astype(np.float64), minlength=len(uniq))
+    by_name: dict[str, float] = {}
+    for key, ns in zip(uniq.tolist(), totals.tolist()):
+        name = names.get(key, str(key))
+        by_name[name] = by_name.get(name, 0.0) + ns / per
+    return {
+        "step_ms": (w1 - w0) / per,
+        "compute_busy_ms": compute_busy / per,
+        "exposed_comm_ms": (busy - compute_busy) / per,
+        "comm_ms": float((e - s)[comm].sum()) / per,
+        "idle_ms": (w1 - w0 - busy) / per,
+        "compute_by_name_ms": dict(sorted(by_name.items(), key=lambda kv: -kv[1])),
     }
 
 

@@ -7,11 +7,15 @@ it sharpens the wording and enables the rules that need to know what was asked f
 
 Attribution follows the evidence. Each idle gap of the GPU gets one cause, the first that matches
 in this order (engine.GapEvidence.cause):
-  1. sync            a synchronising call or blocking copy of the process overlaps the gap
+  1. sync            a synchronising call or blocking copy of the process overlaps the gap, and
+                     the work ending the gap was launched after that call returned (work queued
+                     before it, a CUDA graph launched ahead, was not held back by it)
   2. host_wait       the thread that launched the work ending the gap was in an OS wait
   3. unified_memory  the gap overlaps a phase range (data/forward/backward/optimizer) inside which
                      unified-memory CPU page faults or migrations happened, or a fault itself
-  4. data_loading    the gap overlaps a "data*" range (with no unified-memory evidence in it)
+  4. data_loading    the gap overlaps a "data*" range or PyTorch's own DataLoader range
+                     (enumerate(DataLoader)#..., _SingleProcess/_MultiProcessingDataLoaderIter.__next__)
+                     with no unified-memory evidence in it
   5. launch_latency  the work ending the gap was launched after the gap began (the host was late)
   6. unattributed
 The findings then read those shares: data_loading fires on causes 2 + 4 only, so a data phase
@@ -111,12 +115,14 @@ def data_loading(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
         finding(
             "data_loading",
             "warning",
-            f"data-loading bound: {100 * _share(loading, w.idle_ns):.0f}% of the GPU idle time "
-            f"({w.ms_per_step(loading):.2f} ms {w.per_step}) is the host loading data or waiting; {advice}, "
-            "pin memory and prefetch",
+            f"data-loading bound: the data loader stalls the GPU {w.ms_per_step(loading):.2f} ms {w.per_step} "
+            f"({100 * _share(loading, w.idle_ns):.0f}% of the GPU idle time: the host inside DataLoader or data "
+            f"ranges, or waiting); the lever is the loader's worker processes: {advice}, then pin memory and prefetch",
             data_loading_ms_per_step=w.ms_per_step(w.causes.get("data_loading", 0)),
             host_wait_ms_per_step=w.ms_per_step(w.causes.get("host_wait", 0)),
             share_of_idle_pct=100 * _share(loading, w.idle_ns),
+            longest_gaps=a.gaps.get("top_gaps", {}).get("data_loading", [])
+            + a.gaps.get("top_gaps", {}).get("host_wait", []),
         )
     ]
 
@@ -129,21 +135,31 @@ def host_sync(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
         finding(
             "host_sync",
             "warning",
-            f"host synchronisation: the GPU sits idle at synchronising calls for {sync_pct:.1f}% {w.of_step} "
+            f"host synchronisation: the GPU sits idle while the host waits in synchronising calls and launches the "
+            f"next work only after they return, for {sync_pct:.1f}% {w.of_step} "
             f"({w.ms_per_step(w.causes['sync']):.2f} ms {w.per_step}); remove .item()/.cpu()/print of GPU values "
             "from the step, or do them every N steps",
             sync_idle_pct=sync_pct,
             sync_ms_per_step=w.ms_per_step(w.causes["sync"]),
+            longest_gaps=a.gaps.get("top_gaps", {}).get("sync", []),
         )
     ]
 
 
 def launch_bound(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+    """Launch bound when the host is late for many launches, not one: the longest late-launch gap
+    and the longest launch call (a first launch loading modules takes seconds) are left out of
+    the evidence before the thresholds are applied."""
     kernels = a.kernels
+    late = a.gaps.get("top_gaps", {}).get("launch_latency", [])
+    longest_ns = int(late[0]["ms"] * 1e6) if late else 0
     launch_pct = 100 * _share(w.causes.get("launch_latency", 0), w.ns)
+    spread_pct = 100 * _share(w.causes.get("launch_latency", 0) - longest_ns, w.ns)
     short = kernels.get("short_pct", 0) >= 50  # the median kernel is shorter than 10 us
-    launch_heavy = kernels.get("launch_api_ns", 0) >= kernels.get("total_ns", 0) > 0
-    if launch_pct < LAUNCH_MIN_PCT or not (short or launch_heavy):
+    launch_heavy = (
+        kernels.get("launch_api_ns", 0) - kernels.get("launch_api_max_ns", 0) >= kernels.get("total_ns", 0) > 0
+    )
+    if spread_pct < LAUNCH_MIN_PCT or not (short or launch_heavy):
         return []
     return [
         finding(
@@ -155,6 +171,7 @@ def launch_bound(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
             "use CUDA graphs or torch.compile to launch fewer, larger kernels",
             launch_latency_pct=launch_pct,
             short_kernel_pct=kernels.get("short_pct", 0),
+            longest_gaps=late,
         )
     ]
 
@@ -305,6 +322,18 @@ def evaluate(a: ProfileAnalysis, context: dict | None = None) -> list[dict]:
 def health(a: ProfileAnalysis) -> list[dict]:
     """Profile health: what was asked for and is missing, so no empty report passes as success."""
     out = [finding("profile_health", "warning", message) for message in a.health]
+    impossible = impossible_shares(a)
+    if impossible:
+        out.append(
+            finding(
+                "profile_health",
+                "warning",
+                "shares outside 0-100%: "
+                + ", ".join(f"{k} {v:.1f}%" for k, v in impossible.items())[:300]
+                + " (negative durations or overlapping events in the trace; these numbers are not to be trusted)",
+                **impossible,
+            )
+        )
     roofline = a.roofline
     if roofline.get("missing"):
         out.append(
@@ -318,11 +347,53 @@ def health(a: ProfileAnalysis) -> list[dict]:
     return out
 
 
+# Kernels' share of GPU operation time at or above which a run is compute-dominated; memory
+# operations are the majority (transfer-dominated) below TRANSFER_DOMINATED_KERNEL_PCT.
+COMPUTE_DOMINATED_KERNEL_PCT = 90.0
+TRANSFER_DOMINATED_KERNEL_PCT = 50.0
+
+
+def balance_words(kernel_pct: float) -> str:
+    if kernel_pct >= COMPUTE_DOMINATED_KERNEL_PCT:
+        return "compute-dominated"
+    if kernel_pct < TRANSFER_DOMINATED_KERNEL_PCT:
+        return "transfer-dominated"
+    return "mostly compute, with a sizeable share of memory operations"
+
+
+# Shares that a sound trace keeps within 0-100% (the sum-of-durations shares of one kind of
+# operation over all operations, busy and idle time, and each top kernel's share of kernel time).
+BOUNDED_SHARES = (
+    "gpu_busy_pct",
+    "gpu_idle_pct",
+    "kernel_time_pct",
+    "memcpy_time_pct",
+    "memset_time_pct",
+    "exposed_memcpy_pct",
+    "um_migration_pct",
+    "nccl_time_pct",
+    "exposed_nccl_pct",
+)
+SHARE_SLACK_PCT = 0.01  # rounding
+
+
+def impossible_shares(a: ProfileAnalysis) -> dict[str, float]:
+    values = {k: v for k in BOUNDED_SHARES if (v := getattr(a, k)) is not None}
+    values |= {f"top kernel {k.get('short_name', k['name'])[:40]}": k["pct"] for k in a.top_kernels if "pct" in k}
+    return {k: v for k, v in values.items() if not -SHARE_SLACK_PCT <= v <= 100 + SHARE_SLACK_PCT}
+
+
 def summary(a: ProfileAnalysis) -> list[str]:
     """Plain statements about the run (not problems): the window, warm-up, the compute/transfer split."""
     lines = []
     if a.source.get("device") == "cpu":
         lines.append("a CPU run (no GPU activity in the trace): top_kernels are CPU operators by self time")
+    elif a.source.get("device") == "accelerator":
+        lines.append(
+            "device activity of an accelerator this tool does not measure (event categories "
+            f"{', '.join(a.source.get('accelerator_categories', []))}): no device metrics; top_kernels are "
+            "CPU operators by self time"
+        )
     window = a.window
     if window.get("basis") == WHOLE_TRACE:
         lines.append("window: the whole trace (no steps found; see profile_health)")
@@ -334,9 +405,8 @@ def summary(a: ProfileAnalysis) -> list[str]:
     if a.gpu_busy_pct is not None and window.get("duration_ns"):
         # engine.device_metrics sets the operation shares together with gpu_busy_pct.
         assert kernel_pct is not None and memcpy_pct is not None and memset_pct is not None, "device metrics incomplete"
-        kind = "compute" if kernel_pct >= 90 else "transfer"
         lines.append(
             f"{kernel_pct:.1f}% kernels vs {memcpy_pct + memset_pct:.1f}% "
-            f"memory operations: {kind}-dominated; GPU busy {a.gpu_busy_pct:.1f}% of {window_words(a)}"
+            f"memory operations: {balance_words(kernel_pct)}; GPU busy {a.gpu_busy_pct:.1f}% of {window_words(a)}"
         )
     return lines

@@ -21,12 +21,14 @@ from ghsweep.profile.engine import (
     GapEvidence,
     Intervals,
     device_metrics,
+    event_health,
     gap_block,
     infer_steps,
     memory_ops,
     pct,
     steady_window,
     step_times,
+    time_per_step,
     whole_trace_block,
     window_block,
     window_timeline,
@@ -43,6 +45,8 @@ SYNC_CALLS = (
     "cudaEventSynchronize%",
     "cudaMemcpy\\_%",
     "cudaMemcpy",
+    "cudaMemcpy2D\\_%",
+    "cudaMemcpy2D",
     "cuCtxSynchronize%",
     "cuStreamSynchronize%",
     "cuEventSynchronize%",
@@ -72,6 +76,9 @@ OS_WAITS = (
     "futex%",
 )
 LAUNCH_CALLS = ("cudaLaunchKernel%", "cuLaunchKernel%", "cudaLaunchCooperativeKernel%", "cudaGraphLaunch%")
+# User ranges "data*" and PyTorch's own DataLoader ranges (with autograd NVTX emission on):
+# "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "DataLoader.__next__", ...
+DATA_LIKE = ("data%", "%DataLoader%")
 PHASE_LIKE = tuple(f"{p}%" for p in PHASES)
 # Columns a GPU table must have to be analysed (the analysis reads no other).
 REQUIRED_COLUMNS = {
@@ -151,7 +158,9 @@ def nsys_gap_evidence(
     """Evidence from the export: synchronising calls of the process; OS waits of the thread that
     launched the work ending a gap (other threads' waits say nothing: an idle autograd or loader
     thread always waits); phase ranges with unified-memory faults or migrations; "data*" ranges."""
-    evidence = GapEvidence(data=Intervals((s, e) for _, s, e in db.nvtx_intervals(con, schema, pid, "data%", window)))
+    evidence = GapEvidence(
+        data=Intervals((s, e) for like in DATA_LIKE for _, s, e in db.nvtx_intervals(con, schema, pid, like, window))
+    )
     if not gaps:
         return evidence
     if schema.has(db.RUNTIME):
@@ -198,7 +207,7 @@ def read_device_ops(con, schema: db.Schema, path: Path, health: list[str]) -> De
         health.append(
             "the export has no CUDA kernels, only copies or memsets (did the capture range see the training's work?)"
         )
-    copies = db.read_table(con, schema, db.MEMCPY, db.GPU_COLUMNS)
+    copies = db.read_table(con, schema, db.MEMCPY, {**db.GPU_COLUMNS, "copy_kind": "copyKind"})
     sets = db.read_table(con, schema, db.MEMSET, db.GPU_COLUMNS)
     gpu = [(kernels, KERNEL_OP), (copies, MEMCPY_OP), (sets, MEMSET_OP)]
     pid, device = db.main_process_device([t for t, _ in gpu])
@@ -248,6 +257,8 @@ def _analyze_nsys(con, path: Path) -> dict:
         health.append("OS runtime tracing was on but the export has no OSRT_API table")
     dev = read_device_ops(con, schema, path, health)
     pid, device, kernels = dev.pid, dev.device, dev.kernels
+    mine = (kernels["pid"] == pid) & (kernels["dev"] == device)
+    health += event_health(kernels["start"][mine], kernels["end"][mine], kernels["stream"][mine], "kernels")
 
     found, window = steady_window(
         find_steps(con, schema, kernels, pid, device),
@@ -273,8 +284,10 @@ def _analyze_nsys(con, path: Path) -> dict:
     c_n, c_ns, c_b = db.sums(con, db.MEMCPY, params) if schema.has(db.MEMCPY) else (0, 0, 0)
     s_n, s_ns, s_b = db.sums(con, db.MEMSET, params) if schema.has(db.MEMSET) else (0, 0, 0)
     mem = memory_ops(db.memcpy_groups(con, params)) if schema.has(db.MEMCPY) else memory_ops([])
-    launch_ns = (
-        db.call_time(con, db.RUNTIME, pid, db.names_like(con, LAUNCH_CALLS), window) if schema.has(db.RUNTIME) else 0
+    launch_ns, launch_max_ns = (
+        db.call_time(con, db.RUNTIME, pid, db.names_like(con, LAUNCH_CALLS), window)
+        if schema.has(db.RUNTIME)
+        else (0, 0)
     )
     communication = nccl_communication(kernels.where(inside), db.names_like(con, ("%nccl%",)), span, n_steps)
     return {
@@ -291,6 +304,7 @@ def _analyze_nsys(con, path: Path) -> dict:
             "total_ns": k_ns,
             "short_pct": pct(groups["short"], k_n),
             "launch_api_ns": launch_ns,
+            "launch_api_max_ns": launch_max_ns,
             **kernel_kinds.gemm_time(groups["ranked"]),
         },
         "memcpy": {"count": c_n, "total_ns": c_ns, "bytes": c_b, **mem},
@@ -302,8 +316,31 @@ def _analyze_nsys(con, path: Path) -> dict:
         "exposed_nccl_pct": communication.get("exposed_nccl_pct"),
         "phases_ms_per_step": nsys_phases(con, schema, pid, found),
         "step_ms": step_times(found),
+        "time_per_step": nsys_time_per_step(con, dev, window, n_steps),
         "health": health,
     }
+
+
+def nsys_time_per_step(con, dev: DeviceOps, window: tuple[int, int], steps: int) -> dict:
+    """engine.time_per_step of the main process's device operations in the window: kernels by
+    function name (keyed by their StringIds id), copies by direction and memsets under negative keys."""
+    kernels, copies, sets = dev.tables
+    rows = [
+        (t["pid"] == dev.pid) & (t["dev"] == dev.device) & (t["end"] > window[0]) & (t["start"] < window[1])
+        for t in dev.tables
+    ]
+    short, kinds = kernels["short"][rows[0]], copies["copy_kind"][rows[1]]
+    names = {k: kernel_kinds.function_name(v) for k, v in db.string_values(con, np.unique(short).tolist()).items()}
+    names |= {-100 - kind: f"Memcpy {MEMCPY_KIND.get(kind, kind)}" for kind in np.unique(kinds).tolist()}
+    names[-1] = "Memset"
+    return time_per_step(
+        np.concatenate([t["start"][m] for t, m in zip(dev.tables, rows)]),
+        np.concatenate([t["end"][m] for t, m in zip(dev.tables, rows)]),
+        np.concatenate([short, -100 - kinds, np.full(int(rows[2].sum()), -1, np.int64)]),  # StringIds ids are > 0
+        names,
+        window,
+        steps,
+    )
 
 
 def nccl_communication(kernels: db.Table, nccl_names: list[int], span: int, steps: int) -> dict:

@@ -142,6 +142,7 @@ GPU_COLUMNS = {"start": "start", "end": "end", "corr": "correlationId", "pid": "
 def kernel_columns(con: sqlite3.Connection, schema: Schema) -> dict[str, str]:
     cols = dict(GPU_COLUMNS, name=kernel_name_column(con, schema, "demangledName"))
     cols["short"] = kernel_name_column(con, schema, "shortName")
+    cols["stream"] = "streamId" if schema.has(KERNEL, con, "streamId") else "-1"  # -1: unknown
     return cols
 
 
@@ -262,8 +263,9 @@ PAGEABLE_MIN_BYTES = 1 << 20
 
 
 def names_like(con: sqlite3.Connection, patterns: tuple[str, ...]) -> list[int]:
-    """StringIds ids whose value is one of `patterns` (SQL LIKE), e.g. 'cudaStreamSynchronize%'."""
-    clause = " OR ".join("value LIKE ?" for _ in patterns)
+    """StringIds ids whose value is one of `patterns` (SQL LIKE, backslash escapes: 'cudaMemcpy\\_%'
+    is cudaMemcpy_v3020, never cudaMemcpyAsync_v3020), e.g. 'cudaStreamSynchronize%'."""
+    clause = " OR ".join("value LIKE ? ESCAPE '\\'" for _ in patterns)
     return [r[0] for r in con.execute(f"SELECT id FROM StringIds WHERE {clause}", patterns)]
 
 
@@ -282,16 +284,18 @@ def process_intervals(
     ).fetchall()
 
 
-def call_time(con: sqlite3.Connection, table: str, pid: int, name_ids: list[int], window: tuple[int, int]) -> int:
-    """Total duration of the calls named by `name_ids` in process `pid` inside the window."""
+def call_time(
+    con: sqlite3.Connection, table: str, pid: int, name_ids: list[int], window: tuple[int, int]
+) -> tuple[int, int]:
+    """(total, longest) duration of the calls named by `name_ids` in process `pid` inside the window."""
     if not name_ids:
-        return 0
+        return 0, 0
     marks = ",".join("?" * len(name_ids))
     return con.execute(
-        f"SELECT COALESCE(SUM(end - start), 0) FROM {table} WHERE (globalTid & {PID_MASK}) = ? "
-        f"AND nameId IN ({marks}) AND end > ? AND start < ?",
+        f"SELECT COALESCE(SUM(end - start), 0), COALESCE(MAX(end - start), 0) FROM {table} "
+        f"WHERE (globalTid & {PID_MASK}) = ? AND nameId IN ({marks}) AND end > ? AND start < ?",
         [pid, *name_ids, *window],
-    ).fetchone()[0]
+    ).fetchone()
 
 
 def launch_calls(con: sqlite3.Connection, pid: int, correlation_ids: list[int]) -> dict[int, tuple[int, int]]:

@@ -9,11 +9,13 @@ kernels, communication: nsys_analysis.nccl_communication). The run's analysis is
 - findings: a straggler, and exposed communication (the GPUs idle on NCCL for a share of the
   window the overlap of data parallelism should hide).
 
-The straggler is told by waiting, not by step times: every rank's step lasts as long as the
-slowest's (the collectives line them up), and a collective's kernel runs from its launch until all
-ranks have joined it, so the ranks that wait spend more time in NCCL kernels per step than the
-rank they wait for. When the spread of NCCL time per step between the ranks is a sizeable share of
-the step, the rank with the least is the one the others wait for.
+A straggler costs step time only where the others wait on the critical path. NCCL kernel time is
+not that: a rank that launched its collective early runs the NCCL kernel beside its own compute,
+and that overlapped time is lost by nobody. So the straggler is the rank with the most compute
+per step (busy time of its non-NCCL work), and the time lost to it, per other rank, is the
+smaller of (a) its compute beyond that rank's and (b) that rank's exposed time (NCCL with no
+compute beside it, plus GPU idle) beyond the straggler's: the wait that shows. The finding
+quotes the median over the other ranks, in ms per step, when it is STRAGGLER_MIN_PCT of the step.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from typing import Any
 from ghsweep.profile.findings import finding
 from ghsweep.profile.result import ProfileAnalysis
 
-# The others wait this share of a step (or more) for the rank with the least NCCL time: a straggler.
-STRAGGLER_MIN_PCT = 10.0
+# The others lose this share of a step (or more) waiting for the rank with the most compute: a straggler.
+STRAGGLER_MIN_PCT = 5.0
 # Communication no compute kernel overlaps, % of the window, worth a finding.
 EXPOSED_COMM_MIN_PCT = 10.0
 RANK_IN_NAME = re.compile(r"rank(\d+)")
@@ -45,6 +47,8 @@ def rank_of(path: Path) -> int:
 
 def rank_row(rank: int, path: Path, a: ProfileAnalysis) -> dict:
     comm = a.communication
+    steps = len(a.window.get("steps") or []) or 1
+    window_ms = a.window.get("duration_ns", 0) / steps / 1e6  # the mean steady step, as the window has it
     return {
         "rank": rank,
         "profile": path.name,
@@ -55,6 +59,10 @@ def rank_row(rank: int, path: Path, a: ProfileAnalysis) -> dict:
         "step_ms": a.step_ms.get("median"),
         "nccl_ms_per_step": comm.get("nccl_ms_per_step"),
         "compute_ms_per_step": comm.get("compute_ms_per_step"),
+        # Time this rank's GPU waits: NCCL running alone, and nothing running.
+        "exposed_wait_ms_per_step": (comm.get("exposed_nccl_pct", 0.0) + (a.gpu_idle_pct or 0.0)) * window_ms / 100,
+        "window_ms_per_step": window_ms,
+        "time_per_step": a.time_per_step,  # scaling.py splits the step of each rank
     }
 
 
@@ -87,31 +95,48 @@ def combine(per_rank: dict[int, tuple[Path, ProfileAnalysis]], world_size: int) 
     return result
 
 
+def straggler(rows: list[dict]) -> dict | None:
+    """The straggler finding (see the module's docstring), None when no rank costs the others
+    STRAGGLER_MIN_PCT of a step."""
+    measured = [r for r in rows if r["compute_ms_per_step"] is not None and r["window_ms_per_step"]]
+    if len(measured) != len(rows) or len(rows) < 2:
+        return None
+    slowest = max(measured, key=lambda r: r["compute_ms_per_step"])
+    others = [r for r in measured if r is not slowest]
+    lost = [
+        max(
+            0.0,
+            min(
+                slowest["compute_ms_per_step"] - r["compute_ms_per_step"],
+                r["exposed_wait_ms_per_step"] - slowest["exposed_wait_ms_per_step"],
+            ),
+        )
+        for r in others
+    ]
+    lost_ms = statistics.median(lost)
+    step_ms = statistics.median(r["window_ms_per_step"] for r in measured)
+    share = 100.0 * lost_ms / step_ms
+    if share < STRAGGLER_MIN_PCT:
+        return None
+    compute_others = statistics.median(r["compute_ms_per_step"] for r in others)
+    return finding(
+        "straggler",
+        "warning",
+        f"rank {slowest['rank']} is a straggler: it computes {slowest['compute_ms_per_step']:.1f} ms per step "
+        f"against the others' {compute_others:.1f}, and they wait for it {lost_ms:.1f} ms per step with their GPU "
+        f"exposed (NCCL alone or idle; {share:.0f}% of a {step_ms:.1f} ms step): a slower or shared GPU, a busier "
+        "host, or more work in its micro-batches (uneven sequence lengths)",
+        rank=slowest["rank"],
+        wait_ms_per_step=lost_ms,
+        step_ms=step_ms,
+        share_pct=share,
+        compute_ms_per_step={r["rank"]: r["compute_ms_per_step"] for r in measured},
+        exposed_wait_ms_per_step={r["rank"]: r["exposed_wait_ms_per_step"] for r in measured},
+    )
+
+
 def rank_findings(rows: list[dict]) -> list[dict]:
-    out = []
-    measured = [r for r in rows if r["nccl_ms_per_step"] is not None and r["step_ms"]]
-    if len(measured) == len(rows) > 1:
-        waited_for = min(measured, key=lambda r: r["nccl_ms_per_step"])
-        others = [r["nccl_ms_per_step"] for r in measured if r is not waited_for]
-        wait_ms = statistics.median(others) - waited_for["nccl_ms_per_step"]
-        step_ms = statistics.median(r["step_ms"] for r in measured)
-        share = 100.0 * wait_ms / step_ms
-        if share >= STRAGGLER_MIN_PCT:
-            out.append(
-                finding(
-                    "straggler",
-                    "warning",
-                    f"rank {waited_for['rank']} is a straggler: the other ranks wait {wait_ms:.1f} ms per "
-                    f"step for it in NCCL collectives ({share:.0f}% of a {step_ms:.1f} ms step; its NCCL time "
-                    f"{waited_for['nccl_ms_per_step']:.1f} ms per step, the others' median "
-                    f"{statistics.median(others):.1f}): a slower or shared GPU, a busier host, or more work "
-                    "in its micro-batches (uneven sequence lengths)",
-                    rank=waited_for["rank"],
-                    wait_ms_per_step=wait_ms,
-                    step_ms=step_ms,
-                    share_pct=share,
-                )
-            )
+    out = [f for f in [straggler(rows)] if f is not None]
     exposed = [r["exposed_nccl_pct"] for r in rows if r["exposed_nccl_pct"] is not None]
     if exposed and statistics.fmean(exposed) >= EXPOSED_COMM_MIN_PCT:
         worst = max(rows, key=lambda r: r["exposed_nccl_pct"] or 0.0)

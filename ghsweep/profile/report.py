@@ -21,6 +21,23 @@ def top_kernels_table(analysis: ProfileAnalysis) -> str:
     return "\n".join(lines) + "\n"
 
 
+def longest_gaps(top: dict[str, list[dict]]) -> list[str]:
+    """The longest idle gaps of each cause with their times on the trace's clock (ns), so every
+    idle number above can be found on the timeline."""
+    if not top:
+        return []
+    lines = [
+        "",
+        "Longest idle gaps by cause (trace time, ns):",
+        "",
+        "| cause | start | end | ms |",
+        "|---|---|---|---|",
+    ]
+    for cause, gaps in top.items():
+        lines += [f"| {cause.replace('_', ' ')} | {g['start_ns']} | {g['end_ns']} | {g['ms']:.3f} |" for g in gaps]
+    return lines
+
+
 def render(analysis: ProfileAnalysis) -> str:
     w = analysis.window
     steps = f", steps {w.get('steps')}" if w.get("steps") else ""
@@ -56,6 +73,7 @@ def render(analysis: ProfileAnalysis) -> str:
     phases = analysis.phases_ms_per_step
     if phases:
         lines += ["", "Phases per step (ms, host time): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())]
+    lines += longest_gaps(analysis.gaps.get("top_gaps", {}))
     if analysis.ranks:
         lines += [
             "",

@@ -62,6 +62,8 @@ class ProfileAnalysis:
     communication: dict[str, Any] = field(default_factory=dict)  # NCCL kernels (nsys, several GPUs)
     phases_ms_per_step: dict[str, float] = field(default_factory=dict)
     step_ms: dict[str, Any] = field(default_factory=dict)  # median, first, all
+    # A mean steady step in ms: compute per operation name, compute busy, exposed NCCL, idle (engine.time_per_step).
+    time_per_step: dict[str, Any] = field(default_factory=dict)
     health: list[str] = field(default_factory=list)  # what was asked for and is missing
     # Added after the numbers (run_analysis.py, ranks.py):
     roofline: dict[str, Any] = field(default_factory=dict)  # Nsight Compute points of the top kernels

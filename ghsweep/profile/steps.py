@@ -9,8 +9,13 @@ Found, in this order:
    of one convention are one candidate; of several candidates the one covering the most time wins
    (an outer `iteration` over its inner micro-`step`s). Unnumbered ranges are numbered in time order.
 2. The repeating structure of the GPU work: one burst of optimizer kernels ends each step; without
-   optimizer kernels, the kernel sequence's period (a kernel launched once every L kernels).
+   optimizer kernels, the kernel sequence's period: the shortest L with the sequence repeating
+   itself L kernels later (a kernel launched once every L kernels marks the step).
 3. Neither: no steps (the caller falls back to the whole trace and says so).
+
+Stubs: a leading or trailing step far shorter than the others (STUB_SHARE of their median) that
+launched no GPU work (a profiler's last ProfilerStep opened as the loop ends) is no step: it is
+dropped before warm-up is looked for (it would make every real step look slow).
 
 Warm-up: leading steps much slower than the median of the steps after them (works from two
 steps on: a capture of steps 0-1 keeps step 1 only when step 0 is the slow start-up, more than
@@ -45,8 +50,11 @@ WARMUP_FACTOR_VS_ONE = 2.0
 # zeroing); between bursts a whole forward and backward. A gap of more other kernels than this,
 # and than half the largest gap, separates two bursts.
 BURST_MIN_GAP_KERNELS = 8
-# A kernel marks a step when this share of the gaps between its launches is the same number of kernels.
+# A kernel marks a step when this share of the gaps between its launches is the same number of
+# kernels; a period L explains the sequence when this share of its kernels recur L kernels later.
 REPEAT_SHARE = 0.8
+# A first or last step shorter than this share of the median step, launching no GPU work, is a stub.
+STUB_SHARE = 0.1
 
 NVTX_BASIS = "nvtx steps"
 INFERRED_BASIS = "inferred steps"
@@ -74,6 +82,7 @@ class Steps:
     warmup: list[Step] = field(default_factory=list)
     steady: list[Step] = field(default_factory=list)
     warmup_reason: str = ""
+    stubs: list[Step] = field(default_factory=list)  # dropped: see without_stubs
 
     def __post_init__(self):
         self.warmup, self.steady, self.warmup_reason = split_warmup(self.all)
@@ -152,7 +161,7 @@ def from_repeats(start: np.ndarray, end: np.ndarray, keys: np.ndarray, names: di
         return None
     order = np.lexsort((np.arange(n), keys))
     first = np.r_[True, keys[order][1:] != keys[order][:-1]]
-    best = None  # (period, idle after, key)
+    markers = []  # (period, idle after, key)
     for group in np.split(order, np.flatnonzero(first)[1:]):
         if len(group) < 3:
             continue
@@ -163,8 +172,11 @@ def from_repeats(start: np.ndarray, end: np.ndarray, keys: np.ndarray, names: di
             continue
         after = group[group + 1 < n]
         idle = float(np.mean(start[after + 1] - end[after])) if len(after) else 0.0
-        candidate = (period, idle, int(keys[group[0]]))
-        best = max(best, candidate) if best else candidate
+        markers.append((period, idle, int(keys[group[0]])))
+    # A kernel launched once every 2L kernels (one of two alternating halves) does not make the step
+    # 2L long when the whole sequence already repeats every L: the shortest explaining period wins.
+    explaining = [m for m in markers if np.mean(keys[m[0] :] == keys[: -m[0]]) >= REPEAT_SHARE]
+    best = min(explaining or markers, key=lambda m: (m[0], -m[1], m[2]), default=None)
     if best is None:
         return None
     marks = np.flatnonzero(keys == best[2])
@@ -180,6 +192,22 @@ def from_repeats(start: np.ndarray, end: np.ndarray, keys: np.ndarray, names: di
             :200
         ],
     )
+
+
+def without_stubs(found: Steps, launches_work) -> Steps:
+    """`found` less its leading and trailing stubs (STUB_SHARE of the median step or shorter, and
+    `launches_work(step)` False); at least one step stays."""
+    steps = list(found.all)
+    if len(steps) < 2:
+        return found
+    bar = STUB_SHARE * statistics.median(s.duration for s in steps)
+    stubs = []
+    for index in (-1, 0):
+        while len(steps) > 1 and steps[index].duration < bar and not launches_work(steps[index]):
+            stubs.append(steps.pop(index))
+    if not stubs:
+        return found
+    return Steps(steps, found.basis, found.source, stubs=sorted(stubs, key=lambda s: s.start))
 
 
 def split_warmup(steps: list[Step]) -> tuple[list[Step], list[Step], str]:

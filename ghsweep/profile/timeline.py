@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 KERNEL, MEMCPY, MEMSET = 0, 1, 2
+# A zero-length mark at a window's edge: it adds no busy time, and opens or closes the gap next to it.
+EDGE = 3
 
 
 @dataclass

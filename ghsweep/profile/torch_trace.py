@@ -26,12 +26,14 @@ from ghsweep.profile.engine import (
     GapEvidence,
     Intervals,
     device_metrics,
+    event_health,
     gap_block,
     infer_steps,
     memory_ops,
     pct,
     steady_window,
     step_times,
+    time_per_step,
     whole_trace_block,
     whole_trace_steps,
     window_block,
@@ -45,11 +47,29 @@ from ghsweep.profile.timeline import MEMSET as MEMSET_OP
 from ghsweep.profile.timeline import Ops
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+# The categories of traces from PyTorch up to about 1.9 (Kineto's first layout), as today's names.
+OLD_CATS = {
+    "Kernel": "kernel",
+    "Memcpy": "gpu_memcpy",
+    "Memset": "gpu_memset",
+    "Runtime": "cuda_runtime",
+    "Operator": "cpu_op",
+}
+# Host categories; an event of any other category with a device in its name is an accelerator's
+# activity this reader does not measure (Intel XPU, Habana HPU, MTIA, PrivateUse1 backends).
+ACCELERATOR_CAT = re.compile(r"xpu|hpu|mtia|privateuse1|tpu|npu", re.IGNORECASE)
+# PyTorch's own DataLoader ranges ("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+# "..._MultiProcessingDataLoaderIter.__next__", "DataLoader.__next__"), and user ranges "data*".
+DATA_RANGE = re.compile(r"^data|DataLoader|DataLoaderIter", re.IGNORECASE)
 OP_KIND = {"kernel": KERNEL_OP, "gpu_memcpy": MEMCPY_OP, "gpu_memset": MEMSET_OP}
+# CUDA's synchronising calls and blocking copies, and ROCm's (HIP) of the same names.
 SYNC_NAMES = re.compile(
     r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|cudaMemcpy$|"
-    r"cudaStreamQuery|cuCtxSynchronize|cuStreamSynchronize)"
+    r"cudaStreamQuery|cuCtxSynchronize|cuStreamSynchronize|"
+    r"hipDeviceSynchronize|hipStreamSynchronize|hipEventSynchronize|hipMemcpy$)"
 )
+# record_function ranges: user_annotation; a DataLoader's own range is a cpu_op in some versions.
+HOST_RANGE_CATS = ("user_annotation", "cpu_op")
 # "Memcpy HtoD (Pageable -> Device)"
 MEMCPY_NAME = re.compile(r"Memcpy (\w+) \((\w+) -> (\w+)\)")
 COPY_KIND = {"HtoD": 1, "DtoH": 2, "DtoD": 8, "PtoP": 10}
@@ -74,10 +94,11 @@ def trace_events(trace, path: Path) -> list[dict]:
         if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
             continue
         args = e.get("args")
+        cat = str(e.get("cat", ""))
         events.append(
             {
                 "name": str(e.get("name", "")),
-                "cat": str(e.get("cat", "")),
+                "cat": OLD_CATS.get(cat, cat),
                 "ts": ts,
                 "dur": dur,
                 "args": args if isinstance(args, dict) else {},
@@ -110,12 +131,15 @@ def analyze_torch_trace(path: Path) -> ProfileAnalysis:
     events = trace_events(trace, path)
     gpu = [e for e in events if e["cat"] in GPU_CATS]
     props = ((trace.get("deviceProperties") if isinstance(trace, dict) else None) or [{}])[0]
+    accelerator = sorted({e["cat"] for e in events if ACCELERATOR_CAT.search(e["cat"])})
     source = {
         "path": str(path),
         "kind": "torch",
         "gpu_name": props.get("name") if isinstance(props, dict) else None,
-        "device": "cuda" if gpu else "cpu",
+        "device": "cuda" if gpu else ("accelerator" if accelerator else "cpu"),
     }
+    if accelerator and not gpu:
+        source["accelerator_categories"] = accelerator
     health: list[str] = []
     found = find_steps(events, gpu)
     if not gpu:
@@ -126,6 +150,10 @@ def analyze_torch_trace(path: Path) -> ProfileAnalysis:
 def gpu_analysis(events: list[dict], gpu: list[dict], found: step_finder.Steps | None, health: list[str]) -> dict:
     """The analysis of a trace with GPU activity: its operations go through the shared engine."""
     runtime = [e for e in events if e["cat"] in ("cuda_runtime", "cuda_driver")]
+    kernel_events = [e for e in gpu if e["cat"] == "kernel"]
+    kernel_spans = np.array([_ns(e) for e in kernel_events], dtype=np.int64).reshape(-1, 2)
+    streams = np.array([st if isinstance(st := e["args"].get("stream"), int) else -1 for e in kernel_events])
+    health += event_health(kernel_spans[:, 0], kernel_spans[:, 1], streams, "kernels")
     found, window = steady_window(found, health, lambda steady: project(steady, runtime, gpu), "launched no GPU work")
     if window is None:
         spans = [_ns(e) for e in gpu]
@@ -138,6 +166,8 @@ def gpu_analysis(events: list[dict], gpu: list[dict], found: step_finder.Steps |
     kernel_ns, copy_ns, set_ns = (time_of[cat] for cat in GPU_CATS)
     mem = memory_ops([(*k, *v) for k, v in copy_groups(inside).items()])
     kernels = ranked((ev["name"], e - s) for s, e, ev in inside if ev["cat"] == "kernel")
+    launch_spans = [_ns(ev) for ev in runtime if "Launch" in ev["name"]]
+    w_launches = [e - s for s, e in launch_spans if e > w0 and s < w1]
     return {
         "window": window_block(window, found),
         "whole_trace": whole_trace_block(
@@ -149,7 +179,8 @@ def gpu_analysis(events: list[dict], gpu: list[dict], found: step_finder.Steps |
             "count": kernels["count"],
             "total_ns": kernel_ns,
             "short_pct": pct(kernels["short"], kernels["count"]),
-            "launch_api_ns": sum(_ns(e)[1] - _ns(e)[0] for e in runtime if "Launch" in e["name"]),
+            "launch_api_ns": sum(w_launches),
+            "launch_api_max_ns": max(w_launches, default=0),
             **kernel_kinds.gemm_time(kernels["ranked"]),
         },
         "memcpy": {"count": sum(r["count"] for r in mem["copies"]), "total_ns": copy_ns, **mem},
@@ -157,8 +188,25 @@ def gpu_analysis(events: list[dict], gpu: list[dict], found: step_finder.Steps |
         "gaps": gap_info,
         "phases_ms_per_step": phases(events, found),
         "step_ms": step_times(found),
+        "time_per_step": torch_time_per_step(gpu, window, len(found.steady)),
         "health": health,
     }
+
+
+def op_label(event: dict) -> str:
+    """A device event's name for time_per_step: a kernel's function name, a copy's direction."""
+    if event["cat"] == "kernel":
+        return kernel_kinds.function_name(event["name"])
+    if event["cat"] == "gpu_memcpy":
+        m = MEMCPY_NAME.match(event["name"])
+        return f"Memcpy {m.group(1)}" if m else "Memcpy"
+    return "Memset"
+
+
+def torch_time_per_step(gpu: list[dict], window: tuple[int, int], steps: int) -> dict:
+    spans = np.array([_ns(e) for e in gpu], dtype=np.int64).reshape(-1, 2)
+    names, keys = np.unique([op_label(e) for e in gpu], return_inverse=True)
+    return time_per_step(spans[:, 0], spans[:, 1], keys.ravel(), dict(enumerate(names.tolist())), window, steps)
 
 
 def device_ops(gpu: list[dict]) -> Ops:
@@ -178,7 +226,7 @@ def gap_evidence(events: list[dict], runtime: list[dict]) -> GapEvidence:
     (no OS waits, page faults or migrations: the profiler does not record them)."""
     return GapEvidence(
         sync=Intervals(_ns(e) for e in runtime if SYNC_NAMES.match(e["name"])),
-        data=Intervals(_ns(e) for e in events if e["cat"] == "user_annotation" and e["name"].startswith("data")),
+        data=Intervals(_ns(e) for e in events if e["cat"] in HOST_RANGE_CATS and DATA_RANGE.search(e["name"])),
         launches={e["args"].get("correlation"): (_ns(e)[0], None) for e in runtime},
     )
 

@@ -13,6 +13,7 @@ from pathlib import Path, PurePosixPath
 
 from ghsweep.core.errors import BaselineError
 from ghsweep.core.names import RUN_IDS_TAG
+from ghsweep.profile import scaling
 from ghsweep.report import plots
 from ghsweep.report.document import Document
 from ghsweep.report.sweep_source import SweepRun, load_sweep
@@ -279,7 +280,18 @@ def document(c: Comparison, drawn: dict[str, Path]) -> Document:
             doc.image(title, drawn[title])
         else:
             doc.paragraph(f"No plot: {note}")
+    scaling_section(c, doc)
     return doc
+
+
+def scaling_section(c: Comparison, doc: Document) -> None:
+    """For each combination run on 1 and on N GPUs, both profiled: where the per-GPU throughput
+    went, in ms per step (profile/scaling.py), with the kernels that changed most."""
+    for combination, d in scaling.pairs(((r.overrides, r.analysis) for r in c.runs if r.finished), WORLD_KEYS):
+        doc.heading(f"Scaling: {combination}")
+        doc.paragraph(scaling.headline(d))
+        doc.table(*scaling.table(d))
+        doc.table(*scaling.kernel_table(d))
 
 
 def write_report(c: Comparison, out_dir: Path) -> list[Path]:

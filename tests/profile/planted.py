@@ -108,6 +108,11 @@ def training_run(
     return run
 
 
+def stream_of(kernel: str) -> int:
+    """Compute on stream 7; NCCL collectives on their own stream, as NCCL runs them."""
+    return 8 if "nccl" in kernel.lower() else 7
+
+
 def _create(con: sqlite3.Connection) -> None:
     for source in SCHEMA_SOURCES:
         real = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
@@ -150,7 +155,7 @@ def write_nsys(run: Run, path: Path) -> Path:
                 "start": s,
                 "end": e,
                 "deviceId": 0,
-                "streamId": 7,
+                "streamId": stream_of(n),
                 "correlationId": c,
                 "globalPid": gpid,
                 "demangledName": sid(n),
@@ -214,7 +219,7 @@ def write_torch(run: Run, path: Path, array: bool = False) -> Path:
                 "tid": 7,
                 "ts": s / 1e3,
                 "dur": (e - s) / 1e3,
-                "args": {"correlation": c, "device": 0, "stream": 7},
+                "args": {"correlation": c, "device": 0, "stream": stream_of(n)},
             }
         )
     for s, e, b, k, sk, _, c in run.copies:

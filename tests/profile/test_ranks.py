@@ -185,15 +185,19 @@ def test_real_two_gpu_captures_show_each_rank_and_its_communication(real_runs, n
     assert result.nccl_time_pct == pytest.approx(sum(r["nccl_time_pct"] for r in result.ranks) / 2)
 
 
-def test_real_straggler_is_the_rank_the_other_waits_for(real_runs):
-    result = rank_analysis(real_runs["ddp2_lora_7b"], None, 2)
+@pytest.mark.parametrize("name", ["ddp2_lora_7b", "fsdp2_full_7b"])
+def test_real_nccl_time_beside_compute_names_no_straggler(real_runs, name):
+    """The ranks' NCCL time per step differs by tens of ms (the rank that launches its collective
+    first runs the NCCL kernel beside its own compute), yet little of it shows on the critical
+    path: the ranks' compute per step is within a few ms, so nobody is a straggler."""
+    result = rank_analysis(real_runs[name], None, 2)
     rows = result.ranks
-    waits = [f for f in result.findings if f["id"] == "straggler"]
-    fast, slow = sorted(rows, key=lambda r: -r["nccl_ms_per_step"])
-    # A finding exactly when the extra wait is at least STRAGGLER_MIN_PCT of the step, naming the other rank.
-    extra = fast["nccl_ms_per_step"] - slow["nccl_ms_per_step"]
-    step = (rows[0]["step_ms"] + rows[1]["step_ms"]) / 2
-    assert bool(waits) == (100 * extra / step >= STRAGGLER_MIN_PCT)
-    if waits:
-        assert waits[0]["evidence"]["rank"] == slow["rank"]
-        assert waits[0]["evidence"]["wait_ms_per_step"] == pytest.approx(extra)
+    assert abs(rows[0]["nccl_ms_per_step"] - rows[1]["nccl_ms_per_step"]) > 20
+    slow, fast = sorted(rows, key=lambda r: -r["compute_ms_per_step"])
+    shown = min(
+        slow["compute_ms_per_step"] - fast["compute_ms_per_step"],
+        fast["exposed_wait_ms_per_step"] - slow["exposed_wait_ms_per_step"],
+    )
+    assert 100 * max(shown, 0) / slow["window_ms_per_step"] < STRAGGLER_MIN_PCT
+    assert "straggler" not in [f["id"] for f in result.findings]
+    assert "profile_health" not in [f["id"] for f in result.findings]  # a sound real trace

@@ -1,0 +1,138 @@
+"""Where the per-GPU throughput goes from 1 to N GPUs (profile/scaling.py), on planted per-rank
+nsys exports whose every term is known by construction: the same GEMMs slower on 2 GPUs, a cast
+kernel only there, one rank computing more (the other waits in the all-reduce), a tail all-reduce
+nobody hides, more idle time between steps, and bucket all-reduces beside the GEMMs (overlapped:
+no time lost)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ghsweep.profile.run_analysis import full_analysis, rank_analysis
+from ghsweep.profile.scaling import COMPONENTS, decompose, pairs, table
+from tests.profile.planted import GEMM, OPTIMIZER, US, Run, write_nsys
+
+ALLREDUCE = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+CAST = "void fsdp_cast_kernel<float, bf16>()"
+STEPS, GEMMS = 6, 20
+
+
+def planted_rank(gemm_us: int, slowest_gemm_us: int, tail_us: int, idle_us: int, cast_us: int, buckets: bool) -> Run:
+    """One rank: per step, GEMMs back to back, a cast kernel (cast_us > 0), a final all-reduce that
+    waits for the slowest rank then runs tail_us, the optimizer; idle_us between steps; `buckets`:
+    an all-reduce beside every fifth GEMM on the NCCL stream (hidden by compute)."""
+    run = Run()
+    gpu = 1_000 * US
+    for i in range(STEPS):
+        gpu += idle_us * US if i else 0
+        host0 = gpu  # the host launches the step as its GPU work begins (step ranges do not overlap)
+        for j in range(GEMMS):
+            gemm_start = gpu
+            gpu = run.launch(host0 + j * US, gpu, gemm_us * US, GEMM)
+            if buckets and j % 5 == 0:
+                run.launch(host0 + j * US, gemm_start, gemm_us * US // 2, ALLREDUCE)
+        if cast_us:
+            gpu = run.launch(host0 + 30 * US, gpu, cast_us * US, CAST)
+        wait = GEMMS * (slowest_gemm_us - gemm_us) * US
+        if tail_us or wait:
+            gpu = run.launch(host0 + 31 * US, gpu, wait + tail_us * US, ALLREDUCE)
+        gpu = run.launch(host0 + 32 * US, gpu, 100 * US, OPTIMIZER)
+        run.ranges.append((f"step {i}", host0, gpu, 4242))
+    return run
+
+
+# 1 GPU: GEMMs of 200 us, 50 us idle between steps. 2 GPUs: GEMMs of 210 and 230 us (slower beside
+# NCCL, rank 1 more so), a 40 us cast, a 300 us tail all-reduce, 150 us idle between steps.
+ONE = {"gemm_us": 200, "slowest_gemm_us": 200, "tail_us": 0, "idle_us": 50, "cast_us": 0, "buckets": False}
+RANKS = [
+    {"gemm_us": 210, "slowest_gemm_us": 230, "tail_us": 300, "idle_us": 150, "cast_us": 40, "buckets": True},
+    {"gemm_us": 230, "slowest_gemm_us": 230, "tail_us": 300, "idle_us": 150, "cast_us": 40, "buckets": True},
+]
+
+
+@pytest.fixture(scope="module")
+def scaled(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("scaling")
+    one = full_analysis(write_nsys(planted_rank(**ONE), folder / "profile.sqlite"))
+    paths = [write_nsys(planted_rank(**r), folder / f"profile_rank{i}.sqlite") for i, r in enumerate(RANKS)]
+    return one, rank_analysis(paths, None, 2)
+
+
+def test_decomposition_matches_the_plant_and_sums_to_the_difference(scaled):
+    one, many = scaled
+    d = decompose(one, many)
+    idle_share = (STEPS - 1) / STEPS  # the idle time between steps, per steady step of the window
+    assert d["slower_compute_ms"] == pytest.approx(GEMMS * ((210 + 230) / 2 - 200) / 1e3, abs=1e-6)
+    assert d["added_work_ms"] == pytest.approx(40 / 1e3, abs=1e-6)
+    assert d["overlap_change_ms"] == pytest.approx(0, abs=1e-6)  # one compute stream in both runs
+    # Rank 0 waits 20 x 20 us per step for rank 1; the mean over the two ranks is half.
+    assert d["imbalance_ms"] == pytest.approx(GEMMS * 20 / 1e3 / 2, abs=1e-6)
+    # Only the tail all-reduce is exposed: the bucket all-reduces beside the GEMMs cost nothing.
+    assert d["exposed_comm_ms"] == pytest.approx(300 / 1e3, abs=1e-6)
+    assert d["idle_ms"] == pytest.approx((150 - 50) * idle_share / 1e3, abs=1e-6)
+    assert sum(d[key] for key, _ in COMPONENTS) == pytest.approx(d["difference_ms"], abs=1e-9)
+    assert d["step_n_ms"] - d["step_1_ms"] == pytest.approx(d["difference_ms"])
+    # The step times the analyses measured, not another definition.
+    assert d["step_1_ms"] == pytest.approx(one.window["duration_ns"] / STEPS / 1e6)
+    top = {k["name"]: k for k in d["kernels"]}
+    assert top["nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"]["delta_ms"] == pytest.approx(d["slower_compute_ms"])
+    assert top["fsdp_cast_kernel"]["ms_1"] == 0 and top["fsdp_cast_kernel"]["ms_n"] == pytest.approx(0.04)
+
+
+def test_the_imbalance_is_the_straggler_and_the_findings_agree(scaled):
+    _, many = scaled
+    straggler = next(f for f in many.findings if f["id"] == "straggler")
+    assert straggler["evidence"]["rank"] == 1  # the rank with the most compute per step
+    assert straggler["evidence"]["wait_ms_per_step"] == pytest.approx(GEMMS * 20 / 1e3, abs=1e-6)
+
+
+def test_balanced_ranks_with_overlapped_nccl_name_no_straggler(tmp_path):
+    """Both ranks compute alike; rank 0's NCCL kernels run far longer (launched early, beside its
+    compute), which is no time lost: no straggler, and no imbalance in the decomposition."""
+    even = {**RANKS[0], "gemm_us": 220, "slowest_gemm_us": 220}
+    early = {**even, "buckets": True}
+    late = {**even, "buckets": False}
+    paths = [write_nsys(planted_rank(**r), tmp_path / f"profile_rank{i}.sqlite") for i, r in enumerate((early, late))]
+    many = rank_analysis(paths, None, 2)
+    rows = many.ranks
+    # 4 bucket all-reduces of 110 us a step on rank 0 only
+    assert rows[0]["nccl_ms_per_step"] - rows[1]["nccl_ms_per_step"] == pytest.approx(0.44, abs=1e-6)
+    assert "straggler" not in [f["id"] for f in many.findings]
+    one = full_analysis(write_nsys(planted_rank(**ONE), tmp_path / "profile.sqlite"))
+    assert decompose(one, many)["imbalance_ms"] == pytest.approx(0, abs=1e-9)
+
+
+def test_pairs_match_runs_by_combination_and_the_table_adds_up(scaled):
+    one, many = scaled
+    world = ("backend.gpus_per_node=",)
+    found = pairs(
+        [
+            (["peft=lora", "backend.gpus_per_node=1"], one),
+            (["peft=lora", "backend.gpus_per_node=2"], many),
+            (["peft=none", "backend.gpus_per_node=2"], many),  # no 1-GPU twin: not decomposed
+        ],
+        world,
+    )
+    assert [name for name, _ in found] == ["peft=lora"]
+    header, rows = table(found[0][1])
+    assert header[1] == "ms per step" and len(rows) == len(COMPONENTS) + 1
+    assert sum(float(r[1]) for r in rows[:-1]) == pytest.approx(float(rows[-1][1]), abs=0.01 * len(rows))
+
+
+def test_the_sweep_comparison_shows_the_decomposition(scaled, tmp_path):
+    """The comparison report (report/compare.py) gets one section per combination run on 1 and 2 GPUs."""
+    from ghsweep.report.compare import build, write_report
+    from ghsweep.report.sweep_source import SweepRun
+
+    one, many = scaled
+    runs = [
+        SweepRun(
+            f"id{g}", f"run{g}", g, "FINISHED", ["peft=lora", f"backend.gpus_per_node={g}"], {}, {}, {}, analysis=a
+        )
+        for g, a in ((1, one), (2, many))
+    ]
+    report = next(p for p in write_report(build("sweep", runs), tmp_path) if p.suffix == ".md").read_text()
+    d = decompose(one, many)
+    assert "## Scaling: peft=lora" in report
+    assert f"{d['exposed_comm_ms']:+.2f}" in report and f"{d['difference_ms']:+.2f}" in report
+    assert "fsdp_cast_kernel" in report

@@ -1,0 +1,129 @@
+"""The scaling decomposition on captures kept as data: benchmarks/scaling_profiles.py turns a
+sweep's nsys exports (1 and N GPUs) into trimmed, gzipped test data and the decomposition; checked
+here on a planted sweep, and on the real two-GPU capture in SCALING_DATA."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from ghsweep.core.run_result import RunResult
+from ghsweep.profile import kernel_kinds
+from ghsweep.profile.run_analysis import full_analysis
+from ghsweep.profile.scaling import CAPTURE_FOLDER, COMPONENTS, folder_analysis, folder_decompositions
+from tests.profile.planted import write_nsys
+from tests.profile.test_scaling import ONE, RANKS, planted_rank
+
+ROOT = Path(__file__).resolve().parents[2]
+# The real capture: Llama-2-7B shape, seq 4096, LoRA (DDP) and full (FSDP2) bf16 on 1 and 2 GPUs, made with
+#   OUT=results PROFILES=tests/data/profiles/scaling_7b_2gpu bash benchmarks/h200x2_scaling.sh
+SCALING_DATA = ROOT / "tests" / "data" / "profiles" / "scaling_7b_2gpu"
+
+
+def test_the_script_keeps_small_exports_and_their_decomposition(tmp_path):
+    sweep = tmp_path / "sweep"
+    for job, (gpus, peft) in enumerate(((1, "lora"), (2, "lora"))):
+        run_dir = sweep / str(job)
+        run_dir.mkdir(parents=True)
+        overrides = [f"peft={peft}", f"backend.gpus_per_node={gpus}", "precision=bf16"]
+        RunResult(str(job), str(run_dir), overrides, "FINISHED").save()
+        if gpus == 1:
+            write_nsys(planted_rank(**ONE), run_dir / "profile.sqlite")
+        else:
+            for rank, plant in enumerate(RANKS):
+                write_nsys(planted_rank(**plant), run_dir / f"profile_rank{rank}.sqlite")
+    (sweep / "2").mkdir()  # a failed run: no exports, left out
+    RunResult("2", str(sweep / "2"), ["peft=none", "backend.gpus_per_node=2", "precision=bf16"], "FAILED").save()
+    out = tmp_path / "data"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "scaling_profiles.py"), str(sweep), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*.gz")) == [
+        "lora_1gpu/profile_rank0.sqlite.gz",
+        "lora_2gpu/profile_rank0.sqlite.gz",
+        "lora_2gpu/profile_rank1.sqlite.gz",
+    ]
+    kept = json.loads((out / "decomposition.json").read_text())
+    assert kept == json.loads(json.dumps(folder_decompositions(out)))
+    assert kept["lora"]["exposed_comm_ms"] == pytest.approx(0.3)  # the planted tail all-reduce
+    assert "exposed communication" in done.stdout and f"{kept['lora']['difference_ms']:+.2f}" in done.stdout
+    assert all(p.stat().st_size < 200_000 for p in out.rglob("*.gz"))
+
+
+def window_kernel_ms(path: Path, window: dict, steps: int) -> dict[str, float]:
+    """Kernel time per step by function name inside the window, straight from the export."""
+    con = sqlite3.connect(path)
+    rows = con.execute(
+        "SELECT s.value, k.start, k.end FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName "
+        "WHERE k.end > ? AND k.start < ?",
+        (window["start_ns"], window["end_ns"]),
+    ).fetchall()
+    con.close()
+    out: dict[str, float] = {}
+    for name, start, end in rows:
+        clipped = min(end, window["end_ns"]) - max(start, window["start_ns"])
+        key = kernel_kinds.function_name(name)
+        out[key] = out.get(key, 0.0) + clipped / steps / 1e6
+    return out
+
+
+@pytest.fixture(scope="module")
+def real() -> dict[str, dict]:
+    folders = sorted(f.name for f in SCALING_DATA.iterdir()) if SCALING_DATA.is_dir() else []
+    assert any(CAPTURE_FOLDER.fullmatch(f) for f in folders), (
+        f"{SCALING_DATA}: the two-GPU scaling capture is missing; on a machine with two GPUs run "
+        "`OUT=results PROFILES=tests/data/profiles/scaling_7b_2gpu bash benchmarks/h200x2_scaling.sh` "
+        "and commit the folder it fills"
+    )
+    return json.loads((SCALING_DATA / "decomposition.json").read_text())
+
+
+def test_real_decomposition_sums_to_the_measured_difference(real):
+    assert set(real) >= {"lora", "none"}  # peft=lora (DDP) and peft=none (full, FSDP2)
+    again = folder_decompositions(SCALING_DATA)
+    for combination, d in again.items():
+        assert sum(d[key] for key, _ in COMPONENTS) == pytest.approx(d["difference_ms"], abs=1e-6)
+        assert d["efficiency"] == pytest.approx(d["step_1_ms"] / d["step_n_ms"])
+        for key, value in real[combination].items():  # the analysis reads the committed files as it did then
+            if isinstance(value, float):
+                assert d[key] == pytest.approx(value, rel=1e-9, abs=1e-9), (combination, key)
+
+
+@pytest.mark.parametrize("combination", ["lora", "none"])
+def test_real_kernel_times_are_traceable_to_the_events(real, combination):
+    with tempfile.TemporaryDirectory() as tmp:
+        for gpus, column in ((1, "ms_1"), (2, "ms_n")):
+            folder = SCALING_DATA / f"{combination}_{gpus}gpu"
+            a = folder_analysis(folder, Path(tmp))
+            paths = sorted((Path(tmp) / folder.name).glob("*.sqlite"))
+            assert len(paths) == gpus == max(1, len(a.ranks))
+            single = [
+                window_kernel_ms(p, analysis.window, len(analysis.window["steps"]))
+                for p in paths
+                for analysis in [full_analysis(p)]
+            ]
+            for k in real[combination]["kernels"]:
+                if kernel_kinds.is_nccl(k["name"]) or k["name"].startswith(("Memcpy", "Memset")):
+                    continue  # NCCL is not compute; copies and memsets are not in the kernel table
+                truth = sum(s.get(k["name"], 0.0) for s in single) / gpus
+                assert k[column] == pytest.approx(truth, rel=1e-6, abs=1e-6), (gpus, k["name"])
+
+
+def test_real_straggler_agrees_with_the_rank_metrics(real):
+    with tempfile.TemporaryDirectory() as tmp:
+        for combination in real:
+            a = folder_analysis(SCALING_DATA / f"{combination}_2gpu", Path(tmp))
+            for f in a.findings:
+                if f["id"] == "straggler":
+                    most = max(a.ranks, key=lambda r: r["compute_ms_per_step"])
+                    assert f["evidence"]["rank"] == most["rank"]
+                    assert f["evidence"]["wait_ms_per_step"] <= real[combination]["imbalance_ms"] * 2 + 1e-6
