@@ -21,6 +21,17 @@ NCCL = re.compile(r"nccl", re.IGNORECASE)
 OPTIMIZER = re.compile(r"adam|multi_tensor_apply|sgd|lamb|lion|adafactor|optimizer", re.IGNORECASE)
 
 
+# Inductor numbers the Triton kernels it generates within a compiled graph (triton_poi_fused_add_5):
+# the same kernel gets another number in another run, e.g. on another number of GPUs.
+INDUCTOR_INDEX = re.compile(r"(triton_[a-z]+_.+)_\d+")
+
+
+def kernel_family(name: str) -> str:
+    """The name without Inductor's per-graph index, to line up one kernel across runs."""
+    match = INDUCTOR_INDEX.fullmatch(name)
+    return match.group(1) if match else name
+
+
 def is_gemm(name: str) -> bool:
     return bool(GEMM.search(name)) and not ATTENTION.search(name)
 

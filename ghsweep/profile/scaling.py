@@ -6,7 +6,8 @@ throughput lost is the step time gained. Each run's mean steady step splits exac
 non-NCCL operations' time by name - their overlap across streams. The difference of the N-GPU
 run's step (mean over its ranks) and the 1-GPU run's then splits, without remainder, into:
 
-- slower compute: the same kernels (by function name, in both runs) taking longer per step,
+- slower compute: the same kernels (by function name, in both runs; Inductor's generated kernels
+  without their per-graph index) taking longer per step,
   because NCCL kernels share the SMs and memory bandwidth beside them;
 - added work: kernels and copies only the N-GPU run has (FSDP's casts and copies, bucketing), less
   those only the 1-GPU run has;
@@ -29,6 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ghsweep.core.errors import ProfileError
+from ghsweep.profile.kernel_kinds import kernel_family
 from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 
@@ -56,6 +58,14 @@ def rank_steps(analysis: ProfileAnalysis) -> list[dict]:
     return steps
 
 
+def by_family(ms_by_name: dict[str, float]) -> dict[str, float]:
+    """Time per kernel family (kernel_kinds.kernel_family): Inductor's kernels line up across runs."""
+    families: dict[str, float] = {}
+    for name, ms in ms_by_name.items():
+        families[kernel_family(name)] = families.get(kernel_family(name), 0.0) + ms
+    return families
+
+
 def decompose(one: ProfileAnalysis, many: ProfileAnalysis) -> dict:
     """The step time gained from `one` (1 GPU) to `many` (N GPUs, every rank), split into
     COMPONENTS (ms per step); their sum is `difference_ms` exactly."""
@@ -65,10 +75,11 @@ def decompose(one: ProfileAnalysis, many: ProfileAnalysis) -> dict:
     def mean(key: str) -> float:
         return statistics.fmean(r[key] for r in ranks)
 
-    names = {n for r in ranks for n in r["compute_by_name_ms"]} | set(base["compute_by_name_ms"])
-    by_name = {n: statistics.fmean(r["compute_by_name_ms"].get(n, 0.0) for r in ranks) for n in names}
-    base_by_name = base["compute_by_name_ms"]
-    shared = [n for n in names if n in base_by_name and any(n in r["compute_by_name_ms"] for r in ranks)]
+    base_by_name = by_family(base["compute_by_name_ms"])
+    ranks_by_name = [by_family(r["compute_by_name_ms"]) for r in ranks]
+    names = {n for r in ranks_by_name for n in r} | set(base_by_name)
+    by_name = {n: statistics.fmean(r.get(n, 0.0) for r in ranks_by_name) for n in names}
+    shared = [n for n in names if n in base_by_name and any(n in r for r in ranks_by_name)]
     slower = sum(by_name[n] - base_by_name[n] for n in shared)
     added = sum(by_name[n] for n in names if n not in base_by_name) - sum(
         base_by_name[n] for n in base_by_name if n not in shared

@@ -80,3 +80,19 @@ def test_fp8_rule_in_both_directions():
     (finding,) = fired(bf16_run)
     assert finding["evidence"]["fp8_gemm_pct"] == pytest.approx(100 * 10 / 710)
     assert not [f for f in evaluate(bf16_run, {"precision": "bf16"}) if f["id"] == "fp8_not_effective"]
+
+
+def test_inductor_kernels_line_up_across_runs_without_their_per_graph_index():
+    from ghsweep.profile.kernel_kinds import kernel_family
+
+    # The same fused kernel numbered 4 in one run's graph and 2 in another's (seen on 1 vs 2 GPUs).
+    assert kernel_family("triton_tem_fused_add_flex_attention_backward_transpose_view_4") == kernel_family(
+        "triton_tem_fused_add_flex_attention_backward_transpose_view_2"
+    )
+    assert kernel_family("triton_poi_fused_add_view_0") == "triton_poi_fused_add_view"
+    # Other names keep their digits: they are part of the kernel (a tile shape, an architecture).
+    assert (
+        kernel_family("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT")
+        == "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"
+    )
+    assert kernel_family("ampere_sgemm_128x64_nn") == "ampere_sgemm_128x64_nn"
