@@ -101,7 +101,9 @@ def test_the_experiment_is_model_training_and_its_runs_are_one_switch_away(sweep
     page = browser.new_page(viewport={"width": 1600, "height": 900})
     page.set_default_timeout(UI_TIMEOUT_MS)
     page.goto(f"{url}/#/experiments/{exp_id}")
-    page.get_by_text("Model training", exact=True).first.click()
+    page.get_by_text("Model training", exact=True).first.wait_for()
+    # A fresh profile's first-visit popups cover the page (the pointer lands on them): press the switch itself.
+    page.get_by_text("Model training", exact=True).first.click(force=True)
     page.get_by_text(parent.info.run_name, exact=True).wait_for()
     assert "workflowType=machine_learning" in page.url
     close_assistant(page)
