@@ -24,7 +24,7 @@ RUN_HASH_TAG = "ghsweep.run_hash"  # the run's identity (a hash of its resolved 
 SWEEP_DIR_TAG = "ghsweep.sweep_dir"
 RUN_IDS_TAG = "ghsweep.run_ids"  # on a sweep's parent run: its runs' ids in job order, comma-separated
 
-# MLflow's UI opens an experiment in the view its kind names (MLflow 3: the GenAI overview when it has
-# none); ghsweep's experiments are model training, where runs are listed and compared.
+# The experiment's kind as MLflow records it: ghsweep's are model training (runs listed and compared),
+# not GenAI (traces). MLflow's views without the UI's workflow switch read it.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING_KIND = "custom_model_development"

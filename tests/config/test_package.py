@@ -84,7 +84,9 @@ def see_these_packages(python: Path) -> None:
         check=True,
     ).stdout.strip()
     dirs = [d for d in site.getsitepackages() if Path(d).is_dir()]
-    (Path(purelib) / "_outer_site_packages.pth").write_text(f"import site; [site.addsitedir(d) for d in {dirs!r}]\n")
+    # One line: site runs a .pth line that starts with `import`, in a scope of its own.
+    adds = "; ".join(f"site.addsitedir({d!r})" for d in dirs)
+    (Path(purelib) / "_outer_site_packages.pth").write_text(f"import site; {adds}\n")
 
 
 def without_repo() -> dict[str, str]:

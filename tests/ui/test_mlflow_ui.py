@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ghsweep.core.names import EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND
 from tests.conftest import REPO, MlflowRecords, run_cli
 from tests.optional_env import unavailable
 
@@ -90,17 +91,23 @@ def choose_column(page: Page, name: str) -> None:
     node.locator("[class*='tree-checkbox']").first.click()
 
 
-def test_the_experiment_opens_in_the_model_training_view(sweep, browser):
-    """The experiment's link as a user follows it (no workflowType in the address): ghsweep tags the
-    experiment's kind, so MLflow lists its runs instead of its GenAI overview of traces."""
+def test_the_experiment_is_model_training_and_its_runs_are_one_switch_away(sweep, browser):
+    """MLflow 3.17's UI opens every experiment in the browser's workflow view, GenAI by default (a
+    switch at the top of the sidebar, kept per browser); the experiment's kind tag is what its
+    views without that switch read. The README's path: open the experiment, press Model training."""
     url, exp_id, parent, _ = sweep
+    records = MlflowRecords(url, EXPERIMENT)
+    assert records.client.get_experiment(exp_id).tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING_KIND
     page = browser.new_page(viewport={"width": 1600, "height": 900})
     page.set_default_timeout(UI_TIMEOUT_MS)
     page.goto(f"{url}/#/experiments/{exp_id}")
+    page.get_by_text("Model training", exact=True).first.wait_for()
+    # A fresh profile's first-visit popups cover the page (the pointer lands on them): press the switch itself.
+    page.get_by_text("Model training", exact=True).first.click(force=True)
     page.get_by_text(parent.info.run_name, exact=True).wait_for()
+    assert "workflowType=machine_learning" in page.url
     close_assistant(page)
-    assert "workflowType=genai" not in page.url
-    page.screenshot(path=str(SHOTS / "experiment_opens_in_model_training.png"))
+    page.screenshot(path=str(SHOTS / "experiment_in_model_training_view.png"))
     page.close()
 
 
