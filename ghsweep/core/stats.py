@@ -116,9 +116,9 @@ def median_interval(values: Sequence[float]) -> Interval:
 class StepStats:
     """The steady part of a run's step-time series and what it measured."""
 
-    warmup_steps: int  # the steps the warm-up took (detected, at least the configured minimum)
+    warmup_steps: int  # steps the warm-up took (detected, at least the configured minimum)
     steady_steps: int
-    excluded_steps: int  # steps after warm-up left out (the profiler's capture window)
+    excluded_steps: int  # steps left out whatever their time (the profiler's capture window)
     step_time_ms: Interval
 
     def metrics(self, tokens_per_step: float) -> dict[str, float]:
@@ -144,18 +144,13 @@ class StepStats:
 
 
 def step_stats(times: Sequence[float], min_warmup: int, excluded: Iterable[int] = ()) -> StepStats:
-    """The steady steps of `times` (step i at index i): after the detected warm-up, without `excluded`
-    (e.g. the profiler's capture steps, whatever the profiler costs them). With too few steps left,
-    the steps after the configured warm-up, or all of them."""
-    skip = set(excluded)
-    kept = [(i, t) for i, t in enumerate(times) if i not in skip]
-    start = warmup_end([t for _, t in kept], min_warmup)
-    steady = [t for i, t in kept[start:]]
-    if not steady:
-        steady = [t for i, t in enumerate(times) if i >= min_warmup] or list(times)
-    warmup = kept[start][0] if start < len(kept) else min(min_warmup, len(times))
-    dropped = sum(1 for i in skip if warmup <= i < len(times))
-    return StepStats(warmup, len(steady), dropped, median_interval(steady))
+    """The steady steps of `times` (step i at index i): without `excluded` (e.g. the profiler's
+    capture steps, whatever the profiler costs them), after the warm-up detected in the rest."""
+    skip = {i for i in excluded if 0 <= i < len(times)}
+    kept = [t for i, t in enumerate(times) if i not in skip]
+    start = warmup_end(kept, min_warmup)
+    steady = kept[start:] or kept or list(times)
+    return StepStats(min(start, len(kept)), len(steady), len(skip), median_interval(steady))
 
 
 def ratio(a: Interval, b: Interval) -> Interval:
