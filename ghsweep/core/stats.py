@@ -112,6 +112,22 @@ def median_interval(values: Sequence[float]) -> Interval:
     return Interval(estimate, min(float(low), estimate), max(float(high), estimate))
 
 
+# The metrics StepStats.metrics writes (the interval's only where there are enough steady steps).
+STEP_METRICS = (
+    "step_time_ms",
+    "tokens_per_s",
+    "steady_steps",
+    "warmup_steps_detected",
+    "excluded_steps",
+    "step_time_ms_ci_low",
+    "step_time_ms_ci_high",
+    "step_time_ms_ci_pct",
+    "tokens_per_s_ci_low",
+    "tokens_per_s_ci_high",
+    "tokens_per_s_ci_pct",
+)
+
+
 @dataclass(frozen=True)
 class StepStats:
     """The steady part of a run's step-time series and what it measured."""

@@ -300,13 +300,12 @@ def verdict(c: Comparison) -> list[str]:
         if finding:
             lines.append(f"Its top finding: {finding}")
     elif best is not None:
-        others = [c.label(j) for j in tied if j != c.baseline]
+        rivals = [c.label(j) for j in tied if j != c.baseline]
         lines.append(
             "Fastest: the baseline"
-            + (f", tied within noise with {', '.join(others)}." if others else "; no other combination beat it.")
+            + (f", tied within noise with {', '.join(rivals)}." if rivals else "; no other combination beat it.")
         )
-    for i, r in enumerate(c.runs):
-        interval = c.speedup_intervals[i]
+    for i, interval in enumerate(c.speedup_intervals):
         if i != c.baseline and interval is not None:
             lines.append(f"{c.label(i)} against the baseline: {difference_text(interval)}.")
     if c.pareto:

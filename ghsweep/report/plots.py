@@ -41,9 +41,7 @@ def _error(intervals: Sequence[Interval]) -> list[list[float]]:
     ]
 
 
-def speedup_bars(
-    labels: Sequence[str], speedups: Sequence[Interval | None], baseline: int, path: Path
-) -> Path | None:
+def speedup_bars(labels: Sequence[str], speedups: Sequence[Interval | None], baseline: int, path: Path) -> Path | None:
     """Bars from 0 with each speedup's 95% interval: a difference inside the bars' error reads as none."""
     shown = [(i, s) for i, s in enumerate(speedups) if s is not None]
     if not shown:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, TypeAlias
 
 import torch

@@ -112,7 +112,9 @@ def test_a_measuring_run_trains_on_until_its_budget_and_records_its_interval(tmp
     m = summary["metrics"]
     assert summary["info"]["measure_stop"] == "step_budget" and m["steps"] == 12
     assert len((tmp_path / METRICS).read_text().splitlines()) == 12
-    assert m["steady_steps"] + m["warmup_steps_detected"] + m["excluded_steps"] == 12 and m["warmup_steps_detected"] >= 3
+    assert (
+        m["steady_steps"] + m["warmup_steps_detected"] + m["excluded_steps"] == 12 and m["warmup_steps_detected"] >= 3
+    )
     assert m["step_time_ms_ci_low"] <= m["step_time_ms"] <= m["step_time_ms_ci_high"]
     assert m["tokens_per_s_ci_low"] <= m["tokens_per_s"] <= m["tokens_per_s_ci_high"]
     assert m["step_time_ms_ci_pct"] > 0.001
