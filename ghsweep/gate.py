@@ -7,9 +7,9 @@ SWEEP is a sweep directory (multirun/<date>/<time>, or the hydra.sweep.dir a CI 
 sweep's MLflow name or parent run id. Each combination of the reference must be in the sweep and
 FINISHED; throughput metrics must not drop, memory and time metrics not rise, by more than the
 tolerance; each step's loss must stay within the loss band of the reference's. Where the reference
-stores a metric's 95% interval (noise_pct) and the run recorded its own, a change is a regression
-only when it is beyond the tolerance and outside the noise of both; noise wider than the tolerance
-is reported INCONCLUSIVE (exit status 3), neither pass nor fail. `overhead_ratio` is a
+stores a metric's 95% interval (noise_pct) or the run recorded its own, a change is a regression
+only when it is beyond the tolerance and outside the noise of both (what is known of it); noise
+wider than the tolerance is reported INCONCLUSIVE (exit status 3), neither pass nor fail. `overhead_ratio` is a
 run's time outside its training loop (overhead_s) over its worker's start (startup_s: a fresh Python
 importing torch), a reference measured in the same run on the same machine: ghsweep's own per-run
 cost, comparable on CI machines whose absolute timings mean nothing.
@@ -112,11 +112,15 @@ def noise_pct(run: SweepRun, checks: list[str]) -> dict[str, float]:
     return {m: i.half_width_pct for m, i in found.items() if i is not None and i.known}
 
 
+def noisy(value: float, half_width_pct: float | None) -> stats.Interval:
+    """A value with its interval; None: no noise known (the value alone)."""
+    pct = half_width_pct or 0.0
+    return stats.Interval(value, value * (1 - pct / 100), value * (1 + pct / 100))
+
+
 def judge(got: stats.Interval, ref: stats.Interval, allowed: float, higher_is_better: bool) -> str | None:
     """'regression', 'inconclusive' or None (pass) for a measurement against its reference."""
     change = stats.ratio(got, ref) if higher_is_better else stats.ratio(ref, got)  # > 1: better
-    if not change.known:
-        return "regression" if change.estimate < 1 - allowed else None
     if change.low >= 1 - allowed:  # even the worst case is within the tolerance
         return None
     if change.high < 1 - allowed:  # even the best case is beyond the tolerance
@@ -150,24 +154,15 @@ def regressions(
                 problem = _loss_regression(ref_value, got[LOSS], loss_band)
                 if problem:
                     found.append(f"{name}: {problem}")
-            else:
+            elif ref_value and got[metric]:  # a zero (an unmeasured rate) has no ratio to judge
                 allowed = tolerances.get(metric, tolerance)
-                mine = stats.from_metrics(run.metrics, metric) if metric in ref_noise else None
-                ref_i = (
-                    stats.Interval(
-                        ref_value, ref_value * (1 - ref_noise[metric] / 100), ref_value * (1 + ref_noise[metric] / 100)
-                    )
-                    if mine is not None and mine.known
-                    else stats.unknown(ref_value)
-                )
-                verdict = judge(
-                    mine if mine is not None and mine.known else stats.unknown(got[metric]),
-                    ref_i,
-                    allowed,
-                    metric in HIGHER_IS_BETTER,
-                )
-                change = got[metric] / ref_value - 1 if ref_value else 0.0
-                noise = f", noise ±{stats.ratio(mine, ref_i).half_width_pct:.1f}%" if ref_i.known and mine else ""
+                ref_i, mine = noisy(ref_value, ref_noise.get(metric)), stats.from_metrics(run.metrics, metric)
+                if mine is None or not mine.known:
+                    mine = noisy(got[metric], None)
+                verdict = judge(mine, ref_i, allowed, metric in HIGHER_IS_BETTER)
+                change = got[metric] / ref_value - 1
+                width = stats.ratio(mine, ref_i).half_width_pct
+                noise = f", noise ±{width:.1f}%" if width > 0 else ""
                 line = (
                     f"{name}: {metric} {got[metric]:.4g} against {ref_value:.4g} "
                     f"({change:+.1%}, tolerance {allowed:.0%}{noise})"
