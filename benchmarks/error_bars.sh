@@ -18,7 +18,9 @@ part=${2:-all}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 shape=(model=llama2_7b train.seq_length=4096 train.micro_batch_size=1 tracking.uri="sqlite:///$out/mlflow.db")
-sweep_line=(-m precision=bf16,fp8 offload=on,off profile=nsys train.max_steps=12 "${shape[@]}")
+# The baseline bf16 offload=off: the comparison then says how bf16 offload=on differs from it.
+sweep_line=(-m precision=bf16,fp8 offload=on,off profile=nsys train.max_steps=12 "${shape[@]}"
+            'report.baseline="precision=bf16 offload=off"')
 
 timed() {  # NAME COMMAND...: run it, its output in OUT/NAME.log, its wall seconds in OUT/NAME_wall_s
     local name=$1 started
@@ -41,4 +43,4 @@ fi
 if [[ $part == today || $part == all ]]; then
     timed sweep_today python3 -m ghsweep "${sweep_line[@]}" train.measure=false hydra.sweep.dir="$out/sweep_today"
 fi
-python3 -m benchmarks.error_bars_table "$out"
+python3 benchmarks/error_bars_table.py "$out"
