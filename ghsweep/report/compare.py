@@ -40,6 +40,8 @@ METRIC_COLUMNS = (
 WORLD_KEYS = ("backend.num_nodes=", "backend.gpus_per_node=")
 # MLflow's limit on a tag value.
 MAX_TAG_CHARS = 8000
+# The knob whose values repeat a combination (report: the spread between repeats).
+REPEAT_KNOB = "seed"
 # Peak memories closer than this (GiB, or this share of the larger) are the same: allocator rounding
 # and a CPU's resident set move by a few MiB between identical runs.
 MEMORY_RESOLUTION_GIB = 1 / 16
@@ -263,6 +265,31 @@ def table(c: Comparison) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def repeat_groups(c: Comparison) -> list[list[int]]:
+    """Finished runs that differ only in `seed` (repeats: `seed=1,2,3` runs each combination in its own
+    worker, with a fresh compile, allocator and data order), in groups of two or more."""
+    if REPEAT_KNOB not in c.knobs:
+        return []
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(c.runs):
+        if r.finished and r.metrics.get("tokens_per_s"):
+            groups.setdefault(tuple((k, v) for k, v in sorted(r.knobs.items()) if k != REPEAT_KNOB), []).append(i)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def repeats_text(c: Comparison, group: list[int]) -> str:
+    """A combination's repeats: the spread between them, the widest interval within one, the combined interval."""
+    within = [stats.from_metrics(c.runs[i].metrics, "tokens_per_s") for i in group]
+    estimates = [i.estimate for i in within if i]
+    combined = stats.combine_repeats(estimates, [i for i in within if i])
+    widest = max((i.half_width_pct for i in within if i and i.known), default=float("nan"))
+    return (
+        f"Repeats {', '.join(f'#{c.number(i)}' for i in group)}: tokens/s {min(estimates):,.0f}-{max(estimates):,.0f}, "
+        f"{stats.spread_pct(estimates):.2f}% apart between repeats, ±{widest:.2f}% within the widest; "
+        f"together {combined.estimate:,.0f} ±{combined.half_width_pct:.2f}%."
+    )
+
+
 def throughput_text(metrics: dict) -> str:
     """tokens/s with its interval's half-width: `17,571 ±0.4%`."""
     i = stats.from_metrics(metrics, "tokens_per_s")
@@ -308,6 +335,7 @@ def verdict(c: Comparison) -> list[str]:
     for i, interval in enumerate(c.speedup_intervals):
         if i != c.baseline and interval is not None:
             lines.append(f"{c.label(i)} against the baseline: {difference_text(interval)}.")
+    lines += [repeats_text(c, group) for group in repeat_groups(c)]
     if c.pareto:
         lines.append(
             "Pareto front (no other run has measurably more tokens/s at no more peak memory, or measurably "

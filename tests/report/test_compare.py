@@ -228,3 +228,14 @@ def test_scaling_efficiency_is_per_gpu_throughput_over_the_one_gpu_twin():
         (["peft=lora", "backend.gpus_per_node=2", "precision=fp8"], {"tokens_per_s": 2500.0, "world_size": 2}),
     ]
     assert compare.scaling_efficiency(runs) == pytest.approx([None, 0.95, 0.9, None, None, None])
+
+
+def test_repeats_differ_only_in_seed_and_report_both_spreads():
+    runs = [run(0, 17491.0, 20.0, 0.4), run(1, 17507.0, 20.0, 0.3), run(2, 17498.0, 20.0, 0.5), run(3, 9000.0, 10.0)]
+    for r, seed in zip(runs, ("1", "2", "3", "1")):
+        r.overrides[:] = [f"precision={'bf16' if r.job_num != 3 else 'fp32'}", f"seed={seed}"]
+    c = compare.build("repeats", runs)
+    assert compare.repeat_groups(c) == [[0, 1, 2]]
+    text = "\n".join(compare.verdict(c))
+    assert "Repeats #0, #1, #2: tokens/s 17,491-17,507, 0.09% apart between repeats, ±0.50% within the widest" in text
+    assert "together 17,499 ±0.50%." in text
