@@ -6,7 +6,10 @@
 SWEEP is a sweep directory (multirun/<date>/<time>, or the hydra.sweep.dir a CI job set) or a
 sweep's MLflow name or parent run id. Each combination of the reference must be in the sweep and
 FINISHED; throughput metrics must not drop, memory and time metrics not rise, by more than the
-tolerance; each step's loss must stay within the loss band of the reference's. `overhead_ratio` is a
+tolerance; each step's loss must stay within the loss band of the reference's. Where the reference
+stores a metric's 95% interval (noise_pct) or the run recorded its own, a change is a regression
+only when it is beyond the tolerance and outside the noise of both (what is known of it); noise
+wider than the tolerance is reported INCONCLUSIVE (exit status 3), neither pass nor fail. `overhead_ratio` is a
 run's time outside its training loop (overhead_s) over its worker's start (startup_s: a fresh Python
 importing torch), a reference measured in the same run on the same machine: ghsweep's own per-run
 cost, comparable on CI machines whose absolute timings mean nothing.
@@ -20,6 +23,7 @@ import os
 import sys
 from pathlib import Path
 
+from ghsweep.core import stats
 from ghsweep.core.errors import GateError, SweepNotFound, TrackingError, TrackingUriError
 from ghsweep.core.names import ROLE_SWEEP
 from ghsweep.launch.resume import identity_overrides
@@ -84,6 +88,8 @@ def write_reference(command: str, runs: list[SweepRun], checks: list[str], path:
         "checks": checks,
         "tolerances": {k: v for k, v in OWN_TOLERANCES.items() if k in checks},
         "runs": {combination(r): measured(r, checks) for r in runs},
+        # Half-width of each metric's 95% interval, % of its value (a relative width survives rescaling).
+        "noise_pct": {combination(r): noise_pct(r, checks) for r in runs},
     }
     path.write_text(json.dumps(reference, indent=1) + "\n")
     return reference
@@ -100,9 +106,35 @@ def _loss_regression(ref: list, got: list, band: float) -> str | None:
     return None
 
 
-def regressions(reference: dict, runs: list[SweepRun], tolerance: float, loss_band: float) -> list[str]:
-    """One line per regression; [] when the sweep passes."""
-    found = []
+def noise_pct(run: SweepRun, checks: list[str]) -> dict[str, float]:
+    """The half-widths (%) of the checked metrics' intervals the run recorded."""
+    found = {m: stats.from_metrics(run.metrics, m) for m in checks if m in (*HIGHER_IS_BETTER, *LOWER_IS_BETTER)}
+    return {m: i.half_width_pct for m, i in found.items() if i is not None and i.known}
+
+
+def noisy(value: float, half_width_pct: float | None) -> stats.Interval:
+    """A value with its interval; None: no noise known (the value alone)."""
+    pct = half_width_pct or 0.0
+    return stats.Interval(value, value * (1 - pct / 100), value * (1 + pct / 100))
+
+
+def judge(got: stats.Interval, ref: stats.Interval, allowed: float, higher_is_better: bool) -> str | None:
+    """'regression', 'inconclusive' or None (pass) for a measurement against its reference."""
+    change = stats.ratio(got, ref) if higher_is_better else stats.ratio(ref, got)  # > 1: better
+    if change.low >= 1 - allowed:  # even the worst case is within the tolerance
+        return None
+    if change.high < 1 - allowed:  # even the best case is beyond the tolerance
+        return "regression"
+    if change.half_width_pct / 100 > allowed:  # noise wider than the tolerance: cannot tell
+        return "inconclusive"
+    return "regression" if change.estimate < 1 - allowed and change.high < 1 else None
+
+
+def regressions(
+    reference: dict, runs: list[SweepRun], tolerance: float, loss_band: float
+) -> tuple[list[str], list[str]]:
+    """(one line per regression, one line per inconclusive check); ([], []) when the sweep passes."""
+    found, unsure = [], []
     by_combination = {combination(r): r for r in runs}
     tolerances = reference.get("tolerances", {})
     for name, expected in reference["runs"].items():
@@ -114,6 +146,7 @@ def regressions(reference: dict, runs: list[SweepRun], tolerance: float, loss_ba
             found.append(f"{name}: {run.status}: {run.error}")
             continue
         got = measured(run, reference["checks"])
+        ref_noise = reference.get("noise_pct", {}).get(name, {})
         for metric, ref_value in expected.items():
             if metric not in got:
                 found.append(f"{name}: {metric} not recorded")
@@ -121,16 +154,24 @@ def regressions(reference: dict, runs: list[SweepRun], tolerance: float, loss_ba
                 problem = _loss_regression(ref_value, got[LOSS], loss_band)
                 if problem:
                     found.append(f"{name}: {problem}")
-            else:
+            elif ref_value and got[metric]:  # a zero (an unmeasured rate) has no ratio to judge
                 allowed = tolerances.get(metric, tolerance)
-                change = got[metric] / ref_value - 1 if ref_value else 0.0
-                worse = -change if metric in HIGHER_IS_BETTER else change
-                if worse > allowed:
-                    found.append(
-                        f"{name}: {metric} {got[metric]:.4g} against {ref_value:.4g} "
-                        f"({change:+.1%}, tolerance {allowed:.0%})"
-                    )
-    return found
+                ref_i, mine = noisy(ref_value, ref_noise.get(metric)), stats.from_metrics(run.metrics, metric)
+                if mine is None or not mine.known:
+                    mine = noisy(got[metric], None)
+                verdict = judge(mine, ref_i, allowed, metric in HIGHER_IS_BETTER)
+                change = got[metric] / ref_value - 1
+                width = stats.ratio(mine, ref_i).half_width_pct
+                noise = f", noise ±{width:.1f}%" if width > 0 else ""
+                line = (
+                    f"{name}: {metric} {got[metric]:.4g} against {ref_value:.4g} "
+                    f"({change:+.1%}, tolerance {allowed:.0%}{noise})"
+                )
+                if verdict == "regression":
+                    found.append(line)
+                elif verdict == "inconclusive":
+                    unsure.append(line)
+    return found, unsure
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -189,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.against.exists():
             raise GateError(f"--against {args.against}: no such file; record one with --write")
         reference = json.loads(args.against.read_text())
-        found = regressions(reference, runs, args.tolerance, args.loss_band)
+        found, unsure = regressions(reference, runs, args.tolerance, args.loss_band)
     except (GateError, SweepNotFound, TrackingUriError) as exc:
         print(f"ghsweep.gate: {exc}", file=sys.stderr)
         return 2
@@ -198,16 +239,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for line in found:
         print(f"REGRESSION {line}")
+    for line in unsure:
+        print(f"INCONCLUSIVE {line}: the noise is wider than the tolerance; measure longer (train.measure) or repeat")
     extra = sorted({combination(r) for r in runs} - set(reference["runs"]))
     for name in extra:
         print(f"note: {name}: in the sweep, not in the reference (not gated)")
-    verdict = "FAILED" if found else "passed"
+    verdict = "FAILED" if found else "inconclusive" if unsure else "passed"
     print(
-        f"ghsweep.gate: {verdict}: {len(found)} regressions in {len(reference['runs'])} combinations against "
-        f"{args.against} (checks {', '.join(reference['checks'])}; tolerance {args.tolerance:.0%}, "
-        f"loss band {args.loss_band:.0%})"
+        f"ghsweep.gate: {verdict}: {len(found)} regressions, {len(unsure)} inconclusive in {len(reference['runs'])} "
+        f"combinations against {args.against} (checks {', '.join(reference['checks'])}; tolerance "
+        f"{args.tolerance:.0%}, loss band {args.loss_band:.0%})"
     )
-    return 1 if found else 0
+    return 1 if found else 3 if unsure else 0
 
 
 if __name__ == "__main__":

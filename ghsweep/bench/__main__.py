@@ -129,16 +129,27 @@ def evaluate_targets(results: dict[str, dict]) -> list[dict]:
 
 
 def format_report(results: dict[str, dict], checks: list[dict]) -> str:
-    lines = [f"{'row':<28} {'step_ms':>8} {'tokens/s':>9} {'TFLOP/s':>8} {'MFU':>6} {'peak_GiB':>8}  note"]
+    lines = [
+        f"{'row':<28} {'step_ms':>8} {'tokens/s':>9} {'95% CI':>17} {'steady':>6} {'TFLOP/s':>8} {'MFU':>6} "
+        f"{'peak_GiB':>8}  note"
+    ]
     for name, r in results.items():
         if r["ok"]:
             mfu = f"{r['mfu']:.1%}" if r.get("mfu") else "-"
+            ci = (
+                f"{r['tokens_per_s_ci_low']:,.0f}-{r['tokens_per_s_ci_high']:,.0f}"
+                if "tokens_per_s_ci_low" in r
+                else "-"
+            )
             lines.append(
-                f"{name:<28} {r['step_time_ms']:>8.1f} {r['tokens_per_s']:>9,.0f} {r['tflops_per_gpu']:>8.1f} "
-                f"{mfu:>6} {r['peak_mem_gb']:>8.1f}"
+                f"{name:<28} {r['step_time_ms']:>8.1f} {r['tokens_per_s']:>9,.0f} {ci:>17} "
+                f"{r.get('steady_steps', 0):>6.0f} {r['tflops_per_gpu']:>8.1f} {mfu:>6} {r['peak_mem_gb']:>8.1f}"
+                + (f"  stopped by {r['info']['measure_stop']}" if r.get("info", {}).get("measure_stop") else "")
             )
         else:
-            lines.append(f"{name:<28} {'-':>8} {'-':>9} {'-':>8} {'-':>6} {'-':>8}  FAILED: {r['error']}")
+            lines.append(
+                f"{name:<28} {'-':>8} {'-':>9} {'-':>17} {'-':>6} {'-':>8} {'-':>6} {'-':>8}  FAILED: {r['error']}"
+            )
     lines += ["", f"{'target':<40} {'measured':>10} {'goal':>10}  status"]
     for c in checks:
         value = "-" if c["value"] is None else (f"{c['value']:,.0f}" if c["value"] > 100 else f"{c['value']:.3f}")
@@ -162,7 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ghsweep.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=",".join(DEFAULT_ROWS), help=f"comma-separated; known: {', '.join(ROWS)}")
     parser.add_argument("--seq", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=8, help="steps per row; the first 3 are warm-up")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=8,
+        help="steps per row at least: our rows measure on (train.measure) until their interval is narrow; "
+        "--ours-override train.measure=false: exactly this many; the first 3 at least are warm-up",
+    )
     parser.add_argument("--layers", type=int, default=32, help="decoder layers (32 = Llama-2-7B)")
     parser.add_argument("--out", type=Path, help="write rows, targets and the command as JSON")
     parser.add_argument("--logs", type=Path, help="keep each row's log here")

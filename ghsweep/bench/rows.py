@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from ghsweep.core.backends import backend_named
 from ghsweep.core.errors import one_line
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
+from ghsweep.core.stats import STEP_METRICS, step_stats
 from ghsweep.train.attention import attended_keys_per_token, document_ids
 from ghsweep.train.data import PackedBlocks, load_blocks
 from ghsweep.train.flops import ModelShape, add_throughput_metrics, flops_per_token
@@ -133,8 +134,7 @@ def run_ours(overrides: list[str], seq: int, steps: int, warmup: int, layers: in
         summary = backend_named(plan.backend).train(cfg, plan, Path(run_dir), managed)
     m = summary.metrics
     return {
-        "step_time_ms": m["step_time_ms"],
-        "tokens_per_s": m["tokens_per_s"],
+        **{k: v for k, v in m.items() if k in STEP_METRICS},
         "peak_mem_gb": m["peak_mem_gb"],
         "tflops_per_gpu": m["tflops_per_gpu"],
         "mfu": m.get("mfu"),
@@ -185,8 +185,8 @@ def run_usual(settings: dict, seq: int, steps: int, warmup: int, layers: int) ->
         cfg.peft if lora else None,
         settings.get("document", False),
     )
-    step_ms = statistics.median(times[warmup:])
-    row = {"step_time_ms": step_ms, "tokens_per_s": seq / (step_ms / 1000), "peak_mem_gb": peak, "mfu": None}
+    # The worker's statistics (ghsweep.core.stats): the same steady steps, median and interval.
+    row = {**step_stats(times, warmup).metrics(seq), "peak_mem_gb": peak, "mfu": None}
     keys = attended_keys_per_token(blocks.position_ids, settings.get("document", False))
     flops = flops_per_token(shape, keys, cfg.peft.r if lora else None)
     add_throughput_metrics(row, flops, torch.cuda.get_device_name(), "fp8" if settings.get("float8") else "bf16")

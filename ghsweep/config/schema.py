@@ -39,7 +39,11 @@ class TrainSchema:
     max_steps: Annotated[int, Range(1)]
     micro_batch_size: Annotated[int, Range(1)]
     seq_length: Annotated[int, Range(8)]  # also at most the model's max_position_embeddings
-    warmup_steps: Annotated[int, Range(0)]  # steps left out of step_time_ms and tokens_per_s
+    warmup_steps: Annotated[int, Range(0)]  # the fewest steps left out of step_time_ms as warm-up
+    measure: Literal["auto", True, False]  # auto: measure past max_steps on a GPU (ghsweep/train/step_log.py)
+    measure_ci_pct: PositiveNumber  # target half-width of step time's 95% interval, % of the median
+    measure_max_steps: Annotated[int, Range(1)]  # step budget of a measuring run (at least max_steps)
+    measure_max_s: PositiveNumber  # seconds of training after which a measuring run stops
     log_every: Annotated[int, Range(1)]
     lr: PositiveNumber  # peak learning rate
     lr_schedule: Literal["cosine", "linear", "constant"]  # ghsweep/train/schedule.py

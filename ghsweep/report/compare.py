@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from ghsweep.core import stats
 from ghsweep.core.errors import BaselineError
 from ghsweep.core.names import RUN_IDS_TAG
 from ghsweep.profile import scaling
@@ -40,6 +41,12 @@ METRIC_COLUMNS = (
 WORLD_KEYS = ("backend.num_nodes=", "backend.gpus_per_node=")
 # MLflow's limit on a tag value.
 MAX_TAG_CHARS = 8000
+# The knob whose values repeat a combination (report: the spread between repeats).
+REPEAT_KNOB = "seed"
+# Peak memories closer than this (GiB, or this share of the larger) are the same: allocator rounding
+# and a CPU's resident set move by a few MiB between identical runs.
+MEMORY_RESOLUTION_GIB = 1 / 16
+MEMORY_RESOLUTION_SHARE = 0.02
 # Most severe first; a severity not listed ranks after these.
 SEVERITY_ORDER = ("critical", "error", "high", "warning", "medium", "info", "low")
 
@@ -51,6 +58,8 @@ class Comparison:
     knobs: list[str]
     baseline: int | None  # index into runs; None when no run finished
     speedups: list[float | None]
+    # Each speedup's 95% interval (ghsweep.core.stats.ratio); unknown bounds where a run has none.
+    speedup_intervals: list[stats.Interval | None]
     pareto: set[int]
     # Tokens/s per GPU over the same combination's on one GPU, for runs on several GPUs.
     scaling: list[float | None]
@@ -69,6 +78,18 @@ class Comparison:
     def fastest(self) -> int | None:
         ranked = {i: s for i, s in enumerate(self.speedups) if s is not None}
         return max(ranked, key=ranked.__getitem__) if ranked else None
+
+    def tied_with(self, i: int) -> list[int]:
+        """The other finished runs whose tokens/s is not measurably different from run i's."""
+        return [j for j in range(len(self.runs)) if j != i and same_throughput(self.runs[i], self.runs[j])]
+
+    @property
+    def fastest_tied(self) -> list[int]:
+        """The fastest run and every run tied with it within noise, fastest first."""
+        best = self.fastest
+        if best is None:
+            return []
+        return [best, *sorted(self.tied_with(best), key=lambda j: -(self.speedups[j] or 0))]
 
 
 def choose_baseline(runs: list[SweepRun], spec: int | str | None) -> int | None:
@@ -91,15 +112,46 @@ def choose_baseline(runs: list[SweepRun], spec: int | str | None) -> int | None:
     return match[0]
 
 
-def speedup(run: SweepRun, base: SweepRun) -> float | None:
-    """Throughput relative to the baseline (tokens/s; step time where tokens/s is missing)."""
+def speedup(run: SweepRun, base: SweepRun) -> stats.Interval | None:
+    """Throughput relative to the baseline with its 95% interval (tokens/s; step time where tokens/s
+    is missing)."""
     if not (run.finished and base.finished):
         return None
-    t, bt = run.metrics.get("tokens_per_s"), base.metrics.get("tokens_per_s")
-    if t and bt:
-        return t / bt
-    s, bs = run.metrics.get("step_time_ms"), base.metrics.get("step_time_ms")
-    return bs / s if s and bs else None
+    t, bt = stats.from_metrics(run.metrics, "tokens_per_s"), stats.from_metrics(base.metrics, "tokens_per_s")
+    if t and bt and t.estimate and bt.estimate:
+        return stats.ratio(t, bt)
+    s, bs = stats.from_metrics(run.metrics, "step_time_ms"), stats.from_metrics(base.metrics, "step_time_ms")
+    return stats.ratio(bs, s) if s and bs and s.estimate and bs.estimate else None
+
+
+def same_throughput(a: SweepRun, b: SweepRun) -> bool:
+    """Both finished and the interval of their tokens/s ratio includes 1 (no measurable difference)."""
+    r = speedup(a, b)
+    return r is not None and r.contains(1.0)
+
+
+def same_memory(a: float, b: float) -> bool:
+    return abs(a - b) <= max(MEMORY_RESOLUTION_GIB, MEMORY_RESOLUTION_SHARE * max(a, b))
+
+
+def speedup_text(r: stats.Interval | None) -> str:
+    """`1.32x [1.30, 1.34]`; one whose interval includes 1: `=1 (±2.1%)`; no interval: `1.01x ±?`."""
+    if r is None:
+        return "-"
+    if not r.known:
+        return f"{r.estimate:.2f}x ±?"
+    if r.contains(1.0):
+        return f"=1 (±{max(r.high - 1, 1 - r.low) * 100:.1f}%)"
+    return f"{r.estimate:.2f}x [{r.low:.2f}, {r.high:.2f}]"
+
+
+def difference_text(r: stats.Interval) -> str:
+    """A speedup in words: the measured difference with its interval, or that there is none."""
+    if not r.known:
+        return f"{r.estimate:.2f}x (no interval: too few steady steps to tell it from noise)"
+    if r.contains(1.0):
+        return f"no measurable difference (within ±{max(r.high - 1, 1 - r.low) * 100:.1f}%)"
+    return f"{r.estimate:.2f}x (95% interval {r.low:.2f}-{r.high:.2f}x)"
 
 
 def scaling_efficiency(runs: list[tuple[list[str], dict | None]]) -> list[float | None]:
@@ -123,14 +175,22 @@ def scaling_efficiency(runs: list[tuple[list[str], dict | None]]) -> list[float 
     return out
 
 
-def pareto_front(points: dict[int, tuple[float, float]]) -> set[int]:
-    """Keys of the (throughput, memory) points no other point beats on both: more throughput, less memory."""
-    front = set()
-    for i, (t, m) in points.items():
-        dominated = any(t2 >= t and m2 <= m and (t2, m2) != (t, m) for j, (t2, m2) in points.items() if j != i)
-        if not dominated:
-            front.add(i)
-    return front
+def pareto_front(runs: list[SweepRun]) -> set[int]:
+    """The finished runs no other run beats beyond noise: at least as fast and at most as much memory
+    (within noise), and measurably faster or using measurably less memory."""
+    points = [
+        i for i, r in enumerate(runs) if r.finished and "tokens_per_s" in r.metrics and "peak_mem_gb" in r.metrics
+    ]
+
+    def beats(j: int, i: int) -> bool:
+        a, b = runs[j], runs[i]
+        ma, mb = a.metrics["peak_mem_gb"], b.metrics["peak_mem_gb"]
+        same_t, same_m = same_throughput(a, b), same_memory(ma, mb)
+        faster = not same_t and a.metrics["tokens_per_s"] > b.metrics["tokens_per_s"]
+        smaller = not same_m and ma < mb
+        return (faster or same_t) and (smaller or same_m) and (faster or smaller)
+
+    return {i for i in points if not any(beats(j, i) for j in points if j != i)}
 
 
 def top_finding(run: SweepRun) -> str | None:
@@ -151,15 +211,11 @@ def configured_baseline(runs: list[SweepRun]) -> str | None:
 def build(title: str, runs: list[SweepRun], baseline: int | str | None = None) -> Comparison:
     """The comparison of `runs`; baseline None: the sweep's configured report.baseline, else the first finished."""
     base = choose_baseline(runs, baseline if baseline is not None else configured_baseline(runs))
-    speedups = [speedup(r, runs[base]) if base is not None else None for r in runs]
-    points = {
-        i: (r.metrics["tokens_per_s"], r.metrics["peak_mem_gb"])
-        for i, r in enumerate(runs)
-        if r.finished and "tokens_per_s" in r.metrics and "peak_mem_gb" in r.metrics
-    }
+    intervals = [speedup(r, runs[base]) if base is not None else None for r in runs]
+    speedups = [i.estimate if i else None for i in intervals]
     scaling = scaling_efficiency([(r.overrides, r.metrics if r.finished else None) for r in runs])
     return Comparison(
-        title, runs, knob_columns([r.overrides for r in runs]), base, speedups, pareto_front(points), scaling
+        title, runs, knob_columns([r.overrides for r in runs]), base, speedups, intervals, pareto_front(runs), scaling
     )
 
 
@@ -182,7 +238,8 @@ def table(c: Comparison) -> tuple[list[str], list[list[str]]]:
     rows = []
     for i, r in enumerate(c.runs):
         metrics = [fmt_value(r.metrics.get(name), spec) for name, _, spec in METRIC_COLUMNS]
-        mark = "baseline" if i == c.baseline else fmt_value(c.speedups[i], ".2f") + ("x" if c.speedups[i] else "")
+        metrics[1] = throughput_text(r.metrics) if r.metrics.get("tokens_per_s") is not None else metrics[1]
+        mark = "baseline" if i == c.baseline else speedup_text(c.speedup_intervals[i])
         world = (
             [
                 fmt_value(r.metrics.get("world_size"), ".0f"),
@@ -202,11 +259,52 @@ def table(c: Comparison) -> tuple[list[str], list[list[str]]]:
                 mark,
                 *world,
                 *metrics[2:],
-                "yes" if i in c.pareto else "",
+                pareto_mark(c, i),
                 note or "-",
             ]
         )
     return header, rows
+
+
+def repeat_groups(c: Comparison) -> list[list[int]]:
+    """Finished runs that differ only in `seed` (repeats: `seed=1,2,3` runs each combination in its own
+    worker, with a fresh compile, allocator and data order), in groups of two or more."""
+    if REPEAT_KNOB not in c.knobs:
+        return []
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(c.runs):
+        if r.finished and r.metrics.get("tokens_per_s"):
+            groups.setdefault(tuple((k, v) for k, v in sorted(r.knobs.items()) if k != REPEAT_KNOB), []).append(i)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def repeats_text(c: Comparison, group: list[int]) -> str:
+    """A combination's repeats: the spread between them, the widest interval within one, the combined interval."""
+    within = [stats.from_metrics(c.runs[i].metrics, "tokens_per_s") for i in group]
+    estimates = [i.estimate for i in within if i]
+    combined = stats.combine_repeats(estimates, [i for i in within if i])
+    widest = max((i.half_width_pct for i in within if i and i.known), default=float("nan"))
+    return (
+        f"Repeats {', '.join(f'#{c.number(i)}' for i in group)}: tokens/s {min(estimates):,.0f}-{max(estimates):,.0f}, "
+        f"{stats.spread_pct(estimates):.2f}% apart between repeats, ±{widest:.2f}% within the widest; "
+        f"together {combined.estimate:,.0f} ±{combined.half_width_pct:.2f}%."
+    )
+
+
+def throughput_text(metrics: dict) -> str:
+    """tokens/s with its interval's half-width: `17,571 ±0.4%`."""
+    i = stats.from_metrics(metrics, "tokens_per_s")
+    assert i is not None
+    return f"{i.estimate:,.0f} ±{i.half_width_pct:.1f}%" if i.known else f"{i.estimate:,.0f} ±?"
+
+
+def pareto_mark(c: Comparison, i: int) -> str:
+    """`yes`, or `yes (tie: #2)` where another run on the front matches it within noise on both axes."""
+    if i not in c.pareto:
+        return ""
+    mem = c.runs[i].metrics["peak_mem_gb"]
+    ties = [j for j in sorted(c.pareto) if j in c.tied_with(i) and same_memory(mem, c.runs[j].metrics["peak_mem_gb"])]
+    return "yes" + (f" (tie: {', '.join(f'#{c.number(j)}' for j in ties)})" if ties else "")
 
 
 def verdict(c: Comparison) -> list[str]:
@@ -218,20 +316,31 @@ def verdict(c: Comparison) -> list[str]:
     base = c.runs[c.baseline]
     lines.append(f"Baseline: {c.label(c.baseline)} ({base.metrics.get('tokens_per_s', float('nan')):,.0f} tokens/s).")
     best = c.fastest
-    if best is not None and best != c.baseline:
+    tied = c.fastest_tied
+    if best is not None and best != c.baseline and c.baseline not in tied:
         mem, base_mem = c.runs[best].metrics.get("peak_mem_gb"), base.metrics.get("peak_mem_gb")
         cost = f", at {mem / base_mem:.2f}x the baseline's peak memory" if mem and base_mem else ""
-        lines.append(f"Fastest: {c.label(best)}, {c.speedups[best]:.2f}x the baseline's throughput{cost}.")
+        others = f" (tied within noise: {', '.join(c.label(j) for j in tied[1:])})" if len(tied) > 1 else ""
+        interval = c.speedup_intervals[best]
+        assert interval is not None  # the fastest run has a speedup
+        lines.append(f"Fastest: {c.label(best)}{others}: {difference_text(interval)} against the baseline{cost}.")
         finding = top_finding(c.runs[best])
         if finding:
             lines.append(f"Its top finding: {finding}")
-    elif best == c.baseline:
-        lines.append("Fastest: the baseline itself; no other combination beat it.")
+    elif best is not None:
+        rivals = [c.label(j) for j in tied if j != c.baseline]
+        lines.append(
+            "Fastest: the baseline"
+            + (f", tied within noise with {', '.join(rivals)}." if rivals else "; no other combination beat it.")
+        )
+    for i, interval in enumerate(c.speedup_intervals):
+        if i != c.baseline and interval is not None:
+            lines.append(f"{c.label(i)} against the baseline: {difference_text(interval)}.")
+    lines += [repeats_text(c, group) for group in repeat_groups(c)]
     if c.pareto:
         lines.append(
-            "Pareto front (no other run has both more tokens/s and less peak memory): "
-            + ", ".join(c.label(i) for i in sorted(c.pareto))
-            + "."
+            "Pareto front (no other run has measurably more tokens/s at no more peak memory, or measurably "
+            "less memory at no fewer tokens/s): " + ", ".join(c.label(i) for i in sorted(c.pareto)) + "."
         )
     for i, r in enumerate(c.runs):
         if not r.finished:
@@ -242,12 +351,12 @@ def verdict(c: Comparison) -> list[str]:
 def draw_plots(c: Comparison, out_dir: Path) -> dict[str, Path]:
     labels = [c.label(i) for i in range(len(c.runs))]
     drawn = {
-        "Speedup": plots.speedup_bars(labels, c.speedups, c.baseline, out_dir / "speedup.png")
+        "Speedup": plots.speedup_bars(labels, c.speedup_intervals, c.baseline, out_dir / "speedup.png")
         if c.baseline is not None
         else None,
         "Throughput vs peak memory": plots.throughput_vs_memory(
             labels,
-            [r.metrics.get("tokens_per_s") if r.finished else None for r in c.runs],
+            [stats.from_metrics(r.metrics, "tokens_per_s") if r.finished else None for r in c.runs],
             [r.metrics.get("peak_mem_gb") if r.finished else None for r in c.runs],
             c.pareto,
             out_dir / "throughput_vs_memory.png",
@@ -273,7 +382,11 @@ def document(c: Comparison, drawn: dict[str, Path]) -> Document:
     for line in verdict(c):
         doc.paragraph(line)
     doc.table(*table(c))
-    doc.paragraph('Speedup: tokens/s relative to the baseline. "-": the run did not record that metric.')
+    doc.paragraph(
+        "Speedup: tokens/s relative to the baseline with its 95% interval; `=1 (±x%)`: no measurable "
+        "difference, the interval includes 1. tokens/s ±: half-width of its 95% interval over the steady "
+        'steps. "-": the run did not record that metric.'
+    )
     for title, note in MISSING_PLOT_NOTES.items():
         doc.heading(title)
         if title in drawn:

@@ -11,6 +11,8 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from ghsweep.core.stats import Interval
+
 BASELINE_COLOR = "#7f7f7f"
 RUN_COLOR = "#1f77b4"
 PARETO_COLOR = "#d62728"
@@ -31,7 +33,16 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def speedup_bars(labels: Sequence[str], speedups: Sequence[float | None], baseline: int, path: Path) -> Path | None:
+def _error(intervals: Sequence[Interval]) -> list[list[float]]:
+    """matplotlib's asymmetric error bars (below, above) of intervals; none where a bound is unknown."""
+    return [
+        [i.estimate - i.low if i.known else 0.0 for i in intervals],
+        [i.high - i.estimate if i.known else 0.0 for i in intervals],
+    ]
+
+
+def speedup_bars(labels: Sequence[str], speedups: Sequence[Interval | None], baseline: int, path: Path) -> Path | None:
+    """Bars from 0 with each speedup's 95% interval: a difference inside the bars' error reads as none."""
     shown = [(i, s) for i, s in enumerate(speedups) if s is not None]
     if not shown:
         return None
@@ -39,24 +50,28 @@ def speedup_bars(labels: Sequence[str], speedups: Sequence[float | None], baseli
     ax = fig.add_subplot()
     bars = ax.bar(
         [labels[i] for i, _ in shown],
-        [s for _, s in shown],
+        [s.estimate for _, s in shown],
+        yerr=_error([s for _, s in shown]),
+        capsize=4,
         color=[BASELINE_COLOR if i == baseline else RUN_COLOR for i, _ in shown],
     )
-    ax.bar_label(bars, labels=[f"{s:.2f}x" for _, s in shown], fontsize=8)
+    ax.bar_label(bars, labels=[f"{s.estimate:.2f}x" for _, s in shown], fontsize=8, label_type="center")
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_ylim(bottom=0)
     ax.set_ylabel(f"tokens/s relative to {labels[baseline]}")
-    ax.set_title("Speedup over the baseline (grey)")
+    ax.set_title("Speedup over the baseline (grey), 95% intervals")
     ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     return _save(fig, path)
 
 
 def throughput_vs_memory(
     labels: Sequence[str],
-    tokens_per_s: Sequence[float | None],
+    tokens_per_s: Sequence[Interval | None],
     peak_mem_gb: Sequence[float | None],
     pareto: set[int],
     path: Path,
 ) -> Path | None:
+    """Both axes from 0, so a difference of a few MiB or a fraction of the noise does not fill the plot."""
     points = [(i, t, m) for i, (t, m) in enumerate(zip(tokens_per_s, peak_mem_gb)) if t is not None and m is not None]
     if not points:
         return None
@@ -64,9 +79,12 @@ def throughput_vs_memory(
     ax = fig.add_subplot()
     for i, t, m in points:
         on_front = i in pareto
-        ax.scatter(m, t, s=60 if on_front else 30, color=PARETO_COLOR if on_front else RUN_COLOR, zorder=3)
-        ax.annotate(labels[i], (m, t), textcoords="offset points", xytext=(5, 4), fontsize=8)
-    front = sorted((m, t) for i, t, m in points if i in pareto)
+        color = PARETO_COLOR if on_front else RUN_COLOR
+        ax.errorbar(
+            m, t.estimate, yerr=_error([t]), fmt="o", markersize=8 if on_front else 5, color=color, capsize=3, zorder=3
+        )
+        ax.annotate(labels[i], (m, t.estimate), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    front = sorted((m, t.estimate) for i, t, m in points if i in pareto)
     if len(front) > 1:
         ax.plot(
             [m for m, _ in front],
@@ -77,8 +95,10 @@ def throughput_vs_memory(
             label="Pareto front",
         )
         ax.legend(fontsize=8)
+    ax.set_xlim(left=0, right=max(m for _, _, m in points) * 1.15)
+    ax.set_ylim(bottom=0, top=max(t.high if t.known else t.estimate for _, t, _ in points) * 1.15)
     ax.set_xlabel("peak memory (GiB)")
-    ax.set_ylabel("tokens/s")
+    ax.set_ylabel("tokens/s (95% interval)")
     ax.set_title("Throughput vs peak memory (red: Pareto front)")
     ax.grid(alpha=0.3)
     return _save(fig, path)

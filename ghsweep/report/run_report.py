@@ -6,6 +6,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from ghsweep.core import stats
 from ghsweep.core.run_dir import REPORT
 from ghsweep.core.run_result import RunResult
 
@@ -15,6 +16,14 @@ METRIC_UNITS = {
     "peak_mem_gb": "GiB",
     "final_loss": "",
 }
+
+
+def with_interval(metrics: dict, key: str) -> str:
+    """`value [low, high]` where the run recorded the metric's interval."""
+    i = stats.from_metrics(metrics, key)
+    if i is None:
+        return "-"
+    return f"{i.estimate:.4g} [{i.low:.4g}, {i.high:.4g}]" if i.known else f"{i.estimate:.4g}"
 
 
 def write_run_report(result: RunResult, cfg: DictConfig, info: dict, path: Path) -> None:
@@ -39,7 +48,16 @@ def write_run_report(result: RunResult, cfg: DictConfig, info: dict, path: Path)
         lines += ["| metric | value | unit |", "|---|---|---|"]
         for key, unit in METRIC_UNITS.items():
             if key in result.metrics:
-                lines.append(f"| {key} | {result.metrics[key]:.4g} | {unit} |")
+                lines.append(f"| {key} | {with_interval(result.metrics, key)} | {unit} |")
+        if "steady_steps" in result.metrics:
+            m = result.metrics
+            lines += [
+                "",
+                f"Steady steps: {m['steady_steps']:.0f} (after {m.get('warmup_steps_detected', 0):.0f} warm-up "
+                f"steps, {m.get('excluded_steps', 0):.0f} profiled steps left out); intervals: 95% confidence "
+                "of the median, a moving-block bootstrap over the steady steps"
+                + (f"; measuring ended by {info['measure_stop']}." if "measure_stop" in info else "."),
+            ]
         first, last = result.metrics.get("first_loss"), result.metrics.get("final_loss")
         if first is not None and last is not None:
             lines += [

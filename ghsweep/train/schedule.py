@@ -24,6 +24,7 @@ def lr_factor(step: int, max_steps: int, schedule: str, warmup_ratio: float, min
         return (step + 1) / warmup
     if schedule == "constant":
         return 1.0
-    progress = (step - warmup) / max(1, max_steps - warmup - 1)
+    # Steps past max_steps (a run measuring until its interval is narrow, train.measure) stay at the floor.
+    progress = min(1.0, (step - warmup) / max(1, max_steps - warmup - 1))
     decay = 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1 - progress
     return min_ratio + (1 - min_ratio) * decay

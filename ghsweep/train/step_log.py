@@ -7,14 +7,17 @@ synchronisation to every step; the training loop flushes every `train.log_every`
 from __future__ import annotations
 
 import json
-import statistics
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TypeAlias
 
 import torch
+from omegaconf import DictConfig
 
 from ghsweep.core.names import STEP_RANGE_PREFIX
+from ghsweep.core.stats import StepStats, step_stats
 
 # A step's start or end: a recorded CUDA timing event on a GPU, else a perf_counter reading (seconds).
 Mark: TypeAlias = torch.cuda.Event | float
@@ -65,11 +68,11 @@ class StepLog:
         self._pending.clear()
         return rows
 
-    def flush_due(self, steps_done: int, max_steps: int, log_every: int, progress: bool) -> None:
-        """Flush every `log_every` steps and after the last; with `progress` (rank 0), print the
-        progress line the job follows the run by."""
+    def flush_due(self, steps_done: int, max_steps: int, log_every: int, progress: bool) -> bool:
+        """Flush every `log_every` steps and after step `max_steps`; with `progress` (rank 0), print the
+        progress line the job follows the run by. True when it flushed."""
         if steps_done % log_every and steps_done != max_steps:
-            return
+            return False
         self.flush()
         if progress:
             print(
@@ -77,6 +80,7 @@ class StepLog:
                 f"step_time_ms {self.step_times_ms[-1]:.1f}",
                 flush=True,
             )
+        return True
 
     def close(self) -> None:
         self.flush()
@@ -94,15 +98,67 @@ class StepLog:
         if self._file:
             self._file.close()
 
-    def summary(self, warmup_steps: int) -> dict:
-        """step_time_ms is the median of the steps after `warmup_steps` (all steps if too few)."""
-        steady = self.step_times_ms[warmup_steps:] or self.step_times_ms
-        step_ms = statistics.median(steady) if steady else float("nan")
+    def stats(self, min_warmup: int, excluded: Iterable[int] = ()) -> StepStats:
+        """The steady steps so far (ghsweep.core.stats): after the detected warm-up, without `excluded`."""
+        return step_stats(self.step_times_ms, min_warmup, excluded)
+
+    def summary(self, min_warmup: int, excluded: Iterable[int] = ()) -> dict:
+        """step_time_ms, tokens_per_s and their 95% intervals over the steady steps, and the losses."""
+        measured = self.stats(min_warmup, excluded).metrics(self._tokens_per_step) if self.step_times_ms else {}
         return {
             "steps": len(self.step_times_ms),
-            "steady_steps": len(steady),
-            "step_time_ms": step_ms,
-            "tokens_per_s": self._tokens_per_step / (step_ms / 1000.0) if steady else float("nan"),
+            "step_time_ms": float("nan"),
+            "tokens_per_s": float("nan"),
+            **measured,
             "final_loss": self.losses[-1] if self.losses else float("nan"),
             "first_loss": self.losses[0] if self.losses else float("nan"),
         }
+
+
+# Why a run stopped measuring (the info `measure_stop`).
+STOP_STEPS = "max_steps"  # a fixed length: train.max_steps
+STOP_TARGET = "ci_target"  # the steady steps' interval reached train.measure_ci_pct
+STOP_STEP_BUDGET = "step_budget"  # train.measure_max_steps spent first
+STOP_TIME_BUDGET = "time_budget"  # train.measure_max_s spent first
+
+
+@dataclass(frozen=True)
+class Measure:
+    """How long a run trains: `train.max_steps`, or (train.measure) on past it until the steady steps'
+    95% interval of step time is within `target_ci_pct` of the median, or a budget is spent."""
+
+    min_steps: int
+    min_warmup: int
+    excluded: range
+    target_ci_pct: float | None  # None: a fixed length
+    max_steps: int
+    max_s: float
+
+    @classmethod
+    def from_config(cls, train: DictConfig, device_type: str, world_size: int, excluded: range) -> Measure:
+        # Several ranks would each see their own interval and stop at different steps: fixed length there.
+        wanted = train.measure is True or (train.measure == "auto" and device_type == "cuda")
+        adaptive = wanted and world_size == 1
+        return cls(
+            min_steps=train.max_steps,
+            min_warmup=train.warmup_steps,
+            excluded=excluded,
+            target_ci_pct=train.measure_ci_pct if adaptive else None,
+            max_steps=max(train.max_steps, train.measure_max_steps) if adaptive else train.max_steps,
+            max_s=train.measure_max_s,
+        )
+
+    def stop(self, log: StepLog, steps_done: int, elapsed_s: float) -> str | None:
+        """Why to stop after `steps_done` steps, all flushed to `log`; None: go on."""
+        if steps_done < self.min_steps:
+            return None
+        if self.target_ci_pct is None:
+            return STOP_STEPS
+        width = log.stats(self.min_warmup, self.excluded).step_time_ms.half_width_pct
+        if width <= self.target_ci_pct:
+            return STOP_TARGET
+        if steps_done >= self.max_steps:
+            return STOP_STEP_BUDGET
+        if elapsed_s >= self.max_s:
+            return STOP_TIME_BUDGET
+        return None

@@ -22,6 +22,11 @@ def run_peak_gib(managed: ManagedAllocator | None, measured_gib: Callable[[], fl
     return managed_peak if managed_peak is not None else measured_gib()
 
 
+def capture_steps(cfg: DictConfig, profiled: bool) -> range:
+    """The steps a profiler records: out of the steady set, whatever the profiler costs them."""
+    return range(cfg.capture.start_step, cfg.capture.start_step + cfg.capture.num_steps) if profiled else range(0)
+
+
 def run_summary(
     cfg: DictConfig,
     log: StepLog,
@@ -33,6 +38,7 @@ def run_summary(
     params: tuple[int, int],
     random_init: bool,
     offload_applied: bool,
+    profiled: bool,
     managed: ManagedAllocator | None,
     setup_at: float,
     train_started_at: float,
@@ -42,11 +48,12 @@ def run_summary(
 ) -> RunSummary:
     """The run's summary from its step log and facts; `metrics` and `info` add the backend's own.
 
-    `params`: (total, trainable) parameter counts. `setup_at`: when the backend started setting up
+    `params`: (total, trainable) parameter counts. `profiled`: a profiler captured steps
+    `capture.start_step` on (they are left out of the steady steps). `setup_at`: when the backend started setting up
     (after its imports), `train_started_at` / `train_ended_at`: the training loop's edges.
     """
     name = device_name(device)
-    measured = log.summary(cfg.train.warmup_steps) | {"peak_mem_gb": peak_gib}
+    measured = log.summary(cfg.train.warmup_steps, capture_steps(cfg, profiled)) | {"peak_mem_gb": peak_gib}
     peak_tflops = add_throughput_metrics(measured, flops_per_token, name, cfg.precision.name, gpus=gpus)
     # Per-GPU throughput: the comparison's scaling column reads it.
     measured |= {"world_size": gpus, "tokens_per_s_per_gpu": measured["tokens_per_s"] / gpus}

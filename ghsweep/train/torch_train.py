@@ -41,8 +41,8 @@ from ghsweep.train.offload import ActivationOffload
 from ghsweep.train.optim import AdamStepsInBackward, make_optimizer, optimizer_for
 from ghsweep.train.phases import Phases
 from ghsweep.train.precision import Precision
-from ghsweep.train.step_log import StepLog
-from ghsweep.train.summary import run_peak_gib, run_summary
+from ghsweep.train.step_log import Measure, StepLog
+from ghsweep.train.summary import capture_steps, run_peak_gib, run_summary
 
 
 @dataclass
@@ -155,6 +155,9 @@ def _train(
     tokens_per_step = cfg.train.micro_batch_size * cfg.train.seq_length * ranks.world_size
     log = StepLog(run_dir / METRICS if ranks.is_main else None, device, tokens_per_step)
 
+    measure = Measure.from_config(
+        cfg.train, device.type, ranks.world_size, capture_steps(cfg, plan.profile.used != "none")
+    )
     train_started_at = time.time()
     # Closed however the loop ends: the trace and the capture window cover what ran, metrics.jsonl is complete.
     with (
@@ -167,7 +170,8 @@ def _train(
         torch._functorch.config.patch(**partitioner_settings(cfg.train.activation_memory_budget, device)),
     ):
         batches = dolly.endless(loader)
-        for step in range(cfg.train.max_steps):
+        step, stop = 0, None
+        while stop is None:
             profiler.step(step)
             with phases.step(step):
                 started = log.start()
@@ -181,7 +185,9 @@ def _train(
                     optimizer_step()
                     distributed.after_optimizer_step(model.train_step, model.data_parallel, model.fp8_library)
                 log.end(step, loss, started)
-            log.flush_due(step + 1, cfg.train.max_steps, cfg.train.log_every, progress=ranks.is_main)
+            step += 1
+            if log.flush_due(step, measure.min_steps, cfg.train.log_every, progress=ranks.is_main):
+                stop = measure.stop(log, step, time.time() - train_started_at)
     train_ended_at = time.time()
 
     peak_gib = run_peak_gib(managed, lambda: peak_memory_gib(device))
@@ -206,13 +212,14 @@ def _train(
             "attention": attention.implementation,
             "data_parallel": model.data_parallel or "none",
             "optimizer": optimizer,
+            "measure_stop": stop,
         },
     )
     if ranks.world_size > 1:
         metrics = {k: ranks_seen[k] for k in ("slowest_rank", "slowest_rank_step_time_ms", "rank_spread_pct")}
         info["rank_step_time_ms"] = " ".join(f"{t:.1f}" for t in ranks_seen["rank_step_time_ms"])
     if model.offload is not None:
-        info["offload_gb_per_step"] = model.offload.bytes_offloaded / 2**30 / cfg.train.max_steps
+        info["offload_gb_per_step"] = model.offload.bytes_offloaded / 2**30 / step
     if model.fp8_library:
         info["fp8_library"] = model.fp8_library
     return run_summary(
@@ -226,6 +233,7 @@ def _train(
         random_init=model.random_init,
         # Activation offload moves saved tensors from GPU to host memory; on the CPU they already live there.
         offload_applied=model.offload is not None,
+        profiled=plan.profile.used != "none",
         managed=managed,
         setup_at=setup_at,
         train_started_at=train_started_at,

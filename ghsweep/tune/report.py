@@ -17,6 +17,7 @@ import optuna  # noqa: E402
 from optuna.trial import FrozenTrial, TrialState  # noqa: E402
 from optuna.visualization import matplotlib as optuna_plots  # noqa: E402
 
+from ghsweep.core import stats  # noqa: E402
 from ghsweep.core.run_dir import TUNE_ANSWER, TUNE_REPORT  # noqa: E402
 from ghsweep.report.sweep_table import align  # noqa: E402
 from ghsweep.tune.settings import TuneSettings  # noqa: E402
@@ -38,12 +39,35 @@ def answer(study: optuna.Study) -> list[FrozenTrial]:
         return []
 
 
+def objective_interval(trial: FrozenTrial, metric: str, value: float) -> stats.Interval:
+    """The trial's objective with the 95% interval its run recorded (unknown bounds where none)."""
+    low, high = trial.user_attrs.get(f"{metric}_ci", (float("nan"), float("nan")))
+    return stats.Interval(value, low, high)
+
+
+def tied_with_best(study: optuna.Study, settings: TuneSettings) -> list[FrozenTrial]:
+    """One objective: the other feasible trials whose objective is not measurably different from the best's."""
+    best = answer(study)
+    if settings.multi_objective or not best:
+        return []
+    metric = settings.objectives[0].metric
+    top = objective_interval(best[0], metric, best[0].values[0])
+    return [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if t.number != best[0].number
+        and _feasible(t)
+        and stats.ratio(objective_interval(t, metric, t.values[0]), top).contains(1.0)
+    ]
+
+
 def _feasible(trial: FrozenTrial) -> bool:
     return all(v <= 0 for v in trial.constraints.values())
 
 
 def trial_table(study: optuna.Study, settings: TuneSettings, space: SearchSpace) -> str:
     best = {t.number for t in answer(study)}
+    tied = {t.number for t in tied_with_best(study, settings)}
     header = ["trial", *space.distributions, *(o.metric for o in settings.objectives), "state", "best", "note"]
     rows = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
@@ -65,7 +89,7 @@ def trial_table(study: optuna.Study, settings: TuneSettings, space: SearchSpace)
                 *(str(t.params.get(k, "-")) for k in space.distributions),
                 *values,
                 state,
-                "*" if t.number in best else "",
+                "*" if t.number in best else "= (tied)" if t.number in tied else "",
                 note,
             ]
         )
@@ -170,6 +194,12 @@ def summarize(study: optuna.Study, settings: TuneSettings, space: SearchSpace) -
             f"{lead}: trial {t.number}: {values}: " + " ".join(f"{k}={t.params[k]}" for k in space.distributions),
             f"  reproduce: {command(t)}",
         ]
+    tied = tied_with_best(study, settings)
+    if tied:
+        lines.append(
+            "Tied with the best within the noise of their runs (95% intervals overlap 1.0 in ratio): "
+            + ", ".join(f"trial {t.number}" for t in tied)
+        )
     for metric, shares in importances(study, settings).items():
         text = (
             ", ".join(f"{k} {v:.2f}" for k, v in shares.items())

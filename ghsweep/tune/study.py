@@ -147,6 +147,11 @@ def tell(study: optuna.Study, settings: TuneSettings, trial: Trial, outcome: Tri
         study.tell(trial, state=TrialState.PRUNED)
         return f"failed: {error}"
     trial.set_constraint(RUN_FAILED, 0.0)
+    for o in settings.objectives:  # the objective's 95% interval, for the report's ties
+        if f"{o.metric}_ci_low" in outcome.metrics and f"{o.metric}_ci_high" in outcome.metrics:
+            trial.set_user_attr(
+                f"{o.metric}_ci", [outcome.metrics[f"{o.metric}_ci_low"], outcome.metrics[f"{o.metric}_ci_high"]]
+            )
     broken = []
     for constraint in settings.constraints:
         violation = constraint.violation(outcome.metrics)

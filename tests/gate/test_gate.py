@@ -39,6 +39,9 @@ def regression_lines(proc: subprocess.CompletedProcess, text: str) -> int:
 def planted(cwd: Path, name: str, change, source: str = "ref.json") -> str:
     """A copy of a reference with `change(reference)` applied."""
     reference = json.loads((cwd / source).read_text())
+    # Without the intervals, values alone are compared (a reference recorded before ghsweep kept them),
+    # so the planted changes are judged the same whatever the noise of this machine.
+    reference.pop("noise_pct", None)
     change(reference)
     (cwd / name).write_text(json.dumps(reference))
     return name
@@ -62,7 +65,11 @@ def test_written_reference_holds_every_run_and_the_sweep_passes_it(swept):
         assert values["tokens_per_s"] > 0 and values["peak_mem_gb"] > 0
     proc = gate(swept, "sweep", "--against", "ref.json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "ghsweep.gate: passed: 0 regressions in 2 combinations" in proc.stdout
+    assert "ghsweep.gate: passed: 0 regressions, 0 inconclusive in 2 combinations" in proc.stdout
+    reference = json.loads((swept / "ref.json").read_text())
+    # Six steps leave too few steady ones for an interval: the reference says so by holding none.
+    assert set(reference["noise_pct"]) == set(reference["runs"])
+    assert all(set(noise) <= {"tokens_per_s"} for noise in reference["noise_pct"].values())
 
 
 def test_a_planted_ten_percent_regression_fails_with_one_line_per_run(swept):
@@ -81,6 +88,30 @@ def test_noise_within_the_tolerance_passes(swept):
     noisy = planted(swept, "noisy.json", lambda r: (scale("tokens_per_s", 1.03)(r), scale("peak_mem_gb", 0.97)(r)))
     proc = gate(swept, "sweep", "--against", noisy, "--tolerance", "5%")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def with_noise(metric: str, factor: float, pct: float):
+    """Scale `metric` of every run of the reference by `factor` and give it a ±`pct` interval."""
+
+    def change(reference: dict) -> None:
+        scale(metric, factor)(reference)
+        reference["noise_pct"] = {name: {metric: pct} for name in reference["runs"]}
+
+    return change
+
+
+def test_noise_wider_than_the_tolerance_is_inconclusive(swept):
+    # A 10% drop, but the reference measured ±40%: neither a pass nor a fail.
+    proc = gate(swept, "sweep", "--against", planted(swept, "wide.json", with_noise("tokens_per_s", 1 / 0.9, 40.0)))
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert sum(line.startswith("INCONCLUSIVE ") and "tokens_per_s" in line for line in proc.stdout.splitlines()) == 2
+    assert "ghsweep.gate: inconclusive: 0 regressions, 2 inconclusive" in proc.stdout
+
+
+def test_a_drop_beyond_tolerance_and_noise_fails(swept):
+    # 50% slower than a reference measured to ±0.5%: beyond any noise of this sweep too.
+    proc = gate(swept, "sweep", "--against", planted(swept, "tight.json", with_noise("tokens_per_s", 2.0, 0.5)))
+    assert proc.returncode == 1 and regression_lines(proc, "noise ±") == 2, proc.stdout + proc.stderr
 
 
 def test_a_missing_or_failed_run_fails(swept):

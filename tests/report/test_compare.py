@@ -9,7 +9,7 @@ import pytest
 from ghsweep.core.errors import SweepNotFound
 from ghsweep.core.names import ROLE_SWEEP, RUN_IDS_TAG
 from ghsweep.report import compare
-from ghsweep.report.sweep_source import find_run, load_sweep
+from ghsweep.report.sweep_source import SweepRun, find_run, load_sweep
 from ghsweep.tracking.mlflow_store import MlflowStore
 from tests.report.sweeps import four_run_sweep, log_run
 
@@ -51,7 +51,10 @@ def test_speedups_pareto_and_verdict(sweep):
     assert c.fastest == 2
     text = "\n".join(compare.verdict(c))
     assert "3 of 4 combinations finished." in text
-    assert "Fastest: #2 bf16 off, 2.00x the baseline's throughput, at 0.80x the baseline's peak memory." in text
+    assert (
+        "Fastest: #2 bf16 off: 2.00x (no interval: too few steady steps to tell it from noise) against the "
+        "baseline, at 0.80x the baseline's peak memory." in text
+    )
     assert "#3 fp8 off FAILED: precision=fp8: needs an NVIDIA GPU" in text
 
 
@@ -59,7 +62,7 @@ def test_table_shows_dash_for_missing_metrics_and_the_worst_finding(sweep):
     store, parent, _ = sweep
     header, rows = compare.table(compare.build(parent.name, load_sweep(store, parent)))
     col = {h: i for i, h in enumerate(header)}
-    assert [r[col["speedup"]] for r in rows] == ["baseline", "0.80x", "2.00x", "-"]
+    assert [r[col["speedup"]] for r in rows] == ["baseline", "0.80x ±?", "2.00x ±?", "-"]
     assert [r[col["TFLOP/s"]] for r in rows] == ["50", "-", "-", "-"]
     assert all(r[col["MFU"]] == "-" for r in rows)
     assert rows[1][col["top finding / error"]] == "offload adds 12 ms of exposed copies"
@@ -116,11 +119,42 @@ def test_configured_baseline_is_read_from_the_runs_params(db, tmp_path):
     assert c.baseline == 1 and c.speedups == [0.5, 1.0]
 
 
+def run(job: int, tokens_per_s: float, peak_mem_gb: float, half_width_pct: float | None = None) -> SweepRun:
+    """A finished run with tokens/s, its interval (when given) and peak memory."""
+    metrics = {"tokens_per_s": tokens_per_s, "peak_mem_gb": peak_mem_gb}
+    if half_width_pct is not None:
+        half = tokens_per_s * half_width_pct / 100
+        metrics |= {"tokens_per_s_ci_low": tokens_per_s - half, "tokens_per_s_ci_high": tokens_per_s + half}
+    return SweepRun(f"r{job}", f"r{job}", job, "FINISHED", [f"precision=p{job}"], {}, metrics, {})
+
+
 def test_pareto_front_handles_ties_and_single_points():
-    assert compare.pareto_front({}) == set()
-    assert compare.pareto_front({0: (5.0, 1.0)}) == {0}
+    assert compare.pareto_front([]) == set()
+    assert compare.pareto_front([run(0, 5.0, 1.0)]) == {0}
     # Equal points do not dominate each other; (4, 2) is beaten by both.
-    assert compare.pareto_front({0: (5.0, 1.0), 1: (5.0, 1.0), 2: (4.0, 2.0)}) == {0, 1}
+    assert compare.pareto_front([run(0, 5.0, 1.0), run(1, 5.0, 1.0), run(2, 4.0, 2.0)]) == {0, 1}
+
+
+def test_differences_inside_the_noise_are_ties_not_speedups():
+    # The CPU smoke sweep as a user saw it: offload does nothing there, 1 MiB of memory apart.
+    runs = [run(0, 1000.0, 0.4594, 3.0), run(1, 1010.0, 0.4583, 3.0), run(2, 1500.0, 0.4590, 2.0)]
+    c = compare.build("noise", runs)
+    assert c.speedup_intervals[1] is not None and c.speedup_intervals[1].contains(1.0)
+    header, rows = compare.table(c)
+    col = {h: i for i, h in enumerate(header)}
+    assert rows[1][col["speedup"]] == "=1 (±5.4%)" and rows[0][col["tokens/s"]] == "1,000 ±3.0%"
+    assert rows[2][col["speedup"]] == "1.50x [1.45, 1.56]"
+    # #2 is measurably faster at the same memory (1 MiB apart is no difference): the only point on the front.
+    assert c.pareto == {2}
+    text = "\n".join(compare.verdict(c))
+    assert "#1 p1 against the baseline: no measurable difference (within ±5.4%)." in text
+    assert "Fastest: #2 p2: 1.50x (95% interval 1.45-1.56x)" in text
+    # Two runs within each other's noise are both the fastest, and a tie on the front.
+    tied = compare.build("tied", [run(0, 1000.0, 2.0, 1.0), run(1, 1500.0, 1.0, 1.0), run(2, 1505.0, 1.0, 1.0)])
+    assert tied.fastest_tied == [2, 1] and tied.pareto == {1, 2}
+    assert "Fastest: #2 p2 (tied within noise: #1 p1)" in "\n".join(compare.verdict(tied))
+    _, rows = compare.table(tied)
+    assert [r[col["Pareto"]] for r in rows] == ["", "yes (tie: #2)", "yes (tie: #1)"]
 
 
 def test_report_files_markdown_html_and_four_plots(sweep, tmp_path):
@@ -139,7 +173,7 @@ def test_report_files_markdown_html_and_four_plots(sweep, tmp_path):
         if f.suffix == ".png":
             assert f.read_bytes()[:8] == PNG_MAGIC and f.stat().st_size > 5000, f
     md = (tmp_path / "out" / "comparison.md").read_text()
-    assert "| 2 | bf16 | off | FINISHED | 100.0 | 2,000 | 2.00x |" in md
+    assert "| 2 | bf16 | off | FINISHED | 100.0 | 2,000 ±? | 2.00x ±? |" in md
     assert "![Kernel-time shares](plots/kernel_shares.png)" in md
     page = (tmp_path / "out" / "comparison.html").read_text()
     assert page.count("data:image/png;base64,") == 4
@@ -194,3 +228,14 @@ def test_scaling_efficiency_is_per_gpu_throughput_over_the_one_gpu_twin():
         (["peft=lora", "backend.gpus_per_node=2", "precision=fp8"], {"tokens_per_s": 2500.0, "world_size": 2}),
     ]
     assert compare.scaling_efficiency(runs) == pytest.approx([None, 0.95, 0.9, None, None, None])
+
+
+def test_repeats_differ_only_in_seed_and_report_both_spreads():
+    runs = [run(0, 17491.0, 20.0, 0.4), run(1, 17507.0, 20.0, 0.3), run(2, 17498.0, 20.0, 0.5), run(3, 9000.0, 10.0)]
+    for r, seed in zip(runs, ("1", "2", "3", "1")):
+        r.overrides[:] = [f"precision={'bf16' if r.job_num != 3 else 'fp32'}", f"seed={seed}"]
+    c = compare.build("repeats", runs)
+    assert compare.repeat_groups(c) == [[0, 1, 2]]
+    text = "\n".join(compare.verdict(c))
+    assert "Repeats #0, #1, #2: tokens/s 17,491-17,507, 0.09% apart between repeats, ±0.50% within the widest" in text
+    assert "together 17,499 ±0.50%." in text

@@ -62,7 +62,7 @@ def test_callback_writes_one_row_per_step_with_the_losses_lightning_saw(tmp_path
     assert "step 4/6 loss" in out and "step 6/6 loss" in out
     assert callback.params_total == callback.params_trainable == 5
     assert callback.train_ended_at >= callback.train_started_at > 0
-    summary = callback.log.summary(warmup_steps=2)
+    summary = callback.log.summary(min_warmup=2)
     assert summary["steps"] == 6 and summary["steady_steps"] == 4
     assert summary["final_loss"] == pytest.approx(module.seen[-1])
 

@@ -81,7 +81,10 @@ def test_the_worker_trains_the_planned_run_and_loads_only_training(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / METRICS).read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2] and all(r["tokens"] == 64 for r in rows)
     summary = json.loads((tmp_path / SUMMARY).read_text())
-    assert summary["metrics"]["steps"] == 3 and summary["metrics"]["steady_steps"] == 2
+    # Step 0 is the warm-up, step 1 the profiler's: one steady step, too few for an interval.
+    assert summary["metrics"]["steps"] == 3 and summary["metrics"]["steady_steps"] == 1
+    assert summary["metrics"]["excluded_steps"] == 1 and "tokens_per_s_ci_low" not in summary["metrics"]
+    assert summary["info"]["measure_stop"] == "max_steps"  # train.measure=auto: a fixed length on CPU
     assert summary["metrics"]["final_loss"] == rows[-1]["loss"]
     assert summary["metrics"]["world_size"] == 1
     assert summary["metrics"]["tokens_per_s_per_gpu"] == summary["metrics"]["tokens_per_s"]
@@ -95,6 +98,31 @@ def test_the_worker_trains_the_planned_run_and_loads_only_training(tmp_path):
     assert any(e.get("name") == "step 1" for e in trace["traceEvents"])
     assert not any(e.get("name") in ("step 0", "step 2") for e in trace["traceEvents"])
     assert not (tmp_path / WORKER_ERROR).exists()
+
+
+def test_a_measuring_run_trains_on_until_its_budget_and_records_its_interval(tmp_path):
+    cfg = composed(
+        "experiment=smoke",
+        "train.max_steps=6",
+        "train.log_every=3",
+        "train.seq_length=64",
+        "train.measure=true",
+        "train.measure_ci_pct=0.001",  # narrower than a CPU can measure: the step budget ends it
+        "train.measure_max_steps=12",
+    )
+    planned_run(tmp_path, cfg, profiler="none")
+    proc = run_worker(tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    summary = json.loads((tmp_path / SUMMARY).read_text())
+    m = summary["metrics"]
+    assert summary["info"]["measure_stop"] == "step_budget" and m["steps"] == 12
+    assert len((tmp_path / METRICS).read_text().splitlines()) == 12
+    assert (
+        m["steady_steps"] + m["warmup_steps_detected"] + m["excluded_steps"] == 12 and m["warmup_steps_detected"] >= 3
+    )
+    assert m["step_time_ms_ci_low"] <= m["step_time_ms"] <= m["step_time_ms_ci_high"]
+    assert m["tokens_per_s_ci_low"] <= m["tokens_per_s"] <= m["tokens_per_s_ci_high"]
+    assert m["step_time_ms_ci_pct"] > 0.001
 
 
 def test_a_worker_that_fails_says_why_in_one_line(tmp_path):

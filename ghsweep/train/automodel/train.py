@@ -134,6 +134,7 @@ def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocat
         params=params,
         random_init=not cfg.model.path,
         offload_applied=False,
+        profiled=plan.profile.used != "none",
         managed=managed,
         setup_at=setup_at,
         train_started_at=recipe.train_started_at,

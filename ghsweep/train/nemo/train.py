@@ -106,6 +106,7 @@ def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocat
         params=(metrics_cb.params_total, metrics_cb.params_trainable),
         random_init=not cfg.model.path,
         offload_applied=bool(cfg.offload.enabled),
+        profiled=plan.profile.used != "none",
         managed=managed,
         setup_at=setup_at,
         train_started_at=metrics_cb.train_started_at,
