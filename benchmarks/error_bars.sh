@@ -27,7 +27,7 @@ timed() {  # NAME COMMAND...: run it, its output in OUT/NAME.log, its wall secon
     shift
     started=$(date +%s.%N)
     "$@" > "$out/$name.log" 2>&1
-    echo "$(date +%s.%N) - $started" | bc > "$out/${name}_wall_s"
+    python3 -c "import sys, time; print(round(time.time() - float(sys.argv[1]), 1))" "$started" > "$out/${name}_wall_s"
 }
 
 if [[ $part == agree || $part == all ]]; then
