@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 # MLflow tag telling a sweep's parent run from its combinations' runs.
 ROLE_TAG = "ghsweep.role"
 ROLE_SWEEP = "sweep"
@@ -15,7 +17,7 @@ PHASES = ("data", "forward", "backward", "optimizer")
 
 # Tags of ghsweep's MLflow runs that more than one stage writes or reads (the full list is in README).
 RUN_DIR_TAG = "ghsweep.run_dir"
-OVERRIDES_TAG = "ghsweep.overrides"  # the combination's overrides, space-separated
+OVERRIDES_TAG = "ghsweep.overrides"  # the combination's overrides, as a shell would quote them (join_overrides)
 JOB_NUM_TAG = "ghsweep.job_num"  # the combination's number in its sweep
 STATUS_TAG = "ghsweep.status"
 ERROR_TAG = "ghsweep.error"  # one line: why the run failed
@@ -28,3 +30,16 @@ RUN_IDS_TAG = "ghsweep.run_ids"  # on a sweep's parent run: its runs' ids in job
 # not GenAI (traces). MLflow's views without the UI's workflow switch read it.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING_KIND = "custom_model_development"
+
+
+def join_overrides(overrides: list[str]) -> str:
+    """The OVERRIDES_TAG text: quoted where an override holds a space (report.baseline="a=1 b=2")."""
+    return shlex.join(overrides)
+
+
+def split_overrides(text: str) -> list[str]:
+    """join_overrides undone. A tag whose quoting does not parse splits on spaces, as it was written."""
+    try:
+        return shlex.split(text)
+    except ValueError:
+        return text.split(" ") if text else []

@@ -39,6 +39,7 @@ from ghsweep.core.names import (
     RUN_DIR_TAG,
     RUN_HASH_TAG,
     STATUS_TAG,
+    join_overrides,
 )
 from ghsweep.core.run_dir import ARTIFACTS, CONFIG, METRICS, OVERRIDES, REPORT, WORKER_ERROR, WORKER_LOG
 from ghsweep.core.run_plan import RunPlan
@@ -229,7 +230,7 @@ def start_run(
         ROLE_RUN,
         tags={
             RUN_DIR_TAG: str(combo.run_dir),
-            OVERRIDES_TAG: " ".join(combo.overrides),
+            OVERRIDES_TAG: join_overrides(combo.overrides),
             "mlflow.source.git.commit": git_commit(),
             HOST_TAG: socket.gethostname(),
             RUN_HASH_TAG: identity,

@@ -23,7 +23,15 @@ from hydra.core.utils import JobStatus
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
 from ghsweep.core.errors import JobTimeout
-from ghsweep.core.names import HOST_TAG, JOB_NUM_TAG, OVERRIDES_TAG, ROLE_RUN, RUN_DIR_TAG, RUN_HASH_TAG
+from ghsweep.core.names import (
+    HOST_TAG,
+    JOB_NUM_TAG,
+    OVERRIDES_TAG,
+    ROLE_RUN,
+    RUN_DIR_TAG,
+    RUN_HASH_TAG,
+    join_overrides,
+)
 from ghsweep.core.run_dir import RESULT, SLURM_JOBS, WORKER_LOG
 from ghsweep.core.run_result import RunResult
 from ghsweep.launch.sweep_manifest import SweepManifest
@@ -173,7 +181,7 @@ def _record_lost(
             ROLE_RUN,
             tags={
                 RUN_DIR_TAG: str(run_dir),
-                OVERRIDES_TAG: " ".join(submitted.overrides),
+                OVERRIDES_TAG: join_overrides(submitted.overrides),
                 JOB_NUM_TAG: str(submitted.num),
                 HOST_TAG: socket.gethostname(),
                 RUN_HASH_TAG: submitted.run_hash,

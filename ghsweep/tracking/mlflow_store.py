@@ -46,6 +46,7 @@ from ghsweep.core.names import (
     ROLE_TAG,
     RUN_DIR_TAG,
     STATUS_TAG,
+    split_overrides,
 )  # noqa: E402
 from ghsweep.tracking import redact  # noqa: E402
 
@@ -200,8 +201,7 @@ class StoredRun:
 
     @property
     def overrides(self) -> list[str]:
-        text = self.tags.get(OVERRIDES_TAG, "")
-        return text.split(" ") if text else []
+        return split_overrides(self.tags.get(OVERRIDES_TAG, ""))
 
     @property
     def error(self) -> str | None:

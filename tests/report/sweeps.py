@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ghsweep.core.names import ERROR_TAG, JOB_NUM_TAG, OVERRIDES_TAG, ROLE_RUN, ROLE_SWEEP
+from ghsweep.core.names import ERROR_TAG, JOB_NUM_TAG, OVERRIDES_TAG, ROLE_RUN, ROLE_SWEEP, join_overrides
 from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.report.sweep_source import PROFILE_ARTIFACTS
 from ghsweep.tracking.mlflow_store import MlflowStore
@@ -54,7 +54,10 @@ def log_run(
     params: dict[str, str] | None = None,
 ) -> str:
     run_id = store.start_run(
-        ",".join(overrides), ROLE_RUN, {JOB_NUM_TAG: str(job), OVERRIDES_TAG: " ".join(overrides)}, parent_run_id=parent
+        ",".join(overrides),
+        ROLE_RUN,
+        {JOB_NUM_TAG: str(job), OVERRIDES_TAG: join_overrides(overrides)},
+        parent_run_id=parent,
     )
     store.log_params(run_id, {**dict(o.split("=", 1) for o in overrides), **(params or {})})
     store.log_metrics(run_id, [("loss", v, s) for s, v in enumerate(loss)] + [(k, v, 0) for k, v in metrics.items()])

@@ -119,6 +119,30 @@ def test_configured_baseline_is_read_from_the_runs_params(db, tmp_path):
     assert c.baseline == 1 and c.speedups == [0.5, 1.0]
 
 
+def test_a_configured_baseline_of_several_overrides_in_quotes_is_found(db, tmp_path):
+    # `'report.baseline="precision=bf16 offload=off"'` on the command line: every combination's overrides
+    # carry the quoted value, spaces and all; it must not split into stray overrides.
+    store, _ = db
+    parent = store.start_run("sweep q", ROLE_SWEEP, {})
+    chosen = 'report.baseline="precision=bf16 offload=off"'
+    for job, (precision, offload, tps) in enumerate((("bf16", "on", 10.0), ("bf16", "off", 20.0))):
+        log_run(
+            store,
+            tmp_path,
+            parent,
+            job,
+            [f"precision={precision}", f"offload={offload}", chosen],
+            "FINISHED",
+            {"tokens_per_s": tps, "peak_mem_gb": 1.0},
+            [1.0],
+            params={"report.baseline": "precision=bf16 offload=off"},
+        )
+    runs = load_sweep(store, store.get_run(parent))
+    assert runs[0].overrides == ["precision=bf16", "offload=on", chosen]
+    c = compare.build("q", runs)
+    assert c.baseline == 1 and c.speedups == [0.5, 1.0]
+
+
 def run(job: int, tokens_per_s: float, peak_mem_gb: float, half_width_pct: float | None = None) -> SweepRun:
     """A finished run with tokens/s, its interval (when given) and peak memory."""
     metrics = {"tokens_per_s": tokens_per_s, "peak_mem_gb": peak_mem_gb}
