@@ -75,8 +75,10 @@ class StepLog:
             return False
         self.flush()
         if progress:
+            # train.measure may go on past max_steps until the step time's interval is narrow enough.
+            of = f"/{max_steps}" if steps_done <= max_steps else f" (measuring past train.max_steps={max_steps})"
             print(
-                f"{STEP_RANGE_PREFIX}{steps_done}/{max_steps} loss {self.losses[-1]:.4f} "
+                f"{STEP_RANGE_PREFIX}{steps_done}{of} loss {self.losses[-1]:.4f} "
                 f"step_time_ms {self.step_times_ms[-1]:.1f}",
                 flush=True,
             )

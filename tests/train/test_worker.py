@@ -116,6 +116,13 @@ def test_a_measuring_run_trains_on_until_its_budget_and_records_its_interval(tmp
     summary = json.loads((tmp_path / SUMMARY).read_text())
     m = summary["metrics"]
     assert summary["info"]["measure_stop"] == "step_budget" and m["steps"] == 12
+    progress = [line.split(" loss")[0] for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert progress == [
+        "step 3/6",
+        "step 6/6",
+        "step 9 (measuring past train.max_steps=6)",
+        "step 12 (measuring past train.max_steps=6)",
+    ]
     assert len((tmp_path / METRICS).read_text().splitlines()) == 12
     assert (
         m["steady_steps"] + m["warmup_steps_detected"] + m["excluded_steps"] == 12 and m["warmup_steps_detected"] >= 3
