@@ -123,7 +123,6 @@ class SweepCallback(Callback):
     def _start_sweep(config: DictConfig) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         uri = absolute_tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
-        redact.remember(config, config.hydra.overrides.task)
         store = MlflowStore(uri, config.tracking.experiment)
         SweepManifest.claim(sweep_dir)
         settle_dead_sweeps(store)

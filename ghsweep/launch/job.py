@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, cast
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -152,7 +151,7 @@ def this_combination(cfg: DictConfig) -> Combination:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
-    redact.remember(cfg, hydra_cfg.overrides.task)
+    redact.install_log_redaction()  # a SLURM job's process starts here, not in ghsweep.__main__
     return Combination(
         name=redact.run_name(hydra_cfg.job.override_dirname or "run"),
         run_dir=run_dir,
@@ -231,9 +230,7 @@ def start_run(
         },
         parent_run_id=manifest.parent_run_id if manifest else None,
     )
-    store.log_params(
-        run_id, {**combo.choices, **flatten(cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True)))}
-    )
+    store.log_params(run_id, {**combo.choices, **flatten(redact.config(OmegaConf.to_container(cfg, resolve=True)))})
     return run_id
 
 

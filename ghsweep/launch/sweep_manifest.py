@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ghsweep.core.errors import SweepDirInUse
 from ghsweep.core.run_dir import SWEEP_MANIFEST
+from ghsweep.tracking import redact
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,11 @@ class SweepManifest:
 
     def save(self, sweep_dir: Path) -> None:
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        (sweep_dir / SWEEP_MANIFEST).write_text(json.dumps(asdict(self), indent=2))
+        path = sweep_dir / SWEEP_MANIFEST
+        path.write_text(json.dumps(asdict(self), indent=2))
+        # Jobs need the real URI; one with a password is readable by the user only, as config.yaml is.
+        if redact.text(self.tracking_uri) != self.tracking_uri:
+            path.chmod(0o600)
 
     @classmethod
     def load(cls, sweep_dir: Path) -> SweepManifest | None:

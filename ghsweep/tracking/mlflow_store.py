@@ -13,9 +13,11 @@ finished run's record is not lost to a moment of contention.
 from __future__ import annotations
 
 import fcntl
+import http.client
 import logging
 import os
 import socket
+import ssl
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -70,14 +72,17 @@ log = logging.getLogger(__name__)
 def check_tracking_uri(uri: str) -> None:
     """Fail in seconds on a URI that cannot work, instead of in minutes of MLflow's HTTP retries.
 
-    A server that refuses the connection is not there (a busy one accepts and answers slowly, and
-    its answers are retried by with_retry).
+    A server that refuses the connection is not there; one that accepts it must answer an HTTP request
+    (any status: a proxy's 404 or 401 is an answer) within CONNECT_TIMEOUT_S, over TLS for https (the
+    certificate is MLflow's to check, with its own settings). A busy server answers slowly, and its
+    answers are retried by with_retry. Messages show the URI with its password redacted.
     """
+    shown = redact.text(uri)
     parts = urlsplit(uri)
     scheme = parts.scheme.split("+")[0]
     if scheme not in ACCEPTED_SCHEMES:
         raise TrackingUriError(
-            f"tracking.uri={uri}: not a tracking URI MLflow can open; accepted: http://HOST:PORT or https://... "
+            f"tracking.uri={shown}: not a tracking URI MLflow can open; accepted: http://HOST:PORT or https://... "
             f"(a tracking server), sqlite:///FILE, or a database URL ({', '.join(ACCEPTED_SCHEMES[3:])})"
         )
     if scheme not in ("http", "https"):
@@ -87,17 +92,49 @@ def check_tracking_uri(uri: str) -> None:
         f"start one with `python -m ghsweep.tracking.server --port {port}`, "
         "or pass tracking=sqlite to log to ./mlflow.db"
     )
+    host = parts.hostname or ""
     try:
-        socket.create_connection((parts.hostname, port), timeout=CONNECT_TIMEOUT_S).close()
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
     except ConnectionRefusedError:
         raise TrackingUriError(
-            f"tracking.uri={uri}: no tracking server there (connection refused); {start_hint}"
+            f"tracking.uri={shown}: no tracking server there (connection refused); {start_hint}"
         ) from None
     except OSError as error:  # host not found, unreachable, no answer in time
         raise TrackingUriError(
-            f"tracking.uri={uri}: cannot connect to {parts.hostname}:{port} "
+            f"tracking.uri={shown}: cannot connect to {host}:{port} "
             f"({error.strerror or error}); check the address, or pass tracking=sqlite"
         ) from None
+    _check_answers(shown, scheme, host, port, parts.path)
+
+
+def _check_answers(shown: str, scheme: str, host: str, port: int, path: str) -> None:
+    """One request to the server's /health: an SSL handshake that fails or a server that never answers
+    are one line now, where MLflow would retry them for minutes."""
+    connection = (
+        http.client.HTTPSConnection(host, port, timeout=CONNECT_TIMEOUT_S, context=ssl._create_unverified_context())
+        if scheme == "https"
+        else http.client.HTTPConnection(host, port, timeout=CONNECT_TIMEOUT_S)
+    )
+    try:
+        connection.request("GET", path.rstrip("/") + "/health")
+        connection.getresponse().read()
+    except ssl.SSLError as error:
+        raise TrackingUriError(
+            f"tracking.uri={shown}: no TLS at {host}:{port} ({error.reason or error}); a plain-HTTP server "
+            "takes http://, an https:// one needs TLS"
+        ) from None
+    except TimeoutError:
+        raise TrackingUriError(
+            f"tracking.uri={shown}: {host}:{port} accepts connections but sent no answer within "
+            f"{CONNECT_TIMEOUT_S} s; check that a tracking server listens there"
+        ) from None
+    except (OSError, http.client.HTTPException) as error:
+        raise TrackingUriError(
+            f"tracking.uri={shown}: {host}:{port} did not answer HTTP ({type(error).__name__}: {error}); "
+            "check that a tracking server listens there"
+        ) from None
+    finally:
+        connection.close()
 
 
 def is_transient(error: MlflowException) -> bool:
