@@ -276,6 +276,9 @@ class MlflowStore:
 
     def __init__(self, tracking_uri: str, experiment: str | None, retry: Retry = with_retry):
         check_tracking_uri(tracking_uri)
+        if redact.text(tracking_uri) != tracking_uri:
+            # MLflow prints its 'View run at' links with the URI as given, password and all, to stdout.
+            os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         self.tracking_uri = tracking_uri
         self.retry = retry
         with first_open_lock(tracking_uri):

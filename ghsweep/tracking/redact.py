@@ -37,7 +37,8 @@ _PAIR = re.compile(
     re.IGNORECASE,
 )
 # The password of a URI's userinfo: scheme://user:PASSWORD@host.
-_USERINFO = re.compile(r"(?P<head>\b[a-zA-Z][\w+.\-]*://[^\s:/@]*:)(?P<password>[^\s/@]+)@")
+# Hydra's override_dirname escapes the colons (`http\\://alice\\:PASS@host`).
+_USERINFO = re.compile(r"(?P<head>\b[a-zA-Z][\w+.\-]*\\?://[^\s:/@\\]*\\?:)(?P<password>[^\s/@]+)@")
 
 
 def is_secret_key(key: str) -> bool:
@@ -46,7 +47,8 @@ def is_secret_key(key: str) -> bool:
 
 
 def _pair(match: re.Match) -> str:
-    if not is_secret_key(match["key"]):
+    value = match["v1"] or match["v2"]
+    if not is_secret_key(match["key"]) or value.strip("'\"") == REDACTED:
         return match[0]
     if match["eq"]:
         return f"{match['key']}{match['close']}={REDACTED}"
