@@ -11,7 +11,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from ghsweep.core.errors import SweepDirInUse, TrackingUriError, one_line
+from ghsweep.config.validate import validate_launch
+from ghsweep.core.errors import ConfigError, SweepDirInUse, TrackingUriError, one_line
 from ghsweep.core.names import ROLE_SWEEP, SWEEP_DIR_TAG
 from ghsweep.core.run_dir import RESULT, TUNE_ANSWER, TUNE_DIR, TUNE_REPORT
 from ghsweep.core.run_result import RunResult
@@ -96,11 +97,25 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
         raise SystemExit(f"ghsweep: {len(failed)} of {len(results)} runs failed")
 
 
+def check_launch(config: DictConfig) -> None:
+    """The keys read before any job (switches, experiment, job name, interpolations): one line, before
+    Hydra writes the first log file and before any MLflow record."""
+    try:
+        validate_launch(config, str(config.hydra.job.name))
+    except ConfigError as exc:
+        # SystemExit: Hydra turns a callback's exceptions into warnings and would run the sweep anyway.
+        raise SystemExit(f"ghsweep: {exc}") from None
+
+
 class SweepCallback(Callback):
     # The sweep this process started, for ending it when the process is interrupted (ghsweep.__main__).
     started_sweep_dir: Path | None = None
 
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        check_launch(config)
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        check_launch(config)
         if config.dry_run:
             return
         if not config.wait and config.hydra.launcher._target_ != GHSWEEP_SLURM_LAUNCHER:
