@@ -12,13 +12,19 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ghsweep.config.validate import validate_launch
-from ghsweep.core.errors import ConfigError, SweepDirInUse, TrackingUriError, one_line
+from ghsweep.core.errors import ConfigError, SweepDirInUse, SweepNotFound, TrackingError, TrackingUriError, one_line
 from ghsweep.core.names import ROLE_SWEEP, SWEEP_DIR_TAG
 from ghsweep.core.run_dir import RESULT, TUNE_ANSWER, TUNE_DIR, TUNE_REPORT
 from ghsweep.core.run_result import RunResult
 from ghsweep.launch import interrupts
 from ghsweep.launch.resume import result_from_run
-from ghsweep.launch.stale_runs import end_running_children, end_sweep_run, process_tags, settle_dead_sweeps
+from ghsweep.launch.stale_runs import (
+    end_running_children,
+    end_sweep_run,
+    process_died,
+    process_tags,
+    settle_dead_sweeps,
+)
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.report.compare import COMPARISON_DIR, report_comparison
 from ghsweep.report.sweep_table import format_table
@@ -37,8 +43,15 @@ def _job_order(result: RunResult) -> tuple[int, str]:
 
 
 def collect_results(sweep_dir: Path) -> list[RunResult]:
-    """Every job's result.json under the sweep directory, in job order."""
-    return sorted((RunResult.load(p.parent) for p in sweep_dir.glob(f"*/{RESULT}")), key=_job_order)
+    """Every job's result.json under the sweep directory, in job order; one cut short (a kill as it was
+    written) is left out, and its run comes from MLflow (completed_from_mlflow)."""
+    results = []
+    for path in sweep_dir.glob(f"*/{RESULT}"):
+        try:
+            results.append(RunResult.load(path.parent))
+        except (ValueError, TypeError) as exc:
+            log.warning("%s: unreadable (%s); this run's record is taken from MLflow", path, one_line(exc))
+    return sorted(results, key=_job_order)
 
 
 def completed_from_mlflow(results: list[RunResult], store: MlflowStore, parent_run_id: str) -> list[RunResult]:
@@ -107,6 +120,22 @@ def check_launch(config: DictConfig) -> None:
         raise SystemExit(f"ghsweep: {exc}") from None
 
 
+def resumes(store: MlflowStore, sweep_dir: Path, uri: str, command: str) -> bool:
+    """True when the sweep in `sweep_dir` is this same command, into this store, and no longer running
+    (interrupted, failed, or its process died): the same command again resumes it in place."""
+    try:
+        earlier = SweepManifest.load(sweep_dir)
+    except SweepNotFound:  # claimed a moment ago by a sweep that is starting, or stopped as it started
+        return False
+    if earlier is None or (earlier.command, earlier.tracking_uri) != (command, uri):
+        return False
+    try:
+        parent = store.get_run(earlier.parent_run_id)
+    except TrackingError:
+        return True  # its record is gone: nothing runs under it
+    return parent.status != "RUNNING" or process_died(parent.tags)
+
+
 class SweepCallback(Callback):
     # The sweep this process started, for ending it when the process is interrupted (ghsweep.__main__).
     started_sweep_dir: Path | None = None
@@ -139,9 +168,14 @@ class SweepCallback(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         uri = absolute_tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
         store = MlflowStore(uri, config.tracking.experiment)
-        SweepManifest.claim(sweep_dir)
-        settle_dead_sweeps(store)
         command = shlex.join(["python", "-m", "ghsweep", *redact.overrides(sys.argv[1:])])
+        try:
+            SweepManifest.claim(sweep_dir)
+        except SweepDirInUse:
+            if not resumes(store, sweep_dir, uri, command):
+                raise
+            log.info("resuming the sweep in %s: runs that finished are skipped", sweep_dir)
+        settle_dead_sweeps(store)
         sweep_name = "sweep " + "/".join(sweep_dir.parts[-2:])
         parent = store.start_run(
             sweep_name,

@@ -39,7 +39,7 @@ from ghsweep.core.names import (
     RUN_HASH_TAG,
     STATUS_TAG,
 )
-from ghsweep.core.run_dir import ARTIFACTS, CONFIG, METRICS, OVERRIDES, REPORT, WORKER_ERROR, WORKER_LOG
+from ghsweep.core.run_dir import ARTIFACTS, CONFIG, METRICS, OVERRIDES, REPORT, SUMMARY, WORKER_ERROR, WORKER_LOG
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.run_result import RunResult
 from ghsweep.core.summary import RunSummary
@@ -254,6 +254,10 @@ def train_and_measure(
     the interrupt to raise once recorded). Never raises for a failed run: `result` says how it failed."""
     run_dir = combo.run_dir
     try:
+        # A sweep resumed in place runs again in the directory of its interrupted attempt: that
+        # attempt's outputs must not pass for this one's.
+        for stale in (WORKER_ERROR, SUMMARY, METRICS):
+            (run_dir / stale).unlink(missing_ok=True)
         # On disk from the start: a job killed from outside leaves its MLflow run id to whoever settles it.
         dataclasses.replace(result, status="RUNNING").save()
         (run_dir / OVERRIDES).write_text(OmegaConf.to_yaml(OmegaConf.create(combo.overrides)))
@@ -352,6 +356,21 @@ def _save_run_files(result: RunResult, cfg: DictConfig, info: dict, run_dir: Pat
         log.error("%s: the run's files could not be written in %s: %s", result.name, run_dir, exc)
 
 
+def loss_points(metrics_file: Path) -> list[tuple[str, float, int]]:
+    """("loss", value, step) of each line of metrics.jsonl; a line cut short (the worker killed as it
+    wrote it) is left out, not allowed to lose the rest of the record."""
+    if not metrics_file.exists():
+        return []
+    points = []
+    for line_no, line in enumerate(metrics_file.read_text(errors="replace").splitlines(), 1):
+        try:
+            row = json.loads(line)
+            points.append(("loss", float(row["loss"]), int(row["step"])))
+        except (ValueError, TypeError, KeyError):
+            log.warning("%s: line %d is not a whole step record (cut short?); left out", metrics_file, line_no)
+    return points
+
+
 def record(
     store: MlflowStore,
     run_id: str,
@@ -382,12 +401,7 @@ def record(
             tags[ERROR_TAG] = result.error
         store.set_tags(run_id, {**tags, **profile.tags})
 
-        points = []
-        metrics_file = run_dir / METRICS
-        if metrics_file.exists():
-            for line in metrics_file.read_text().splitlines():
-                row = json.loads(line)
-                points.append(("loss", row["loss"], row["step"]))
+        points = loss_points(run_dir / METRICS)
         points += [
             (k, v, 0)
             for k, v in result.metrics.items()

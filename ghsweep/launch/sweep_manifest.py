@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ghsweep.core.errors import SweepDirInUse
+from ghsweep.core.errors import SweepDirInUse, SweepNotFound
 from ghsweep.core.run_dir import SWEEP_MANIFEST
 from ghsweep.tracking import redact
 
@@ -47,7 +47,16 @@ class SweepManifest:
     @classmethod
     def load(cls, sweep_dir: Path) -> SweepManifest | None:
         path = sweep_dir / SWEEP_MANIFEST
-        return cls(**json.loads(path.read_text())) if path.exists() else None
+        if not path.exists():
+            return None
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            # Claimed and never saved (the sweep stopped as it started), or cut short.
+            raise SweepNotFound(
+                f"{path}: empty or cut short: the sweep stopped before its first job and recorded no run; "
+                "start it again (the same hydra.sweep.dir is taken again)"
+            ) from None
 
     @classmethod
     def require(cls, sweep_dir: Path) -> SweepManifest:
