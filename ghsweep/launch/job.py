@@ -54,7 +54,7 @@ from ghsweep.launch.world import export_slurm_rendezvous, slurm_task_ranks
 from ghsweep.profile.pipeline import ProfileOutcome, after_worker
 from ghsweep.report.run_report import write_run_report
 from ghsweep.tracking import redact
-from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, flatten
+from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, check_tracking_uri, flatten
 
 log = logging.getLogger(__name__)
 
@@ -188,12 +188,23 @@ def run_one(cfg: DictConfig) -> RunResult:
         return run_rank(cfg, combo, rank, slurm_tasks)
 
     manifest = SweepManifest.load(combo.sweep_dir) if combo.in_sweep else None
-    store = open_store(cfg, combo, manifest)
     identity = run_hash(cfg)
-    earlier = finished_run(store, identity) if combo.in_sweep and not cfg.force else None
-    if earlier is not None:
-        return skip_finished(earlier, combo.name, combo.run_dir, combo.overrides)
-    run_id = start_run(store, cfg, combo, identity, manifest)
+    store: MlflowStore | None = None
+    run_id: str | None = None
+    try:
+        store = open_store(cfg, combo, manifest)
+        earlier = finished_run(store, identity) if combo.in_sweep and not cfg.force else None
+        if earlier is not None:
+            return skip_finished(earlier, combo.name, combo.run_dir, combo.overrides)
+        run_id = start_run(store, cfg, combo, identity, manifest)
+    except Exception as exc:  # the store went away mid-sweep: train anyway, the run's files hold its record
+        shown = str(exc) if isinstance(exc, TrackingUriError) else one_line(exc)
+        if not combo.in_sweep:  # no run can be recorded: one line, not a traceback
+            raise SystemExit(f"ghsweep: {shown}") from None
+        log.error(
+            "%s: MLflow unreachable (%s); training anyway, recorded in %s only", combo.name, shown[:300], combo.run_dir
+        )
+        store, run_id = None, None
     result = combo.result("FAILED", run_id)
     summary, profile, interrupt = train_and_measure(cfg, combo, result, slurm_tasks)
     if result.error:
@@ -207,10 +218,7 @@ def run_one(cfg: DictConfig) -> RunResult:
 def open_store(cfg: DictConfig, combo: Combination, manifest: SweepManifest | None) -> MlflowStore:
     """The sweep's MLflow store (its manifest's), or the config's for a single run."""
     uri = manifest.tracking_uri if manifest else absolute_tracking_uri(cfg.tracking.uri, combo.cwd)
-    try:
-        return MlflowStore(uri, manifest.experiment if manifest else cfg.tracking.experiment)
-    except TrackingUriError as exc:  # no run can be recorded: one line, not a traceback
-        raise SystemExit(f"ghsweep: {exc}") from None
+    return MlflowStore(uri, manifest.experiment if manifest else cfg.tracking.experiment)
 
 
 def start_run(
@@ -372,8 +380,8 @@ def loss_points(metrics_file: Path) -> list[tuple[str, float, int]]:
 
 
 def record(
-    store: MlflowStore,
-    run_id: str,
+    store: MlflowStore | None,
+    run_id: str | None,
     cfg: DictConfig,
     run_dir: Path,
     result: RunResult,
@@ -385,12 +393,17 @@ def record(
 
     The files come first, so an MLflow outage cannot take them with it; result.json is written
     again at the end with the time the record itself took. A failure here is logged, not raised.
+    Without a store (it was unreachable when the run started) the files are the whole record; a store
+    that stopped answering during the run is found out in seconds, before MLflow's minutes of retries.
     """
     try:
         record_started = time.time()
         info = summary.info
         _finish_timing(result, started, record_started)
         _save_run_files(result, cfg, info, run_dir)
+        if store is None or run_id is None:
+            return
+        check_tracking_uri(store.tracking_uri)
         tags = {
             STATUS_TAG: result.status,
             "ghsweep.torch_version": info.get("torch_version", _package_version("torch")),

@@ -55,7 +55,7 @@ class SweepManifest:
             # Claimed and never saved (the sweep stopped as it started), or cut short.
             raise SweepNotFound(
                 f"{path}: empty or cut short: the sweep stopped before its first job and recorded no run; "
-                "start it again (the same hydra.sweep.dir is taken again)"
+                "start it again in a new hydra.sweep.dir, or remove this file"
             ) from None
 
     @classmethod

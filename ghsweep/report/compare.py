@@ -16,7 +16,7 @@ from ghsweep.core.names import RUN_IDS_TAG
 from ghsweep.report import plots
 from ghsweep.report.document import Document
 from ghsweep.report.sweep_source import SweepRun, load_sweep
-from ghsweep.report.sweep_table import align, fmt_value, knob_columns
+from ghsweep.report.sweep_table import align, bounded, fmt_value, knob_columns
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class Comparison:
     def label(self, i: int) -> str:
         run = self.runs[i]
         values = [run.knobs.get(k, "-") for k in self.knobs]
-        return f"#{self.number(i)} " + (" ".join(values) if values else run.name)
+        return f"#{self.number(i)} " + (" ".join(values) if values else bounded(run.name))
 
     @property
     def fastest(self) -> int | None:
