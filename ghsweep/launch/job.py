@@ -433,5 +433,10 @@ def record(
         store.log_artifacts(run_id, [run_dir / a for a in ARTIFACTS if a != CONFIG])
         store.log_artifacts(run_id, profile.artifacts, "profile")
         store.finish(run_id, result.status)
-    except Exception:  # MLflow unreachable even after retries: the run's own files hold the record
-        log.exception("%s: the MLflow record is incomplete; the run's record is complete in %s", result.name, run_dir)
+    except Exception as exc:  # MLflow unreachable even after retries: the run's own files hold the record
+        log.error(
+            "%s: the MLflow record is incomplete (%s); the run's record is complete in %s",
+            result.name,
+            one_line(exc)[:300],
+            run_dir,
+        )

@@ -281,19 +281,30 @@ class MlflowStore:
             os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         self.tracking_uri = tracking_uri
         self.retry = retry
+        self._file_seen = False
         with first_open_lock(tracking_uri):
             self.client = MlflowClient(tracking_uri=tracking_uri)
             self.experiment_id = self._experiment_id(experiment) if experiment is not None else None
 
+    def _call(self, call: Callable, *args: Any, **kwargs: Any) -> Any:
+        """One MLflow call, retried while busy; a SQLite store whose file was removed after it was opened
+        fails at once (MLflow would write to the removed file, or retry its read-only errors for minutes)."""
+        if self.tracking_uri.startswith("sqlite:///"):
+            if Path(self.tracking_uri.removeprefix("sqlite:///")).exists():
+                self._file_seen = True
+            elif self._file_seen:
+                raise TrackingError(f"{self.tracking_uri}: the store's file was removed")
+        return self.retry(call, *args, **kwargs)
+
     def _experiment_id(self, name: str) -> str:
-        found = self.retry(self.client.get_experiment_by_name, name)
+        found = self._call(self.client.get_experiment_by_name, name)
         if found is not None:
             return found.experiment_id
         try:
             return self.client.create_experiment(name)
         except MlflowException:
             # Another job created it between our look-up and our create.
-            return self.retry(self.client.get_experiment_by_name, name).experiment_id
+            return self._call(self.client.get_experiment_by_name, name).experiment_id
 
     # Names, params and tags pass through ghsweep.tracking.redact: no secret reaches the store.
     def start_run(self, run_name: str, role: str, tags: Mapping[str, object], parent_run_id: str | None = None) -> str:
@@ -303,34 +314,34 @@ class MlflowStore:
         all_tags = {ROLE_TAG: role, **{k: redact.text(str(v)) for k, v in tags.items()}}
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
-        run = self.retry(self.client.create_run, self.experiment_id, run_name=redact.run_name(run_name), tags=all_tags)
+        run = self._call(self.client.create_run, self.experiment_id, run_name=redact.run_name(run_name), tags=all_tags)
         return run.info.run_id
 
     def log_params(self, run_id: str, params: Mapping[str, str]) -> None:
         items = [Param(k, v[:MAX_PARAM_VALUE_CHARS]) for k, v in redact.params(params).items()]
         for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
-            self.retry(self.client.log_batch, run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
+            self._call(self.client.log_batch, run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
 
     def set_tags(self, run_id: str, tags: Mapping[str, object]) -> None:
         items = [RunTag(k, redact.text(str(v))) for k, v in tags.items()]
         for i in range(0, len(items), MAX_TAGS_PER_BATCH):
-            self.retry(self.client.log_batch, run_id, tags=items[i : i + MAX_TAGS_PER_BATCH])
+            self._call(self.client.log_batch, run_id, tags=items[i : i + MAX_TAGS_PER_BATCH])
 
     def log_metrics(self, run_id: str, points: Iterable[tuple[str, float, int]]) -> int:
         """Log (name, value, step) points in batches; returns how many were sent."""
         now_ms = int(time.time() * 1000)
         items = [Metric(name, float(value), now_ms, step) for name, value, step in points]
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
-            self.retry(self.client.log_batch, run_id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
+            self._call(self.client.log_batch, run_id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
         return len(items)
 
     def log_artifacts(self, run_id: str, paths: Iterable[Path], artifact_path: str | None = None) -> None:
         for path in paths:
             if path.exists():
-                self.retry(self.client.log_artifact, run_id, str(path), artifact_path)
+                self._call(self.client.log_artifact, run_id, str(path), artifact_path)
 
     def finish(self, run_id: str, status: str) -> None:
-        self.retry(self.client.set_terminated, run_id, status=status)
+        self._call(self.client.set_terminated, run_id, status=status)
 
     def end_run(self, run_id: str, status: str, error: str, tags: Mapping[str, object] | None = None) -> None:
         """End a run that did not finish (FAILED or KILLED), its status and why on its tags."""
@@ -338,7 +349,7 @@ class MlflowStore:
         self.finish(run_id, status)
 
     def get_run(self, run_id: str) -> StoredRun:
-        return StoredRun.of(self.retry(self.client.get_run, run_id))
+        return StoredRun.of(self._call(self.client.get_run, run_id))
 
     def search(
         self,
@@ -353,12 +364,12 @@ class MlflowStore:
         experiments = (
             [self.experiment_id]
             if self.experiment_id is not None
-            else [e.experiment_id for e in self.retry(self.client.search_experiments)]
+            else [e.experiment_id for e in self._call(self.client.search_experiments)]
         )
         found: list[StoredRun] = []
         token = None
         while limit is None or len(found) < limit:
-            page = self.retry(
+            page = self._call(
                 self.client.search_runs,
                 experiments,
                 run_filter(role, status, parent_run_id, tags),
@@ -374,20 +385,20 @@ class MlflowStore:
 
     def metric_history(self, run_id: str, name: str) -> list[tuple[int, float]]:
         """(step, value) of every point of one metric, by step."""
-        return sorted((m.step, m.value) for m in self.retry(self.client.get_metric_history, run_id, name))
+        return sorted((m.step, m.value) for m in self._call(self.client.get_metric_history, run_id, name))
 
     def artifact_text(self, run_id: str, path: str) -> str | None:
         """The text of one artifact (`folder/file`), or None when the run has none there."""
         folder = path.rpartition("/")[0] or None
-        if path not in {a.path for a in self.retry(self.client.list_artifacts, run_id, folder)}:
+        if path not in {a.path for a in self._call(self.client.list_artifacts, run_id, folder)}:
             return None
         with tempfile.TemporaryDirectory() as tmp:
-            return Path(self.retry(self.client.download_artifacts, run_id, path, tmp)).read_text()
+            return Path(self._call(self.client.download_artifacts, run_id, path, tmp)).read_text()
 
     def artifact_paths(self, run_id: str, folder: str | None = None) -> set[str]:
-        return {a.path for a in self.retry(self.client.list_artifacts, run_id, folder)}
+        return {a.path for a in self._call(self.client.list_artifacts, run_id, folder)}
 
     def download_artifacts(self, run_id: str, dest: Path) -> Path:
         """Every artifact of the run, under `dest`."""
         dest.mkdir(parents=True, exist_ok=True)
-        return Path(self.retry(self.client.download_artifacts, run_id, "", str(dest)))
+        return Path(self._call(self.client.download_artifacts, run_id, "", str(dest)))
