@@ -66,6 +66,7 @@ def main(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
+    redact.install_log_redaction()
     check_overrides(sys.argv[1:])
     try:
         interrupts.interrupt_on_signals()
@@ -75,3 +76,7 @@ if __name__ == "__main__":
             print(f"ghsweep: {interrupts.reason(interrupt)}", file=sys.stderr)
             raise SystemExit(interrupts.exit_status(interrupt)) from None
         finish_sweep(SweepCallback.started_sweep_dir, interrupt=interrupt)
+    except SystemExit as exit:  # its one line names what failed, a tracking URI's password too
+        if isinstance(exit.code, str):
+            raise SystemExit(redact.text(exit.code)) from None
+        raise

@@ -174,6 +174,49 @@ def regressions(
     return found, unsure
 
 
+def load_reference(path: Path) -> dict:
+    """The reference file, checked before any sweep is read: GateError (exit 2, one line) for one that
+    cannot gate, a reference with no runs or no checks included (it would pass while checking nothing)."""
+    expected = "expected a reference written by --write (an object with checks and runs)"
+    if not path.is_file():
+        what = "a directory, not a file" if path.is_dir() else "no such file"
+        raise GateError(f"--against {path}: {what}; record one with --write")
+    try:
+        reference = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise GateError(f"--against {path}: not JSON text ({str(error).splitlines()[0]}); {expected}") from None
+    if not isinstance(reference, dict):
+        raise GateError(f"--against {path}: a JSON {type(reference).__name__}, not an object; {expected}")
+    checks, runs, tolerances = reference.get("checks"), reference.get("runs"), reference.get("tolerances", {})
+    if not isinstance(checks, list) or not checks or not all(c in CHECKS for c in checks):
+        raise GateError(
+            f"--against {path}: checks={json.dumps(checks)[:80]}; accepted: a non-empty list of {', '.join(CHECKS)}"
+        )
+    if not isinstance(runs, dict) or not runs:
+        raise GateError(f"--against {path}: runs={json.dumps(runs)[:80]}: no combination to gate; {expected}")
+    if not isinstance(tolerances, dict) or not all(_is_number(v) for v in tolerances.values()):
+        raise GateError(f"--against {path}: tolerances={json.dumps(tolerances)[:80]}: expected numbers by metric")
+    for name, values in runs.items():
+        if not isinstance(values, dict) or not all(_is_reference_value(m, v) for m, v in values.items()):
+            raise GateError(
+                f"--against {path}: runs[{name!r}]={json.dumps(values)[:80]}: expected a number for each checked "
+                "metric and [[step, loss], ...] for loss"
+            )
+    return reference
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_reference_value(metric: str, value: object) -> bool:
+    if metric == LOSS:
+        return isinstance(value, list) and all(
+            isinstance(p, list) and len(p) == 2 and all(_is_number(x) for x in p) for p in value
+        )
+    return metric in CHECKS and _is_number(value)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     doc = __doc__.splitlines()
     parser = argparse.ArgumentParser(
@@ -219,6 +262,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        reference = {} if args.write else load_reference(args.against)
         command, runs = load_runs(args.sweep, args.tracking_uri)
         if args.write:
             reference = write_reference(command, runs, args.checks, args.against)
@@ -227,9 +271,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"checks {', '.join(args.checks)}"
             )
             return 0
-        if not args.against.exists():
-            raise GateError(f"--against {args.against}: no such file; record one with --write")
-        reference = json.loads(args.against.read_text())
         found, unsure = regressions(reference, runs, args.tolerance, args.loss_band)
     except (GateError, SweepNotFound, TrackingUriError) as exc:
         print(f"ghsweep.gate: {exc}", file=sys.stderr)

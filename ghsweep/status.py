@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from ghsweep.core.errors import SweepNotFound
 from ghsweep.core.run_dir import SLURM_JOBS, SWEEP_MANIFEST
 from ghsweep.launch.callbacks import finish_sweep
 from ghsweep.launch.slurm_jobs import has_ended, load_jobs, settle
@@ -40,6 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.sweep_dir is None:
         return list_sweeps(Path("multirun"))
+    try:
+        return status(parser, args)
+    except SweepNotFound as exc:
+        print(f"ghsweep.status: {exc}", file=sys.stderr)
+        return 1
+
+
+def status(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     submitted = load_jobs(args.sweep_dir)
     if not submitted:
         manifest = SweepManifest.load(args.sweep_dir)

@@ -12,6 +12,7 @@ groups stay what users select (precision=bf16); the schema checks the values the
 
 from __future__ import annotations
 
+import math
 import sys
 import types
 import typing
@@ -30,6 +31,9 @@ class Range:
     inclusive: bool = True
 
 
+# Integers past this overflow the int32 and int64 arithmetic of the tensors and counters they size.
+MAX_INT = 2**31 - 1
+
 PositiveNumber = Annotated[float, Range(0, inclusive=False)]
 Ratio = Annotated[float, Range(0, 1)]
 
@@ -45,7 +49,7 @@ class TrainSchema:
     measure_max_steps: Annotated[int, Range(1)]  # step budget of a measuring run (at least max_steps)
     measure_max_s: PositiveNumber  # seconds of training after which a measuring run stops
     log_every: Annotated[int, Range(1)]
-    lr: PositiveNumber  # peak learning rate
+    lr: Annotated[float, Range(0, 1, inclusive=False)]  # peak learning rate
     lr_schedule: Literal["cosine", "linear", "constant"]  # ghsweep/train/schedule.py
     lr_warmup_ratio: Ratio
     min_lr_ratio: Ratio
@@ -62,7 +66,28 @@ class TrainSchema:
 class DataSchema:
     name: Literal["dolly_synthetic", "dolly_file"]  # generated records, or data.path's
     packing_mask: Literal["document", "causal"]
-    mean_tokens: PositiveNumber  # synthetic records only
+    mean_tokens: Annotated[float, Range(0, 1_000_000, inclusive=False)]  # synthetic records only
+    num_examples: Annotated[int, Range(1)]  # synthetic records only
+
+
+@dataclass
+class ModelSchema:
+    """The shape of a model built from its config (model.path=null); a loaded folder brings its own."""
+
+    hidden_size: Annotated[int, Range(1)]  # a multiple of num_attention_heads
+    intermediate_size: Annotated[int, Range(1)]
+    num_layers: Annotated[int, Range(1)]
+    num_attention_heads: Annotated[int, Range(1)]  # a multiple of num_key_value_heads
+    num_key_value_heads: Annotated[int, Range(1)]
+    vocab_size: Annotated[int, Range(1)]
+    max_position_embeddings: Annotated[int, Range(8)]
+    rms_norm_eps: PositiveNumber
+
+
+@dataclass
+class CaptureSchema:
+    start_step: Annotated[int, Range(0)]  # the profilers' window: steps start_step .. start_step + num_steps - 1
+    num_steps: Annotated[int, Range(1)]
 
 
 @dataclass
@@ -145,7 +170,12 @@ class ProfileSchema:
 @dataclass
 class ConfigSchema:
     seed: Annotated[int, Range(0)]
+    dry_run: bool
+    force: bool
+    wait: bool
     train: TrainSchema
+    model: ModelSchema
+    capture: CaptureSchema
     data: DataSchema
     peft: PeftSchema
     precision: PrecisionSchema
@@ -218,13 +248,14 @@ def check(key: str, value: object) -> None:
 
 
 def check_choice(key: str, value: object, accepted_values) -> None:
-    if value not in accepted_values:
+    # Booleans accept booleans only: `no` is a string and 1 is not True (Python's == says it is).
+    if not any(value == a and isinstance(value, bool) == isinstance(a, bool) for a in accepted_values):
         raise ConfigError(f"{key}={value}: not an accepted value; accepted: {accepted(accepted_values)}")
 
 
 def check_number(key: str, value: object, bounds: Range) -> None:
     low, high = bounds.low, bounds.high
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (value >= low if bounds.inclusive else value > low) and (high is None or value <= high)  # type: ignore[operator]
     if not ok:
         rng = f"{'>=' if bounds.inclusive else '>'} {low}" + (f" and <= {high}" if high is not None else "")
@@ -234,3 +265,5 @@ def check_number(key: str, value: object, bounds: Range) -> None:
 def check_int(key: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{key}={value}: must be an integer >= {minimum}")
+    if value > MAX_INT:
+        raise ConfigError(f"{key}={value}: too large; must be an integer from {minimum} to {MAX_INT}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,13 +53,15 @@ def model_facts(model: DictConfig) -> ModelFacts:
     config_file = folder / "config.json"
     try:
         hf = json.loads(config_file.read_text())
+        if not isinstance(hf, dict):
+            raise ValueError(f"a JSON {type(hf).__name__}, not an object")
         return ModelFacts(
             f"model.path={model.path}",
             hf["model_type"],
             int(hf["num_hidden_layers"]),
             int(hf["max_position_embeddings"]),
         )
-    except (OSError, ValueError, KeyError) as error:
+    except (OSError, ValueError, KeyError, TypeError) as error:
         raise ConfigError(
             f"model.path={model.path}: {config_file.name} is missing or lacks model_type, num_hidden_layers, "
             f"max_position_embeddings ({type(error).__name__}: {error}); expected a folder written by save_pretrained"
@@ -91,6 +94,7 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> None:
     _validate_memory(cfg, on_gpu)
     _validate_dataloader(cfg)
     _validate_profile(cfg)
+    _validate_capture(cfg)
     # Each backend checks its own keys; the registry imports only the named backend's light module.
     backend_named(cfg.backend.name).check(cfg, on_gpu)
 
@@ -98,6 +102,7 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> None:
 def _validate_model(cfg: DictConfig, model: ModelFacts) -> None:
     key = "model.arch" if not cfg.model.path else f"{model.source}: model_type"
     check_choice(key, model.arch, tuple(LINEAR_MODULES))
+    _validate_model_shape(cfg)
     check("data", cfg.data.name)
     check("data.packing_mask", cfg.data.packing_mask)
     if cfg.data.path and cfg.data.name == "dolly_synthetic":
@@ -110,6 +115,7 @@ def _validate_model(cfg: DictConfig, model: ModelFacts) -> None:
         _validate_data_file(str(cfg.data.path))
     else:
         check("data.mean_tokens", cfg.data.mean_tokens)
+        check("data.num_examples", cfg.data.num_examples)
 
 
 def _validate_data_file(path: str) -> None:
@@ -134,6 +140,7 @@ def _validate_data_file(path: str) -> None:
                 ) from None
             if not isinstance(record, dict) or not {"instruction", "response"} <= record.keys():
                 raise ConfigError(f"data.path={path}: line {line_no} lacks instruction or response; {expected}")
+            _check_record_fields(path, line_no, record, expected)
             records += 1
     if not records:
         raise ConfigError(f"data.path={path}: no records (the file is empty); {expected}")
@@ -185,6 +192,7 @@ def _validate_peft(cfg: DictConfig, model: ModelFacts) -> None:
     peft = cfg.peft
     check("peft", peft.name)
     if peft.name == "none":
+        _validate_no_lora_keys(cfg)
         return
     check("peft.r", peft.r)
     check("peft.alpha", peft.alpha)
@@ -280,3 +288,95 @@ def _validate_profile(cfg: DictConfig) -> None:
         check("profile.nsys.um_page_faults", p.nsys.um_page_faults)
     if "ncu" in p:
         check("profile.ncu.top_k", p.ncu.top_k)
+
+
+# Fields of a dolly record the loader reads as text (`context` may be missing).
+RECORD_TEXT_FIELDS = ("instruction", "context", "response")
+LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
+# What a run directory's files may be named after (hydra.job.name names the job's log file).
+SAFE_NAME = re.compile(r"^[\w.\-]+$")
+
+
+def _check_record_fields(path: str, line_no: int, record: dict, expected: str) -> None:
+    for field in RECORD_TEXT_FIELDS:
+        if field in record and not isinstance(record[field], str):
+            shown = json.dumps(record[field])[:40]
+            raise ConfigError(f"data.path={path}: line {line_no}: {field} is {shown}, not a string; {expected}")
+
+
+def _validate_model_shape(cfg: DictConfig) -> None:
+    """A model built from its config must have a shape transformers can build (heads divide the width)."""
+    if cfg.model.path:
+        return
+    m = cfg.model
+    for knob in knobs("model"):
+        check(f"model.{knob}", m[knob])
+    if m.hidden_size % m.num_attention_heads:
+        raise ConfigError(
+            f"model.num_attention_heads={m.num_attention_heads}: does not divide model.hidden_size={m.hidden_size}; "
+            f"accepted: a divisor of {m.hidden_size}"
+        )
+    if m.num_attention_heads % m.num_key_value_heads:
+        raise ConfigError(
+            f"model.num_key_value_heads={m.num_key_value_heads}: does not divide "
+            f"model.num_attention_heads={m.num_attention_heads}; accepted: a divisor of {m.num_attention_heads}"
+        )
+    if (m.hidden_size // m.num_attention_heads) % 2:
+        raise ConfigError(
+            f"model.hidden_size={m.hidden_size}: {m.hidden_size // m.num_attention_heads} per head "
+            f"(model.num_attention_heads={m.num_attention_heads}), an odd number rotary embeddings cannot split; "
+            "accepted: an even width per head"
+        )
+
+
+def _validate_no_lora_keys(cfg: DictConfig) -> None:
+    """LoRA's keys set with peft=none would be ignored: the run would not be the one asked for."""
+    set_keys = [k for k in LORA_KEYS if k in cfg.peft]
+    if set_keys:
+        raise ConfigError(
+            f"peft.{set_keys[0]}={OmegaConf.select(cfg, 'peft.' + set_keys[0])}: a LoRA setting, and peft=none "
+            "trains every weight without LoRA; accepted: peft=lora with it, or peft=none without it"
+        )
+
+
+def _validate_capture(cfg: DictConfig) -> None:
+    c = cfg.capture
+    for knob in knobs("capture"):
+        check(f"capture.{knob}", c[knob])
+    last = cfg.train.max_steps - 1
+    if cfg.profile.name != "none" and c.start_step + c.num_steps - 1 > last:
+        raise ConfigError(
+            f"capture.start_step={c.start_step}, capture.num_steps={c.num_steps}: the profiler's window ends after "
+            f"the last step ({last}, train.max_steps={cfg.train.max_steps}); accepted: start_step + num_steps <= "
+            f"{cfg.train.max_steps}, or profile=none"
+        )
+
+
+def validate_launch(cfg: DictConfig, job_name: str) -> None:
+    """The keys a sweep or run reads before any run's own validation: its switches, its MLflow experiment,
+    the job's name (its log file's) and every interpolation. ConfigError, one line, before any record."""
+    for switch in ("dry_run", "force", "wait"):
+        check(switch, cfg[switch])
+    experiment = OmegaConf.select(cfg, "tracking.experiment")
+    if not isinstance(experiment, str) or not experiment.strip():
+        raise ConfigError(
+            f"tracking.experiment={experiment}: not an MLflow experiment name; accepted: a non-empty name"
+        )
+    if not SAFE_NAME.match(job_name) or job_name in (".", ".."):
+        raise ConfigError(
+            f"hydra.job.name={job_name}: names the job's log file in its run directory; accepted: letters, "
+            "digits, '_', '-' and '.', no path"
+        )
+    for key in cfg:
+        if key != "hydra":
+            _check_resolves(cfg, str(key))
+
+
+def _check_resolves(cfg: DictConfig, key: str) -> None:
+    try:
+        OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
+    except InterpolationResolutionError as error:
+        where = getattr(error, "full_key", None) or key
+        raise ConfigError(
+            f"{where}: {str(error).splitlines()[0]}; set what it names, or give it a default (${{oc.env:NAME,default}})"
+        ) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shlex
 import sys
@@ -11,20 +12,28 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from ghsweep.core.errors import SweepDirInUse, TrackingUriError, one_line
-from ghsweep.core.names import ROLE_SWEEP, SWEEP_DIR_TAG
-from ghsweep.core.run_dir import RESULT, TUNE_ANSWER, TUNE_DIR, TUNE_REPORT
+from ghsweep.config.validate import validate_launch
+from ghsweep.core.errors import ConfigError, SweepDirInUse, SweepNotFound, TrackingError, TrackingUriError, one_line
+from ghsweep.core.names import ERROR_TAG, ROLE_SWEEP, STATUS_TAG, SWEEP_DIR_TAG
+from ghsweep.core.run_dir import ARTIFACTS, CONFIG, METRICS, RESULT, TUNE_ANSWER, TUNE_DIR, TUNE_REPORT
 from ghsweep.core.run_result import RunResult
 from ghsweep.launch import interrupts
+from ghsweep.launch.job import loss_points
 from ghsweep.launch.precheck import sweep_refusals
 from ghsweep.launch.resume import result_from_run
 from ghsweep.launch.slurm_jobs import slurm_unavailable
-from ghsweep.launch.stale_runs import end_running_children, end_sweep_run, process_tags, settle_dead_sweeps
+from ghsweep.launch.stale_runs import (
+    end_running_children,
+    end_sweep_run,
+    process_died,
+    process_tags,
+    settle_dead_sweeps,
+)
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.report.compare import COMPARISON_DIR, report_comparison
 from ghsweep.report.sweep_table import format_table
 from ghsweep.tracking import redact
-from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri
+from ghsweep.tracking.mlflow_store import PARENT_TAG, MlflowStore, StoredRun, absolute_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +47,15 @@ def _job_order(result: RunResult) -> tuple[int, str]:
 
 
 def collect_results(sweep_dir: Path) -> list[RunResult]:
-    """Every job's result.json under the sweep directory, in job order."""
-    return sorted((RunResult.load(p.parent) for p in sweep_dir.glob(f"*/{RESULT}")), key=_job_order)
+    """Every job's result.json under the sweep directory, in job order; one cut short (a kill as it was
+    written) is left out, and its run comes from MLflow (completed_from_mlflow)."""
+    results = []
+    for path in sweep_dir.glob(f"*/{RESULT}"):
+        try:
+            results.append(RunResult.load(path.parent))
+        except (ValueError, TypeError) as exc:
+            log.warning("%s: unreadable (%s); this run's record is taken from MLflow", path, one_line(exc))
+    return sorted(results, key=_job_order)
 
 
 def completed_from_mlflow(results: list[RunResult], store: MlflowStore, parent_run_id: str) -> list[RunResult]:
@@ -66,10 +82,20 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
     The comparison report is left out: a stopped process should stop soon.
     """
     manifest = SweepManifest.require(sweep_dir)
-    store = MlflowStore(manifest.tracking_uri, manifest.experiment)
-    if interrupt is not None:
-        end_running_children(store, manifest.parent_run_id, "KILLED", interrupts.reason(interrupt))
-    results = completed_from_mlflow(collect_results(sweep_dir), store, manifest.parent_run_id)
+    results = collect_results(sweep_dir)
+    store: MlflowStore | None = None
+    parent_id, missing, lost = manifest.parent_run_id, [], "the store could not be reached while they ran"
+    try:
+        store = MlflowStore(manifest.tracking_uri, manifest.experiment)
+        parent_id = parent_in_store(store, manifest, sweep_dir)
+        if interrupt is not None:
+            end_running_children(store, parent_id, "KILLED", interrupts.reason(interrupt))
+        results = completed_from_mlflow(results, store, parent_id)
+        recorded = {c.run_id: c for c in store.search(parent_run_id=parent_id)}
+        record_from_files(store, [r for r in results if r.mlflow_run_id in recorded], recorded)
+        missing = [r for r in results if r.mlflow_run_id not in recorded]
+    except Exception as exc:  # the store went away: the run directories hold every record
+        store, missing, lost = None, results, one_line(exc)
     table = format_table(results)
     failed = [r for r in results if r.status != "FINISHED"]
     reused = [f"#{i}" for i, r in enumerate(results) if r.reused]
@@ -83,10 +109,18 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
         flush=True,
     )
     (sweep_dir / "summary.md").write_text(f"# {manifest.command}\n\n```\n{table}\n```\n")
-    store.set_tags(manifest.parent_run_id, {"ghsweep.runs": len(results), "ghsweep.failed_runs": len(failed)})
-    store.log_artifacts(manifest.parent_run_id, [sweep_dir / "summary.md"])
+    not_in_mlflow = (
+        f"ghsweep: {len(missing)} of {len(results)} runs are not in MLflow ({redact.text(lost)}); their records "
+        f"are complete in their run directories: {', '.join(Path(r.run_dir).name for r in missing)}"
+    )
+    if missing:
+        print(not_in_mlflow, file=sys.stderr, flush=True)
+    if store is not None:
+        try:
+            end_parent(store, parent_id, sweep_dir, results, failed, failures_expected, interrupt)
+        except Exception as exc:  # as above: the summary and the run directories stand
+            log.error("the sweep's MLflow run %s is incomplete: %s", parent_id, one_line(exc))
     if interrupt is not None:
-        end_sweep_run(store, manifest.parent_run_id, "KILLED", interrupts.reason(interrupt))
         print(
             f"ghsweep: {interrupts.reason(interrupt)}; the same command again resumes the sweep "
             "(runs that finished are skipped)",
@@ -94,13 +128,96 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
             flush=True,
         )
         raise SystemExit(interrupts.exit_status(interrupt))
-    report_comparison(
-        store, manifest.parent_run_id, sweep_dir / COMPARISON_DIR, [r.mlflow_run_id for r in results if r.mlflow_run_id]
-    )
-    store.finish(manifest.parent_run_id, "FAILED" if failed and not failures_expected else "FINISHED")
     if failed and not failures_expected:
         # Hydra's multirun has no exit status of its own; a failed combination must fail the command.
         raise SystemExit(f"ghsweep: {len(failed)} of {len(results)} runs failed")
+    if missing:
+        raise SystemExit(not_in_mlflow)
+
+
+def record_from_files(store: MlflowStore, results: list[RunResult], runs: dict[str, StoredRun]) -> None:
+    """Runs that ended on disk while the store was away (their MLflow run still RUNNING): their end,
+    metrics and files, recorded now that it answers."""
+    for result in results:
+        run_id = str(result.mlflow_run_id)
+        if runs[run_id].status != "RUNNING" or result.status == "RUNNING":
+            continue
+        numbers = {**result.metrics, **result.timing}
+        store.log_metrics(run_id, [(k, v, 0) for k, v in numbers.items() if isinstance(v, (int, float))])
+        store.log_metrics(run_id, loss_points(Path(result.run_dir) / METRICS))
+        store.set_tags(run_id, {STATUS_TAG: result.status, **({ERROR_TAG: result.error} if result.error else {})})
+        # config.yaml holds the real values of secrets: MLflow gets the job's redacted copy or none.
+        store.log_artifacts(run_id, [Path(result.run_dir) / a for a in ARTIFACTS if a != CONFIG])
+        store.finish(run_id, result.status)
+        log.warning("%s: recorded in MLflow from its run directory (the store was away)", result.name)
+
+
+def end_parent(
+    store: MlflowStore,
+    parent_id: str,
+    sweep_dir: Path,
+    results: list[RunResult],
+    failed: list[RunResult],
+    failures_expected: bool,
+    interrupt: KeyboardInterrupt | None,
+) -> None:
+    """The sweep's MLflow run: its counts and summary, the comparison report, its end."""
+    store.set_tags(parent_id, {"ghsweep.runs": len(results), "ghsweep.failed_runs": len(failed)})
+    store.log_artifacts(parent_id, [sweep_dir / "summary.md"])
+    if interrupt is not None:
+        end_sweep_run(store, parent_id, "KILLED", interrupts.reason(interrupt))
+        return
+    report_comparison(
+        store, parent_id, sweep_dir / COMPARISON_DIR, [r.mlflow_run_id for r in results if r.mlflow_run_id]
+    )
+    store.finish(parent_id, "FAILED" if failed and not failures_expected else "FINISHED")
+
+
+def parent_in_store(store: MlflowStore, manifest: SweepManifest, sweep_dir: Path) -> str:
+    """The sweep's MLflow run; one that the store lost (a SQLite file removed and made again) is
+    started again, the runs recorded under its old id moved to it."""
+    try:
+        return store.get_run(manifest.parent_run_id).run_id
+    except TrackingError:
+        pass
+    parent = store.start_run(
+        "sweep " + "/".join(sweep_dir.parts[-2:]),
+        ROLE_SWEEP,
+        tags={SWEEP_DIR_TAG: str(sweep_dir.resolve()), "ghsweep.command": manifest.command, **process_tags()},
+    )
+    for child in store.search(parent_run_id=manifest.parent_run_id):
+        store.set_tags(child.run_id, {PARENT_TAG: parent})
+    dataclasses.replace(manifest, parent_run_id=parent).save(sweep_dir)
+    log.warning(
+        "MLflow: the sweep's run %s was lost with the store; recorded again as %s", manifest.parent_run_id, parent
+    )
+    return parent
+
+
+def check_launch(config: DictConfig) -> None:
+    """The keys read before any job (switches, experiment, job name, interpolations): one line, before
+    Hydra writes the first log file and before any MLflow record."""
+    try:
+        validate_launch(config, str(config.hydra.job.name))
+    except ConfigError as exc:
+        # SystemExit: Hydra turns a callback's exceptions into warnings and would run the sweep anyway.
+        raise SystemExit(f"ghsweep: {exc}") from None
+
+
+def resumes(store: MlflowStore, sweep_dir: Path, uri: str, command: str) -> bool:
+    """True when the sweep in `sweep_dir` is this same command, into this store, and no longer running
+    (interrupted, failed, or its process died): the same command again resumes it in place."""
+    try:
+        earlier = SweepManifest.load(sweep_dir)
+    except SweepNotFound:  # claimed a moment ago by a sweep that is starting, or stopped as it started
+        return False
+    if earlier is None or (earlier.command, earlier.tracking_uri) != (command, uri):
+        return False
+    try:
+        parent = store.get_run(earlier.parent_run_id)
+    except TrackingError:
+        return True  # its record is gone: nothing runs under it
+    return parent.status != "RUNNING" or process_died(parent.tags)
 
 
 class SweepCallback(Callback):
@@ -109,7 +226,11 @@ class SweepCallback(Callback):
     # A dry run's combinations that no node can run: the command fails once every plan is printed.
     not_runnable: list[str] = []
 
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        check_launch(config)
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        check_launch(config)
         total, refused = sweep_refusals(config)
         if config.dry_run:
             SweepCallback.not_runnable = refused
@@ -144,11 +265,15 @@ class SweepCallback(Callback):
     def _start_sweep(config: DictConfig) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         uri = absolute_tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
-        redact.remember(config, config.hydra.overrides.task)
         store = MlflowStore(uri, config.tracking.experiment)
-        SweepManifest.claim(sweep_dir)
-        settle_dead_sweeps(store)
         command = shlex.join(["python", "-m", "ghsweep", *redact.overrides(sys.argv[1:])])
+        try:
+            SweepManifest.claim(sweep_dir)
+        except SweepDirInUse:
+            if not resumes(store, sweep_dir, uri, command):
+                raise
+            log.info("resuming the sweep in %s: runs that finished are skipped", sweep_dir)
+        settle_dead_sweeps(store)
         sweep_name = "sweep " + "/".join(sweep_dir.parts[-2:])
         parent = store.start_run(
             sweep_name,

@@ -2,27 +2,42 @@
 progress stops its worker and records itself KILLED, and the sweep ends with its summary.
 
 SIGTERM is what `kill`, `timeout` and process managers send; by default it would end the process
-at once and leave the worker running and the MLflow runs RUNNING.
+at once and leave the worker running and the MLflow runs RUNNING. Only the first signal interrupts:
+a second Ctrl-C while the sweep records what finished would break that record off and leave its runs
+RUNNING, so it is answered with a line saying so.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the process is, as Ctrl-C raises KeyboardInterrupt."""
 
 
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated()
+_stopping = False
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    global _stopping
+    if _stopping:
+        print(
+            f"ghsweep: {signal.Signals(signum).name} again: already stopping; recording what finished first",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    _stopping = True
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def interrupt_on_signals() -> None:
     """SIGTERM raises Terminated; SIGINT raises KeyboardInterrupt even where the process started with
-    it ignored (a background job of a non-interactive shell)."""
-    signal.signal(signal.SIGTERM, _raise_terminated)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    it ignored (a background job of a non-interactive shell). Once."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
 
 
 def signal_of(interrupt: KeyboardInterrupt) -> signal.Signals:

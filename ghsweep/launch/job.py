@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, cast
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -41,7 +40,7 @@ from ghsweep.core.names import (
     STATUS_TAG,
     join_overrides,
 )
-from ghsweep.core.run_dir import ARTIFACTS, CONFIG, METRICS, OVERRIDES, REPORT, WORKER_ERROR, WORKER_LOG
+from ghsweep.core.run_dir import ARTIFACTS, CONFIG, METRICS, OVERRIDES, REPORT, SUMMARY, WORKER_ERROR, WORKER_LOG
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.run_result import RunResult
 from ghsweep.core.summary import RunSummary
@@ -56,7 +55,7 @@ from ghsweep.launch.world import export_slurm_rendezvous, slurm_task_ranks
 from ghsweep.profile.pipeline import ProfileOutcome, after_worker
 from ghsweep.report.run_report import write_run_report
 from ghsweep.tracking import redact
-from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, flatten
+from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, check_tracking_uri, flatten
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +152,7 @@ def this_combination(cfg: DictConfig) -> Combination:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
-    redact.remember(cfg, hydra_cfg.overrides.task)
+    redact.install_log_redaction()  # a SLURM job's process starts here, not in ghsweep.__main__
     return Combination(
         name=redact.run_name(hydra_cfg.job.override_dirname or "run"),
         run_dir=run_dir,
@@ -197,12 +196,23 @@ def run_one(cfg: DictConfig) -> RunResult:
         return run_rank(cfg, combo, rank, slurm_tasks)
 
     manifest = SweepManifest.load(combo.sweep_dir) if combo.in_sweep else None
-    store = open_store(cfg, combo, manifest)
     identity = run_hash(cfg)
-    earlier = finished_run(store, identity) if combo.in_sweep and not cfg.force else None
-    if earlier is not None:
-        return skip_finished(earlier, combo.name, combo.run_dir, combo.overrides)
-    run_id = start_run(store, cfg, combo, identity, manifest)
+    store: MlflowStore | None = None
+    run_id: str | None = None
+    try:
+        store = open_store(cfg, combo, manifest)
+        earlier = finished_run(store, identity) if combo.in_sweep and not cfg.force else None
+        if earlier is not None:
+            return skip_finished(earlier, combo.name, combo.run_dir, combo.overrides)
+        run_id = start_run(store, cfg, combo, identity, manifest)
+    except Exception as exc:  # the store went away mid-sweep: train anyway, the run's files hold its record
+        shown = str(exc) if isinstance(exc, TrackingUriError) else one_line(exc)
+        if not combo.in_sweep:  # no run can be recorded: one line, not a traceback
+            raise SystemExit(f"ghsweep: {shown}") from None
+        log.error(
+            "%s: MLflow unreachable (%s); training anyway, recorded in %s only", combo.name, shown[:300], combo.run_dir
+        )
+        store, run_id = None, None
     result = combo.result("FAILED", run_id)
     summary, profile, interrupt = train_and_measure(cfg, combo, result, slurm_tasks)
     if result.error:
@@ -216,10 +226,7 @@ def run_one(cfg: DictConfig) -> RunResult:
 def open_store(cfg: DictConfig, combo: Combination, manifest: SweepManifest | None) -> MlflowStore:
     """The sweep's MLflow store (its manifest's), or the config's for a single run."""
     uri = manifest.tracking_uri if manifest else absolute_tracking_uri(cfg.tracking.uri, combo.cwd)
-    try:
-        return MlflowStore(uri, manifest.experiment if manifest else cfg.tracking.experiment)
-    except TrackingUriError as exc:  # no run can be recorded: one line, not a traceback
-        raise SystemExit(f"ghsweep: {exc}") from None
+    return MlflowStore(uri, manifest.experiment if manifest else cfg.tracking.experiment)
 
 
 def start_run(
@@ -239,9 +246,7 @@ def start_run(
         },
         parent_run_id=manifest.parent_run_id if manifest else None,
     )
-    store.log_params(
-        run_id, {**combo.choices, **flatten(cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True)))}
-    )
+    store.log_params(run_id, {**combo.choices, **flatten(redact.config(OmegaConf.to_container(cfg, resolve=True)))})
     return run_id
 
 
@@ -265,6 +270,10 @@ def train_and_measure(
     the interrupt to raise once recorded). Never raises for a failed run: `result` says how it failed."""
     run_dir = combo.run_dir
     try:
+        # A sweep resumed in place runs again in the directory of its interrupted attempt: that
+        # attempt's outputs must not pass for this one's.
+        for stale in (WORKER_ERROR, SUMMARY, METRICS):
+            (run_dir / stale).unlink(missing_ok=True)
         # On disk from the start: a job killed from outside leaves its MLflow run id to whoever settles it.
         dataclasses.replace(result, status="RUNNING").save()
         (run_dir / OVERRIDES).write_text(OmegaConf.to_yaml(OmegaConf.create(combo.overrides)))
@@ -368,9 +377,24 @@ def _save_run_files(result: RunResult, cfg: DictConfig, info: dict, run_dir: Pat
         log.error("%s: the run's files could not be written in %s: %s", result.name, run_dir, exc)
 
 
+def loss_points(metrics_file: Path) -> list[tuple[str, float, int]]:
+    """("loss", value, step) of each line of metrics.jsonl; a line cut short (the worker killed as it
+    wrote it) is left out, not allowed to lose the rest of the record."""
+    if not metrics_file.exists():
+        return []
+    points = []
+    for line_no, line in enumerate(metrics_file.read_text(errors="replace").splitlines(), 1):
+        try:
+            row = json.loads(line)
+            points.append(("loss", float(row["loss"]), int(row["step"])))
+        except (ValueError, TypeError, KeyError):
+            log.warning("%s: line %d is not a whole step record (cut short?); left out", metrics_file, line_no)
+    return points
+
+
 def record(
-    store: MlflowStore,
-    run_id: str,
+    store: MlflowStore | None,
+    run_id: str | None,
     cfg: DictConfig,
     run_dir: Path,
     result: RunResult,
@@ -382,12 +406,17 @@ def record(
 
     The files come first, so an MLflow outage cannot take them with it; result.json is written
     again at the end with the time the record itself took. A failure here is logged, not raised.
+    Without a store (it was unreachable when the run started) the files are the whole record; a store
+    that stopped answering during the run is found out in seconds, before MLflow's minutes of retries.
     """
     try:
         record_started = time.time()
         info = summary.info
         _finish_timing(result, started, record_started)
         _save_run_files(result, cfg, info, run_dir)
+        if store is None or run_id is None:
+            return
+        check_tracking_uri(store.tracking_uri)
         tags = {
             STATUS_TAG: result.status,
             "ghsweep.torch_version": info.get("torch_version", _package_version("torch")),
@@ -398,12 +427,7 @@ def record(
             tags[ERROR_TAG] = result.error
         store.set_tags(run_id, {**tags, **profile.tags})
 
-        points = []
-        metrics_file = run_dir / METRICS
-        if metrics_file.exists():
-            for line in metrics_file.read_text().splitlines():
-                row = json.loads(line)
-                points.append(("loss", row["loss"], row["step"]))
+        points = loss_points(run_dir / METRICS)
         points += [
             (k, v, 0)
             for k, v in result.metrics.items()
@@ -422,5 +446,10 @@ def record(
         store.log_artifacts(run_id, [run_dir / a for a in ARTIFACTS if a != CONFIG])
         store.log_artifacts(run_id, profile.artifacts, "profile")
         store.finish(run_id, result.status)
-    except Exception:  # MLflow unreachable even after retries: the run's own files hold the record
-        log.exception("%s: the MLflow record is incomplete; the run's record is complete in %s", result.name, run_dir)
+    except Exception as exc:  # MLflow unreachable even after retries: the run's own files hold the record
+        log.error(
+            "%s: the MLflow record is incomplete (%s); the run's record is complete in %s",
+            result.name,
+            one_line(exc)[:300],
+            run_dir,
+        )

@@ -42,7 +42,6 @@ def sweep_refusals(config: DictConfig) -> tuple[int, list[str]]:
     for num, overrides in enumerate(combos):
         try:
             cfg = loader.load_sweep_config(config, overrides)
-            redact.remember(cfg, overrides)
             name = redact.run_name(cfg.hydra.job.override_dirname or "run")
             run_dir = Path(str(cfg.hydra.sweep.dir), str(num))
             reason = not_runnable(cfg, run_dir, name, redact.overrides(overrides))

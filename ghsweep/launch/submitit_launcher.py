@@ -75,7 +75,6 @@ class _Combination:
         self.cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, self.overrides)
         with open_dict(self.cfg.hydra.job):
             self.cfg.hydra.job.num = num
-        redact.remember(self.cfg, self.overrides)
         self.shown_overrides = redact.overrides(self.overrides)
         # The run directory run_job will use in the job: sweep.dir/subdir, relative to the submit directory.
         self.run_dir = Path(str(self.cfg.hydra.sweep.dir), str(self.cfg.hydra.sweep.subdir)).absolute()

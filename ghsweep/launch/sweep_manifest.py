@@ -10,8 +10,9 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ghsweep.core.errors import SweepDirInUse
+from ghsweep.core.errors import SweepDirInUse, SweepNotFound
 from ghsweep.core.run_dir import SWEEP_MANIFEST
+from ghsweep.tracking import redact
 
 
 @dataclass(frozen=True)
@@ -37,12 +38,25 @@ class SweepManifest:
 
     def save(self, sweep_dir: Path) -> None:
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        (sweep_dir / SWEEP_MANIFEST).write_text(json.dumps(asdict(self), indent=2))
+        path = sweep_dir / SWEEP_MANIFEST
+        path.write_text(json.dumps(asdict(self), indent=2))
+        # Jobs need the real URI; one with a password is readable by the user only, as config.yaml is.
+        if redact.text(self.tracking_uri) != self.tracking_uri:
+            path.chmod(0o600)
 
     @classmethod
     def load(cls, sweep_dir: Path) -> SweepManifest | None:
         path = sweep_dir / SWEEP_MANIFEST
-        return cls(**json.loads(path.read_text())) if path.exists() else None
+        if not path.exists():
+            return None
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            # Claimed and never saved (the sweep stopped as it started), or cut short.
+            raise SweepNotFound(
+                f"{path}: empty or cut short: the sweep stopped before its first job and recorded no run; "
+                "start it again in a new hydra.sweep.dir, or remove this file"
+            ) from None
 
     @classmethod
     def require(cls, sweep_dir: Path) -> SweepManifest:

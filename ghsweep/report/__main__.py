@@ -17,6 +17,7 @@ from ghsweep.core.errors import SweepNotFound, TrackingError, TrackingUriError
 from ghsweep.core.names import ROLE_RUN, ROLE_SWEEP
 from ghsweep.report import assignment, compare
 from ghsweep.report.sweep_source import find_run, load_run, load_sweep
+from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri
 
 DEFAULT_URI = "sqlite:///mlflow.db"
@@ -70,6 +71,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    out = args.out.absolute()
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():  # checked before MLflow is read: the report would be lost at its first file
+        print(
+            f"ghsweep.report: --out {args.out}: {existing} is a file, not a folder; give a folder "
+            "(created when missing)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         store = MlflowStore(uri, experiment=None)
         if args.assignment and len(args.runs) == 2:
@@ -97,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ghsweep.report: {exc}", file=sys.stderr)
         return 2
     except TrackingError as exc:
-        print(f"ghsweep.report: {exc} (tracking URI {uri})", file=sys.stderr)
+        print(f"ghsweep.report: {exc} (tracking URI {redact.text(uri)})", file=sys.stderr)
         return 2
     print("wrote " + ", ".join(str(f) for f in files[:2]) + (f" and {len(files) - 2} plots" if len(files) > 2 else ""))
     return 0

@@ -18,7 +18,7 @@ from ghsweep.profile import scaling
 from ghsweep.report import plots
 from ghsweep.report.document import Document
 from ghsweep.report.sweep_source import SweepRun, load_sweep
-from ghsweep.report.sweep_table import align, fmt_value, knob_columns
+from ghsweep.report.sweep_table import align, bounded, fmt_value, knob_columns
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class Comparison:
     def label(self, i: int) -> str:
         run = self.runs[i]
         values = [run.shown_knobs.get(k, "-") for k in self.knobs]
-        return f"#{self.number(i)} " + (" ".join(values) if values else run.name)
+        return f"#{self.number(i)} " + (" ".join(values) if values else bounded(run.name))
 
     @property
     def fastest(self) -> int | None:

@@ -14,6 +14,7 @@ from ghsweep.core.errors import SweepNotFound
 from ghsweep.core.names import ERROR_TAG, ROLE_SWEEP, ROLE_TAG, RUN_IDS_TAG
 from ghsweep.core.run_dir import PROFILE_ANALYSIS
 from ghsweep.profile.result import ProfileAnalysis
+from ghsweep.report.sweep_table import knob_values
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 
 # Where a job logs its profile's files, the analysis (`python -m ghsweep.analyze --json`) among them.
@@ -48,7 +49,7 @@ class SweepRun:
 
     @property
     def knobs(self) -> dict[str, str]:
-        return dict(o.partition("=")[::2] for o in self.overrides)
+        return knob_values(self.overrides)
 
     @property
     def shown_knobs(self) -> dict[str, str]:

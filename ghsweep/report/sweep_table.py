@@ -7,6 +7,20 @@ from collections.abc import Sequence
 
 from ghsweep.core.run_result import RunResult
 
+# A value longer than this is cut where it reaches a table, a plot's label or a report (a 10,000-character
+# `+notes.a=...` grew the speedup plot to 10 MB and drawing it to 19 GB).
+LABEL_CHARS = 48
+
+
+def bounded(text: str, limit: int = LABEL_CHARS) -> str:
+    """`text`, or its first characters and how long it was."""
+    return text if len(text) <= limit else f"{text[: limit - 16]}… ({len(text):,} chars)"
+
+
+def knob_values(overrides: Sequence[str]) -> dict[str, str]:
+    """{key: value} of a combination's overrides, each value bounded for tables and labels."""
+    return {key: bounded(value) for key, _, value in (o.partition("=") for o in overrides)}
+
 
 def knob_columns(overrides: Sequence[Sequence[str]]) -> list[str]:
     """Override keys that differ between combinations (one list of overrides each), in the order first seen."""
@@ -30,7 +44,7 @@ def format_table(results: list[RunResult]) -> str:
     header = ["#", *keys, "status", "step_ms", "tokens/s", "peak_GiB", "final_loss", "overhead_s", "reason"]
     rows = []
     for i, r in enumerate(results):
-        knobs = dict(o.partition("=")[::2] for o in r.overrides)
+        knobs = knob_values(r.overrides)
         m = r.metrics
         rows.append(
             [

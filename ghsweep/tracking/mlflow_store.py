@@ -13,9 +13,11 @@ finished run's record is not lost to a moment of contention.
 from __future__ import annotations
 
 import fcntl
+import http.client
 import logging
 import os
 import socket
+import ssl
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -73,14 +75,17 @@ log = logging.getLogger(__name__)
 def check_tracking_uri(uri: str) -> None:
     """Fail in seconds on a URI that cannot work, instead of in minutes of MLflow's HTTP retries.
 
-    A server that refuses the connection is not there (a busy one accepts and answers slowly, and
-    its answers are retried by with_retry).
+    A server that refuses the connection is not there; one that accepts it must answer an HTTP request
+    (any status: a proxy's 404 or 401 is an answer) within CONNECT_TIMEOUT_S, over TLS for https (the
+    certificate is MLflow's to check, with its own settings). A busy server answers slowly, and its
+    answers are retried by with_retry. Messages show the URI with its password redacted.
     """
+    shown = redact.text(uri)
     parts = urlsplit(uri)
     scheme = parts.scheme.split("+")[0]
     if scheme not in ACCEPTED_SCHEMES:
         raise TrackingUriError(
-            f"tracking.uri={uri}: not a tracking URI MLflow can open; accepted: http://HOST:PORT or https://... "
+            f"tracking.uri={shown}: not a tracking URI MLflow can open; accepted: http://HOST:PORT or https://... "
             f"(a tracking server), sqlite:///FILE, or a database URL ({', '.join(ACCEPTED_SCHEMES[3:])})"
         )
     if scheme not in ("http", "https"):
@@ -90,17 +95,49 @@ def check_tracking_uri(uri: str) -> None:
         f"start one with `python -m ghsweep.tracking.server --port {port}`, "
         "or pass tracking=sqlite to log to ./mlflow.db"
     )
+    host = parts.hostname or ""
     try:
-        socket.create_connection((parts.hostname, port), timeout=CONNECT_TIMEOUT_S).close()
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
     except ConnectionRefusedError:
         raise TrackingUriError(
-            f"tracking.uri={uri}: no tracking server there (connection refused); {start_hint}"
+            f"tracking.uri={shown}: no tracking server there (connection refused); {start_hint}"
         ) from None
     except OSError as error:  # host not found, unreachable, no answer in time
         raise TrackingUriError(
-            f"tracking.uri={uri}: cannot connect to {parts.hostname}:{port} "
+            f"tracking.uri={shown}: cannot connect to {host}:{port} "
             f"({error.strerror or error}); check the address, or pass tracking=sqlite"
         ) from None
+    _check_answers(shown, scheme, host, port, parts.path)
+
+
+def _check_answers(shown: str, scheme: str, host: str, port: int, path: str) -> None:
+    """One request to the server's /health: an SSL handshake that fails or a server that never answers
+    are one line now, where MLflow would retry them for minutes."""
+    connection = (
+        http.client.HTTPSConnection(host, port, timeout=CONNECT_TIMEOUT_S, context=ssl._create_unverified_context())
+        if scheme == "https"
+        else http.client.HTTPConnection(host, port, timeout=CONNECT_TIMEOUT_S)
+    )
+    try:
+        connection.request("GET", path.rstrip("/") + "/health")
+        connection.getresponse().read()
+    except ssl.SSLError as error:
+        raise TrackingUriError(
+            f"tracking.uri={shown}: no TLS at {host}:{port} ({error.reason or error}); a plain-HTTP server "
+            "takes http://, an https:// one needs TLS"
+        ) from None
+    except TimeoutError:
+        raise TrackingUriError(
+            f"tracking.uri={shown}: {host}:{port} accepts connections but sent no answer within "
+            f"{CONNECT_TIMEOUT_S} s; check that a tracking server listens there"
+        ) from None
+    except (OSError, http.client.HTTPException) as error:
+        raise TrackingUriError(
+            f"tracking.uri={shown}: {host}:{port} did not answer HTTP ({type(error).__name__}: {error}); "
+            "check that a tracking server listens there"
+        ) from None
+    finally:
+        connection.close()
 
 
 def is_transient(error: MlflowException) -> bool:
@@ -241,24 +278,38 @@ class MlflowStore:
 
     def __init__(self, tracking_uri: str, experiment: str | None, retry: Retry = with_retry):
         check_tracking_uri(tracking_uri)
+        if redact.text(tracking_uri) != tracking_uri:
+            # MLflow prints its 'View run at' links with the URI as given, password and all, to stdout.
+            os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         self.tracking_uri = tracking_uri
         self.retry = retry
+        self._file_seen = False
         with first_open_lock(tracking_uri):
             self.client = MlflowClient(tracking_uri=tracking_uri)
             self.experiment_id = self._experiment_id(experiment) if experiment is not None else None
 
+    def _call(self, call: Callable, *args: Any, **kwargs: Any) -> Any:
+        """One MLflow call, retried while busy; a SQLite store whose file was removed after it was opened
+        fails at once (MLflow would write to the removed file, or retry its read-only errors for minutes)."""
+        if self.tracking_uri.startswith("sqlite:///"):
+            if Path(self.tracking_uri.removeprefix("sqlite:///")).exists():
+                self._file_seen = True
+            elif self._file_seen:
+                raise TrackingError(f"{self.tracking_uri}: the store's file was removed")
+        return self.retry(call, *args, **kwargs)
+
     def _experiment_id(self, name: str) -> str:
         """The experiment's id, created when missing; either way of the model-training kind unless
         it names another (an experiment made before ghsweep tagged it, or by MLflow itself)."""
-        found = self.retry(self.client.get_experiment_by_name, name)
+        found = self._call(self.client.get_experiment_by_name, name)
         if found is None:
             try:
                 return self.client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
             except MlflowException:
                 # Another job created it between our look-up and our create.
-                found = self.retry(self.client.get_experiment_by_name, name)
+                found = self._call(self.client.get_experiment_by_name, name)
         if EXPERIMENT_KIND_TAG not in found.tags:
-            self.retry(self.client.set_experiment_tag, found.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
+            self._call(self.client.set_experiment_tag, found.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
         return found.experiment_id
 
     # Names, params and tags pass through ghsweep.tracking.redact: no secret reaches the store.
@@ -269,34 +320,34 @@ class MlflowStore:
         all_tags = {ROLE_TAG: role, **{k: redact.text(str(v)) for k, v in tags.items()}}
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
-        run = self.retry(self.client.create_run, self.experiment_id, run_name=redact.run_name(run_name), tags=all_tags)
+        run = self._call(self.client.create_run, self.experiment_id, run_name=redact.run_name(run_name), tags=all_tags)
         return run.info.run_id
 
     def log_params(self, run_id: str, params: Mapping[str, str]) -> None:
         items = [Param(k, v[:MAX_PARAM_VALUE_CHARS]) for k, v in redact.params(params).items()]
         for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
-            self.retry(self.client.log_batch, run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
+            self._call(self.client.log_batch, run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
 
     def set_tags(self, run_id: str, tags: Mapping[str, object]) -> None:
         items = [RunTag(k, redact.text(str(v))) for k, v in tags.items()]
         for i in range(0, len(items), MAX_TAGS_PER_BATCH):
-            self.retry(self.client.log_batch, run_id, tags=items[i : i + MAX_TAGS_PER_BATCH])
+            self._call(self.client.log_batch, run_id, tags=items[i : i + MAX_TAGS_PER_BATCH])
 
     def log_metrics(self, run_id: str, points: Iterable[tuple[str, float, int]]) -> int:
         """Log (name, value, step) points in batches; returns how many were sent."""
         now_ms = int(time.time() * 1000)
         items = [Metric(name, float(value), now_ms, step) for name, value, step in points]
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
-            self.retry(self.client.log_batch, run_id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
+            self._call(self.client.log_batch, run_id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
         return len(items)
 
     def log_artifacts(self, run_id: str, paths: Iterable[Path], artifact_path: str | None = None) -> None:
         for path in paths:
             if path.exists():
-                self.retry(self.client.log_artifact, run_id, str(path), artifact_path)
+                self._call(self.client.log_artifact, run_id, str(path), artifact_path)
 
     def finish(self, run_id: str, status: str) -> None:
-        self.retry(self.client.set_terminated, run_id, status=status)
+        self._call(self.client.set_terminated, run_id, status=status)
 
     def end_run(self, run_id: str, status: str, error: str, tags: Mapping[str, object] | None = None) -> None:
         """End a run that did not finish (FAILED or KILLED), its status and why on its tags."""
@@ -304,7 +355,7 @@ class MlflowStore:
         self.finish(run_id, status)
 
     def get_run(self, run_id: str) -> StoredRun:
-        return StoredRun.of(self.retry(self.client.get_run, run_id))
+        return StoredRun.of(self._call(self.client.get_run, run_id))
 
     def search(
         self,
@@ -319,12 +370,12 @@ class MlflowStore:
         experiments = (
             [self.experiment_id]
             if self.experiment_id is not None
-            else [e.experiment_id for e in self.retry(self.client.search_experiments)]
+            else [e.experiment_id for e in self._call(self.client.search_experiments)]
         )
         found: list[StoredRun] = []
         token = None
         while limit is None or len(found) < limit:
-            page = self.retry(
+            page = self._call(
                 self.client.search_runs,
                 experiments,
                 run_filter(role, status, parent_run_id, tags),
@@ -340,20 +391,20 @@ class MlflowStore:
 
     def metric_history(self, run_id: str, name: str) -> list[tuple[int, float]]:
         """(step, value) of every point of one metric, by step."""
-        return sorted((m.step, m.value) for m in self.retry(self.client.get_metric_history, run_id, name))
+        return sorted((m.step, m.value) for m in self._call(self.client.get_metric_history, run_id, name))
 
     def artifact_text(self, run_id: str, path: str) -> str | None:
         """The text of one artifact (`folder/file`), or None when the run has none there."""
         folder = path.rpartition("/")[0] or None
-        if path not in {a.path for a in self.retry(self.client.list_artifacts, run_id, folder)}:
+        if path not in {a.path for a in self._call(self.client.list_artifacts, run_id, folder)}:
             return None
         with tempfile.TemporaryDirectory() as tmp:
-            return Path(self.retry(self.client.download_artifacts, run_id, path, tmp)).read_text()
+            return Path(self._call(self.client.download_artifacts, run_id, path, tmp)).read_text()
 
     def artifact_paths(self, run_id: str, folder: str | None = None) -> set[str]:
-        return {a.path for a in self.retry(self.client.list_artifacts, run_id, folder)}
+        return {a.path for a in self._call(self.client.list_artifacts, run_id, folder)}
 
     def download_artifacts(self, run_id: str, dest: Path) -> Path:
         """Every artifact of the run, under `dest`."""
         dest.mkdir(parents=True, exist_ok=True)
-        return Path(self.retry(self.client.download_artifacts, run_id, "", str(dest)))
+        return Path(self._call(self.client.download_artifacts, run_id, "", str(dest)))

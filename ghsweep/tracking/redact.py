@@ -5,10 +5,12 @@ A config key is secret when its last part contains one of SECRET_WORDS as a word
 `model.hf_token`, `container.env.AWS_SECRET_ACCESS_KEY`, `db.api_key`, `site.credentials`; not
 `container.env.TOKENIZERS_PARALLELISM` or `tokens_per_s`. Its value is recorded as `***`.
 
-Structured records (params, overrides, configs) are redacted by key. Free text (log lines, the
-command line, run names, errors) is redacted by value: the values of secret keys this process has
-seen (`remember`) are replaced wherever they appear. The worker still reads the real values from
-its run directory's config.yaml, which only the user can read; environment variables are never logged.
+Redaction works on structure, never on values: a config or its params by key (inside lists too), an
+override by its key, free text (log lines, the command line, run names, errors) where it holds a
+secret key's `key=value` / `key: value` pair or a URI's password (`scheme://user:PASSWORD@host`). Text
+that is not a secret's own field is never rewritten, however short the secret (`+db.password=2026`
+leaves `2026-11-25` in a sweep's name alone). The worker still reads the real values from its run
+directory's config.yaml, which only the user can read; environment variables are never logged.
 """
 
 from __future__ import annotations
@@ -16,18 +18,27 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, cast
-
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.base import DictKeyType
+from typing import Any
 
 SECRET_WORDS = ("password", "passwd", "token", "secret", "api_key", "apikey", "credential", "credentials")
 REDACTED = "***"
 _SECRET_KEY = re.compile(rf"(^|[_-])({'|'.join(SECRET_WORDS)})($|[_-])", re.IGNORECASE)
 # Hydra's override prefixes: add, force-add, delete.
 _OVERRIDE = re.compile(r"^(?P<prefix>\+\+|\+|~)?(?P<key>[^=]+)=(?P<value>.*)$", re.DOTALL)
-
-_secret_values: set[str] = set()
+# A key and its value in free text: `db.password=x` (an override: the value runs to the next space), or
+# `password: x` / `'password': 'x'` / `{password:x}` (YAML, JSON, a dict, Hydra's dict syntax: to the
+# next separator). Quoted values are taken whole.
+_QUOTED = r"'[^'\n]*'|\"[^\"\n]*\""
+_WORD = r"[A-Za-z0-9]+"
+_SECRET_PART = rf"(?:{_WORD}[_-])*(?:{'|'.join(SECRET_WORDS)})(?:[_-]{_WORD})*"
+_PAIR = re.compile(
+    rf"(?<![\w.\-])(?P<key>(?:[\w\-]+\.)*{_SECRET_PART})(?![\w\-])(?P<close>['\"]?)"
+    rf"(?:(?P<eq>=)(?P<v1>{_QUOTED}|[^\s'\"]+)|(?P<colon>[ \t]*:[ \t]*)(?P<v2>{_QUOTED}|[^\s,}}\]'\"]+))",
+    re.IGNORECASE,
+)
+# The password of a URI's userinfo: scheme://user:PASSWORD@host.
+# Hydra's override_dirname escapes the colons (`http\\://alice\\:PASS@host`).
+_USERINFO = re.compile(r"(?P<head>\b[a-zA-Z][\w+.\-]*\\?://[^\s:/@\\]*\\?:)(?P<password>[^\s/@]+)@")
 
 
 def is_secret_key(key: str) -> bool:
@@ -35,66 +46,29 @@ def is_secret_key(key: str) -> bool:
     return bool(_SECRET_KEY.search(str(key).rsplit(".", 1)[-1]))
 
 
-def _remember_value(value: str) -> None:
-    if value and value != REDACTED:
-        _secret_values.add(value)
-
-
-def remember(cfg: DictConfig | Mapping, overrides: Iterable[str] = ()) -> None:
-    """Note the secret values of a config (resolved, the `hydra` node left out) and of command-line
-    overrides (a sweep list such as `+db.password=a,b` gives each of its values), so free text
-    that carries them is redacted from now on in this process."""
-    for key in cfg:
-        if key != "hydra":
-            for name, leaf in _leaves(_plain(cfg, key), str(key)):
-                if is_secret_key(name) and leaf is not None and not isinstance(leaf, bool):
-                    _remember_value(str(leaf))
-    for item in overrides:
-        match = _OVERRIDE.match(item)
-        if match and is_secret_key(match["key"]):
-            _remember_value(match["value"])
-            for value in match["value"].split(","):
-                _remember_value(value)
-    _install_log_redaction()
-
-
-def _plain(cfg: DictConfig | Mapping, key: DictKeyType) -> Any:
-    """cfg[key] as plain data, resolved where it resolves (an unset environment variable does not)."""
-    if not isinstance(cfg, DictConfig):
-        return cfg[key]
-    node = cfg._get_node(key)
-    for resolve in (True, False):
-        try:
-            # A DictConfig's container is a dict (the stubs allow any container).
-            plain = cast("dict[str, Any]", OmegaConf.to_container(OmegaConf.create({"v": node}), resolve=resolve))
-            return plain["v"]
-        except Exception:  # noqa: BLE001 - an interpolation that fails now fails in the run, with its own error
-            continue
-    return None
-
-
-def _leaves(value: Any, name: str) -> Iterable[tuple[str, Any]]:
-    if isinstance(value, Mapping):
-        for key, child in value.items():
-            yield from _leaves(child, f"{name}.{key}")
-    else:
-        yield name, value
+def _pair(match: re.Match) -> str:
+    value = match["v1"] or match["v2"]
+    if not is_secret_key(match["key"]) or value.strip("'\"") == REDACTED:
+        return match[0]
+    if match["eq"]:
+        return f"{match['key']}{match['close']}={REDACTED}"
+    return f"{match['key']}{match['close']}{match['colon']}{REDACTED}"
 
 
 def text(value: str) -> str:
-    """Free text with every remembered secret value replaced by ***; longest first, so a value that
-    contains another is replaced whole."""
-    for secret in sorted(_secret_values, key=len, reverse=True):
-        value = value.replace(secret, REDACTED)
-    return value
+    """Free text with the values of secret keys' pairs and URIs' passwords replaced by ***."""
+    return _PAIR.sub(_pair, _USERINFO.sub(rf"\g<head>{REDACTED}@", value))
 
 
 def override(item: str) -> str:
-    """`+tracking.password=hunter2` -> `+tracking.password=***`; other overrides through text()."""
+    """`+tracking.password=hunter2` -> `+tracking.password=***` (a sweep list's values too); the value
+    of any other override through text() (a list or dict holding a secret key, a URI's password)."""
     match = _OVERRIDE.match(item)
-    if match and is_secret_key(match["key"]):
+    if not match:
+        return text(item)
+    if is_secret_key(match["key"]):
         return f"{match['prefix'] or ''}{match['key']}={REDACTED}"
-    return text(item)
+    return f"{match['prefix'] or ''}{match['key']}={text(match['value'])}"
 
 
 def overrides(items: Iterable[str]) -> list[str]:
@@ -103,7 +77,7 @@ def overrides(items: Iterable[str]) -> list[str]:
 
 def run_name(name: str) -> str:
     """A run name made of comma-joined overrides (Hydra's override_dirname)."""
-    return ",".join(override(part) for part in text(name).split(","))
+    return text(name)
 
 
 def params(flat: Mapping[str, Any]) -> dict[str, str]:
@@ -111,7 +85,7 @@ def params(flat: Mapping[str, Any]) -> dict[str, str]:
 
 
 def config(tree: Any) -> Any:
-    """A plain (nested dict/list) config with the values of secret keys replaced."""
+    """A plain (nested dict/list) config with the values of secret keys replaced, in lists too."""
     if isinstance(tree, Mapping):
         return {k: REDACTED if is_secret_key(k) and not isinstance(v, Mapping) else config(v) for k, v in tree.items()}
     if isinstance(tree, list):
@@ -122,10 +96,10 @@ def config(tree: Any) -> Any:
 _installed = False
 
 
-def _install_log_redaction() -> None:
+def install_log_redaction() -> None:
     """Every log record of this process, whoever logs it (Hydra's launcher prints each job's
-    overrides), is redacted when it is made: a record factory survives Hydra reconfiguring the
-    handlers for each job, which handler filters would not."""
+    overrides, MLflow its 'View run at' URL), is redacted when it is made: a record factory survives
+    Hydra reconfiguring the handlers for each job, which handler filters would not."""
     global _installed
     if _installed:
         return
@@ -133,11 +107,10 @@ def _install_log_redaction() -> None:
 
     def redacting_factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = make_record(*args, **kwargs)
-        if _secret_values:
-            try:
-                record.msg, record.args = text(record.getMessage()), ()
-            except (TypeError, ValueError):  # a malformed record: logging reports it when it is emitted
-                pass
+        try:
+            record.msg, record.args = text(record.getMessage()), ()
+        except (TypeError, ValueError):  # a malformed record: logging reports it when it is emitted
+            pass
         return record
 
     logging.setLogRecordFactory(redacting_factory)

@@ -291,6 +291,14 @@ def make_dataloader(
         if world_size > 1
         else None
     )
+    per_rank = len(sampler) if sampler is not None else len(dataset)
+    if per_rank < batch_size:
+        # drop_last leaves no batch, and endless() would wait for one forever.
+        raise ValueError(
+            f"train.micro_batch_size={batch_size}: the data packs into {len(dataset)} block(s) of train.seq_length "
+            f"tokens ({per_rank} per rank), fewer than one micro-batch, so no step can run; accepted: at most "
+            f"{per_rank}, or more data (data.num_examples, data.path) or a shorter train.seq_length"
+        )
     return DataLoader(
         dataset,
         batch_size=batch_size,

@@ -54,5 +54,5 @@ def test_a_broken_rule_is_one_line_naming_the_key_and_what_is_accepted(key, valu
 
 def test_null_only_where_the_schema_says():
     schema.check("train.grad_clip", None)
-    with pytest.raises(ConfigError, match=r"^train.lr=None: must be a number > 0$"):
+    with pytest.raises(ConfigError, match=r"^train.lr=None: must be a number > 0 and <= 1$"):
         schema.check("train.lr", None)

@@ -27,17 +27,26 @@ DOLLY = {"instruction": "Say hi.", "context": "", "response": "hi", "category": 
 
 
 def data_files(folder: Path) -> dict[str, Path]:
-    files = {name: folder / f"{name}.jsonl" for name in ("not_json", "empty", "huge_line", "no_response", "array")}
+    names = ("not_json", "empty", "huge_line", "no_response", "array", "number_field", "null_field")
+    files = {name: folder / f"{name}.jsonl" for name in names}
     files["not_json"].write_text(json.dumps(DOLLY) + "\n{'instruction': 'single quotes'}\n")
     files["empty"].write_text("\n\n")
     files["huge_line"].write_bytes(b'{"instruction": "' + b"a" * (50 << 20) + b'", "response": "x"}\n')
     files["no_response"].write_text(json.dumps({"instruction": "Say hi."}) + "\n")
     files["array"].write_text(json.dumps([DOLLY, DOLLY]) + "\n")
+    files["number_field"].write_text(json.dumps(DOLLY) + "\n" + json.dumps({**DOLLY, "instruction": 123}) + "\n")
+    files["null_field"].write_text(json.dumps({**DOLLY, "response": None}) + "\n")
     return files
 
 
 def model_folder(folder: Path) -> Path:
     (folder / "no_config").mkdir()
+    (folder / "list_config").mkdir()
+    (folder / "list_config" / "config.json").write_text("[1, 2]")
+    (folder / "null_layers").mkdir()
+    (folder / "null_layers" / "config.json").write_text(
+        json.dumps({"model_type": "llama", "num_hidden_layers": None, "max_position_embeddings": 4096})
+    )
     return folder / "no_config"
 
 
@@ -54,9 +63,63 @@ CASES = {
     "learning rate": (
         ["train.lr=fast,-0.1,0"],
         [
-            "train.lr=fast: must be a number > 0",
-            "train.lr=-0.1: must be a number > 0",
-            "train.lr=0: must be a number > 0",
+            "train.lr=fast: must be a number > 0 and <= 1",
+            "train.lr=-0.1: must be a number > 0 and <= 1",
+            "train.lr=0: must be a number > 0 and <= 1",
+        ],
+    ),
+    "infinity and overflow": (
+        ["train.lr=inf,1e99"],
+        ["train.lr=inf: must be a number > 0 and <= 1", "train.lr=1e+99: must be a number > 0 and <= 1"],
+    ),
+    "overflowing integer": (
+        ["train.max_steps=99999999999999999999"],
+        ["train.max_steps=99999999999999999999: too large; must be an integer from 1 to 2147483647"],
+    ),
+    "infinite mean tokens": (["data.mean_tokens=inf"], ["data.mean_tokens=inf: must be a number > 0 and <= 1000000"]),
+    "capture values": (
+        ["capture.num_steps=abc,0"],
+        ["capture.num_steps=abc: must be an integer >= 1", "capture.num_steps=0: must be an integer >= 1"],
+    ),
+    "capture window": (
+        ["profile=torch", "capture.start_step=-5,100"],
+        [
+            "capture.start_step=-5: must be an integer >= 0",
+            "capture.start_step=100, capture.num_steps=3: the profiler's window ends after the last step (19, "
+            "train.max_steps=20); accepted: start_step + num_steps <= 20, or profile=none",
+        ],
+    ),
+    "model shape": (
+        ["model.num_attention_heads=3,0", "model.num_layers=0"],
+        [
+            "model.num_layers=0: must be an integer >= 1",
+            "model.num_layers=0: must be an integer >= 1",
+        ],
+    ),
+    "attention heads": (
+        ["model.num_attention_heads=3,0,256"],
+        [
+            "model.num_attention_heads=3: does not divide model.hidden_size=256; accepted: a divisor of 256",
+            "model.num_attention_heads=0: must be an integer >= 1",
+            "model.hidden_size=256: 1 per head (model.num_attention_heads=256), an odd number rotary embeddings "
+            "cannot split; accepted: an even width per head",
+        ],
+    ),
+    "lora keys with peft=none": (
+        ["peft=none", "+peft.r=8,16"],
+        [
+            "peft.r=8: a LoRA setting, and peft=none trains every weight without LoRA; accepted: peft=lora with it, "
+            "or peft=none without it",
+            "peft.r=16: a LoRA setting, and peft=none trains every weight without LoRA; accepted: peft=lora with it, "
+            "or peft=none without it",
+        ],
+    ),
+    "no step": (
+        ["train.max_steps=2", "train.seq_length=64", "train.micro_batch_size=2", "data.num_examples=1"],
+        [
+            "ValueError: train.micro_batch_size=2: the data packs into 1 block(s) of train.seq_length tokens (1 per "
+            "rank), fewer than one micro-batch, so no step can run; accepted: at most 1, or more data "
+            "(data.num_examples, data.path) or a shorter train.seq_length"
         ],
     ),
     "lora": (["peft.r=0,four"], ["peft.r=0: must be an integer >= 1", "peft.r=four: must be an integer >= 1"]),
@@ -88,19 +151,25 @@ CASES = {
         ],
     ),
     "model folder": (
-        ["model=llama2_7b", "model.path={dir}/missing,{dir}/no_config"],
+        ["model=llama2_7b", "model.path={dir}/missing,{dir}/no_config,{dir}/list_config,{dir}/null_layers"],
         [
             "model.path={dir}/missing: no such folder; expected a Hugging Face model folder",
             "model.path={dir}/no_config: config.json is missing or lacks model_type, num_hidden_layers, "
             "max_position_embeddings (FileNotFoundError: [Errno 2] No such file or directory: '{dir}/no_config/config.json'); "
             "expected a folder written by save_pretrained",
+            "model.path={dir}/list_config: config.json is missing or lacks model_type, num_hidden_layers, "
+            "max_position_embeddings (ValueError: a JSON list, not an object); expected a folder written by save_pretrained",
+            "model.path={dir}/null_layers: config.json is missing or lacks model_type, num_hidden_layers, "
+            "max_position_embeddings (TypeError: int() argument must be a string, a bytes-like object or a real number, "
+            "not 'NoneType'); expected a folder written by save_pretrained",
         ],
     ),
     "dolly files": (
         [
             "data=dolly_file",
             "data.path={dir}/missing.jsonl,{dir}/not_json.jsonl,{dir}/empty.jsonl,"
-            "{dir}/huge_line.jsonl,{dir}/no_response.jsonl,{dir}/array.jsonl",
+            "{dir}/huge_line.jsonl,{dir}/no_response.jsonl,{dir}/array.jsonl,{dir}/number_field.jsonl,"
+            "{dir}/null_field.jsonl",
         ],
         [
             "data.path={dir}/missing.jsonl: no such file; expected a dolly-format JSONL file",
@@ -113,6 +182,10 @@ CASES = {
             "data.path={dir}/no_response.jsonl: line 1 lacks instruction or response; expected one dolly record "
             "(a JSON object with instruction and response) per line",
             "data.path={dir}/array.jsonl: line 1 lacks instruction or response; expected one dolly record "
+            "(a JSON object with instruction and response) per line",
+            "data.path={dir}/number_field.jsonl: line 2: instruction is 123, not a string; expected one dolly record "
+            "(a JSON object with instruction and response) per line",
+            "data.path={dir}/null_field.jsonl: line 1: response is null, not a string; expected one dolly record "
             "(a JSON object with instruction and response) per line",
         ],
     ),
@@ -186,3 +259,33 @@ def test_an_option_or_key_the_groups_do_not_have_is_refused_before_any_run(tmp_p
     assert proc.stderr.startswith(first_line), proc.stderr[-2000:]
     assert_one_line_errors(proc.stdout, proc.stderr)
     assert not (tmp_path / "mlflow.db").exists() and not list(tmp_path.rglob("result.json"))
+
+
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        ("dry_run=no", "dry_run=no: not an accepted value; accepted: True, False"),
+        ("force=no", "force=no: not an accepted value; accepted: True, False"),
+        ("tracking.experiment=", "tracking.experiment=: not an MLflow experiment name; accepted: a non-empty name"),
+        (
+            "hydra.job.name=../../../X",
+            "hydra.job.name=../../../X: names the job's log file in its run directory; accepted: letters, digits, "
+            "'_', '-' and '.', no path",
+        ),
+        (
+            "+container.env.X=${oc.env:GHSWEEP_TEST_UNSET}",
+            'container.env.X: KeyError raised while resolving interpolation: "Environment variable '
+            "'GHSWEEP_TEST_UNSET' not found\"; set what it names, or give it a default (${oc.env:NAME,default})",
+        ),
+    ],
+)
+@pytest.mark.parametrize("mode", [["-m"], []], ids=["sweep", "single run"])
+def test_what_a_sweep_reads_before_its_runs_is_refused_in_one_line_before_any_record(tmp_path, override, line, mode):
+    cwd = tmp_path / "a" / "b" / "c"
+    cwd.mkdir(parents=True)
+    proc = run_cli([*mode, "experiment=smoke", "precision=fp32", override], cwd)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == f"ghsweep: {line}"
+    assert_one_line_errors(proc.stdout, proc.stderr)
+    assert not (cwd / "mlflow.db").exists() and not list(cwd.rglob("result.json"))
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == []  # no log written outside (../../../X.log)

@@ -102,10 +102,11 @@ def test_an_interrupted_sweep_ends_killed_with_its_summary_and_resumes(tmp_path,
     assert "worker.log" in MlflowStore(sqlite_uri(tmp_path), experiment=None).artifact_paths(children[1].run_id)
 
     if stop == signal.SIGINT:  # resuming is the same for both signals: run it once
-        again = run_cli([*SWEEP, "hydra.sweep.dir=again"], tmp_path)
+        # The same command again, into the same hydra.sweep.dir: resumed in place.
+        again = run_cli([*SWEEP, "hydra.sweep.dir=first"], tmp_path)
         assert again.returncode == 0, again.stderr[-3000:]
         assert "3 of 3 runs finished" in again.stdout and "skipped, already FINISHED" in again.stdout
-        resumed = results(tmp_path / "again")
+        resumed = results(tmp_path / "first")
         assert [resumed[n]["status"] for n in range(3)] == ["FINISHED"] * 3
         assert resumed[0]["mlflow_run_id"] == children[0].run_id  # not trained again
         assert_nothing_running(all_runs(sqlite_uri(tmp_path)))

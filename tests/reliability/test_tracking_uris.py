@@ -3,11 +3,13 @@ do; the tracking-server wrapper stops its server on SIGTERM as on Ctrl-C."""
 
 from __future__ import annotations
 
+import http.server
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -95,3 +97,48 @@ def test_the_server_wrapper_stops_its_server_on_sigterm_as_on_ctrl_c(tmp_path, s
         assert _refuses(port), "the mlflow server outlived its wrapper"
     finally:
         wrapper.kill()
+
+
+@pytest.fixture()
+def plain_http_port():
+    """A plain-HTTP server on 127.0.0.1 (it answers any request with 404)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+@pytest.fixture()
+def silent_port():
+    """A socket on 127.0.0.1 that accepts connections and never answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield listener.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "scheme, server, message",
+    [
+        ("https", "plain_http_port", "no TLS at 127.0.0.1:{port} ({why}); a plain-HTTP server takes http://"),
+        ("http", "silent_port", "127.0.0.1:{port} accepts connections but sent no answer within 5 s"),
+        ("https", "silent_port", "127.0.0.1:{port} accepts connections but sent no answer within 5 s"),
+    ],
+    ids=["https at plain http", "http never answers", "https never answers"],
+)
+def test_a_server_that_cannot_answer_is_one_line_in_seconds(tmp_path, request, scheme, server, message):
+    port = request.getfixturevalue(server)
+    uri = f"{scheme}://127.0.0.1:{port}"
+    started = time.monotonic()
+    proc = run_cli(
+        ["-m", "experiment=smoke", "precision=fp32,bf16", "tracking=server", f"tracking.uri={uri}"], tmp_path
+    )
+    took = time.monotonic() - started
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    expected = f"ghsweep: tracking.uri={uri}: " + message.format(port=port, why="WRONG_VERSION_NUMBER")
+    assert last.startswith(expected), last
+    assert_one_line_errors(proc.stdout, proc.stderr)
+    # MLflow's own retries ran 255 s (TLS) and over 600 s (no answer) before this check.
+    assert took < 45, f"took {took:.0f} s"
+    assert not list(tmp_path.rglob("worker.log")) and not (tmp_path / "mlflow.db").exists()

@@ -1,0 +1,79 @@
+"""The store goes away mid-sweep: a real `mlflow server` stopped and started again. The sweep goes on, every run's record is complete in its run directory, MLflow gets
+what it can once it answers, and the sweep says in one line which runs are not in MLflow."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ghsweep.tracking.mlflow_store import MlflowStore
+from ghsweep.tracking.server import start_server
+from tests.conftest import free_port
+from tests.reliability.records import assert_nothing_running, assert_one_line_errors, by_role, results
+
+STEPS = 16
+# Job 1 trains long enough for the store to go away under it; jobs 0 and 2 are short.
+SWEEP = ["-m", "experiment=smoke", "precision=fp32", f"train.max_steps=2,{STEPS},3", "train.seq_length=64"]
+
+
+def start(cwd: Path, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", HYDRA_FULL_ERROR="0")
+    return subprocess.Popen(
+        [sys.executable, "-m", "ghsweep", *SWEEP, "hydra.sweep.dir=sweep", *extra],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_job_1(cwd: Path, proc: subprocess.Popen, timeout_s: float = 300) -> None:
+    log = cwd / "sweep" / "1" / "worker.log"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if log.exists() and f"step 1/{STEPS}" in log.read_text():
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    raise TimeoutError("job 1 never trained")
+
+
+def test_a_stopped_server_is_recorded_from_the_run_directories_when_it_is_back(tmp_path):
+    port = free_port()
+    server = start_server(tmp_path / "server", port=port)
+    try:
+        proc = start(tmp_path, "train.log_every=1", "tracking=server", f"tracking.uri={server.url}")
+        wait_for_job_1(tmp_path, proc)
+        server.stop()
+        # Job 1 ends and records while the server is away; it is back before the sweep ends.
+        deadline = time.monotonic() + 300
+        while not (tmp_path / "sweep" / "2").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        server = start_server(tmp_path / "server", port=port)
+        stdout, stderr = proc.communicate(timeout=600)
+    finally:
+        server.stop()
+    server = start_server(tmp_path / "server", port=port)  # to read what it holds
+    try:
+        assert_one_line_errors(stdout, stderr)
+        on_disk = results(tmp_path / "sweep")
+        assert [on_disk[n]["status"] for n in range(3)] == ["FINISHED"] * 3
+        runs = MlflowStore(server.url, "ghsweep").search()
+        assert_nothing_running(runs)
+        children = {c.job_num: c for c in by_role(runs, "run")}
+        missing = sorted(set(range(3)) - set(children))
+        # Job 2 started while the server was away or back: either way its record is in the run directory,
+        # and the one line names it when MLflow lacks it.
+        if missing:
+            assert proc.returncode == 1
+            assert stderr.strip().splitlines()[-1].endswith(": " + ", ".join(map(str, missing)))
+        else:
+            assert proc.returncode == 0, stderr[-3000:]
+        assert children[1].status == "FINISHED" and "tokens_per_s" in children[1].metrics  # from its files
+        assert [p.status for p in by_role(runs, "sweep")] == ["FINISHED"]
+    finally:
+        server.stop()
