@@ -62,21 +62,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     uri = absolute_tracking_uri(args.tracking_uri, Path.cwd())
-    store_file = uri.removeprefix("sqlite:///")
-    if uri.startswith("sqlite:///") and not Path(store_file).exists():
-        # MLflow would create an empty store there and then find no sweep in it.
-        print(
-            f"ghsweep.report: no MLflow store at {store_file}; run this where the sweep ran, or give "
-            "--tracking-uri (or $MLFLOW_TRACKING_URI)",
-            file=sys.stderr,
-        )
-        return 2
     out = args.out.absolute()
     existing = next(p for p in (out, *out.parents) if p.exists())
     if not existing.is_dir():  # checked before MLflow is read: the report would be lost at its first file
         print(
             f"ghsweep.report: --out {args.out}: {existing} is a file, not a folder; give a folder "
             "(created when missing)",
+            file=sys.stderr,
+        )
+        return 2
+    store_file = uri.removeprefix("sqlite:///")
+    if uri.startswith("sqlite:///") and not Path(store_file).exists():
+        # MLflow would create an empty store there and then find no sweep in it.
+        print(
+            f"ghsweep.report: no MLflow store at {store_file}; run this where the sweep ran, or give "
+            "--tracking-uri (or $MLFLOW_TRACKING_URI)",
             file=sys.stderr,
         )
         return 2

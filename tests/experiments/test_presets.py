@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from ghsweep.core.names import split_overrides
 from tests.conftest import REPO, MlflowRecords, run_cli
 
 SMOKE = [
@@ -60,7 +61,7 @@ def test_every_preset_has_an_expected_outcome():
 def swept(overrides: str) -> str:
     """The combination's override that the preset sweeps (empty for a preset without a sweep)."""
     keys = {o.partition("=")[0] for o in SMOKE} | {"tracking.uri", "tracking.experiment"}
-    own = [o for o in overrides.split(" ") if not o.startswith("experiment=") and o.partition("=")[0] not in keys]
+    own = [o for o in split_overrides(overrides) if not o.startswith("experiment=") and o.partition("=")[0] not in keys]
     return " ".join(own)
 
 

@@ -168,7 +168,7 @@ def test_a_broken_mlflow_store_at_record_time_leaves_the_run_files_complete(tmp_
     db.write_bytes(b"this is not a database" * 100)  # the store breaks between the start and the record
 
     record(store, run_id, cfg, combo.run_dir, result, RunSummary(), ProfileOutcome(), time.time())
-    assert "the MLflow record is incomplete; the run's record is complete in" in caplog.text
+    assert "the MLflow record is incomplete (" in caplog.text and "); the run's record is complete in" in caplog.text
     saved = RunResult.load(combo.run_dir)
     assert (saved.status, saved.error, saved.mlflow_run_id) == ("FAILED", "worker exited with status 1: boom", run_id)
     assert "wall_s" in saved.timing
