@@ -15,6 +15,7 @@ import random
 import shutil
 import socket
 import subprocess
+import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -64,7 +65,7 @@ def free_port_base(count: int = 4) -> int:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory):
+def slurm_cluster():
     if os.environ.get("SLURM_CONF") and cluster_is_up():
         yield Path(os.environ["SLURM_CONF"]).parent
         return
@@ -79,7 +80,10 @@ def slurm_cluster(tmp_path_factory):
         reason = f"no SLURM cluster: starting one needs root (sudo {HERE / 'start_cluster.sh'})"
     if reason:
         unavailable(reason)
-    state = tmp_path_factory.mktemp("slurm")
+    # Not under pytest's own temporary folder: that is readable by its owner only, and munged runs as
+    # the munge user, who must reach its log and key there.
+    state = Path(tempfile.mkdtemp(prefix="ghsweep-slurm-", dir="/var/tmp"))
+    state.chmod(0o755)
     before = os.environ.get("SLURM_CONF")
     # For this process and every command it starts (sbatch through submitit, the CLI under test).
     os.environ["SLURM_CONF"] = str(state / "etc" / "slurm.conf")
@@ -88,6 +92,7 @@ def slurm_cluster(tmp_path_factory):
         yield state
     finally:
         subprocess.run([str(HERE / "stop_cluster.sh"), str(state)], check=False, timeout=120)
+        shutil.rmtree(state, ignore_errors=True)
         if before is None:
             os.environ.pop("SLURM_CONF", None)
         else:
