@@ -127,16 +127,26 @@ def test_a_missing_or_failed_run_fails(swept):
         in proc.stdout
     )
 
-    failing = run_cli([*SWEEP[:2], "precision=fp8", *SWEEP[3:], "hydra.sweep.dir=fp8"], swept)
+    # A combination that starts and then fails in its worker: weights that are not a safetensors file.
+    model = swept / "model"
+    model.mkdir(exist_ok=True)
+    shape = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "max_position_embeddings": 512, **shape}
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "model.safetensors").write_bytes(b"not a safetensors file")
+    failing = run_cli(
+        [*SWEEP[:2], "precision=fp32", *SWEEP[3:], f"model.path={model}", "hydra.sweep.dir=broken"], swept
+    )
     assert failing.returncode != 0
 
-    def expect_fp8(reference: dict) -> None:
-        reference["runs"] = {
-            "experiment=smoke precision=fp8 train.max_steps=6 train.seq_length=64": {"loss": [[0, 5.0]]}
-        }
+    def expect_broken(reference: dict) -> None:
+        key = f"experiment=smoke model.path={model} precision=fp32 train.max_steps=6 train.seq_length=64"
+        reference["runs"] = {key: {"loss": [[0, 5.0]]}}
 
-    proc = gate(swept, "fp8", "--against", planted(swept, "fp8.json", expect_fp8))
-    assert proc.returncode == 1 and "FAILED: precision=fp8: needs an NVIDIA GPU" in proc.stdout, proc.stdout
+    proc = gate(swept, "broken", "--against", planted(swept, "broken.json", expect_broken))
+    assert proc.returncode == 1 and "FAILED: SafetensorError: Error while deserializing header" in proc.stdout, (
+        proc.stdout + proc.stderr
+    )
 
 
 def test_a_loss_curve_outside_the_band_fails(swept):
