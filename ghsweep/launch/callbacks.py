@@ -93,7 +93,8 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
         results = completed_from_mlflow(results, store, parent_id)
         recorded = {c.run_id: c for c in store.search(parent_run_id=parent_id)}
         record_from_files(store, [r for r in results if r.mlflow_run_id in recorded], recorded)
-        missing = [r for r in results if r.mlflow_run_id not in recorded]
+        # A reused row's run is an earlier sweep's child: it is in MLflow, under that sweep.
+        missing = [r for r in results if r.mlflow_run_id not in recorded and not r.reused]
     except Exception as exc:  # the store went away: the run directories hold every record
         store, missing, lost = None, results, one_line(exc)
     table = format_table(results)

@@ -45,8 +45,8 @@ def test_the_dry_run_refuses_what_the_run_would_and_exits_non_zero(tmp_path):
     assert proc.returncode == 1, proc.stderr[-3000:]
     workers = re.findall(r"(?m)^  worker:  (.*)$", proc.stdout)
     assert workers[:3] == [
-        "(not runnable) train.lr=-1: must be a number > 0",
-        "(not runnable) train.lr=-1: must be a number > 0",
+        "(not runnable) train.lr=-1: must be a number > 0 and <= 1",
+        "(not runnable) train.lr=-1: must be a number > 0 and <= 1",
         f"(not runnable) {FP8_ON_CPU}",
     ]
     assert "-m ghsweep.train.worker" in workers[3]

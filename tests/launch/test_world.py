@@ -91,6 +91,8 @@ def test_slurm_dry_run_asks_for_nodes_and_tasks_and_prints_srun(tmp_path):
             "backend.num_nodes=1,2",
             "backend.gpus_per_node=2",
             "profile=nsys",
+            "capture.start_step=1",  # the profiler's window inside the 4 steps
+            "capture.num_steps=2",
             "device=cuda",
             "dry_run=true",
         ],

@@ -58,7 +58,7 @@ def study_of(cwd: Path, out: str) -> optuna.Study:
 
 
 def sweep_dir(out: str) -> Path:
-    line = next(line for line in out.splitlines() if "runs finished (sweep directory" in line)
+    line = next(line for line in out.splitlines() if "runs finished" in line and "(sweep directory " in line)
     return Path(line.split("(sweep directory ")[1].rstrip(")"))
 
 
