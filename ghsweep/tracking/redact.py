@@ -41,9 +41,14 @@ _PAIR = re.compile(
 _USERINFO = re.compile(r"(?P<head>\b[a-zA-Z][\w+.\-]*\\?://[^\s:/@\\]*\\?:)(?P<password>[^\s/@]+)@")
 
 
+# A key ending in an id names a thing rather than holding a secret (a tokenizer's bos_token_id).
+_ID = re.compile(r"[_-]ids?$", re.IGNORECASE)
+
+
 def is_secret_key(key: str) -> bool:
     """True for a (dotted) config key whose last part names a secret."""
-    return bool(_SECRET_KEY.search(str(key).rsplit(".", 1)[-1]))
+    last = str(key).rsplit(".", 1)[-1]
+    return bool(_SECRET_KEY.search(last)) and not _ID.search(last)
 
 
 def _pair(match: re.Match) -> str:

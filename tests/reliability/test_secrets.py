@@ -36,6 +36,8 @@ SHELL_VALUE = "$(touch PWNED); `touch PWNED2` | rm -rf x && echo done"
         ("metrics.tokens_per_s", False),
         ("peft.r", False),
         ("password.file_path", False),  # only the last part of a key counts
+        ("model.config.bos_token_id", False),  # an id names a token, it is no secret
+        ("pad_token_ids", False),
     ],
 )
 def test_which_keys_are_secret(key, secret):
