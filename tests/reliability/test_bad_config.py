@@ -114,14 +114,6 @@ CASES = {
             "or peft=none without it",
         ],
     ),
-    "no step": (
-        ["train.max_steps=2", "train.seq_length=64", "train.micro_batch_size=2", "data.num_examples=1"],
-        [
-            "ValueError: train.micro_batch_size=2: the data packs into 1 block(s) of train.seq_length tokens (1 per "
-            "rank), fewer than one micro-batch, so no step can run; accepted: at most 1, or more data "
-            "(data.num_examples, data.path) or a shorter train.seq_length"
-        ],
-    ),
     "lora": (["peft.r=0,four"], ["peft.r=0: must be an integer >= 1", "peft.r=four: must be an integer >= 1"]),
     "dropout": (
         ["peft.dropout=1.5,-0.1"],
@@ -243,6 +235,30 @@ def test_a_value_only_the_node_can_judge_fails_its_run_and_the_sweep_goes_on(tmp
     children = sorted(by_role(runs, "run"), key=lambda r: int(r.tags["ghsweep.job_num"]))
     assert [c.status for c in children] == ["FAILED", "FINISHED"]
     assert children[0].tags["ghsweep.error"] == error
+
+
+def test_data_that_makes_no_step_fails_its_run_in_one_line_instead_of_waiting(tmp_path):
+    # Only the worker knows how many blocks the data packs into: the run fails, it does not hang.
+    proc = run_cli(
+        [
+            "-m",
+            "experiment=smoke",
+            "train.max_steps=2",
+            "train.seq_length=64",
+            "train.micro_batch_size=2",
+            "data.num_examples=1",
+        ],
+        tmp_path,
+    )
+    error = (
+        "ValueError: train.micro_batch_size=2: the data packs into 1 block(s) of train.seq_length tokens (1 per "
+        "rank), fewer than one micro-batch, so no step can run; accepted: at most 1, or more data "
+        "(data.num_examples, data.path) or a shorter train.seq_length"
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    on_disk = results(only_sweep_dir(tmp_path))
+    assert [(r["status"], r["error"]) for r in on_disk.values()] == [("FAILED", error)]
+    assert_nothing_running(all_runs(sqlite_uri(tmp_path)))
 
 
 @pytest.mark.parametrize(
