@@ -243,6 +243,12 @@ class SweepCallback(Callback):
                 f"ghsweep: {len(refused)} of {total} combinations cannot run on any node; nothing was "
                 "submitted or recorded"
             )
+        if not config.wait and config.hydra.runtime.choices.get("hydra/sweeper") == "tune":
+            # A setting, refused before the SLURM controller is asked whether it answers.
+            raise SystemExit(
+                "ghsweep: wait=false: a tuning study needs each batch's results before it asks for the "
+                "next; accepted with hydra/sweeper=tune: wait=true"
+            )
         launcher = config.hydra.runtime.choices["hydra/launcher"]
         unavailable = slurm_unavailable(launcher) if config.hydra.launcher._target_ == GHSWEEP_SLURM_LAUNCHER else None
         if unavailable:

@@ -74,11 +74,6 @@ class TuneSweeper(Sweeper):
             settings = TuneSettings.from_config(cfg.tune)
             parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
             space = SearchSpace.parse(parser, [f"{k}={v}" for k, v in self.params.items()] + list(arguments))
-            if not cfg.wait and not cfg.dry_run:
-                raise TuneConfigError(
-                    "wait=false: a tuning study needs each batch's results before it asks for the "
-                    "next; accepted with hydra/sweeper=tune: wait=true"
-                )
         except (TuneConfigError, SpaceError) as exc:
             end_sweep_run(sweep_dir, str(exc))
             raise

@@ -225,8 +225,12 @@ def test_two_objectives_give_the_pareto_front(cwd, first):
 def test_bad_tune_settings_are_one_line_errors(tmp_path, bad, message):
     proc = run_cli(["-m", *SPACE, *bad], tmp_path)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+    db = tmp_path / "mlflow.db"
+    if "wait=false" in bad:  # a launch setting: refused before anything is recorded
+        assert not db.exists() or not MlflowStore(f"sqlite:///{db}", "ghsweep").search()
+        return
     # The sweep's MLflow run, made before the study could start, ends FAILED with the reason.
-    (parent,) = MlflowStore(f"sqlite:///{tmp_path / 'mlflow.db'}", "ghsweep").search()
+    (parent,) = MlflowStore(f"sqlite:///{db}", "ghsweep").search()
     assert parent.status == "FAILED" and message in parent.error
 
 
