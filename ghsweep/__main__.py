@@ -74,7 +74,7 @@ if __name__ == "__main__":
     except KeyboardInterrupt as interrupt:  # the run in progress has recorded itself KILLED
         if SweepCallback.started_sweep_dir is None:
             print(f"ghsweep: {interrupts.reason(interrupt)}", file=sys.stderr)
-            raise SystemExit(interrupts.exit_status(interrupt)) from None
+            interrupts.exit_interrupted(interrupt)
         finish_sweep(SweepCallback.started_sweep_dir, interrupt=interrupt)
     except SystemExit as exit:  # its one line names what failed, a tracking URI's password too
         if isinstance(exit.code, str):

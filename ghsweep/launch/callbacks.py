@@ -128,7 +128,7 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
             file=sys.stderr,
             flush=True,
         )
-        raise SystemExit(interrupts.exit_status(interrupt))
+        interrupts.exit_interrupted(interrupt)
     if failed and not failures_expected:
         # Hydra's multirun has no exit status of its own; a failed combination must fail the command.
         raise SystemExit(f"ghsweep: {len(failed)} of {len(results)} runs failed")

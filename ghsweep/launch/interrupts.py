@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from typing import NoReturn
 
 
 class Terminated(KeyboardInterrupt):
@@ -49,6 +50,12 @@ def reason(interrupt: KeyboardInterrupt) -> str:
     return f"interrupted by {sig.name}" + (" (Ctrl-C)" if sig == signal.SIGINT else "")
 
 
-def exit_status(interrupt: KeyboardInterrupt) -> int:
-    """The shell's status for a process ended by the signal: 130 for SIGINT, 143 for SIGTERM."""
-    return 128 + signal_of(interrupt)
+def exit_interrupted(interrupt: KeyboardInterrupt) -> NoReturn:
+    """Exit with the shell's status for a process ended by the signal: 130 for SIGINT, 143 for SIGTERM.
+
+    Everything is recorded by now. The interpreter's teardown puts back the default action of
+    signals that have a Python handler, so a further Ctrl-C during it would end the process by the
+    signal instead (status -2); from here on they are ignored."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise SystemExit(128 + signal_of(interrupt))

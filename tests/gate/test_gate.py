@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from tests.support.models import unreadable_model
 
 SWEEP = ["-m", "experiment=smoke", "precision=fp32,bf16", "train.max_steps=6", "train.seq_length=64"]
 
@@ -128,12 +129,7 @@ def test_a_missing_or_failed_run_fails(swept):
     )
 
     # A combination that starts and then fails in its worker: weights that are not a safetensors file.
-    model = swept / "model"
-    model.mkdir(exist_ok=True)
-    shape = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
-    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "max_position_embeddings": 512, **shape}
-    (model / "config.json").write_text(json.dumps(config))
-    (model / "model.safetensors").write_bytes(b"not a safetensors file")
+    model = unreadable_model(swept / "model")
     failing = run_cli(
         [*SWEEP[:2], "precision=fp32", *SWEEP[3:], f"model.path={model}", "hydra.sweep.dir=broken"], swept
     )

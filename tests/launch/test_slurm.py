@@ -20,6 +20,7 @@ from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 from ghsweep.train.data import synthetic_dolly, write_dolly_jsonl
 from tests.conftest import run_cli
 from tests.slurm.cluster import sacct_states, slurm_cluster  # noqa: F401  (the session fixture)
+from tests.support.models import UNREADABLE_WEIGHTS_ERROR, unreadable_model
 
 # About ten minutes on the real cluster; tests/launch/test_slurm_settle.py covers settle in seconds.
 pytestmark = [pytest.mark.usefixtures("slurm_cluster"), pytest.mark.slow]
@@ -84,17 +85,13 @@ def test_smoke_sweep_2x2(mlflow_server, tmp_path):
 
 
 def test_failing_job_is_failed_with_its_slurm_log(mlflow_server, tmp_path):
-    # Passes the checks before training (its fields are there) but is not text: the worker fails on the node.
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"instruction": "hi", "response": {"nested": 1}}\n')
-    proc = run_cli(
-        sweep_args(mlflow_server, "slurm_fail", "data=dolly_file", f"data.path={bad}", "train.max_steps=2"), tmp_path
-    )
+    model = unreadable_model(tmp_path / "model")
+    proc = run_cli(sweep_args(mlflow_server, "slurm_fail", f"model.path={model}", "train.max_steps=2"), tmp_path)
     assert proc.returncode != 0
     assert "1 of 1 runs failed" in proc.stderr
     (child,) = runs(mlflow_server, "slurm_fail", "run")
     assert child.status == "FAILED"
-    assert child.tags["ghsweep.error"] == "AttributeError: 'dict' object has no attribute 'encode'"
+    assert child.tags["ghsweep.error"] == UNREADABLE_WEIGHTS_ERROR
     assert "worker.log" in artifacts(mlflow_server, child.run_id)
     slurm_logs = artifacts(mlflow_server, child.run_id, "slurm")
     assert any(p.endswith("_log.out") for p in slurm_logs) and any(p.endswith("_log.err") for p in slurm_logs)
@@ -191,16 +188,20 @@ def test_time_limit_without_resumable_backend_is_recorded_timed_out(mlflow_serve
 def test_resume_skips_finished_and_reruns_failed(mlflow_server, tmp_path):
     good, late = tmp_path / "good.jsonl", tmp_path / "late.jsonl"
     write_dolly_jsonl(synthetic_dolly(64, seed=1), good)
-    common = ("data=dolly_file", f"data.path={good},{late}", "train.max_steps=2")
+    # One example packs into one block, fewer than a micro-batch of two: only the worker can tell.
+    write_dolly_jsonl(synthetic_dolly(1, seed=2), late)
+    common = ("data=dolly_file", f"data.path={good},{late}", "train.max_steps=2", "train.micro_batch_size=2")
 
     first = run_cli(sweep_args(mlflow_server, "slurm_resume", *common, f"hydra.sweep.dir={tmp_path / 's1'}"), tmp_path)
-    assert first.returncode != 0 and "1 of 2 runs failed" in first.stderr  # late.jsonl does not exist yet
+    assert first.returncode != 0 and "1 of 2 runs failed" in first.stderr
     write_dolly_jsonl(synthetic_dolly(64, seed=2), late)
 
     second = run_cli(sweep_args(mlflow_server, "slurm_resume", *common, f"hydra.sweep.dir={tmp_path / 's2'}"), tmp_path)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "resume: 1 of 2 combinations already FINISHED" in second.stdout
-    assert [j.overrides[-2] for j in load_jobs(tmp_path / "s2")] == [f"data.path={late}"]
+    assert [[o for o in j.overrides if o.startswith("data.path=")] for j in load_jobs(tmp_path / "s2")] == [
+        [f"data.path={late}"]
+    ]
     assert "2 of 2 runs finished" in second.stdout
 
     children = runs(mlflow_server, "slurm_resume", "run")

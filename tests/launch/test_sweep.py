@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from tests.conftest import MlflowRecords, run_cli, sqlite_uri
+from tests.support.models import UNREADABLE_WEIGHTS_ERROR, unreadable_model
 
 RUN_METRICS = {"loss", "step_time_ms", "tokens_per_s", "peak_mem_gb", "final_loss"}
 RUN_PARAMS = {"precision", "offload", "peft", "memory", "dataloader.num_workers", "peft.r", "train.max_steps"}
@@ -88,19 +89,14 @@ def test_failing_combination_does_not_stop_the_sweep(tmp_path):
 def test_worker_crash_is_recorded_with_its_log(tmp_path):
     # A model folder that passes the checks before training (its config.json is whole) but whose weights
     # are not a safetensors file makes the worker itself fail after it started.
-    model = tmp_path / "model"
-    model.mkdir()
-    shape = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
-    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "max_position_embeddings": 512, **shape}
-    (model / "config.json").write_text(json.dumps(config))
-    (model / "model.safetensors").write_bytes(b"not a safetensors file")
+    model = unreadable_model(tmp_path / "model")
     proc = run_cli(["-m", "experiment=smoke", f"model.path={model}", "train.max_steps=2"], tmp_path)
     assert proc.returncode != 0
     records = MlflowRecords(sqlite_uri(tmp_path))
     client = records.client
     (child,) = records.runs("run")
     assert child.info.status == "FAILED"
-    assert child.data.tags["ghsweep.error"] == "SafetensorError: Error while deserializing header: header too large"
+    assert child.data.tags["ghsweep.error"] == UNREADABLE_WEIGHTS_ERROR
     assert "worker.log" in {a.path for a in client.list_artifacts(child.info.run_id)}
 
 

@@ -102,7 +102,7 @@ def test_dry_run_prints_the_recipe_config_and_a_cpu_run_is_refused(tmp_path):
     assert printed["peft"]["dim"] == 8 and printed["model"]["config"]["num_hidden_layers"] == 32
     assert not list(Path(tmp_path).rglob("metrics.jsonl"))
 
-    proc = run_cli(["backend=automodel", "device=cpu", "train.max_steps=2"], tmp_path)
+    proc = run_cli(["backend=automodel", "device=cpu", "train.max_steps=2", "profile=none"], tmp_path)
     assert proc.returncode != 0
     assert re.search(
         r"backend=automodel: training needs an NVIDIA GPU \(FSDP2 over NCCL\) and this run has none "

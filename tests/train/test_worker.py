@@ -35,8 +35,9 @@ import json, os, runpy, sys
 def print_loaded():
     loaded = sorted({{m for m in sys.modules for p in {NOT_FOR_THE_WORKER!r} if m == p or m.startswith(p + ".")}})
     print("LOADED " + json.dumps(loaded), flush=True)
-exit_process = os._exit
-os._exit = lambda code: (print_loaded(), exit_process(code))
+exit_process, worker_pid = os._exit, os.getpid()
+# Processes forked from the worker (Inductor's compile pool) inherit this hook: only the worker prints.
+os._exit = lambda code: (os.getpid() == worker_pid and print_loaded(), exit_process(code))
 sys.argv = ["ghsweep.train.worker", sys.argv[1]]
 try:
     runpy.run_module("ghsweep.train.worker", run_name="__main__")
