@@ -165,8 +165,10 @@ def step_stats(times: Sequence[float], min_warmup: int, excluded: Iterable[int] 
     skip = {i for i in excluded if 0 <= i < len(times)}
     kept = [t for i, t in enumerate(times) if i not in skip]
     start = warmup_end(kept, min_warmup)
-    steady = kept[start:] or kept or list(times)
-    return StepStats(min(start, len(kept)), len(steady), len(skip), median_interval(steady))
+    steady = kept[start:]
+    # A run too short for its warm-up (train.warmup_steps >= the steps it kept) still reports a step
+    # time, over every kept step, with steady_steps 0 saying it is no steady-state number.
+    return StepStats(min(start, len(kept)), len(steady), len(skip), median_interval(steady or kept or list(times)))
 
 
 def ratio(a: Interval, b: Interval) -> Interval:

@@ -49,7 +49,14 @@ def write_run_report(result: RunResult, cfg: DictConfig, info: dict, path: Path)
         for key, unit in METRIC_UNITS.items():
             if key in result.metrics:
                 lines.append(f"| {key} | {with_interval(result.metrics, key)} | {unit} |")
-        if "steady_steps" in result.metrics:
+        if result.metrics.get("steady_steps") == 0:
+            lines += [
+                "",
+                f"No steady step: the warm-up (at least train.warmup_steps={cfg.train.warmup_steps}) took all "
+                f"{result.metrics.get('steps', 0):.0f} steps, so step_time_ms and tokens_per_s include warm-up; "
+                "a longer run (train.max_steps) measures the steady state.",
+            ]
+        elif "steady_steps" in result.metrics:
             m = result.metrics
             lines += [
                 "",

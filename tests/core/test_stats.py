@@ -99,3 +99,10 @@ def test_repeats_combine_between_and_within_spread():
     apart = stats.combine_repeats([100.0, 104.0, 96.0], within)
     assert apart.half_width_pct > 5  # t(2) x SD 4 / sqrt(3)
     assert stats.spread_pct([96.0, 104.0]) == pytest.approx(8.0)
+
+
+def test_a_run_shorter_than_its_warm_up_says_it_has_no_steady_step():
+    s = stats.step_stats([900.0, 120.0], min_warmup=3)
+    assert s.steady_steps == 0 and s.warmup_steps == 2
+    # Still a number, over every step, marked as no steady state by steady_steps 0 (the run report says so).
+    assert s.step_time_ms.estimate == 510.0 and not s.step_time_ms.known
