@@ -154,6 +154,19 @@ def difference_text(r: stats.Interval) -> str:
     return f"{r.estimate:.2f}x (95% interval {r.low:.2f}-{r.high:.2f}x)"
 
 
+def same_training_text(c: Comparison, i: int) -> str:
+    """Said of a run whose knobs differ from the baseline's only where neither applied them: the
+    two trained the same way, so whatever separates them is run-to-run variation, not a knob."""
+    run, base = c.runs[i], c.runs[c.baseline] if c.baseline is not None else None
+    if base is None or run.knobs == base.knobs or run.knobs_in_effect != base.knobs_in_effect:
+        return ""
+    knobs = sorted(k for k in run.knobs if run.knobs[k] != base.knobs.get(k))
+    return (
+        f"; the two trained the same way here ({', '.join(knobs)} had no effect), so this is run-to-run "
+        "variation, not the knob"
+    )
+
+
 def scaling_efficiency(runs: list[tuple[list[str], dict | None]]) -> list[float | None]:
     """For each (overrides, metrics of a finished run or None): its tokens/s per GPU over the
     tokens/s of the same combination (the overrides without the world keys) on one GPU in the same
@@ -335,7 +348,7 @@ def verdict(c: Comparison) -> list[str]:
         )
     for i, interval in enumerate(c.speedup_intervals):
         if i != c.baseline and interval is not None:
-            lines.append(f"{c.label(i)} against the baseline: {difference_text(interval)}.")
+            lines.append(f"{c.label(i)} against the baseline: {difference_text(interval)}{same_training_text(c, i)}.")
     lines += [repeats_text(c, group) for group in repeat_groups(c)]
     if c.pareto:
         lines.append(

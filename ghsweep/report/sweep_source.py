@@ -60,6 +60,16 @@ class SweepRun:
             for knob, value in self.knobs.items()
         }
 
+    @property
+    def knobs_in_effect(self) -> dict[str, str | None]:
+        """The knobs as the training saw them: None for a knob whose value was not applied, or asks
+        for no effect (offload=on on a CPU and offload=off both train without offload)."""
+        effective: dict[str, str | None] = {}
+        for knob, value in self.knobs.items():
+            applied = self._applied(knob)
+            effective[knob] = None if applied is not None and applied != (value, "True") else value
+        return effective
+
     def _applied(self, knob: str) -> tuple[str, str] | None:
         """(the value that asks for the knob's effect, whether the run recorded it applied), if recorded."""
         if knob not in APPLIED_TAGS:

@@ -152,6 +152,26 @@ def run(job: int, tokens_per_s: float, peak_mem_gb: float, half_width_pct: float
     return SweepRun(f"r{job}", f"r{job}", job, "FINISHED", [f"precision=p{job}"], {}, metrics, {})
 
 
+def test_runs_that_differ_only_in_a_knob_with_no_effect_are_said_to_have_trained_the_same():
+    # The CPU headline sweep as a user saw it: offload=on did nothing there, yet the machine's load
+    # moved between the runs by more than their intervals.
+    def cpu_run(job: int, offload: str, tokens_per_s: float, applied: str) -> SweepRun:
+        r = run(job, tokens_per_s, 0.55, 1.0)
+        r.overrides = ["precision=bf16", f"offload={offload}"]
+        r.tags = {"ghsweep.offload_applied": applied}
+        return r
+
+    same = compare.build("cpu", [cpu_run(0, "on", 32.0, "False"), cpu_run(1, "off", 30.0, "False")])
+    text = "\n".join(compare.verdict(same))
+    assert (
+        "#1 off against the baseline: 0.94x (95% interval 0.92-0.95x); the two trained the same way here "
+        "(offload had no effect), so this is run-to-run variation, not the knob." in text
+    )
+    # Where offload was applied the difference is the knob's, and nothing is added.
+    gpu = compare.build("gpu", [cpu_run(0, "on", 32.0, "True"), cpu_run(1, "off", 30.0, "False")])
+    assert "run-to-run variation" not in "\n".join(compare.verdict(gpu))
+
+
 def test_pareto_front_handles_ties_and_single_points():
     assert compare.pareto_front([]) == set()
     assert compare.pareto_front([run(0, 5.0, 1.0)]) == {0}
