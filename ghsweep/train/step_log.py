@@ -1,12 +1,15 @@
 """Per-step measurements of a worker, written as JSON lines as they come in.
 
 Losses and CUDA timing events stay on the device until `flush`, so logging adds no host
-synchronisation to every step; the training loop flushes every `train.log_every` steps.
+synchronisation to every step; the training loop flushes every `train.log_every` steps. A flush that
+finds a NaN or infinite loss raises NonFiniteLoss naming the first such step: every backend's loop
+writes through a StepLog, so every backend stops there.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -16,6 +19,7 @@ from typing import IO, TypeAlias
 import torch
 from omegaconf import DictConfig
 
+from ghsweep.core.errors import NonFiniteLoss
 from ghsweep.core.names import STEP_RANGE_PREFIX
 from ghsweep.core.stats import StepStats, step_stats
 
@@ -63,9 +67,15 @@ class StepLog:
             self.losses.append(row["loss"])
             self.step_times_ms.append(ms)
             rows.append(row)
+            if not math.isfinite(row["loss"]):
+                break
         if self._file:
             self._file.flush()
         self._pending.clear()
+        if rows and not math.isfinite(rows[-1]["loss"]):
+            # Every later step trains on garbage: end the run here rather than finish it with NaN metrics.
+            # Steps count from 1 as the progress lines do (metrics.jsonl's "step" counts from 0).
+            raise NonFiniteLoss(f"loss became {rows[-1]['loss']} at step {rows[-1]['step'] + 1}")
         return rows
 
     def flush_due(self, steps_done: int, max_steps: int, log_every: int, progress: bool) -> bool:
