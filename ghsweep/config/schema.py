@@ -168,6 +168,11 @@ class ProfileSchema:
 
 
 @dataclass
+class SystemMetricsSchema:
+    interval_s: PositiveNumber | None  # seconds between samples of GPU and host metrics; null: off
+
+
+@dataclass
 class ConfigSchema:
     seed: Annotated[int, Range(0)]
     dry_run: bool
@@ -183,6 +188,7 @@ class ConfigSchema:
     memory: MemorySchema
     dataloader: DataloaderSchema
     profile: ProfileSchema
+    system_metrics: SystemMetricsSchema
 
 
 def _rule(key: str) -> object:

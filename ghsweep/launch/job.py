@@ -56,6 +56,7 @@ from ghsweep.profile.pipeline import ProfileOutcome, after_worker
 from ghsweep.report.run_report import write_run_report
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, check_tracking_uri, flatten
+from ghsweep.train.system_metrics import system_points
 
 log = logging.getLogger(__name__)
 
@@ -434,6 +435,8 @@ def record(
             if k != "first_loss" and isinstance(v, (int, float)) and not isinstance(v, bool)
         ]
         store.log_metrics(run_id, points)
+        # GPU and host over time, also for a run that failed (an OOM's memory and power up to it).
+        store.log_metric_series(run_id, system_points(run_dir))
 
         _finish_timing(result, started, record_started)
         store.log_metrics(run_id, [(k, v, 0) for k, v in result.timing.items()])

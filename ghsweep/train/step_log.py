@@ -36,6 +36,8 @@ class StepLog:
         self._pending: list[tuple[int, torch.Tensor, Mark, Mark]] = []
         self.losses: list[float] = []
         self.step_times_ms: list[float] = []
+        # When the host knew each step done (epoch s): the flush after it. Energy is measured between two.
+        self.flushed_at: list[float] = []
 
     def start(self) -> Mark:
         if self._cuda:
@@ -53,6 +55,7 @@ class StepLog:
             return []
         if self._cuda:
             torch.cuda.synchronize()
+        now = time.time()
         rows = []
         for step, loss, started, ended in self._pending:
             if isinstance(started, torch.cuda.Event) and isinstance(ended, torch.cuda.Event):  # self._cuda
@@ -66,6 +69,7 @@ class StepLog:
                 self._file.write(json.dumps(row) + "\n")
             self.losses.append(row["loss"])
             self.step_times_ms.append(ms)
+            self.flushed_at.append(now)
             rows.append(row)
             if not math.isfinite(row["loss"]):
                 break
@@ -113,6 +117,14 @@ class StepLog:
     def stats(self, min_warmup: int, excluded: Iterable[int] = ()) -> StepStats:
         """The steady steps so far (ghsweep.core.stats): after the detected warm-up, without `excluded`."""
         return step_stats(self.step_times_ms, min_warmup, excluded)
+
+    def steady_window(self, min_warmup: int, excluded: Iterable[int] = ()) -> tuple[float, float] | None:
+        """(start, end) epoch seconds in which only steady steps ran: from the flush that saw the last
+        warm-up step to the last flush; None when one flush saw both."""
+        warmup = self.stats(min_warmup, excluded).warmup_steps if self.step_times_ms else 0
+        if not 0 < warmup < len(self.flushed_at) or self.flushed_at[warmup - 1] >= self.flushed_at[-1]:
+            return None
+        return self.flushed_at[warmup - 1], self.flushed_at[-1]
 
     def summary(self, min_warmup: int, excluded: Iterable[int] = ()) -> dict:
         """step_time_ms, tokens_per_s and their 95% intervals over the steady steps, and the losses."""

@@ -8,6 +8,7 @@ the plan says what the job decided (device, profiler, data parallelism), nothing
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from ghsweep.core.backends import backend_named
 from ghsweep.core.errors import first_line
 from ghsweep.core.run_dir import CONFIG, WORKER_ERROR
 from ghsweep.core.run_plan import RunPlan
+from ghsweep.train.system_metrics import sampler_for, system_summary
 
 
 def record_error(run_dir: Path, error: dict[str, str], started_at: float) -> None:
@@ -86,7 +88,10 @@ def main(argv: list[str]) -> int:
             from ghsweep.train.unified_memory import setup_unified_memory
 
             managed = setup_unified_memory(cfg.memory, plan.gpu)
-        summary = backend.train(cfg, plan, run_dir, managed)
+        sampler = sampler_for(run_dir, cfg, plan)
+        # Sampled from before the backend's imports to the end of training, whatever ends it.
+        with sampler or contextlib.nullcontext():
+            summary = backend.train(cfg, plan, run_dir, managed)
     except BaseException as exc:
         rank = os.environ.get("RANK")
         message = first_line(exc) if rank is None else f"rank {rank}: {first_line(exc)}"
@@ -97,6 +102,13 @@ def main(argv: list[str]) -> int:
     if int(os.environ.get("RANK", 0)) == 0:
         # setup_at: when the backend began its setup, its imports done (startup as the job counts it).
         summary.timing.update(ready_at=ready_at, import_s=summary.timing["setup_at"] - ready_at)
+        if sampler is not None:
+            try:
+                metrics, info = system_summary(sampler, summary.metrics, summary.timing)
+            except Exception as exc:  # what training measured is saved whatever the samples hold
+                metrics, info = {}, {"system_metrics": f"not summarised: {type(exc).__name__}: {first_line(exc)}"}
+            summary.metrics.update(metrics)
+            summary.info.update(info)
         summary.save(run_dir)
     return 0
 

@@ -36,7 +36,9 @@ def print_loaded():
     loaded = sorted({{m for m in sys.modules for p in {NOT_FOR_THE_WORKER!r} if m == p or m.startswith(p + ".")}})
     print("LOADED " + json.dumps(loaded), flush=True)
 exit_process = os._exit
-os._exit = lambda code: (print_loaded(), exit_process(code))
+# Forked children (data-loader workers) inherit the patch: only the worker itself reports.
+worker_pid = os.getpid()
+os._exit = lambda code: (os.getpid() == worker_pid and print_loaded(), exit_process(code))
 sys.argv = ["ghsweep.train.worker", sys.argv[1]]
 try:
     runpy.run_module("ghsweep.train.worker", run_name="__main__")
