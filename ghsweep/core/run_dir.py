@@ -15,6 +15,7 @@ WORKER_PID = "worker.pid"
 WORKER_ERROR = "worker_error.json"  # the worker's exception, one line, when training failed
 SUMMARY = "summary.json"  # the worker's measurements (metrics, timing, info)
 METRICS = "metrics.jsonl"  # one line per logged step
+MEMORY_SNAPSHOT = "memory_snapshot.pickle"  # the CUDA allocator's snapshot, dumped on out of memory
 SYSTEM_METRICS = "system_metrics.jsonl"  # the worker's GPU and host samples (train/system_metrics.py), one per rank
 RESULT = "result.json"  # what the combination ended with (RunResult)
 REPORT = "report.md"
@@ -41,4 +42,16 @@ def rank_file(name: str, rank: int) -> str:
 
 
 # What a finished combination logs to MLflow from its directory, when present.
-ARTIFACTS = (CONFIG, OVERRIDES, WORKER_LOG, REPORT, METRICS, SYSTEM_METRICS, SUMMARY, RESULT, RECIPE_TXT, RECIPE_JSON)
+ARTIFACTS = (
+    CONFIG,
+    OVERRIDES,
+    WORKER_LOG,
+    REPORT,
+    METRICS,
+    SYSTEM_METRICS,
+    MEMORY_SNAPSHOT,
+    SUMMARY,
+    RESULT,
+    RECIPE_TXT,
+    RECIPE_JSON,
+)

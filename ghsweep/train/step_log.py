@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from ghsweep.core.errors import NonFiniteLoss
 from ghsweep.core.names import STEP_RANGE_PREFIX
 from ghsweep.core.stats import StepStats, step_stats
+from ghsweep.train.memory_record import HISTORY_STEPS, stop_history
 
 # A step's start or end: a recorded CUDA timing event on a GPU, else a perf_counter reading (seconds).
 Mark: TypeAlias = torch.cuda.Event | float
@@ -49,6 +50,8 @@ class StepLog:
     def end(self, step: int, loss: torch.Tensor, started: Mark) -> None:
         ended = self.start()
         self._pending.append((step, loss.detach(), started, ended))
+        if self._cuda and step + 1 == HISTORY_STEPS:
+            stop_history()  # the allocator's history (started by the worker) covers the first steps only
 
     def flush(self) -> list[dict]:
         if not self._pending:
