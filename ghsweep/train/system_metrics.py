@@ -191,11 +191,11 @@ def sampler_for(run_dir: Path, cfg: DictConfig, plan: RunPlan) -> SystemSampler 
 
 
 def system_summary(sampler: SystemSampler, metrics: dict[str, float], timing: dict[str, float]) -> tuple[dict, dict]:
-    """(metrics, info) rank 0 adds to its summary: `system/NAME_mean` and `_peak` of its samples, and
+    """(metrics, info) rank 0 adds to its summary: `NAME_mean` and `NAME_peak` of its samples, and
     the energy of the steady steps: the mean power of its GPU over them (`gpu_power_w`), joules per
     step and tokens per joule, counting every GPU of the run as drawing what rank 0's does."""
     rows = read_samples(sampler.path)
-    added = {f"system/{k}": v for k, v in summarise(rows).items()}
+    added = summarise(rows)
     if sampler.gpu_unseen:
         info = {"system_metrics": "host only: NVML cannot see this run's GPU (no NVIDIA driver library?)"}
     elif sampler.handle is None:

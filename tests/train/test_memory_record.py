@@ -73,7 +73,7 @@ def test_a_gpu_run_records_its_gpu_metrics_and_energy(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     metrics = summary["metrics"]
     for name in ("utilization_percentage", "memory_usage_megabytes", "power_usage_watts", "sm_clock_mhz"):
-        assert f"system/gpu_0_{name}_peak" in metrics, name
+        assert f"gpu_0_{name}_peak" in metrics, name
     assert summary["info"]["system_metrics"] == "gpu and host"
     assert metrics["gpu_power_w"] > 0 and metrics["tokens_per_joule"] > 0
     assert summary["info"]["energy_measured_by"] in ("nvml_energy_counter", "power_samples")
