@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# What the hardware did, on one GPU (about 5-7 minutes on one H100/H200):
+# What the hardware did, on one GPU (about 5-7 minutes on one H100/H200; nsys on PATH):
 #   bash benchmarks/hardware_metrics.sh OUT
 # 1. sweep: precision=bf16,fp8 on Llama-2-7B's shape (random weights, LoRA, seq 4096) under nsys, with
 #    the worker's NVML sampling every 0.5 s: GPU utilisation, memory, SM clock, power, temperature, energy
 #    per step and tokens per joule in each summary; the comparison's kernel diff and tokens/J column.
 # 2. oom: the tiny model with a step of 8.4M tokens: must end FAILED in one line (requested / allocated /
 #    reserved / total GiB) with memory_snapshot.pickle.
-# 3. gpu_metrics: can nsys sample GPU metrics here (`--gpu-metrics-devices`)? A 2 s CUDA loop under
-#    nsys, exported; a small copy of its GPU_METRICS tables is kept as test data.
+# 3. gpu_metrics: the bf16 run again with profile.nsys.gpu_metrics=true (`--gpu-metrics-devices`): does
+#    nsys sample here, and does the analysis read it? A small copy of its GPU_METRICS tables is kept.
 # Writes into OUT: mlflow.db (the store: `python3 benchmarks/system_metrics_screenshot.py OUT` shows its
 # System metrics view), sweep.log, comparison.md, summary_*.json, system_metrics_*.jsonl, oom.log,
 # oom_result.json, memory_snapshot.pickle (when under 20 MB, else its size in oom.json),
-# gpu_metrics.log, gpu_metrics_sample.sqlite, hardware_metrics.json; prints the table of them last.
+# gpu_metrics.log, gpu_metrics_profile_analysis.json, gpu_metrics_sample.sqlite, hardware_metrics.json; prints the table of them last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bash benchmarks/hardware_metrics.sh OUT}
@@ -42,21 +42,11 @@ snapshot="$work/oom/memory_snapshot.pickle"
 snapshot_bytes=$(stat -c %s "$snapshot" 2>/dev/null || echo 0)
 if [ "$snapshot_bytes" -gt 0 ] && [ "$snapshot_bytes" -le 20000000 ]; then cp "$snapshot" "$out/"; fi
 
-# 3. nsys GPU metrics.
-cat > "$work/loop.py" <<'PY'
-import time, torch
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-torch.cuda.cudart().cudaProfilerStart()
-end = time.time() + 2
-while time.time() < end:
-    a = (a @ a).clamp_(-1, 1)
-torch.cuda.synchronize()
-torch.cuda.cudart().cudaProfilerStop()
-PY
-nsys profile --trace=cuda --gpu-metrics-devices=all --capture-range=cudaProfilerApi --force-overwrite=true \
-  --output="$work/gpu_metrics" python3 "$work/loop.py" > "$out/gpu_metrics.log" 2>&1
-nsys export --type=sqlite --force-overwrite=true --output="$work/gpu_metrics.sqlite" "$work/gpu_metrics.nsys-rep" \
-  >> "$out/gpu_metrics.log" 2>&1
+# 3. nsys GPU metrics: one bf16 run as in the sweep, with profile.nsys.gpu_metrics=true.
+(cd "$work" && python3 -m ghsweep precision=bf16 model=llama2_7b profile=nsys profile.nsys.gpu_metrics=true \
+  train.seq_length=4096 train.micro_batch_size=1 train.max_steps=20 train.measure=false \
+  tracking.uri="$store" hydra.run.dir="$work/gpu_metrics") > "$out/gpu_metrics.log" 2>&1
+cp "$work/gpu_metrics/profile_analysis.json" "$out/gpu_metrics_profile_analysis.json" 2>/dev/null
 
 python3 - "$out" "$work" "$snapshot_bytes" <<'PY'
 import json, pickle, sqlite3, sys
@@ -70,7 +60,8 @@ for f in sorted(out.glob("summary_*.json")):
         "tokens_per_s", "step_time_ms", "gpu_power_w", "energy_j_per_step", "tokens_per_joule", "steady_energy_j",
         "gpu_0_utilization_percentage_mean", "gpu_0_memory_usage_megabytes_peak",
         "gpu_0_sm_clock_mhz_mean", "gpu_0_temperature_celsius_peak", "gpu_0_power_usage_watts_peak",
-        "cpu_utilization_percentage_mean")} | {"energy_measured_by": i.get("energy_measured_by"),
+        "cpu_utilization_percentage_mean", "peak_mem_gb", "peak_params_gb", "peak_grads_gb",
+        "peak_optimizer_state_gb", "peak_activations_gb", "peak_other_gb")} | {"energy_measured_by": i.get("energy_measured_by"),
         "system_metrics": i.get("system_metrics"), "device_name": i.get("device_name")}
 oom = out / "oom_result.json"
 if oom.exists():
@@ -82,7 +73,12 @@ if snap.exists():
     data = pickle.loads(snap.read_bytes())
     result["oom"]["snapshot_segments"] = len(data.get("segments", []))
     result["oom"]["snapshot_trace_events"] = sum(len(t) for t in data.get("device_traces", []))
-db = work / "gpu_metrics.sqlite"
+analysis = out / "gpu_metrics_profile_analysis.json"
+if analysis.exists():
+    a = json.loads(analysis.read_text())
+    result["gpu_metrics"]["analysis"] = a.get("gpu_metrics")
+    result["gpu_metrics"]["finding"] = next((f["message"] for f in a.get("findings", []) if f["id"] == "gpu_metrics"), None)
+db = work / "gpu_metrics" / "profile.sqlite"
 if db.exists():
     con = sqlite3.connect(db)
     tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
@@ -108,6 +104,8 @@ if db.exists():
         con.commit()
     else:
         g["unsupported"] = (out / "gpu_metrics.log").read_text()[-1500:]
+elif not analysis.exists():
+    result["gpu_metrics"]["unsupported"] = (out / "gpu_metrics.log").read_text()[-1500:]
 (out / "hardware_metrics.json").write_text(json.dumps(result, indent=1))
 
 print(f"\n{'run':<12} {'tokens/s':>9} {'W mean':>7} {'J/step':>7} {'tokens/J':>9} {'util %':>7} {'mem MB peak':>12} {'SM MHz':>7} {'temp C':>7}  energy by")
@@ -117,9 +115,14 @@ for name, r in result["runs"].items():
           f"{f('tokens_per_joule', '.1f'):>9} {f('gpu_0_utilization_percentage_mean', '.0f'):>7} "
           f"{f('gpu_0_memory_usage_megabytes_peak', ',.0f'):>12} {f('gpu_0_sm_clock_mhz_mean', '.0f'):>7} "
           f"{f('gpu_0_temperature_celsius_peak', '.0f'):>7}  {r.get('energy_measured_by')}")
+for name, r in result["runs"].items():
+    print(f"{name}: peak {r.get('peak_mem_gb')} GiB = " + ", ".join(
+        f"{k[5:-3]} {r[k]:.2f}" for k in r if k.startswith("peak_") and k.endswith("_gb") and k != "peak_mem_gb"
+        and isinstance(r[k], (int, float))))
 print(f"oom: {result['oom']}")
 g = result["gpu_metrics"]
 print("nsys gpu metrics: " + (f"{g['rows']} samples; " + "; ".join(f"{k} {v:.1f}" for k, v in g["metrics"].items())
                              if "rows" in g else f"not sampled here: {g.get('unsupported', 'no export')[-300:]}"))
+print(f"analysis finding: {g.get('finding')}")
 PY
 echo "files in $out: $(ls "$out" | tr '\n' ' ')"

@@ -153,6 +153,7 @@ NsysTrace = Literal[
 class NsysSchema:
     trace: list[NsysTrace]  # `nsys profile --trace`
     um_page_faults: Literal["auto", True, False]  # auto: with memory=unified
+    gpu_metrics: bool  # --gpu-metrics-devices: SM, tensor, DRAM and link activity over time
 
 
 @dataclass

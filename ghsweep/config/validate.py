@@ -287,6 +287,7 @@ def _validate_profile(cfg: DictConfig) -> None:
     if "nsys" in p:
         check("profile.nsys.trace", list(p.nsys.trace))
         check("profile.nsys.um_page_faults", p.nsys.um_page_faults)
+        check("profile.nsys.gpu_metrics", p.nsys.get("gpu_metrics", False))
     if "ncu" in p:
         check("profile.ncu.top_k", p.ncu.top_k)
 

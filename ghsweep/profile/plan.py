@@ -112,4 +112,6 @@ def profiler_prefix(cfg: DictConfig, run_dir: Path, plan: ProfilePlan) -> list[s
     opts = cfg.profile.nsys
     um = cfg.memory.name == "unified" if opts.um_page_faults == "auto" else bool(opts.um_page_faults)
     report = capture.NSYS_REPORT if world_of(cfg).size == 1 else capture.NSYS_RANK_REPORT
-    return capture.nsys_profile_command(plan.nsys_path, run_dir / report, list(opts.trace), um, list(opts.extra_args))
+    return capture.nsys_profile_command(
+        plan.nsys_path, run_dir / report, list(opts.trace), um, list(opts.extra_args), bool(opts.get("gpu_metrics"))
+    )

@@ -11,7 +11,9 @@ gradients, the optimizer's states made at the first step).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 # Steps whose allocations the history keeps.
 HISTORY_STEPS = 2
@@ -61,3 +63,48 @@ def on_oom(exc: BaseException, snapshot: Path) -> str:
         torch.cuda.memory_reserved(device),
         torch.cuda.get_device_properties(device).total_memory,
     )
+
+
+def tensor_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes of the tensors among `tensors` (a DTensor counts its local shard)."""
+    total = 0
+    for t in tensors:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        if hasattr(local, "untyped_storage"):
+            total += local.numel() * local.element_size()
+    return total
+
+
+class PeakBreakdown:
+    """Where a GPU run's peak allocated memory went: parameters, gradients (one per trained
+    parameter, alive at the peak of backward), optimizer state, activations (the most the forward
+    pass added, read from the allocator's host-side counter: no sync) and other (the rest: the
+    allocator's workspaces, temporaries of backward, the logits' upcast...)."""
+
+    def __init__(self, device: Any):
+        import torch
+
+        self._allocated = lambda: torch.cuda.memory_allocated(device)
+        self._before_forward = 0
+        self.activations = 0
+
+    def forward_started(self) -> None:
+        self._before_forward = self._allocated()
+
+    def forward_ended(self) -> None:
+        self.activations = max(self.activations, self._allocated() - self._before_forward)
+
+    def metrics(
+        self, peak_gib: float, params: Iterable[Any], trained: Iterable[Any], optimizers: Iterable[Any]
+    ) -> dict:
+        gib = 2**30
+        parts = {
+            "peak_params_gb": tensor_bytes(params) / gib,
+            "peak_grads_gb": tensor_bytes(trained) / gib,
+            "peak_optimizer_state_gb": tensor_bytes(
+                t for opt in optimizers for state in opt.state.values() for t in state.values()
+            )
+            / gib,
+            "peak_activations_gb": self.activations / gib,
+        }
+        return parts | {"peak_other_gb": max(0.0, peak_gib - sum(parts.values()))}

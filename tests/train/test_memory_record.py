@@ -67,7 +67,7 @@ def test_an_out_of_memory_run_fails_in_one_line_and_leaves_its_snapshot(tmp_path
 
 
 @gpu
-def test_a_gpu_run_records_its_gpu_metrics_and_energy(tmp_path):
+def test_a_gpu_run_records_its_gpu_metrics_energy_and_peak_breakdown(tmp_path):
     proc = run_worker(tmp_path, "train.max_steps=60", "train.log_every=5", "system_metrics.interval_s=0.1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -77,3 +77,7 @@ def test_a_gpu_run_records_its_gpu_metrics_and_energy(tmp_path):
     assert summary["info"]["system_metrics"] == "gpu and host"
     assert metrics["gpu_power_w"] > 0 and metrics["tokens_per_joule"] > 0
     assert summary["info"]["energy_measured_by"] in ("nvml_energy_counter", "power_samples")
+    # The peak broken down: every part measured, together the peak.
+    parts = ("params", "grads", "optimizer_state", "activations", "other")
+    assert all(metrics[f"peak_{p}_gb"] >= 0 for p in parts) and metrics["peak_activations_gb"] > 0
+    assert sum(metrics[f"peak_{p}_gb"] for p in parts) == pytest.approx(metrics["peak_mem_gb"])
