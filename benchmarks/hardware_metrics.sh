@@ -8,6 +8,7 @@
 #    reserved / total GiB) with memory_snapshot.pickle.
 # 3. gpu_metrics: the bf16 run again with profile.nsys.gpu_metrics=true (`--gpu-metrics-devices`): does
 #    nsys sample here, and does the analysis read it? A small copy of its GPU_METRICS tables is kept.
+# 4. pytest -m gpu tests/train/test_memory_record.py (gpu_tests.log).
 # Writes into OUT: mlflow.db (the store: `python3 benchmarks/system_metrics_screenshot.py OUT` shows its
 # System metrics view), sweep.log, comparison.md, summary_*.json, system_metrics_*.jsonl, oom.log,
 # oom_result.json, memory_snapshot.pickle (when under 20 MB, else its size in oom.json),
@@ -125,4 +126,7 @@ print("nsys gpu metrics: " + (f"{g['rows']} samples; " + "; ".join(f"{k} {v:.1f}
                              if "rows" in g else f"not sampled here: {g.get('unsupported', 'no export')[-300:]}"))
 print(f"analysis finding: {g.get('finding')}")
 PY
+# 4. The GPU tests of these features (out of memory, NVML metrics and energy, peak breakdown, profile=memory).
+timeout 200 python3 -m pytest -n 0 -q -m gpu tests/train/test_memory_record.py > "$out/gpu_tests.log" 2>&1
+echo "gpu tests: $(tail -1 "$out/gpu_tests.log")"
 echo "files in $out: $(ls "$out" | tr '\n' ' ')"

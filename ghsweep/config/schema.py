@@ -163,7 +163,7 @@ class NcuSchema:
 
 @dataclass
 class ProfileSchema:
-    name: Literal["auto", "none", "torch", "nsys", "nsys_ncu"]
+    name: Literal["auto", "none", "torch", "memory", "nsys", "nsys_ncu"]
     nsys: NsysSchema
     ncu: NcuSchema
 

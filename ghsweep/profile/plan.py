@@ -35,6 +35,13 @@ def resolve(
     name = profile.name
     if name in ("none", "torch"):
         return ProfilePlan(name, name)
+    if name == "memory":
+        if not on_gpu:
+            raise ConfigError(
+                f"profile=memory: the CUDA allocator's history needs a GPU and this run has none (device={device}); "
+                "accepted here: profile=torch, auto, none"
+            )
+        return ProfilePlan(name, name)
     where = f"profile.nsys.path={profile.nsys.path}" if profile.nsys.path else "PATH"
     if name == "auto":
         if not on_gpu:

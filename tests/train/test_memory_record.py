@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from ghsweep.train.memory_record import oom_line
+from tests.conftest import run_cli
 from tests.train.planned_run import composed, planned_run
 
 # torch 2.x's message for a failed allocation (c10/cuda/CUDACachingAllocator.cpp), as a 7B run prints it.
@@ -81,3 +82,22 @@ def test_a_gpu_run_records_its_gpu_metrics_energy_and_peak_breakdown(tmp_path):
     parts = ("params", "grads", "optimizer_state", "activations", "other")
     assert all(metrics[f"peak_{p}_gb"] >= 0 for p in parts) and metrics["peak_activations_gb"] > 0
     assert sum(metrics[f"peak_{p}_gb"] for p in parts) == pytest.approx(metrics["peak_mem_gb"])
+
+
+def test_profile_memory_is_refused_on_cpu_and_before_step_2(tmp_path):
+    proc = run_cli(["profile=memory", "device=cpu"], tmp_path)
+    assert proc.returncode != 0
+    assert "profile=memory: the CUDA allocator's history needs a GPU and this run has none (device=cpu)" in proc.stderr
+    proc = run_cli(["profile=memory", "capture.start_step=1", "dry_run=true"], tmp_path)
+    assert "capture.start_step=1: profile=memory records from step 2 on" in proc.stderr
+
+
+@gpu
+def test_profile_memory_dumps_the_capture_windows_history(tmp_path):
+    cfg = composed("device=cuda", "profile=memory", "train.max_steps=8", "capture.start_step=4", "capture.num_steps=2")
+    planned_run(tmp_path, cfg, profiler="memory")
+    proc = subprocess.run([sys.executable, "-m", "ghsweep.train.worker", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    snapshot = pickle.loads((tmp_path / "memory_snapshot.pickle").read_bytes())
+    events = snapshot["device_traces"][0]
+    assert events and {e["action"] for e in events} >= {"alloc", "free_completed"}
