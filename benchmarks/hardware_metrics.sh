@@ -19,6 +19,8 @@ out=${1:?usage: bash benchmarks/hardware_metrics.sh OUT}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 work=$(mktemp -d)
+# ghsweep asks NVML through nvidia-ml-py: install its wheel (WHEELS=DIR) where it is missing.
+python3 -c "import pynvml" 2>/dev/null || pip install --no-index --no-deps "${WHEELS:?nvidia-ml-py is missing: WHEELS=DIR holding nvidia_ml_py-*.whl}"/nvidia_ml_py-*.whl
 store="sqlite:///$out/mlflow.db"
 export MLFLOW_DISABLE_TELEMETRY=true
 
@@ -48,6 +50,9 @@ if [ "$snapshot_bytes" -gt 0 ] && [ "$snapshot_bytes" -le 20000000 ]; then cp "$
   train.seq_length=4096 train.micro_batch_size=1 train.max_steps=20 train.measure=false \
   tracking.uri="$store" hydra.run.dir="$work/gpu_metrics") > "$out/gpu_metrics.log" 2>&1
 cp "$work/gpu_metrics/profile_analysis.json" "$out/gpu_metrics_profile_analysis.json" 2>/dev/null
+
+# 4. The GPU tests of these features (out of memory, NVML metrics and energy, peak breakdown, profile=memory).
+timeout 200 python3 -m pytest -n 0 -q -m gpu tests/train/test_memory_record.py > "$out/gpu_tests.log" 2>&1
 
 python3 - "$out" "$work" "$snapshot_bytes" <<'PY'
 import json, pickle, sqlite3, sys
@@ -108,6 +113,7 @@ if db.exists():
 elif not analysis.exists():
     result["gpu_metrics"]["unsupported"] = (out / "gpu_metrics.log").read_text()[-1500:]
 (out / "hardware_metrics.json").write_text(json.dumps(result, indent=1))
+print("files in " + str(out) + ": " + " ".join(sorted(p.name for p in out.iterdir())))
 
 print(f"\n{'run':<12} {'tokens/s':>9} {'W mean':>7} {'J/step':>7} {'tokens/J':>9} {'util %':>7} {'mem MB peak':>12} {'SM MHz':>7} {'temp C':>7}  energy by")
 for name, r in result["runs"].items():
@@ -125,8 +131,6 @@ g = result["gpu_metrics"]
 print("nsys gpu metrics: " + (f"{g['rows']} samples; " + "; ".join(f"{k} {v:.1f}" for k, v in g["metrics"].items())
                              if "rows" in g else f"not sampled here: {g.get('unsupported', 'no export')[-300:]}"))
 print(f"analysis finding: {g.get('finding')}")
+tests = (out / "gpu_tests.log").read_text().strip().splitlines() if (out / "gpu_tests.log").exists() else ["not run"]
+print(f"gpu tests: {tests[-1] if tests else 'no output'}")
 PY
-# 4. The GPU tests of these features (out of memory, NVML metrics and energy, peak breakdown, profile=memory).
-timeout 200 python3 -m pytest -n 0 -q -m gpu tests/train/test_memory_record.py > "$out/gpu_tests.log" 2>&1
-echo "gpu tests: $(tail -1 "$out/gpu_tests.log")"
-echo "files in $out: $(ls "$out" | tr '\n' ' ')"
