@@ -40,7 +40,18 @@ from ghsweep.core.names import (
     STATUS_TAG,
     join_overrides,
 )
-from ghsweep.core.run_dir import ARTIFACTS, CONFIG, METRICS, OVERRIDES, REPORT, SUMMARY, WORKER_ERROR, WORKER_LOG
+from ghsweep.core.run_dir import (
+    ARTIFACTS,
+    CONFIG,
+    MEMORY_SNAPSHOT,
+    METRICS,
+    OVERRIDES,
+    REPORT,
+    SUMMARY,
+    SYSTEM_METRICS,
+    WORKER_ERROR,
+    WORKER_LOG,
+)
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.run_result import RunResult
 from ghsweep.core.summary import RunSummary
@@ -273,7 +284,7 @@ def train_and_measure(
     try:
         # A sweep resumed in place runs again in the directory of its interrupted attempt: that
         # attempt's outputs must not pass for this one's.
-        for stale in (WORKER_ERROR, SUMMARY, METRICS):
+        for stale in (WORKER_ERROR, SUMMARY, METRICS, SYSTEM_METRICS, MEMORY_SNAPSHOT):
             (run_dir / stale).unlink(missing_ok=True)
         # On disk from the start: a job killed from outside leaves its MLflow run id to whoever settles it.
         dataclasses.replace(result, status="RUNNING").save()

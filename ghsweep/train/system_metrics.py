@@ -224,7 +224,8 @@ def system_points(run_dir: Path) -> list[tuple[str, float, int, int]]:
     """Every rank's samples as MLflow's system-metrics monitor logs them: (`system/NAME`, value,
     sample number, timestamp in ms)."""
     points = []
-    for path in sorted(run_dir.glob(rank_file(SYSTEM_METRICS, 0).replace(".", "*.", 1))):
+    stem, _, suffix = SYSTEM_METRICS.partition(".")
+    for path in sorted(run_dir.glob(f"{stem}*.{suffix}")):  # system_metrics.jsonl, system_metrics.rank1.jsonl, ...
         for step, row in enumerate(read_samples(path)):
             stamp = int(row["time"] * 1000)
             points += [(f"system/{k}", v, step, stamp) for k, v in row.items() if k != "time" and math.isfinite(v)]
