@@ -26,7 +26,7 @@ export MLFLOW_DISABLE_TELEMETRY=true
 
 # 1. The sweep (its MLflow artifacts go under $work, the store itself into OUT).
 (cd "$work" && python3 -m ghsweep -m precision=bf16,fp8 model=llama2_7b profile=nsys train.seq_length=4096 \
-  train.micro_batch_size=1 train.max_steps=40 train.measure=false system_metrics.interval_s=0.5 \
+  train.micro_batch_size=1 train.max_steps=30 train.measure=false system_metrics.interval_s=0.5 \
   tracking.uri="$store" hydra.sweep.dir="$work/sweep") > "$out/sweep.log" 2>&1
 echo "sweep exit status $?" >> "$out/sweep.log"
 cp "$work/sweep/comparison/comparison.md" "$out/" 2>/dev/null
@@ -47,12 +47,12 @@ if [ "$snapshot_bytes" -gt 0 ] && [ "$snapshot_bytes" -le 20000000 ]; then cp "$
 
 # 3. nsys GPU metrics: one bf16 run as in the sweep, with profile.nsys.gpu_metrics=true.
 (cd "$work" && python3 -m ghsweep precision=bf16 model=llama2_7b profile=nsys profile.nsys.gpu_metrics=true \
-  train.seq_length=4096 train.micro_batch_size=1 train.max_steps=20 train.measure=false \
+  train.seq_length=4096 train.micro_batch_size=1 train.max_steps=15 train.measure=false \
   tracking.uri="$store" hydra.run.dir="$work/gpu_metrics") > "$out/gpu_metrics.log" 2>&1
 cp "$work/gpu_metrics/profile_analysis.json" "$out/gpu_metrics_profile_analysis.json" 2>/dev/null
 
 # 4. The GPU tests of these features (out of memory, NVML metrics and energy, peak breakdown, profile=memory).
-timeout 200 python3 -m pytest -n 0 -q -m gpu tests/train/test_memory_record.py > "$out/gpu_tests.log" 2>&1
+timeout 150 python3 -m pytest -n 0 -q -m gpu tests/train/test_memory_record.py > "$out/gpu_tests.log" 2>&1
 
 python3 - "$out" "$work" "$snapshot_bytes" <<'PY'
 import json, pickle, sqlite3, sys
