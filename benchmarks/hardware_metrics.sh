@@ -37,7 +37,7 @@ for run in "$work"/sweep/[0-9]*; do
 done
 
 # 2. Out of memory.
-(cd "$work" && python3 -m ghsweep data.num_examples=20000 data.packing_mask=causal train.compile=false \
+(cd "$work" && python3 -m ghsweep data.num_examples=40000 data.packing_mask=causal train.compile=false \
   train.seq_length=2048 train.micro_batch_size=4096 train.max_steps=2 train.warmup_steps=1 profile=none \
   tracking.uri="$store" hydra.run.dir="$work/oom") > "$out/oom.log" 2>&1
 cp "$work/oom/result.json" "$out/oom_result.json" 2>/dev/null

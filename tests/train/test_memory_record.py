@@ -37,9 +37,10 @@ def test_oom_line_names_requested_allocated_reserved_and_total_gib():
 
 
 gpu = pytest.mark.gpu
-# A step of 8.4M tokens: the tiny model's activations (~50 KB a token) need hundreds of GiB.
+# A step of 8.4M tokens (40,000 records pack into ~4,800 blocks of 2,048 tokens): the tiny model's
+# activations need hundreds of GiB, more than any GPU has.
 OUT_OF_MEMORY = (
-    "data.num_examples=20000",
+    "data.num_examples=40000",
     "data.packing_mask=causal",
     "train.compile=false",
     "train.seq_length=2048",
