@@ -153,6 +153,7 @@ NsysTrace = Literal[
 class NsysSchema:
     trace: list[NsysTrace]  # `nsys profile --trace`
     um_page_faults: Literal["auto", True, False]  # auto: with memory=unified
+    gpu_metrics: bool  # --gpu-metrics-devices: SM, tensor, DRAM and link activity over time
 
 
 @dataclass
@@ -162,9 +163,14 @@ class NcuSchema:
 
 @dataclass
 class ProfileSchema:
-    name: Literal["auto", "none", "torch", "nsys", "nsys_ncu"]
+    name: Literal["auto", "none", "torch", "memory", "nsys", "nsys_ncu"]
     nsys: NsysSchema
     ncu: NcuSchema
+
+
+@dataclass
+class SystemMetricsSchema:
+    interval_s: PositiveNumber | None  # seconds between samples of GPU and host metrics; null: off
 
 
 @dataclass
@@ -183,6 +189,7 @@ class ConfigSchema:
     memory: MemorySchema
     dataloader: DataloaderSchema
     profile: ProfileSchema
+    system_metrics: SystemMetricsSchema
 
 
 def _rule(key: str) -> object:

@@ -158,6 +158,7 @@ def _validate_train(cfg: DictConfig, model: ModelFacts, on_gpu: bool) -> None:
     for knob in knobs("train"):
         check(f"train.{knob}", lr if knob == "lr" else t[knob])
     check("seed", cfg.seed)
+    check("system_metrics.interval_s", cfg.system_metrics.interval_s)
     if t.attention == "flex" and (cfg.data.packing_mask != "document" or not on_gpu):
         raise ConfigError(
             f"train.attention=flex: FlexAttention here needs data.packing_mask=document and a GPU (it has no CPU "
@@ -286,6 +287,7 @@ def _validate_profile(cfg: DictConfig) -> None:
     if "nsys" in p:
         check("profile.nsys.trace", list(p.nsys.trace))
         check("profile.nsys.um_page_faults", p.nsys.um_page_faults)
+        check("profile.nsys.gpu_metrics", p.nsys.get("gpu_metrics", False))
     if "ncu" in p:
         check("profile.ncu.top_k", p.ncu.top_k)
 
@@ -343,6 +345,17 @@ def _validate_capture(cfg: DictConfig) -> None:
     c = cfg.capture
     for knob in knobs("capture"):
         check(f"capture.{knob}", c[knob])
+    # The worker's own out-of-memory history covers steps 0-1 (train/memory_record.HISTORY_STEPS) and ends there.
+    if cfg.profile.name == "memory" and c.start_step < 2:
+        raise ConfigError(
+            f"capture.start_step={c.start_step}: profile=memory records from step 2 on (the first two steps' "
+            "history is kept for an out-of-memory error); accepted: capture.start_step >= 2"
+        )
+    if cfg.profile.name == "memory" and cfg.backend.name != "torch":
+        raise ConfigError(
+            f"profile=memory: the capture window's allocator history is recorded by the torch backend's loop; "
+            f"this run has backend={cfg.backend.name}; accepted: backend=torch, or profile=torch, nsys, auto, none"
+        )
     last = cfg.train.max_steps - 1
     if cfg.profile.name != "none" and c.start_step + c.num_steps - 1 > last:
         raise ConfigError(

@@ -47,6 +47,10 @@ class TrackingError(RuntimeError):
     """The tracking store refused a request (not a busy moment: those are retried); one line."""
 
 
+class NonFiniteLoss(ArithmeticError):
+    """A training step's loss was NaN or infinite: the run diverged (or overflowed in fp16/fp8)."""
+
+
 class JobTimeout(Exception):
     """Raised inside a job when SLURM signals its time limit and the run is not requeued."""
 

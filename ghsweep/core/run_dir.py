@@ -15,6 +15,8 @@ WORKER_PID = "worker.pid"
 WORKER_ERROR = "worker_error.json"  # the worker's exception, one line, when training failed
 SUMMARY = "summary.json"  # the worker's measurements (metrics, timing, info)
 METRICS = "metrics.jsonl"  # one line per logged step
+MEMORY_SNAPSHOT = "memory_snapshot.pickle"  # the CUDA allocator's snapshot, dumped on out of memory
+SYSTEM_METRICS = "system_metrics.jsonl"  # the worker's GPU and host samples (train/system_metrics.py), one per rank
 RESULT = "result.json"  # what the combination ended with (RunResult)
 REPORT = "report.md"
 PROFILE_ANALYSIS = "profile_analysis.json"
@@ -30,5 +32,26 @@ TUNE_DIR = "tune"
 TUNE_REPORT = "tune.md"
 TUNE_ANSWER = "best.txt"
 
+
+def rank_file(name: str, rank: int) -> str:
+    """A file of the run's rank `rank`: the name itself for rank 0, else name.rankN (worker.rank1.log)."""
+    if rank == 0:
+        return name
+    stem, dot, suffix = name.partition(".")
+    return f"{stem}.rank{rank}{dot}{suffix}"
+
+
 # What a finished combination logs to MLflow from its directory, when present.
-ARTIFACTS = (CONFIG, OVERRIDES, WORKER_LOG, REPORT, METRICS, SUMMARY, RESULT, RECIPE_TXT, RECIPE_JSON)
+ARTIFACTS = (
+    CONFIG,
+    OVERRIDES,
+    WORKER_LOG,
+    REPORT,
+    METRICS,
+    SYSTEM_METRICS,
+    MEMORY_SNAPSHOT,
+    SUMMARY,
+    RESULT,
+    RECIPE_TXT,
+    RECIPE_JSON,
+)

@@ -33,7 +33,7 @@ class ProfilePlan:
     """Which profiler a run gets; profile=auto records its choice and why in `note`."""
 
     requested: str
-    used: str  # none | torch | nsys
+    used: str  # none | torch | memory | nsys
     ncu: bool = False
     nsys_path: str | None = None
     ncu_path: str | None = None

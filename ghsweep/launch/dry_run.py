@@ -78,6 +78,8 @@ def profile_text(cfg: DictConfig, plans: list[RunPlan]) -> str:
     plan = plans[0].profile
     if plan.used == "none":
         return "none"
+    if plan.used == "memory":
+        return f"memory: the CUDA allocator's history over {steps}, dumped as memory_snapshot.pickle"
     if plan.used == "torch":
         why = f" (no GPU in this run, device={cfg.device})" if plan.requested == "auto" else ""
         return f"{plan.requested}: the PyTorch profiler inside the worker, {steps}{why}"

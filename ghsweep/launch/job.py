@@ -40,7 +40,18 @@ from ghsweep.core.names import (
     STATUS_TAG,
     join_overrides,
 )
-from ghsweep.core.run_dir import ARTIFACTS, CONFIG, METRICS, OVERRIDES, REPORT, SUMMARY, WORKER_ERROR, WORKER_LOG
+from ghsweep.core.run_dir import (
+    ARTIFACTS,
+    CONFIG,
+    MEMORY_SNAPSHOT,
+    METRICS,
+    OVERRIDES,
+    REPORT,
+    SUMMARY,
+    SYSTEM_METRICS,
+    WORKER_ERROR,
+    WORKER_LOG,
+)
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.run_result import RunResult
 from ghsweep.core.summary import RunSummary
@@ -56,6 +67,7 @@ from ghsweep.profile.pipeline import ProfileOutcome, after_worker
 from ghsweep.report.run_report import write_run_report
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, check_tracking_uri, flatten
+from ghsweep.train.system_metrics import system_points
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +284,7 @@ def train_and_measure(
     try:
         # A sweep resumed in place runs again in the directory of its interrupted attempt: that
         # attempt's outputs must not pass for this one's.
-        for stale in (WORKER_ERROR, SUMMARY, METRICS):
+        for stale in (WORKER_ERROR, SUMMARY, METRICS, SYSTEM_METRICS, MEMORY_SNAPSHOT):
             (run_dir / stale).unlink(missing_ok=True)
         # On disk from the start: a job killed from outside leaves its MLflow run id to whoever settles it.
         dataclasses.replace(result, status="RUNNING").save()
@@ -434,6 +446,8 @@ def record(
             if k != "first_loss" and isinstance(v, (int, float)) and not isinstance(v, bool)
         ]
         store.log_metrics(run_id, points)
+        # GPU and host over time, also for a run that failed (an OOM's memory and power up to it).
+        store.log_metric_series(run_id, system_points(run_dir))
 
         _finish_timing(result, started, record_started)
         store.log_metrics(run_id, [(k, v, 0) for k, v in result.timing.items()])

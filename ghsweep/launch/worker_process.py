@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.names import STEP_RANGE_PREFIX
-from ghsweep.core.run_dir import WORKER_LOG, WORKER_PID
+from ghsweep.core.run_dir import WORKER_LOG, WORKER_PID, rank_file
 from ghsweep.launch.container import container_prefix
 from ghsweep.launch.world import torchrun_prefix
 
@@ -74,14 +74,6 @@ def worker_command(cfg: DictConfig, run_dir: Path, profiler: Sequence[str] = (),
         "ghsweep.train.worker",
         str(run_dir),
     ]
-
-
-def rank_file(name: str, rank: int) -> str:
-    """A file of the run's rank `rank`: the name itself for rank 0, else name.rankN (worker.rank1.log)."""
-    if rank == 0:
-        return name
-    stem, dot, suffix = name.partition(".")
-    return f"{stem}.rank{rank}{dot}{suffix}"
 
 
 def stop_orphaned_worker(run_dir: Path) -> bool:

@@ -35,7 +35,12 @@ def find_tool(name: str, configured: str | None) -> str | None:
 
 
 def nsys_profile_command(
-    nsys: str, report: Path, trace: Sequence[str], um_page_faults: bool, extra_args: Sequence[str]
+    nsys: str,
+    report: Path,
+    trace: Sequence[str],
+    um_page_faults: bool,
+    extra_args: Sequence[str],
+    gpu_metrics: bool = False,
 ) -> list[str]:
     """`nsys profile ...` up to (not including) the profiled program's own argv."""
     command = [
@@ -49,6 +54,9 @@ def nsys_profile_command(
     ]
     if um_page_faults:
         command += ["--cuda-um-cpu-page-faults=true", "--cuda-um-gpu-page-faults=true"]
+    if gpu_metrics:
+        # The run's own GPUs only: sampling is one profiler per GPU, and other jobs may share the node.
+        command += ["--gpu-metrics-devices=cuda-visible"]
     return command + list(extra_args)
 
 

@@ -293,6 +293,35 @@ def roofline(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
     ]
 
 
+def _gpu_metric(a: ProfileAnalysis, words: tuple[str, ...], combine) -> float | None:
+    """The nsys GPU metrics (means over the window) whose names have all of `words`, combined."""
+    found = [v for name, v in a.gpu_metrics.items() if all(w.lower() in name.lower() for w in words)]
+    return combine(found) if found else None
+
+
+# What the hardware sampled (profile.nsys.gpu_metrics), each in % of its peak over the window: DRAM's
+# read and write share one bus (summed); a link's two directions each have their own peak (the busier).
+GPU_METRIC_WORDS = (
+    ("SMs active", ("SM", "Active"), max),
+    ("tensor cores active", ("Tensor", "Active"), max),
+    ("DRAM bandwidth", ("DRAM", "Bandwidth"), sum),
+    ("PCIe bandwidth", ("PCIe", "Throughput"), max),
+    ("NVLink-C2C bandwidth", ("C2C", "Throughput"), max),
+)
+
+
+def gpu_metrics(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+    shares = {
+        label: v for label, words, combine in GPU_METRIC_WORDS if (v := _gpu_metric(a, words, combine)) is not None
+    }
+    if not shares:
+        return []
+    said = ", ".join(f"{label} {v:.0f}%" for label, v in shares.items())
+    return [
+        finding("gpu_metrics", "info", f"GPU metrics over {window_words(a)}: {said} (of each one's peak)", **shares)
+    ]
+
+
 # The device rules, in the order their findings are listed (each fires independently of the others).
 RULES = (
     gpu_starved,
@@ -303,6 +332,7 @@ RULES = (
     exposed_copies,
     um_migrations,
     fp8_not_effective,
+    gpu_metrics,
     roofline,
 )
 

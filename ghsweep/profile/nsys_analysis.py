@@ -317,6 +317,7 @@ def _analyze_nsys(con, path: Path) -> dict:
         "phases_ms_per_step": nsys_phases(con, schema, pid, found),
         "step_ms": step_times(found),
         "time_per_step": nsys_time_per_step(con, dev, window, n_steps),
+        "gpu_metrics": db.gpu_metrics(con, schema, window),
         "health": health,
     }
 

@@ -29,6 +29,9 @@ NVTX = "NVTX_EVENTS"
 OSRT = "OSRT_API"
 UM_CPU_FAULTS = "CUDA_UM_CPU_PAGE_FAULT_EVENTS"
 UM_GPU_FAULTS = "CUDA_UM_GPU_PAGE_FAULT_EVENTS"
+# `--gpu-metrics-devices`: samples (timestamp ns, typeId, metricId, value) and the metrics' names.
+GPU_METRICS = "GPU_METRICS"
+GPU_METRICS_INFO = "TARGET_INFO_GPU_METRICS"
 
 # NVTX_EVENTS.eventType of a push/pop range (59) and a start/end range (60).
 NVTX_RANGE_TYPES = (59, 60)
@@ -392,3 +395,18 @@ def launch_configs(
             [params["pid"], params["dev"], params["w0"], params["w1"], *names],
         ).fetchall()
     )
+
+
+def gpu_metrics(con: sqlite3.Connection, schema: Schema, window: tuple[int, int]) -> dict[str, float]:
+    """The mean of each sampled GPU metric over `window` (ns), by the name nsys gives it
+    (`SMs Active [Throughput %]`, `Tensor Active [Throughput %]`, `DRAM Read Bandwidth [Throughput %]`,
+    ...); empty when the export holds no GPU metrics (`--gpu-metrics-devices` was not given)."""
+    if not (schema.has(GPU_METRICS) and schema.has(GPU_METRICS_INFO)):
+        return {}
+    rows = con.execute(
+        f"SELECT i.metricName, AVG(m.value) FROM {GPU_METRICS} m JOIN {GPU_METRICS_INFO} i "
+        "ON m.typeId = i.typeId AND m.metricId = i.metricId "
+        "WHERE m.timestamp >= ? AND m.timestamp <= ? GROUP BY i.metricName",
+        window,
+    )
+    return {str(name): float(mean) for name, mean in rows}

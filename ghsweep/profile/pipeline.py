@@ -54,7 +54,7 @@ def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass
     outcome = ProfileOutcome(tags={"ghsweep.profile_used": plan.used})
     if plan.note:
         outcome.tags["ghsweep.profile_note"] = plan.note
-    if plan.used == "none":
+    if plan.used in ("none", "memory"):  # memory: the snapshot is the record (an artifact of the run)
         return outcome
     try:
         world_size = world_of(cfg).size

@@ -35,6 +35,13 @@ def resolve(
     name = profile.name
     if name in ("none", "torch"):
         return ProfilePlan(name, name)
+    if name == "memory":
+        if not on_gpu:
+            raise ConfigError(
+                f"profile=memory: the CUDA allocator's history needs a GPU and this run has none (device={device}); "
+                "accepted here: profile=torch, auto, none"
+            )
+        return ProfilePlan(name, name)
     where = f"profile.nsys.path={profile.nsys.path}" if profile.nsys.path else "PATH"
     if name == "auto":
         if not on_gpu:
@@ -112,4 +119,6 @@ def profiler_prefix(cfg: DictConfig, run_dir: Path, plan: ProfilePlan) -> list[s
     opts = cfg.profile.nsys
     um = cfg.memory.name == "unified" if opts.um_page_faults == "auto" else bool(opts.um_page_faults)
     report = capture.NSYS_REPORT if world_of(cfg).size == 1 else capture.NSYS_RANK_REPORT
-    return capture.nsys_profile_command(plan.nsys_path, run_dir / report, list(opts.trace), um, list(opts.extra_args))
+    return capture.nsys_profile_command(
+        plan.nsys_path, run_dir / report, list(opts.trace), um, list(opts.extra_args), bool(opts.get("gpu_metrics"))
+    )

@@ -65,6 +65,8 @@ class ProfileAnalysis:
     # A mean steady step in ms: compute per operation name, compute busy, exposed NCCL, idle (engine.time_per_step).
     time_per_step: dict[str, Any] = field(default_factory=dict)
     health: list[str] = field(default_factory=list)  # what was asked for and is missing
+    # nsys GPU metrics (profile.nsys.gpu_metrics): each sampled metric's mean over the window, by nsys's name.
+    gpu_metrics: dict[str, float] = field(default_factory=dict)
     # Added after the numbers (run_analysis.py, ranks.py):
     roofline: dict[str, Any] = field(default_factory=dict)  # Nsight Compute points of the top kernels
     findings: list[dict[str, Any]] = field(default_factory=list)

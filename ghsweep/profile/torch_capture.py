@@ -13,19 +13,25 @@ from pathlib import Path
 
 import torch
 
-from ghsweep.core.run_dir import TORCH_TRACE
+from ghsweep.core.run_dir import MEMORY_SNAPSHOT, TORCH_TRACE, rank_file
 from ghsweep.core.run_plan import ProfilePlan
+
+# Allocation events kept at most over the window (a ring buffer).
+MEMORY_HISTORY_ENTRIES = 1_000_000
 
 
 class TorchCapture:
-    def __init__(self, path: Path | None, device: torch.device, start_step: int, num_steps: int):
-        """`path` None: a no-op (the run is not profiled with the PyTorch profiler)."""
+    def __init__(self, path: Path | None, device: torch.device, start_step: int, num_steps: int, memory: bool = False):
+        """`path` None: a no-op (the run is not profiled with the PyTorch profiler). `memory`: record
+        the CUDA allocator's history over the window instead, dumped to `path` (profile=memory)."""
         self.path = path
+        self._memory = memory
         self._window = range(start_step, start_step + num_steps)
         self._activities = [torch.profiler.ProfilerActivity.CPU]
         if device.type == "cuda":
             self._activities.append(torch.profiler.ProfilerActivity.CUDA)
         self._profiler: torch.profiler.profile | None = None
+        self._recording = False
 
     def __enter__(self) -> TorchCapture:
         return self
@@ -36,13 +42,23 @@ class TorchCapture:
     def step(self, step: int) -> None:
         if self.path is None:
             return
-        if step == self._window.start and self._profiler is None:
+        if step == self._window.start and self._profiler is None and not self._recording:
+            if self._memory:
+                torch.cuda.memory._record_memory_history(max_entries=MEMORY_HISTORY_ENTRIES, stacks="python")
+                self._recording = True
+                return
             self._profiler = torch.profiler.profile(activities=self._activities)
             self._profiler.__enter__()
         elif step == self._window.stop:
             self.close()
 
     def close(self) -> None:
+        if self._recording:
+            self._recording = False
+            torch.cuda.memory._dump_snapshot(str(self.path))
+            torch.cuda.memory._record_memory_history(enabled=None)
+            self.path = None
+            return
         if self._profiler is None:
             return
         profiler, self._profiler = self._profiler, None
@@ -57,5 +73,7 @@ def torch_capture(
     """The capture a worker runs with: active when the run's profile plan says torch (profile=torch,
     or profile=auto without nsys or GPU), a no-op otherwise. With several ranks rank 0 traces (one
     trace file per run)."""
+    if plan.used == "memory":
+        return TorchCapture(run_dir / rank_file(MEMORY_SNAPSHOT, rank), device, start_step, num_steps, memory=True)
     path = run_dir / TORCH_TRACE if plan.used == "torch" and rank == 0 else None
     return TorchCapture(path, device, start_step, num_steps)

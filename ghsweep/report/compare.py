@@ -16,6 +16,7 @@ from ghsweep.core.errors import BaselineError
 from ghsweep.core.names import RUN_IDS_TAG
 from ghsweep.profile import scaling
 from ghsweep.report import plots
+from ghsweep.report.assignment import KernelChange, profile_diff
 from ghsweep.report.document import Document
 from ghsweep.report.sweep_source import SweepRun, load_sweep
 from ghsweep.report.sweep_table import align, bounded, fmt_value, knob_columns
@@ -34,6 +35,7 @@ METRIC_COLUMNS = (
     ("tokens_per_s", "tokens/s", ",.0f"),
     ("tflops_per_gpu", "TFLOP/s", ".3g"),
     ("mfu", "MFU", ".3g"),
+    ("tokens_per_joule", "tokens/J", ".3g"),
     ("peak_mem_gb", "peak GiB", ".2f"),
     ("gpu_idle_pct", "GPU idle %", ".1f"),
 )
@@ -41,6 +43,10 @@ METRIC_COLUMNS = (
 WORLD_KEYS = ("backend.num_nodes=", "backend.gpus_per_node=")
 # MLflow's limit on a tag value.
 MAX_TAG_CHARS = 8000
+# Kernels listed for each run in the comparison's kernel diff (the largest changes of time per step),
+# and named in the verdict's "because" sentence.
+KERNEL_DIFF_ROWS = 8
+KERNELS_IN_VERDICT = 3
 # The knob whose values repeat a combination (report: the spread between repeats).
 REPEAT_KNOB = "seed"
 # Peak memories closer than this (GiB, or this share of the larger) are the same: allocator rounding
@@ -337,6 +343,9 @@ def verdict(c: Comparison) -> list[str]:
         interval = c.speedup_intervals[best]
         assert interval is not None  # the fastest run has a speedup
         lines.append(f"Fastest: {c.label(best)}{others}: {difference_text(interval)} against the baseline{cost}.")
+        because = kernel_diff(c, best)[:KERNELS_IN_VERDICT]
+        if because:
+            lines.append("Because, per step: " + "; ".join(change_text(k) for k in because) + ".")
         finding = top_finding(c.runs[best])
         if finding:
             lines.append(f"Its top finding: {finding}")
@@ -390,6 +399,54 @@ MISSING_PLOT_NOTES = {
 }
 
 
+def kernel_diff(c: Comparison, i: int) -> list[KernelChange]:
+    """Run i's kernels against the baseline's (the assignment report's profile diff, per step), the
+    largest changes of time per step first; empty where either run has no profile analysis."""
+    if c.baseline is None or i == c.baseline or not c.runs[i].finished:
+        return []
+    base, run = c.runs[c.baseline].analysis, c.runs[i].analysis
+    if base is None or run is None:
+        return []
+    changed = [k for k in profile_diff(base, run) if k.kind != "unchanged"]
+    return sorted(changed, key=lambda k: -abs((k.optimised_ns or 0) - (k.baseline_ns or 0)))[:KERNEL_DIFF_ROWS]
+
+
+def _ms(ns: float | None) -> str:
+    return "-" if ns is None else f"{ns / 1e6:.3f}"
+
+
+def change_text(k: KernelChange) -> str:
+    """`nvjet_sm90_tst_... 3.120 -> 1.900 ms (faster)`."""
+    return f"{plots.short_name(k.name, 60)} {_ms(k.baseline_ns)} -> {_ms(k.optimised_ns)} ms ({k.kind})"
+
+
+def kernel_diff_section(c: Comparison, doc: Document) -> None:
+    """Each profiled run against the profiled baseline: the kernels whose time per step changed most."""
+    for i in range(len(c.runs)):
+        diff = kernel_diff(c, i)
+        if not diff:
+            continue
+        doc.heading(f"Kernels: {c.label(i)} against the baseline")
+        doc.paragraph(
+            f"Its speedup: {speedup_text(c.speedup_intervals[i])}. The kernels whose time per step changed most "
+            "(added / removed: absent from the other run's profile; entered / left top: outside the other "
+            "run's top list)."
+        )
+        doc.table(
+            ["change", "kernel", "baseline ms/step", "this run ms/step", "change ms/step"],
+            [
+                [
+                    k.kind,
+                    plots.short_name(k.name, 90),
+                    _ms(k.baseline_ns),
+                    _ms(k.optimised_ns),
+                    f"{((k.optimised_ns or 0) - (k.baseline_ns or 0)) / 1e6:+.3f}",
+                ]
+                for k in diff
+            ],
+        )
+
+
 def document(c: Comparison, drawn: dict[str, Path]) -> Document:
     doc = Document(f"Comparison: {c.title}")
     for line in verdict(c):
@@ -406,6 +463,7 @@ def document(c: Comparison, drawn: dict[str, Path]) -> Document:
             doc.image(title, drawn[title])
         else:
             doc.paragraph(f"No plot: {note}")
+    kernel_diff_section(c, doc)
     scaling_section(c, doc)
     return doc
 

@@ -41,7 +41,7 @@ def fmt_value(value: float | None, spec: str) -> str:
 
 def format_table(results: list[RunResult]) -> str:
     keys = knob_columns([r.overrides for r in results])
-    header = ["#", *keys, "status", "step_ms", "tokens/s", "peak_GiB", "final_loss", "overhead_s", "reason"]
+    header = ["#", *keys, "status", "step_ms", "tokens/s", "tokens/J", "peak_GiB", "final_loss", "overhead_s", "reason"]
     rows = []
     for i, r in enumerate(results):
         knobs = knob_values(r.overrides)
@@ -53,6 +53,7 @@ def format_table(results: list[RunResult]) -> str:
                 r.status,
                 fmt_value(m.get("step_time_ms"), ".1f"),
                 fmt_value(m.get("tokens_per_s"), ",.0f"),
+                fmt_value(m.get("tokens_per_joule"), ".3g"),
                 fmt_value(m.get("peak_mem_gb"), ".2f"),
                 fmt_value(m.get("final_loss"), ".4f"),
                 fmt_value(r.timing.get("overhead_s"), ".1f"),

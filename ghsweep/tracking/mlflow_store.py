@@ -336,7 +336,11 @@ class MlflowStore:
     def log_metrics(self, run_id: str, points: Iterable[tuple[str, float, int]]) -> int:
         """Log (name, value, step) points in batches; returns how many were sent."""
         now_ms = int(time.time() * 1000)
-        items = [Metric(name, float(value), now_ms, step) for name, value, step in points]
+        return self.log_metric_series(run_id, [(name, value, step, now_ms) for name, value, step in points])
+
+    def log_metric_series(self, run_id: str, points: Iterable[tuple[str, float, int, int]]) -> int:
+        """Log (name, value, step, timestamp in ms) points in batches; returns how many were sent."""
+        items = [Metric(name, float(value), stamp, step) for name, value, step, stamp in points]
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
             self._call(self.client.log_batch, run_id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
         return len(items)

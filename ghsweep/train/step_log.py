@@ -1,12 +1,15 @@
 """Per-step measurements of a worker, written as JSON lines as they come in.
 
 Losses and CUDA timing events stay on the device until `flush`, so logging adds no host
-synchronisation to every step; the training loop flushes every `train.log_every` steps.
+synchronisation to every step; the training loop flushes every `train.log_every` steps. A flush that
+finds a NaN or infinite loss raises NonFiniteLoss naming the first such step: every backend's loop
+writes through a StepLog, so every backend stops there.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -16,8 +19,10 @@ from typing import IO, TypeAlias
 import torch
 from omegaconf import DictConfig
 
+from ghsweep.core.errors import NonFiniteLoss
 from ghsweep.core.names import STEP_RANGE_PREFIX
 from ghsweep.core.stats import StepStats, step_stats
+from ghsweep.train.memory_record import HISTORY_STEPS, stop_history
 
 # A step's start or end: a recorded CUDA timing event on a GPU, else a perf_counter reading (seconds).
 Mark: TypeAlias = torch.cuda.Event | float
@@ -32,6 +37,8 @@ class StepLog:
         self._pending: list[tuple[int, torch.Tensor, Mark, Mark]] = []
         self.losses: list[float] = []
         self.step_times_ms: list[float] = []
+        # When the host knew each step done (epoch s): the flush after it. Energy is measured between two.
+        self.flushed_at: list[float] = []
 
     def start(self) -> Mark:
         if self._cuda:
@@ -43,12 +50,15 @@ class StepLog:
     def end(self, step: int, loss: torch.Tensor, started: Mark) -> None:
         ended = self.start()
         self._pending.append((step, loss.detach(), started, ended))
+        if self._cuda and step + 1 == HISTORY_STEPS:
+            stop_history()  # the allocator's history (started by the worker) covers the first steps only
 
     def flush(self) -> list[dict]:
         if not self._pending:
             return []
         if self._cuda:
             torch.cuda.synchronize()
+        now = time.time()
         rows = []
         for step, loss, started, ended in self._pending:
             if isinstance(started, torch.cuda.Event) and isinstance(ended, torch.cuda.Event):  # self._cuda
@@ -62,10 +72,17 @@ class StepLog:
                 self._file.write(json.dumps(row) + "\n")
             self.losses.append(row["loss"])
             self.step_times_ms.append(ms)
+            self.flushed_at.append(now)
             rows.append(row)
+            if not math.isfinite(row["loss"]):
+                break
         if self._file:
             self._file.flush()
         self._pending.clear()
+        if rows and not math.isfinite(rows[-1]["loss"]):
+            # Every later step trains on garbage: end the run here rather than finish it with NaN metrics.
+            # Steps count from 1 as the progress lines do (metrics.jsonl's "step" counts from 0).
+            raise NonFiniteLoss(f"loss became {rows[-1]['loss']} at step {rows[-1]['step'] + 1}")
         return rows
 
     def flush_due(self, steps_done: int, max_steps: int, log_every: int, progress: bool) -> bool:
@@ -103,6 +120,14 @@ class StepLog:
     def stats(self, min_warmup: int, excluded: Iterable[int] = ()) -> StepStats:
         """The steady steps so far (ghsweep.core.stats): after the detected warm-up, without `excluded`."""
         return step_stats(self.step_times_ms, min_warmup, excluded)
+
+    def steady_window(self, min_warmup: int, excluded: Iterable[int] = ()) -> tuple[float, float] | None:
+        """(start, end) epoch seconds in which only steady steps ran: from the flush that saw the last
+        warm-up step to the last flush; None when one flush saw both."""
+        warmup = self.stats(min_warmup, excluded).warmup_steps if self.step_times_ms else 0
+        if not 0 < warmup < len(self.flushed_at) or self.flushed_at[warmup - 1] >= self.flushed_at[-1]:
+            return None
+        return self.flushed_at[warmup - 1], self.flushed_at[-1]
 
     def summary(self, min_warmup: int, excluded: Iterable[int] = ()) -> dict:
         """step_time_ms, tokens_per_s and their 95% intervals over the steady steps, and the losses."""

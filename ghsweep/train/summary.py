@@ -54,6 +54,9 @@ def run_summary(
     """
     name = device_name(device)
     measured = log.summary(cfg.train.warmup_steps, capture_steps(cfg, profiled)) | {"peak_mem_gb": peak_gib}
+    # Where the worker measures the GPU's mean power (energy per token) from its system metrics.
+    steady = log.steady_window(cfg.train.warmup_steps, capture_steps(cfg, profiled))
+    window = {"steady_from": steady[0], "steady_to": steady[1]} if steady else {}
     peak_tflops = add_throughput_metrics(measured, flops_per_token, name, cfg.precision.name, gpus=gpus)
     # Per-GPU throughput: the comparison's scaling column reads it.
     measured |= {"world_size": gpus, "tokens_per_s_per_gpu": measured["tokens_per_s"] / gpus}
@@ -77,6 +80,7 @@ def run_summary(
             "setup_at": setup_at,
             "setup_s": train_started_at - setup_at,
             "train_s": train_ended_at - train_started_at,
+            **window,
         },
         info=facts | (info or {}),
     )

@@ -36,6 +36,7 @@ from ghsweep.train.device import peak_memory_gib
 from ghsweep.train.flops import ModelShape, run_flops_per_token
 from ghsweep.train.fp8_cached import TrainedFp8Linear
 from ghsweep.train.loss import causal_lm_loss
+from ghsweep.train.memory_record import PeakBreakdown
 from ghsweep.train.model import apply_peft, build_model, count_parameters
 from ghsweep.train.offload import ActivationOffload
 from ghsweep.train.optim import AdamStepsInBackward, make_optimizer, optimizer_for
@@ -88,6 +89,10 @@ class OptimizerStep:
             self._optimizer, self._schedule = make_optimizer(trained, train_cfg, device, kind)
             if hasattr(self._optimizer, "fp8_layers"):  # adamw_sr: its kernel writes the copies
                 self._optimizer.fp8_layers = {layer.weight: layer for layer in fp8_layers}
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """Every optimizer holding state: one, or one per tensor stepped in backward."""
+        return list(self._in_backward.optimizers.values()) if self._in_backward is not None else [self._optimizer]
 
     def __call__(self) -> None:
         if self._in_backward is not None:
@@ -158,6 +163,8 @@ def _train(
     measure = Measure.from_config(
         cfg.train, device.type, ranks.world_size, capture_steps(cfg, plan.profile.used != "none")
     )
+    # Under the managed-memory allocator torch's device counters raise: no breakdown there.
+    breakdown = PeakBreakdown(device) if device.type == "cuda" and managed is None else None
     train_started_at = time.time()
     # Closed however the loop ends: the trace and the capture window cover what ran, metrics.jsonl is complete.
     with (
@@ -178,7 +185,11 @@ def _train(
                 with phases.range("data"):
                     batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
                 with phases.range("forward"), precision.forward_region(), attention.region():
+                    if breakdown:
+                        breakdown.forward_started()
                     loss = model.train_step(batch["input_ids"], batch["labels"], **attention.decoder_kwargs(batch))
+                    if breakdown:
+                        breakdown.forward_ended()
                 with phases.range("backward"):
                     precision.backward(loss)
                 with phases.range("optimizer"):
@@ -222,6 +233,10 @@ def _train(
         info["offload_gb_per_step"] = model.offload.bytes_offloaded / 2**30 / step
     if model.fp8_library:
         info["fp8_library"] = model.fp8_library
+    if breakdown:
+        metrics |= breakdown.metrics(
+            peak_gib, model.train_step.parameters(), model.trained_parameters(), optimizer_step.optimizers()
+        )
     return run_summary(
         cfg,
         log,

@@ -8,6 +8,7 @@ the plan says what the job decided (device, profiler, data parallelism), nothing
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,8 +24,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.core.backends import backend_named
 from ghsweep.core.errors import first_line
-from ghsweep.core.run_dir import CONFIG, WORKER_ERROR
+from ghsweep.core.run_dir import CONFIG, MEMORY_SNAPSHOT, WORKER_ERROR, rank_file
 from ghsweep.core.run_plan import RunPlan
+from ghsweep.train import memory_record
+from ghsweep.train.system_metrics import sampler_for, system_summary
 
 
 def record_error(run_dir: Path, error: dict[str, str], started_at: float) -> None:
@@ -73,6 +76,7 @@ def main(argv: list[str]) -> int:
         return 2
     run_dir = Path(argv[1])
     ready_at = time.time()
+    recording = False
     try:
         plan = RunPlan.load(run_dir)
         cfg = OmegaConf.load(run_dir / CONFIG)
@@ -86,10 +90,24 @@ def main(argv: list[str]) -> int:
             from ghsweep.train.unified_memory import setup_unified_memory
 
             managed = setup_unified_memory(cfg.memory, plan.gpu)
-        summary = backend.train(cfg, plan, run_dir, managed)
+        # The allocator's history, for the snapshot an out-of-memory error leaves; one rank only (before
+        # the backend picks each rank's GPU, recording could start a CUDA context on the first one).
+        recording = plan.device.startswith("cuda") and managed is None and os.environ.get("WORLD_SIZE", "1") == "1"
+        if recording:
+            memory_record.start_history()
+        sampler = sampler_for(run_dir, cfg, plan)
+        # Sampled from before the backend's imports to the end of training, whatever ends it.
+        with sampler or contextlib.nullcontext():
+            summary = backend.train(cfg, plan, run_dir, managed)
     except BaseException as exc:
         rank = os.environ.get("RANK")
-        message = first_line(exc) if rank is None else f"rank {rank}: {first_line(exc)}"
+        message = first_line(exc)
+        if recording and memory_record.is_cuda_oom(exc):
+            try:
+                message = memory_record.on_oom(exc, run_dir / rank_file(MEMORY_SNAPSHOT, int(rank or 0)))
+            except Exception as dump_error:  # the error itself is still told
+                message += f" (no memory snapshot: {first_line(dump_error)})"
+        message = message if rank is None else f"rank {rank}: {message}"
         record_error(run_dir, {"type": type(exc).__name__, "message": message}, ready_at)
         traceback.print_exc()
         return 1
@@ -97,6 +115,13 @@ def main(argv: list[str]) -> int:
     if int(os.environ.get("RANK", 0)) == 0:
         # setup_at: when the backend began its setup, its imports done (startup as the job counts it).
         summary.timing.update(ready_at=ready_at, import_s=summary.timing["setup_at"] - ready_at)
+        if sampler is not None:
+            try:
+                metrics, info = system_summary(sampler, summary.metrics, summary.timing)
+            except Exception as exc:  # what training measured is saved whatever the samples hold
+                metrics, info = {}, {"system_metrics": f"not summarised: {type(exc).__name__}: {first_line(exc)}"}
+            summary.metrics.update(metrics)
+            summary.info.update(info)
         summary.save(run_dir)
     return 0
 

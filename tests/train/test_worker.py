@@ -36,7 +36,7 @@ def print_loaded():
     loaded = sorted({{m for m in sys.modules for p in {NOT_FOR_THE_WORKER!r} if m == p or m.startswith(p + ".")}})
     print("LOADED " + json.dumps(loaded), flush=True)
 exit_process, worker_pid = os._exit, os.getpid()
-# Processes forked from the worker (Inductor's compile pool) inherit this hook: only the worker prints.
+# Forked children (data-loader workers) inherit this hook: only the worker itself prints.
 os._exit = lambda code: (os.getpid() == worker_pid and print_loaded(), exit_process(code))
 sys.argv = ["ghsweep.train.worker", sys.argv[1]]
 try:

@@ -1,0 +1,111 @@
+"""What a GPU run's memory did: the CUDA caching allocator's history over the first steps, dumped as
+memory_snapshot.pickle when the run runs out of memory (open it in https://pytorch.org/memory_viz),
+and the out-of-memory error in one line.
+
+Recording stops after HISTORY_STEPS steps: it costs a stack trace per allocation, and the first
+steps are warm-up steps (train.warmup_steps, at least 1) that the step time leaves out anyway; they
+hold the allocations an out-of-memory error is usually about (weights, the first activations and
+gradients, the optimizer's states made at the first step).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+# Steps whose allocations the history keeps.
+HISTORY_STEPS = 2
+# Allocation events kept at most (a ring buffer): enough for two steps of a 7B model's layers.
+HISTORY_ENTRIES = 200_000
+_UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def start_history() -> None:
+    import torch
+
+    torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES, stacks="python")
+
+
+def stop_history() -> None:
+    import torch
+
+    torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def oom_line(message: str, allocated: int, reserved: int, total: int) -> str:
+    """One line for a CUDA out-of-memory error: what was requested (from torch's message) against the
+    caching allocator's allocated and reserved bytes and the GPU's total, in GiB."""
+    asked = re.search(r"[Tt]ried to allocate ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB)", message)
+    requested = f"{float(asked[1]) * _UNITS[asked[2]] / 2**30:.2f} GiB" if asked else "an unknown size"
+    return (
+        f"CUDA out of memory: requested {requested} with {allocated / 2**30:.2f} GiB allocated, "
+        f"{reserved / 2**30:.2f} GiB reserved, {total / 2**30:.2f} GiB total"
+    )
+
+
+def is_cuda_oom(exc: BaseException) -> bool:
+    import torch
+
+    return isinstance(exc, torch.OutOfMemoryError)
+
+
+def on_oom(exc: BaseException, snapshot: Path) -> str:
+    """The one line for `exc`, after dumping the allocator's snapshot (with the history recorded so far)."""
+    import torch
+
+    device = torch.cuda.current_device()
+    torch.cuda.memory._dump_snapshot(str(snapshot))
+    return oom_line(
+        str(exc),
+        torch.cuda.memory_allocated(device),
+        torch.cuda.memory_reserved(device),
+        torch.cuda.get_device_properties(device).total_memory,
+    )
+
+
+def tensor_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes of the tensors among `tensors` (a DTensor counts its local shard)."""
+    total = 0
+    for t in tensors:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        if hasattr(local, "untyped_storage"):
+            total += local.numel() * local.element_size()
+    return total
+
+
+class PeakBreakdown:
+    """Where a GPU run's peak allocated memory went: parameters, gradients (one per trained
+    parameter), optimizer state, activations (the most one forward pass added, read from the
+    allocator's host-side counter: no sync) and other (what the four leave of the peak: workspaces,
+    backward's temporaries; 0 where the peak came before every gradient existed, as backward frees
+    activations while it makes gradients)."""
+
+    def __init__(self, device: Any):
+        import torch
+
+        self._allocated = lambda: torch.cuda.memory_allocated(device)
+        self._before_forward = 0
+        self.activations = 0
+
+    def forward_started(self) -> None:
+        self._before_forward = self._allocated()
+
+    def forward_ended(self) -> None:
+        self.activations = max(self.activations, self._allocated() - self._before_forward)
+
+    def metrics(
+        self, peak_gib: float, params: Iterable[Any], trained: Iterable[Any], optimizers: Iterable[Any]
+    ) -> dict:
+        gib = 2**30
+        parts = {
+            "peak_params_gb": tensor_bytes(params) / gib,
+            "peak_grads_gb": tensor_bytes(trained) / gib,
+            "peak_optimizer_state_gb": tensor_bytes(
+                t for opt in optimizers for state in opt.state.values() for t in state.values()
+            )
+            / gib,
+            "peak_activations_gb": self.activations / gib,
+        }
+        return parts | {"peak_other_gb": max(0.0, peak_gib - sum(parts.values()))}

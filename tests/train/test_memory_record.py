@@ -1,0 +1,107 @@
+"""A CUDA out-of-memory error in one line, and (on a GPU) the allocator's snapshot it leaves.
+
+The CPU test reads torch's own message; the GPU tests run a real worker out of memory.
+Run those on a GPU machine with `pytest -m gpu tests/train/test_memory_record.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+from ghsweep.train.memory_record import oom_line
+from tests.conftest import run_cli
+from tests.train.planned_run import composed, planned_run
+
+# torch 2.x's message for a failed allocation (c10/cuda/CUDACachingAllocator.cpp), as a 7B run prints it.
+TORCH_MESSAGE = (
+    "CUDA out of memory. Tried to allocate 3.91 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+    "1.02 GiB is free. Including non-PyTorch memory, this process has 78.16 GiB memory in use. Of the "
+    "allocated memory 74.20 GiB is allocated by PyTorch, and 3.41 GiB is reserved by PyTorch but unallocated."
+)
+
+
+def test_oom_line_names_requested_allocated_reserved_and_total_gib():
+    line = oom_line(TORCH_MESSAGE, allocated=74 * 2**30, reserved=int(77.5 * 2**30), total=int(79.19 * 2**30))
+    assert line == (
+        "CUDA out of memory: requested 3.91 GiB with 74.00 GiB allocated, 77.50 GiB reserved, 79.19 GiB total"
+    )
+    assert "\n" not in line
+    small = oom_line("CUDA out of memory. Tried to allocate 512.00 MiB.", 0, 2**30, 80 * 2**30)
+    assert "requested 0.50 GiB" in small
+    assert "requested an unknown size" in oom_line("out of memory", 0, 0, 1)
+
+
+gpu = pytest.mark.gpu
+# A step of 8.4M tokens (40,000 records pack into ~4,800 blocks of 2,048 tokens): the tiny model's
+# activations need hundreds of GiB, more than any GPU has.
+OUT_OF_MEMORY = (
+    "data.num_examples=40000",
+    "data.packing_mask=causal",
+    "train.compile=false",
+    "train.seq_length=2048",
+    "train.micro_batch_size=4096",
+    "train.max_steps=2",
+    "train.warmup_steps=1",
+)
+
+
+def run_worker(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
+    cfg = composed("device=cuda", "profile=none", *overrides)
+    planned_run(tmp_path, cfg)
+    return subprocess.run([sys.executable, "-m", "ghsweep.train.worker", str(tmp_path)], capture_output=True, text=True)
+
+
+@gpu
+def test_an_out_of_memory_run_fails_in_one_line_and_leaves_its_snapshot(tmp_path):
+    proc = run_worker(tmp_path, *OUT_OF_MEMORY)
+    assert proc.returncode == 1
+    error = json.loads((tmp_path / "worker_error.json").read_text())
+    assert error["type"] == "OutOfMemoryError"
+    assert error["message"].startswith("CUDA out of memory: requested ") and error["message"].endswith(" GiB total")
+    snapshot = pickle.loads((tmp_path / "memory_snapshot.pickle").read_bytes())
+    # memory_viz's format: the allocator's segments, and the history of allocations recorded so far.
+    assert "segments" in snapshot and snapshot["device_traces"] and snapshot["device_traces"][0]
+
+
+@gpu
+def test_a_gpu_run_records_its_gpu_metrics_energy_and_peak_breakdown(tmp_path):
+    proc = run_worker(tmp_path, "train.max_steps=60", "train.log_every=5", "system_metrics.interval_s=0.1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    metrics = summary["metrics"]
+    for name in ("utilization_percentage", "memory_usage_megabytes", "power_usage_watts", "sm_clock_mhz"):
+        assert f"gpu_0_{name}_peak" in metrics, name
+    assert summary["info"]["system_metrics"] == "gpu and host"
+    assert metrics["gpu_power_w"] > 0 and metrics["tokens_per_joule"] > 0
+    assert summary["info"]["energy_measured_by"] in ("nvml_energy_counter", "power_samples")
+    # The peak broken down. Weights, optimizer state and the activations of a forward pass are all alive
+    # at its end, so they fit under the peak; "other" is what the four parts leave of it.
+    gb = {p: metrics[f"peak_{p}_gb"] for p in ("params", "grads", "optimizer_state", "activations", "other")}
+    assert all(v >= 0 for v in gb.values()) and gb["activations"] > 0 and gb["params"] > 0
+    assert gb["params"] + gb["optimizer_state"] + gb["activations"] <= metrics["peak_mem_gb"] + 1e-6
+    known = gb["params"] + gb["grads"] + gb["optimizer_state"] + gb["activations"]
+    assert gb["other"] == pytest.approx(max(0.0, metrics["peak_mem_gb"] - known))
+
+
+def test_profile_memory_is_refused_on_cpu_and_before_step_2(tmp_path):
+    proc = run_cli(["profile=memory", "device=cpu"], tmp_path)
+    assert proc.returncode != 0
+    assert "profile=memory: the CUDA allocator's history needs a GPU and this run has none (device=cpu)" in proc.stderr
+    proc = run_cli(["profile=memory", "capture.start_step=1", "dry_run=true"], tmp_path)
+    assert "capture.start_step=1: profile=memory records from step 2 on" in proc.stderr
+
+
+@gpu
+def test_profile_memory_dumps_the_capture_windows_history(tmp_path):
+    cfg = composed("device=cuda", "profile=memory", "train.max_steps=8", "capture.start_step=4", "capture.num_steps=2")
+    planned_run(tmp_path, cfg, profiler="memory")
+    proc = subprocess.run([sys.executable, "-m", "ghsweep.train.worker", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    snapshot = pickle.loads((tmp_path / "memory_snapshot.pickle").read_bytes())
+    events = snapshot["device_traces"][0]
+    assert events and {e["action"] for e in events} >= {"alloc", "free_completed"}
