@@ -25,6 +25,14 @@ def device_name(device: torch.device) -> str:
     return "cpu: " + (platform.processor() or platform.machine())
 
 
+def device_uuid(device: torch.device) -> str | None:
+    """The GPU's UUID as nvidia-smi prints it (GPU-...): which card measured a run, where the name
+    alone cannot tell two of a node's GPUs, or two machines', apart. None on a CPU."""
+    if device.type != "cuda":
+        return None
+    return f"GPU-{torch.cuda.get_device_properties(device).uuid}"
+
+
 def peak_memory_gib(device: torch.device) -> float:
     """Peak memory the run needed: allocated device memory on a GPU, resident set size on CPU."""
     if device.type == "cuda":

@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 
 from ghsweep.core.backends import ManagedAllocator
 from ghsweep.core.summary import RunSummary
-from ghsweep.train.device import device_name
+from ghsweep.train.device import device_name, device_uuid
 from ghsweep.train.flops import add_throughput_metrics
 from ghsweep.train.step_log import StepLog
 
@@ -63,6 +63,7 @@ def run_summary(
     facts: dict[str, object] = {
         "device": str(device),
         "device_name": name,
+        **({"device_uuid": uuid} if (uuid := device_uuid(device)) else {}),
         "torch_version": torch.__version__,
         "random_init": random_init,
         "params_total": params[0],

@@ -11,8 +11,10 @@ import pickle
 import subprocess
 import sys
 
+import pynvml
 import pytest
 
+from ghsweep.core.gpu import visible_gpu_handles
 from ghsweep.train.memory_record import oom_line
 from tests.conftest import run_cli
 from tests.train.planned_run import composed, planned_run
@@ -79,6 +81,9 @@ def test_a_gpu_run_records_its_gpu_metrics_energy_and_peak_breakdown(tmp_path):
     assert summary["info"]["system_metrics"] == "gpu and host"
     assert metrics["gpu_power_w"] > 0 and metrics["tokens_per_joule"] > 0
     assert summary["info"]["energy_measured_by"] in ("nvml_energy_counter", "power_samples")
+    # Which card measured it, as NVML (and nvidia-smi) names it.
+    [handle] = visible_gpu_handles()[:1]
+    assert summary["info"]["device_uuid"] == pynvml.nvmlDeviceGetUUID(handle)
     # The peak broken down. Weights, optimizer state and the activations of a forward pass are all alive
     # at its end, so they fit under the peak; "other" is what the four parts leave of it.
     gb = {p: metrics[f"peak_{p}_gb"] for p in ("params", "grads", "optimizer_state", "activations", "other")}
