@@ -27,6 +27,7 @@ um_migrations, fp8_not_effective, roofline_*.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ghsweep.profile.nsys_db import SHORT_KERNEL_NS
@@ -293,26 +294,28 @@ def roofline(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
     ]
 
 
-def _gpu_metric(a: ProfileAnalysis, words: tuple[str, ...], combine) -> float | None:
-    """The nsys GPU metrics (means over the window) whose names have all of `words`, combined."""
-    found = [v for name, v in a.gpu_metrics.items() if all(w.lower() in name.lower() for w in words)]
+def _gpu_metric(a: ProfileAnalysis, names: re.Pattern, combine) -> float | None:
+    """The nsys GPU metrics in % of their peak (means over the window) whose names match, combined."""
+    found = [v for name, v in a.gpu_metrics.items() if name.endswith(" [Throughput %]") and names.match(name)]
     return combine(found) if found else None
 
 
-# What the hardware sampled (profile.nsys.gpu_metrics), each in % of its peak over the window: DRAM's
-# read and write share one bus (summed); a link's two directions each have their own peak (the busier).
-GPU_METRIC_WORDS = (
-    ("SMs active", ("SM", "Active"), max),
-    ("tensor cores active", ("Tensor", "Active"), max),
-    ("DRAM bandwidth", ("DRAM", "Bandwidth"), sum),
-    ("PCIe bandwidth", ("PCIe", "Throughput"), max),
-    ("NVLink-C2C bandwidth", ("C2C", "Throughput"), max),
+# What the hardware sampled (profile.nsys.gpu_metrics), by the names nsys gives Hopper's metrics, each
+# in % of its peak over the window: DRAM's read and write share one bus (summed); a link's two
+# directions each have their own peak (the busier). Whole names: "Unallocated Warps in Active SMs"
+# is no measure of SMs active.
+GPU_METRIC_NAMES = (
+    ("SMs active", re.compile(r"SMs Active \["), max),
+    ("tensor cores active", re.compile(r"Tensor Active \["), max),
+    ("DRAM bandwidth", re.compile(r"DRAM (Read|Write) Bandwidth \["), sum),
+    ("PCIe bandwidth", re.compile(r"PCIe (RX|TX) Throughput \["), max),
+    ("NVLink-C2C bandwidth", re.compile(r".*C2C.*(RX|TX|Read|Write)"), max),
 )
 
 
 def gpu_metrics(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
     shares = {
-        label: v for label, words, combine in GPU_METRIC_WORDS if (v := _gpu_metric(a, words, combine)) is not None
+        label: v for label, names, combine in GPU_METRIC_NAMES if (v := _gpu_metric(a, names, combine)) is not None
     }
     if not shares:
         return []

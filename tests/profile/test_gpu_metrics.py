@@ -4,6 +4,7 @@ and TARGET_INFO_GPU_METRICS planted in nsys's schema."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 from pathlib import Path
@@ -59,6 +60,38 @@ def test_the_analysis_reads_the_metrics_over_the_steady_window(tmp_path):
     (said,) = [f for f in evaluate(analysis) if f["id"] == "gpu_metrics"]
     assert said["message"].endswith(
         "SMs active 80%, tensor cores active 61%, DRAM bandwidth 35%, PCIe bandwidth 7% (of each one's peak)"
+    )
+
+
+def test_the_metrics_of_a_real_h100_capture_are_read_by_their_own_names(tmp_path):
+    # nsys's 22 Hopper metrics in its own tables (the schema and metric list of a real capture,
+    # gpu_metrics_h100/README.md), sampled at the means that capture measured over its steady window.
+    # "Unallocated Warps in Active SMs [Avg]" (millions) shares words with "SMs Active [Throughput %]".
+    real = PROFILES / "gpu_metrics_h100"
+    means = json.loads((real / "steady_means.json").read_text())
+    export = tmp_path / "profile.sqlite"
+    shutil.copy(PROFILES / "bf16" / "profile.sqlite", export)
+    window = analyze(export).window
+    start, end = window["start_ns"], window["end_ns"]
+    with sqlite3.connect(export) as con:
+        con.execute(f"ATTACH DATABASE '{real / 'gpu_metrics_sample.sqlite'}' AS real")
+        for table in ("TARGET_INFO_GPU_METRICS", "GPU_METRICS"):
+            con.execute(con.execute(f"SELECT sql FROM real.sqlite_master WHERE name = '{table}'").fetchone()[0])
+        con.execute("INSERT INTO TARGET_INFO_GPU_METRICS SELECT * FROM real.TARGET_INFO_GPU_METRICS")
+        metrics = con.execute("SELECT typeId, metricId, metricName FROM TARGET_INFO_GPU_METRICS").fetchall()
+        con.executemany(
+            "INSERT INTO GPU_METRICS VALUES (?, ?, ?, ?, ?)",
+            [
+                (t, t, kind, m, round(means[name]))
+                for t in range(start, end, (end - start) // 20)
+                for kind, m, name in metrics
+            ],
+        )
+    analysis = analyze(export)
+    assert len(analysis.gpu_metrics) == 22
+    (said,) = [f for f in evaluate(analysis) if f["id"] == "gpu_metrics"]
+    assert said["message"].endswith(
+        "SMs active 89%, tensor cores active 60%, DRAM bandwidth 41%, PCIe bandwidth 1% (of each one's peak)"
     )
 
 
