@@ -15,6 +15,7 @@ rank 0 writes the records.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,7 +236,11 @@ def _train(
         info["fp8_library"] = model.fp8_library
     if breakdown:
         metrics |= breakdown.metrics(
-            peak_gib, model.train_step.parameters(), model.trained_parameters(), optimizer_step.optimizers()
+            peak_gib,
+            # Weights kept as buffers count too: fp8's quantised frozen weights replace their parameters.
+            itertools.chain(model.train_step.parameters(), model.train_step.buffers()),
+            model.trained_parameters(),
+            optimizer_step.optimizers(),
         )
     return run_summary(
         cfg,
