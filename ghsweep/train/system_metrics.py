@@ -149,18 +149,22 @@ def _series(rows: Iterable[dict[str, float]], name: str) -> Iterator[tuple[float
     return ((r["time"], r[name]) for r in rows if name in r and math.isfinite(r[name]))
 
 
-def summarise(rows: list[dict[str, float]]) -> dict[str, float]:
-    """`NAME_mean` and `NAME_peak` of every sampled name (energy: its last reading, the total)."""
+def summarise(rows: list[dict[str, float]], steady: tuple[float, float] | None = None) -> dict[str, float]:
+    """`NAME_mean` and `NAME_peak` of every sampled name (energy: its last reading, the total). The
+    peak is the whole run's; the mean is the steady steps' where `steady` (start, end) holds samples:
+    a whole run's mean utilisation is mostly imports and compilation."""
     names = sorted({k for r in rows for k in r if k != "time"})
     out: dict[str, float] = {}
     for name in names:
-        values = [v for _, v in _series(rows, name)]
-        if not values:
+        series = list(_series(rows, name))
+        if not series:
             continue
+        values = [v for _, v in series]
         if name.endswith("energy_joules"):
             out[name] = values[-1]
             continue
-        out[f"{name}_mean"] = sum(values) / len(values)
+        in_steady = [v for t, v in series if steady is not None and steady[0] <= t <= steady[1]]
+        out[f"{name}_mean"] = sum(in_steady or values) / len(in_steady or values)
         out[f"{name}_peak"] = max(values)
     return out
 
@@ -195,14 +199,14 @@ def system_summary(sampler: SystemSampler, metrics: dict[str, float], timing: di
     the energy of the steady steps: the mean power of its GPU over them (`gpu_power_w`), joules per
     step and tokens per joule, counting every GPU of the run as drawing what rank 0's does."""
     rows = read_samples(sampler.path)
-    added = summarise(rows)
+    start, end = timing.get("steady_from"), timing.get("steady_to")
+    added = summarise(rows, (start, end) if start is not None and end is not None else None)
     if sampler.gpu_unseen:
         info = {"system_metrics": "host only: NVML cannot see this run's GPU (no NVIDIA driver library?)"}
     elif sampler.handle is None:
         info = {"system_metrics": "host only (no GPU)"}
     else:
         info = {"system_metrics": "gpu and host"}
-    start, end = timing.get("steady_from"), timing.get("steady_to")
     if sampler.handle is None:
         return added, info
     power = mean_power_w(rows, sampler.rank, start, end) if start is not None and end is not None else None

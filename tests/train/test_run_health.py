@@ -38,7 +38,8 @@ def test_flush_stops_at_the_first_non_finite_loss(tmp_path):
 @pytest.fixture(scope="module")
 def diverging_sweep(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("diverging")
-    proc = run_cli(["-m", *DIVERGING, "train.lr=0.9,0.0001", "system_metrics.interval_s=0.2"], cwd)
+    # A flush every step: the finished run has a steady window for its means.
+    proc = run_cli(["-m", *DIVERGING, "train.lr=0.9,0.0001", "system_metrics.interval_s=0.2", "train.log_every=1"], cwd)
     return cwd, proc
 
 
@@ -82,7 +83,11 @@ def test_summary_has_the_mean_and_peak_and_says_host_only(diverging_sweep):
     samples = read_samples(summary_file.parent / "system_metrics.jsonl")
     memory = [r["system_memory_usage_megabytes"] for r in samples]
     assert summary["metrics"]["system_memory_usage_megabytes_peak"] == max(memory)
-    assert summary["metrics"]["system_memory_usage_megabytes_mean"] == pytest.approx(sum(memory) / len(memory))
+    # The mean over the steady steps (the samples taken while they ran), the peak over the whole run.
+    start, end = summary["timing"]["steady_from"], summary["timing"]["steady_to"]
+    steady = [r["system_memory_usage_megabytes"] for r in samples if start <= r["time"] <= end]
+    assert steady and len(steady) < len(memory)
+    assert summary["metrics"]["system_memory_usage_megabytes_mean"] == pytest.approx(sum(steady) / len(steady))
     assert 0 < summary["metrics"]["cpu_utilization_percentage_mean"] <= 100
     assert summary["info"]["system_metrics"] == "host only (no GPU)"
     assert "tokens_per_joule" not in summary["metrics"]
@@ -101,6 +106,12 @@ def test_mean_power_reads_the_energy_counter_else_the_power_samples():
     assert mean_power_w(without_counter, 1, 10.5, 13.0) == (pytest.approx(910 / 3), "power_samples")
     assert mean_power_w(rows, 0, 10.5, 13.0) is None
     assert summarise(rows)["gpu_1_energy_joules"] == 800.0
+    # Means over the steady steps where they hold samples (start-up's low power left out); peaks over the run.
+    assert summarise(rows)["gpu_1_power_usage_watts_mean"] == pytest.approx(1010 / 4)
+    steady = summarise(rows, (10.5, 13.0))
+    assert steady["gpu_1_power_usage_watts_mean"] == pytest.approx(910 / 3)
+    assert steady["gpu_1_power_usage_watts_peak"] == 320.0
+    assert summarise(rows, (50.0, 60.0))["gpu_1_power_usage_watts_mean"] == pytest.approx(1010 / 4)
 
 
 def test_planted_gpu_samples_give_energy_per_step_and_tokens_per_joule(tmp_path):
