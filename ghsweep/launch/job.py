@@ -27,10 +27,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from ghsweep.config.validate import launcher_retries
 from ghsweep.core.errors import ConfigError, JobTimeout, TrackingUriError, one_line
+from ghsweep.core.failures import INFRASTRUCTURE, failure_class
 from ghsweep.core.gpu import probe_gpu
 from ghsweep.core.names import (
+    ATTEMPTS_TAG,
     ERROR_TAG,
+    FAILURE_CLASS_TAG,
     HOST_TAG,
     JOB_NUM_TAG,
     OVERRIDES_TAG,
@@ -38,9 +42,20 @@ from ghsweep.core.names import (
     RUN_DIR_TAG,
     RUN_HASH_TAG,
     STATUS_TAG,
+    attempt_tag,
     join_overrides,
 )
-from ghsweep.core.run_dir import ARTIFACTS, CONFIG, METRICS, OVERRIDES, REPORT, SUMMARY, WORKER_ERROR, WORKER_LOG
+from ghsweep.core.run_dir import (
+    ARTIFACTS,
+    ATTEMPT_LOG,
+    CONFIG,
+    METRICS,
+    OVERRIDES,
+    REPORT,
+    SUMMARY,
+    WORKER_ERROR,
+    WORKER_LOG,
+)
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.run_result import RunResult
 from ghsweep.core.summary import RunSummary
@@ -61,6 +76,8 @@ log = logging.getLogger(__name__)
 
 # Less free space than this under a failed run's directory: the disk was full.
 FULL_DISK_BYTES = 1 << 20
+# Lines of a failed worker's log read for signs of an infrastructure failure (NCCL, ECC, Xid).
+LOG_TAIL_LINES = 200
 # Config groups recorded as plain params (e.g. precision=bf16) beside the flattened config.
 KNOB_GROUPS = ("peft", "precision", "offload", "memory", "dataloader", "model", "data", "backend", "profile")
 
@@ -136,6 +153,7 @@ class Combination:
     choices: dict[str, str]  # the option chosen in each knob group
     launcher: str
     cwd: str
+    retries: int = 0  # hydra.launcher.retries: runs again after an infrastructure failure
 
     def result(self, status: str, mlflow_run_id: str | None = None) -> RunResult:
         return RunResult(
@@ -163,6 +181,7 @@ def this_combination(cfg: DictConfig) -> Combination:
         choices={k: v for k, v in hydra_cfg.runtime.choices.items() if k in KNOB_GROUPS},
         launcher=str(hydra_cfg.runtime.choices.get("hydra/launcher")),
         cwd=hydra_cfg.runtime.cwd,
+        retries=launcher_retries(hydra_cfg.launcher),
     )
 
 
@@ -214,7 +233,7 @@ def run_one(cfg: DictConfig) -> RunResult:
         )
         store, run_id = None, None
     result = combo.result("FAILED", run_id)
-    summary, profile, interrupt = train_and_measure(cfg, combo, result, slurm_tasks)
+    summary, profile, interrupt = train_with_retries(cfg, combo, result, slurm_tasks, store)
     if result.error:
         log.error("%s: %s: %s", combo.name, result.status, result.error)
     record(store, run_id, cfg, combo.run_dir, result, summary, profile, started)
@@ -300,6 +319,59 @@ def train_and_measure(
         result.status, result.error = "KILLED", interrupts.reason(exc)
         return RunSummary(), ProfileOutcome(), exc
     return RunSummary(), ProfileOutcome(), None
+
+
+def train_with_retries(
+    cfg: DictConfig, combo: Combination, result: RunResult, slurm_tasks: int | None, store: MlflowStore | None
+) -> tuple[RunSummary, ProfileOutcome, KeyboardInterrupt | None]:
+    """train_and_measure, and again after an infrastructure failure, up to `combo.retries` times, in
+    the same run directory and MLflow run: each failed attempt's reason is kept (result.attempts, tag
+    ghsweep.attempt.N) and its worker log (worker.attemptN.log). A failed run's class is in
+    result.failure_class. A SLURM job of several tasks is not retried here: its other ranks have ended."""
+    while True:
+        summary, profile, interrupt = train_and_measure(cfg, combo, result, slurm_tasks)
+        if result.status == "FINISHED" or interrupt is not None or not result.error:
+            return summary, profile, interrupt
+        result.failure_class = failure_class(result.error, log_tail(combo.run_dir / WORKER_LOG))
+        if result.failure_class != INFRASTRUCTURE or len(result.attempts) >= combo.retries or (slurm_tasks or 1) > 1:
+            return summary, profile, interrupt
+        note_retry(store, combo, result)
+
+
+def log_tail(path: Path) -> str:
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])
+
+
+def note_retry(store: MlflowStore | None, combo: Combination, result: RunResult) -> None:
+    """Record why this attempt failed, keep its worker log, and clear `result` for the next attempt."""
+    attempt = len(result.attempts) + 1
+    log.warning(
+        "%s: attempt %d failed for its infrastructure (%s); running it again (retry %d of %d, hydra.launcher.retries)",
+        combo.name,
+        attempt,
+        result.error,
+        attempt,
+        combo.retries,
+    )
+    worker_log = combo.run_dir / WORKER_LOG
+    if worker_log.exists():
+        worker_log.replace(combo.run_dir / ATTEMPT_LOG.format(n=attempt))
+    result.attempts.append(str(result.error))
+    if store is not None and result.mlflow_run_id is not None:
+        try:  # on the run while it trains again; a store away now still gets it at the record
+            store.set_tags(result.mlflow_run_id, attempt_tags(result.attempts))
+        except Exception as exc:
+            log.error("%s: MLflow did not take attempt %d's reason (%s)", combo.name, attempt, one_line(exc)[:300])
+    result.status, result.error, result.failure_class, result.metrics = "FAILED", None, None, {}
+
+
+def attempt_tags(attempts: list[str]) -> dict[str, object]:
+    """The tags of a run whose earlier attempts failed for `attempts` (their reasons, in order)."""
+    tags: dict[str, object] = {attempt_tag(n): f"{INFRASTRUCTURE}: {why}" for n, why in enumerate(attempts, 1)}
+    tags[ATTEMPTS_TAG] = len(attempts) + 1
+    return tags
 
 
 def measure(cfg: DictConfig, plan: RunPlan, exit: WorkerExit, result: RunResult) -> tuple[RunSummary, ProfileOutcome]:
@@ -425,6 +497,9 @@ def record(
         tags.update({f"ghsweep.{k}": v for k, v in info.items() if k not in ("torch_version", "device_name")})
         if result.error:
             tags[ERROR_TAG] = result.error
+        if result.failure_class:
+            tags[FAILURE_CLASS_TAG] = result.failure_class
+        tags.update(attempt_tags(result.attempts))
         store.set_tags(run_id, {**tags, **profile.tags})
 
         points = loss_points(run_dir / METRICS)
@@ -444,6 +519,7 @@ def record(
             store.log_artifacts(run_id, [Path(shown_dir) / CONFIG])
         # recipe.*: the composed NeMo recipe (backend=nemo); files a run did not write are skipped.
         store.log_artifacts(run_id, [run_dir / a for a in ARTIFACTS if a != CONFIG])
+        store.log_artifacts(run_id, [run_dir / ATTEMPT_LOG.format(n=n) for n in range(1, len(result.attempts) + 1)])
         store.log_artifacts(run_id, profile.artifacts, "profile")
         store.finish(run_id, result.status)
     except Exception as exc:  # MLflow unreachable even after retries: the run's own files hold the record

@@ -119,6 +119,7 @@ class GhsweepLauncher:
             if params.get("gpus_per_node"):
                 params["gpus_per_node"] = world.gpus_per_node
         folder = params.pop("submitit_folder")
+        params.pop("retries", None)  # ghsweep's, read by each job (ghsweep.launch.job), not submitit's
         init = (
             {f"{self._EXECUTOR}_max_num_timeout": params.pop("max_num_timeout")} if "max_num_timeout" in params else {}
         )
