@@ -60,6 +60,7 @@ from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.run_result import RunResult
 from ghsweep.core.summary import RunSummary
 from ghsweep.launch import interrupts
+from ghsweep.launch.container import container_env
 from ghsweep.launch.dry_run import describe
 from ghsweep.launch.plan import check_required, node_plan, not_runnable
 from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
@@ -304,7 +305,7 @@ def train_and_measure(
             run_dir / WORKER_LOG,
             shlex.join(plan.worker_command),
         )
-        exit = run_worker(plan.worker_command, run_dir, timeout_s(plan))
+        exit = run_worker(plan.worker_command, run_dir, timeout_s(plan), env=container_env(cfg))
         return *measure(cfg, plan, exit, result), None
     except (ConfigError, JobTimeout) as exc:
         result.error = str(exc)
@@ -401,7 +402,9 @@ def measure(cfg: DictConfig, plan: RunPlan, exit: WorkerExit, result: RunResult)
         cfg,
         run_dir,
         plan.profile,
-        lambda prefix, work: run_worker(worker_command(cfg, work, prefix), work, timeout_s(plan)).returncode,
+        lambda prefix, work: (
+            run_worker(worker_command(cfg, work, prefix), work, timeout_s(plan), env=container_env(cfg)).returncode
+        ),
     )
     # Export, analysis, the ncu pass, the profile report and its plots.
     result.timing["analysis_s"] = time.time() - analysis_started
@@ -422,7 +425,7 @@ def run_rank(cfg: DictConfig, combo: Combination, rank: int, slurm_tasks: int) -
             combo.run_dir / rank_file(WORKER_LOG, rank),
             shlex.join(plan.worker_command),
         )
-        exit = run_worker(plan.worker_command, combo.run_dir, timeout_s(plan), rank)
+        exit = run_worker(plan.worker_command, combo.run_dir, timeout_s(plan), rank, container_env(cfg))
         if exit.returncode == 0:
             result.status = "FINISHED"
         else:
