@@ -64,6 +64,7 @@ from ghsweep.launch.container import container_env
 from ghsweep.launch.dry_run import describe
 from ghsweep.launch.plan import check_required, node_plan, not_runnable
 from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
+from ghsweep.launch.requeue import earlier_start, job_ending, requeue_reason, wait_to_be_stopped
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.launch.worker_process import WorkerExit, rank_file, run_worker, worker_command
@@ -219,12 +220,17 @@ def run_one(cfg: DictConfig) -> RunResult:
     identity = run_hash(cfg)
     store: MlflowStore | None = None
     run_id: str | None = None
+    restarted = earlier_start(combo.run_dir)  # SLURM requeued this job: its first start's record
     try:
         store = open_store(cfg, combo, manifest)
         earlier = finished_run(store, identity) if combo.in_sweep and not cfg.force else None
         if earlier is not None:
             return skip_finished(earlier, combo.name, combo.run_dir, combo.overrides)
-        run_id = start_run(store, cfg, combo, identity, manifest)
+        if restarted is not None and restarted.mlflow_run_id is not None:
+            run_id = restarted.mlflow_run_id
+            store.reopen(run_id)
+        else:
+            run_id = start_run(store, cfg, combo, identity, manifest)
     except Exception as exc:  # the store went away mid-sweep: train anyway, the run's files hold its record
         shown = str(exc) if isinstance(exc, TrackingUriError) else one_line(exc)
         if not combo.in_sweep:  # no run can be recorded: one line, not a traceback
@@ -234,7 +240,26 @@ def run_one(cfg: DictConfig) -> RunResult:
         )
         store, run_id = None, None
     result = combo.result("FAILED", run_id)
+    if restarted is not None:
+        result.attempts = list(restarted.attempts)
+        note_retry(store, combo, result, requeue_reason())
+        if len(result.attempts) > combo.retries:
+            result.error = (
+                f"{result.attempts[-1]}: started {len(result.attempts) + 1} times, more than 1 + "
+                f"hydra.launcher.retries={combo.retries}; not run again"
+            )
+            result.failure_class = INFRASTRUCTURE
+            record(store, run_id, cfg, combo.run_dir, result, RunSummary(), ProfileOutcome(), started)
+            return result
     summary, profile, interrupt = train_with_retries(cfg, combo, result, slurm_tasks, store)
+    if result.status == "RUNNING":
+        log.warning(
+            "%s: SLURM is ending this job (%s); its next start or the sweep records the run",
+            combo.name,
+            result.error,
+        )
+        wait_to_be_stopped()
+        return result
     if result.error:
         log.error("%s: %s: %s", combo.name, result.status, result.error)
     record(store, run_id, cfg, combo.run_dir, result, summary, profile, started)
@@ -328,15 +353,24 @@ def train_with_retries(
     """train_and_measure, and again after an infrastructure failure, up to `combo.retries` times, in
     the same run directory and MLflow run: each failed attempt's reason is kept (result.attempts, tag
     ghsweep.attempt.N) and its worker log (worker.attemptN.log). A failed run's class is in
-    result.failure_class. A SLURM job of several tasks is not retried here: its other ranks have ended."""
+    result.failure_class. A SLURM job of several tasks is not retried here: its other ranks have ended.
+
+    A worker killed from outside in a SLURM job that SLURM is ending (cancelled, requeued, preempted,
+    its node lost) is no failure of the run: `result` comes back RUNNING, for the job's next start or
+    the sweep's settling to record."""
     while True:
         summary, profile, interrupt = train_and_measure(cfg, combo, result, slurm_tasks)
         if result.status == "FINISHED" or interrupt is not None or not result.error:
             return summary, profile, interrupt
         result.failure_class = failure_class(result.error, log_tail(combo.run_dir / WORKER_LOG))
+        if result.failure_class == INFRASTRUCTURE and slurm_tasks is not None:
+            ending = job_ending()
+            if ending:
+                result.status, result.error = "RUNNING", f"SLURM job state {ending}; the worker: {result.error}"
+                return summary, profile, interrupt
         if result.failure_class != INFRASTRUCTURE or len(result.attempts) >= combo.retries or (slurm_tasks or 1) > 1:
             return summary, profile, interrupt
-        note_retry(store, combo, result)
+        note_retry(store, combo, result, str(result.error))
 
 
 def log_tail(path: Path) -> str:
@@ -345,21 +379,21 @@ def log_tail(path: Path) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])
 
 
-def note_retry(store: MlflowStore | None, combo: Combination, result: RunResult) -> None:
-    """Record why this attempt failed, keep its worker log, and clear `result` for the next attempt."""
+def note_retry(store: MlflowStore | None, combo: Combination, result: RunResult, reason: str) -> None:
+    """Record why the last attempt failed (`reason`), keep its worker log, and clear `result` for the next attempt."""
     attempt = len(result.attempts) + 1
     log.warning(
         "%s: attempt %d failed for its infrastructure (%s); running it again (retry %d of %d, hydra.launcher.retries)",
         combo.name,
         attempt,
-        result.error,
+        reason,
         attempt,
         combo.retries,
     )
     worker_log = combo.run_dir / WORKER_LOG
     if worker_log.exists():
         worker_log.replace(combo.run_dir / ATTEMPT_LOG.format(n=attempt))
-    result.attempts.append(str(result.error))
+    result.attempts.append(reason)
     if store is not None and result.mlflow_run_id is not None:
         try:  # on the run while it trains again; a store away now still gets it at the record
             store.set_tags(result.mlflow_run_id, attempt_tags(result.attempts))
