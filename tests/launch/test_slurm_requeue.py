@@ -28,11 +28,13 @@ def squeue_field(job_id: str, field: str) -> str:
     return out.stdout.strip()
 
 
-def requeued_sweep(server, tmp_path: Path, experiment: str, stop_job) -> tuple[subprocess.CompletedProcess, str]:
+def requeued_sweep(
+    server, tmp_path: Path, experiment: str, stop_job, *more: str
+) -> tuple[subprocess.CompletedProcess, str]:
     """A one-run sweep whose job is stopped by `stop_job(job_id)` once it trains; (the finished sweep, job id)."""
     sweep_dir = tmp_path / "sweep"
     args = sweep_args(
-        server, experiment, f"train.max_steps={STEPS}", "train.log_every=1", f"hydra.sweep.dir={sweep_dir}"
+        server, experiment, f"train.max_steps={STEPS}", "train.log_every=1", f"hydra.sweep.dir={sweep_dir}", *more
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "ghsweep", *args],
@@ -84,6 +86,8 @@ def test_a_job_signalled_before_its_time_limit_is_requeued_by_submitit_and_finis
         tmp_path,
         "slurm_signal",
         lambda job: subprocess.run(["scancel", "--signal=USR2", job], check=True),
+        # submitit takes a signal in the last 20% of the limit, or its last 10 minutes, for the limit itself.
+        "hydra.launcher.timeout_min=30",
     )
     assert_finished_on_its_second_start(mlflow_server, "slurm_signal", proc, job_id, "REQUEUED")
 
