@@ -370,6 +370,9 @@ def validate_launch(cfg: DictConfig, job_name: str) -> None:
     the job's name (its log file's) and every interpolation. ConfigError, one line, before any record."""
     for switch in ("dry_run", "force", "wait"):
         check(switch, cfg[switch])
+    launcher = OmegaConf.select(cfg, "hydra.launcher")
+    if launcher is not None:
+        launcher_retries(launcher)
     experiment = OmegaConf.select(cfg, "tracking.experiment")
     if not isinstance(experiment, str) or not experiment.strip():
         raise ConfigError(
@@ -393,3 +396,15 @@ def _check_resolves(cfg: DictConfig, key: str) -> None:
         raise ConfigError(
             f"{where}: {str(error).splitlines()[0]}; set what it names, or give it a default (${{oc.env:NAME,default}})"
         ) from None
+
+
+def launcher_retries(launcher: DictConfig) -> int:
+    """hydra.launcher.retries: how many times a run that failed for its infrastructure is run again
+    (0 for a launch profile that does not set it)."""
+    retries = launcher.get("retries", 0)
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ConfigError(
+            f"hydra.launcher.retries={retries}: must be a whole number >= 0 (how many times a run that "
+            "failed for its node, network or GPU hardware is run again; 0: never)"
+        )
+    return retries

@@ -21,6 +21,10 @@ OVERRIDES_TAG = "ghsweep.overrides"  # the combination's overrides, as a shell w
 JOB_NUM_TAG = "ghsweep.job_num"  # the combination's number in its sweep
 STATUS_TAG = "ghsweep.status"
 ERROR_TAG = "ghsweep.error"  # one line: why the run failed
+FAILURE_CLASS_TAG = "ghsweep.failure_class"  # a failed run's: deterministic or infrastructure (core.failures)
+ATTEMPTS_TAG = "ghsweep.attempts"  # how many times the run's worker was started (infrastructure failures retried)
+
+
 HOST_TAG = "ghsweep.host"
 RUN_HASH_TAG = "ghsweep.run_hash"  # the run's identity (a hash of its resolved config), for resume
 SWEEP_DIR_TAG = "ghsweep.sweep_dir"
@@ -43,3 +47,8 @@ def split_overrides(text: str) -> list[str]:
         return shlex.split(text)
     except ValueError:
         return text.split(" ") if text else []
+
+
+def attempt_tag(attempt: int) -> str:
+    """The tag saying why attempt `attempt` (1, 2, ...) of a run failed and was retried."""
+    return f"ghsweep.attempt.{attempt}"

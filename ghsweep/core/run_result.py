@@ -22,6 +22,10 @@ class RunResult:
     mlflow_run_id: str | None = None
     # A combination a resumed sweep did not rerun: its result is this earlier run's (MLflow run id).
     reused: bool = False
+    # A failed run's class (ghsweep.core.failures): deterministic or infrastructure.
+    failure_class: str | None = None
+    # Why each earlier attempt failed, in order: infrastructure failures retried (launcher key `retries`).
+    attempts: list[str] = field(default_factory=list)
 
     def save(self) -> None:
         """Written whole or not at all: a full disk leaves the last complete result.json, never a cut one."""

@@ -168,9 +168,9 @@ def end_parent(
     if interrupt is not None:
         end_sweep_run(store, parent_id, "KILLED", interrupts.reason(interrupt))
         return
-    report_comparison(
-        store, parent_id, sweep_dir / COMPARISON_DIR, [r.mlflow_run_id for r in results if r.mlflow_run_id]
-    )
+    # Each run once: a tuning study that asked for a combination again reused its run.
+    run_ids = list(dict.fromkeys(r.mlflow_run_id for r in results if r.mlflow_run_id))
+    report_comparison(store, parent_id, sweep_dir / COMPARISON_DIR, run_ids)
     store.finish(parent_id, "FAILED" if failed and not failures_expected else "FINISHED")
 
 

@@ -1,11 +1,14 @@
-"""The container a worker runs in: `apptainer exec --nv` / `singularity exec --nv` with binds and env.
+"""The container a worker runs in: `apptainer exec --nv` / `singularity exec --nv` with binds and env,
+or SLURM's pyxis plugin (`srun --container-image=...`, enroot underneath).
 
 Built as an argument list; user values (image, binds, env values) are single arguments and never
-pass through a shell.
+pass through a shell. Under pyxis, `container.env`'s values reach the container through the
+worker's environment (container_env), so no value, secret or not, is on its command line.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -15,7 +18,8 @@ from omegaconf import DictConfig
 
 from ghsweep.core.errors import ConfigError
 
-RUNTIMES = ("apptainer", "singularity")
+RUNTIMES = ("apptainer", "singularity", "pyxis")
+PYXIS = "pyxis"
 
 
 def container_prefix(cfg: DictConfig, run_dir: Path) -> list[str]:
@@ -25,6 +29,8 @@ def container_prefix(cfg: DictConfig, run_dir: Path) -> list[str]:
         return []
     if c.runtime not in RUNTIMES:
         raise ConfigError(f"container.runtime={c.runtime}: not a container runtime; accepted: {', '.join(RUNTIMES)}")
+    if c.runtime == PYXIS:
+        return pyxis_prefix(c, run_dir)
     argv = [c.runtime, "exec"]
     if c.nv:
         argv.append("--nv")
@@ -35,6 +41,40 @@ def container_prefix(cfg: DictConfig, run_dir: Path) -> list[str]:
         argv += ["--env", f"{name}={value}"]
     argv.append(str(c.image))
     return argv
+
+
+def pyxis_prefix(c: DictConfig, run_dir: Path) -> list[str]:
+    """`srun --overlap --nodes=1 --ntasks=1 [--nodelist=THIS_NODE] --container-image=IMAGE
+    --container-mounts=RUN_DIR,BINDS --container-workdir=RUN_DIR [--container-env=NAMES]`.
+
+    A step of the job's own allocation, beside the step that runs ghsweep (--overlap), on this node
+    (inside a SLURM job: SLURMD_NODENAME); it gets the job's GPUs. pyxis always exposes the GPUs
+    (container.nv does not apply). `--container-env` names the variables whose host values replace
+    the image's; their values are in the worker's environment (container_env)."""
+    run = str(Path(run_dir).resolve())
+    mounts = [run, *(str(b) for b in c.binds)]
+    bad = [m for m in mounts if "," in m]
+    if bad:
+        raise ConfigError(
+            f"container.binds={bad[0]}: pyxis separates mounts with commas, so a mount cannot hold one; "
+            "accepted: SRC[:DST[:ro]] without commas"
+        )
+    argv = ["srun", "--overlap", "--nodes=1", "--ntasks=1"]
+    if os.environ.get("SLURMD_NODENAME"):
+        argv.append(f"--nodelist={os.environ['SLURMD_NODENAME']}")
+    argv += [f"--container-image={c.image}", f"--container-mounts={','.join(mounts)}", f"--container-workdir={run}"]
+    if c.env:
+        argv.append("--container-env=" + ",".join(str(name) for name in c.env))
+    return argv
+
+
+def container_env(cfg: DictConfig) -> dict[str, str]:
+    """What the worker's environment adds for its container: under pyxis, container.env (its values
+    off the command line); the other runtimes take them as --env arguments."""
+    c = _container(cfg)
+    if not c or c.runtime != PYXIS:
+        return {}
+    return {str(name): str(value) for name, value in c.env.items()}
 
 
 def tool_finder(prefix: list[str]) -> Callable[[str, str | None], str | None]:
@@ -58,6 +98,9 @@ def check_container(cfg: DictConfig) -> None:
     c = _container(cfg)
     if not c:
         return
+    if c.runtime == PYXIS:
+        _check_pyxis(str(c.image))
+        return
     if "://" not in str(c.image) and not Path(c.image).exists():
         raise ConfigError(
             f"container.image={c.image}: no such file on this node; accepted: a .sif path or a "
@@ -68,6 +111,20 @@ def check_container(cfg: DictConfig) -> None:
         raise ConfigError(
             f"container.runtime={c.runtime}: not found on PATH of this node; "
             f"accepted: {', '.join(found) if found else 'apptainer or singularity (neither is installed here)'}"
+        )
+
+
+def _check_pyxis(image: str) -> None:
+    # pyxis takes a registry image (nvcr.io#nvidia/nemo:25.09, ubuntu:24.04) or an enroot squashfs file.
+    if (image.startswith(("/", ".")) or image.endswith(".sqsh")) and not Path(image).exists():
+        raise ConfigError(
+            f"container.image={image}: no such file on this node; accepted with container.runtime=pyxis: "
+            "an enroot .sqsh file or a registry image such as nvcr.io#nvidia/nemo:25.09"
+        )
+    if shutil.which("srun") is None:
+        raise ConfigError(
+            "container.runtime=pyxis: runs the worker with `srun --container-image=...` and srun is not on "
+            "PATH of this node; accepted here: apptainer, singularity, or a SLURM node with pyxis"
         )
 
 

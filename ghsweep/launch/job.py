@@ -27,10 +27,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from ghsweep.config.validate import launcher_retries
 from ghsweep.core.errors import ConfigError, JobTimeout, TrackingUriError, one_line
+from ghsweep.core.failures import INFRASTRUCTURE, failure_class
 from ghsweep.core.gpu import probe_gpu
 from ghsweep.core.names import (
+    ATTEMPTS_TAG,
     ERROR_TAG,
+    FAILURE_CLASS_TAG,
     HOST_TAG,
     JOB_NUM_TAG,
     OVERRIDES_TAG,
@@ -38,10 +42,12 @@ from ghsweep.core.names import (
     RUN_DIR_TAG,
     RUN_HASH_TAG,
     STATUS_TAG,
+    attempt_tag,
     join_overrides,
 )
 from ghsweep.core.run_dir import (
     ARTIFACTS,
+    ATTEMPT_LOG,
     CONFIG,
     MEMORY_SNAPSHOT,
     METRICS,
@@ -56,9 +62,11 @@ from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.run_result import RunResult
 from ghsweep.core.summary import RunSummary
 from ghsweep.launch import interrupts
+from ghsweep.launch.container import container_env
 from ghsweep.launch.dry_run import describe
 from ghsweep.launch.plan import check_required, node_plan, not_runnable
 from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
+from ghsweep.launch.requeue import earlier_start, job_ending, requeue_reason, wait_to_be_stopped
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.launch.worker_process import WorkerExit, rank_file, run_worker, worker_command
@@ -73,6 +81,8 @@ log = logging.getLogger(__name__)
 
 # Less free space than this under a failed run's directory: the disk was full.
 FULL_DISK_BYTES = 1 << 20
+# Lines of a failed worker's log read for signs of an infrastructure failure (NCCL, ECC, Xid).
+LOG_TAIL_LINES = 200
 # Config groups recorded as plain params (e.g. precision=bf16) beside the flattened config.
 KNOB_GROUPS = ("peft", "precision", "offload", "memory", "dataloader", "model", "data", "backend", "profile")
 
@@ -148,6 +158,7 @@ class Combination:
     choices: dict[str, str]  # the option chosen in each knob group
     launcher: str
     cwd: str
+    retries: int = 0  # hydra.launcher.retries: runs again after an infrastructure failure
 
     def result(self, status: str, mlflow_run_id: str | None = None) -> RunResult:
         return RunResult(
@@ -175,6 +186,7 @@ def this_combination(cfg: DictConfig) -> Combination:
         choices={k: v for k, v in hydra_cfg.runtime.choices.items() if k in KNOB_GROUPS},
         launcher=str(hydra_cfg.runtime.choices.get("hydra/launcher")),
         cwd=hydra_cfg.runtime.cwd,
+        retries=launcher_retries(hydra_cfg.launcher),
     )
 
 
@@ -211,12 +223,17 @@ def run_one(cfg: DictConfig) -> RunResult:
     identity = run_hash(cfg)
     store: MlflowStore | None = None
     run_id: str | None = None
+    restarted = earlier_start(combo.run_dir)  # SLURM requeued this job: its first start's record
     try:
         store = open_store(cfg, combo, manifest)
         earlier = finished_run(store, identity) if combo.in_sweep and not cfg.force else None
         if earlier is not None:
             return skip_finished(earlier, combo.name, combo.run_dir, combo.overrides)
-        run_id = start_run(store, cfg, combo, identity, manifest)
+        if restarted is not None and restarted.mlflow_run_id is not None:
+            run_id = restarted.mlflow_run_id
+            store.reopen(run_id)
+        else:
+            run_id = start_run(store, cfg, combo, identity, manifest)
     except Exception as exc:  # the store went away mid-sweep: train anyway, the run's files hold its record
         shown = str(exc) if isinstance(exc, TrackingUriError) else one_line(exc)
         if not combo.in_sweep:  # no run can be recorded: one line, not a traceback
@@ -226,7 +243,26 @@ def run_one(cfg: DictConfig) -> RunResult:
         )
         store, run_id = None, None
     result = combo.result("FAILED", run_id)
-    summary, profile, interrupt = train_and_measure(cfg, combo, result, slurm_tasks)
+    if restarted is not None:
+        result.attempts = list(restarted.attempts)
+        note_retry(store, combo, result, requeue_reason())
+        if len(result.attempts) > combo.retries:
+            result.error = (
+                f"{result.attempts[-1]}: started {len(result.attempts) + 1} times, more than 1 + "
+                f"hydra.launcher.retries={combo.retries}; not run again"
+            )
+            result.failure_class = INFRASTRUCTURE
+            record(store, run_id, cfg, combo.run_dir, result, RunSummary(), ProfileOutcome(), started)
+            return result
+    summary, profile, interrupt = train_with_retries(cfg, combo, result, slurm_tasks, store)
+    if result.status == "RUNNING":
+        log.warning(
+            "%s: SLURM is ending this job (%s); its next start or the sweep records the run",
+            combo.name,
+            result.error,
+        )
+        wait_to_be_stopped()
+        return result
     if result.error:
         log.error("%s: %s: %s", combo.name, result.status, result.error)
     record(store, run_id, cfg, combo.run_dir, result, summary, profile, started)
@@ -297,7 +333,7 @@ def train_and_measure(
             run_dir / WORKER_LOG,
             shlex.join(plan.worker_command),
         )
-        exit = run_worker(plan.worker_command, run_dir, timeout_s(plan))
+        exit = run_worker(plan.worker_command, run_dir, timeout_s(plan), env=container_env(cfg))
         return *measure(cfg, plan, exit, result), None
     except (ConfigError, JobTimeout) as exc:
         result.error = str(exc)
@@ -312,6 +348,68 @@ def train_and_measure(
         result.status, result.error = "KILLED", interrupts.reason(exc)
         return RunSummary(), ProfileOutcome(), exc
     return RunSummary(), ProfileOutcome(), None
+
+
+def train_with_retries(
+    cfg: DictConfig, combo: Combination, result: RunResult, slurm_tasks: int | None, store: MlflowStore | None
+) -> tuple[RunSummary, ProfileOutcome, KeyboardInterrupt | None]:
+    """train_and_measure, and again after an infrastructure failure, up to `combo.retries` times, in
+    the same run directory and MLflow run: each failed attempt's reason is kept (result.attempts, tag
+    ghsweep.attempt.N) and its worker log (worker.attemptN.log). A failed run's class is in
+    result.failure_class. A SLURM job of several tasks is not retried here: its other ranks have ended.
+
+    A worker killed from outside in a SLURM job that SLURM is ending (cancelled, requeued, preempted,
+    its node lost) is no failure of the run: `result` comes back RUNNING, for the job's next start or
+    the sweep's settling to record."""
+    while True:
+        summary, profile, interrupt = train_and_measure(cfg, combo, result, slurm_tasks)
+        if result.status == "FINISHED" or interrupt is not None or not result.error:
+            return summary, profile, interrupt
+        result.failure_class = failure_class(result.error, log_tail(combo.run_dir / WORKER_LOG))
+        if result.failure_class == INFRASTRUCTURE and slurm_tasks is not None:
+            ending = job_ending()
+            if ending:
+                result.status, result.error = "RUNNING", f"SLURM job state {ending}; the worker: {result.error}"
+                return summary, profile, interrupt
+        if result.failure_class != INFRASTRUCTURE or len(result.attempts) >= combo.retries or (slurm_tasks or 1) > 1:
+            return summary, profile, interrupt
+        note_retry(store, combo, result, str(result.error))
+
+
+def log_tail(path: Path) -> str:
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])
+
+
+def note_retry(store: MlflowStore | None, combo: Combination, result: RunResult, reason: str) -> None:
+    """Record why the last attempt failed (`reason`), keep its worker log, and clear `result` for the next attempt."""
+    attempt = len(result.attempts) + 1
+    log.warning(
+        "%s: attempt %d failed for its infrastructure (%s); running it again (retry %d of %d, hydra.launcher.retries)",
+        combo.name,
+        attempt,
+        reason,
+        attempt,
+        combo.retries,
+    )
+    worker_log = combo.run_dir / WORKER_LOG
+    if worker_log.exists():
+        worker_log.replace(combo.run_dir / ATTEMPT_LOG.format(n=attempt))
+    result.attempts.append(reason)
+    if store is not None and result.mlflow_run_id is not None:
+        try:  # on the run while it trains again; a store away now still gets it at the record
+            store.set_tags(result.mlflow_run_id, attempt_tags(result.attempts))
+        except Exception as exc:
+            log.error("%s: MLflow did not take attempt %d's reason (%s)", combo.name, attempt, one_line(exc)[:300])
+    result.status, result.error, result.failure_class, result.metrics = "FAILED", None, None, {}
+
+
+def attempt_tags(attempts: list[str]) -> dict[str, object]:
+    """The tags of a run whose earlier attempts failed for `attempts` (their reasons, in order)."""
+    tags: dict[str, object] = {attempt_tag(n): f"{INFRASTRUCTURE}: {why}" for n, why in enumerate(attempts, 1)}
+    tags[ATTEMPTS_TAG] = len(attempts) + 1
+    return tags
 
 
 def measure(cfg: DictConfig, plan: RunPlan, exit: WorkerExit, result: RunResult) -> tuple[RunSummary, ProfileOutcome]:
@@ -341,7 +439,9 @@ def measure(cfg: DictConfig, plan: RunPlan, exit: WorkerExit, result: RunResult)
         cfg,
         run_dir,
         plan.profile,
-        lambda prefix, work: run_worker(worker_command(cfg, work, prefix), work, timeout_s(plan)).returncode,
+        lambda prefix, work: (
+            run_worker(worker_command(cfg, work, prefix), work, timeout_s(plan), env=container_env(cfg)).returncode
+        ),
     )
     # Export, analysis, the ncu pass, the profile report and its plots.
     result.timing["analysis_s"] = time.time() - analysis_started
@@ -362,7 +462,7 @@ def run_rank(cfg: DictConfig, combo: Combination, rank: int, slurm_tasks: int) -
             combo.run_dir / rank_file(WORKER_LOG, rank),
             shlex.join(plan.worker_command),
         )
-        exit = run_worker(plan.worker_command, combo.run_dir, timeout_s(plan), rank)
+        exit = run_worker(plan.worker_command, combo.run_dir, timeout_s(plan), rank, container_env(cfg))
         if exit.returncode == 0:
             result.status = "FINISHED"
         else:
@@ -437,6 +537,9 @@ def record(
         tags.update({f"ghsweep.{k}": v for k, v in info.items() if k not in ("torch_version", "device_name")})
         if result.error:
             tags[ERROR_TAG] = result.error
+        if result.failure_class:
+            tags[FAILURE_CLASS_TAG] = result.failure_class
+        tags.update(attempt_tags(result.attempts))
         store.set_tags(run_id, {**tags, **profile.tags})
 
         points = loss_points(run_dir / METRICS)
@@ -458,6 +561,7 @@ def record(
             store.log_artifacts(run_id, [Path(shown_dir) / CONFIG])
         # recipe.*: the composed NeMo recipe (backend=nemo); files a run did not write are skipped.
         store.log_artifacts(run_id, [run_dir / a for a in ARTIFACTS if a != CONFIG])
+        store.log_artifacts(run_id, [run_dir / ATTEMPT_LOG.format(n=n) for n in range(1, len(result.attempts) + 1)])
         store.log_artifacts(run_id, profile.artifacts, "profile")
         store.finish(run_id, result.status)
     except Exception as exc:  # MLflow unreachable even after retries: the run's own files hold the record

@@ -23,7 +23,9 @@ from hydra.core.utils import JobStatus
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
 from ghsweep.core.errors import JobTimeout
+from ghsweep.core.failures import failure_class
 from ghsweep.core.names import (
+    FAILURE_CLASS_TAG,
     HOST_TAG,
     JOB_NUM_TAG,
     OVERRIDES_TAG,
@@ -41,6 +43,8 @@ log = logging.getLogger(__name__)
 
 # MLflow's status for a run stopped from outside.
 CANCELLED = "KILLED"
+# How often a job that returned while SLURM still says it runs is asked about (a forced sacct call).
+FORCED_STATE_S = 15.0
 # SLURM states of a job that has not ended (UNKNOWN is not one: sacct may be unavailable for good).
 ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
 
@@ -104,7 +108,15 @@ def has_ended(job: submitit.Job) -> bool:
 
 
 def wait_until_ended(jobs: list[submitit.Job], poll_s: float) -> None:
+    last_forced = time.monotonic()
     while not all(has_ended(j) for j in jobs):
+        # submitit asks sacct ever more rarely the longer its jobs run (up to every 10 minutes): a job
+        # whose task has returned but whose state is still active (its end not yet seen, or a requeued
+        # job running again) is asked about at least every FORCED_STATE_S.
+        waiting = [j for j in jobs if j.done() and not has_ended(j)]
+        if waiting and time.monotonic() - last_forced > FORCED_STATE_S:
+            waiting[0].get_info(mode="force")  # one sacct call updates every job of the watcher
+            last_forced = time.monotonic()
         time.sleep(poll_s)
 
 
@@ -198,7 +210,10 @@ def _record_lost(
     if result.error and result.status != "RUNNING":
         reason = f"{reason}; the job recorded: {result.error}"
     result.status, result.error = status, reason
+    # A job cancelled from outside has no class: nothing failed, someone stopped it.
+    result.failure_class = failure_class(reason) if status == "FAILED" else None
+    classified = {FAILURE_CLASS_TAG: result.failure_class} if result.failure_class else {}
     store.log_artifacts(run_id, [run_dir / WORKER_LOG])
-    store.end_run(run_id, status, reason, {"ghsweep.slurm_job_id": submitted.job_id})
+    store.end_run(run_id, status, reason, {"ghsweep.slurm_job_id": submitted.job_id, **classified})
     result.save()
     return result

@@ -17,9 +17,13 @@ there on top of GhsweepLauncher.
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import shutil
+import subprocess
+import time
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -44,6 +48,22 @@ from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore
 
 log = logging.getLogger(__name__)
+
+# SLURM signals the time limit up to a minute early (its event resolution): a signal further ahead
+# than signal_delay_s plus this came from outside.
+TIME_LIMIT_SLACK_S = 90
+
+
+def time_left_s() -> float:
+    """Seconds until this SLURM job's time limit (its EndTime, from squeue); 0 when unknown."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return 0.0
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%e"], capture_output=True, text=True, timeout=30)
+        return datetime.fromisoformat(out.stdout.strip()).timestamp() - time.time()
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return 0.0
 
 
 class _ScriptOnlySlurm(SlurmExecutor):
@@ -98,11 +118,19 @@ class GhsweepLauncher:
         def __call__(self, *args: Any, **kwargs: Any) -> JobReturn: ...
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        """Called in the job when SLURM signals the time limit (submitit's checkpointing).
+        """Called in the job when SLURM signals it (submitit's checkpointing): at its time limit, or
+        from outside before the limit (a preemption notice, `scancel --signal=USR2`).
 
-        Requeueing restarts the job's task; that is only worth it for a backend that resumes from
-        its checkpoints, and no backend here does, so the run ends now and is recorded as timed out.
+        Signalled from outside, the job is requeued (submitit's requeue: `scontrol requeue`) and the
+        run starts over in its run directory, continuing its MLflow run (ghsweep.launch.requeue);
+        benchmark runs are short, so starting over is right. At the time limit it is not: a restart
+        from scratch would reach the same limit, and no backend resumes from a checkpoint, so the run
+        ends now and is recorded as timed out.
         """
+        left_s = time_left_s()
+        if left_s > self.params["signal_delay_s"] + TIME_LIMIT_SLACK_S:
+            log.warning("signalled %.0f s before the time limit: requeueing the job", left_s)
+            return super().checkpoint(*args, **kwargs)  # type: ignore[misc]  # the plugin's: requeue
         raise JobTimeout(
             f"timed out: the SLURM time limit ({self.params['timeout_min']} min, hydra.launcher.timeout_min) "
             f"was reached; backend {self.config.backend.name} cannot resume from a checkpoint, so the job "
@@ -119,6 +147,7 @@ class GhsweepLauncher:
             if params.get("gpus_per_node"):
                 params["gpus_per_node"] = world.gpus_per_node
         folder = params.pop("submitit_folder")
+        params.pop("retries", None)  # ghsweep's, read by each job (ghsweep.launch.job), not submitit's
         init = (
             {f"{self._EXECUTOR}_max_num_timeout": params.pop("max_num_timeout")} if "max_num_timeout" in params else {}
         )

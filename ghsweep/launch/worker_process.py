@@ -90,9 +90,12 @@ def stop_orphaned_worker(run_dir: Path) -> bool:
     return True
 
 
-def run_worker(command: list[str], run_dir: Path, timeout_s: float | None, rank: int = 0) -> WorkerExit:
-    """Run the worker, its output in worker.log (a SLURM task of rank N > 0: worker.rankN.log)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def run_worker(
+    command: list[str], run_dir: Path, timeout_s: float | None, rank: int = 0, env: dict[str, str] | None = None
+) -> WorkerExit:
+    """Run the worker, its output in worker.log (a SLURM task of rank N > 0: worker.rankN.log), with
+    `env` added to this process's environment (container_env)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     started_at = time.time()
     # Line-buffered: `tail -f worker.log` follows the run as it trains.
     with open(run_dir / rank_file(WORKER_LOG, rank), "w", encoding="utf-8", buffering=1) as log_file:

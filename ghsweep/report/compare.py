@@ -268,7 +268,7 @@ def table(c: Comparison) -> tuple[list[str], list[list[str]]]:
             if multi_gpu
             else []
         )
-        note = r.error if not r.finished else top_finding(r)
+        note = r.failure if not r.finished else top_finding(r)
         rows.append(
             [
                 str(c.number(i)),
@@ -366,7 +366,9 @@ def verdict(c: Comparison) -> list[str]:
         )
     for i, r in enumerate(c.runs):
         if not r.finished:
-            lines.append(f"{c.label(i)} {r.status}: {r.error or 'no reason recorded'}")
+            lines.append(f"{c.label(i)} {r.status}: {r.failure}")
+        if r.retried:
+            lines.append(f"{c.label(i)} ran {len(r.retried) + 1} times; earlier attempts: {'; '.join(r.retried)}")
     return lines
 
 

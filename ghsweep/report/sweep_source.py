@@ -11,7 +11,15 @@ import re
 from dataclasses import dataclass, field
 
 from ghsweep.core.errors import SweepNotFound
-from ghsweep.core.names import ERROR_TAG, ROLE_SWEEP, ROLE_TAG, RUN_IDS_TAG
+from ghsweep.core.names import (
+    ATTEMPTS_TAG,
+    ERROR_TAG,
+    FAILURE_CLASS_TAG,
+    ROLE_SWEEP,
+    ROLE_TAG,
+    RUN_IDS_TAG,
+    attempt_tag,
+)
 from ghsweep.core.run_dir import PROFILE_ANALYSIS
 from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.report.sweep_table import knob_values
@@ -42,6 +50,17 @@ class SweepRun:
     @property
     def error(self) -> str | None:
         return self.tags.get(ERROR_TAG)
+
+    @property
+    def failure(self) -> str:
+        """Why the run did not finish, after its class (deterministic or infrastructure) where recorded."""
+        failure_class = self.tags.get(FAILURE_CLASS_TAG)
+        return (f"{failure_class}: " if failure_class else "") + (self.error or "no reason recorded")
+
+    @property
+    def retried(self) -> list[str]:
+        """Why each earlier attempt of the run failed (infrastructure failures run again), in order."""
+        return [self.tags[attempt_tag(n)] for n in range(1, int(self.tags.get(ATTEMPTS_TAG, 1)))]
 
     @property
     def finished(self) -> bool:

@@ -40,6 +40,7 @@ from ghsweep.core.errors import TrackingError, TrackingUriError, first_line  # n
 from ghsweep.core.names import (
     ERROR_TAG,
     EXPERIMENT_KIND_TAG,
+    FAILURE_CLASS_TAG,
     JOB_NUM_TAG,
     MODEL_TRAINING_KIND,
     OVERRIDES_TAG,
@@ -357,6 +358,17 @@ class MlflowStore:
         """End a run that did not finish (FAILED or KILLED), its status and why on its tags."""
         self.set_tags(run_id, {STATUS_TAG: status, ERROR_TAG: error, **(tags or {})})
         self.finish(run_id, status)
+
+    def reopen(self, run_id: str) -> None:
+        """A run that an earlier attempt of its job ended, RUNNING again for the attempt that goes on
+        with it (a SLURM job requeued): its end and its reasons for failing are taken off."""
+        run = self._call(self.client.get_run, run_id)
+        for tag in (ERROR_TAG, FAILURE_CLASS_TAG):
+            if tag in run.data.tags:
+                self._call(self.client.delete_tag, run_id, tag)
+        if run.info.status != "RUNNING":
+            self._call(self.client.update_run, run_id, status="RUNNING")
+            self.set_tags(run_id, {STATUS_TAG: "RUNNING"})
 
     def get_run(self, run_id: str) -> StoredRun:
         return StoredRun.of(self._call(self.client.get_run, run_id))

@@ -174,7 +174,13 @@ def summarize(study: optuna.Study, settings: TuneSettings, space: SearchSpace) -
     states = [t.state for t in study.trials]
     lines = [
         f"ghsweep tune: study {study.study_name}: {states.count(TrialState.COMPLETE)} trials finished, "
-        f"{states.count(TrialState.PRUNED)} failed",
+        f"{states.count(TrialState.PRUNED)} failed"
+        + (
+            f"; {states.count(TrialState.FAIL)} not counted (a repeat of a measured combination, "
+            "an infrastructure failure or an interrupted trial, each asked again)"
+            if TrialState.FAIL in states
+            else ""
+        ),
         "objective: "
         + ", ".join(f"{o.direction} {o.metric}" for o in settings.objectives)
         + ("; constraints: " + ", ".join(c.label for c in settings.constraints) if settings.constraints else ""),

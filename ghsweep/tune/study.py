@@ -5,27 +5,39 @@ directory by default) under a name fixed by what is searched: rerunning the same
 and goes on to `tune.trials` trials. A trial left running by a stopped sweep is marked FAIL and its
 knob values are asked again first; if its run had finished in MLflow, the launcher reuses it.
 
-A run that failed (bad combination, out of memory, crash) is told as a PRUNED trial that violates
-the constraint `run_failed`: Optuna's samplers learn from COMPLETE and PRUNED trials only, and
-rank infeasible ones below every feasible one, so the sampler steers away from it. The same knob
-values asked again fail the same way without running (force=true runs them again).
+A run that failed for its combination (a deterministic failure: bad combination, out of memory,
+crash) is told as a PRUNED trial that violates the constraint `run_failed`: Optuna's samplers learn
+from COMPLETE and PRUNED trials only, and rank infeasible ones below every feasible one, so the
+sampler steers away from it. The same knob values asked again fail the same way without running
+(force=true runs them again). A run that failed for its infrastructure (its node, the network, the
+GPU's hardware; after the launcher's own retries) says nothing about its combination: the trial is
+told FAIL, which samplers ignore and which does not count towards `tune.trials`, and its knob
+values are asked again once.
+
+In a finite space (categorical and integer knobs) a trial is never spent on a combination the study
+has already measured while others remain: a sampler's repeat is told FAIL (`repeat_of`) and an
+unmeasured combination, drawn with the study's seed, is asked in its place.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import random
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
 from hydra.core.utils import JobReturn
+from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import Trial, TrialState
 
 from ghsweep.core.errors import one_line
+from ghsweep.core.failures import DETERMINISTIC, INFRASTRUCTURE, failure_class
 from ghsweep.tune.settings import TuneSettings
 from ghsweep.tune.space import SearchSpace
 
@@ -33,6 +45,8 @@ RUN_FAILED = "run_failed"
 # The tags that tie an MLflow run to its trial.
 STUDY_TAG = "ghsweep.tune.study"
 TRIAL_TAG = "ghsweep.tune.trial"
+# Spaces of more combinations than this are not enumerated to avoid repeats (a repeat there is rare).
+MAX_ENUMERATED = 100_000
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -47,6 +61,7 @@ class TrialOutcome:
     error: str | None = None
     run_id: str | None = None
     run_dir: str | None = None
+    failure_class: str | None = None
 
     @classmethod
     def from_job(cls, job: JobReturn, overrides: list[str]) -> TrialOutcome:
@@ -63,6 +78,7 @@ class TrialOutcome:
             result.get("error"),
             result.get("mlflow_run_id"),
             result.get("run_dir"),
+            result.get("failure_class"),
         )
 
 
@@ -116,12 +132,57 @@ def trials_done(study: optuna.Study) -> int:
 
 
 def earlier_failures(study: optuna.Study) -> dict[tuple, str]:
-    """The knob values of the study's failed trials, each with its first failure: a trial asking for
-    them again is told that failure instead of running it again (an OOM costs a whole run)."""
+    """The knob values of the study's trials that failed for their combination (deterministic), each
+    with its first failure: a trial asking for them again is told that failure instead of running it
+    again (an OOM costs a whole run). Infrastructure failures are not answered from record."""
     failures: dict[tuple, str] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)):
-        failures.setdefault(knob_values(t.params), f"as in trial {t.number}: {t.user_attrs.get('error')}")
+        if t.user_attrs.get("failure_class", DETERMINISTIC) == DETERMINISTIC:
+            failures.setdefault(knob_values(t.params), f"as in trial {t.number}: {t.user_attrs.get('error')}")
     return failures
+
+
+def measured(study: optuna.Study) -> set[tuple]:
+    """The knob values of every trial the study has an answer for (finished or failed)."""
+    return {
+        knob_values(t.params) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    }
+
+
+def combinations(space: SearchSpace) -> list[tuple] | None:
+    """Every combination of a finite space as knob_values tuples; None for a space with a float knob
+    or of more than MAX_ENUMERATED combinations."""
+    values: dict[str, list] = {}
+    size = 1
+    for name, dist in space.distributions.items():
+        if isinstance(dist, CategoricalDistribution):
+            values[name] = list(dist.choices)
+        elif isinstance(dist, IntDistribution) and not dist.log:
+            values[name] = list(range(dist.low, dist.high + 1, dist.step))
+        else:
+            return None
+        size *= len(values[name])
+    if size > MAX_ENUMERATED:
+        return None
+    names = list(values)
+    return [knob_values(dict(zip(names, combo))) for combo in itertools.product(*values.values())]
+
+
+def ask_unmeasured(study: optuna.Study, space: SearchSpace, taken: set[tuple], seed: int) -> Trial:
+    """study.ask, except that a combination in `taken` (measured, or asked for this batch) is not
+    asked again while the finite space has others: that trial is told FAIL and an unmeasured
+    combination, drawn with `seed`, is asked instead."""
+    trial = study.ask(space.distributions)
+    asked = knob_values(trial.params)
+    if asked not in taken:
+        return trial
+    remaining = [c for c in combinations(space) or [] if c not in taken]
+    if not remaining:  # every combination measured (or a space too large to list): a repeat is all there is
+        return trial
+    trial.set_user_attr("repeat_of", "measured before")
+    study.tell(trial, state=TrialState.FAIL)
+    study.enqueue_trial(dict(random.Random(seed).choice(remaining)), user_attrs={"instead_of_repeat": trial.number})
+    return study.ask(space.distributions)
 
 
 def knob_values(params: dict) -> tuple:
@@ -142,10 +203,17 @@ def tell(study: optuna.Study, settings: TuneSettings, trial: Trial, outcome: Tri
             f"{', '.join(sorted(outcome.metrics)) or 'nothing'}"
         )
     if error is not None:
+        cls = outcome.failure_class or failure_class(error)
         trial.set_user_attr("error", error)
+        trial.set_user_attr("failure_class", cls)
+        if cls == INFRASTRUCTURE and "retry_of" not in trial.user_attrs:
+            # Nothing learnt about the combination: not a trial of the study; asked again once.
+            study.tell(trial, state=TrialState.FAIL)
+            study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+            return f"failed for its infrastructure: {error}; asked again"
         trial.set_constraint(RUN_FAILED, 1.0)
         study.tell(trial, state=TrialState.PRUNED)
-        return f"failed: {error}"
+        return f"failed ({cls}): {error}"
     trial.set_constraint(RUN_FAILED, 0.0)
     for o in settings.objectives:  # the objective's 95% interval, for the report's ties
         if f"{o.metric}_ci_low" in outcome.metrics and f"{o.metric}_ci_high" in outcome.metrics:

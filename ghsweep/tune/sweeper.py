@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.trial import Trial
 
 from ghsweep.core.errors import SpaceError, TuneConfigError
+from ghsweep.core.failures import DETERMINISTIC
 from ghsweep.core.names import ERROR_TAG
 from ghsweep.core.run_dir import TUNE_DIR, TUNE_REPORT
 from ghsweep.launch.sweep_manifest import SweepManifest
@@ -32,8 +33,10 @@ from ghsweep.tune.study import (
     STUDY_TAG,
     TRIAL_TAG,
     TrialOutcome,
+    ask_unmeasured,
     earlier_failures,
     knob_values,
+    measured,
     open_study,
     tell,
     trials_done,
@@ -102,7 +105,11 @@ class TuneSweeper(Sweeper):
 
         self.job_num = 0
         while (left := settings.trials - trials_done(study)) > 0:
-            trials = [study.ask(space.distributions) for _ in range(min(settings.parallel, left))]
+            taken = measured(study)
+            trials = []
+            for _ in range(min(settings.parallel, left)):
+                trials.append(ask_unmeasured(study, space, taken, settings.seed + len(study.trials)))
+                taken.add(knob_values(trials[-1].params))
             outcomes = self._outcomes(study, space, trials)
             for trial in trials:
                 outcome = outcomes[trial.number]
@@ -133,7 +140,9 @@ class TuneSweeper(Sweeper):
         its run, the runs of a batch launched together as jobs numbered on from the sweep's last."""
         failed_before = {} if self.config.force else earlier_failures(study)
         outcomes = {
-            t.number: TrialOutcome(space.overrides(t.params), "FAILED", error=failed_before[key])
+            t.number: TrialOutcome(
+                space.overrides(t.params), "FAILED", error=failed_before[key], failure_class=DETERMINISTIC
+            )
             for t in trials
             if (key := knob_values(t.params)) in failed_before
         }

@@ -3,6 +3,7 @@
 Everything they add to hydra-submitit-launcher's is in ghsweep.launch.submitit_launcher.
 """
 
+from hydra._internal.core_plugins import basic_launcher
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
 
 from ghsweep.launch.submitit_launcher import GhsweepLauncher
@@ -14,3 +15,11 @@ class LocalLauncher(GhsweepLauncher, plugin.LocalLauncher):
 
 class SlurmLauncher(GhsweepLauncher, plugin.SlurmLauncher):
     pass
+
+
+class BasicLauncher(basic_launcher.BasicLauncher):
+    """Hydra's basic launcher (one combination after another, in this process) taking ghsweep's
+    `retries` key, which each job reads (ghsweep.launch.job)."""
+
+    def __init__(self, retries: int = 0) -> None:
+        super().__init__()

@@ -6,17 +6,18 @@ up to (`apptainer exec` itself runs on the cluster).
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
 import pytest
 
 from ghsweep.core.errors import ConfigError
-from ghsweep.launch.container import check_container, container_prefix, tool_finder
+from ghsweep.launch.container import check_container, container_env, container_prefix, tool_finder
 from ghsweep.launch.plan import node_plan
 from ghsweep.launch.worker_process import worker_command
 from ghsweep.profile import capture
-from tests.conftest import compose_config
+from tests.conftest import compose_config, run_cli
 from tests.launch.stand_ins import NODE_GPU, fake_runtime
 
 
@@ -63,7 +64,8 @@ def test_binds_env_and_runtime_from_the_command_line(tmp_path):
 def test_unknown_runtime_is_a_one_line_error(tmp_path):
     cfg = compose_config("experiment=smoke", "container.image=/c.sif", "container.runtime=docker")
     with pytest.raises(
-        ConfigError, match=r"^container.runtime=docker: not a container runtime; accepted: apptainer, singularity$"
+        ConfigError,
+        match=r"^container.runtime=docker: not a container runtime; accepted: apptainer, singularity, pyxis$",
     ):
         worker_command(cfg, tmp_path)
 
@@ -139,3 +141,88 @@ def test_torchrun_starts_one_container_per_rank(tmp_path):
     ]
     assert command[6:9] == ["apptainer", "exec", "--nv"]
     assert command[-4:] == ["python3", "-m", "ghsweep.train.worker", str(tmp_path)]
+
+
+# pyxis is a SLURM plugin and cannot be installed here: these tests go up to the srun line.
+# A registry image with '#' is quoted for Hydra's override grammar.
+PYXIS = ("container.runtime=pyxis", "container.image='nvcr.io#nvidia/nemo:25.09'")
+
+
+def test_pyxis_runs_the_worker_as_an_srun_step_with_the_image_mounts_and_workdir(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+    cfg = compose_config("experiment=smoke", *PYXIS, "container.binds=[/lustre/data:/data:ro,/home/me]")
+    run_dir = str(tmp_path.resolve())
+    assert worker_command(cfg, tmp_path) == [
+        "srun",
+        "--overlap",
+        "--nodes=1",
+        "--ntasks=1",
+        "--container-image=nvcr.io#nvidia/nemo:25.09",
+        f"--container-mounts={run_dir},/lustre/data:/data:ro,/home/me",
+        f"--container-workdir={run_dir}",
+        "python3",
+        "-m",
+        "ghsweep.train.worker",
+        str(tmp_path),
+    ]
+    # Inside a SLURM job the step stays on the task's own node.
+    monkeypatch.setenv("SLURMD_NODENAME", "node2")
+    assert container_prefix(cfg, tmp_path)[4] == "--nodelist=node2"
+
+
+def test_pyxis_keeps_container_env_values_and_secrets_off_the_command_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_s3cr3t_value")
+    cfg = compose_config(
+        "experiment=smoke", *PYXIS, "+container.env.HF_TOKEN=${oc.env:HF_TOKEN}", "+container.env.MODE=fast"
+    )
+    command = worker_command(cfg, tmp_path)
+    assert "--container-env=HF_TOKEN,MODE" in command
+    assert not [a for a in command if "hf_s3cr3t_value" in a or "fast" in a]
+    assert container_env(cfg) == {"HF_TOKEN": "hf_s3cr3t_value", "MODE": "fast"}
+    # The other runtimes take them as --env arguments, not through the environment.
+    assert container_env(compose_config("experiment=smoke", "container.image=/c.sif", "+container.env.MODE=fast")) == {}
+
+
+def test_the_worker_gets_the_container_env_in_its_environment(tmp_path):
+    from ghsweep.launch.worker_process import run_worker
+
+    program = "import os; print(os.environ['HF_TOKEN'])"
+    exit = run_worker([sys.executable, "-c", program], tmp_path, None, env={"HF_TOKEN": "hf_s3cr3t_value"})
+    assert exit.returncode == 0 and (tmp_path / "worker.log").read_text() == "hf_s3cr3t_value\n"
+
+
+def test_pyxis_on_a_node_without_srun_or_with_a_missing_sqsh_file_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no srun here
+    with pytest.raises(ConfigError, match=r"^container.runtime=pyxis: runs the worker with `srun --container-image"):
+        check_container(compose_config("experiment=smoke", *PYXIS))
+    with pytest.raises(ConfigError, match=r"^container.image=/images/nemo.sqsh: no such file on this node"):
+        check_container(
+            compose_config("experiment=smoke", "container.runtime=pyxis", "container.image=/images/nemo.sqsh")
+        )
+    with pytest.raises(ConfigError, match=r"^container.binds=/a,b: pyxis separates mounts with commas"):
+        container_prefix(compose_config("experiment=smoke", *PYXIS, "container.binds=['/a,b']"), tmp_path)
+
+
+def test_an_unknown_runtime_is_refused_before_anything_is_recorded(tmp_path):
+    proc = run_cli(["-m", "experiment=smoke", "container.image=/c.sif", "container.runtime=docker"], tmp_path)
+    assert proc.returncode == 1
+    assert (
+        proc.stderr.strip()
+        .splitlines()[0]
+        .endswith("container.runtime=docker: not a container runtime; accepted: apptainer, singularity, pyxis")
+    ), proc.stderr[-2000:]
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_slurm_profile_with_pyxis_dry_runs_the_srun_line(tmp_path):
+    proc = run_cli(["-m", "hydra/launcher=local_slurm", "experiment=smoke", *PYXIS, "dry_run=true"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    worker = shlex.split(next(line for line in proc.stdout.splitlines() if line.strip().startswith("worker:")))
+    assert worker[1:6] == [
+        "srun",
+        "--overlap",
+        "--nodes=1",
+        "--ntasks=1",
+        "--container-image=nvcr.io#nvidia/nemo:25.09",
+    ]
+    assert worker[7].startswith("--container-workdir=") and worker[8:11] == ["python3", "-m", "ghsweep.train.worker"]

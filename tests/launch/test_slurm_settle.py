@@ -12,7 +12,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
 from ghsweep.core.errors import JobTimeout
-from ghsweep.core.names import ERROR_TAG, JOB_NUM_TAG, ROLE_RUN, ROLE_SWEEP, RUN_HASH_TAG, STATUS_TAG
+from ghsweep.core.names import ERROR_TAG, FAILURE_CLASS_TAG, JOB_NUM_TAG, ROLE_RUN, ROLE_SWEEP, RUN_HASH_TAG, STATUS_TAG
 from ghsweep.core.run_result import RunResult
 from ghsweep.launch.slurm_jobs import SubmittedJob, settle
 from ghsweep.launch.sweep_manifest import SweepManifest
@@ -102,6 +102,7 @@ def test_a_job_cancelled_before_it_started_gets_a_killed_run_with_the_slurm_logs
     child = only_child(store, parent)
     assert child.run_id == result.mlflow_run_id and child.name == job.name
     assert (child.status, child.role, child.error, child.tags[STATUS_TAG]) == ("KILLED", ROLE_RUN, reason, "KILLED")
+    assert FAILURE_CLASS_TAG not in child.tags  # stopped by someone: no failure to classify
     assert (child.job_num, child.overrides, child.run_dir) == (1, job.overrides, job.run_dir)
     assert child.tags[RUN_HASH_TAG] == "hash1" and child.tags["ghsweep.slurm_job_id"] == "101"
     assert store.artifact_paths(child.run_id, "slurm") == {"slurm/out", "slurm/err"}
@@ -153,6 +154,9 @@ def test_a_failed_job_that_recorded_nothing_gets_a_failed_run_saying_why(sweep, 
     assert (result.status, result.error) == ("FAILED", reason)
     child = only_child(store, parent)
     assert (child.status, child.error) == ("FAILED", reason)
+    # A job lost with its node is the cluster's failure; the others are the combination's.
+    failure_class = "infrastructure" if "NODE_FAIL" in reason else "deterministic"
+    assert result.failure_class == child.tags[FAILURE_CLASS_TAG] == failure_class
     assert store.artifact_paths(child.run_id, "slurm") == {"slurm/out", "slurm/err"}
 
 

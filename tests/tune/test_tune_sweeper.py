@@ -8,6 +8,7 @@ validation on CPU, so every fp8 trial is a failed run.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -57,6 +58,11 @@ def study_of(cwd: Path, out: str) -> optuna.Study:
     return load_studies(cwd)[name]
 
 
+def counted_trials(study: optuna.Study) -> list:
+    """The trials that count towards tune.trials (not a repeat told FAIL, nor an interrupted one)."""
+    return [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+
+
 def sweep_dir(out: str) -> Path:
     line = next(line for line in out.splitlines() if "runs finished" in line and "(sweep directory " in line)
     return Path(line.split("(sweep directory ")[1].rstrip(")"))
@@ -71,7 +77,9 @@ def first(cwd):
 
 def test_study_finds_the_best_and_learns_from_failed_runs(cwd, first):
     study = study_of(cwd, first.stdout)
-    assert len(study.trials) == 6
+    counted = counted_trials(study)
+    # Six trials over the six combinations: each one measured once, none repeated.
+    assert len(counted) == 6 and len({tuple(sorted(t.params.items())) for t in counted}) == 6
     assert study.best_trial.params == {"train.lr": "0.003", "precision": "fp32"}
     failed = [t for t in study.trials if t.state == TrialState.PRUNED]
     assert failed, "the space's fp8 half should have been tried"
@@ -95,9 +103,10 @@ def test_a_failed_combination_asked_again_is_not_run_again(tmp_path):
     assert proc.returncode != 0, proc.stdout[-3000:]
     assert "ghsweep tune: no trial finished within the constraints" in proc.stderr
     study = study_of(tmp_path, proc.stdout)
-    assert [t.state for t in study.trials] == [TrialState.PRUNED] * 4
-    # Four trials over three learning rates: at least one asks for a combination that failed already.
-    repeats = [t for t in study.trials if t.user_attrs["error"].startswith("as in trial ")]
+    counted = counted_trials(study)
+    assert [t.state for t in counted] == [TrialState.PRUNED] * 4
+    # Four trials over three learning rates: the fourth asks for a combination that failed already.
+    repeats = [t for t in counted if t.user_attrs["error"].startswith("as in trial ")]
     assert repeats and all("precision=fp8: needs an NVIDIA GPU" in t.user_attrs["error"] for t in repeats)
     assert len(list((tmp_path / "sweep").glob("*/result.json"))) == 4 - len(repeats)
 
@@ -111,13 +120,15 @@ def test_trials_are_mlflow_children_of_the_tuning_parent(cwd, first):
     assert {"tune/tune.md", "tune/best.txt", "tune/history_final_loss.png"} <= store.artifact_paths(
         parent.run_id, "tune"
     )
-    for trial in study.trials:
+    for trial in counted_trials(study):
         run = store.get_run(trial.user_attrs["run_id"])
         assert run.tags[STUDY_TAG] == study.study_name
         assert run.params["train.lr"] == str(float(trial.params["train.lr"]))
         assert run.status == ("FINISHED" if trial.state == TrialState.COMPLETE else "FAILED")
     own = [
-        t for t in study.trials if store.get_run(t.user_attrs["run_id"]).tags.get("mlflow.parentRunId") == parent.run_id
+        t
+        for t in counted_trials(study)
+        if store.get_run(t.user_attrs["run_id"]).tags.get("mlflow.parentRunId") == parent.run_id
     ]
     assert own, "the trials that trained are children of the tuning run"
 
@@ -127,7 +138,7 @@ def test_rerun_continues_the_study_and_reuses_finished_runs(cwd, first):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "6 of 8 trials done before this sweep" in proc.stdout
     study = study_of(cwd, proc.stdout)
-    assert len(study.trials) == 8
+    assert len(counted_trials(study)) == 8
     # Both new trials picked combinations the study had already run: reused, not trained again.
     assert proc.stdout.count("skipped, already FINISHED in MLflow") + proc.stdout.count("FAILED: precision=fp8") == 2
 
@@ -159,7 +170,7 @@ def test_a_stopped_study_resumes_with_the_interrupted_trial(cwd, first):
     assert study.trials[interrupted.number].state == TrialState.FAIL
     retry = study.trials[interrupted.number + 1]
     assert retry.params == interrupted.params and retry.user_attrs["retry_of"] == interrupted.number
-    assert len([t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]) == 3
+    assert len(counted_trials(study)) == 3
 
 
 def test_a_constraint_rules_out_the_unconstrained_best(cwd, first):
@@ -179,10 +190,10 @@ def test_a_constraint_rules_out_the_unconstrained_best(cwd, first):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     study = study_of(cwd, proc.stdout)
-    tried = {t.params["train.lr"] for t in study.trials}
+    tried = {t.params["train.lr"] for t in counted_trials(study)}
     assert tried == {"1e-06", "0.0001", "0.003"}, "the seeded random start covers the three rates"
     assert study.best_trial.params["train.lr"] == "0.0001"
-    for t in study.trials:
+    for t in counted_trials(study):
         assert (t.constraints["final_loss<=5.845"] > 0) == (t.params["train.lr"] == "1e-06")
     assert "violates final_loss<=5.845" in proc.stdout
 
@@ -261,4 +272,35 @@ def test_parallel_trials_run_as_one_batch_of_submitit_jobs(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert len(load_jobs(tmp_path / "sweep")) == 2 and "ghsweep: submitted 2 jobs (local)" in proc.stdout
     study = study_of(tmp_path, proc.stdout)
-    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    assert [t.state for t in counted_trials(study)] == [TrialState.COMPLETE] * 2
+
+
+def test_a_small_space_is_enumerated_before_a_repeat_and_the_comparison_lists_each_run_once(tmp_path):
+    # The issue's command, with more trials than the space has combinations.
+    proc = run_cli(
+        [
+            "-m",
+            "hydra/sweeper=tune",
+            "experiment=smoke",
+            "precision=fp32,bf16",
+            "offload=off,on",
+            "train.max_steps=4",
+            "tune.trials=5",
+            "hydra.sweep.dir=sweep",
+        ],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    study = study_of(tmp_path, proc.stdout)
+    counted = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    combos = [tuple(sorted(t.params.items())) for t in counted]
+    assert len(counted) == 5 and len(set(combos[:4])) == 4  # the fifth has nothing new left to ask
+    assert combos[4] in combos[:4]
+    # Four runs trained; the fifth trial reused its combination's run, which the comparison lists once.
+    assert proc.stdout.count("skipped, already FINISHED in MLflow") == 1
+    store = MlflowStore(f"sqlite:///{tmp_path / 'mlflow.db'}", "ghsweep")
+    (parent,) = store.search(role=ROLE_SWEEP)
+    listed = parent.tags["ghsweep.run_ids"].split(",")
+    assert len(listed) == len(set(listed)) == 4
+    comparison = (tmp_path / "sweep" / "comparison" / "comparison.md").read_text()
+    assert len(re.findall(r"^\| ?[0-4] ", comparison, flags=re.M)) == 4

@@ -1,0 +1,108 @@
+"""A SLURM job stopped from outside and requeued starts its run over and finishes it, on the real
+two-node cluster: `scontrol requeue` on a running job, `scancel --signal=USR2` (submitit's
+requeue), and a node taken down under it. Each time
+the run ends FINISHED in the same MLflow run, its earlier attempt recorded, nothing duplicated."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ghsweep.core.run_dir import METRICS, SLURM_JOBS
+from ghsweep.launch.slurm_jobs import load_jobs
+from ghsweep.tracking.mlflow_store import MlflowStore
+from tests.launch.test_slurm import runs, sweep_args, wait_for
+from tests.slurm.cluster import sacct_states, slurm_cluster  # noqa: F401  (the session fixture)
+
+pytestmark = [pytest.mark.usefixtures("slurm_cluster"), pytest.mark.slow]
+
+STEPS = 30
+
+
+def squeue_field(job_id: str, field: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", field], capture_output=True, text=True, timeout=60)
+    return out.stdout.strip()
+
+
+def requeued_sweep(
+    server, tmp_path: Path, experiment: str, stop_job, *more: str
+) -> tuple[subprocess.CompletedProcess, str]:
+    """A one-run sweep whose job is stopped by `stop_job(job_id)` once it trains; (the finished sweep, job id)."""
+    sweep_dir = tmp_path / "sweep"
+    args = sweep_args(
+        server, experiment, f"train.max_steps={STEPS}", "train.log_every=1", f"hydra.sweep.dir={sweep_dir}", *more
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ghsweep", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: (sweep_dir / SLURM_JOBS).exists(), 120, "the sweep's job to be submitted")
+        (job,) = load_jobs(sweep_dir)
+        metrics = Path(job.run_dir) / METRICS
+        wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 240, "the job to train")
+        stop_job(job.job_id)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            subprocess.run(["scancel", *[j.job_id for j in load_jobs(sweep_dir)]], check=False)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err), job.job_id
+
+
+def assert_finished_on_its_second_start(server, experiment: str, proc, job_id: str, after: str) -> None:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sacct_states([job_id])[job_id] == "COMPLETED"
+    (child,) = runs(server, experiment, "run")  # one MLflow run, continued by the requeued job
+    assert child.status == "FINISHED"
+    assert child.tags["ghsweep.attempts"] == "2"
+    assert child.tags["ghsweep.attempt.1"].startswith(f"infrastructure: SLURM job {job_id} was requeued after {after}")
+    assert "ghsweep.error" not in child.tags and "ghsweep.failure_class" not in child.tags
+    steps = [step for step, _ in MlflowStore(server.url, experiment=None).metric_history(child.run_id, "loss")]
+    assert len(steps) == len(set(steps)) == STEPS  # the second start's curve alone, whole
+    result = json.loads((Path(child.tags["ghsweep.run_dir"]) / "result.json").read_text())
+    assert (result["status"], len(result["attempts"]), result["mlflow_run_id"]) == ("FINISHED", 1, child.run_id)
+    assert "1 of 1 runs finished" in proc.stdout
+
+
+def test_a_job_requeued_with_scontrol_starts_over_and_finishes_in_the_same_run(mlflow_server, tmp_path):
+    proc, job_id = requeued_sweep(
+        mlflow_server, tmp_path, "slurm_requeue", lambda job: subprocess.run(["scontrol", "requeue", job], check=True)
+    )
+    assert_finished_on_its_second_start(mlflow_server, "slurm_requeue", proc, job_id, "REQUEUED")
+
+
+def test_a_job_signalled_before_its_time_limit_is_requeued_by_submitit_and_finishes(mlflow_server, tmp_path):
+    # A preemption notice: the signal submitit checkpoints on, long before the job's time limit.
+    proc, job_id = requeued_sweep(
+        mlflow_server,
+        tmp_path,
+        "slurm_signal",
+        lambda job: subprocess.run(["scancel", "--signal=USR2", job], check=True),
+        # submitit takes a signal in the last 20% of the limit, or its last 10 minutes, for the limit itself.
+        "hydra.launcher.timeout_min=30",
+    )
+    assert_finished_on_its_second_start(mlflow_server, "slurm_signal", proc, job_id, "REQUEUED")
+
+
+def test_a_job_whose_node_goes_down_starts_over_on_the_other_node(mlflow_server, tmp_path):
+    downed: list[str] = []
+
+    def take_its_node_down(job: str) -> None:
+        node = squeue_field(job, "%N")
+        downed.append(node)
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=ghsweep test"], check=True)
+
+    try:
+        proc, job_id = requeued_sweep(mlflow_server, tmp_path, "slurm_node_down", take_its_node_down)
+    finally:
+        for node in downed:
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+    assert_finished_on_its_second_start(mlflow_server, "slurm_node_down", proc, job_id, "NODE_FAIL")
