@@ -19,6 +19,8 @@ from typing import Any
 HISTORY_STEPS = 2
 # Allocation events kept at most (a ring buffer): enough for two steps of a 7B model's layers.
 HISTORY_ENTRIES = 200_000
+# A frame in torch's own installed modules (not a folder that happens to be called torch).
+TORCH_FILE = re.compile(r"[/\\](site|dist)-packages[/\\]torch[/\\]")
 _UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
@@ -45,6 +47,27 @@ def oom_line(message: str, allocated: int, reserved: int, total: int) -> str:
     )
 
 
+def allocation_site(frames: list[dict]) -> str:
+    """Where an allocation was made, as a person reads it: the innermost frame outside torch's own
+    modules (nn.Module plumbing, torch.nn.functional), e.g. `modeling_llama.py:64 forward`."""
+    for frame in frames:
+        if not TORCH_FILE.search(frame["filename"]):
+            return f"{Path(frame['filename']).name}:{frame['line']} {frame['name']}"
+    return f"{Path(frames[0]['filename']).name}:{frames[0]['line']} {frames[0]['name']}" if frames else "unknown"
+
+
+def largest_sites(snapshot: dict, top: int = 3) -> list[tuple[str, int]]:
+    """The sites holding the most live memory in an allocator snapshot (torch.cuda.memory._snapshot):
+    (site, bytes), largest first."""
+    held: dict[str, int] = {}
+    for segment in snapshot.get("segments", []):
+        for block in segment["blocks"]:
+            if block["state"] == "active_allocated":
+                site = allocation_site(block.get("frames", []))
+                held[site] = held.get(site, 0) + block["size"]
+    return sorted(held.items(), key=lambda item: -item[1])[:top]
+
+
 def is_cuda_oom(exc: BaseException) -> bool:
     import torch
 
@@ -57,12 +80,19 @@ def on_oom(exc: BaseException, snapshot: Path) -> str:
 
     device = torch.cuda.current_device()
     torch.cuda.memory._dump_snapshot(str(snapshot))
-    return oom_line(
+    line = oom_line(
         str(exc),
         torch.cuda.memory_allocated(device),
         torch.cuda.memory_reserved(device),
         torch.cuda.get_device_properties(device).total_memory,
     )
+    return line + sites_text(largest_sites(torch.cuda.memory._snapshot()))
+
+
+def sites_text(sites: list[tuple[str, int]]) -> str:
+    """The end of the out-of-memory line: where the live memory was allocated."""
+    held = ", ".join(f"{site} {size / 2**30:.2f} GiB" for site, size in sites)
+    return f"; most memory held by {held}" if held else ""
 
 
 def tensor_bytes(tensors: Iterable[Any]) -> int:

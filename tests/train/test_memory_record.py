@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pynvml
 import pytest
 
 from ghsweep.core.gpu import visible_gpu_handles
-from ghsweep.train.memory_record import oom_line
+from ghsweep.train.memory_record import largest_sites, oom_line, sites_text
 from tests.conftest import run_cli
 from tests.train.planned_run import composed, planned_run
 
+DATA = Path(__file__).resolve().parents[1] / "data" / "memory"
 # torch 2.x's message for a failed allocation (c10/cuda/CUDACachingAllocator.cpp), as a 7B run prints it.
 TORCH_MESSAGE = (
     "CUDA out of memory. Tried to allocate 3.91 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
@@ -36,6 +39,23 @@ def test_oom_line_names_requested_allocated_reserved_and_total_gib():
     small = oom_line("CUDA out of memory. Tried to allocate 512.00 MiB.", 0, 2**30, 80 * 2**30)
     assert "requested 0.50 GiB" in small
     assert "requested an unknown size" in oom_line("out of memory", 0, 0, 1)
+
+
+def test_the_largest_live_allocations_are_named_by_where_they_were_made():
+    # The snapshot a real out-of-memory run left on one H100 (benchmarks/hardware_metrics.sh): the
+    # tiny model with an 8.4M-token step, 52.13 GiB allocated when 10.75 GiB more was asked.
+    snapshot = pickle.loads((DATA / "oom_snapshot_h100.pickle").read_bytes())
+    every = largest_sites(snapshot, top=1000)
+    assert sum(size for _, size in every) == pytest.approx(52.13 * 2**30, rel=1e-3)
+    # Named by the first frame outside torch's own modules (the LoRA layer's forward, not nn.Linear's),
+    # even where torch is installed under a folder of that name (/opt/torch/.venv/...).
+    assert [(site, round(size / 2**30, 2)) for site, size in largest_sites(snapshot)] == [
+        ("layer.py:1088 forward", 10.75),
+        ("modeling_llama.py:64 forward", 8.0),
+        ("modeling_llama.py:67 forward", 8.0),
+    ]
+    assert sites_text(largest_sites(snapshot, top=1)) == "; most memory held by layer.py:1088 forward 10.75 GiB"
+    assert sites_text([]) == ""
 
 
 gpu = pytest.mark.gpu
@@ -64,7 +84,11 @@ def test_an_out_of_memory_run_fails_in_one_line_and_leaves_its_snapshot(tmp_path
     assert proc.returncode == 1
     error = json.loads((tmp_path / "worker_error.json").read_text())
     assert error["type"] == "OutOfMemoryError"
-    assert error["message"].startswith("CUDA out of memory: requested ") and error["message"].endswith(" GiB total")
+    assert re.fullmatch(
+        r"CUDA out of memory: requested [\d.]+ GiB with [\d.]+ GiB allocated, [\d.]+ GiB reserved, [\d.]+ GiB total; "
+        r"most memory held by .+ [\d.]+ GiB",
+        error["message"],
+    ), error["message"]
     snapshot = pickle.loads((tmp_path / "memory_snapshot.pickle").read_bytes())
     # memory_viz's format: the allocator's segments, and the history of allocations recorded so far.
     assert "segments" in snapshot and snapshot["device_traces"] and snapshot["device_traces"][0]
