@@ -25,7 +25,9 @@ def test_dry_run_prints_the_recipe_and_the_worker_command_and_keeps_the_recipe(t
         tmp_path,
     )
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
+    # The tiny model's combination is not runnable (below): the dry run says so and exits 1.
+    assert proc.returncode == 1, out[-3000:]
+    assert "ghsweep: dry run: 1 combination(s) not runnable, marked above" in proc.stderr
     blocks = re.split(r"(?m)^#(?=\d+ )", proc.stdout)[1:]
     assert len(blocks) == 2
     by_model = {("llama2_7b" if "model=llama2_7b" in b.splitlines()[0] else "tiny_llama"): b for b in blocks}
