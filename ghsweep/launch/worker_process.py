@@ -109,26 +109,35 @@ def run_worker(
             start_new_session=True,
         )
         (run_dir / rank_file(WORKER_PID, rank)).write_text(str(proc.pid))
-        assert proc.stdout is not None, "the worker was started with stdout=PIPE"
         timed_out = threading.Event()
 
         def kill_on_timeout() -> None:
             timed_out.set()
             os.killpg(proc.pid, signal.SIGKILL)
 
-        timer = threading.Timer(timeout_s, kill_on_timeout) if timeout_s else None
-        if timer:
-            timer.start()
-        try:
+        def copy_output() -> None:
+            assert proc.stdout is not None, "the worker was started with stdout=PIPE"
             for line in proc.stdout:
                 log_file.write(line)
                 if line.startswith(STEP_RANGE_PREFIX):  # progress on the console; all of it in the log
                     log.info("  %s", line.rstrip())
+
+        reader = threading.Thread(target=copy_output, daemon=True)
+        reader.start()
+        timer = threading.Timer(timeout_s, kill_on_timeout) if timeout_s else None
+        if timer:
+            timer.start()
+        try:
             returncode = proc.wait()
         finally:
             if timer:
                 timer.cancel()
-            if proc.poll() is None:
+            # The run is over when the worker is. What it leaves running holds the log pipe open:
+            # Inductor's compile pool, still starting in a short run, would keep it for seconds.
+            try:
                 os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            reader.join()
     return WorkerExit(returncode, timed_out.is_set(), started_at, time.time() - started_at)

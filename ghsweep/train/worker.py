@@ -128,16 +128,13 @@ def main(argv: list[str]) -> int:
 
 def exit_now(code: int) -> None:
     """End the process without the interpreter's teardown of torch and transformers (about 2 s of
-    every run, spent after everything is written: the records are closed files by now). A CUDA tool
-    injected into the process (nsys, ncu: CUDA_INJECTION64_PATH) flushes its data in the normal
-    exit, so under one the worker exits normally."""
+    every run, spent after everything is written: the records are closed files by now). What the
+    worker leaves running (Inductor's compile pool, which can take seconds to stop while it is still
+    starting) the job ends with the worker's process group (launch/worker_process.run_worker). A
+    CUDA tool injected into the process (nsys, ncu: CUDA_INJECTION64_PATH) flushes its data in the
+    normal exit, so under one the worker exits normally."""
     if os.environ.get("CUDA_INJECTION64_PATH"):
         sys.exit(code)
-    # Inductor's pool of compile processes (on machines with many cores) would outlive the worker
-    # on the log pipe, which the job reads to its end; the teardown would have stopped it.
-    async_compile = sys.modules.get("torch._inductor.async_compile")
-    if async_compile is not None:
-        async_compile.shutdown_compile_workers()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -7,8 +7,11 @@ nodes cannot share a SQLite file. Every job trains the tiny smoke model for a fe
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,7 +22,8 @@ from ghsweep.launch.slurm_jobs import load_jobs
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 from ghsweep.train.data import synthetic_dolly, write_dolly_jsonl
 from tests.conftest import run_cli
-from tests.slurm.cluster import sacct_states, slurm_cluster  # noqa: F401  (the session fixture)
+from tests.slurm.cluster import HERE as CLUSTER_SCRIPTS
+from tests.slurm.cluster import free_port_base, sacct_states, slurm_cluster  # noqa: F401  (the session fixture)
 from tests.support.models import UNREADABLE_WEIGHTS_ERROR, unreadable_model
 
 # About ten minutes on the real cluster; tests/launch/test_slurm_settle.py covers settle in seconds.
@@ -317,3 +321,25 @@ def test_one_combination_on_two_nodes_runs_four_ranks(mlflow_server, tmp_path):
         assert (run_dir / f"worker.rank{rank}.log").exists()
     # Only rank 0's task made an MLflow run.
     assert len(runs(mlflow_server, "slurm_world", "run")) == 1
+
+
+def test_another_cluster_on_the_host_stopping_leaves_this_one_working():
+    # Test sessions in parallel (pytest-xdist workers, two checkouts) each start a cluster on one host;
+    # one stopping must not take the others' authentication (munged) with it.
+    other = Path(tempfile.mkdtemp(prefix="ghsweep-slurm-other-", dir="/var/tmp"))
+    other.chmod(0o755)
+    env = {**os.environ, "SLURM_CONF": str(other / "etc" / "slurm.conf")}
+    try:
+        subprocess.run(
+            [str(CLUSTER_SCRIPTS / "start_cluster.sh"), str(other), str(free_port_base())],
+            env=env,
+            check=True,
+            timeout=300,
+        )
+    finally:
+        subprocess.run([str(CLUSTER_SCRIPTS / "stop_cluster.sh"), str(other)], env=env, check=False, timeout=120)
+        shutil.rmtree(other, ignore_errors=True)
+    job = subprocess.run(["sbatch", "--parsable", "--wrap", "true"], capture_output=True, text=True, timeout=60)
+    assert job.returncode == 0, job.stderr
+    job_id = job.stdout.strip()
+    wait_for(lambda: sacct_states([job_id])[job_id] == "COMPLETED", 120, f"job {job_id} to complete")

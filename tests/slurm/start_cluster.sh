@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Start a two-node SLURM cluster on this machine from Debian's packages, for tests and CI:
-# munged, mariadbd (local socket only), slurmdbd (so sacct works), slurmctld and two slurmd.
+# munged (its own socket), mariadbd (local socket only), slurmdbd (so sacct works), slurmctld and two slurmd.
 #
 #   sudo apt-get install slurmctld slurmd slurm-client munge slurmdbd mariadb-server
 #   sudo tests/slurm/start_cluster.sh [STATE_DIR [PORT_BASE]]   # stop: tests/slurm/stop_cluster.sh [STATE_DIR]
@@ -58,15 +58,17 @@ waitfor() {  # waitfor SECONDS WHAT COMMAND...: retry COMMAND until it succeeds
 }
 running() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
-# munge at its default socket (client commands look only there). A munged that already answers
-# there (a system service) is used as it is; otherwise start one as the munge user (no systemd here).
-[ -s /etc/munge/munge.key ] || mungekey --create --keyfile=/etc/munge/munge.key
-if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
-    mkdir -p /run/munge && chown munge:munge /run/munge /etc/munge/munge.key "$STATE/munge"
-    runuser -u munge -- munged --pid-file="$STATE/munge/munged.pid" --log-file="$STATE/munge/munged.log" \
-        --seed-file="$STATE/munge/munged.seed"
+# munge with its own key and socket: slurm.conf's AuthInfo points this cluster's daemons and client
+# commands at it. A munged at the default socket would be shared by every cluster on the host, and
+# stopping one cluster would cut the others' authentication.
+MUNGE_SOCKET=$STATE/munge/munge.socket
+chown munge:munge "$STATE/munge"
+[ -s "$STATE/munge/munge.key" ] || runuser -u munge -- mungekey --create --keyfile="$STATE/munge/munge.key"
+if ! munge -n --socket="$MUNGE_SOCKET" 2>/dev/null | unmunge --socket="$MUNGE_SOCKET" >/dev/null 2>&1; then
+    runuser -u munge -- munged --socket="$MUNGE_SOCKET" --key-file="$STATE/munge/munge.key" \
+        --pid-file="$STATE/munge/munged.pid" --log-file="$STATE/munge/munged.log" --seed-file="$STATE/munge/munged.seed"
 fi
-waitfor 10 munged bash -c "munge -n | unmunge"
+waitfor 10 munged bash -c "munge -n --socket='$MUNGE_SOCKET' | unmunge --socket='$MUNGE_SOCKET'"
 
 # mariadb on a unix socket only; slurmdbd (running as root) logs in as root through that socket.
 DB_SOCKET=$RUN/mysqld.sock
@@ -88,6 +90,7 @@ MEM_MB=$(( $(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p') - 512 ))
 cat >"$CONF_DIR/slurmdbd.conf" <<CONF
 $MARKER
 AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCKET
 DbdHost=localhost
 DbdAddr=127.0.0.1
 DbdPort=$DBD_PORT
@@ -108,6 +111,7 @@ SlurmctldHost=localhost
 SlurmctldPort=$CTLD_PORT
 SlurmUser=root
 AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCKET
 StateSaveLocation=$STATE/spool/ctld
 # %n: the node's name; every slurmd of this host has its own spool, pid file and log.
 SlurmdSpoolDir=$STATE/spool/d/%n
@@ -132,6 +136,8 @@ GresTypes=gpu
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=$DBD_PORT
+# For slurmdbd connections SLURM takes the munge socket from here, not from AuthInfo (slurm.conf(5)).
+AccountingStoragePass=$MUNGE_SOCKET
 AccountingStorageTRES=gres/gpu
 KillWait=5
 $(for node in $NODES; do

@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from ghsweep.core.run_dir import METRICS, SUMMARY, TORCH_TRACE, WORKER_ERROR
+from ghsweep.core.run_dir import METRICS, SUMMARY, TORCH_TRACE, WORKER_ERROR, WORKER_LOG, WORKER_PID
 from ghsweep.core.run_plan import ProfilePlan
+from ghsweep.launch.worker_process import run_worker as run_worker_process
 from ghsweep.profile.torch_capture import torch_capture
 from ghsweep.train.step_log import StepLog
+from tests.support.processes import live_group_members
 from tests.train.planned_run import composed, planned_run
 
 # Runs the worker as `python -m` would, then prints which of these modules it loaded.
@@ -180,19 +182,12 @@ def test_a_failure_replaces_an_earlier_attempts_error_but_not_another_ranks(tmp_
     assert not list(tmp_path.glob(".worker_error.*"))
 
 
-def test_the_worker_leaves_no_process_behind_when_it_exits(tmp_path):
-    # The worker skips the interpreter's teardown (seconds): whatever it started (persistent
-    # data-loader workers here) must still be gone when it exits, as they share its log pipe.
+def test_nothing_the_worker_started_outlives_its_run(tmp_path):
+    # The worker skips the interpreter's teardown (seconds): what it started (persistent data-loader
+    # workers, Inductor's compile pool) shares its log pipe, and the job ends it with the worker.
     cfg = composed("experiment=smoke", "train.max_steps=2", "train.seq_length=64", "dataloader.persistent_workers=true")
     planned_run(tmp_path, cfg)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ghsweep.train.worker", str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    assert proc.wait(timeout=600) == 0, proc.stdout.read().decode()[-3000:]  # type: ignore[union-attr]
-    with pytest.raises(ProcessLookupError):
-        os.killpg(proc.pid, 0)
-    proc.stdout.close()  # type: ignore[union-attr]
+    exit = run_worker_process([sys.executable, "-m", "ghsweep.train.worker", str(tmp_path)], tmp_path, timeout_s=600)
+    assert exit.returncode == 0, (tmp_path / WORKER_LOG).read_text()[-3000:]
+    assert live_group_members(int((tmp_path / WORKER_PID).read_text())) == []
     assert json.loads((tmp_path / SUMMARY).read_text())["metrics"]["steps"] == 2
