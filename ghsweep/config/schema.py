@@ -176,6 +176,7 @@ class SystemMetricsSchema:
 @dataclass
 class ConfigSchema:
     seed: Annotated[int, Range(0)]
+    repeat: Annotated[int, Range(1)]
     dry_run: bool
     force: bool
     wait: bool

@@ -158,6 +158,7 @@ def _validate_train(cfg: DictConfig, model: ModelFacts, on_gpu: bool) -> None:
     for knob in knobs("train"):
         check(f"train.{knob}", lr if knob == "lr" else t[knob])
     check("seed", cfg.seed)
+    check("repeat", cfg.repeat)
     check("system_metrics.interval_s", cfg.system_metrics.interval_s)
     if t.attention == "flex" and (cfg.data.packing_mask != "document" or not on_gpu):
         raise ConfigError(

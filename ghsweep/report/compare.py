@@ -48,7 +48,9 @@ MAX_TAG_CHARS = 8000
 KERNEL_DIFF_ROWS = 8
 KERNELS_IN_VERDICT = 3
 # The knob whose values repeat a combination (report: the spread between repeats).
-REPEAT_KNOB = "seed"
+# Runs differing only in these are repeats of one combination: `repeat` (same data order) or `seed`
+# (another data order too).
+REPEAT_KNOBS = ("repeat", "seed")
 # Peak memories closer than this (GiB, or this share of the larger) are the same: allocator rounding
 # and a CPU's resident set move by a few MiB between identical runs.
 MEMORY_RESOLUTION_GIB = 1 / 16
@@ -286,14 +288,15 @@ def table(c: Comparison) -> tuple[list[str], list[list[str]]]:
 
 
 def repeat_groups(c: Comparison) -> list[list[int]]:
-    """Finished runs that differ only in `seed` (repeats: `seed=1,2,3` runs each combination in its own
-    worker, with a fresh compile, allocator and data order), in groups of two or more."""
-    if REPEAT_KNOB not in c.knobs:
+    """Finished runs that differ only in `repeat` or `seed` (each repeat its own worker, with a fresh
+    compile and allocator), in groups of two or more."""
+    if not set(REPEAT_KNOBS) & set(c.knobs):
         return []
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(c.runs):
         if r.finished and r.metrics.get("tokens_per_s"):
-            groups.setdefault(tuple((k, v) for k, v in sorted(r.knobs.items()) if k != REPEAT_KNOB), []).append(i)
+            identity = tuple((k, v) for k, v in sorted(r.knobs.items()) if k not in REPEAT_KNOBS)
+            groups.setdefault(identity, []).append(i)
     return [g for g in groups.values() if len(g) > 1]
 
 

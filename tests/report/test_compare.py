@@ -274,10 +274,12 @@ def test_scaling_efficiency_is_per_gpu_throughput_over_the_one_gpu_twin():
     assert compare.scaling_efficiency(runs) == pytest.approx([None, 0.95, 0.9, None, None, None])
 
 
-def test_repeats_differ_only_in_seed_and_report_both_spreads():
+@pytest.mark.parametrize("knob", ["repeat", "seed"])
+def test_repeats_differ_only_in_repeat_or_seed_and_report_both_spreads(knob):
     runs = [run(0, 17491.0, 20.0, 0.4), run(1, 17507.0, 20.0, 0.3), run(2, 17498.0, 20.0, 0.5), run(3, 9000.0, 10.0)]
-    for r, seed in zip(runs, ("1", "2", "3", "1")):
-        r.overrides[:] = [f"precision={'bf16' if r.job_num != 3 else 'fp32'}", f"seed={seed}"]
+    # Interleaved as `repeat=1,2,3 precision=...` runs them; the fp32 run has no repeat of its own.
+    for r, n in zip(runs, ("1", "2", "3", "1")):
+        r.overrides[:] = [f"{knob}={n}", f"precision={'bf16' if r.job_num != 3 else 'fp32'}"]
     c = compare.build("repeats", runs)
     assert compare.repeat_groups(c) == [[0, 1, 2]]
     text = "\n".join(compare.verdict(c))
