@@ -158,16 +158,20 @@ def test_compare_page_renders_params_and_metrics_of_the_children(sweep, browser)
     for child in children:
         for name in ("step_time_ms", "peak_mem_gb"):
             assert shown(child.data.metrics[name], lines), (name, child.data.metrics[name])
+    page.screenshot(path=str(SHOTS / "compare_runs.png"), full_page=True)
     # MLflow 3.17 shows the metrics in a virtualised table some 6 rows high (alphabetical; a run has
     # some 30 metrics with the system metrics): tokens_per_s is further down. Scroll its values, as a
-    # user would with the wheel, to the end.
+    # user would with the wheel, to the end (the page's only virtualised grids are that table's).
     page.locator("div.ReactVirtualized__Grid").last.hover()
     page.mouse.wheel(0, 5000)
-    page.get_by_text("tokens_per_s", exact=True).last.wait_for()
-    lines = page.inner_text("body").splitlines()
-    for child in children:
-        assert shown(child.data.metrics["tokens_per_s"], lines), ("tokens_per_s", child.data.metrics["tokens_per_s"])
-    page.screenshot(path=str(SHOTS / "compare_runs.png"), full_page=True)
+    expected = [c.data.metrics["tokens_per_s"] for c in children]
+    for _ in range(120):  # the rows render after the scroll event
+        lines = page.inner_text("body").splitlines()
+        if all(shown(value, lines) for value in expected):
+            break
+        page.wait_for_timeout(250)
+    else:
+        raise AssertionError(f"tokens_per_s {expected} not shown after scrolling the metrics table")
     page.close()
 
 
