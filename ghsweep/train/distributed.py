@@ -117,6 +117,15 @@ def gather(value: object, ranks: Ranks) -> list:
     return out
 
 
+def from_rank0(value: object, ranks: Ranks) -> object:
+    """Rank 0's `value` on every rank (a world of one: `value`)."""
+    if ranks.world_size == 1:
+        return value
+    out = [value]
+    dist.broadcast_object_list(out, src=0)
+    return out[0]
+
+
 def rank_summary(step_times_ms: list[list[float]], peaks_gib: list[float], warmup_steps: int) -> dict:
     """Per-rank steady step times (median after warm-up), the slowest rank and the spread."""
     medians = [statistics.median(t[warmup_steps:] or t) for t in step_times_ms]

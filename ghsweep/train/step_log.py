@@ -162,10 +162,8 @@ class Measure:
     max_s: float
 
     @classmethod
-    def from_config(cls, train: DictConfig, device_type: str, world_size: int, excluded: range) -> Measure:
-        # Several ranks would each see their own interval and stop at different steps: fixed length there.
-        wanted = train.measure is True or (train.measure == "auto" and device_type == "cuda")
-        adaptive = wanted and world_size == 1
+    def from_config(cls, train: DictConfig, device_type: str, excluded: range) -> Measure:
+        adaptive = train.measure is True or (train.measure == "auto" and device_type == "cuda")
         return cls(
             min_steps=train.max_steps,
             min_warmup=train.warmup_steps,

@@ -161,9 +161,7 @@ def _train(
     tokens_per_step = cfg.train.micro_batch_size * cfg.train.seq_length * ranks.world_size
     log = StepLog(run_dir / METRICS if ranks.is_main else None, device, tokens_per_step)
 
-    measure = Measure.from_config(
-        cfg.train, device.type, ranks.world_size, capture_steps(cfg, plan.profile.used != "none")
-    )
+    measure = Measure.from_config(cfg.train, device.type, capture_steps(cfg, plan.profile.used != "none"))
     # Under the managed-memory allocator torch's device counters raise: no breakdown there.
     breakdown = PeakBreakdown(device) if device.type == "cuda" and managed is None else None
     train_started_at = time.time()
@@ -199,7 +197,8 @@ def _train(
                 log.end(step, loss, started)
             step += 1
             if log.flush_due(step, measure.min_steps, cfg.train.log_every, progress=ranks.is_main):
-                stop = measure.stop(log, step, time.time() - train_started_at)
+                # Every rank flushes at the same steps; rank 0's interval decides for all of them.
+                stop = distributed.from_rank0(measure.stop(log, step, time.time() - train_started_at), ranks)
     train_ended_at = time.time()
 
     peak_gib = run_peak_gib(managed, lambda: peak_memory_gib(device))

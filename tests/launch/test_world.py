@@ -22,7 +22,11 @@ SMOKE = ["experiment=smoke", "train.max_steps=4", "train.seq_length=64", "train.
 def sweep(tmp_path_factory) -> tuple[Path, object]:
     """LoRA (DDP) and full fine-tuning (FSDP2), each on 1 and on 2 gloo processes, in one sweep."""
     cwd = tmp_path_factory.mktemp("world")
-    proc = run_cli(["-m", *SMOKE, "peft=lora,none", "backend.gpus_per_node=1,2", "hydra.sweep.dir=sweep"], cwd)
+    # Measuring past max_steps (4) to the step budget (6): with two ranks, rank 0 decides for both.
+    measuring = ["train.measure=true", "train.measure_ci_pct=0.001", "train.measure_max_steps=6"]
+    proc = run_cli(
+        ["-m", *SMOKE, *measuring, "peft=lora,none", "backend.gpus_per_node=1,2", "hydra.sweep.dir=sweep"], cwd
+    )
     return cwd, proc
 
 
@@ -40,10 +44,11 @@ def test_two_processes_train_under_torchrun_and_rank_0_records(sweep):
         # The global batch: every rank trains micro_batch_size blocks of seq_length tokens per step.
         assert m["tokens_per_s"] == pytest.approx(1 * 64 * int(gpus) / (m["step_time_ms"] / 1000), rel=1e-6)
         assert m["tokens_per_s_per_gpu"] == pytest.approx(m["tokens_per_s"] / int(gpus))
-        assert len(client.get_metric_history(run.info.run_id, "loss")) == 4
+        assert len(client.get_metric_history(run.info.run_id, "loss")) == 6
         run_dir = Path(run.data.tags["ghsweep.run_dir"])
+        assert json.loads((run_dir / "summary.json").read_text())["info"]["measure_stop"] == "step_budget"
         # One metrics.jsonl, written by rank 0 only.
-        assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 4
+        assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 6
         # FSDP2's shards (DTensors) are stepped by torchao's AdamW with stochastic rounding too.
         assert run.data.tags["ghsweep.optimizer"] == ("adamw" if peft == "lora" else "adamw_sr")
         if gpus == "2":
