@@ -10,8 +10,9 @@ subclasses keep the plugin's config keys and remote side (its __call__), and cha
   of them and settles each one's record (ghsweep.launch.slurm_jobs), with wait=false it returns at
   once and `python -m ghsweep.status SWEEP_DIR` follows and collects it later.
 Hydra instantiates launchers only from the hydra_plugins package: the classes profiles name
-(`hydra_plugins.ghsweep_launcher.ghsweep_launcher.SlurmLauncher`, `...LocalLauncher`) are defined
-there on top of GhsweepLauncher.
+(`hydra_plugins.ghsweep_launcher.ghsweep_launcher.SlurmLauncher`, `...LocalLauncher`) are the
+plugin's, with launch() and checkpoint() calling this module's (imported when called: Hydra imports
+hydra_plugins at every command's plugin scan).
 """
 
 from __future__ import annotations
@@ -22,15 +23,14 @@ import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import submitit
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
-from hydra.types import HydraContext
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -79,9 +79,9 @@ class _ScriptOnlySlurm(SlurmExecutor):
 class _ScriptOnlyExecutor(submitit.AutoExecutor):
     """An AutoExecutor for SLURM over _ScriptOnlySlurm: the same parameter names and script, no submitting."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, **slurm_init: Any) -> None:
         self.cluster = "slurm"
-        self._executor = _ScriptOnlySlurm(folder)
+        self._executor = _ScriptOnlySlurm(folder, **slurm_init)
         self._deprecated_args = {}
         submitit.core.core.Executor.__init__(self, self._executor.folder, self._executor.parameters)
 
@@ -89,10 +89,11 @@ class _ScriptOnlyExecutor(submitit.AutoExecutor):
 class _Combination:
     """One combination of the sweep as the launcher sees it before submitting."""
 
-    def __init__(self, launcher: plugin.BaseSubmititLauncher, overrides: Sequence[str], num: int):
+    def __init__(self, launcher: plugin.BaseSubmititLauncher, config: DictConfig, overrides: Sequence[str], num: int):
+        assert launcher.hydra_context is not None  # set by the launcher's setup(), before launch()
         self.overrides = list(overrides)  # the real values: what the job composes its config from
         self.num = num
-        self.cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, self.overrides)
+        self.cfg = launcher.hydra_context.config_loader.load_sweep_config(config, self.overrides)
         with open_dict(self.cfg.hydra.job):
             self.cfg.hydra.job.num = num
         self.shown_overrides = redact.overrides(self.overrides)
@@ -103,172 +104,183 @@ class _Combination:
         self.world = world_of(self.cfg)
 
 
-class GhsweepLauncher:
-    """Mixed into the plugin's launchers (not a subclass: Hydra's plugin scan imports the plugin's
-    module a second time, so its classes exist twice and only the copy beside a launcher is its base)."""
+def checkpoint(launcher: plugin.BaseSubmititLauncher, requeue: Callable[[], Any]) -> Any:
+    """Called in the job when SLURM signals it (submitit's checkpointing): at its time limit, or
+    from outside before the limit (a preemption notice, `scancel --signal=USR2`).
 
-    # What the plugin's launcher (BaseSubmititLauncher) this is mixed into provides.
-    _EXECUTOR: str
-    params: dict[str, Any]
-    config: DictConfig
-    hydra_context: HydraContext
+    Signalled from outside, the job is requeued (`requeue`: the plugin's checkpoint, submitit's
+    `scontrol requeue`) and the run starts over in its run directory, continuing its MLflow run
+    (ghsweep.launch.requeue); benchmark runs are short, so starting over is right. At the time limit
+    it is not: a restart from scratch would reach the same limit, and no backend resumes from a
+    checkpoint, so the run ends now and is recorded as timed out.
+    """
+    assert launcher.config is not None  # set by the launcher's setup(), before it was submitted
+    left_s = time_left_s()
+    if left_s > launcher.params["signal_delay_s"] + TIME_LIMIT_SLACK_S:
+        log.warning("signalled %.0f s before the time limit: requeueing the job", left_s)
+        return requeue()
+    raise JobTimeout(
+        f"timed out: the SLURM time limit ({launcher.params['timeout_min']} min, hydra.launcher.timeout_min) "
+        f"was reached; backend {launcher.config.backend.name} cannot resume from a checkpoint, so the job "
+        "was not requeued"
+    )
 
-    if TYPE_CHECKING:
-        # The plugin's remote side: the callable each submitted job runs.
-        def __call__(self, *args: Any, **kwargs: Any) -> JobReturn: ...
 
-    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        """Called in the job when SLURM signals it (submitit's checkpointing): at its time limit, or
-        from outside before the limit (a preemption notice, `scancel --signal=USR2`).
+# The launcher keys hydra-submitit-launcher passes to the executor's constructor (as
+# `{cluster}_{key}`) rather than to update_parameters.
+PLUGIN_INIT_KEYS = {"max_num_timeout"}
 
-        Signalled from outside, the job is requeued (submitit's requeue: `scontrol requeue`) and the
-        run starts over in its run directory, continuing its MLflow run (ghsweep.launch.requeue);
-        benchmark runs are short, so starting over is right. At the time limit it is not: a restart
-        from scratch would reach the same limit, and no backend resumes from a checkpoint, so the run
-        ends now and is recorded as timed out.
-        """
-        left_s = time_left_s()
-        if left_s > self.params["signal_delay_s"] + TIME_LIMIT_SLACK_S:
-            log.warning("signalled %.0f s before the time limit: requeueing the job", left_s)
-            return super().checkpoint(*args, **kwargs)  # type: ignore[misc]  # the plugin's: requeue
-        raise JobTimeout(
-            f"timed out: the SLURM time limit ({self.params['timeout_min']} min, hydra.launcher.timeout_min) "
-            f"was reached; backend {self.config.backend.name} cannot resume from a checkpoint, so the job "
-            "was not requeued"
+
+def make_executor(cluster: str, params: Mapping[str, Any], world: World, dry_run: bool) -> submitit.AutoExecutor:
+    """The submitit executor of one job array: `params` are the launcher's keys (hydra.launcher,
+    resolved), `cluster` the plugin's executor kind (local or slurm).
+
+    hydra-submitit-launcher builds its executor inside launch(), which then submits and waits, so
+    there is no function of its to call: this is that code (tests/launch/test_executor.py holds
+    the two to the same parameters), with ghsweep's additions: a SLURM job array of `world` (one
+    task per GPU on each node), `retries` left out (each job reads it), and a dry run where SLURM
+    is not installed building the sbatch script without submitit's check for srun.
+    """
+    params = {k: v for k, v in params.items() if k != "retries"}
+    if cluster == "slurm" and world.size > 1:
+        # srun starts one task per GPU on each node. GPUs are asked for where the profile asks for any
+        # (a CPU cluster's profile asks for none, and its tasks train with gloo).
+        params.update(nodes=world.num_nodes, tasks_per_node=world.gpus_per_node)
+        if params.get("gpus_per_node"):
+            params["gpus_per_node"] = world.gpus_per_node
+    folder = params.pop("submitit_folder")
+    init = {k: params.pop(k) for k in PLUGIN_INIT_KEYS & params.keys()}
+    if cluster == "slurm" and dry_run and shutil.which("srun") is None:
+        executor: submitit.AutoExecutor = _ScriptOnlyExecutor(folder, **init)
+    else:
+        executor = submitit.AutoExecutor(
+            cluster=cluster, folder=folder, **{f"{cluster}_{k}": v for k, v in init.items()}
         )
+    generic = set(OmegaConf.structured(BaseQueueConf).keys())
+    executor.update_parameters(**{k if k in generic else f"{cluster}_{k}": v for k, v in params.items()})
+    return executor
 
-    def _executor(self, world: World) -> submitit.AutoExecutor:
-        # Built as the plugin's launch() builds it (it offers no hook): plugin keys -> submitit parameters.
-        params = dict(self.params)
-        if self._EXECUTOR == "slurm" and world.size > 1:
-            # One task per GPU on each node; srun starts them. GPUs are asked for where the profile asks for any
-            # (a CPU cluster's profile asks for none, and its tasks train with gloo).
-            params.update(nodes=world.num_nodes, tasks_per_node=world.gpus_per_node)
-            if params.get("gpus_per_node"):
-                params["gpus_per_node"] = world.gpus_per_node
-        folder = params.pop("submitit_folder")
-        params.pop("retries", None)  # ghsweep's, read by each job (ghsweep.launch.job), not submitit's
-        init = (
-            {f"{self._EXECUTOR}_max_num_timeout": params.pop("max_num_timeout")} if "max_num_timeout" in params else {}
-        )
-        if self._EXECUTOR == "slurm" and self.config.dry_run and shutil.which("srun") is None:
-            executor: submitit.AutoExecutor = _ScriptOnlyExecutor(folder)
-        else:
-            executor = submitit.AutoExecutor(cluster=self._EXECUTOR, folder=folder, **init)
-        generic = set(OmegaConf.structured(BaseQueueConf).keys())
-        executor.update_parameters(**{k if k in generic else f"{self._EXECUTOR}_{k}": v for k, v in params.items()})
-        return executor
 
-    def _launch_description(self, executor: submitit.AutoExecutor, count: int, world: World) -> tuple[str, str | None]:
-        """(the launch line, the ranks line of a run on several GPUs or None)."""
-        parameters = executor._executor.parameters
-        if self._EXECUTOR != "slurm":
-            return f"submitit {self._EXECUTOR} job with {parameters}", local_ranks_text(world)
-        # The #SBATCH lines and the srun line submitit writes for this job array.
-        slurm_executor = cast(SlurmExecutor, executor._executor)  # AutoExecutor(cluster="slurm") holds one
-        script = _make_sbatch_string(
-            command=slurm_executor._submitit_command_str, folder=executor.folder, map_count=count, **parameters
-        ).splitlines()
-        sbatch = "sbatch " + " ".join(line.removeprefix("#SBATCH ") for line in script if line.startswith("#SBATCH"))
-        if world.size == 1:
-            return sbatch, None
-        srun = next(line for line in script if line.startswith("srun "))
-        return sbatch, (
-            f"{world.num_nodes} node(s) x {world.gpus_per_node} tasks = {world.size} ranks, one per GPU, "
-            f"started by `{srun}`; each task runs the worker line with RANK, LOCAL_RANK, WORLD_SIZE, "
-            "MASTER_ADDR (the first node) and MASTER_PORT from SLURM's environment"
-        )
+def _launch_description(
+    executor: submitit.AutoExecutor, cluster: str, count: int, world: World
+) -> tuple[str, str | None]:
+    """(the launch line, the ranks line of a run on several GPUs or None)."""
+    parameters = executor._executor.parameters
+    if cluster != "slurm":
+        return f"submitit {cluster} job with {parameters}", local_ranks_text(world)
+    # The #SBATCH lines and the srun line submitit writes for this job array.
+    slurm_executor = cast(SlurmExecutor, executor._executor)  # AutoExecutor(cluster="slurm") holds one
+    script = _make_sbatch_string(
+        command=slurm_executor._submitit_command_str, folder=executor.folder, map_count=count, **parameters
+    ).splitlines()
+    sbatch = "sbatch " + " ".join(line.removeprefix("#SBATCH ") for line in script if line.startswith("#SBATCH"))
+    if world.size == 1:
+        return sbatch, None
+    srun = next(line for line in script if line.startswith("srun "))
+    return sbatch, (
+        f"{world.num_nodes} node(s) x {world.gpus_per_node} tasks = {world.size} ranks, one per GPU, "
+        f"started by `{srun}`; each task runs the worker line with RANK, LOCAL_RANK, WORLD_SIZE, "
+        "MASTER_ADDR (the first node) and MASTER_PORT from SLURM's environment"
+    )
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        cfg = self.config
-        sweep_dir = Path(str(cfg.hydra.sweep.dir))
-        combos = [_Combination(self, o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
-        # One job array per world: a SLURM array has one set of nodes and tasks for all its jobs.
-        worlds = {c.world: self._executor(c.world) for c in combos}
-        slurm = self._EXECUTOR == "slurm"
 
-        if cfg.dry_run:
-            for c in combos:
-                launch, ranks = self._launch_description(
-                    worlds[c.world], sum(d.world == c.world for d in combos), c.world
-                )
-                print(
-                    describe(c.num, c.name, c.run_dir, c.shown_overrides, c.cfg, launch, ranks, on_slurm=slurm),
-                    flush=True,
-                )
-            print(f"ghsweep: dry run, {len(combos)} combinations; nothing was submitted", flush=True)
-            return [self._job_return(c, None) for c in combos]
+def launch(
+    launcher: plugin.BaseSubmititLauncher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+) -> Sequence[JobReturn]:
+    """The launch() of ghsweep's submitit launchers (see the module's docstring)."""
+    cfg = launcher.config
+    assert cfg is not None  # set by the launcher's setup(), before launch()
+    cluster = launcher._EXECUTOR
+    sweep_dir = Path(str(cfg.hydra.sweep.dir))
+    combos = [_Combination(launcher, cfg, o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
+    # One job array per world: a SLURM array has one set of nodes and tasks for all its jobs.
+    worlds = {c.world: make_executor(cluster, launcher.params, c.world, cfg.dry_run) for c in combos}
+    slurm = cluster == "slurm"
 
-        manifest = SweepManifest.require(sweep_dir)
-        store = MlflowStore(manifest.tracking_uri, manifest.experiment)
-        done: dict[int, RunResult] = {}
+    if cfg.dry_run:
         for c in combos:
-            earlier = None if cfg.force else finished_run(store, c.run_hash)
-            if earlier is not None:
-                done[c.num] = skip_finished(earlier, c.name, c.run_dir, c.shown_overrides)
-        to_submit = [c for c in combos if c.num not in done]
-        if done:
+            launch, ranks = _launch_description(
+                worlds[c.world], cluster, sum(d.world == c.world for d in combos), c.world
+            )
             print(
-                f"ghsweep: resume: {len(done)} of {len(combos)} combinations already FINISHED in MLflow "
-                f"with the same config are skipped (force=true reruns them)",
+                describe(c.num, c.name, c.run_dir, c.shown_overrides, c.cfg, launch, ranks, on_slurm=slurm),
                 flush=True,
             )
+        print(f"ghsweep: dry run, {len(combos)} combinations; nothing was submitted", flush=True)
+        return [_job_return(c, None) for c in combos]
 
-        jobs: list[tuple[SubmittedJob, submitit.Job]] = []
-        if to_submit:
-            for c in to_submit:
-                log.info("\t#%d : %s", c.num, " ".join(filter_overrides(c.overrides)))
-            for world, executor in worlds.items():
-                group = [c for c in to_submit if c.world == world]
-                if not group:
-                    continue
-                submitted = executor.map_array(
-                    self,
-                    [c.overrides for c in group],
-                    ["hydra.sweep.dir"] * len(group),
-                    [c.num for c in group],
-                    [f"job_id_for_{c.num}" for c in group],
-                    [Singleton.get_state()] * len(group),
+    if "mode" in cfg.hydra.sweep:  # as hydra-submitit-launcher does: the sweep directory's permissions
+        os.chmod(sweep_dir, int(str(cfg.hydra.sweep.mode), 8))
+    manifest = SweepManifest.require(sweep_dir)
+    store = MlflowStore(manifest.tracking_uri, manifest.experiment)
+    done: dict[int, RunResult] = {}
+    for c in combos:
+        earlier = None if cfg.force else finished_run(store, c.run_hash)
+        if earlier is not None:
+            done[c.num] = skip_finished(earlier, c.name, c.run_dir, c.shown_overrides)
+    to_submit = [c for c in combos if c.num not in done]
+    if done:
+        print(
+            f"ghsweep: resume: {len(done)} of {len(combos)} combinations already FINISHED in MLflow "
+            f"with the same config are skipped (force=true reruns them)",
+            flush=True,
+        )
+
+    jobs: list[tuple[SubmittedJob, submitit.Job]] = []
+    if to_submit:
+        for c in to_submit:
+            log.info("\t#%d : %s", c.num, " ".join(filter_overrides(c.overrides)))
+        for world, executor in worlds.items():
+            group = [c for c in to_submit if c.world == world]
+            if not group:
+                continue
+            submitted = executor.map_array(
+                launcher,
+                [c.overrides for c in group],
+                ["hydra.sweep.dir"] * len(group),
+                [c.num for c in group],
+                [f"job_id_for_{c.num}" for c in group],
+                [Singleton.get_state()] * len(group),
+            )
+            jobs += [
+                (
+                    SubmittedJob(
+                        job_id=j.job_id,
+                        num=c.num,
+                        name=c.name,
+                        run_dir=str(c.run_dir),
+                        overrides=c.shown_overrides,
+                        run_hash=c.run_hash,
+                        folder=str(j.paths.folder),
+                        stdout=str(j.paths.stdout),
+                        stderr=str(j.paths.stderr),
+                    ),
+                    j,
                 )
-                jobs += [
-                    (
-                        SubmittedJob(
-                            job_id=j.job_id,
-                            num=c.num,
-                            name=c.name,
-                            run_dir=str(c.run_dir),
-                            overrides=c.shown_overrides,
-                            run_hash=c.run_hash,
-                            folder=str(j.paths.folder),
-                            stdout=str(j.paths.stdout),
-                            stderr=str(j.paths.stderr),
-                        ),
-                        j,
-                    )
-                    for c, j in zip(group, submitted)
-                ]
-            jobs.sort(key=lambda pair: pair[0].num)
-            save_jobs(sweep_dir, [s for s, _ in jobs])
-            print(
-                f"ghsweep: submitted {len(jobs)} jobs ({self._EXECUTOR}): {', '.join(s.job_id for s, _ in jobs)}",
-                flush=True,
-            )
+                for c, j in zip(group, submitted)
+            ]
+        jobs.sort(key=lambda pair: pair[0].num)
+        save_jobs(sweep_dir, [s for s, _ in jobs])
+        print(
+            f"ghsweep: submitted {len(jobs)} jobs ({cluster}): {', '.join(s.job_id for s, _ in jobs)}",
+            flush=True,
+        )
 
-        if not cfg.wait:
-            print(
-                f"ghsweep: not waiting (wait=false); follow and collect the sweep with\n"
-                f"  python -m ghsweep.status {shlex.quote(str(sweep_dir))}",
-                flush=True,
-            )
-            return [self._job_return(c, done.get(c.num)) for c in combos]
-        wait_until_ended([j for _, j in jobs], poll_s=2.0)
-        done.update((s.num, r) for (s, _), r in zip(jobs, settle(sweep_dir, jobs)))
-        return [self._job_return(c, done[c.num]) for c in combos]
+    if not cfg.wait:
+        print(
+            f"ghsweep: not waiting (wait=false); follow and collect the sweep with\n"
+            f"  python -m ghsweep.status {shlex.quote(str(sweep_dir))}",
+            flush=True,
+        )
+        return [_job_return(c, done.get(c.num)) for c in combos]
+    wait_until_ended([j for _, j in jobs], poll_s=2.0)
+    done.update((s.num, r) for (s, _), r in zip(jobs, settle(sweep_dir, jobs)))
+    return [_job_return(c, done[c.num]) for c in combos]
 
-    @staticmethod
-    def _job_return(combo: _Combination, result: RunResult | None) -> JobReturn:
-        # COMPLETED even for a failed run: the failure is recorded, and Hydra's sweeper would
-        # otherwise raise on it and end the sweep before its summary.
-        ret = JobReturn(overrides=combo.overrides, status=JobStatus.COMPLETED, task_name=combo.name)
-        ret.return_value = result.__dict__ if result else None
-        return ret
+
+def _job_return(combo: _Combination, result: RunResult | None) -> JobReturn:
+    # COMPLETED even for a failed run: the failure is recorded, and Hydra's sweeper would
+    # otherwise raise on it and end the sweep before its summary.
+    ret = JobReturn(overrides=combo.overrides, status=JobStatus.COMPLETED, task_name=combo.name)
+    ret.return_value = result.__dict__ if result else None
+    return ret

@@ -1,20 +1,41 @@
 """The launchers ghsweep's profiles name; Hydra instantiates launchers only from hydra_plugins.
 
-Everything they add to hydra-submitit-launcher's is in ghsweep.launch.submitit_launcher.
+Hydra imports every module under hydra_plugins at each command's plugin scan (`--help` included),
+so these classes import ghsweep's launch code (MLflow, submitit) only when they launch or are
+signalled, as Hydra's own plugins do. What they add to hydra-submitit-launcher's launchers is in
+ghsweep.launch.submitit_launcher.
 """
 
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
 from hydra._internal.core_plugins import basic_launcher
+from hydra.core.utils import JobReturn
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
 
-from ghsweep.launch.submitit_launcher import GhsweepLauncher
+
+class _GhsweepSubmitit(plugin.BaseSubmititLauncher):
+    """The plugin's launcher with ghsweep's launch() and checkpoint(); its config keys and remote side
+    (__call__) stay the plugin's."""
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        from ghsweep.launch import submitit_launcher
+
+        return submitit_launcher.checkpoint(self, requeue=partial(super().checkpoint, *args, **kwargs))
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from ghsweep.launch import submitit_launcher
+
+        return submitit_launcher.launch(self, job_overrides, initial_job_idx)
 
 
-class LocalLauncher(GhsweepLauncher, plugin.LocalLauncher):
-    pass
+class LocalLauncher(_GhsweepSubmitit):
+    _EXECUTOR = plugin.LocalLauncher._EXECUTOR
 
 
-class SlurmLauncher(GhsweepLauncher, plugin.SlurmLauncher):
-    pass
+class SlurmLauncher(_GhsweepSubmitit):
+    _EXECUTOR = plugin.SlurmLauncher._EXECUTOR
 
 
 class BasicLauncher(basic_launcher.BasicLauncher):

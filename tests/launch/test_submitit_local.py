@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import stat
+
 from ghsweep.launch.slurm_jobs import load_jobs
 from tests.conftest import MlflowRecords, run_cli, sqlite_uri
 
@@ -17,11 +19,14 @@ def test_submitit_local_sweep_records_every_run(tmp_path):
             "peft=lora,none",
             "train.max_steps=2",
             "hydra.sweep.dir=sweep",
+            # The sweep directory's permissions, as hydra-submitit-launcher sets them.
+            "+hydra.sweep.mode=750",
         ],
         tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert len(load_jobs(tmp_path / "sweep")) == 2
+    assert stat.S_IMODE((tmp_path / "sweep").stat().st_mode) == 0o750
     records = MlflowRecords(sqlite_uri(tmp_path))
     (parent,) = records.runs("sweep")
     children = records.runs("run")
