@@ -1,66 +1,25 @@
-"""Shared fixtures: composing the repo's config and running the real `python -m ghsweep` CLI."""
+"""Fixtures and hooks every test folder shares (the helpers tests import are in tests/support/)."""
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+
+from tests.support.cli import run_cli
+from tests.support.ports import free_port
+
+# MLflow's usage telemetry stays off in every client the tests start, in this process and the CLI
+# runs, workers and servers that inherit its environment.
+os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 
 # Without CUDA, Triton kernels (ghsweep/train/adamw_kernel.py) run in Triton's interpreter, on CPU
 # tensors. It must be chosen before triton is first imported: triton.jit reads it as it decorates.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-REPO = Path(__file__).resolve().parents[1]
-CONF_DIR = REPO / "conf"
-
-
-def sqlite_uri(cwd: Path) -> str:
-    """The tracking URI of the MLflow store a CLI run in `cwd` writes by default (./mlflow.db)."""
-    return f"sqlite:///{cwd / 'mlflow.db'}"
-
-
-class MlflowRecords:
-    """What ghsweep recorded in one MLflow experiment, read back with MLflow's own client."""
-
-    def __init__(self, tracking_uri: str, experiment: str = "ghsweep"):
-        from mlflow.tracking import MlflowClient
-
-        self.client = MlflowClient(tracking_uri=tracking_uri)
-        self.experiment_id = self.client.get_experiment_by_name(experiment).experiment_id
-
-    def runs(self, role: str) -> list:
-        """The runs tagged `ghsweep.role` = `role`: "sweep" (a sweep's parent) or "run" (one combination)."""
-        return self.client.search_runs([self.experiment_id], filter_string=f"tags.`ghsweep.role` = '{role}'")
-
-
-def compose_config(*overrides: str, hydra: bool = False) -> DictConfig:
-    """The config `python -m ghsweep OVERRIDES` composes (with the `hydra` node when `hydra`)."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra)
-
-
-def run_cli(
-    args: list[str], cwd: Path, timeout: float = 900, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
-    """Run `python -m ghsweep ARGS` in `cwd` the way a user would, output captured; `env` adds to
-    (or replaces in) this process's environment."""
-    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", HYDRA_FULL_ERROR="0", **(env or {}))
-    return subprocess.run(
-        [sys.executable, "-m", "ghsweep", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @pytest.fixture(scope="session")
@@ -69,12 +28,6 @@ def smoke_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     cwd = tmp_path_factory.mktemp("smoke_sweep")
     proc = run_cli(["-m", "experiment=smoke", "precision=fp32,bf16", "offload=off,on"], cwd)
     return cwd, proc
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.report import __main__ as report_cli
 from ghsweep.report.sweep_source import SweepRun
 from ghsweep.train.worker import quiet_library_noise
-from tests.conftest import run_cli
+from tests.support.cli import run_cli
 
 
 def test_status_without_a_sweep_lists_the_newest(tmp_path, monkeypatch, capsys):

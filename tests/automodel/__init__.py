@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-import pytest
-
 from tests.optional_env import require
 
 
 def require_automodel() -> ModuleType:
     return require("nemo_automodel", "tests/automodel/make_env.sh", ".venv-automodel", "automodel")
-
-
-@pytest.fixture(scope="session")
-def automodel():
-    return require_automodel()

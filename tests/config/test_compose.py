@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from tests.conftest import CONF_DIR, compose_config
+from tests.support.compose import compose_config, hydra_on_conf
+from tests.support.paths import CONF_DIR
 
 KNOB_GROUPS = [
     "peft",
@@ -31,7 +31,7 @@ def group_options(group: str) -> list[str]:
 @pytest.mark.parametrize("group", KNOB_GROUPS)
 def test_group_options_are_what_hydra_offers(group):
     """The files of conf/GROUP are exactly the options Hydra lists for GROUP (what `--help` shows)."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with hydra_on_conf():
         offered = GlobalHydra.instance().config_loader().get_group_options(group)
     assert group_options(group), f"conf/{group} has no options"
     assert sorted(offered) == group_options(group)

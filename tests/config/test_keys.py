@@ -8,8 +8,7 @@ import pytest
 
 from ghsweep.config.keys import did_you_mean, is_known, known_keys, options
 from ghsweep.launch.overrides import refusals
-from tests.conftest import run_cli
-from tests.reliability.records import assert_one_line_errors
+from tests.support.cli import assert_one_line_errors, run_cli
 
 
 def test_every_key_of_the_groups_presets_and_launch_profiles_is_known():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 # What a wheel is built from (ghsweep/conf links to conf/, which links experiments/ and launchers/).
 SOURCES = ["pyproject.toml", "README.md", "ghsweep", "hydra_plugins", "conf", "experiments", "launchers"]

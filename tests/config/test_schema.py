@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from ghsweep.config import schema
 from ghsweep.core.errors import ConfigError
-from tests.conftest import compose_config
+from tests.support.compose import compose_config
 
 # Options whose sections carry every knob of the schema (precision=fp8 has library/scaling/format, ...).
 FULL = ["precision=fp8", "memory=unified", "offload=on", "profile=nsys_ncu"]

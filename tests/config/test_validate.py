@@ -9,7 +9,7 @@ import pytest
 from ghsweep.config.validate import validate
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
-from tests.conftest import compose_config as composed
+from tests.support.compose import compose_config as composed
 
 H100 = GpuInfo("NVIDIA H100", (9, 0), 80.0, 79.0)
 A100 = GpuInfo("NVIDIA A100-SXM4-80GB", (8, 0), 80.0, 79.0)

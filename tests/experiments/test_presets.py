@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from ghsweep.core.names import split_overrides
-from tests.conftest import REPO, MlflowRecords, run_cli
+from tests.support.cli import run_cli
+from tests.support.mlflow_records import MlflowRecords
+from tests.support.paths import REPO
 
 SMOKE = [
     "model=tiny_llama",

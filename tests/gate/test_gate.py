@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.support.cli import run_cli
 from tests.support.models import unreadable_model
 
 SWEEP = ["-m", "experiment=smoke", "precision=fp32,bf16", "train.max_steps=6", "train.seq_length=64"]
 
 
 def gate(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
     return subprocess.run(
-        [sys.executable, "-m", "ghsweep.gate", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "ghsweep.gate", *args], cwd=cwd, capture_output=True, text=True, timeout=600
     )
 
 

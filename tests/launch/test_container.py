@@ -17,8 +17,9 @@ from ghsweep.launch.container import check_container, container_env, container_p
 from ghsweep.launch.plan import node_plan
 from ghsweep.launch.worker_process import worker_command
 from ghsweep.profile import capture
-from tests.conftest import compose_config, run_cli
-from tests.launch.stand_ins import NODE_GPU, fake_runtime
+from tests.support.cli import run_cli
+from tests.support.compose import compose_config
+from tests.support.stand_ins import NODE_GPU, fake_runtime
 
 
 def test_no_image_runs_the_worker_on_the_host(tmp_path):

@@ -15,8 +15,10 @@ import pytest
 from ghsweep.core.errors import ConfigError
 from ghsweep.launch.plan import dry_run_plans, node_plan
 from ghsweep.profile.plan import resolve
-from tests.conftest import compose_config, run_cli
-from tests.launch.stand_ins import NODE_GPU, fake_runtime, tool
+from tests.support.cli import run_cli
+from tests.support.compose import compose_config
+from tests.support.stand_ins import NODE_GPU, fake_runtime, tool
+from tests.support.sweep_dirs import assert_nothing_ran
 
 
 def blocks(stdout: str) -> list[list[str]]:
@@ -28,12 +30,6 @@ def blocks(stdout: str) -> list[list[str]]:
         elif found and line.startswith("  ") and len(found[-1]) < 5:
             found[-1].append(line)
     return found
-
-
-def assert_nothing_ran(cwd) -> None:
-    assert not (cwd / "mlflow.db").exists()
-    assert not list(cwd.rglob(".submitit"))
-    assert not list(cwd.rglob("worker.log")) and not list(cwd.rglob("ghsweep_jobs.json"))
 
 
 def test_slurm_sweep_dry_run_prints_every_combination_and_submits_nothing(tmp_path):

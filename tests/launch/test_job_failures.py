@@ -26,7 +26,7 @@ from ghsweep.launch.rank_reports import write_rank_report
 from ghsweep.launch.worker_process import run_worker
 from ghsweep.profile.pipeline import ProfileOutcome
 from ghsweep.tracking.mlflow_store import MlflowStore
-from tests.conftest import compose_config
+from tests.support.compose import compose_config
 
 
 def combination(run_dir: Path, name: str = "train.max_steps=2") -> Combination:

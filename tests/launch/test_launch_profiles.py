@@ -8,18 +8,18 @@ import json
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
 
 from ghsweep.core.run_dir import SWEEP_MANIFEST
-from tests.conftest import CONF_DIR, MlflowRecords, run_cli
+from tests.support.cli import run_cli
+from tests.support.compose import compose_config
+from tests.support.mlflow_records import MlflowRecords
 
 GH200_SERVER = "http://login-node:5000"
 
 
 def tracking_of(*overrides: str) -> tuple[str, str]:
     """(the tracking group's choice, the resolved tracking.uri) of the composed config."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+    cfg = compose_config(*overrides, hydra=True)
     return cfg.hydra.runtime.choices.tracking, cfg.tracking.uri
 
 

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from ghsweep.core.names import EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND
-from tests.conftest import MlflowRecords, free_port, run_cli, sqlite_uri
-from tests.launch.test_dry_run import assert_nothing_ran
 from tests.optional_env import unavailable
-from tests.reliability.records import assert_one_line_errors
+from tests.support.cli import assert_one_line_errors, run_cli
+from tests.support.mlflow_records import MlflowRecords, sqlite_uri
+from tests.support.ports import free_port
+from tests.support.sweep_dirs import assert_nothing_ran
 
 FP8_ON_CPU = (
     "precision=fp8: needs an NVIDIA GPU of compute capability >= 8.9 and this run has none (device=cpu); "

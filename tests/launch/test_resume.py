@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import json
 
-from hydra import compose, initialize_config_dir
-
 from ghsweep.launch.resume import run_hash
-from tests.conftest import CONF_DIR, MlflowRecords, run_cli, sqlite_uri
-
-
-def config(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+from tests.support.cli import run_cli
+from tests.support.compose import compose_config
+from tests.support.mlflow_records import MlflowRecords, sqlite_uri
 
 
 def test_hash_ignores_launch_and_tracking_keys_but_not_what_trains():
-    base = run_hash(config("experiment=smoke"))
+    base = run_hash(compose_config("experiment=smoke"))
     assert base == run_hash(
-        config(
+        compose_config(
             "experiment=smoke",
             "force=true",
             "dry_run=true",
@@ -28,9 +23,9 @@ def test_hash_ignores_launch_and_tracking_keys_but_not_what_trains():
             "hydra/launcher=local_slurm",
         )
     )
-    assert base != run_hash(config("experiment=smoke", "train.max_steps=7"))
-    assert base != run_hash(config("experiment=smoke", "precision=fp32"))
-    assert base != run_hash(config("experiment=smoke", "container.image=/c.sif"))
+    assert base != run_hash(compose_config("experiment=smoke", "train.max_steps=7"))
+    assert base != run_hash(compose_config("experiment=smoke", "precision=fp32"))
+    assert base != run_hash(compose_config("experiment=smoke", "container.image=/c.sif"))
 
 
 def test_same_sweep_again_skips_what_finished_and_force_reruns(tmp_path):

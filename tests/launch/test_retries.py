@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
-from ghsweep.core.run_dir import METRICS, WORKER_PID
+from ghsweep.core.run_dir import WORKER_PID
 from ghsweep.tracking.mlflow_store import MlflowStore
-from tests.conftest import compose_config, run_cli
-from tests.reliability.records import all_runs, assert_nothing_running, by_role, results, sqlite_uri
+from tests.support.cli import run_cli, start_cli
+from tests.support.compose import compose_config
+from tests.support.mlflow_records import all_runs, assert_nothing_running, by_role, sqlite_uri
+from tests.support.stopped_sweep import wait_until_training
+from tests.support.sweep_dirs import results
 
 STEPS = 6
 # Job 0 packs its one example into fewer blocks than a micro-batch: the worker raises (deterministic).
@@ -34,34 +33,14 @@ SWEEP = [
 ]
 
 
-def kill_worker_once_it_trains(run_dir: Path, proc: subprocess.Popen, timeout_s: float = 600) -> int:
-    """SIGKILL the worker of `run_dir` once it has logged a step; its pid."""
-    deadline = time.time() + timeout_s
-    while time.time() < deadline and proc.poll() is None:
-        metrics = run_dir / METRICS
-        if (run_dir / WORKER_PID).exists() and metrics.exists() and metrics.read_text().strip():
-            pid = int((run_dir / WORKER_PID).read_text())
-            os.kill(pid, signal.SIGKILL)
-            return pid
-        time.sleep(0.2)
-    raise AssertionError(f"the worker of {run_dir} never logged a step: {proc.poll()=}")
-
-
 @pytest.fixture(scope="module")
 def retried_sweep(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("retries")
     sweep_dir = cwd / "sweep"
-    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", HYDRA_FULL_ERROR="0")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ghsweep", *SWEEP, f"hydra.sweep.dir={sweep_dir}"],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_cli([*SWEEP, f"hydra.sweep.dir={sweep_dir}"], cwd)
     try:
-        killed = kill_worker_once_it_trains(sweep_dir / "1", proc)
+        killed = wait_until_training(sweep_dir / "1", proc, max_steps=STEPS, timeout_s=600)
+        os.kill(killed, signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=900)
     finally:
         if proc.poll() is None:

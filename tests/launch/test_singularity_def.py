@@ -11,7 +11,7 @@ import re
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 DEF = REPO / "Singularity.def"
 
@@ -36,9 +36,7 @@ def sections() -> tuple[dict[str, str], dict[str, str]]:
 
 def run_section(script: str, *args: str) -> subprocess.CompletedProcess:
     # python3 of this environment, as the image's python3 would be.
-    env = dict(
-        os.environ, PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", MLFLOW_DISABLE_TELEMETRY="true"
-    )
+    env = dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
     return subprocess.run(
         ["bash", "-euc", script, "runscript", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )

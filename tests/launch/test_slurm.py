@@ -12,41 +12,24 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
 from ghsweep.core.run_dir import SLURM_JOBS
 from ghsweep.launch.slurm_jobs import load_jobs
-from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
+from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.train.data import synthetic_dolly, write_dolly_jsonl
-from tests.conftest import run_cli
 from tests.slurm.cluster import HERE as CLUSTER_SCRIPTS
-from tests.slurm.cluster import free_port_base, sacct_states, slurm_cluster  # noqa: F401  (the session fixture)
+from tests.slurm.cluster import free_port_base, sacct_states
+from tests.support.cli import run_cli, start_cli
 from tests.support.models import UNREADABLE_WEIGHTS_ERROR, unreadable_model
+from tests.support.slurm_sweeps import runs, sweep_args, wait_for
 
 # About ten minutes on the real cluster; tests/launch/test_slurm_settle.py covers settle in seconds.
 pytestmark = [pytest.mark.usefixtures("slurm_cluster"), pytest.mark.slow]
 
 RUN_METRICS = {"loss", "step_time_ms", "tokens_per_s", "peak_mem_gb", "final_loss"}
-
-
-def sweep_args(server, experiment: str, *args: str) -> list[str]:
-    # The profile names its tracking server (tracking.server_uri); this session's server has its own port.
-    return [
-        "-m",
-        "hydra/launcher=local_slurm",
-        "experiment=smoke",
-        "precision=fp32",
-        f"tracking.server_uri={server.url}",
-        f"tracking.experiment={experiment}",
-        *args,
-    ]
-
-
-def runs(server, experiment: str, role: str) -> list[StoredRun]:
-    return MlflowStore(server.url, experiment).search(role=role)
 
 
 def job_ids(sweep_dir: Path) -> list[str]:
@@ -101,24 +84,11 @@ def test_failing_job_is_failed_with_its_slurm_log(mlflow_server, tmp_path):
     assert any(p.endswith("_log.out") for p in slurm_logs) and any(p.endswith("_log.err") for p in slurm_logs)
 
 
-def wait_for(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
-
-
 def test_job_cancelled_with_scancel_ends_killed_and_the_sweep_ends(mlflow_server, tmp_path):
     sweep_dir = tmp_path / "sweep"
     # Combination 1 trains long enough to be cancelled while it runs.
     args = sweep_args(mlflow_server, "slurm_cancel", "train.max_steps=3,5000", f"hydra.sweep.dir={sweep_dir}")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ghsweep", *args],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_cli(args, tmp_path)
     try:
         wait_for(lambda: (sweep_dir / SLURM_JOBS).exists(), 120, "the sweep's jobs to be submitted")
         long_job = next(j for j in load_jobs(sweep_dir) if j.num == 1)

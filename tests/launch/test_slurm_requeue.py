@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,9 @@ import pytest
 from ghsweep.core.run_dir import METRICS, SLURM_JOBS
 from ghsweep.launch.slurm_jobs import load_jobs
 from ghsweep.tracking.mlflow_store import MlflowStore
-from tests.launch.test_slurm import runs, sweep_args, wait_for
-from tests.slurm.cluster import sacct_states, slurm_cluster  # noqa: F401  (the session fixture)
+from tests.slurm.cluster import sacct_states
+from tests.support.cli import start_cli
+from tests.support.slurm_sweeps import runs, sweep_args, wait_for
 
 pytestmark = [pytest.mark.usefixtures("slurm_cluster"), pytest.mark.slow]
 
@@ -35,13 +35,7 @@ def requeued_sweep(
     args = sweep_args(
         server, experiment, f"train.max_steps={STEPS}", "train.log_every=1", f"hydra.sweep.dir={sweep_dir}", *more
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ghsweep", *args],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_cli(args, tmp_path)
     try:
         wait_for(lambda: (sweep_dir / SLURM_JOBS).exists(), 300, "the sweep's job to be submitted")
         (job,) = load_jobs(sweep_dir)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import stat
 
 from ghsweep.launch.slurm_jobs import load_jobs
-from tests.conftest import MlflowRecords, run_cli, sqlite_uri
+from tests.support.cli import run_cli
+from tests.support.mlflow_records import MlflowRecords, sqlite_uri
 
 
 def test_submitit_local_sweep_records_every_run(tmp_path):

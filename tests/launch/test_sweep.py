@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.conftest import MlflowRecords, run_cli, sqlite_uri
+from tests.support.cli import run_cli
+from tests.support.mlflow_records import MlflowRecords, sqlite_uri
 from tests.support.models import UNREADABLE_WEIGHTS_ERROR, unreadable_model
 
 RUN_METRICS = {"loss", "step_time_ms", "tokens_per_s", "peak_mem_gb", "final_loss"}

@@ -9,11 +9,12 @@ import re
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from ghsweep.core.errors import ConfigError
 from ghsweep.launch.world import check_world
-from tests.conftest import CONF_DIR, MlflowRecords, run_cli, sqlite_uri
+from tests.support.cli import run_cli
+from tests.support.compose import compose_config
+from tests.support.mlflow_records import MlflowRecords, sqlite_uri
 
 SMOKE = ["experiment=smoke", "train.max_steps=4", "train.seq_length=64", "train.log_every=2", "train.warmup_steps=1"]
 
@@ -115,11 +116,6 @@ def test_slurm_dry_run_asks_for_nodes_and_tasks_and_prints_srun(tmp_path):
     assert "--nodes=1" in one_node and "--ntasks-per-node=2" in one_node
 
 
-def compose_run(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return compose("config", overrides=list(overrides))
-
-
 @pytest.mark.parametrize(
     "overrides,on_gpu,visible,slurm,message",
     [
@@ -190,12 +186,12 @@ def compose_run(*overrides: str):
 )
 def test_a_world_the_launch_cannot_give_is_one_line(overrides, on_gpu, visible, slurm, message):
     with pytest.raises(ConfigError) as error:
-        check_world(compose_run(*overrides), on_gpu, visible, slurm)
+        check_world(compose_config(*overrides), on_gpu, visible, slurm)
     assert str(error.value) == message
 
 
 def test_several_nodes_and_more_gpus_than_here_pass_on_slurm():
-    world = check_world(compose_run("backend.num_nodes=2", "backend.gpus_per_node=8"), True, 1, slurm_task=True)
+    world = check_world(compose_config("backend.num_nodes=2", "backend.gpus_per_node=8"), True, 1, slurm_task=True)
     assert (world.num_nodes, world.gpus_per_node, world.size) == (2, 8, 16)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.support.cli import run_cli
 
 pytestmark = [
     pytest.mark.gpu,

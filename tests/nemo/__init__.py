@@ -16,8 +16,3 @@ def require_nemo() -> ModuleType:
     if not hasattr(llm, "llama2_7b"):
         pytest.fail("nemo.collections.llm has no llama2_7b recipe: is nvidia-modelopt installed?", pytrace=False)
     return llm
-
-
-@pytest.fixture(scope="session")
-def nemo_llm():
-    return require_nemo()

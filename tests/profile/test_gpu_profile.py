@@ -11,7 +11,6 @@ import json
 import shutil
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from ghsweep.core.gpu import probe_gpu
@@ -21,27 +20,23 @@ from ghsweep.launch.worker_process import run_worker, worker_command
 from ghsweep.profile import capture
 from ghsweep.profile.pipeline import after_worker
 from ghsweep.profile.result import METRICS
-from tests.conftest import CONF_DIR
+from tests.support.compose import compose_config
 
 pytestmark = pytest.mark.gpu
 
 
 def profiled_run(tmp_path, *overrides: str) -> tuple[dict, object]:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(
-            config_name="config",
-            overrides=[
-                "device=cuda",
-                "train.max_steps=10",
-                "train.log_every=10",
-                "train.compile=false",
-                "train.seq_length=256",
-                "train.micro_batch_size=4",
-                "capture.start_step=4",
-                "capture.num_steps=4",
-                *overrides,
-            ],
-        )
+    cfg = compose_config(
+        "device=cuda",
+        "train.max_steps=10",
+        "train.log_every=10",
+        "train.compile=false",
+        "train.seq_length=256",
+        "train.micro_batch_size=4",
+        "capture.start_step=4",
+        "capture.num_steps=4",
+        *overrides,
+    )
     run_dir = tmp_path / cfg.profile.name
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))

@@ -7,17 +7,13 @@ import stat
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_plan import ProfilePlan
 from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve
-from tests.conftest import CONF_DIR, MlflowRecords, run_cli, sqlite_uri
-
-
-def compose_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+from tests.support.cli import run_cli
+from tests.support.compose import compose_config
+from tests.support.mlflow_records import MlflowRecords, sqlite_uri
 
 
 def fake_tool(tmp_path: Path, name: str) -> str:
@@ -30,7 +26,7 @@ def fake_tool(tmp_path: Path, name: str) -> str:
 
 def test_auto_is_the_default_and_falls_back_to_torch_without_gpu(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    cfg = compose_cfg()
+    cfg = compose_config()
     assert cfg.profile.name == "auto"
     plan = resolve(cfg.profile, on_gpu=False, device="cpu")
     assert plan.used == "torch" and "no GPU" in plan.note
@@ -41,17 +37,17 @@ def test_auto_is_the_default_and_falls_back_to_torch_without_gpu(monkeypatch):
 def test_requested_nsys_missing_is_a_one_line_error(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(ConfigError, match=r"^profile=nsys: nsys not found on PATH; .*accepted here: profile=torch"):
-        resolve(compose_cfg("profile=nsys").profile, on_gpu=True, device="cuda")
+        resolve(compose_config("profile=nsys").profile, on_gpu=True, device="cuda")
     with pytest.raises(ConfigError, match=r"^profile=nsys_ncu: Nsight Systems traces CUDA and this run has no GPU"):
-        resolve(compose_cfg("profile=nsys_ncu").profile, on_gpu=False, device="cpu")
+        resolve(compose_config("profile=nsys_ncu").profile, on_gpu=False, device="cpu")
 
 
 def test_ncu_missing_for_nsys_ncu(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    cfg = compose_cfg("profile=nsys_ncu", f"profile.nsys.path={fake_tool(tmp_path, 'nsys')}")
+    cfg = compose_config("profile=nsys_ncu", f"profile.nsys.path={fake_tool(tmp_path, 'nsys')}")
     with pytest.raises(ConfigError, match=r"^profile=nsys_ncu: ncu not found on PATH"):
         resolve(cfg.profile, on_gpu=True, device="cuda")
-    cfg = compose_cfg(
+    cfg = compose_config(
         "profile=nsys_ncu", f"profile.nsys.path={tmp_path / 'nsys'}", f"profile.ncu.path={fake_tool(tmp_path, 'ncu')}"
     )
     plan = resolve(cfg.profile, on_gpu=True, device="cuda")
@@ -60,7 +56,7 @@ def test_ncu_missing_for_nsys_ncu(tmp_path, monkeypatch):
 
 def test_nsys_command_records_the_capture_window(tmp_path):
     nsys = fake_tool(tmp_path, "nsys")
-    cfg = compose_cfg(
+    cfg = compose_config(
         "profile=nsys", f"profile.nsys.path={nsys}", "memory=unified", "profile.nsys.extra_args=['--sample=none']"
     )
     command = profiler_prefix(cfg, tmp_path, resolve(cfg.profile, on_gpu=True, device="cuda"))
@@ -77,29 +73,29 @@ def test_plans_from_config_are_the_plans_the_node_makes(tmp_path, monkeypatch):
     fake_tool(tmp_path, "nsys"), fake_tool(tmp_path, "ncu")
     monkeypatch.setenv("PATH", str(tmp_path))
     for name in ("nsys", "nsys_ncu"):
-        profile = compose_cfg(f"profile={name}").profile
+        profile = compose_config(f"profile={name}").profile
         assert plans_from_config(profile, "auto") == [resolve(profile, on_gpu=True, device="auto")]
-    auto = compose_cfg("profile=auto").profile
+    auto = compose_config("profile=auto").profile
     assert plans_from_config(auto, "cuda:1") == [
         resolve(auto, on_gpu=True, device="cuda:1"),
         resolve(auto, on_gpu=False, device="cuda:1"),
     ]
     # A CPU run: the config alone decides, as the node would, errors included.
     for name in ("auto", "torch", "none"):
-        profile = compose_cfg(f"profile={name}").profile
+        profile = compose_config(f"profile={name}").profile
         assert plans_from_config(profile, "cpu") == [resolve(profile, on_gpu=False, device="cpu")]
     with pytest.raises(ConfigError, match=r"^profile=nsys: Nsight Systems traces CUDA and this run has no GPU"):
-        plans_from_config(compose_cfg("profile=nsys").profile, "cpu")
+        plans_from_config(compose_config("profile=nsys").profile, "cpu")
 
 
 def test_plans_from_config_leave_the_profiler_path_to_the_node(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    (plan,) = plans_from_config(compose_cfg("profile=nsys_ncu").profile, "auto")
+    (plan,) = plans_from_config(compose_config("profile=nsys_ncu").profile, "auto")
     assert (plan.used, plan.nsys_path, plan.ncu, plan.ncu_path) == ("nsys", "nsys", True, "ncu")
     # A configured path is the node's, whether or not it exists here.
-    (plan,) = plans_from_config(compose_cfg("profile=nsys", "profile.nsys.path=/opt/nsys/bin/nsys").profile, "auto")
+    (plan,) = plans_from_config(compose_config("profile=nsys", "profile.nsys.path=/opt/nsys/bin/nsys").profile, "auto")
     assert plan.nsys_path == "/opt/nsys/bin/nsys"
-    assert profiler_prefix(compose_cfg("profile=nsys"), tmp_path, plan)[:2] == ["/opt/nsys/bin/nsys", "profile"]
+    assert profiler_prefix(compose_config("profile=nsys"), tmp_path, plan)[:2] == ["/opt/nsys/bin/nsys", "profile"]
 
 
 def test_profile_nsys_on_a_machine_without_gpu_fails_before_training(tmp_path):
@@ -143,7 +139,7 @@ def test_bad_profile_options_are_one_line_errors(override, message):
     from ghsweep.config.validate import validate
 
     with pytest.raises(ConfigError) as err:
-        validate(compose_cfg("profile=nsys_ncu", override, "device=cpu"), None)
+        validate(compose_config("profile=nsys_ncu", override, "device=cpu"), None)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 

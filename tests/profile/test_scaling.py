@@ -10,44 +10,7 @@ import pytest
 
 from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 from ghsweep.profile.scaling import COMPONENTS, decompose, pairs, table
-from tests.profile.planted import GEMM, OPTIMIZER, US, Run, write_nsys
-
-ALLREDUCE = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
-CAST = "void fsdp_cast_kernel<float, bf16>()"
-STEPS, GEMMS = 6, 20
-
-
-def planted_rank(gemm_us: int, slowest_gemm_us: int, tail_us: int, idle_us: int, cast_us: int, buckets: bool) -> Run:
-    """One rank: per step, GEMMs back to back, a cast kernel (cast_us > 0), a final all-reduce that
-    waits for the slowest rank then runs tail_us, the optimizer; idle_us between steps; `buckets`:
-    an all-reduce beside every fifth GEMM on the NCCL stream (hidden by compute)."""
-    run = Run()
-    gpu = 1_000 * US
-    for i in range(STEPS):
-        gpu += idle_us * US if i else 0
-        host0 = gpu  # the host launches the step as its GPU work begins (step ranges do not overlap)
-        for j in range(GEMMS):
-            gemm_start = gpu
-            gpu = run.launch(host0 + j * US, gpu, gemm_us * US, GEMM)
-            if buckets and j % 5 == 0:
-                run.launch(host0 + j * US, gemm_start, gemm_us * US // 2, ALLREDUCE)
-        if cast_us:
-            gpu = run.launch(host0 + 30 * US, gpu, cast_us * US, CAST)
-        wait = GEMMS * (slowest_gemm_us - gemm_us) * US
-        if tail_us or wait:
-            gpu = run.launch(host0 + 31 * US, gpu, wait + tail_us * US, ALLREDUCE)
-        gpu = run.launch(host0 + 32 * US, gpu, 100 * US, OPTIMIZER)
-        run.ranges.append((f"step {i}", host0, gpu, 4242))
-    return run
-
-
-# 1 GPU: GEMMs of 200 us, 50 us idle between steps. 2 GPUs: GEMMs of 210 and 230 us (slower beside
-# NCCL, rank 1 more so), a 40 us cast, a 300 us tail all-reduce, 150 us idle between steps.
-ONE = {"gemm_us": 200, "slowest_gemm_us": 200, "tail_us": 0, "idle_us": 50, "cast_us": 0, "buckets": False}
-RANKS = [
-    {"gemm_us": 210, "slowest_gemm_us": 230, "tail_us": 300, "idle_us": 150, "cast_us": 40, "buckets": True},
-    {"gemm_us": 230, "slowest_gemm_us": 230, "tail_us": 300, "idle_us": 150, "cast_us": 40, "buckets": True},
-]
+from tests.profile.planted import GEMMS, ONE, RANKS, STEPS, planted_rank, write_nsys
 
 
 @pytest.fixture(scope="module")

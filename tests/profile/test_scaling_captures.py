@@ -17,8 +17,7 @@ from ghsweep.core.run_result import RunResult
 from ghsweep.profile import kernel_kinds
 from ghsweep.profile.run_analysis import full_analysis
 from ghsweep.profile.scaling import CAPTURE_FOLDER, COMPONENTS, folder_analysis, folder_decompositions
-from tests.profile.planted import write_nsys
-from tests.profile.test_scaling import ONE, RANKS, planted_rank
+from tests.profile.planted import ONE, RANKS, planted_rank, write_nsys
 
 ROOT = Path(__file__).resolve().parents[2]
 # The real capture: Llama-2-7B shape, seq 4096, LoRA (DDP) and full (FSDP2) bf16 on 1 and 2 GPUs, made with

@@ -12,16 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
-from tests.reliability.records import (
-    all_runs,
-    assert_nothing_running,
-    assert_one_line_errors,
-    by_role,
-    only_sweep_dir,
-    results,
-    sqlite_uri,
-)
+from tests.support.cli import assert_one_line_errors, run_cli
+from tests.support.mlflow_records import all_runs, assert_nothing_running, by_role, sqlite_uri
+from tests.support.sweep_dirs import only_sweep_dir, results
 
 DOLLY = {"instruction": "Say hi.", "context": "", "response": "hi", "category": "open_qa"}
 

@@ -12,15 +12,9 @@ import pytest
 
 from ghsweep.core.errors import ConfigError
 from ghsweep.launch.worker_process import GPU_TIMEOUT_MIN, worker_timeout_min
-from tests.conftest import run_cli
-from tests.reliability.records import (
-    all_runs,
-    assert_nothing_running,
-    assert_one_line_errors,
-    by_role,
-    results,
-    sqlite_uri,
-)
+from tests.support.cli import assert_one_line_errors, run_cli
+from tests.support.mlflow_records import all_runs, assert_nothing_running, by_role, sqlite_uri
+from tests.support.sweep_dirs import results
 
 SHORT = ["-m", "experiment=smoke", "precision=fp32,bf16", "train.max_steps=2", "train.seq_length=64"]
 

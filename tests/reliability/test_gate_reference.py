@@ -5,13 +5,12 @@ as it would pass while checking nothing."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.reliability.records import assert_one_line_errors
+from tests.support.cli import assert_one_line_errors
 
 GOOD_RUN = {"tokens_per_s": 10.0, "loss": [[1, 2.5]]}
 
@@ -79,7 +78,6 @@ def gate(cwd, sweep, reference) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "ghsweep.gate", sweep, "--against", str(reference)],
         cwd=cwd,
-        env=dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true"),
         capture_output=True,
         text=True,
         timeout=120,

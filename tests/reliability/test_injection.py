@@ -9,8 +9,7 @@ import shlex
 
 import pytest
 
-from tests.conftest import run_cli
-from tests.reliability.records import assert_one_line_errors
+from tests.support.cli import assert_one_line_errors, run_cli
 
 VALUES = {
     "SHELL": "$(touch PWNED); `touch PWNED2` | rm -rf ~ && echo 'q\" > PWNED3",

@@ -5,7 +5,6 @@ next sweep ends FAILED with "the sweep process died", stopping the worker it lef
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -15,50 +14,10 @@ from pathlib import Path
 import pytest
 
 from ghsweep.tracking.mlflow_store import MlflowStore
-from tests.conftest import run_cli
-from tests.reliability.records import (
-    all_runs,
-    assert_nothing_running,
-    assert_one_line_errors,
-    by_role,
-    results,
-    sqlite_uri,
-)
-
-LONG_STEPS = 60
-# Job 1 trains long enough to be stopped once it has started; jobs 0 and 2 are short.
-SWEEP = [
-    "-m",
-    "experiment=smoke",
-    "precision=fp32",
-    f"train.max_steps=3,{LONG_STEPS},4",
-    "train.seq_length=64",
-    "train.log_every=1",
-]
-
-
-def start_sweep(cwd: Path, sweep_dir: str) -> subprocess.Popen:
-    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", HYDRA_FULL_ERROR="0")
-    return subprocess.Popen(
-        [sys.executable, "-m", "ghsweep", *SWEEP, f"hydra.sweep.dir={sweep_dir}"],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_until_training(run_dir: Path, proc: subprocess.Popen, timeout_s: float = 300) -> int:
-    """The pid of job 1's worker, once it has trained a step."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        log = run_dir / "worker.log"
-        if log.exists() and f"step 1/{LONG_STEPS}" in log.read_text():
-            return int((run_dir / "worker.pid").read_text())
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
-    raise TimeoutError("job 1 never trained")
+from tests.support.cli import assert_one_line_errors, run_cli
+from tests.support.mlflow_records import all_runs, assert_nothing_running, by_role, sqlite_uri
+from tests.support.stopped_sweep import SWEEP, start_sweep, wait_until_training
+from tests.support.sweep_dirs import results
 
 
 def alive(pid: int) -> bool:

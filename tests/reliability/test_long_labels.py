@@ -3,13 +3,13 @@ label that long grew the speedup plot to 10 MB and drawing it again (`ghsweep.re
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 from ghsweep.report.sweep_table import LABEL_CHARS, bounded, knob_values
-from tests.conftest import run_cli
-from tests.reliability.records import all_runs, assert_nothing_running, by_role, only_sweep_dir, sqlite_uri
+from tests.support.cli import run_cli
+from tests.support.mlflow_records import all_runs, assert_nothing_running, by_role, sqlite_uri
+from tests.support.sweep_dirs import only_sweep_dir
 
 LONG = "n" * 10_000
 MAX_PLOT_BYTES = 300_000
@@ -39,7 +39,6 @@ def test_a_long_value_leaves_tables_and_plots_small(tmp_path):
     rebuilt = subprocess.run(
         [sys.executable, "-m", "ghsweep.report", parent.run_id, "--out", "again"],
         cwd=tmp_path,
-        env=dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true"),
         capture_output=True,
         text=True,
         timeout=300,

@@ -14,16 +14,10 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from ghsweep.launch.job import loss_points
-from tests.conftest import run_cli
-from tests.reliability.records import (
-    all_runs,
-    assert_nothing_running,
-    assert_one_line_errors,
-    by_role,
-    results,
-    sqlite_uri,
-)
-from tests.reliability.test_interrupts import start_sweep, wait_until_training
+from tests.support.cli import assert_one_line_errors, run_cli
+from tests.support.mlflow_records import all_runs, assert_nothing_running, by_role, sqlite_uri
+from tests.support.stopped_sweep import start_sweep, wait_until_training
+from tests.support.sweep_dirs import results
 
 
 def status(cwd: Path, sweep_dir: str) -> subprocess.CompletedProcess:

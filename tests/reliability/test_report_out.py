@@ -3,13 +3,12 @@ MLflow is read: no traceback, no store opened or created."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.reliability.records import assert_one_line_errors
+from tests.support.cli import assert_one_line_errors
 
 
 @pytest.mark.parametrize("out", ["report.html", "report.html/sub"])
@@ -18,7 +17,6 @@ def test_a_file_as_the_report_folder_is_one_line(tmp_path, out):
     proc = subprocess.run(
         [sys.executable, "-m", "ghsweep.report", "sweep 2026-11-25/10-00-00", "--out", out],
         cwd=tmp_path,
-        env=dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true"),
         capture_output=True,
         text=True,
         timeout=120,

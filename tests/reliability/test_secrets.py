@@ -12,8 +12,9 @@ import pytest
 
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore
-from tests.conftest import run_cli
-from tests.reliability.records import all_runs, assert_nothing_running, only_sweep_dir, sqlite_uri
+from tests.support.cli import run_cli
+from tests.support.mlflow_records import all_runs, assert_nothing_running, sqlite_uri
+from tests.support.sweep_dirs import only_sweep_dir
 
 PASSWORD = "hunter2-q7Zx"
 TOKEN_IN_ENV = "tok-from-env-5kV3"  # reaches the config through an oc.env interpolation

@@ -13,8 +13,9 @@ import pytest
 
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore
-from tests.conftest import run_cli
-from tests.reliability.records import assert_nothing_running, assert_one_line_errors, by_role, only_sweep_dir, results
+from tests.support.cli import assert_one_line_errors, run_cli
+from tests.support.mlflow_records import assert_nothing_running, by_role
+from tests.support.sweep_dirs import only_sweep_dir, results
 
 URI_PASSWORD = "uRiPa55-x9"
 LIST_SECRET = "LiStSeCrEt-4r"

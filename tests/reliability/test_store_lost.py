@@ -3,51 +3,30 @@ what it can once it answers, and the sweep says in one line which runs are not i
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.tracking.server import start_server
-from tests.conftest import free_port
-from tests.reliability.records import assert_nothing_running, assert_one_line_errors, by_role, results
+from tests.support.cli import assert_one_line_errors, start_cli
+from tests.support.mlflow_records import assert_nothing_running, by_role
+from tests.support.ports import free_port
+from tests.support.stopped_sweep import wait_until_training
+from tests.support.sweep_dirs import results
 
 STEPS = 16
 # Job 1 trains long enough for the store to go away under it; jobs 0 and 2 are short.
 SWEEP = ["-m", "experiment=smoke", "precision=fp32", f"train.max_steps=2,{STEPS},3", "train.seq_length=64"]
 
 
-def start(cwd: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", HYDRA_FULL_ERROR="0")
-    return subprocess.Popen(
-        [sys.executable, "-m", "ghsweep", *SWEEP, "hydra.sweep.dir=sweep", *extra],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_for_job_1(cwd: Path, proc: subprocess.Popen, timeout_s: float = 300) -> None:
-    log = cwd / "sweep" / "1" / "worker.log"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if log.exists() and f"step 1/{STEPS}" in log.read_text():
-            return
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
-    raise TimeoutError("job 1 never trained")
-
-
 def test_a_stopped_server_is_recorded_from_the_run_directories_when_it_is_back(tmp_path):
     port = free_port()
     server = start_server(tmp_path / "server", port=port)
     try:
-        proc = start(tmp_path, "train.log_every=1", "tracking=server", f"tracking.uri={server.url}")
-        wait_for_job_1(tmp_path, proc)
+        proc = start_cli(
+            [*SWEEP, "hydra.sweep.dir=sweep", "train.log_every=1", "tracking=server", f"tracking.uri={server.url}"],
+            tmp_path,
+        )
+        wait_until_training(tmp_path / "sweep" / "1", proc, max_steps=STEPS)
         server.stop()
         # Job 1 ends and records while the server is away; it is back before the sweep ends.
         deadline = time.monotonic() + 300

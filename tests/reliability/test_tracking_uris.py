@@ -15,8 +15,9 @@ import time
 import pytest
 
 from ghsweep.tracking.mlflow_store import check_tracking_uri
-from tests.conftest import REPO, free_port, run_cli
-from tests.reliability.records import assert_one_line_errors
+from tests.support.cli import assert_one_line_errors, run_cli
+from tests.support.paths import REPO
+from tests.support.ports import free_port
 
 START_HINT = "start one with `python -m ghsweep.tracking.server --port {port}`, or pass tracking=sqlite"
 
@@ -77,7 +78,7 @@ def _refuses(port: int) -> bool:
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_the_server_wrapper_stops_its_server_on_sigterm_as_on_ctrl_c(tmp_path, stop):
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(REPO), MLFLOW_DISABLE_TELEMETRY="true")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     wrapper = subprocess.Popen(
         [sys.executable, "-m", "ghsweep.tracking.server", "--root", str(tmp_path / "server"), "--port", str(port)],
         env=env,

@@ -5,7 +5,6 @@ real MLflow store and reported by the real CLI."""
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -119,7 +118,6 @@ def test_assignment_command_writes_top5_roofline_speedup_and_diff(two_runs):
         capture_output=True,
         text=True,
         timeout=300,
-        env=dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true"),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     speedup = median_step_ms("dataload") / median_step_ms("clean")

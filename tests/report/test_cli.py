@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ghsweep.core.names import ROLE_SWEEP
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
-from tests.conftest import run_cli
+from tests.support.cli import run_cli
 
 
 def sweep_run(db: Path) -> tuple[MlflowStore, StoredRun]:

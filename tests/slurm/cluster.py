@@ -1,4 +1,4 @@
-"""The two-node SLURM cluster of start_cluster.sh as a pytest fixture, one per test session.
+"""The two-node SLURM cluster of start_cluster.sh, started for a test session (the fixture `slurm_cluster`).
 
 Each session starts its own cluster (root and Debian's slurm packages needed): its config, state and
 daemons' ports are the session's (a temporary directory, free ports), and its SLURM_CONF is set for
@@ -16,10 +16,9 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-
-import pytest
 
 from tests.optional_env import unavailable
 
@@ -64,8 +63,10 @@ def free_port_base(count: int = 4) -> int:
     raise RuntimeError(f"no {count} consecutive free ports in {PORT_RANGE}")
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
+@contextmanager
+def running_cluster() -> Iterator[Path]:
+    """The cluster SLURM_CONF names when it answers, else one started for as long as this is open
+    (its state directory); the tests' session fixture `slurm_cluster` (tests/launch/conftest.py)."""
     if os.environ.get("SLURM_CONF") and cluster_is_up():
         yield Path(os.environ["SLURM_CONF"]).parent
         return

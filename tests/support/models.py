@@ -18,3 +18,39 @@ def unreadable_model(folder: Path) -> Path:
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "model.safetensors").write_bytes(b"not a safetensors file")
     return folder
+
+
+def saved_hf_llama(folder: Path) -> Path:
+    """A small Llama saved with save_pretrained into `folder`, with a BPE tokenizer trained on dolly records."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from ghsweep.train import data as dolly
+
+    texts = [dolly.prompt_text(r) + r["response"] for r in dolly.synthetic_dolly(300, seed=5)]
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel()
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"]))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    tokenizer.save_pretrained(folder)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    # Trained norms are not the initial 1.0: a conversion that skips them shows.
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            torch.nn.init.uniform_(param, 0.5, 1.5)
+    model.save_pretrained(folder)
+    assert (folder / "model.safetensors").exists()
+    return folder

@@ -11,7 +11,7 @@ import time
 
 from ghsweep.core.names import ROLE_SWEEP
 from ghsweep.tracking.mlflow_store import MlflowStore
-from tests.conftest import REPO
+from tests.support.paths import REPO
 from tests.tracking.log_like_a_job import value
 
 JOBS = int(os.environ.get("GHSWEEP_LOAD_JOBS", "48"))
@@ -22,7 +22,7 @@ def test_concurrent_jobs_lose_nothing(mlflow_server, tmp_path):
     store = MlflowStore(mlflow_server.url, "concurrent_jobs")
     # As a sweep does: the experiment and the parent exist before any job starts.
     parent = store.start_run("sweep concurrent", ROLE_SWEEP, {})
-    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     started = time.monotonic()
     procs = [
         subprocess.Popen(

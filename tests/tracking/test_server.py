@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from ghsweep.core.names import ROLE_RUN
 from ghsweep.tracking.mlflow_store import MlflowStore
-from tests.conftest import run_cli
+from tests.support.cli import run_cli, start_cli
 
 
 def listening_ipv4(port: int) -> set[str]:
@@ -61,27 +61,16 @@ def test_sweep_logs_to_server(mlflow_server, tmp_path):
 def test_tracking_server_gone_mid_run_loses_nothing_on_disk(tmp_path):
     """The server dies while the run trains: the job says so, and the run directory keeps the whole
     record (result, report, metrics), so nothing the run measured is lost."""
-    import os
-    import subprocess
-    import sys
     import time
 
     from ghsweep.tracking.server import start_server
-    from tests.conftest import free_port
+    from tests.support.ports import free_port
 
     server = start_server(tmp_path / "server", port=free_port())
     # No long HTTP retries against a server that is gone for good.
-    env = dict(
-        os.environ,
-        MLFLOW_DISABLE_TELEMETRY="true",
-        MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
-        MLFLOW_HTTP_REQUEST_TIMEOUT="5",
-    )
-    proc = subprocess.Popen(
+    env = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+    proc = start_cli(
         [
-            sys.executable,
-            "-m",
-            "ghsweep",
             "experiment=smoke",
             "precision=fp32",
             "train.max_steps=40",
@@ -89,11 +78,9 @@ def test_tracking_server_gone_mid_run_loses_nothing_on_disk(tmp_path):
             f"tracking.uri={server.url}",
             "tracking.experiment=outage",
         ],
-        cwd=tmp_path,
+        tmp_path,
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        merge_stderr=True,
     )
     try:
         deadline = time.monotonic() + 300

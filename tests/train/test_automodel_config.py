@@ -11,21 +11,20 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
 
 from ghsweep.core.errors import ConfigError
 from ghsweep.train.automodel.checks import check_config
 from ghsweep.train.automodel.config import recipe_config
-from tests.conftest import CONF_DIR, run_cli
+from tests.support.cli import run_cli
+from tests.support.compose import compose_config
 
 
-def compose_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=["backend=automodel", *overrides])
+def automodel_config(*overrides: str):
+    return compose_config("backend=automodel", *overrides)
 
 
 def test_lora_bf16_maps_onto_automodel_s_peft_model_and_loop(tmp_path):
-    cfg = compose_cfg(
+    cfg = automodel_config(
         "model=llama2_7b",
         "peft.r=32",
         "peft.alpha=64",
@@ -61,7 +60,7 @@ def test_lora_bf16_maps_onto_automodel_s_peft_model_and_loop(tmp_path):
 def test_full_fine_tuning_fp8_and_a_checkpoint(tmp_path):
     folder = tmp_path / "ckpt"
     folder.mkdir()
-    cfg = compose_cfg("peft=none", "precision=fp8", f"model.path={folder}", "data.packing_mask=causal")
+    cfg = automodel_config("peft=none", "precision=fp8", f"model.path={folder}", "data.packing_mask=causal")
     recipe = recipe_config(cfg, tmp_path, "cuda")
     assert "peft" not in recipe
     assert recipe["fp8"] == {"enabled": True, "recipe_name": "tensorwise", "filter_fqns": ["lm_head"], "emulate": False}
@@ -90,7 +89,7 @@ def test_full_fine_tuning_fp8_and_a_checkpoint(tmp_path):
 )
 def test_what_automodel_cannot_do_is_refused_in_one_line(overrides, message):
     with pytest.raises(ConfigError) as err:
-        check_config(compose_cfg(*overrides))
+        check_config(automodel_config(*overrides))
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 

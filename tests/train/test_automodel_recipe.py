@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from ghsweep.train.automodel.config import recipe_config, write_recipe
 from ghsweep.train.data import IGNORE_INDEX
-from tests.automodel import automodel  # noqa: F401  (the fixture)
-from tests.conftest import CONF_DIR
+from tests.support.compose import compose_config
 from tests.train.lr_schedule import assert_steps_the_torch_backend_s_rates
 
 pytestmark = [pytest.mark.automodel, pytest.mark.usefixtures("automodel")]
@@ -26,8 +24,7 @@ def written_recipe(run_dir, *overrides: str):
     from nemo_automodel.components.config.loader import load_yaml_config
     from nemo_automodel.recipes._typed_config import RecipeConfig
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["backend=automodel", "train.seq_length=128", *overrides])
+    cfg = compose_config("backend=automodel", "train.seq_length=128", *overrides)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     return cfg, RecipeConfig(load_yaml_config(str(write_recipe(recipe_config(cfg, run_dir, "cuda"), run_dir))))
 

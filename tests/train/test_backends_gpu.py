@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from tests.automodel import require_automodel
-from tests.conftest import MlflowRecords, run_cli, sqlite_uri
 from tests.nemo import require_nemo
-from tests.train.test_model_folder import hf_folder  # noqa: F401  (the fixture: a 2-layer Llama folder)
+from tests.support.cli import run_cli
+from tests.support.mlflow_records import MlflowRecords, sqlite_uri
 
 pytestmark = pytest.mark.gpu
 

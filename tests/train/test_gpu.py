@@ -13,8 +13,9 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import CONF_DIR
-from tests.train.planned_run import composed, planned_run
+from tests.support.compose import compose_config
+from tests.support.paths import CONF_DIR
+from tests.support.planned_run import planned_run
 
 pytestmark = pytest.mark.gpu
 
@@ -25,7 +26,7 @@ LOSS_TOLERANCE = {"bf16": 0.03, "fp16": 0.01, "fp8": 0.1}
 
 def train(tmp_path, *overrides: str) -> tuple[list[float], dict]:
     """Train in a real worker process (memory=unified must be set up before CUDA starts)."""
-    cfg = composed(
+    cfg = compose_config(
         "device=cuda",
         "profile=none",
         "train.max_steps=12",

@@ -18,8 +18,9 @@ import pytest
 
 from ghsweep.core.gpu import visible_gpu_handles
 from ghsweep.train.memory_record import largest_sites, oom_line, sites_text
-from tests.conftest import run_cli
-from tests.train.planned_run import composed, planned_run
+from tests.support.cli import run_cli
+from tests.support.compose import compose_config
+from tests.support.planned_run import planned_run
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "memory"
 # torch 2.x's message for a failed allocation (c10/cuda/CUDACachingAllocator.cpp), as a 7B run prints it.
@@ -73,7 +74,7 @@ OUT_OF_MEMORY = (
 
 
 def run_worker(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
-    cfg = composed("device=cuda", "profile=none", *overrides)
+    cfg = compose_config("device=cuda", "profile=none", *overrides)
     planned_run(tmp_path, cfg)
     return subprocess.run([sys.executable, "-m", "ghsweep.train.worker", str(tmp_path)], capture_output=True, text=True)
 
@@ -127,7 +128,9 @@ def test_profile_memory_is_refused_on_cpu_and_before_step_2(tmp_path):
 
 @gpu
 def test_profile_memory_dumps_the_capture_windows_history(tmp_path):
-    cfg = composed("device=cuda", "profile=memory", "train.max_steps=8", "capture.start_step=4", "capture.num_steps=2")
+    cfg = compose_config(
+        "device=cuda", "profile=memory", "train.max_steps=8", "capture.start_step=4", "capture.num_steps=2"
+    )
     planned_run(tmp_path, cfg, profiler="memory")
     proc = subprocess.run([sys.executable, "-m", "ghsweep.train.worker", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -4,46 +4,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaForCausalLM
 
-from ghsweep.train import data as dolly
 from ghsweep.train.model import build_model
-from tests.conftest import MlflowRecords, run_cli, sqlite_uri
-
-
-@pytest.fixture(scope="module")
-def hf_folder(tmp_path_factory):
-    """A small Llama saved with save_pretrained, with a BPE tokenizer trained on dolly records."""
-    folder = tmp_path_factory.mktemp("tiny_hf_llama")
-    texts = [dolly.prompt_text(r) + r["response"] for r in dolly.synthetic_dolly(300, seed=5)]
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel()
-    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"]))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    tokenizer.save_pretrained(folder)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=176,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=512,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    # Trained norms are not the initial 1.0: a conversion that skips them shows.
-    for name, param in model.named_parameters():
-        if name.endswith("norm.weight"):
-            torch.nn.init.uniform_(param, 0.5, 1.5)
-    model.save_pretrained(folder)
-    assert (folder / "model.safetensors").exists()
-    return folder
+from tests.support.cli import run_cli
+from tests.support.mlflow_records import MlflowRecords, sqlite_uri
 
 
 def test_build_model_loads_the_saved_weights(hf_folder):

@@ -9,8 +9,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.nemo import nemo_llm  # noqa: F401  (the fixture)
-
 pytestmark = [pytest.mark.nemo, pytest.mark.usefixtures("nemo_llm")]
 
 HEADS, DIM = 4, 16

@@ -9,9 +9,6 @@ import socket
 import pytest
 import torch
 
-from tests.nemo import nemo_llm  # noqa: F401  (the fixture)
-from tests.train.test_model_folder import hf_folder  # noqa: F401  (the fixture: a 2-layer Llama folder)
-
 pytestmark = [pytest.mark.nemo, pytest.mark.usefixtures("nemo_llm")]
 
 HIDDEN, FFN, RANK = 64, 128, 4
@@ -102,7 +99,7 @@ def test_a_checkpoint_is_converted_onto_the_local_layers_in_its_own_shape(tmp_pa
 
     from ghsweep.train.nemo.attention import local_layer_spec
     from ghsweep.train.nemo.recipe import build_recipe, llama_folder_importer
-    from tests.conftest import compose_config
+    from tests.support.compose import compose_config
 
     cfg = compose_config("backend=nemo", f"model.path={hf_folder}", "train.seq_length=256")
     importer = llama_folder_importer(str(hf_folder), fdl.build(build_recipe(cfg, tmp_path).model.config))

@@ -9,12 +9,11 @@ import re
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from ghsweep.core.run_dir import RECIPE_JSON, RECIPE_TXT
 from ghsweep.train.nemo.recipe import build_recipe, load_recipe
-from tests.conftest import CONF_DIR, run_cli
-from tests.nemo import nemo_llm  # noqa: F401  (the fixture)
+from tests.support.cli import run_cli
+from tests.support.compose import compose_config
 
 pytestmark = [pytest.mark.nemo, pytest.mark.usefixtures("nemo_llm")]
 
@@ -39,10 +38,7 @@ def test_dry_run_prints_the_recipe_and_the_worker_command_and_keeps_the_recipe(t
     assert "<Config[NsysCallback(start_step=5, end_step=7" in llama
     # Nothing trained, nothing recorded: only the recipe is kept.
     assert (run_dir / RECIPE_TXT).exists() and not (run_dir / "metrics.jsonl").exists()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(
-            config_name="config", overrides=["backend=nemo", "model=llama2_7b", "offload=on", "offload.num_layers=4"]
-        )
+    cfg = compose_config("backend=nemo", "model=llama2_7b", "offload=on", "offload.num_layers=4")
     assert load_recipe(run_dir) == build_recipe(cfg, run_dir)
 
     # Four offloaded layers of a four-layer model: Megatron would refuse it, the dry run says so.

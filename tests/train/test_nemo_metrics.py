@@ -10,8 +10,6 @@ import sys
 import pytest
 import torch
 
-from tests.nemo import nemo_llm  # noqa: F401  (the fixture)
-
 pytestmark = [pytest.mark.nemo, pytest.mark.usefixtures("nemo_llm")]
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.nemo import nemo_llm  # noqa: F401  (the fixture)
-from tests.train.test_nemo_recipe import recipe_of
+from tests.support.nemo_recipes import recipe_of
 
 pytestmark = [pytest.mark.nemo, pytest.mark.usefixtures("nemo_llm")]
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import RECIPE_JSON, RECIPE_TXT
@@ -29,22 +28,10 @@ from ghsweep.train.nemo.recipe import (
     model_shape,
     save_recipe,
 )
-from tests.conftest import CONF_DIR
-from tests.nemo import nemo_llm  # noqa: F401  (the fixture)
+from tests.support.nemo_recipes import nemo_config, recipe_of
 from tests.train.lr_schedule import assert_steps_the_torch_backend_s_rates
 
 pytestmark = [pytest.mark.nemo, pytest.mark.usefixtures("nemo_llm")]
-
-
-def composed(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=["backend=nemo", *overrides])
-
-
-def recipe_of(tmp_path: Path, *overrides: str):
-    cfg = composed(*overrides)
-    check_config(cfg, runtime=False)
-    return build_recipe(cfg, tmp_path), cfg
 
 
 def built_model_config(recipe):
@@ -78,7 +65,7 @@ def test_lora_maps_rank_alpha_dropout_and_fused_targets(tmp_path):
     recipe, _ = recipe_of(tmp_path, "peft=lora", "peft.target_modules=[q_proj,k_proj,v_proj,down_proj]")
     assert recipe.peft.target_modules == ["linear_qkv", "linear_fc2"]
     with pytest.raises(ConfigError, match=r"q_proj, k_proj, v_proj are one fused layer \(linear_qkv\)"):
-        check_config(composed("peft.target_modules=[q_proj]"), runtime=False)
+        check_config(nemo_config("peft.target_modules=[q_proj]"), runtime=False)
 
 
 def test_full_fine_tuning_has_no_adapter_and_the_run_s_parallel_layout(tmp_path):
@@ -163,7 +150,7 @@ def test_offload_maps_to_megatron_activation_offloading(tmp_path):
     ],
 )
 def test_impossible_combinations_are_refused_by_us_and_by_megatron(tmp_path, overrides, ours, megatrons):
-    cfg = composed(*overrides)
+    cfg = nemo_config(*overrides)
     with pytest.raises(ConfigError, match=ours):
         check_config(cfg, runtime=False)
     with pytest.raises(ValueError, match=megatrons):
@@ -181,7 +168,7 @@ def test_dataloader_options_reach_nemo_s_data_module(tmp_path, option, workers, 
     d = recipe.data
     assert (d.num_workers, d.pin_memory, d.persistent_workers) == (workers, pin, persistent)
     with pytest.raises(ConfigError, match=r"dataloader.prefetch_factor=4: .* accepted with backend=nemo: null, 2"):
-        check_config(composed(f"dataloader={option}", "dataloader.prefetch_factor=4"), runtime=False)
+        check_config(nemo_config(f"dataloader={option}", "dataloader.prefetch_factor=4"), runtime=False)
 
 
 @pytest.mark.parametrize("model", ["tiny_llama", "llama2_7b"])

@@ -8,19 +8,14 @@ import subprocess
 import sys
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from ghsweep.config.validate import validate
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
-from tests.conftest import CONF_DIR, run_cli
+from tests.support.cli import run_cli
+from tests.support.nemo_recipes import nemo_config
 
 H100 = GpuInfo("NVIDIA H100", (9, 0), 80.0, 79.0)
-
-
-def composed(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=["backend=nemo", *overrides])
 
 
 def error_of(cfg, gpu=H100) -> str:
@@ -31,12 +26,12 @@ def error_of(cfg, gpu=H100) -> str:
 
 
 def test_valid_nemo_runs_pass_on_a_gpu():
-    validate(composed(), H100)
-    validate(composed("model=llama2_7b", "peft=none", "offload=on", "offload.num_layers=8", "dataloader=sync"), H100)
+    validate(nemo_config(), H100)
+    validate(nemo_config("model=llama2_7b", "peft=none", "offload=on", "offload.num_layers=8", "dataloader=sync"), H100)
 
 
 def test_nemo_needs_a_gpu():
-    assert error_of(composed(), None) == (
+    assert error_of(nemo_config(), None) == (
         "backend=nemo: training needs an NVIDIA GPU (Megatron) and this run has none (device=auto); "
         "accepted here: backend=torch"
     )
@@ -95,18 +90,18 @@ def test_nemo_needs_a_gpu():
     ],
 )
 def test_impossible_nemo_combinations(overrides, message):
-    assert error_of(composed(*overrides)) == message
+    assert error_of(nemo_config(*overrides)) == message
 
 
 def test_fp8_without_transformer_engine_is_refused_before_the_worker_starts():
     if importlib.util.find_spec("transformer_engine") is not None:
         pytest.skip("Transformer Engine is installed here; this checks an environment without it")
-    assert error_of(composed("precision=fp8")) == (
+    assert error_of(nemo_config("precision=fp8")) == (
         "precision=fp8: backend=nemo needs Transformer Engine (import transformer_engine) and this environment "
         "has none (the NeMo container has it); accepted here: fp32, fp16, bf16"
     )
     # In a container the worker's packages are the image's: the worker checks them when it starts.
-    validate(composed("precision=fp8", "container.image=/images/nemo.sif"), H100)
+    validate(nemo_config("precision=fp8", "container.image=/images/nemo.sif"), H100)
 
 
 def test_the_base_install_path_never_imports_nemo():

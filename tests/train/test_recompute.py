@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from ghsweep.train.model import apply_peft, build_model
 from ghsweep.train.torch_train import partitioner_settings
-from tests.conftest import CONF_DIR
+from tests.support.paths import CONF_DIR
 
 
 def saved_bytes_and_grads(layer: torch.nn.Module, budget: float, x: torch.Tensor, embeddings) -> tuple[int, list]:

@@ -18,7 +18,8 @@ import torch
 from ghsweep.core.errors import NonFiniteLoss
 from ghsweep.train.step_log import StepLog
 from ghsweep.train.system_metrics import SystemSampler, mean_power_w, read_samples, summarise, system_summary
-from tests.conftest import MlflowRecords, run_cli, sqlite_uri
+from tests.support.cli import run_cli
+from tests.support.mlflow_records import MlflowRecords, sqlite_uri
 
 DIVERGING = ["peft=none", "precision=fp16", "train.grad_clip=null", "train.lr_schedule=constant", "train.max_steps=10"]
 

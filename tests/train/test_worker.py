@@ -19,8 +19,9 @@ from ghsweep.core.run_plan import ProfilePlan
 from ghsweep.launch.worker_process import run_worker as run_worker_process
 from ghsweep.profile.torch_capture import torch_capture
 from ghsweep.train.step_log import StepLog
+from tests.support.compose import compose_config
+from tests.support.planned_run import planned_run
 from tests.support.processes import live_group_members
-from tests.train.planned_run import composed, planned_run
 
 # Runs the worker as `python -m` would, then prints which of these modules it loaded.
 NOT_FOR_THE_WORKER = (
@@ -64,7 +65,7 @@ def loaded(proc: subprocess.CompletedProcess) -> list[str]:
 
 
 def test_the_worker_trains_the_planned_run_and_loads_only_training(tmp_path):
-    cfg = composed(
+    cfg = compose_config(
         "experiment=smoke",
         "train.max_steps=3",
         "train.log_every=2",
@@ -104,7 +105,7 @@ def test_the_worker_trains_the_planned_run_and_loads_only_training(tmp_path):
 
 
 def test_a_measuring_run_trains_on_until_its_budget_and_records_its_interval(tmp_path):
-    cfg = composed(
+    cfg = compose_config(
         "experiment=smoke",
         "train.max_steps=6",
         "train.log_every=3",
@@ -185,7 +186,9 @@ def test_a_failure_replaces_an_earlier_attempts_error_but_not_another_ranks(tmp_
 def test_nothing_the_worker_started_outlives_its_run(tmp_path):
     # The worker skips the interpreter's teardown (seconds): what it started (persistent data-loader
     # workers, Inductor's compile pool) shares its log pipe, and the job ends it with the worker.
-    cfg = composed("experiment=smoke", "train.max_steps=2", "train.seq_length=64", "dataloader.persistent_workers=true")
+    cfg = compose_config(
+        "experiment=smoke", "train.max_steps=2", "train.seq_length=64", "dataloader.persistent_workers=true"
+    )
     planned_run(tmp_path, cfg)
     exit = run_worker_process([sys.executable, "-m", "ghsweep.train.worker", str(tmp_path)], tmp_path, timeout_s=600)
     assert exit.returncode == 0, (tmp_path / WORKER_LOG).read_text()[-3000:]

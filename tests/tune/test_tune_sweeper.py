@@ -7,11 +7,8 @@ validation on CPU, so every fp8 trial is a failed run.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import optuna
@@ -24,7 +21,7 @@ from ghsweep.core.names import ROLE_SWEEP
 from ghsweep.launch.slurm_jobs import load_jobs
 from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.tune.study import STUDY_TAG
-from tests.conftest import run_cli
+from tests.support.cli import run_cli, start_cli
 
 SPACE = [
     "hydra/sweeper=tune",
@@ -145,15 +142,7 @@ def test_rerun_continues_the_study_and_reuses_finished_runs(cwd, first):
 
 def test_a_stopped_study_resumes_with_the_interrupted_trial(cwd, first):
     args = [*STUDY, "train.max_steps=5", "tune.trials=3"]  # new runs: 5 steps were never trained
-    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ghsweep", *args],
-        cwd=cwd,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    proc = start_cli(args, cwd, merge_stderr=True)
     for line in proc.stdout:
         if "training in a worker process" in line:  # the first trial is training: stop the sweep there
             proc.send_signal(signal.SIGINT)

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from ghsweep.core.names import EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND
-from tests.conftest import REPO, MlflowRecords, run_cli
 from tests.optional_env import unavailable
+from tests.support.cli import run_cli
+from tests.support.mlflow_records import MlflowRecords
+from tests.support.paths import REPO
 
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = Path(os.environ.get("GHSWEEP_UI_SCREENSHOTS", REPO / "test-artifacts" / "ui"))

@@ -5,19 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.config.world import data_parallel
 from ghsweep.core.gpu import probe_gpu
 from ghsweep.core.run_dir import CONFIG
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
-from tests.conftest import CONF_DIR
-
-
-def composed(*overrides: str) -> DictConfig:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 def planned_run(run_dir: Path, cfg: DictConfig, profiler: str = "none") -> RunPlan:

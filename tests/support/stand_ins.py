@@ -1,5 +1,5 @@
 """Stand-ins for programs and facts this machine lacks (a container runtime, the Nsight tools, a node's
-GPU), and the composed config the launch tests plan with."""
+GPU)."""
 
 from __future__ import annotations
 
