@@ -15,7 +15,17 @@ from omegaconf import DictConfig
 from ghsweep.config.validate import validate_launch
 from ghsweep.core.errors import ConfigError, SweepDirInUse, SweepNotFound, TrackingError, TrackingUriError, one_line
 from ghsweep.core.names import ERROR_TAG, ROLE_SWEEP, STATUS_TAG, SWEEP_DIR_TAG
-from ghsweep.core.run_dir import ARTIFACTS, CONFIG, METRICS, RESULT, TUNE_ANSWER, TUNE_DIR, TUNE_REPORT
+from ghsweep.core.run_dir import (
+    ARTIFACTS,
+    COMPARISON_DIR,
+    CONFIG,
+    METRICS,
+    RESULT,
+    SWEEP_SUMMARY,
+    TUNE_ANSWER,
+    TUNE_DIR,
+    TUNE_REPORT,
+)
 from ghsweep.core.run_result import RunResult
 from ghsweep.launch import interrupts
 from ghsweep.launch.job import loss_points
@@ -30,7 +40,7 @@ from ghsweep.launch.stale_runs import (
     settle_dead_sweeps,
 )
 from ghsweep.launch.sweep_manifest import SweepManifest
-from ghsweep.report.compare import COMPARISON_DIR, report_comparison
+from ghsweep.report.compare import report_comparison
 from ghsweep.report.sweep_table import format_table
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import PARENT_TAG, MlflowStore, StoredRun, absolute_tracking_uri
@@ -109,7 +119,7 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
         f"(sweep directory {sweep_dir})\n{table}\n",
         flush=True,
     )
-    (sweep_dir / "summary.md").write_text(f"# {manifest.command}\n\n```\n{table}\n```\n")
+    (sweep_dir / SWEEP_SUMMARY).write_text(f"# {manifest.command}\n\n```\n{table}\n```\n")
     not_in_mlflow = (
         f"ghsweep: {len(missing)} of {len(results)} runs are not in MLflow ({redact.text(lost)}); their records "
         f"are complete in their run directories: {', '.join(Path(r.run_dir).name for r in missing)}"
@@ -164,7 +174,7 @@ def end_parent(
 ) -> None:
     """The sweep's MLflow run: its counts and summary, the comparison report, its end."""
     store.set_tags(parent_id, {"ghsweep.runs": len(results), "ghsweep.failed_runs": len(failed)})
-    store.log_artifacts(parent_id, [sweep_dir / "summary.md"])
+    store.log_artifacts(parent_id, [sweep_dir / SWEEP_SUMMARY])
     if interrupt is not None:
         end_sweep_run(store, parent_id, "KILLED", interrupts.reason(interrupt))
         return

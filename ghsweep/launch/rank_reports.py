@@ -12,12 +12,14 @@ import os
 import time
 from pathlib import Path
 
+from ghsweep.core.run_dir import RANK_REPORT
+
 # How long rank 0 waits, after its own worker ended, for the other ranks' tasks to say how theirs ended.
 RANK_REPORT_WAIT_S = 300
 
 
 def rank_report(run_dir: Path, rank: int) -> Path:
-    return run_dir / f"rank{rank}.json"
+    return run_dir / RANK_REPORT.format(rank=rank)
 
 
 def write_rank_report(run_dir: Path, rank: int, status: str, error: str | None) -> None:

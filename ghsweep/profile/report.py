@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ghsweep.core.run_dir import PROFILE_REPORT
+from ghsweep.core.run_dir import PROFILE_REPORT, TOP_KERNELS_TABLE
 from ghsweep.profile.ranks import table as ranks_table
 from ghsweep.profile.result import METRICS, ProfileAnalysis
-
-TOP_KERNELS_TABLE = "top_kernels.md"
 
 
 def top_kernels_table(analysis: ProfileAnalysis) -> str:

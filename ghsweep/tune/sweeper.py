@@ -23,7 +23,7 @@ from optuna.trial import Trial
 from ghsweep.core.errors import SpaceError, TuneConfigError
 from ghsweep.core.failures import DETERMINISTIC
 from ghsweep.core.names import ERROR_TAG
-from ghsweep.core.run_dir import TUNE_DIR, TUNE_REPORT
+from ghsweep.core.run_dir import SWEEP_CONFIG, TUNE_DIR, TUNE_REPORT
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.tune.report import answer, command, summarize, write_report
@@ -81,7 +81,7 @@ class TuneSweeper(Sweeper):
             end_sweep_run(sweep_dir, str(exc))
             raise
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, sweep_dir / "multirun.yaml")
+        OmegaConf.save(cfg, sweep_dir / SWEEP_CONFIG)
         if cfg.dry_run:
             # What the first batch would run; the study's storage is not touched.
             study = open_study(settings, space, cfg.hydra.runtime.cwd, in_memory=True)
