@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ghsweep.core.atomic import write_atomic
 from ghsweep.core.run_dir import RESULT
 
 
@@ -29,14 +30,7 @@ class RunResult:
 
     def save(self) -> None:
         """Written whole or not at all: a full disk leaves the last complete result.json, never a cut one."""
-        path = Path(self.run_dir) / RESULT
-        partial = path.with_name(RESULT + ".partial")
-        try:
-            partial.write_text(json.dumps(asdict(self), indent=2))
-        except OSError:
-            partial.unlink(missing_ok=True)
-            raise
-        partial.replace(path)
+        write_atomic(Path(self.run_dir) / RESULT, json.dumps(asdict(self), indent=2), mode=0o644)
 
     @classmethod
     def load(cls, run_dir: Path) -> RunResult:

@@ -11,7 +11,6 @@ import dataclasses
 import errno
 import json
 import logging
-import os
 import shlex
 import shutil
 import signal
@@ -28,6 +27,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.config.validate import launcher_retries
+from ghsweep.core.atomic import write_atomic
 from ghsweep.core.errors import ConfigError, JobTimeout, TrackingUriError, one_line
 from ghsweep.core.failures import INFRASTRUCTURE, failure_class
 from ghsweep.core.gpu import probe_gpu
@@ -137,12 +137,8 @@ def write_worker_config(cfg: DictConfig, run_dir: Path) -> None:
     """config.yaml, the worker's input, with the real values; readable by the user only when it
     holds a secret (MLflow gets the redacted copy)."""
     real = OmegaConf.to_yaml(cfg, resolve=True)
-    # Written aside and renamed: the SLURM tasks of one run all write it, and a rank's worker may read it meanwhile.
-    with tempfile.NamedTemporaryFile("w", dir=run_dir, prefix=".config.", suffix=".yaml", delete=False) as tmp:
-        tmp.write(real)
-    if real == shown_config(cfg):
-        os.chmod(tmp.name, 0o644)
-    os.replace(tmp.name, run_dir / CONFIG)
+    # The SLURM tasks of one run all write it, and a rank's worker may read it meanwhile.
+    write_atomic(run_dir / CONFIG, real, mode=0o644 if real == shown_config(cfg) else None)
 
 
 @dataclass(frozen=True)
