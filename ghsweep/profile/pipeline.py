@@ -91,7 +91,7 @@ def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass
     if analysis.roofline.get("kernels"):
         outcome.artifacts.append(plots.roofline_plot(analysis.roofline, run_dir / ROOFLINE_PLOT))
     outcome.metrics |= analysis.metrics()
-    outcome.tags["ghsweep.findings"] = ",".join(f["id"] for f in analysis.findings) or "none"
+    outcome.tags["ghsweep.findings"] = ",".join(f.id for f in analysis.findings) or "none"
     add_raw_files(outcome, raw, cfg.profile.get("artifact_max_mb"))
     return outcome
 

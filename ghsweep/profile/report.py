@@ -48,7 +48,7 @@ def render(analysis: ProfileAnalysis) -> str:
     ]
     lines += [f"- {s}" for s in analysis.summary]
     lines += ["", "## Findings", ""]
-    lines += [f"- **{f['severity']}** `{f['id']}`: {f['message']}" for f in analysis.findings] or ["- none"]
+    lines += [f"- **{f.severity}** `{f.id}`: {f.message}" for f in analysis.findings] or ["- none"]
     lines += ["", "## Where the time went", ""]
     measured = {key: getattr(analysis, key) for key in METRICS if getattr(analysis, key) is not None}
     if measured:

@@ -214,8 +214,8 @@ def top_finding(run: SweepRun) -> str | None:
     if not findings:
         return None
     rank = {s: n for n, s in enumerate(SEVERITY_ORDER)}
-    worst = min(findings, key=lambda f: rank.get(str(f.get("severity", "")).lower(), len(rank)))
-    return worst.get("message")
+    worst = min(findings, key=lambda f: rank.get(f.severity.lower(), len(rank)))
+    return worst.message
 
 
 def configured_baseline(runs: list[SweepRun]) -> str | None:

@@ -467,7 +467,7 @@ def gpu_runs(out: Path, nsys: str) -> None:
                         f"{a.gpu_busy_pct:.1f}",
                         share,
                         a.top_kernels[0]["short_name"][:48],
-                        ",".join(f["id"] for f in a.findings) or "none",
+                        ",".join(f.id for f in a.findings) or "none",
                     )
                 )
     shutil.rmtree(work, ignore_errors=True)
