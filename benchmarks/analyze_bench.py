@@ -96,7 +96,7 @@ def child(path: str) -> None:
                 "gpu_busy_pct": result.gpu_busy_pct,
                 "kernels": result.whole_trace["kernel_count"],
                 "steps": len(result.window["steps"]),
-                "findings": [f["id"] for f in result.findings],
+                "findings": [f.id for f in result.findings],
             }
         )
     )

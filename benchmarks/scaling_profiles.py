@@ -22,9 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ghsweep.core.run_dir import RESULT
+from ghsweep.core.run_dir import NSYS_SQLITE, RESULT
 from ghsweep.core.run_result import RunResult
-from ghsweep.profile.capture import NSYS_SQLITE
 from ghsweep.profile.scaling import folder_decompositions, headline, kernel_table, table
 from ghsweep.report.compare import WORLD_KEYS
 

@@ -7,6 +7,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from ghsweep.core.run_result import RunStatus
 from ghsweep.launch import interrupts
 from ghsweep.launch.callbacks import SweepCallback, finish_sweep
 from ghsweep.launch.job import run_one
@@ -54,11 +55,11 @@ def main(cfg: DictConfig) -> dict:
 
     result = run_one(cfg)
     hydra_cfg = HydraConfig.get()
-    if hydra_cfg.mode != RunMode.RUN or result.status == "DRY_RUN":
+    if hydra_cfg.mode != RunMode.RUN or result.status == RunStatus.DRY_RUN:
         return result.__dict__
-    if result.status == "NOT_RUNNABLE":
+    if result.status == RunStatus.NOT_RUNNABLE:
         raise SystemExit(f"ghsweep: not runnable: {result.error}")
-    if result.status != "FINISHED":
+    if result.status != RunStatus.FINISHED:
         raise SystemExit(f"ghsweep: run failed: {result.error} (run directory {result.run_dir})")
     uri = absolute_tracking_uri(cfg.tracking.uri, hydra_cfg.runtime.cwd)
     print(summary_line(result, uri, cfg.tracking.experiment), flush=True)

@@ -16,9 +16,8 @@ import sys
 from pathlib import Path
 
 from ghsweep.core.errors import ProfileError, ProfilerUnavailable, first_line, one_line
-from ghsweep.core.run_dir import TORCH_TRACE
+from ghsweep.core.run_dir import NCU_CSV, NSYS_RANK_GLOB, NSYS_REPORT, NSYS_SQLITE, TORCH_TRACE
 from ghsweep.profile import report
-from ghsweep.profile.capture import NCU_CSV, NSYS_RANK_GLOB, NSYS_REPORT, NSYS_SQLITE
 from ghsweep.profile.ranks import rank_of
 from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 

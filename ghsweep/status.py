@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ghsweep.core.errors import SweepNotFound
 from ghsweep.core.run_dir import SLURM_JOBS, SWEEP_MANIFEST
+from ghsweep.core.run_result import RunStatus
 from ghsweep.launch.callbacks import finish_sweep
 from ghsweep.launch.slurm_jobs import has_ended, load_jobs, settle
 from ghsweep.launch.stale_runs import PID_TAG, died_reason, end_running_children, process_died
@@ -99,13 +100,13 @@ def collect_local(sweep_dir: Path, manifest: SweepManifest) -> int:
     """A sweep whose jobs ran in its own process: ended already, still running, or its process died."""
     store = MlflowStore(manifest.tracking_uri, manifest.experiment)
     parent = store.get_run(manifest.parent_run_id)
-    if parent.status != "RUNNING":
+    if parent.status != RunStatus.RUNNING:
         print(f"ghsweep: the sweep ended {parent.status} (MLflow run {manifest.parent_run_id})")
         return 0
     if not process_died(parent.tags):
         print(f"ghsweep: the sweep is still running (pid {parent.tags.get(PID_TAG)}); run this again later")
         return 0
-    end_running_children(store, manifest.parent_run_id, "FAILED", died_reason(parent.tags))
+    end_running_children(store, manifest.parent_run_id, RunStatus.FAILED, died_reason(parent.tags))
     finish_sweep(sweep_dir)
     return 0
 

@@ -10,12 +10,17 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from typing import cast
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 from torchao.optim import _AdamW
 
-from ghsweep.bench.rows import LLAMA2_7B
+from ghsweep.bench.rows import CONF
+from ghsweep.train.flops import ModelShape
 from ghsweep.train.torchao_adamw import StochasticAdamW, _CompiledOnce
+
+LLAMA2_7B = ModelShape.of_model(cast(DictConfig, OmegaConf.load(CONF / "model" / "llama2_7b.yaml")))
 
 BYTES_PER_PARAM = 14  # read weight, gradient, exp_avg, exp_avg_sq (2 bytes each); write all but the gradient
 
@@ -27,9 +32,9 @@ class _TorchaoCompiledAdamW(_CompiledOnce, _AdamW):
         super().__init__(params, lr=5e-6, weight_decay=0.0, bf16_stochastic_round=True)
 
 
-def llama_tensors(layers: int, device: torch.device, shape: dict = LLAMA2_7B) -> list[torch.nn.Parameter]:
+def llama_tensors(layers: int, device: torch.device, shape: ModelShape = LLAMA2_7B) -> list[torch.nn.Parameter]:
     """The trained tensors of a Llama model of `shape` with `layers` decoder layers, with gradients."""
-    hidden, inner, vocab = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
+    hidden, inner, vocab = shape.hidden_size, shape.intermediate_size, shape.vocab_size
     per_layer = [(hidden, hidden)] * 4 + [(inner, hidden)] * 3 + [(hidden,)] * 2
     shapes = [(vocab, hidden), (vocab, hidden), (hidden,)] + layers * per_layer
     params = [torch.nn.Parameter(torch.randn(s, device=device, dtype=torch.bfloat16) * 0.02) for s in shapes]
@@ -55,7 +60,7 @@ def mean_ms(step: Callable[[], object], device: torch.device, warmup: int = 3, s
     return (time.perf_counter() - began) * 1000 / steps
 
 
-def measure(layers: int, device: torch.device, shape: dict = LLAMA2_7B) -> list[tuple[str, float]]:
+def measure(layers: int, device: torch.device, shape: ModelShape = LLAMA2_7B) -> list[tuple[str, float]]:
     """(what stepped, ms a step) for each optimizer, then the copy of the same bytes."""
     params = llama_tensors(layers, device, shape)
     optimizers: dict[str, Callable[[], torch.optim.Optimizer]] = {

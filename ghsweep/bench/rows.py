@@ -25,14 +25,6 @@ from ghsweep.train.data import PackedBlocks, load_blocks
 from ghsweep.train.flops import ModelShape, add_throughput_metrics, flops_per_token
 from ghsweep.train.tokenizer import ByteTokenizer
 
-LLAMA2_7B = dict(
-    hidden_size=4096,
-    intermediate_size=11008,
-    num_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=32,
-    vocab_size=32000,
-)
 CONF = Path(__file__).resolve().parents[1] / "conf"  # the package's config (ghsweep/conf)
 
 # name -> (stack, settings). Our rows are the CLI's groups with nothing else changed; the usual
@@ -173,7 +165,7 @@ def run_usual(settings: dict, seq: int, steps: int, warmup: int, layers: int) ->
 
     cfg = compose_ours([], seq, steps, warmup, layers)
     blocks = default_blocks(cfg)
-    shape = ModelShape(**{**LLAMA2_7B, "num_layers": layers})
+    shape = ModelShape.of_model(cfg.model)
     lora = settings["peft"] != "none"
     times, peak = train_steps(
         shape,

@@ -27,8 +27,28 @@ NCU_PASS_DIR = "ncu_pass"  # the short second run under Nsight Compute (profile=
 TORCH_TRACE = "torch_trace.json"  # the PyTorch profiler's Chrome trace (profile=torch)
 RECIPE_JSON = "recipe.json"  # NeMo's recipe as run (fiddle), to rebuild it
 RECIPE_TXT = "recipe.txt"
+AUTOMODEL_RECIPE = "automodel.yaml"  # the AutoModel recipe config the run trains with
+# Nsight Systems' report and its SQLite export; with several ranks, one report per rank (nsys
+# expands %q{RANK} from the rank's environment).
+NSYS_REPORT = "profile.nsys-rep"
+NSYS_SQLITE = "profile.sqlite"
+NSYS_RANK_REPORT = "profile_rank%q{RANK}.nsys-rep"
+NSYS_RANK_GLOB = "profile_rank*.nsys-rep"
+NCU_REPORT = "top_kernels.ncu-rep"  # the Nsight Compute pass's report, in NCU_PASS_DIR
+NCU_CSV = "top_kernels_ncu.csv"  # its raw metrics, in the run directory
+TOP_KERNELS_TABLE = "top_kernels.md"
+GAP_PLOT = "gap_histogram.png"
+ROOFLINE_PLOT = "roofline.png"
+# How rank N's SLURM task ended (launch/rank_reports.py), for rank 0 to record the run.
+RANK_REPORT = "rank{rank}.json"
 SLURM_JOBS = "ghsweep_jobs.json"  # SLURM job ids of a sweep, in its sweep directory
 SWEEP_MANIFEST = "ghsweep_sweep.json"  # which sweep a sweep directory belongs to
+SWEEP_SUMMARY = "summary.md"  # the sweep's table, as printed at its end
+SWEEP_CONFIG = "multirun.yaml"  # the sweep's config, where Hydra's own sweepers save it
+# The comparison report of a sweep: COMPARISON_DIR/comparison.{md,html} and its plots, in the sweep
+# directory and on the parent run in MLflow.
+COMPARISON_DIR = "comparison"
+COMPARISON_STEM = "comparison"
 # A tuning study's report in its sweep directory, and the command lines that reproduce its answer.
 TUNE_DIR = "tune"
 TUNE_REPORT = "tune.md"

@@ -7,11 +7,10 @@ Built by ghsweep.launch.plan from the composed config and the node's facts, befo
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ghsweep.core.atomic import write_atomic
 from ghsweep.core.gpu import GpuInfo
 from ghsweep.core.run_dir import RUN_PLAN
 
@@ -64,10 +63,8 @@ class RunPlan:
     srun_ranks: bool = False
 
     def save(self, run_dir: Path) -> None:
-        # Written aside and renamed: every SLURM task of a run writes it, and a rank's worker may read it meanwhile.
-        with tempfile.NamedTemporaryFile("w", dir=run_dir, prefix=f".{RUN_PLAN}.", delete=False) as partial:
-            partial.write(json.dumps(asdict(self), indent=2))
-        os.replace(partial.name, run_dir / RUN_PLAN)
+        # Every SLURM task of a run writes it, and a rank's worker may read it meanwhile.
+        write_atomic(run_dir / RUN_PLAN, json.dumps(asdict(self), indent=2))
 
     @classmethod
     def load(cls, run_dir: Path) -> RunPlan:

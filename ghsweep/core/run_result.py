@@ -4,9 +4,26 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
 
+from ghsweep.core.atomic import write_atomic
 from ghsweep.core.run_dir import RESULT
+
+
+class RunStatus(str, Enum):  # noqa: UP042 (enum.StrEnum is Python >= 3.11; 3.10 is supported)
+    """How a combination ended: MLflow's run statuses (RUNNING while it trains), and a dry run's own
+    two. A str, so result.json, MLflow and every comparison hold the plain name."""
+
+    RUNNING = "RUNNING"
+    FINISHED = "FINISHED"
+    FAILED = "FAILED"
+    KILLED = "KILLED"
+    DRY_RUN = "DRY_RUN"  # a dry run's plan, printed
+    NOT_RUNNABLE = "NOT_RUNNABLE"  # a dry run's combination that the checks refuse
+
+    def __str__(self) -> str:  # the plain name in f-strings and str(), as enum.StrEnum (Python >= 3.11)
+        return self.value
 
 
 @dataclass
@@ -14,8 +31,7 @@ class RunResult:
     name: str
     run_dir: str
     overrides: list[str]
-    # an MLflow run status: FINISHED, FAILED or KILLED (RUNNING while it trains); a dry run: DRY_RUN or NOT_RUNNABLE
-    status: str
+    status: RunStatus
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)
@@ -29,15 +45,9 @@ class RunResult:
 
     def save(self) -> None:
         """Written whole or not at all: a full disk leaves the last complete result.json, never a cut one."""
-        path = Path(self.run_dir) / RESULT
-        partial = path.with_name(RESULT + ".partial")
-        try:
-            partial.write_text(json.dumps(asdict(self), indent=2))
-        except OSError:
-            partial.unlink(missing_ok=True)
-            raise
-        partial.replace(path)
+        write_atomic(Path(self.run_dir) / RESULT, json.dumps(asdict(self), indent=2), mode=0o644)
 
     @classmethod
     def load(cls, run_dir: Path) -> RunResult:
-        return cls(**json.loads((run_dir / RESULT).read_text()))
+        raw = json.loads((run_dir / RESULT).read_text())
+        return cls(**{**raw, "status": RunStatus(raw["status"])})

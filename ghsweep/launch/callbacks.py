@@ -15,8 +15,18 @@ from omegaconf import DictConfig
 from ghsweep.config.validate import validate_launch
 from ghsweep.core.errors import ConfigError, SweepDirInUse, SweepNotFound, TrackingError, TrackingUriError, one_line
 from ghsweep.core.names import ERROR_TAG, ROLE_SWEEP, STATUS_TAG, SWEEP_DIR_TAG
-from ghsweep.core.run_dir import ARTIFACTS, CONFIG, METRICS, RESULT, TUNE_ANSWER, TUNE_DIR, TUNE_REPORT
-from ghsweep.core.run_result import RunResult
+from ghsweep.core.run_dir import (
+    ARTIFACTS,
+    COMPARISON_DIR,
+    CONFIG,
+    METRICS,
+    RESULT,
+    SWEEP_SUMMARY,
+    TUNE_ANSWER,
+    TUNE_DIR,
+    TUNE_REPORT,
+)
+from ghsweep.core.run_result import RunResult, RunStatus
 from ghsweep.launch import interrupts
 from ghsweep.launch.job import loss_points
 from ghsweep.launch.precheck import sweep_refusals
@@ -30,7 +40,7 @@ from ghsweep.launch.stale_runs import (
     settle_dead_sweeps,
 )
 from ghsweep.launch.sweep_manifest import SweepManifest
-from ghsweep.report.compare import COMPARISON_DIR, report_comparison
+from ghsweep.report.compare import report_comparison
 from ghsweep.report.sweep_table import format_table
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import PARENT_TAG, MlflowStore, StoredRun, absolute_tracking_uri
@@ -61,9 +71,9 @@ def collect_results(sweep_dir: Path) -> list[RunResult]:
 def completed_from_mlflow(results: list[RunResult], store: MlflowStore, parent_run_id: str) -> list[RunResult]:
     """The run directories' results, completed from MLflow where a run's files fell short (a full
     disk): a child run with no result.json, or whose result.json still says RUNNING."""
-    ended = {c.run_id: c for c in store.search(parent_run_id=parent_run_id) if c.status != "RUNNING"}
+    ended = {c.run_id: c for c in store.search(parent_run_id=parent_run_id) if c.status != RunStatus.RUNNING}
     completed = [
-        result_from_run(ended[r.mlflow_run_id]) if r.status == "RUNNING" and r.mlflow_run_id in ended else r
+        result_from_run(ended[r.mlflow_run_id]) if r.status == RunStatus.RUNNING and r.mlflow_run_id in ended else r
         for r in results
     ]
     known = {r.mlflow_run_id for r in results}
@@ -89,7 +99,7 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
         store = MlflowStore(manifest.tracking_uri, manifest.experiment)
         parent_id = parent_in_store(store, manifest, sweep_dir)
         if interrupt is not None:
-            end_running_children(store, parent_id, "KILLED", interrupts.reason(interrupt))
+            end_running_children(store, parent_id, RunStatus.KILLED, interrupts.reason(interrupt))
         results = completed_from_mlflow(results, store, parent_id)
         recorded = {c.run_id: c for c in store.search(parent_run_id=parent_id)}
         record_from_files(store, [r for r in results if r.mlflow_run_id in recorded], recorded)
@@ -98,7 +108,7 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
     except Exception as exc:  # the store went away: the run directories hold every record
         store, missing, lost = None, results, one_line(exc)
     table = format_table(results)
-    failed = [r for r in results if r.status != "FINISHED"]
+    failed = [r for r in results if r.status != RunStatus.FINISHED]
     reused = [f"#{i}" for i, r in enumerate(results) if r.reused]
     # Which rows this sweep did not run: their numbers are an earlier run's (force=true reruns them).
     reused_text = (
@@ -109,7 +119,7 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
         f"(sweep directory {sweep_dir})\n{table}\n",
         flush=True,
     )
-    (sweep_dir / "summary.md").write_text(f"# {manifest.command}\n\n```\n{table}\n```\n")
+    (sweep_dir / SWEEP_SUMMARY).write_text(f"# {manifest.command}\n\n```\n{table}\n```\n")
     not_in_mlflow = (
         f"ghsweep: {len(missing)} of {len(results)} runs are not in MLflow ({redact.text(lost)}); their records "
         f"are complete in their run directories: {', '.join(Path(r.run_dir).name for r in missing)}"
@@ -141,7 +151,7 @@ def record_from_files(store: MlflowStore, results: list[RunResult], runs: dict[s
     metrics and files, recorded now that it answers."""
     for result in results:
         run_id = str(result.mlflow_run_id)
-        if runs[run_id].status != "RUNNING" or result.status == "RUNNING":
+        if runs[run_id].status != RunStatus.RUNNING or result.status == RunStatus.RUNNING:
             continue
         numbers = {**result.metrics, **result.timing}
         store.log_metrics(run_id, [(k, v, 0) for k, v in numbers.items() if isinstance(v, (int, float))])
@@ -164,14 +174,14 @@ def end_parent(
 ) -> None:
     """The sweep's MLflow run: its counts and summary, the comparison report, its end."""
     store.set_tags(parent_id, {"ghsweep.runs": len(results), "ghsweep.failed_runs": len(failed)})
-    store.log_artifacts(parent_id, [sweep_dir / "summary.md"])
+    store.log_artifacts(parent_id, [sweep_dir / SWEEP_SUMMARY])
     if interrupt is not None:
-        end_sweep_run(store, parent_id, "KILLED", interrupts.reason(interrupt))
+        end_sweep_run(store, parent_id, RunStatus.KILLED, interrupts.reason(interrupt))
         return
     # Each run once: a tuning study that asked for a combination again reused its run.
     run_ids = list(dict.fromkeys(r.mlflow_run_id for r in results if r.mlflow_run_id))
     report_comparison(store, parent_id, sweep_dir / COMPARISON_DIR, run_ids)
-    store.finish(parent_id, "FAILED" if failed and not failures_expected else "FINISHED")
+    store.finish(parent_id, RunStatus.FAILED if failed and not failures_expected else RunStatus.FINISHED)
 
 
 def parent_in_store(store: MlflowStore, manifest: SweepManifest, sweep_dir: Path) -> str:
@@ -218,7 +228,7 @@ def resumes(store: MlflowStore, sweep_dir: Path, uri: str, command: str) -> bool
         parent = store.get_run(earlier.parent_run_id)
     except TrackingError:
         return True  # its record is gone: nothing runs under it
-    return parent.status != "RUNNING" or process_died(parent.tags)
+    return parent.status != RunStatus.RUNNING or process_died(parent.tags)
 
 
 class SweepCallback(Callback):

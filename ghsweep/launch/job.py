@@ -11,7 +11,6 @@ import dataclasses
 import errno
 import json
 import logging
-import os
 import shlex
 import shutil
 import signal
@@ -28,6 +27,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.config.validate import launcher_retries
+from ghsweep.core.atomic import write_atomic
 from ghsweep.core.errors import ConfigError, JobTimeout, TrackingUriError, one_line
 from ghsweep.core.failures import INFRASTRUCTURE, failure_class
 from ghsweep.core.gpu import probe_gpu
@@ -59,7 +59,7 @@ from ghsweep.core.run_dir import (
     WORKER_LOG,
 )
 from ghsweep.core.run_plan import RunPlan
-from ghsweep.core.run_result import RunResult
+from ghsweep.core.run_result import RunResult, RunStatus
 from ghsweep.core.summary import RunSummary
 from ghsweep.launch import interrupts
 from ghsweep.launch.container import container_env
@@ -137,12 +137,8 @@ def write_worker_config(cfg: DictConfig, run_dir: Path) -> None:
     """config.yaml, the worker's input, with the real values; readable by the user only when it
     holds a secret (MLflow gets the redacted copy)."""
     real = OmegaConf.to_yaml(cfg, resolve=True)
-    # Written aside and renamed: the SLURM tasks of one run all write it, and a rank's worker may read it meanwhile.
-    with tempfile.NamedTemporaryFile("w", dir=run_dir, prefix=".config.", suffix=".yaml", delete=False) as tmp:
-        tmp.write(real)
-    if real == shown_config(cfg):
-        os.chmod(tmp.name, 0o644)
-    os.replace(tmp.name, run_dir / CONFIG)
+    # The SLURM tasks of one run all write it, and a rank's worker may read it meanwhile.
+    write_atomic(run_dir / CONFIG, real, mode=0o644 if real == shown_config(cfg) else None)
 
 
 @dataclass(frozen=True)
@@ -160,7 +156,7 @@ class Combination:
     cwd: str
     retries: int = 0  # hydra.launcher.retries: runs again after an infrastructure failure
 
-    def result(self, status: str, mlflow_run_id: str | None = None) -> RunResult:
+    def result(self, status: RunStatus, mlflow_run_id: str | None = None) -> RunResult:
         return RunResult(
             name=self.name,
             run_dir=str(self.run_dir),
@@ -205,10 +201,10 @@ def run_one(cfg: DictConfig) -> RunResult:
             ),
             flush=True,
         )
-        result = combo.result("DRY_RUN")
+        result = combo.result(RunStatus.DRY_RUN)
         result.error = not_runnable(cfg, combo.run_dir, combo.name, combo.overrides)
         if result.error:
-            result.status = "NOT_RUNNABLE"
+            result.status = RunStatus.NOT_RUNNABLE
         return result
     refused = None if combo.in_sweep else not_runnable(cfg, combo.run_dir, combo.name, combo.overrides)
     if refused:  # a sweep checks every combination before it starts (launch.precheck)
@@ -242,7 +238,7 @@ def run_one(cfg: DictConfig) -> RunResult:
             "%s: MLflow unreachable (%s); training anyway, recorded in %s only", combo.name, shown[:300], combo.run_dir
         )
         store, run_id = None, None
-    result = combo.result("FAILED", run_id)
+    result = combo.result(RunStatus.FAILED, run_id)
     if restarted is not None:
         result.attempts = list(restarted.attempts)
         note_retry(store, combo, result, requeue_reason())
@@ -255,7 +251,7 @@ def run_one(cfg: DictConfig) -> RunResult:
             record(store, run_id, cfg, combo.run_dir, result, RunSummary(), ProfileOutcome(), started)
             return result
     summary, profile, interrupt = train_with_retries(cfg, combo, result, slurm_tasks, store)
-    if result.status == "RUNNING":
+    if result.status == RunStatus.RUNNING:
         log.warning(
             "%s: SLURM is ending this job (%s); its next start or the sweep records the run",
             combo.name,
@@ -323,7 +319,7 @@ def train_and_measure(
         for stale in (WORKER_ERROR, SUMMARY, METRICS, SYSTEM_METRICS, MEMORY_SNAPSHOT):
             (run_dir / stale).unlink(missing_ok=True)
         # On disk from the start: a job killed from outside leaves its MLflow run id to whoever settles it.
-        dataclasses.replace(result, status="RUNNING").save()
+        dataclasses.replace(result, status=RunStatus.RUNNING).save()
         (run_dir / OVERRIDES).write_text(OmegaConf.to_yaml(OmegaConf.create(combo.overrides)))
         plan = prepare_worker(cfg, combo, slurm_tasks)
         # The command in the job's log: what `dry_run=true` printed for this combination, with the node's choices.
@@ -338,14 +334,14 @@ def train_and_measure(
     except (ConfigError, JobTimeout) as exc:
         result.error = str(exc)
     except Exception as exc:  # a bug, an outage or a full disk must not stop the sweep or lose the run
-        result.status = "FAILED"
+        result.status = RunStatus.FAILED
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             result.error = no_space_left(run_dir) or f"no space left on device under {run_dir}: {one_line(exc)}"
         else:
             log.exception("%s: ghsweep failed around the worker", combo.name)
             result.error = one_line(exc)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: run_worker has stopped the worker's process group
-        result.status, result.error = "KILLED", interrupts.reason(exc)
+        result.status, result.error = RunStatus.KILLED, interrupts.reason(exc)
         return RunSummary(), ProfileOutcome(), exc
     return RunSummary(), ProfileOutcome(), None
 
@@ -363,13 +359,13 @@ def train_with_retries(
     the sweep's settling to record."""
     while True:
         summary, profile, interrupt = train_and_measure(cfg, combo, result, slurm_tasks)
-        if result.status == "FINISHED" or interrupt is not None or not result.error:
+        if result.status == RunStatus.FINISHED or interrupt is not None or not result.error:
             return summary, profile, interrupt
         result.failure_class = failure_class(result.error, log_tail(combo.run_dir / WORKER_LOG))
         if result.failure_class == INFRASTRUCTURE and slurm_tasks is not None:
             ending = job_ending()
             if ending:
-                result.status, result.error = "RUNNING", f"SLURM job state {ending}; the worker: {result.error}"
+                result.status, result.error = RunStatus.RUNNING, f"SLURM job state {ending}; the worker: {result.error}"
                 return summary, profile, interrupt
         if result.failure_class != INFRASTRUCTURE or len(result.attempts) >= combo.retries or (slurm_tasks or 1) > 1:
             return summary, profile, interrupt
@@ -402,7 +398,7 @@ def note_retry(store: MlflowStore | None, combo: Combination, result: RunResult,
             store.set_tags(result.mlflow_run_id, attempt_tags(result.attempts))
         except Exception as exc:
             log.error("%s: MLflow did not take attempt %d's reason (%s)", combo.name, attempt, one_line(exc)[:300])
-    result.status, result.error, result.failure_class, result.metrics = "FAILED", None, None, {}
+    result.status, result.error, result.failure_class, result.metrics = RunStatus.FAILED, None, None, {}
 
 
 def attempt_tags(attempts: list[str]) -> dict[str, object]:
@@ -423,7 +419,7 @@ def measure(cfg: DictConfig, plan: RunPlan, exit: WorkerExit, result: RunResult)
         result.error = other_ranks_error
         return RunSummary(), ProfileOutcome()
     summary = RunSummary.load(run_dir)
-    result.status = "FINISHED"
+    result.status = RunStatus.FINISHED
     result.metrics = summary.metrics
     train = summary.timing
     result.timing = {
@@ -452,7 +448,7 @@ def measure(cfg: DictConfig, plan: RunPlan, exit: WorkerExit, result: RunResult)
 def run_rank(cfg: DictConfig, combo: Combination, rank: int, slurm_tasks: int) -> RunResult:
     """A SLURM task of rank > 0: train this rank and say how it ended in rankN.json; rank 0's task
     records the run (MLflow, profile analysis over every rank's report)."""
-    result = combo.result("FAILED")
+    result = combo.result(RunStatus.FAILED)
     try:
         plan = prepare_worker(cfg, combo, slurm_tasks)
         log.info(
@@ -464,7 +460,7 @@ def run_rank(cfg: DictConfig, combo: Combination, rank: int, slurm_tasks: int) -
         )
         exit = run_worker(plan.worker_command, combo.run_dir, timeout_s(plan), rank, container_env(cfg))
         if exit.returncode == 0:
-            result.status = "FINISHED"
+            result.status = RunStatus.FINISHED
         else:
             result.error = failure_reason(combo.run_dir, exit, plan.timeout_min, rank)
     except Exception as exc:  # whatever stops this rank, rank 0 must hear of it rather than wait

@@ -12,15 +12,18 @@ import os
 import time
 from pathlib import Path
 
+from ghsweep.core.run_dir import RANK_REPORT
+from ghsweep.core.run_result import RunStatus
+
 # How long rank 0 waits, after its own worker ended, for the other ranks' tasks to say how theirs ended.
 RANK_REPORT_WAIT_S = 300
 
 
 def rank_report(run_dir: Path, rank: int) -> Path:
-    return run_dir / f"rank{rank}.json"
+    return run_dir / RANK_REPORT.format(rank=rank)
 
 
-def write_rank_report(run_dir: Path, rank: int, status: str, error: str | None) -> None:
+def write_rank_report(run_dir: Path, rank: int, status: RunStatus, error: str | None) -> None:
     rank_report(run_dir, rank).write_text(json.dumps({"job_id": slurm_job_id(), "status": status, "error": error}))
 
 
@@ -34,7 +37,7 @@ def wait_for_ranks(run_dir: Path, world_size: int, wait_s: float = RANK_REPORT_W
             if time.monotonic() > deadline:
                 return f"rank {rank} did not report how its worker ended within {wait_s:g} s ({path.name})"
             time.sleep(1)
-        if report["status"] != "FINISHED":
+        if report["status"] != RunStatus.FINISHED:
             return f"rank {rank}: {report['error']}"
     return None
 

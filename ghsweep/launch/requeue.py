@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from ghsweep.core.run_dir import RESULT
-from ghsweep.core.run_result import RunResult
+from ghsweep.core.run_result import RunResult, RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def earlier_start(run_dir: Path) -> RunResult | None:
     if restart_count() == 0 or not (run_dir / RESULT).exists():
         return None
     earlier = RunResult.load(run_dir)
-    return earlier if earlier.mlflow_run_id and earlier.status != "FINISHED" else None
+    return earlier if earlier.mlflow_run_id and earlier.status != RunStatus.FINISHED else None
 
 
 def requeue_reason() -> str:

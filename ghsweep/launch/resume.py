@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.core.names import ROLE_RUN, RUN_HASH_TAG
-from ghsweep.core.run_result import RunResult
+from ghsweep.core.run_result import RunResult, RunStatus
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def run_hash(cfg: DictConfig) -> str:
 
 def finished_run(store: MlflowStore, identity: str) -> StoredRun | None:
     """The latest FINISHED child run with this identity in the store's experiment, if any."""
-    runs = store.search(role=ROLE_RUN, status="FINISHED", tags={RUN_HASH_TAG: identity}, limit=1)
+    runs = store.search(role=ROLE_RUN, status=RunStatus.FINISHED, tags={RUN_HASH_TAG: identity}, limit=1)
     return runs[0] if runs else None
 
 
@@ -57,7 +57,7 @@ def result_from_run(run: StoredRun) -> RunResult:
         name=run.name,
         run_dir=run.run_dir,
         overrides=run.overrides,
-        status=run.status,
+        status=RunStatus(run.status),
         error=run.error,
         metrics={k: v for k, v in run.metrics.items() if k not in TIMING},
         timing={k: v for k, v in run.metrics.items() if k in TIMING},

@@ -35,14 +35,12 @@ from ghsweep.core.names import (
     join_overrides,
 )
 from ghsweep.core.run_dir import RESULT, SLURM_JOBS, WORKER_LOG
-from ghsweep.core.run_result import RunResult
+from ghsweep.core.run_result import RunResult, RunStatus
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking.mlflow_store import MlflowStore
 
 log = logging.getLogger(__name__)
 
-# MLflow's status for a run stopped from outside.
-CANCELLED = "KILLED"
 # How often a job that returned while SLURM still says it runs is asked about (a forced sacct call).
 FORCED_STATE_S = 15.0
 # SLURM states of a job that has not ended (UNKNOWN is not one: sacct may be unavailable for good).
@@ -120,29 +118,29 @@ def wait_until_ended(jobs: list[submitit.Job], poll_s: float) -> None:
         time.sleep(poll_s)
 
 
-def job_failure(job: submitit.Job) -> tuple[str, str] | None:
+def job_failure(job: submitit.Job) -> tuple[RunStatus, str] | None:
     """(MLflow status, reason) of a finished job that did not complete its task, else None."""
     # The state first: a cancelled job may still have had time to return, with its worker killed.
     state = job.state
     if state.startswith("CANCELLED"):
-        return CANCELLED, f"SLURM job {job.job_id} was cancelled from outside ({state})"
+        return RunStatus.KILLED, f"SLURM job {job.job_id} was cancelled from outside ({state})"
     if state == "TIMEOUT":
-        return "FAILED", f"SLURM job {job.job_id} was killed at its time limit (TIMEOUT) and not requeued"
+        return RunStatus.FAILED, f"SLURM job {job.job_id} was killed at its time limit (TIMEOUT) and not requeued"
     try:
         # A job of several tasks (one per rank) returns one result per task; rank 0's records the run.
         returned = job.results()[0]
     # FailedJobError (the task raised) subclasses UncompletedJobError, so it is caught first.
     except FailedJobError as exc:
         lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-        return "FAILED", f"SLURM job {job.job_id} failed: {lines[-1] if lines else state}"
+        return RunStatus.FAILED, f"SLURM job {job.job_id} failed: {lines[-1] if lines else state}"
     except UncompletedJobError as exc:
-        return "FAILED", f"SLURM job {job.job_id} ended {state}: {str(exc).strip().splitlines()[0]}"
+        return RunStatus.FAILED, f"SLURM job {job.job_id} ended {state}: {str(exc).strip().splitlines()[0]}"
     if returned.status == JobStatus.FAILED:
         # The task raised (Hydra's run_job keeps the exception): ghsweep could not record the run itself.
         raised = returned._return_value
         if isinstance(raised, JobTimeout):  # the time limit came before the run could record itself
-            return "FAILED", str(raised)
-        return "FAILED", f"SLURM job {job.job_id}: {type(raised).__name__}: {raised}"
+            return RunStatus.FAILED, str(raised)
+        return RunStatus.FAILED, f"SLURM job {job.job_id}: {type(raised).__name__}: {raised}"
     return None
 
 
@@ -155,13 +153,13 @@ def settle(sweep_dir: Path, jobs: list[tuple[SubmittedJob, submitit.Job]]) -> li
         run_dir = Path(submitted.run_dir)
         result = RunResult.load(run_dir) if (run_dir / RESULT).exists() else None
         failure = job_failure(job)
-        if failure and (result is None or result.status != "FINISHED"):
+        if failure and (result is None or result.status != RunStatus.FINISHED):
             result = _record_lost(store, manifest, submitted, result, *failure)
         if result is None:
             raise FileNotFoundError(
                 f"{run_dir / RESULT}: SLURM job {submitted.job_id} completed its task but its run recorded no result"
             )
-        if result.status != "FINISHED" and result.mlflow_run_id is not None:
+        if result.status != RunStatus.FINISHED and result.mlflow_run_id is not None:
             store.log_artifacts(result.mlflow_run_id, [Path(submitted.stdout), Path(submitted.stderr)], "slurm")
         results.append(result)
     return results
@@ -172,7 +170,7 @@ def _record_lost(
     manifest: SweepManifest,
     submitted: SubmittedJob,
     result: RunResult | None,
-    status: str,
+    status: RunStatus,
     reason: str,
 ) -> RunResult:
     """End the child run of a job that died (creating it if the job never started) and say why.
@@ -207,11 +205,11 @@ def _record_lost(
             status=status,
             mlflow_run_id=run_id,
         )
-    if result.error and result.status != "RUNNING":
+    if result.error and result.status != RunStatus.RUNNING:
         reason = f"{reason}; the job recorded: {result.error}"
     result.status, result.error = status, reason
     # A job cancelled from outside has no class: nothing failed, someone stopped it.
-    result.failure_class = failure_class(reason) if status == "FAILED" else None
+    result.failure_class = failure_class(reason) if status == RunStatus.FAILED else None
     classified = {FAILURE_CLASS_TAG: result.failure_class} if result.failure_class else {}
     store.log_artifacts(run_id, [run_dir / WORKER_LOG])
     store.end_run(run_id, status, reason, {"ghsweep.slurm_job_id": submitted.job_id, **classified})

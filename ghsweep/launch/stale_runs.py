@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ghsweep.core.names import ERROR_TAG, HOST_TAG, ROLE_SWEEP, SWEEP_DIR_TAG
 from ghsweep.core.run_dir import RESULT, SLURM_JOBS
-from ghsweep.core.run_result import RunResult
+from ghsweep.core.run_result import RunResult, RunStatus
 from ghsweep.launch.worker_process import stop_orphaned_worker
 from ghsweep.tracking.mlflow_store import MlflowStore
 
@@ -51,9 +51,9 @@ def died_reason(tags: dict[str, str]) -> str:
     return f"the sweep process died (pid {tags.get(PID_TAG)} on {tags.get(HOST_TAG)}) before this run ended"
 
 
-def end_running_children(store: MlflowStore, parent_run_id: str, status: str, reason: str) -> int:
+def end_running_children(store: MlflowStore, parent_run_id: str, status: RunStatus, reason: str) -> int:
     """End every child run of the sweep still RUNNING in MLflow, and its result.json; returns how many."""
-    children = store.search(parent_run_id=parent_run_id, status="RUNNING")
+    children = store.search(parent_run_id=parent_run_id, status=RunStatus.RUNNING)
     for child in children:
         log.error("%s: %s: %s", child.name, status, reason)
         store.end_run(child.run_id, status, reason)
@@ -62,13 +62,13 @@ def end_running_children(store: MlflowStore, parent_run_id: str, status: str, re
             log.warning("%s: stopped its worker, left running by the sweep process", child.name)
         if (run_dir / RESULT).is_file():
             result = RunResult.load(run_dir)
-            if result.status == "RUNNING":
+            if result.status == RunStatus.RUNNING:
                 result.status, result.error = status, reason
                 result.save()
     return len(children)
 
 
-def end_sweep_run(store: MlflowStore, parent_run_id: str, status: str, reason: str) -> None:
+def end_sweep_run(store: MlflowStore, parent_run_id: str, status: RunStatus, reason: str) -> None:
     end_running_children(store, parent_run_id, status, reason)
     store.set_tags(parent_run_id, {ERROR_TAG: reason})
     store.finish(parent_run_id, status)
@@ -76,8 +76,10 @@ def end_sweep_run(store: MlflowStore, parent_run_id: str, status: str, reason: s
 
 def settle_dead_sweeps(store: MlflowStore) -> None:
     """End, FAILED, the local sweeps of the store's experiment whose process died on this host."""
-    for sweep in store.search(role=ROLE_SWEEP, status="RUNNING", tags={HOST_TAG: socket.gethostname()}, limit=1000):
+    for sweep in store.search(
+        role=ROLE_SWEEP, status=RunStatus.RUNNING, tags={HOST_TAG: socket.gethostname()}, limit=1000
+    ):
         tags = sweep.tags
         if process_died(tags) and not (Path(tags.get(SWEEP_DIR_TAG, "")) / SLURM_JOBS).exists():
             log.warning("MLflow: %s was left RUNNING: %s; ending it FAILED", sweep.name, died_reason(tags))
-            end_sweep_run(store, sweep.run_id, "FAILED", died_reason(tags))
+            end_sweep_run(store, sweep.run_id, RunStatus.FAILED, died_reason(tags))

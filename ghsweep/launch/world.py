@@ -17,8 +17,6 @@ from ghsweep.config.world import data_parallel, world_of
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_plan import World
 
-# What each rank's worker reads (torch.distributed's env:// rendezvous and torchrun's names).
-RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DATA_PARALLEL = ("auto", "ddp", "fsdp")
 
 

@@ -16,15 +16,6 @@ from pathlib import Path
 
 from ghsweep.core.errors import ProfilerUnavailable
 
-NSYS_REPORT = "profile.nsys-rep"
-NSYS_SQLITE = "profile.sqlite"
-# One report per rank when a run spans several GPUs: nsys expands %q{RANK} from the rank's environment.
-NSYS_RANK_REPORT = "profile_rank%q{RANK}.nsys-rep"
-NSYS_RANK_GLOB = "profile_rank*.nsys-rep"
-NCU_REPORT = "top_kernels.ncu-rep"
-NCU_CSV = "top_kernels_ncu.csv"
-TORCH_TRACE = "torch_trace.json"  # the PyTorch profiler's Chrome trace (profile=torch)
-
 
 def find_tool(name: str, configured: str | None) -> str | None:
     """The configured path when it is an executable file, else `name` on PATH, else None."""

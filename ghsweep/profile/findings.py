@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 
 from ghsweep.profile.nsys_db import SHORT_KERNEL_NS
-from ghsweep.profile.result import ProfileAnalysis
+from ghsweep.profile.result import Finding, ProfileAnalysis
 from ghsweep.profile.steps import WHOLE_TRACE
 
 STARVED_BUSY_PCT = 85.0  # steady-state device utilisation below this: the GPU waits
@@ -46,8 +46,8 @@ UM_WARN_PCT = 5.0  # unified-memory migrations' share of memory-operation time
 FP8_MIN_GEMM_SHARE = 0.5
 
 
-def finding(id_: str, severity: str, message: str, **evidence) -> dict:
-    return {"id": id_, "severity": severity, "message": message, "evidence": evidence}
+def finding(id_: str, severity: str, message: str, **evidence) -> Finding:
+    return Finding(id_, severity, message, evidence)
 
 
 def _share(part: float, whole: float) -> float:
@@ -88,7 +88,7 @@ class Window:
         return ns / self.steps / 1e6
 
 
-def gpu_starved(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+def gpu_starved(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
     busy = a.gpu_busy_pct
     if busy is None or busy >= STARVED_BUSY_PCT:  # None: no device (evaluate runs no rule then)
         return []
@@ -106,7 +106,7 @@ def gpu_starved(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
     ]
 
 
-def data_loading(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+def data_loading(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
     loading = w.causes.get("data_loading", 0) + w.causes.get("host_wait", 0)
     if _share(w.idle_ns, w.ns) * 100 < IDLE_MIN_PCT or _share(loading, w.idle_ns) < MAJORITY:
         return []
@@ -128,7 +128,7 @@ def data_loading(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
     ]
 
 
-def host_sync(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+def host_sync(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
     sync_pct = 100 * _share(w.causes.get("sync", 0), w.ns)
     if sync_pct < SYNC_MIN_PCT:
         return []
@@ -147,7 +147,7 @@ def host_sync(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
     ]
 
 
-def launch_bound(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+def launch_bound(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
     """Launch bound when the host is late for many launches, not one: the longest late-launch gap
     and the longest launch call (a first launch loading modules takes seconds) are left out of
     the evidence before the thresholds are applied."""
@@ -177,7 +177,7 @@ def launch_bound(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
     ]
 
 
-def pageable_copies(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+def pageable_copies(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
     pageable = a.memcpy.get("pageable_big", {})
     if not pageable.get("count"):
         return []
@@ -194,7 +194,7 @@ def pageable_copies(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
     ]
 
 
-def exposed_copies(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+def exposed_copies(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
     """offload_cost when the exposed copies are a round trip to pinned memory (or offload is on),
     else exposed_memcpy."""
     exposed = a.exposed_memcpy_pct or 0.0
@@ -230,7 +230,7 @@ def exposed_copies(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
     ]
 
 
-def um_migrations(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+def um_migrations(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
     um = a.um_migration_pct or 0.0
     um_idle = w.causes.get("unified_memory", 0)
     if not (um > 0 or um_idle):
@@ -262,7 +262,7 @@ def um_migrations(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
     ]
 
 
-def fp8_not_effective(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+def fp8_not_effective(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
     kernels = a.kernels
     gemm_ns, fp8_ns = kernels.get("gemm_ns", 0), kernels.get("fp8_gemm_ns", 0)
     if context.get("precision") != "fp8" or not gemm_ns or fp8_ns >= FP8_MIN_GEMM_SHARE * gemm_ns:
@@ -279,7 +279,7 @@ def fp8_not_effective(a: ProfileAnalysis, w: Window, context: dict) -> list[dict
     ]
 
 
-def roofline(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+def roofline(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
     return [
         finding(
             f"roofline_{point['bound']}",
@@ -313,7 +313,7 @@ GPU_METRIC_NAMES = (
 )
 
 
-def gpu_metrics(a: ProfileAnalysis, w: Window, context: dict) -> list[dict]:
+def gpu_metrics(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
     shares = {
         label: v for label, names, combine in GPU_METRIC_NAMES if (v := _gpu_metric(a, names, combine)) is not None
     }
@@ -340,7 +340,7 @@ RULES = (
 )
 
 
-def evaluate(a: ProfileAnalysis, context: dict | None = None) -> list[dict]:
+def evaluate(a: ProfileAnalysis, context: dict | None = None) -> list[Finding]:
     """The findings of analysis `a` (see analysis.py for the numbers' definitions): profile health,
     then RULES in order; a run with no captured window or no device (a CPU run) gets health only."""
     out = health(a)
@@ -352,7 +352,7 @@ def evaluate(a: ProfileAnalysis, context: dict | None = None) -> list[dict]:
     return out
 
 
-def health(a: ProfileAnalysis) -> list[dict]:
+def health(a: ProfileAnalysis) -> list[Finding]:
     """Profile health: what was asked for and is missing, so no empty report passes as success."""
     out = [finding("profile_health", "warning", message) for message in a.health]
     impossible = impossible_shares(a)

@@ -15,7 +15,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.config.world import world_of
 from ghsweep.core.errors import ProfilerUnavailable
-from ghsweep.core.run_dir import CONFIG, NCU_PASS_DIR, TORCH_TRACE
+from ghsweep.core.run_dir import (
+    CONFIG,
+    GAP_PLOT,
+    NCU_CSV,
+    NCU_PASS_DIR,
+    NCU_REPORT,
+    NSYS_RANK_GLOB,
+    NSYS_REPORT,
+    ROOFLINE_PLOT,
+    TORCH_TRACE,
+)
 from ghsweep.core.run_plan import ProfilePlan, RunPlan
 from ghsweep.profile import capture, plots, report
 from ghsweep.profile.analysis import analyze
@@ -77,11 +87,11 @@ def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass
         return outcome
     outcome.artifacts += [analysis.save(run_dir), *report.write(analysis, run_dir)]
     if analysis.gaps:
-        outcome.artifacts.append(plots.gap_histogram(analysis, run_dir / plots.GAP_PLOT))
+        outcome.artifacts.append(plots.gap_histogram(analysis, run_dir / GAP_PLOT))
     if analysis.roofline.get("kernels"):
-        outcome.artifacts.append(plots.roofline_plot(analysis.roofline, run_dir / plots.ROOFLINE_PLOT))
+        outcome.artifacts.append(plots.roofline_plot(analysis.roofline, run_dir / ROOFLINE_PLOT))
     outcome.metrics |= analysis.metrics()
-    outcome.tags["ghsweep.findings"] = ",".join(f["id"] for f in analysis.findings) or "none"
+    outcome.tags["ghsweep.findings"] = ",".join(f.id for f in analysis.findings) or "none"
     add_raw_files(outcome, raw, cfg.profile.get("artifact_max_mb"))
     return outcome
 
@@ -118,11 +128,11 @@ def add_raw_files(outcome: ProfileOutcome, raw: list[Path], limit_mb: float | No
 def nsys_reports(run_dir: Path, world_size: int) -> list[Path]:
     """The run's nsys reports: profile.nsys-rep, or one per rank (profile_rank<N>.nsys-rep, in rank order)."""
     if world_size == 1:
-        reports = [run_dir / capture.NSYS_REPORT] if (run_dir / capture.NSYS_REPORT).exists() else []
+        reports = [run_dir / NSYS_REPORT] if (run_dir / NSYS_REPORT).exists() else []
     else:
-        reports = sorted(run_dir.glob(capture.NSYS_RANK_GLOB), key=rank_of)
+        reports = sorted(run_dir.glob(NSYS_RANK_GLOB), key=rank_of)
     if not reports:
-        wanted = capture.NSYS_REPORT if world_size == 1 else capture.NSYS_RANK_GLOB
+        wanted = NSYS_REPORT if world_size == 1 else NSYS_RANK_GLOB
         raise ProfilerUnavailable(f"nsys wrote no report ({wanted}); see worker.log")
     return reports
 
@@ -165,7 +175,7 @@ def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Pa
     (work / CONFIG).write_text(OmegaConf.to_yaml(OmegaConf.create(short)))
     # The worker trains what its run directory's plan says: the run's own plan, moved to this folder.
     dataclasses.replace(RunPlan.load(run_dir), run_dir=str(work)).save(work)
-    report_path = work / capture.NCU_REPORT
+    report_path = work / NCU_REPORT
     metrics = list(cfg.profile.ncu.metrics)
     section_set = cfg.profile.ncu.section_set
     started = time.monotonic()
@@ -181,5 +191,5 @@ def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Pa
         raise ProfilerUnavailable(
             f"the ncu pass failed (counters not readable, or no kernel matched {names}); see {work}/worker.log"
         )
-    csv_path = capture.ncu_raw_csv(ncu, report_path, run_dir / capture.NCU_CSV, plan.tool_prefix)
+    csv_path = capture.ncu_raw_csv(ncu, report_path, run_dir / NCU_CSV, plan.tool_prefix)
     return csv_path, {"seconds": seconds, "kernels": names, "launches": planned}

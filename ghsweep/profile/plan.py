@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from ghsweep.config.world import world_of
 from ghsweep.core.errors import ConfigError
+from ghsweep.core.run_dir import NSYS_RANK_REPORT, NSYS_REPORT
 from ghsweep.core.run_plan import ProfilePlan
 from ghsweep.profile import capture
 
@@ -118,7 +119,7 @@ def profiler_prefix(cfg: DictConfig, run_dir: Path, plan: ProfilePlan) -> list[s
         raise ConfigError("profile: the plan uses nsys but names no nsys path (resolve() sets one)")
     opts = cfg.profile.nsys
     um = cfg.memory.name == "unified" if opts.um_page_faults == "auto" else bool(opts.um_page_faults)
-    report = capture.NSYS_REPORT if world_of(cfg).size == 1 else capture.NSYS_RANK_REPORT
+    report = NSYS_REPORT if world_of(cfg).size == 1 else NSYS_RANK_REPORT
     return capture.nsys_profile_command(
         plan.nsys_path, run_dir / report, list(opts.trace), um, list(opts.extra_args), bool(opts.get("gpu_metrics"))
     )

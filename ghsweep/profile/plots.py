@@ -10,9 +10,6 @@ import matplotlib
 matplotlib.use("Agg")  # files only: runs on headless compute nodes
 import matplotlib.pyplot as plt  # noqa: E402
 
-GAP_PLOT = "gap_histogram.png"
-ROOFLINE_PLOT = "roofline.png"
-
 if TYPE_CHECKING:
     from ghsweep.profile.result import ProfileAnalysis
 

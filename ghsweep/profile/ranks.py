@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ghsweep.profile.findings import finding
-from ghsweep.profile.result import ProfileAnalysis
+from ghsweep.profile.result import Finding, ProfileAnalysis
 
 # The others lose this share of a step (or more) waiting for the rank with the most compute: a straggler.
 STRAGGLER_MIN_PCT = 5.0
@@ -95,7 +95,7 @@ def combine(per_rank: dict[int, tuple[Path, ProfileAnalysis]], world_size: int) 
     return result
 
 
-def straggler(rows: list[dict]) -> dict | None:
+def straggler(rows: list[dict]) -> Finding | None:
     """The straggler finding (see the module's docstring), None when no rank costs the others
     STRAGGLER_MIN_PCT of a step."""
     measured = [r for r in rows if r["compute_ms_per_step"] is not None and r["window_ms_per_step"]]
@@ -135,7 +135,7 @@ def straggler(rows: list[dict]) -> dict | None:
     )
 
 
-def rank_findings(rows: list[dict]) -> list[dict]:
+def rank_findings(rows: list[dict]) -> list[Finding]:
     out = [f for f in [straggler(rows)] if f is not None]
     exposed = [r["exposed_nccl_pct"] for r in rows if r["exposed_nccl_pct"] is not None]
     if exposed and statistics.fmean(exposed) >= EXPOSED_COMM_MIN_PCT:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ghsweep.core.run_dir import PROFILE_REPORT
+from ghsweep.core.run_dir import PROFILE_REPORT, TOP_KERNELS_TABLE
 from ghsweep.profile.ranks import table as ranks_table
 from ghsweep.profile.result import METRICS, ProfileAnalysis
-
-TOP_KERNELS_TABLE = "top_kernels.md"
 
 
 def top_kernels_table(analysis: ProfileAnalysis) -> str:
@@ -50,7 +48,7 @@ def render(analysis: ProfileAnalysis) -> str:
     ]
     lines += [f"- {s}" for s in analysis.summary]
     lines += ["", "## Findings", ""]
-    lines += [f"- **{f['severity']}** `{f['id']}`: {f['message']}" for f in analysis.findings] or ["- none"]
+    lines += [f"- **{f.severity}** `{f.id}`: {f.message}" for f in analysis.findings] or ["- none"]
     lines += ["", "## Where the time went", ""]
     measured = {key: getattr(analysis, key) for key in METRICS if getattr(analysis, key) is not None}
     if measured:

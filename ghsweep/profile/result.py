@@ -16,6 +16,17 @@ from typing import Any
 from ghsweep.core.errors import ProfileError
 from ghsweep.core.run_dir import PROFILE_ANALYSIS
 
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing a rule (findings.py, ranks.py) found in an analysis, said in words, with the numbers behind it."""
+
+    id: str  # the rule that fired: gpu_starved, host_sync, straggler, profile_health, ...
+    severity: str  # warning | info
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
 # The analysis' numbers logged as MLflow metrics and shown in the profile report, in this order
 # (one vocabulary for every backend and profiler).
 METRICS = (
@@ -69,7 +80,7 @@ class ProfileAnalysis:
     gpu_metrics: dict[str, float] = field(default_factory=dict)
     # Added after the numbers (run_analysis.py, ranks.py):
     roofline: dict[str, Any] = field(default_factory=dict)  # Nsight Compute points of the top kernels
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     summary: list[str] = field(default_factory=list)
     ranks: list[dict[str, Any]] = field(default_factory=list)  # one row per rank of a run on several GPUs
 
@@ -86,7 +97,7 @@ class ProfileAnalysis:
         unknown = sorted(set(raw) - {f.name for f in fields(cls)})
         if unknown:
             raise ProfileError(f"{where}: not a profile analysis: unknown keys {', '.join(unknown)}")
-        return cls(**raw)
+        return cls(**{**raw, "findings": [Finding(**f) for f in raw.get("findings", [])]})
 
     def save(self, run_dir: Path) -> Path:
         path = run_dir / PROFILE_ANALYSIS

@@ -239,7 +239,7 @@ def document(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> tuple[Do
         if findings:
             doc.heading(f"Findings: {label}")
             for f in findings:
-                doc.paragraph(f"[{f.get('severity', '-')}] {f.get('message', '')}")
+                doc.paragraph(f"[{f.severity}] {f.message}")
     return doc, [drawn] if drawn else []
 
 

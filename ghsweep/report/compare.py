@@ -14,6 +14,7 @@ from pathlib import Path, PurePosixPath
 from ghsweep.core import stats
 from ghsweep.core.errors import BaselineError
 from ghsweep.core.names import RUN_IDS_TAG
+from ghsweep.core.run_dir import COMPARISON_DIR, COMPARISON_STEM
 from ghsweep.profile import scaling
 from ghsweep.report import plots
 from ghsweep.report.assignment import KernelChange, profile_diff
@@ -24,10 +25,6 @@ from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 
 log = logging.getLogger(__name__)
 
-# Folder of the report, in the sweep directory and on the parent run in MLflow.
-COMPARISON_DIR = "comparison"
-REPORT_STEM = "comparison"
-HTML_FILE = f"{REPORT_STEM}.html"
 PLOTS_DIR = "plots"
 # (metric, column header, format); speedup is computed and sits after tokens/s.
 METRIC_COLUMNS = (
@@ -219,8 +216,8 @@ def top_finding(run: SweepRun) -> str | None:
     if not findings:
         return None
     rank = {s: n for n, s in enumerate(SEVERITY_ORDER)}
-    worst = min(findings, key=lambda f: rank.get(str(f.get("severity", "")).lower(), len(rank)))
-    return worst.get("message")
+    worst = min(findings, key=lambda f: rank.get(f.severity.lower(), len(rank)))
+    return worst.message
 
 
 def configured_baseline(runs: list[SweepRun]) -> str | None:
@@ -486,7 +483,7 @@ def scaling_section(c: Comparison, doc: Document) -> None:
 def write_report(c: Comparison, out_dir: Path) -> list[Path]:
     """Write comparison.md, comparison.html and plots/*.png under out_dir; return the files written."""
     drawn = draw_plots(c, out_dir / PLOTS_DIR)
-    return [*document(c, drawn).write(out_dir, REPORT_STEM), *drawn.values()]
+    return [*document(c, drawn).write(out_dir, COMPARISON_STEM), *drawn.values()]
 
 
 def compare_sweep(
@@ -529,6 +526,7 @@ def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run
         + align(*table(comparison))
         + "\n  "
         + "\n  ".join(verdict(comparison))
-        + f"\n  report: {out_dir / HTML_FILE} (and on the sweep's MLflow run under {COMPARISON_DIR}/)\n",
+        + f"\n  report: {out_dir / (COMPARISON_STEM + '.html')} "
+        + f"(and on the sweep's MLflow run under {COMPARISON_DIR}/)\n",
         flush=True,
     )

@@ -21,6 +21,7 @@ from ghsweep.core.names import (
     attempt_tag,
 )
 from ghsweep.core.run_dir import PROFILE_ANALYSIS
+from ghsweep.core.run_result import RunStatus
 from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.report.sweep_table import knob_values
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
@@ -64,7 +65,7 @@ class SweepRun:
 
     @property
     def finished(self) -> bool:
-        return self.status == "FINISHED"
+        return self.status == RunStatus.FINISHED
 
     @property
     def knobs(self) -> dict[str, str]:

@@ -51,6 +51,7 @@ from ghsweep.core.names import (
     STATUS_TAG,
     split_overrides,
 )  # noqa: E402
+from ghsweep.core.run_result import RunStatus
 from ghsweep.tracking import redact  # noqa: E402
 
 MAX_METRICS_PER_BATCH = 1000
@@ -351,10 +352,10 @@ class MlflowStore:
             if path.exists():
                 self._call(self.client.log_artifact, run_id, str(path), artifact_path)
 
-    def finish(self, run_id: str, status: str) -> None:
+    def finish(self, run_id: str, status: RunStatus) -> None:
         self._call(self.client.set_terminated, run_id, status=status)
 
-    def end_run(self, run_id: str, status: str, error: str, tags: Mapping[str, object] | None = None) -> None:
+    def end_run(self, run_id: str, status: RunStatus, error: str, tags: Mapping[str, object] | None = None) -> None:
         """End a run that did not finish (FAILED or KILLED), its status and why on its tags."""
         self.set_tags(run_id, {STATUS_TAG: status, ERROR_TAG: error, **(tags or {})})
         self.finish(run_id, status)
@@ -366,9 +367,9 @@ class MlflowStore:
         for tag in (ERROR_TAG, FAILURE_CLASS_TAG):
             if tag in run.data.tags:
                 self._call(self.client.delete_tag, run_id, tag)
-        if run.info.status != "RUNNING":
-            self._call(self.client.update_run, run_id, status="RUNNING")
-            self.set_tags(run_id, {STATUS_TAG: "RUNNING"})
+        if run.info.status != RunStatus.RUNNING:
+            self._call(self.client.update_run, run_id, status=RunStatus.RUNNING)
+            self.set_tags(run_id, {STATUS_TAG: RunStatus.RUNNING})
 
     def get_run(self, run_id: str) -> StoredRun:
         return StoredRun.of(self._call(self.client.get_run, run_id))

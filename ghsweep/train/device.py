@@ -1,4 +1,4 @@
-"""The device a worker trains on, its name, and the peak memory a run needed there."""
+"""The device a worker trains on: its name, its UUID and the peak memory a run needed there."""
 
 from __future__ import annotations
 
@@ -7,12 +7,6 @@ import resource
 from pathlib import Path
 
 import torch
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def device_name(device: torch.device) -> str:

@@ -10,7 +10,9 @@ frozen one: LoRA skips the frozen base's weight-gradient GEMMs, about a third of
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -27,12 +29,32 @@ PEAK_TFLOPS = {
 
 @dataclass(frozen=True)
 class ModelShape:
+    """What a decoder's FLOPs per token depend on, in the model config's names (conf/model)."""
+
     hidden_size: int
     intermediate_size: int
     num_layers: int
     num_attention_heads: int
     num_key_value_heads: int
     vocab_size: int
+
+    @classmethod
+    def from_hf(cls, hf: Mapping[str, Any]) -> ModelShape:
+        """The shape in a Hugging Face config (config.json, or `PretrainedConfig.to_dict()`); one
+        without num_key_value_heads has a key/value head per attention head."""
+        return cls(
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_attention_heads=hf["num_attention_heads"],
+            num_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+            vocab_size=hf["vocab_size"],
+        )
+
+    @classmethod
+    def of_model(cls, model: DictConfig) -> ModelShape:
+        """The shape a model config (conf/model/NAME.yaml) sets."""
+        return cls(**{f.name: model[f.name] for f in fields(cls)})
 
 
 def flops_per_token(shape: ModelShape, attended_keys: float, lora_rank: int | None, lora_modules: int = 7) -> float:

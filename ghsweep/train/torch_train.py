@@ -205,13 +205,7 @@ def _train(
     ranks_seen = distributed.rank_summary(
         distributed.gather(log.step_times_ms, ranks), distributed.gather(peak_gib, ranks), cfg.train.warmup_steps
     )
-    shape = ModelShape(
-        **{
-            k: model.hf_config.to_dict()[k]
-            for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")
-        },
-        num_layers=model.hf_config.num_hidden_layers,
-    )
+    shape = ModelShape.from_hf(model.hf_config.to_dict())
     flops = run_flops_per_token(shape, cfg, attn.attended_keys_per_token(blocks.position_ids, attention.document))
     metrics, info = (
         {},

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 import traceback
 import warnings
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from ghsweep.core.atomic import write_atomic
 from ghsweep.core.backends import backend_named
 from ghsweep.core.errors import first_line
 from ghsweep.core.run_dir import CONFIG, MEMORY_SNAPSHOT, WORKER_ERROR, rank_file
@@ -43,9 +43,7 @@ def record_error(run_dir: Path, error: dict[str, str], started_at: float) -> Non
     except FileExistsError:
         if path.stat().st_mtime >= started_at:
             return
-        with tempfile.NamedTemporaryFile("w", dir=run_dir, prefix=".worker_error.", delete=False) as tmp:
-            tmp.write(text)
-        os.replace(tmp.name, path)
+        write_atomic(path, text)
 
 
 # Library messages every worker.log would start with, that say nothing a user can act on: torchao's

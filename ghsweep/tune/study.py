@@ -38,6 +38,7 @@ from optuna.trial import Trial, TrialState
 
 from ghsweep.core.errors import one_line
 from ghsweep.core.failures import DETERMINISTIC, INFRASTRUCTURE, failure_class
+from ghsweep.core.run_result import RunStatus
 from ghsweep.tune.settings import TuneSettings
 from ghsweep.tune.space import SearchSpace
 
@@ -56,7 +57,7 @@ class TrialOutcome:
     """What a trial's run ended with, from the job's return value (a RunResult as a dict)."""
 
     overrides: list[str]
-    status: str
+    status: RunStatus
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     run_id: str | None = None
@@ -68,12 +69,12 @@ class TrialOutcome:
         try:
             result = job.return_value
         except Exception as exc:  # the task itself raised: Hydra keeps the exception in the JobReturn
-            return cls(overrides, "FAILED", error=one_line(exc))
+            return cls(overrides, RunStatus.FAILED, error=one_line(exc))
         if not result:
-            return cls(overrides, "FAILED", error="the job returned no result")
+            return cls(overrides, RunStatus.FAILED, error="the job returned no result")
         return cls(
             overrides,
-            result["status"],
+            RunStatus(result["status"]),
             dict(result.get("metrics") or {}),
             result.get("error"),
             result.get("mlflow_run_id"),
@@ -196,7 +197,7 @@ def tell(study: optuna.Study, settings: TuneSettings, trial: Trial, outcome: Tri
         if getattr(outcome, key):
             trial.set_user_attr(key, getattr(outcome, key))
     missing = [o.metric for o in settings.objectives if o.metric not in outcome.metrics]
-    error = outcome.error or (f"status {outcome.status}" if outcome.status != "FINISHED" else None)
+    error = outcome.error or (f"status {outcome.status}" if outcome.status != RunStatus.FINISHED else None)
     if error is None and missing:
         error = (
             f"the run recorded no {missing[0]} (tune.objective); it recorded: "

@@ -23,7 +23,8 @@ from optuna.trial import Trial
 from ghsweep.core.errors import SpaceError, TuneConfigError
 from ghsweep.core.failures import DETERMINISTIC
 from ghsweep.core.names import ERROR_TAG
-from ghsweep.core.run_dir import TUNE_DIR, TUNE_REPORT
+from ghsweep.core.run_dir import SWEEP_CONFIG, TUNE_DIR, TUNE_REPORT
+from ghsweep.core.run_result import RunStatus
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.tune.report import answer, command, summarize, write_report
@@ -50,7 +51,7 @@ def end_sweep_run(sweep_dir: Path, error: str) -> None:
     if manifest:
         store = MlflowStore(manifest.tracking_uri, manifest.experiment)
         store.set_tags(manifest.parent_run_id, {ERROR_TAG: error})
-        store.finish(manifest.parent_run_id, "FAILED")
+        store.finish(manifest.parent_run_id, RunStatus.FAILED)
 
 
 class TuneSweeper(Sweeper):
@@ -81,7 +82,7 @@ class TuneSweeper(Sweeper):
             end_sweep_run(sweep_dir, str(exc))
             raise
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, sweep_dir / "multirun.yaml")
+        OmegaConf.save(cfg, sweep_dir / SWEEP_CONFIG)
         if cfg.dry_run:
             # What the first batch would run; the study's storage is not touched.
             study = open_study(settings, space, cfg.hydra.runtime.cwd, in_memory=True)
@@ -141,7 +142,7 @@ class TuneSweeper(Sweeper):
         failed_before = {} if self.config.force else earlier_failures(study)
         outcomes = {
             t.number: TrialOutcome(
-                space.overrides(t.params), "FAILED", error=failed_before[key], failure_class=DETERMINISTIC
+                space.overrides(t.params), RunStatus.FAILED, error=failed_before[key], failure_class=DETERMINISTIC
             )
             for t in trials
             if (key := knob_values(t.params)) in failed_before

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import torch
 
-TINY = {"hidden_size": 64, "intermediate_size": 176, "vocab_size": 256}
+from ghsweep.train.flops import ModelShape
+
+TINY = ModelShape(
+    hidden_size=64, intermediate_size=176, num_layers=2, num_attention_heads=4, num_key_value_heads=4, vocab_size=256
+)
 
 
 def test_the_tensors_are_llama_2_7b_trained_ones():

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ghsweep.core.errors import ConfigError
+from ghsweep.core.run_dir import NSYS_REPORT, NSYS_SQLITE
 from ghsweep.launch.container import check_container, container_env, container_prefix, tool_finder
 from ghsweep.launch.plan import node_plan
 from ghsweep.launch.worker_process import worker_command
@@ -121,9 +122,9 @@ def test_profilers_are_looked_up_and_exported_inside_the_container(tmp_path, mon
     assert (plan.nsys_path, plan.tool_prefix) == ("nsys", prefix)
 
     # The export runs where the report was made: through the container, not on the host.
-    report = tmp_path / capture.NSYS_REPORT
+    report = tmp_path / NSYS_REPORT
     report.touch()
-    assert capture.export_sqlite(plan.nsys_path, report, plan.tool_prefix) == tmp_path / capture.NSYS_SQLITE
+    assert capture.export_sqlite(plan.nsys_path, report, plan.tool_prefix) == tmp_path / NSYS_SQLITE
     with pytest.raises(FileNotFoundError):
         capture.export_sqlite(plan.nsys_path, report)
 

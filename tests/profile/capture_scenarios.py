@@ -52,6 +52,7 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from ghsweep.core.run_dir import NSYS_REPORT, NSYS_SQLITE  # noqa: E402
 from ghsweep.profile import capture  # noqa: E402
 from ghsweep.profile.analysis import analyze  # noqa: E402
 from ghsweep.profile.torch_capture import TorchCapture  # noqa: E402
@@ -272,7 +273,7 @@ def all_scenarios(out: Path, nsys: str, ncu: str | None, deadline_s: float) -> N
             args = ["train", scenario, "--steps", "10", "--capture-start", "0", "--capture-steps", "9"]
         if scenario in ("clean", "hostsync", "dataload"):
             run(me + args + ["--timing-out", str(d / "timing_unprofiled.json")], log, 300)
-        report = d / capture.NSYS_REPORT
+        report = d / NSYS_REPORT
         prefix = capture.nsys_profile_command(nsys, report, NSYS_TRACE, scenario == "unified", NSYS_EXTRA)
         rc = run(prefix + me + args + ["--timing-out", str(d / "timing_profiled.json")], log, 300)
         if rc != 0 or not report.exists():  # e.g. OS-runtime tracing refused: CUDA and NVTX alone
@@ -298,7 +299,7 @@ def all_scenarios(out: Path, nsys: str, ncu: str | None, deadline_s: float) -> N
             }
     (out / "nsys_overhead.json").write_text(json.dumps(overhead, indent=2))
 
-    clean_db = out / "clean" / capture.NSYS_SQLITE
+    clean_db = out / "clean" / NSYS_SQLITE
     if ncu and clean_db.exists():
         metrics = tensor_metrics(ncu, out, log)
         first = analyze(clean_db)
@@ -413,7 +414,7 @@ def crosscheck_run(nsys: str, work: Path, log: Path) -> Path:
         str(trace),
     ]
     me = [sys.executable, str(Path(__file__).resolve())]
-    report = d / capture.NSYS_REPORT
+    report = d / NSYS_REPORT
     run(capture.nsys_profile_command(nsys, report, NSYS_TRACE, False, NSYS_EXTRA) + me + args, log, 600)
     simultaneous = has_kernels(trace)
     if not simultaneous:  # the profilers could not share the counters: the same program again
@@ -441,7 +442,7 @@ def gpu_runs(out: Path, nsys: str) -> None:
     rows = []
     with tarfile.open(out / "gpu_profiles.tar.gz", "w:gz") as tar:
         for d in dirs:
-            sqlite = d / capture.NSYS_SQLITE
+            sqlite = d / NSYS_SQLITE
             if not sqlite.exists():
                 rows.append((d.name, "no export (see capture.log)", "", "", "", ""))
                 continue
@@ -466,7 +467,7 @@ def gpu_runs(out: Path, nsys: str) -> None:
                         f"{a.gpu_busy_pct:.1f}",
                         share,
                         a.top_kernels[0]["short_name"][:48],
-                        ",".join(f["id"] for f in a.findings) or "none",
+                        ",".join(f.id for f in a.findings) or "none",
                     )
                 )
     shutil.rmtree(work, ignore_errors=True)

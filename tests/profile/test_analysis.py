@@ -49,10 +49,10 @@ def results() -> dict[str, ProfileAnalysis]:
 
 @pytest.mark.parametrize("scenario,expected", [(s, e) for s, e in SCENARIOS.items() if e])
 def test_intended_finding_fires(results, scenario, expected):
-    ids = [f["id"] for f in results[scenario].findings]
+    ids = [f.id for f in results[scenario].findings]
     assert expected in ids, (scenario, ids)
-    fired = next(f for f in results[scenario].findings if f["id"] == expected)
-    assert fired["severity"] == "warning" and fired["evidence"]
+    fired = next(f for f in results[scenario].findings if f.id == expected)
+    assert fired.severity == "warning" and fired.evidence
 
 
 def test_clean_run_fires_none(results):
@@ -63,11 +63,11 @@ def test_clean_run_fires_none(results):
 
 def test_findings_are_specific(results):
     """A planted problem does not make every rule fire."""
-    assert "host_sync" not in [f["id"] for f in results["dataload"].findings]
-    assert "data_loading" not in [f["id"] for f in results["hostsync"].findings]
-    assert "um_migrations" not in [f["id"] for f in results["offload"].findings]
-    assert "pageable_copies" not in [f["id"] for f in results["offload"].findings]
-    assert "data_loading" not in [f["id"] for f in results["unified"].findings]
+    assert "host_sync" not in [f.id for f in results["dataload"].findings]
+    assert "data_loading" not in [f.id for f in results["hostsync"].findings]
+    assert "um_migrations" not in [f.id for f in results["offload"].findings]
+    assert "pageable_copies" not in [f.id for f in results["offload"].findings]
+    assert "data_loading" not in [f.id for f in results["unified"].findings]
     for scenario, result in results.items():  # every shipped run has its steps, from its NVTX ranges
         assert result.window["basis"] == "nvtx steps" and len(result.window["steps"]) == 8, scenario
 
@@ -85,9 +85,9 @@ def test_unified_memory_idle_time_is_unified_memory_not_data_loading(results):
     assert faults == inside == 768
     causes = results["unified"].gaps["causes_ns"]
     assert max(causes, key=causes.get) == "unified_memory" and causes["data_loading"] == 0
-    um = next(f for f in results["unified"].findings if f["id"] == "um_migrations")
-    assert um["severity"] == "warning" and um["evidence"]["um_idle_ms_per_step"] > 1 and um["evidence"]["cpu"] == 768
-    assert "phases where the host faults on or migrates managed memory" in um["message"]
+    um = next(f for f in results["unified"].findings if f.id == "um_migrations")
+    assert um.severity == "warning" and um.evidence["um_idle_ms_per_step"] > 1 and um.evidence["cpu"] == 768
+    assert "phases where the host faults on or migrates managed memory" in um.message
 
 
 def test_gap_causes_match_the_plant(results):
@@ -226,7 +226,7 @@ def test_roofline_of_the_top_kernels(results):
     assert adam["bound"] == "memory_bound" and adam["pct_of_dram_peak"] > 40
     assert 4e12 < roof["peaks"]["dram_bytes_per_s"] < 5e12
     full = full_analysis(DATA / "clean" / "profile.sqlite", ncu_csv=DATA / "clean" / "top_kernels_ncu.csv")
-    assert {f["id"] for f in full.findings} >= {"roofline_compute_bound", "roofline_memory_bound"}
+    assert {f.id for f in full.findings} >= {"roofline_compute_bound", "roofline_memory_bound"}
 
 
 def test_plots_are_written(results, tmp_path):
@@ -244,7 +244,7 @@ def test_torch_trace_has_the_whole_trace_block_and_matches_ncu_names(results):
     path = DATA / "clean" / "torch_trace.json"
     trace = full_analysis(path, ncu_csv=DATA / "clean" / "top_kernels_ncu.csv")
     assert trace.roofline["missing"] == []
-    assert not [f for f in trace.findings if f["id"] == "profile_health"]
+    assert not [f for f in trace.findings if f.id == "profile_health"]
     whole = trace.whole_trace
     assert set(whole) == set(results["clean"].whole_trace)
     kernels = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "kernel"]

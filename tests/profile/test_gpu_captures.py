@@ -46,7 +46,7 @@ def test_fp8_run_is_recognised_by_its_kernels():
     a = full_analysis(sqlite, {"precision": "fp8"})
     assert a.window["basis"] == "nvtx steps" and a.window["steps"]
     assert a.kernels["fp8_gemm_ns"] >= 0.5 * a.kernels["gemm_ns"] > 0
-    assert "fp8_not_effective" not in [f["id"] for f in a.findings]
+    assert "fp8_not_effective" not in [f.id for f in a.findings]
 
 
 def test_bf16_gemms_under_precision_fp8_fire_the_rule():
@@ -54,8 +54,8 @@ def test_bf16_gemms_under_precision_fp8_fire_the_rule():
     (sqlite,) = needs("bf16/profile.sqlite")
     a = full_analysis(sqlite, {"precision": "fp8"})
     assert a.kernels["fp8_gemm_ns"] == 0 and a.kernels["gemm_ns"] > 0
-    assert "fp8_not_effective" in [f["id"] for f in a.findings]
-    assert "fp8_not_effective" not in [f["id"] for f in full_analysis(sqlite, {"precision": "bf16"}).findings]
+    assert "fp8_not_effective" in [f.id for f in a.findings]
+    assert "fp8_not_effective" not in [f.id for f in full_analysis(sqlite, {"precision": "bf16"}).findings]
 
 
 def test_torch_trace_and_nsys_agree_on_one_run():

@@ -57,8 +57,8 @@ def test_the_flag_is_on_the_nsys_command_only_when_asked():
 def test_the_analysis_reads_the_metrics_over_the_steady_window(tmp_path):
     analysis = analyze(planted(tmp_path))
     assert analysis.gpu_metrics == {METRICS[m]: float(v) for m, v in INSIDE.items()}
-    (said,) = [f for f in evaluate(analysis) if f["id"] == "gpu_metrics"]
-    assert said["message"].endswith(
+    (said,) = [f for f in evaluate(analysis) if f.id == "gpu_metrics"]
+    assert said.message.endswith(
         "SMs active 80%, tensor cores active 61%, DRAM bandwidth 35%, PCIe bandwidth 7% (of each one's peak)"
     )
 
@@ -89,8 +89,8 @@ def test_the_metrics_of_a_real_h100_capture_are_read_by_their_own_names(tmp_path
         )
     analysis = analyze(export)
     assert len(analysis.gpu_metrics) == 22
-    (said,) = [f for f in evaluate(analysis) if f["id"] == "gpu_metrics"]
-    assert said["message"].endswith(
+    (said,) = [f for f in evaluate(analysis) if f.id == "gpu_metrics"]
+    assert said.message.endswith(
         "SMs active 89%, tensor cores active 60%, DRAM bandwidth 41%, PCIe bandwidth 1% (of each one's peak)"
     )
 
@@ -98,4 +98,4 @@ def test_the_metrics_of_a_real_h100_capture_are_read_by_their_own_names(tmp_path
 def test_an_export_without_gpu_metrics_says_nothing_of_them():
     analysis = analyze(PROFILES / "bf16" / "profile.sqlite")
     assert analysis.gpu_metrics == {}
-    assert not [f for f in evaluate(analysis) if f["id"] == "gpu_metrics"]
+    assert not [f for f in evaluate(analysis) if f.id == "gpu_metrics"]

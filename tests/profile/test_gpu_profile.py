@@ -14,10 +14,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from ghsweep.core.gpu import probe_gpu
-from ghsweep.core.run_dir import PROFILE_ANALYSIS
+from ghsweep.core.run_dir import NSYS_REPORT, NSYS_SQLITE, PROFILE_ANALYSIS
 from ghsweep.launch.plan import node_plan
 from ghsweep.launch.worker_process import run_worker, worker_command
-from ghsweep.profile import capture
 from ghsweep.profile.pipeline import after_worker
 from ghsweep.profile.result import METRICS
 from tests.support.compose import compose_config
@@ -59,7 +58,7 @@ def profiled_run(tmp_path, *overrides: str) -> tuple[dict, object]:
 def test_nsys_ncu_run_is_analysed(tmp_path):
     analysis, outcome = profiled_run(tmp_path, "profile=nsys_ncu")
     run_dir = tmp_path / "nsys_ncu"
-    assert (run_dir / capture.NSYS_REPORT).exists() and (run_dir / capture.NSYS_SQLITE).exists()
+    assert (run_dir / NSYS_REPORT).exists() and (run_dir / NSYS_SQLITE).exists()
     assert analysis["source"]["kind"] == "nsys"
     assert set(analysis["window"]["steps"]) <= {4, 5, 6, 7} and len(analysis["window"]["steps"]) >= 3
     assert analysis["top_kernels"] and 0 < analysis["gpu_busy_pct"] <= 100

@@ -16,7 +16,7 @@ import pytest
 from ghsweep.profile import nsys_db, report
 from ghsweep.profile.findings import balance_words, health
 from ghsweep.profile.nsys_analysis import SYNC_CALLS
-from ghsweep.profile.result import ProfileAnalysis
+from ghsweep.profile.result import Finding, ProfileAnalysis
 from ghsweep.profile.run_analysis import full_analysis
 from tests.profile.planted import GEMM, MAIN_TID, MS, US, Run, training_run, write_nsys, write_torch
 
@@ -27,11 +27,11 @@ WRITERS = {
 
 
 def ids(a: ProfileAnalysis) -> list[str]:
-    return [f["id"] for f in a.findings]
+    return [f.id for f in a.findings]
 
 
-def by_id(a: ProfileAnalysis, id_: str) -> dict:
-    return next(f for f in a.findings if f["id"] == id_)
+def by_id(a: ProfileAnalysis, id_: str) -> Finding:
+    return next(f for f in a.findings if f.id == id_)
 
 
 def call(run: Run, start: int, end: int, name: str) -> int:
@@ -93,8 +93,8 @@ def test_dataloader_ranges_are_data_loading_and_say_num_workers(tmp_path, reader
     a = full_analysis(WRITERS[reader](run, tmp_path))
     truth_ms = idle_in_window(run, a.window) / len(a.window["steps"]) / 1e6
     found = by_id(a, "data_loading")
-    assert found["evidence"]["data_loading_ms_per_step"] == pytest.approx(truth_ms, rel=1e-6)
-    assert truth_ms > 30 and f"{truth_ms:.2f} ms per step" in found["message"] and "num_workers" in found["message"]
+    assert found.evidence["data_loading_ms_per_step"] == pytest.approx(truth_ms, rel=1e-6)
+    assert truth_ms > 30 and f"{truth_ms:.2f} ms per step" in found.message and "num_workers" in found.message
     assert "launch_bound" not in ids(a)
     # The gaps behind the number, with their times on the timeline: each ends where a GEMM starts.
     top = a.gaps["top_gaps"]["data_loading"]
@@ -153,8 +153,8 @@ def test_without_graphs_the_sync_is_host_sync_as_before(tmp_path, reader):
     steps = len(a.window["steps"])
     assert a.gaps["causes_ns"]["sync"] == steps * truth
     found = by_id(a, "host_sync")
-    assert found["evidence"]["sync_ms_per_step"] == pytest.approx(6.0)
-    assert [g["ms"] for g in found["evidence"]["longest_gaps"]] == [6.0] * min(steps, 5)
+    assert found.evidence["sync_ms_per_step"] == pytest.approx(6.0)
+    assert [g["ms"] for g in found.evidence["longest_gaps"]] == [6.0] * min(steps, 5)
 
 
 # 4. A stub last ProfilerStep (0.05 ms, launching nothing) after the one real step.
@@ -244,7 +244,7 @@ def test_a_mostly_cpu_step_covers_the_step(tmp_path, reader):
     assert (a.window["start_ns"], a.window["end_ns"]) == (0, 300 * MS)
     assert a.gpu_busy_pct == pytest.approx(100 * 3 * 2 * US / (300 * MS))
     assert a.gaps["total_ns"] == 300 * MS - 3 * 2 * US  # the idle time counts, edges included
-    assert by_id(a, "gpu_starved")["evidence"]["idle_ms_per_step"] == pytest.approx(100 - 0.002)
+    assert by_id(a, "gpu_starved").evidence["idle_ms_per_step"] == pytest.approx(100 - 0.002)
 
 
 # 8. One 3 s first launch (module load) is not "launch bound"; many late launches are.
@@ -274,8 +274,8 @@ def test_one_slow_first_launch_is_not_launch_bound(tmp_path, reader):
 def test_many_late_launches_are_launch_bound(tmp_path, reader):
     a = full_analysis(WRITERS[reader](launches(5 * US, 20 * US), tmp_path))
     found = by_id(a, "launch_bound")
-    assert found["evidence"]["launch_latency_pct"] > 50
-    assert [g["ms"] for g in found["evidence"]["longest_gaps"]] == pytest.approx([0.02] * 5, abs=1e-3)
+    assert found.evidence["launch_latency_pct"] > 50
+    assert [g["ms"] for g in found.evidence["longest_gaps"]] == pytest.approx([0.02] * 5, abs=1e-3)
 
 
 # 9. Wording.
@@ -306,7 +306,7 @@ def test_negative_durations_and_kernels_inside_their_predecessor_are_health_find
     run.kernels.append((s + 10 * US, e - 10 * US, name, corr))  # inside another kernel of its stream
     for reader, write in WRITERS.items():
         a = full_analysis(write(run, tmp_path))
-        messages = [f["message"] for f in a.findings if f["id"] == "profile_health"]
+        messages = [f.message for f in a.findings if f.id == "profile_health"]
         assert any(m.startswith("1 kernels end before they start") for m in messages), reader
         assert any(m.startswith("1 kernels run inside the previous one of their stream") for m in messages), reader
     out = subprocess.run(
@@ -317,9 +317,9 @@ def test_negative_durations_and_kernels_inside_their_predecessor_are_health_find
 
 def test_shares_over_100_percent_are_a_health_finding():
     a = ProfileAnalysis(kernel_time_pct=130.0, gpu_busy_pct=99.0, top_kernels=[{"name": "k", "pct": 140.0}])
-    found = [f for f in health(a) if f["id"] == "profile_health"]
-    assert len(found) == 1 and "kernel_time_pct 130.0%" in found[0]["message"]
-    assert found[0]["evidence"] == {"kernel_time_pct": 130.0, "top kernel k": 140.0}
+    found = [f for f in health(a) if f.id == "profile_health"]
+    assert len(found) == 1 and "kernel_time_pct 130.0%" in found[0].message
+    assert found[0].evidence == {"kernel_time_pct": 130.0, "top kernel k": 140.0}
     assert health(ProfileAnalysis(kernel_time_pct=100.0, gpu_busy_pct=99.0)) == []
 
 
@@ -327,7 +327,7 @@ def test_the_report_lists_the_gaps_behind_the_numbers(tmp_path):
     run, _ = graph_run(graphs=False)
     a = full_analysis(write_torch(run, tmp_path / "t.json"))
     text = report.render(a)
-    gap = by_id(a, "host_sync")["evidence"]["longest_gaps"][0]
+    gap = by_id(a, "host_sync").evidence["longest_gaps"][0]
     assert f"| sync | {gap['start_ns']} | {gap['end_ns']} | 6.000 |" in text
 
 

@@ -75,11 +75,11 @@ def analysis_with(gemms: dict[str, int]) -> ProfileAnalysis:
 def test_fp8_rule_in_both_directions():
     fp8_run = analysis_with({FP8_GEMMS[0]: 400, FP8_GEMMS[1]: 300, OTHER_GEMMS[0]: 100})  # lm_head stays bf16
     bf16_run = analysis_with({OTHER_GEMMS[0]: 700, FP8_GEMMS[0]: 10})
-    fired = lambda a: [f for f in evaluate(a, {"precision": "fp8"}) if f["id"] == "fp8_not_effective"]  # noqa: E731
+    fired = lambda a: [f for f in evaluate(a, {"precision": "fp8"}) if f.id == "fp8_not_effective"]  # noqa: E731
     assert fired(fp8_run) == []
     (finding,) = fired(bf16_run)
-    assert finding["evidence"]["fp8_gemm_pct"] == pytest.approx(100 * 10 / 710)
-    assert not [f for f in evaluate(bf16_run, {"precision": "bf16"}) if f["id"] == "fp8_not_effective"]
+    assert finding.evidence["fp8_gemm_pct"] == pytest.approx(100 * 10 / 710)
+    assert not [f for f in evaluate(bf16_run, {"precision": "bf16"}) if f.id == "fp8_not_effective"]
 
 
 def test_inductor_kernels_line_up_across_runs_without_their_per_graph_index():

@@ -93,11 +93,11 @@ def test_whole_trace_is_the_last_resort_and_says_so(tmp_path, reader):
     run = training_run(None, burst=())  # nothing repeats once per step
     a = analysed(run, tmp_path, reader)
     assert a.window["basis"] == "whole trace" and a.window["steps"] == [] and a.window["warmup_steps"] == []
-    health = [f for f in a.findings if f["id"] == "profile_health"]
-    assert health and "no step ranges" in health[0]["message"] and "whole trace" in health[0]["message"]
-    text = " ".join([f["message"] for f in a.findings] + a.summary)
+    health = [f for f in a.findings if f.id == "profile_health"]
+    assert health and "no step ranges" in health[0].message and "whole trace" in health[0].message
+    text = " ".join([f.message for f in a.findings] + a.summary)
     assert "steady" not in text and "per step" not in text and "of the whole trace" in text
-    assert {"gpu_starved", "pageable_copies"} <= {f["id"] for f in a.findings}  # start-up is in the window
+    assert {"gpu_starved", "pageable_copies"} <= {f.id for f in a.findings}  # start-up is in the window
 
 
 @pytest.mark.parametrize("reader", WRITERS)
@@ -106,7 +106,7 @@ def test_two_captured_steps_exclude_a_slow_first(tmp_path, reader):
     a = analysed(run, tmp_path, reader)
     assert a.window["warmup_steps"] == [0] and a.window["steps"] == [1]
     assert a.gpu_busy_pct > 95
-    assert {f["id"] for f in a.findings}.isdisjoint({"gpu_starved", "launch_bound"})
+    assert {f.id for f in a.findings}.isdisjoint({"gpu_starved", "launch_bound"})
     assert any(line.startswith("warm-up excluded: step 0") for line in a.summary)
 
 

@@ -98,11 +98,11 @@ def test_ranks_are_combined_and_the_straggler_named(two_ranks):
     # Rank 0 waits 40 x 60 us per step in the tail all-reduce: that is its extra NCCL time.
     assert rows[0]["nccl_ms_per_step"] - rows[1]["nccl_ms_per_step"] == pytest.approx(GEMMS * 60 / 1000, rel=0.01)
     assert result.nccl_time_pct == pytest.approx((rows[0]["nccl_time_pct"] + rows[1]["nccl_time_pct"]) / 2)
-    straggler = next(f for f in result.findings if f["id"] == "straggler")
-    assert straggler["evidence"]["rank"] == 1 and "rank 1 is a straggler" in straggler["message"]
-    assert straggler["evidence"]["wait_ms_per_step"] == pytest.approx(GEMMS * 60 / 1000, rel=0.01)
+    straggler = next(f for f in result.findings if f.id == "straggler")
+    assert straggler.evidence["rank"] == 1 and "rank 1 is a straggler" in straggler.message
+    assert straggler.evidence["wait_ms_per_step"] == pytest.approx(GEMMS * 60 / 1000, rel=0.01)
     # The waiting shows as exposed communication (rank 0: 12 ms waited per 5 steps of ~10 ms windows).
-    assert "exposed_communication" in [f["id"] for f in result.findings]
+    assert "exposed_communication" in [f.id for f in result.findings]
 
 
 def test_balanced_ranks_name_no_straggler(tmp_path):
@@ -111,7 +111,7 @@ def test_balanced_ranks_name_no_straggler(tmp_path):
         run, _ = data_parallel_rank(200, 200)
         paths.append(write_nsys(run, tmp_path / f"profile_rank{rank}.sqlite"))
     result = rank_analysis(paths, None, 2)
-    ids = [f["id"] for f in result.findings]
+    ids = [f.id for f in result.findings]
     assert "straggler" not in ids
     # Only the tail all-reduce (300 us of ~8.5 ms steps) is exposed: under the finding's threshold.
     assert "exposed_communication" not in ids and 0 < result.exposed_nccl_pct < 10
@@ -120,8 +120,8 @@ def test_balanced_ranks_name_no_straggler(tmp_path):
 def test_a_missing_rank_is_a_health_finding(two_ranks):
     folder, _ = two_ranks
     result = rank_analysis([folder / "profile_rank0.sqlite"], None, 2)
-    health = [f for f in result.findings if f["id"] == "profile_health"]
-    assert health and health[0]["evidence"]["missing_ranks"] == [1]
+    health = [f for f in result.findings if f.id == "profile_health"]
+    assert health and health[0].evidence["missing_ranks"] == [1]
 
 
 def test_cli_analyses_every_rank_of_a_run_directory(two_ranks):
@@ -199,5 +199,5 @@ def test_real_nccl_time_beside_compute_names_no_straggler(real_runs, name):
         fast["exposed_wait_ms_per_step"] - slow["exposed_wait_ms_per_step"],
     )
     assert 100 * max(shown, 0) / slow["window_ms_per_step"] < STRAGGLER_MIN_PCT
-    assert "straggler" not in [f["id"] for f in result.findings]
-    assert "profile_health" not in [f["id"] for f in result.findings]  # a sound real trace
+    assert "straggler" not in [f.id for f in result.findings]
+    assert "profile_health" not in [f.id for f in result.findings]  # a sound real trace

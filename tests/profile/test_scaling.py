@@ -44,9 +44,9 @@ def test_decomposition_matches_the_plant_and_sums_to_the_difference(scaled):
 
 def test_the_imbalance_is_the_straggler_and_the_findings_agree(scaled):
     _, many = scaled
-    straggler = next(f for f in many.findings if f["id"] == "straggler")
-    assert straggler["evidence"]["rank"] == 1  # the rank with the most compute per step
-    assert straggler["evidence"]["wait_ms_per_step"] == pytest.approx(GEMMS * 20 / 1e3, abs=1e-6)
+    straggler = next(f for f in many.findings if f.id == "straggler")
+    assert straggler.evidence["rank"] == 1  # the rank with the most compute per step
+    assert straggler.evidence["wait_ms_per_step"] == pytest.approx(GEMMS * 20 / 1e3, abs=1e-6)
 
 
 def test_balanced_ranks_with_overlapped_nccl_name_no_straggler(tmp_path):
@@ -60,7 +60,7 @@ def test_balanced_ranks_with_overlapped_nccl_name_no_straggler(tmp_path):
     rows = many.ranks
     # 4 bucket all-reduces of 110 us a step on rank 0 only
     assert rows[0]["nccl_ms_per_step"] - rows[1]["nccl_ms_per_step"] == pytest.approx(0.44, abs=1e-6)
-    assert "straggler" not in [f["id"] for f in many.findings]
+    assert "straggler" not in [f.id for f in many.findings]
     one = full_analysis(write_nsys(planted_rank(**ONE), tmp_path / "profile.sqlite"))
     assert decompose(one, many)["imbalance_ms"] == pytest.approx(0, abs=1e-9)
 

@@ -126,7 +126,7 @@ def test_real_straggler_agrees_with_the_rank_metrics(real):
         for combination in real:
             a = folder_analysis(SCALING_DATA / f"{combination}_2gpu", Path(tmp))
             for f in a.findings:
-                if f["id"] == "straggler":
+                if f.id == "straggler":
                     most = max(a.ranks, key=lambda r: r["compute_ms_per_step"])
-                    assert f["evidence"]["rank"] == most["rank"]
-                    assert f["evidence"]["wait_ms_per_step"] <= real[combination]["imbalance_ms"] * 2 + 1e-6
+                    assert f.evidence["rank"] == most["rank"]
+                    assert f.evidence["wait_ms_per_step"] <= real[combination]["imbalance_ms"] * 2 + 1e-6

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ghsweep.core.names import ERROR_TAG, JOB_NUM_TAG, OVERRIDES_TAG, ROLE_RUN, ROLE_SWEEP, join_overrides
-from ghsweep.profile.result import ProfileAnalysis
+from ghsweep.profile.result import Finding, ProfileAnalysis
 from ghsweep.report.sweep_source import PROFILE_ARTIFACTS
 from ghsweep.tracking.mlflow_store import MlflowStore
 
@@ -24,7 +24,7 @@ KERNELS = {
 def analysis(
     kernels: dict[str, tuple[int, int]],
     steps: int = 2,
-    findings: list[dict] | None = None,
+    findings: list[Finding] | None = None,
     roofline: dict | None = None,
 ) -> ProfileAnalysis:
     total = sum(ns for ns, _ in kernels.values())
@@ -101,8 +101,8 @@ def four_run_sweep(
             analysis=analysis(
                 slow_kernels,
                 findings=[
-                    {"id": "gpu_starved", "severity": "info", "message": "GPU busy 80%"},
-                    {"id": "offload_cost", "severity": "warning", "message": "offload adds 12 ms of exposed copies"},
+                    Finding("gpu_starved", "info", "GPU busy 80%"),
+                    Finding("offload_cost", "warning", "offload adds 12 ms of exposed copies"),
                 ],
             ),
         ),

@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 
 from ghsweep.core.backends import ManagedAllocator
 from ghsweep.core.errors import ConfigError
+from ghsweep.core.run_dir import AUTOMODEL_RECIPE
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.summary import RunSummary
 from ghsweep.train.automodel.checks import check_config
@@ -33,10 +34,11 @@ class AutoModelBackend:
             return f"  recipe:  (not runnable) {exc}"
         import yaml
 
-        from ghsweep.train.automodel.config import RECIPE_YAML, recipe_config
+        from ghsweep.train.automodel.config import recipe_config
 
         text = yaml.safe_dump(recipe_config(cfg, run_dir, "cuda"), sort_keys=False)
-        return f"  recipe:  AutoModel TrainFinetuneRecipeForNextTokenPrediction, {run_dir / RECIPE_YAML}\n" + "\n".join(
+        recipe = run_dir / AUTOMODEL_RECIPE
+        return f"  recipe:  AutoModel TrainFinetuneRecipeForNextTokenPrediction, {recipe}\n" + "\n".join(
             "    " + line for line in text.splitlines()
         )
 

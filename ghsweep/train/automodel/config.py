@@ -12,13 +12,13 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig
 
+from ghsweep.core.run_dir import AUTOMODEL_RECIPE
 from ghsweep.train.attention import resolve
 from ghsweep.train.automodel.checks import TORCH_DTYPES
 from ghsweep.train.schedule import warmup_steps
 from ghsweep.train.tokenizer import ByteTokenizer
 
 # The recipe config a run trained with, as AutoModel's own YAML (its CLI takes the same file).
-RECIPE_YAML = "automodel.yaml"
 
 
 def attn_implementation(cfg: DictConfig, device_type: str) -> str:
@@ -141,6 +141,6 @@ def recipe_config(cfg: DictConfig, run_dir: Path, device_type: str) -> dict[str,
 
 
 def write_recipe(recipe: dict[str, Any], run_dir: Path) -> Path:
-    path = run_dir / RECIPE_YAML
+    path = run_dir / AUTOMODEL_RECIPE
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path

@@ -99,15 +99,7 @@ def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocat
     recipe.run_train_validation_loop()
 
     device = torch.device("cuda", torch.cuda.current_device())
-    hf = model.config
-    shape = ModelShape(
-        hf.hidden_size,
-        hf.intermediate_size,
-        hf.num_hidden_layers,
-        hf.num_attention_heads,
-        hf.num_key_value_heads,
-        hf.vocab_size,
-    )
+    shape = ModelShape.from_hf(model.config.to_dict())
     # The blocks the recipe's dataset packed (packed_dolly), for the attention FLOPs of document masking.
     blocks = dolly.load_blocks(cfg, load_tokenizer(cfg.model))
     flops = run_flops_per_token(

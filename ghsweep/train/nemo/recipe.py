@@ -235,15 +235,7 @@ def llama_architecture(model: DictConfig) -> dict[str, Any]:
 
 def model_shape(model: DictConfig) -> ModelShape:
     """The FLOPs-relevant shape of `llama_architecture(model)`."""
-    a = llama_architecture(model)
-    return ModelShape(
-        a["hidden_size"],
-        a["intermediate_size"],
-        a["num_hidden_layers"],
-        a["num_attention_heads"],
-        a["num_key_value_heads"],
-        a["vocab_size"],
-    )
+    return ModelShape.from_hf(llama_architecture(model))
 
 
 def vocab_divisor(vocab_size: int) -> int:

@@ -1,0 +1,27 @@
+"""Writing a file whole or not at all."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
+    """Write `text` to `path` through a temporary file in the same folder, renamed over `path`.
+
+    A reader never sees a cut file: the SLURM tasks of one run write the same files while a rank's
+    worker may read them, and a full disk leaves the last complete file. `mode` sets the file's
+    permissions; None leaves the temporary file's own, readable by the user only.
+    """
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+        try:
+            tmp.write(text)
+            tmp.flush()
+        except BaseException:  # a full disk, or text the file cannot hold: no half-written file is left
+            tmp.close()
+            os.unlink(tmp.name)
+            raise
+    if mode is not None:
+        os.chmod(tmp.name, mode)
+    os.replace(tmp.name, path)
