@@ -6,7 +6,7 @@ import re
 
 import yaml
 
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 
 def test_the_pre_commit_hooks_are_cis_lint_format_and_type_checks():

@@ -16,8 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.core.run_plan import World
 from ghsweep.launch.submitit_launcher import _ScriptOnlySlurm, make_executor
-from tests.conftest import compose_config
 from tests.optional_env import unavailable
+from tests.support.compose import compose_config
 
 # Every launch profile on the plugin's launchers: one local, two SLURM.
 PROFILES = ["submitit_local", "gh200", "local_slurm"]
