@@ -5,6 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+# A small Llama's shape as transformers' LlamaConfig takes it (kwargs), for tests that build one.
+TINY_LLAMA = {
+    "hidden_size": 64,
+    "intermediate_size": 176,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+}
 # The message safetensors gives for the weights unreadable_model writes.
 UNREADABLE_WEIGHTS_ERROR = "SafetensorError: Error while deserializing header: header too large"
 
@@ -35,11 +43,7 @@ def saved_hf_llama(folder: Path) -> Path:
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     tokenizer.save_pretrained(folder)
     config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=176,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+        **TINY_LLAMA,
         vocab_size=len(tokenizer),
         max_position_embeddings=512,
         bos_token_id=tokenizer.bos_token_id,

@@ -10,6 +10,7 @@ from ghsweep.train import attention as attn
 from ghsweep.train import data as dolly
 from ghsweep.train.loss import causal_lm_loss
 from ghsweep.train.tokenizer import ByteTokenizer
+from tests.support.models import TINY_LLAMA
 
 TOK = ByteTokenizer()
 
@@ -17,11 +18,7 @@ TOK = ByteTokenizer()
 def _model(implementation: str, dtype: torch.dtype, device: str) -> LlamaForCausalLM:
     torch.manual_seed(0)
     config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=176,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+        **TINY_LLAMA,
         vocab_size=TOK.vocab_size,
         use_cache=False,
         attn_implementation=implementation,

@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from omegaconf import OmegaConf
 from transformers import LlamaConfig
 
 from ghsweep.train.flops import ModelShape
+from tests.support.paths import CONF_DIR
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 
-
-def test_a_transformers_config_and_the_model_config_it_was_made_from_agree():
-    model = OmegaConf.load(CONF / "model" / "llama2_7b.yaml")
-    hf = LlamaConfig(
-        hidden_size=model.hidden_size,
-        intermediate_size=model.intermediate_size,
-        num_hidden_layers=model.num_layers,
-        num_attention_heads=model.num_attention_heads,
-        num_key_value_heads=model.num_key_value_heads,
-        vocab_size=model.vocab_size,
+def test_the_model_config_and_the_transformers_config_of_llama2_7b_agree():
+    # transformers' LlamaConfig defaults are Llama-2-7B's published config.
+    model = OmegaConf.load(CONF_DIR / "model" / "llama2_7b.yaml")
+    assert (
+        ModelShape.from_hf(LlamaConfig().to_dict())
+        == ModelShape.of_model(model)
+        == ModelShape(4096, 11008, 32, 32, 32, 32000)
     )
-    assert ModelShape.from_hf(hf.to_dict()) == ModelShape.of_model(model) == ModelShape(4096, 11008, 32, 32, 32, 32000)
 
 
 def test_a_config_json_without_key_value_heads_has_one_per_attention_head():
