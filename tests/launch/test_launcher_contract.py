@@ -15,8 +15,22 @@ import pytest
 from hydra.core.plugins import Plugins
 from hydra.plugins.launcher import Launcher
 from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
+from hydra.version import VersionBase
+from packaging.version import Version
 
 LAUNCHERS = "hydra_plugins.ghsweep_launcher.ghsweep_launcher"
+
+
+@pytest.fixture(autouse=True)
+def hydra_s_compatibility_version_base():
+    """Hydra's contract is written for its compatibility defaults (version_base 1.1: a job changes into
+    its output folder and logs there). The version base is a process-wide singleton that a test run
+    earlier in this process may have set to ghsweep's 1.3."""
+    base = VersionBase.instance()
+    before = base.getbase()
+    base.setbase(Version("1.1"))
+    yield
+    base.version_base = before
 
 
 def test_hydra_s_plugin_scan_finds_ghsweep_s_launchers():
