@@ -7,11 +7,8 @@ nodes cannot share a SQLite file. Every job trains the tiny smoke model for a fe
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,8 +17,7 @@ from ghsweep.core.run_dir import SLURM_JOBS
 from ghsweep.launch.slurm_jobs import load_jobs
 from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.train.data import synthetic_dolly, write_dolly_jsonl
-from tests.slurm.cluster import HERE as CLUSTER_SCRIPTS
-from tests.slurm.cluster import free_port_base, sacct_states
+from tests.slurm.cluster import sacct_states, started_cluster
 from tests.support.cli import run_cli, start_cli
 from tests.support.models import UNREADABLE_WEIGHTS_ERROR, unreadable_model
 from tests.support.slurm_sweeps import runs, sweep_args, wait_for
@@ -296,19 +292,8 @@ def test_one_combination_on_two_nodes_runs_four_ranks(mlflow_server, tmp_path):
 def test_another_cluster_on_the_host_stopping_leaves_this_one_working():
     # Test sessions in parallel (pytest-xdist workers, two checkouts) each start a cluster on one host;
     # one stopping must not take the others' authentication (munged) with it.
-    other = Path(tempfile.mkdtemp(prefix="ghsweep-slurm-other-", dir="/var/tmp"))
-    other.chmod(0o755)
-    env = {**os.environ, "SLURM_CONF": str(other / "etc" / "slurm.conf")}
-    try:
-        subprocess.run(
-            [str(CLUSTER_SCRIPTS / "start_cluster.sh"), str(other), str(free_port_base())],
-            env=env,
-            check=True,
-            timeout=300,
-        )
-    finally:
-        subprocess.run([str(CLUSTER_SCRIPTS / "stop_cluster.sh"), str(other)], env=env, check=False, timeout=120)
-        shutil.rmtree(other, ignore_errors=True)
+    with started_cluster():
+        pass
     job = subprocess.run(["sbatch", "--parsable", "--wrap", "true"], capture_output=True, text=True, timeout=60)
     assert job.returncode == 0, job.stderr
     job_id = job.stdout.strip()

@@ -81,6 +81,14 @@ def running_cluster() -> Iterator[Path]:
         reason = f"no SLURM cluster: starting one needs root (sudo {HERE / 'start_cluster.sh'})"
     if reason:
         unavailable(reason)
+    with started_cluster() as state:
+        yield state
+
+
+@contextmanager
+def started_cluster() -> Iterator[Path]:
+    """A cluster of its own, started for as long as this is open (its state directory); SLURM_CONF
+    names it meanwhile."""
     # Not under pytest's own temporary folder: that is readable by its owner only, and munged runs as
     # the munge user, who must reach its log and key there.
     state = Path(tempfile.mkdtemp(prefix="ghsweep-slurm-", dir="/var/tmp"))
