@@ -22,6 +22,7 @@ import submitit
 from hydra.core.utils import JobStatus
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
+from ghsweep.core.atomic import write_atomic
 from ghsweep.core.errors import JobTimeout
 from ghsweep.core.failures import failure_class
 from ghsweep.core.names import (
@@ -89,9 +90,9 @@ class SubmittedJob:
 
 
 def save_jobs(sweep_dir: Path, jobs: list[SubmittedJob]) -> None:
-    path = sweep_dir / SLURM_JOBS
+    # Whole or not at all: `ghsweep.status` and a resumed sweep read it while a sweep submits.
     known = load_jobs(sweep_dir)
-    path.write_text(json.dumps([asdict(j) for j in known + jobs], indent=2))
+    write_atomic(sweep_dir / SLURM_JOBS, json.dumps([asdict(j) for j in known + jobs], indent=2), mode=0o644)
 
 
 def load_jobs(sweep_dir: Path) -> list[SubmittedJob]:

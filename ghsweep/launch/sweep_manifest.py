@@ -10,6 +10,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ghsweep.core.atomic import write_atomic
 from ghsweep.core.errors import SweepDirInUse, SweepNotFound
 from ghsweep.core.run_dir import SWEEP_MANIFEST
 from ghsweep.tracking import redact
@@ -38,11 +39,9 @@ class SweepManifest:
 
     def save(self, sweep_dir: Path) -> None:
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        path = sweep_dir / SWEEP_MANIFEST
-        path.write_text(json.dumps(asdict(self), indent=2))
         # Jobs need the real URI; one with a password is readable by the user only, as config.yaml is.
-        if redact.text(self.tracking_uri) != self.tracking_uri:
-            path.chmod(0o600)
+        secret = redact.text(self.tracking_uri) != self.tracking_uri
+        write_atomic(sweep_dir / SWEEP_MANIFEST, json.dumps(asdict(self), indent=2), mode=0o600 if secret else 0o644)
 
     @classmethod
     def load(cls, sweep_dir: Path) -> SweepManifest | None:
