@@ -66,6 +66,20 @@ def requeue_reason() -> str:
     return f"SLURM job {job_id} was requeued{after} (restart {restart})"
 
 
+def controller_state(job_id: str) -> str | None:
+    """The job's state as the SLURM controller holds it now (None once it no longer knows the job).
+    Unlike sacct's, it is never behind: a job requeued after its node was lost is PENDING here while
+    accounting may still show its earlier start's NODE_FAIL as the job's latest record."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    state = re.search(r"\bJobState=(\S+)", out)
+    return state.group(1) if state else None
+
+
 def job_ending() -> str | None:
     """In a SLURM job whose worker was just killed from outside: SLURM's state for the job when the
     controller is ending it (cancelled, requeued, preempted, its node lost), else None."""
@@ -74,15 +88,9 @@ def job_ending() -> str | None:
         return None
     deadline = time.monotonic() + ENDING_WAIT_S
     while True:
-        try:
-            out = subprocess.run(
-                ["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30
-            ).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            out = ""
-        state = re.search(r"\bJobState=(\S+)", out)
-        if state and state.group(1) != "RUNNING":
-            return state.group(1)
+        state = controller_state(job_id)
+        if state and state != "RUNNING":
+            return state
         if time.monotonic() > deadline:
             return None
         time.sleep(1.0)

@@ -37,6 +37,7 @@ from ghsweep.core.names import (
 )
 from ghsweep.core.run_dir import RESULT, SLURM_JOBS, WORKER_LOG
 from ghsweep.core.run_result import RunResult, RunStatus
+from ghsweep.launch.requeue import controller_state
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking.mlflow_store import MlflowStore
 
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 FORCED_STATE_S = 15.0
 # SLURM states of a job that has not ended (UNKNOWN is not one: sacct may be unavailable for good).
 ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
+# States sacct gives a start of a job that SLURM may have requeued: the job itself may not have ended.
+REQUEUED_AFTER = ("NODE_FAIL", "PREEMPTED", "BOOT_FAIL")
 
 
 def slurm_unavailable(launcher: str) -> str | None:
@@ -103,7 +106,14 @@ def load_jobs(sweep_dir: Path) -> list[SubmittedJob]:
 def has_ended(job: submitit.Job) -> bool:
     """Its task is over and SLURM says so too: a cancelled job can write its result while SLURM still
     reports it RUNNING, and only the final state says it was cancelled."""
-    return job.done() and not job.state.startswith(ACTIVE_STATES)
+    if not job.done() or job.state.startswith(ACTIVE_STATES):
+        return False
+    if job.state.startswith(REQUEUED_AFTER) and (controller_state(job.job_id) or "").startswith(ACTIVE_STATES):
+        # sacct's latest record is the lost start's until the requeued one is eligible (minutes), and
+        # submitit stops asking about a job it saw end: forget its states so they are asked again.
+        job.watcher.clear()
+        return False
+    return True
 
 
 def wait_until_ended(jobs: list[submitit.Job], poll_s: float) -> None:
