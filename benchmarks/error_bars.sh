@@ -9,12 +9,17 @@
 #        train.seq_length=4096 train.micro_batch_size=1 train.max_steps=12` as it runs now (measuring on
 #        until each interval is within train.measure_ci_pct), with its wall time.
 # today: the same sweep at a fixed length (train.measure=false): the wall time the sweep had before.
-# Writes into OUT: bench.json, cli_1..3/ (run directories), sweep/ and sweep_today/ (sweep directories,
+# repeats: `python -m ghsweep -m repeat=1,2,3 precision=fp8 ...` (no profiler), each run measured to
+#        REPEATS_CI_PCT (default 0.25) of its median: how far apart three processes land when each is
+#        measured that closely (at the default 1% the repeats differ by up to about 1%).
+# Writes into OUT: bench.json, cli_1..3/ (run directories), sweep/, sweep_today/ and repeats/ (sweep directories,
 # comparison.md in each), *_wall_s, *.log, and error_bars.json; prints the table of everything in OUT last.
 set -uo pipefail
+usage="usage: bash benchmarks/error_bars.sh OUT [agree|sweep|today|repeats|all]"
 cd "$(dirname "$0")/.."
-out=${1:?usage: bash benchmarks/error_bars.sh OUT [agree|sweep|today|all]}
+out=${1:?$usage}
 part=${2:-all}
+[[ $part =~ ^(agree|sweep|today|repeats|all)$ ]] || { echo "unknown part '$part'; $usage"; exit 2; }
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 shape=(model=llama2_7b train.seq_length=4096 train.micro_batch_size=1 tracking.uri="sqlite:///$out/mlflow.db")
@@ -42,5 +47,10 @@ if [[ $part == sweep || $part == all ]]; then
 fi
 if [[ $part == today || $part == all ]]; then
     timed sweep_today python3 -m ghsweep "${sweep_line[@]}" train.measure=false hydra.sweep.dir="$out/sweep_today"
+fi
+if [[ $part == repeats || $part == all ]]; then
+    timed repeats python3 -m ghsweep -m repeat=1,2,3 precision=fp8 offload=off profile=none "${shape[@]}" \
+        train.measure_ci_pct="${REPEATS_CI_PCT:-0.25}" train.measure_max_steps=800 train.measure_max_s=75 \
+        hydra.sweep.dir="$out/repeats"
 fi
 python3 benchmarks/error_bars_table.py "$out"

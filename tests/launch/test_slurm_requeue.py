@@ -37,16 +37,20 @@ def requeued_sweep(
     )
     proc = start_cli(args, tmp_path)
     try:
-        wait_for(lambda: (sweep_dir / SLURM_JOBS).exists(), 300, "the sweep's job to be submitted")
+        wait_for(lambda: (sweep_dir / SLURM_JOBS).exists() or proc.poll() is not None, 300, "the job's submission")
+        assert proc.poll() is None, "the sweep ended before it submitted a job"
         (job,) = load_jobs(sweep_dir)
         metrics = Path(job.run_dir) / METRICS
         wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 240, "the job to train")
         stop_job(job.job_id)
         out, err = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            subprocess.run(["scancel", *[j.job_id for j in load_jobs(sweep_dir)]], check=False)
+    except (AssertionError, subprocess.TimeoutExpired) as exc:
+        # What the sweep and the cluster said, for a failure here is otherwise silent.
+        proc.kill()
+        out, err = proc.communicate()
+        queue = subprocess.run(["squeue", "-a", "-l"], capture_output=True, text=True, check=False).stdout
+        subprocess.run(["scancel", *[j.job_id for j in load_jobs(sweep_dir)]], check=False)
+        raise AssertionError(f"{exc}\nsweep output:\n{out[-3000:]}{err[-3000:]}\nsqueue:\n{queue}") from exc
     return subprocess.CompletedProcess(args, proc.returncode, out, err), job.job_id
 
 
