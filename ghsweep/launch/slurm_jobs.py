@@ -108,12 +108,18 @@ def has_ended(job: submitit.Job) -> bool:
     reports it RUNNING, and only the final state says it was cancelled."""
     if not job.done() or job.state.startswith(ACTIVE_STATES):
         return False
-    if job.state.startswith(REQUEUED_AFTER) and (controller_state(job.job_id) or "").startswith(ACTIVE_STATES):
-        # sacct's latest record is the lost start's until the requeued one is eligible (minutes), and
+    if requeued(job.state, job.job_id):
         # submitit stops asking about a job it saw end: forget its states so they are asked again.
         job.watcher.clear()
         return False
     return True
+
+
+def requeued(state: str, job_id: str) -> bool:
+    """Whether a job that sacct says ended `state` was requeued by the controller: for a moment after
+    a node is lost, sacct's latest record of the job is the lost start's NODE_FAIL while the
+    controller already holds the job PENDING again."""
+    return state.startswith(REQUEUED_AFTER) and (controller_state(job_id) or "").startswith(ACTIVE_STATES)
 
 
 def wait_until_ended(jobs: list[submitit.Job], poll_s: float) -> None:

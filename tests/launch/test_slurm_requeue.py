@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from ghsweep.core.run_dir import METRICS, SLURM_JOBS
-from ghsweep.launch.slurm_jobs import load_jobs
+from ghsweep.launch.requeue import controller_state
+from ghsweep.launch.slurm_jobs import load_jobs, requeued
 from ghsweep.tracking.mlflow_store import MlflowStore
 from tests.slurm.cluster import sacct_states
 from tests.support.cli import start_cli
@@ -90,3 +91,38 @@ def test_a_job_whose_node_goes_down_starts_over_on_the_other_node(mlflow_server,
         for node in downed:
             subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
     assert_finished_on_its_second_start(mlflow_server, "slurm_node_down", proc, job_id, "NODE_FAIL")
+
+
+def test_a_job_whose_node_failed_counts_as_ended_only_when_the_controller_did_not_requeue_it(tmp_path):
+    """sacct reports NODE_FAIL for a moment after a node is lost even for a job the controller has
+    already requeued (seen at 0.1 s, PENDING by 3 s on the test cluster): the sweep must keep waiting
+    for that one, and stop waiting for one that cannot be requeued."""
+    jobs: list[str] = []
+    nodes: list[str] = []
+
+    def job_on_a_downed_node(requeue: str) -> str:
+        job = subprocess.run(
+            ["sbatch", "--parsable", requeue, "-o", str(tmp_path / "%j.out"), "--wrap", "sleep 600"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        jobs.append(job)
+        wait_for(lambda: controller_state(job) == "RUNNING", 120, f"job {job} to run")
+        nodes.append(squeue_field(job, "%N"))
+        subprocess.run(["scontrol", "update", f"nodename={nodes[-1]}", "state=down", "reason=ghsweep test"], check=True)
+        wait_for(lambda: controller_state(job) not in (None, "RUNNING", "COMPLETING"), 60, f"job {job} to stop")
+        subprocess.run(["scontrol", "update", f"nodename={nodes[-1]}", "state=resume"], check=False)
+        return job
+
+    try:
+        requeueable, not_requeueable = job_on_a_downed_node("--requeue"), job_on_a_downed_node("--no-requeue")
+        assert controller_state(requeueable) == "PENDING"
+        assert requeued("NODE_FAIL", requeueable)
+        assert controller_state(not_requeueable) == "NODE_FAIL"
+        assert not requeued("NODE_FAIL", not_requeueable)
+        assert not requeued("FAILED", requeueable)  # only a state SLURM requeues after
+    finally:
+        subprocess.run(["scancel", *jobs], check=False)
+        for node in nodes:
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
