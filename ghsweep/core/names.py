@@ -15,6 +15,9 @@ STEP_RANGE_PREFIX = "step "
 # The ranges inside each step (train/phases.py records them, the profile analysis reads them).
 PHASES = ("data", "forward", "backward", "optimizer")
 
+# A run's info `measure_stop` when its trial was pruned (the worker stops, the tune sweeper reads it).
+MEASURE_PRUNED = "pruned"
+
 # Tags of ghsweep's MLflow runs that more than one stage writes or reads (the full list is in README).
 RUN_DIR_TAG = "ghsweep.run_dir"
 OVERRIDES_TAG = "ghsweep.overrides"  # the combination's overrides, as a shell would quote them (join_overrides)

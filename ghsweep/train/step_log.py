@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import IO, TypeAlias
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.core.errors import NonFiniteLoss
-from ghsweep.core.names import STEP_RANGE_PREFIX
+from ghsweep.core.names import MEASURE_PRUNED, STEP_RANGE_PREFIX
 from ghsweep.core.stats import StepStats, step_stats
 from ghsweep.train.memory_record import HISTORY_STEPS, stop_history
 
@@ -147,12 +147,14 @@ STOP_STEPS = "max_steps"  # a fixed length: train.max_steps
 STOP_TARGET = "ci_target"  # the steady steps' interval reached train.measure_ci_pct
 STOP_STEP_BUDGET = "step_budget"  # train.measure_max_steps spent first
 STOP_TIME_BUDGET = "time_budget"  # train.measure_max_s spent first
+STOP_PRUNED = MEASURE_PRUNED  # slower than a tuning study's best trial beyond the noise (tune.prune)
 
 
 @dataclass(frozen=True)
 class Measure:
     """How long a run trains: `train.max_steps`, or (train.measure) on past it until the steady steps'
-    95% interval of step time is within `target_ci_pct` of the median, or a budget is spent."""
+    95% interval of step time is within `target_ci_pct` of the median, or a budget is spent, or (a
+    trial of a study with tune.prune) its tokens/s is below `prune_below` beyond the noise."""
 
     min_steps: int
     min_warmup: int
@@ -160,9 +162,11 @@ class Measure:
     target_ci_pct: float | None  # None: a fixed length
     max_steps: int
     max_s: float
+    prune_below: float | None = None  # tokens/s
 
     @classmethod
-    def from_config(cls, train: DictConfig, device_type: str, excluded: range) -> Measure:
+    def from_config(cls, cfg: DictConfig, device_type: str, excluded: range) -> Measure:
+        train = cfg.train
         adaptive = train.measure is True or (train.measure == "auto" and device_type == "cuda")
         return cls(
             min_steps=train.max_steps,
@@ -171,6 +175,8 @@ class Measure:
             target_ci_pct=train.measure_ci_pct if adaptive else None,
             max_steps=max(train.max_steps, train.measure_max_steps) if adaptive else train.max_steps,
             max_s=train.measure_max_s,
+            # Set by the tune sweeper for each trial: the lower end of its best finished trial's interval.
+            prune_below=OmegaConf.select(cfg, "tune.prune_below_tokens_per_s"),
         )
 
     def stop(self, log: StepLog, steps_done: int, elapsed_s: float) -> str | None:
@@ -179,9 +185,12 @@ class Measure:
             return None
         if self.target_ci_pct is None:
             return STOP_STEPS
-        width = log.stats(self.min_warmup, self.excluded).step_time_ms.half_width_pct
-        if width <= self.target_ci_pct:
+        measured = log.summary(self.min_warmup, self.excluded)
+        if measured.get("step_time_ms_ci_pct", math.inf) <= self.target_ci_pct:
             return STOP_TARGET
+        # Only a measurement cut short saves time: one that reached its target is a whole answer.
+        if self.prune_below is not None and measured.get("tokens_per_s_ci_high", math.inf) < self.prune_below:
+            return STOP_PRUNED
         if steps_done >= self.max_steps:
             return STOP_STEP_BUDGET
         if elapsed_s >= self.max_s:

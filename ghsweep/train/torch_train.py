@@ -161,7 +161,7 @@ def _train(
     tokens_per_step = cfg.train.micro_batch_size * cfg.train.seq_length * ranks.world_size
     log = StepLog(run_dir / METRICS if ranks.is_main else None, device, tokens_per_step)
 
-    measure = Measure.from_config(cfg.train, device.type, capture_steps(cfg, plan.profile.used != "none"))
+    measure = Measure.from_config(cfg, device.type, capture_steps(cfg, plan.profile.used != "none"))
     # Under the managed-memory allocator torch's device counters raise: no breakdown there.
     breakdown = PeakBreakdown(device) if device.type == "cuda" and managed is None else None
     train_started_at = time.time()

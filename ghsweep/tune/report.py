@@ -22,6 +22,7 @@ from ghsweep.core.run_dir import TUNE_ANSWER, TUNE_REPORT  # noqa: E402
 from ghsweep.report.sweep_table import align  # noqa: E402
 from ghsweep.tune.settings import TuneSettings  # noqa: E402
 from ghsweep.tune.space import SearchSpace  # noqa: E402
+from ghsweep.tune.study import PRUNED_ATTR  # noqa: E402
 
 
 def command(trial: FrozenTrial) -> str:
@@ -71,18 +72,24 @@ def trial_table(study: optuna.Study, settings: TuneSettings, space: SearchSpace)
     header = ["trial", *space.distributions, *(o.metric for o in settings.objectives), "state", "best", "note"]
     rows = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        values = (
-            [format(v, ".4g") for v in t.values] if t.state == TrialState.COMPLETE else ["-"] * len(settings.objectives)
-        )
+        pruned = t.user_attrs.get(PRUNED_ATTR)
+        if t.state == TrialState.COMPLETE:
+            values = [format(v, ".4g") for v in t.values]
+        elif pruned and t.intermediate_values:  # what it measured before it was stopped
+            values = [format(t.intermediate_values[t.last_step], ".4g")]
+        else:
+            values = ["-"] * len(settings.objectives)
         state = (
             "finished"
             if t.state == TrialState.COMPLETE and _feasible(t)
             else "infeasible"
             if t.state == TrialState.COMPLETE
+            else "pruned"
+            if pruned
             else "failed"
         )
         broken = ", ".join(k for k, v in t.constraints.items() if v > 0)
-        note = t.user_attrs.get("error") or (f"violates {broken}" if broken else "")
+        note = t.user_attrs.get("error") or pruned or (f"violates {broken}" if broken else "")
         rows.append(
             [
                 str(t.number),
@@ -103,6 +110,8 @@ def quiet_optuna() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
+        # Too few finished trials: the summary says so itself ("needs more finished trials").
+        warnings.filterwarnings("ignore", message="The number of trials is too small to compute importances")
         yield
 
 
@@ -172,9 +181,11 @@ def plots(study: optuna.Study, settings: TuneSettings, out_dir: Path) -> list[Pa
 def summarize(study: optuna.Study, settings: TuneSettings, space: SearchSpace) -> str:
     """The study's answer in words, for the terminal and the report."""
     states = [t.state for t in study.trials]
+    pruned = sum(1 for t in study.trials if t.state == TrialState.PRUNED and PRUNED_ATTR in t.user_attrs)
     lines = [
         f"ghsweep tune: study {study.study_name}: {states.count(TrialState.COMPLETE)} trials finished, "
-        f"{states.count(TrialState.PRUNED)} failed"
+        + (f"{pruned} pruned (slower than the best beyond the noise), " if pruned else "")
+        + f"{states.count(TrialState.PRUNED) - pruned} failed"
         + (
             f"; {states.count(TrialState.FAIL)} not counted (a repeat of a measured combination, "
             "an infrastructure failure or an interrupted trial, each asked again)"

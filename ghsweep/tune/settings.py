@@ -49,6 +49,7 @@ class TuneSettings:
     seed: int
     storage: str
     study: str | None
+    prune: bool = False
 
     @property
     def multi_objective(self) -> bool:
@@ -66,6 +67,15 @@ class TuneSettings:
             constraints.append(Constraint("peak_mem_gb", "<=", _number("tune.max_peak_mem_gb", tune.max_peak_mem_gb)))
         if tune.sampler not in SAMPLERS:
             raise TuneConfigError(f"tune.sampler={tune.sampler}: unknown; accepted: {', '.join(SAMPLERS)}")
+        prune = tune.get("prune", False)
+        if not isinstance(prune, bool):
+            raise TuneConfigError(f"tune.prune={prune}: accepted: true, false")
+        if prune and [(o.metric, o.direction) for o in objectives] != [("tokens_per_s", "maximize")]:
+            raise TuneConfigError(
+                f"tune.prune=true prunes on the throughput a run measures as it trains; tune.objective="
+                f"{','.join(o.metric for o in objectives)} (direction {','.join(o.direction for o in objectives)}) "
+                "cannot be pruned: accepted with tune.objective=tokens_per_s tune.direction=maximize"
+            )
         return cls(
             trials=_count("tune.trials", tune.trials, 1),
             parallel=_count("tune.parallel", tune.parallel, 1),
@@ -76,6 +86,7 @@ class TuneSettings:
             seed=_count("tune.seed", tune.seed, 0),
             storage=str(tune.storage),
             study=None if tune.study is None else str(tune.study),
+            prune=prune,
         )
 
 

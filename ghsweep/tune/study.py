@@ -14,6 +14,11 @@ GPU's hardware; after the launcher's own retries) says nothing about its combina
 told FAIL, which samplers ignore and which does not count towards `tune.trials`, and its knob
 values are asked again once.
 
+With tune.prune, each batch's runs are given the best feasible trial's lower tokens/s bound
+(prune_bar); a run that measured itself slower beyond the noise stops early and is told as a
+PRUNED trial with its tokens/s as the last intermediate value (the `pruned` user attribute says
+why): what it measured is kept, and it is not a failure.
+
 In a finite space (categorical and integer knobs) a trial is never spent on a combination the study
 has already measured while others remain: a sampler's repeat is told FAIL (`repeat_of`) and an
 unmeasured combination, drawn with the study's seed, is asked in its place.
@@ -38,11 +43,16 @@ from optuna.trial import Trial, TrialState
 
 from ghsweep.core.errors import one_line
 from ghsweep.core.failures import DETERMINISTIC, INFRASTRUCTURE, failure_class
+from ghsweep.core.names import MEASURE_PRUNED
+from ghsweep.core.run_dir import SUMMARY
 from ghsweep.core.run_result import RunStatus
+from ghsweep.core.summary import RunSummary
 from ghsweep.tune.settings import TuneSettings
 from ghsweep.tune.space import SearchSpace
 
 RUN_FAILED = "run_failed"
+# The user attribute of a trial stopped early for being slower than the best (tune.prune): why.
+PRUNED_ATTR = "pruned"
 # The tags that tie an MLflow run to its trial.
 STUDY_TAG = "ghsweep.tune.study"
 TRIAL_TAG = "ghsweep.tune.trial"
@@ -63,6 +73,7 @@ class TrialOutcome:
     run_id: str | None = None
     run_dir: str | None = None
     failure_class: str | None = None
+    measure_stop: str | None = None  # why its run stopped measuring (summary.json's info)
 
     @classmethod
     def from_job(cls, job: JobReturn, overrides: list[str]) -> TrialOutcome:
@@ -72,14 +83,17 @@ class TrialOutcome:
             return cls(overrides, RunStatus.FAILED, error=one_line(exc))
         if not result:
             return cls(overrides, RunStatus.FAILED, error="the job returned no result")
+        run_dir = result.get("run_dir")
+        summary = Path(run_dir, SUMMARY) if run_dir else None
         return cls(
             overrides,
             RunStatus(result["status"]),
             dict(result.get("metrics") or {}),
             result.get("error"),
             result.get("mlflow_run_id"),
-            result.get("run_dir"),
+            run_dir,
             result.get("failure_class"),
+            RunSummary.load(summary.parent).info.get("measure_stop") if summary and summary.exists() else None,
         )
 
 
@@ -138,9 +152,21 @@ def earlier_failures(study: optuna.Study) -> dict[tuple, str]:
     again (an OOM costs a whole run). Infrastructure failures are not answered from record."""
     failures: dict[tuple, str] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)):
-        if t.user_attrs.get("failure_class", DETERMINISTIC) == DETERMINISTIC:
+        if PRUNED_ATTR not in t.user_attrs and t.user_attrs.get("failure_class", DETERMINISTIC) == DETERMINISTIC:
             failures.setdefault(knob_values(t.params), f"as in trial {t.number}: {t.user_attrs.get('error')}")
     return failures
+
+
+def prune_bar(study: optuna.Study) -> float | None:
+    """The tokens/s a trial must not fall below beyond its noise (tune.prune): the lower end of the
+    best feasible finished trial's 95% interval (its value where the run recorded none); None before
+    any trial finished within the constraints."""
+    try:
+        best = study.best_trial
+    except ValueError:
+        return None
+    low = best.user_attrs.get("tokens_per_s_ci", [best.value])[0]
+    return float(low) if low == low else best.value  # NaN: no interval
 
 
 def measured(study: optuna.Study) -> set[tuple]:
@@ -190,8 +216,11 @@ def knob_values(params: dict) -> tuple:
     return tuple(sorted(params.items()))
 
 
-def tell(study: optuna.Study, settings: TuneSettings, trial: Trial, outcome: TrialOutcome) -> str:
-    """Tell the study how the trial's run went; returns a one-line account of it."""
+def tell(
+    study: optuna.Study, settings: TuneSettings, trial: Trial, outcome: TrialOutcome, bar: float | None = None
+) -> str:
+    """Tell the study how the trial's run went; returns a one-line account of it. `bar`: the tokens/s
+    the trial was asked not to fall below (tune.prune)."""
     trial.set_user_attr("overrides", outcome.overrides)
     for key in ("run_id", "run_dir"):
         if getattr(outcome, key):
@@ -228,6 +257,15 @@ def tell(study: optuna.Study, settings: TuneSettings, trial: Trial, outcome: Tri
         if violation > 0:
             broken.append(constraint.label)
     values = [outcome.metrics[o.metric] for o in settings.objectives]
-    study.tell(trial, values)
     told = ", ".join(f"{o.metric}={v:.4g}" for o, v in zip(settings.objectives, values))
+    if outcome.measure_stop == MEASURE_PRUNED and bar is not None:
+        # Optuna's pruned trial: its last intermediate value is what the samplers learn from.
+        steps = int(outcome.metrics.get("steps", 0))
+        high = outcome.metrics.get("tokens_per_s_ci_high", values[0])
+        why = f"stopped after {steps} steps: tokens/s at most {high:.4g} (95%), below the best's {bar:.4g}"
+        trial.set_user_attr(PRUNED_ATTR, why)
+        trial.report(values[0], step=steps)
+        study.tell(trial, state=TrialState.PRUNED)
+        return f"pruned, {told}: {why}"
+    study.tell(trial, values)
     return told + (f" (infeasible: {', '.join(broken)} does not hold)" if broken else "")

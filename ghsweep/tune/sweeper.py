@@ -39,6 +39,7 @@ from ghsweep.tune.study import (
     knob_values,
     measured,
     open_study,
+    prune_bar,
     tell,
     trials_done,
 )
@@ -111,10 +112,11 @@ class TuneSweeper(Sweeper):
             for _ in range(min(settings.parallel, left)):
                 trials.append(ask_unmeasured(study, space, taken, settings.seed + len(study.trials)))
                 taken.add(knob_values(trials[-1].params))
-            outcomes = self._outcomes(study, space, trials)
+            bar = prune_bar(study) if settings.prune else None
+            outcomes = self._outcomes(study, space, trials, bar)
             for trial in trials:
                 outcome = outcomes[trial.number]
-                told = tell(study, settings, trial, outcome)
+                told = tell(study, settings, trial, outcome, bar)
                 if outcome.run_id:
                     store.set_tags(outcome.run_id, {STUDY_TAG: study.study_name, TRIAL_TAG: trial.number})
                 print(f"ghsweep tune: trial {trial.number} ({' '.join(outcome.overrides)}): {told}", flush=True)
@@ -136,9 +138,12 @@ class TuneSweeper(Sweeper):
             flush=True,
         )
 
-    def _outcomes(self, study: optuna.Study, space: SearchSpace, trials: list[Trial]) -> dict[int, TrialOutcome]:
+    def _outcomes(
+        self, study: optuna.Study, space: SearchSpace, trials: list[Trial], bar: float | None
+    ) -> dict[int, TrialOutcome]:
         """Each trial's outcome by its number: the failure its knob values had before in the study, or
-        its run, the runs of a batch launched together as jobs numbered on from the sweep's last."""
+        its run, the runs of a batch launched together as jobs numbered on from the sweep's last. With
+        a `bar` (tune.prune) each run stops early once its tokens/s is below it beyond the noise."""
         failed_before = {} if self.config.force else earlier_failures(study)
         outcomes = {
             t.number: TrialOutcome(
@@ -151,7 +156,9 @@ class TuneSweeper(Sweeper):
         batch = [space.overrides(t.params) for t in to_run]
         if batch:
             self.validate_batch_is_legal(batch)
-            jobs = self.launcher.launch(batch, initial_job_idx=self.job_num)
+            # Under `tune`, which is not part of a run's identity: a resumed study reuses the run.
+            pruning = [] if bar is None else [f"tune.prune_below_tokens_per_s={bar:.6g}"]
+            jobs = self.launcher.launch([o + pruning for o in batch], initial_job_idx=self.job_num)
             self.job_num += len(batch)
             outcomes.update((t.number, TrialOutcome.from_job(job, o)) for t, o, job in zip(to_run, batch, jobs))
         return outcomes

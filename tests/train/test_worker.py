@@ -136,6 +136,32 @@ def test_a_measuring_run_trains_on_until_its_budget_and_records_its_interval(tmp
     assert m["step_time_ms_ci_pct"] > 0.001
 
 
+@pytest.mark.parametrize(("bar", "stop"), [(1e12, "pruned"), (1.0, "step_budget")])
+def test_a_measuring_trial_stops_early_only_when_it_is_slower_than_the_bar(tmp_path, bar, stop):
+    """tune.prune: a bar no CPU reaches stops the run at the first flush whose interval is known; a
+    bar every run beats leaves it to its step budget."""
+    cfg = compose_config(
+        "experiment=smoke",
+        "train.max_steps=6",
+        "train.log_every=3",
+        "train.seq_length=64",
+        "train.measure=true",
+        "train.measure_ci_pct=0.001",
+        "train.measure_max_steps=12",
+        f"+tune.prune_below_tokens_per_s={bar}",
+    )
+    planned_run(tmp_path, cfg, profiler="none")
+    proc = run_worker(tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    summary = json.loads((tmp_path / SUMMARY).read_text())
+    m = summary["metrics"]
+    assert summary["info"]["measure_stop"] == stop
+    if stop == "pruned":  # past the minimum, as soon as an interval says it is slower
+        assert 6 <= m["steps"] < 12 and m["tokens_per_s_ci_high"] < bar
+    else:
+        assert m["steps"] == 12
+
+
 def test_a_worker_that_fails_says_why_in_one_line(tmp_path):
     (tmp_path / "config.yaml").write_text("seed: 0\n")
     proc = run_worker(tmp_path, RANK="1")

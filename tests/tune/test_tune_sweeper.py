@@ -215,6 +215,11 @@ def test_two_objectives_give_the_pareto_front(cwd, first):
         (["tune.objective=[a,b]"], "tune.direction=maximize: one direction per objective (2)"),
         (["+tune.min.mfu=high"], "tune.min.mfu=high: must be a number"),
         (["tune.trials=0"], "tune.trials=0: must be a whole number >= 1"),
+        (["tune.prune=yes"], "tune.prune=yes: accepted: true, false"),
+        (
+            ["tune.prune=true", "tune.objective=final_loss", "tune.direction=minimize"],
+            "tune.objective=final_loss (direction minimize) cannot be pruned: accepted with tune.objective=tokens_per_s",
+        ),
         # A SLURM profile, as wait=false asks; its jobs are never submitted.
         (
             ["wait=false", "hydra/launcher=local_slurm", "tracking=sqlite"],
@@ -293,3 +298,48 @@ def test_a_small_space_is_enumerated_before_a_repeat_and_the_comparison_lists_ea
     assert len(listed) == len(set(listed)) == 4
     comparison = (tmp_path / "sweep" / "comparison" / "comparison.md").read_text()
     assert len(re.findall(r"^\| ?[0-4] ", comparison, flags=re.M)) == 4
+
+
+def test_a_trial_slower_than_the_best_beyond_the_noise_is_pruned(tmp_path):
+    """tune.prune on CPU, where bf16 trains the tiny model several times slower than fp32: measured
+    after fp32, bf16 is stopped at its first interval and told to Optuna as PRUNED with its tokens/s;
+    fp32, first, measures to its step budget. The pruned run is FINISHED in MLflow with what it measured."""
+    proc = run_cli(
+        [
+            "-m",
+            "hydra/sweeper=tune",
+            "experiment=smoke",
+            "precision=fp32,bf16",
+            "train.max_steps=6",
+            "train.log_every=3",
+            "train.seq_length=64",
+            "train.measure=true",
+            "train.measure_ci_pct=0.001",  # narrower than a CPU can measure: the budget ends a run not pruned
+            "train.measure_max_steps=24",
+            "tune.trials=2",
+            "tune.prune=true",
+            "tune.seed=2",  # Optuna 5's first random draw under seed 2 is fp32
+            "hydra.sweep.dir=sweep",
+        ],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    study = study_of(tmp_path, proc.stdout)
+    first, second = counted_trials(study)
+    assert (first.params["precision"], second.params["precision"]) == ("fp32", "bf16"), "the seed's order changed"
+    assert first.state == TrialState.COMPLETE and "pruned" not in first.user_attrs
+    assert second.state == TrialState.PRUNED and "below the best's" in second.user_attrs["pruned"]
+    (steps, tokens_per_s), *_ = second.intermediate_values.items()
+    bar = first.user_attrs["tokens_per_s_ci"][0]
+    assert 6 <= steps < 24 and tokens_per_s < bar
+    assert "error" not in second.user_attrs  # pruned, not failed: not answered from record as a failure
+    assert "1 trials finished, 1 pruned (slower than the best beyond the noise), 0 failed" in proc.stdout
+    assert re.search(r"^\d+ +bf16 +[\d.]+ +pruned +stopped after \d+ steps", proc.stdout, flags=re.M), proc.stdout[
+        -2000:
+    ]
+    runs = {
+        r.params["precision"]: r
+        for r in MlflowStore(f"sqlite:///{tmp_path / 'mlflow.db'}", "ghsweep").search(role="run")
+    }
+    assert runs["bf16"].status == "FINISHED" and runs["bf16"].tags["ghsweep.measure_stop"] == "pruned"
+    assert runs["fp32"].tags["ghsweep.measure_stop"] == "step_budget"
