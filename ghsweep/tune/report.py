@@ -76,7 +76,7 @@ def trial_table(study: optuna.Study, settings: TuneSettings, space: SearchSpace)
         if t.state == TrialState.COMPLETE:
             values = [format(v, ".4g") for v in t.values]
         elif pruned and t.intermediate_values:  # what it measured before it was stopped
-            values = [format(t.intermediate_values[t.last_step], ".4g")]
+            values = [format(t.intermediate_values[max(t.intermediate_values)], ".4g")]
         else:
             values = ["-"] * len(settings.objectives)
         state = (

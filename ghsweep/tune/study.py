@@ -93,7 +93,7 @@ class TrialOutcome:
             result.get("mlflow_run_id"),
             run_dir,
             result.get("failure_class"),
-            RunSummary.load(summary.parent).info.get("measure_stop") if summary and summary.exists() else None,
+            str(RunSummary.load(summary.parent).info.get("measure_stop")) if summary and summary.exists() else None,
         )
 
 
