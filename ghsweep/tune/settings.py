@@ -70,6 +70,11 @@ class TuneSettings:
         prune = tune.get("prune", False)
         if not isinstance(prune, bool):
             raise TuneConfigError(f"tune.prune={prune}: accepted: true, false")
+        if tune.get("prune_below_tokens_per_s") is not None:
+            raise TuneConfigError(
+                f"tune.prune_below_tokens_per_s={tune.prune_below_tokens_per_s}: set by the study for each "
+                "trial (tune.prune=true), not on the command line; accepted: null"
+            )
         if prune and [(o.metric, o.direction) for o in objectives] != [("tokens_per_s", "maximize")]:
             raise TuneConfigError(
                 f"tune.prune=true prunes on the throughput a run measures as it trains; tune.objective="

@@ -216,6 +216,7 @@ def test_two_objectives_give_the_pareto_front(cwd, first):
         (["+tune.min.mfu=high"], "tune.min.mfu=high: must be a number"),
         (["tune.trials=0"], "tune.trials=0: must be a whole number >= 1"),
         (["tune.prune=yes"], "tune.prune=yes: accepted: true, false"),
+        (["tune.prune_below_tokens_per_s=5"], "tune.prune_below_tokens_per_s=5: set by the study for each trial"),
         (
             ["tune.prune=true", "tune.objective=final_loss", "tune.direction=minimize"],
             "tune.objective=final_loss (direction minimize) cannot be pruned: accepted with tune.objective=tokens_per_s",
