@@ -104,16 +104,21 @@ def test_the_worker_trains_the_planned_run_and_loads_only_training(tmp_path):
     assert not (tmp_path / WORKER_ERROR).exists()
 
 
+# A run measuring past its 6 steps to a budget of 12: its interval target is narrower than a CPU can
+# measure, so the step budget ends it unless something else does.
+MEASURING_TO_A_BUDGET = (
+    "experiment=smoke",
+    "train.max_steps=6",
+    "train.log_every=3",
+    "train.seq_length=64",
+    "train.measure=true",
+    "train.measure_ci_pct=0.001",
+    "train.measure_max_steps=12",
+)
+
+
 def test_a_measuring_run_trains_on_until_its_budget_and_records_its_interval(tmp_path):
-    cfg = compose_config(
-        "experiment=smoke",
-        "train.max_steps=6",
-        "train.log_every=3",
-        "train.seq_length=64",
-        "train.measure=true",
-        "train.measure_ci_pct=0.001",  # narrower than a CPU can measure: the step budget ends it
-        "train.measure_max_steps=12",
-    )
+    cfg = compose_config(*MEASURING_TO_A_BUDGET)
     planned_run(tmp_path, cfg, profiler="none")
     proc = run_worker(tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -140,16 +145,7 @@ def test_a_measuring_run_trains_on_until_its_budget_and_records_its_interval(tmp
 def test_a_measuring_trial_stops_early_only_when_it_is_slower_than_the_bar(tmp_path, bar, stop):
     """tune.prune: a bar no CPU reaches stops the run at the first flush whose interval is known; a
     bar every run beats leaves it to its step budget."""
-    cfg = compose_config(
-        "experiment=smoke",
-        "train.max_steps=6",
-        "train.log_every=3",
-        "train.seq_length=64",
-        "train.measure=true",
-        "train.measure_ci_pct=0.001",
-        "train.measure_max_steps=12",
-        f"+tune.prune_below_tokens_per_s={bar}",
-    )
+    cfg = compose_config(*MEASURING_TO_A_BUDGET, f"+tune.prune_below_tokens_per_s={bar}")
     planned_run(tmp_path, cfg, profiler="none")
     proc = run_worker(tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
