@@ -84,7 +84,6 @@ class TrialOutcome:
         if not result:
             return cls(overrides, RunStatus.FAILED, error="the job returned no result")
         run_dir = result.get("run_dir")
-        summary = Path(run_dir, SUMMARY) if run_dir else None
         return cls(
             overrides,
             RunStatus(result["status"]),
@@ -93,8 +92,16 @@ class TrialOutcome:
             result.get("mlflow_run_id"),
             run_dir,
             result.get("failure_class"),
-            str(RunSummary.load(summary.parent).info.get("measure_stop")) if summary and summary.exists() else None,
+            _measure_stop(Path(run_dir)) if run_dir else None,
         )
+
+
+def _measure_stop(run_dir: Path) -> str | None:
+    """Why the run in `run_dir` stopped measuring (its summary.json's info), None where it wrote none."""
+    if not (run_dir / SUMMARY).exists():
+        return None
+    stop = RunSummary.load(run_dir).info.get("measure_stop")
+    return None if stop is None else str(stop)
 
 
 def study_name(settings: TuneSettings, space: SearchSpace) -> str:
