@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import random
 import warnings
 from dataclasses import dataclass, field
@@ -172,8 +173,8 @@ def prune_bar(study: optuna.Study) -> float | None:
         best = study.best_trial
     except ValueError:
         return None
-    low = best.user_attrs.get("tokens_per_s_ci", [best.value])[0]
-    return float(low) if low == low else best.value  # NaN: no interval
+    low = float(best.user_attrs.get("tokens_per_s_ci", [best.value])[0])
+    return best.value if math.isnan(low) else low
 
 
 def measured(study: optuna.Study) -> set[tuple]:

@@ -289,12 +289,17 @@ def test_one_combination_on_two_nodes_runs_four_ranks(mlflow_server, tmp_path):
     assert len(runs(mlflow_server, "slurm_world", "run")) == 1
 
 
-def test_another_cluster_on_the_host_stopping_leaves_this_one_working():
+def test_another_cluster_on_the_host_stopping_leaves_this_one_working(tmp_path):
     # Test sessions in parallel (pytest-xdist workers, two checkouts) each start a cluster on one host;
     # one stopping must not take the others' authentication (munged) with it.
     with started_cluster():
         pass
-    job = subprocess.run(["sbatch", "--parsable", "--wrap", "true"], capture_output=True, text=True, timeout=60)
+    job = subprocess.run(
+        ["sbatch", "--parsable", "-o", str(tmp_path / "%j.out"), "--wrap", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert job.returncode == 0, job.stderr
     job_id = job.stdout.strip()
     wait_for(lambda: sacct_states([job_id])[job_id] == "COMPLETED", 120, f"job {job_id} to complete")
