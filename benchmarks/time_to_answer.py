@@ -73,7 +73,9 @@ def table(rows: list[dict], wall_s: float | None) -> str:
         later = fixed[1:] or fixed
         later_s = statistics.median(later)
         lines.append(f"fixed cost per combination: first {fixed[0]:.1f} s, later median {later_s:.1f} s")
-    if wall_s is not None:
+    if wall_s is not None and wall_s < runs_wall:  # runs on several GPUs at once
+        lines.append(f"sweep wall {wall_s:.1f} s: its runs overlapped, {wall_s / runs_wall:.2f}x their summed walls")
+    elif wall_s is not None:
         own_s = wall_s - runs_wall
         lines.append(f"sweep wall {wall_s:.1f} s, of which the sweep's own time (outside its runs) {own_s:.1f} s")
     return "\n".join(lines)

@@ -16,6 +16,9 @@ declare -A LINES=(
   [user7b]="precision=bf16,fp8 offload=on,off model=llama2_7b profile=nsys train.seq_length=4096 train.micro_batch_size=1 train.max_steps=12"
   # The headline line on its defaults (tiny model; nsys where it is found).
   [default]="precision=bf16,fp8 offload=on,off"
+  # The headline line as submitit local jobs, one combination per GPU at once (the GPUs
+  # CUDA_VISIBLE_DEVICES lists: CUDA_VISIBLE_DEVICES=0 LABEL=one-gpu ... for the one-GPU baseline).
+  [default_local_jobs]="precision=bf16,fp8 offload=on,off hydra/launcher=submitit_local"
   # The README's first command.
   [cpu_smoke]="experiment=smoke precision=fp32,bf16 offload=off,on"
 )

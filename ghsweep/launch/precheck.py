@@ -15,6 +15,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
 from ghsweep.core.errors import one_line
+from ghsweep.launch.local_gpus import placed_gpus, too_few_gpus
 from ghsweep.launch.plan import not_runnable
 from ghsweep.tracking import redact
 
@@ -38,13 +39,14 @@ def sweep_refusals(config: DictConfig) -> tuple[int, list[str]]:
     if combos is None:
         return 0, []
     loader = GlobalHydra.instance().config_loader()
+    gpus = placed_gpus(config)
     lines = []
     for num, overrides in enumerate(combos):
         try:
             cfg = loader.load_sweep_config(config, overrides)
             name = redact.run_name(cfg.hydra.job.override_dirname or "run")
             run_dir = Path(str(cfg.hydra.sweep.dir), str(num))
-            reason = not_runnable(cfg, run_dir, name, redact.overrides(overrides))
+            reason = not_runnable(cfg, run_dir, name, redact.overrides(overrides)) or too_few_gpus(cfg, gpus)
         except Exception as exc:  # a combination Hydra cannot compose: the launcher would stop on it
             reason, name = one_line(exc), " ".join(redact.overrides(overrides))
         if reason:

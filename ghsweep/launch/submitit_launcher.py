@@ -41,8 +41,9 @@ from ghsweep.core.errors import JobTimeout
 from ghsweep.core.run_plan import World
 from ghsweep.core.run_result import RunResult
 from ghsweep.launch.dry_run import describe, local_ranks_text
+from ghsweep.launch.local_gpus import gpu_sets, placed_gpus
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
-from ghsweep.launch.slurm_jobs import SubmittedJob, save_jobs, settle, wait_until_ended
+from ghsweep.launch.slurm_jobs import SubmittedJob, has_ended, save_jobs, settle, wait_until_ended
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore
@@ -196,12 +197,18 @@ def launch(
     # One job array per world: a SLURM array has one set of nodes and tasks for all its jobs.
     worlds = {c.world: make_executor(cluster, launcher.params, c.world, cfg.dry_run) for c in combos}
     slurm = cluster == "slurm"
+    # A local sweep on GPUs places each combination on GPUs of its own (precheck made sure each fits);
+    # without any, all run at once.
+    gpus = placed_gpus(cfg)
 
     if cfg.dry_run:
         for c in combos:
             launch, ranks = _launch_description(
                 worlds[c.world], cluster, sum(d.world == c.world for d in combos), c.world
             )
+            if gpus:
+                sets = " ".join(",".join(map(str, s)) for s in gpu_sets(gpus, c.world.size))
+                launch += f", on GPUs of its own: one of the GPU sets {sets}, one combination per set at once"
             print(
                 describe(c.num, c.name, c.run_dir, c.shown_overrides, c.cfg, launch, ranks, on_slurm=slurm),
                 flush=True,
@@ -232,35 +239,21 @@ def launch(
             log.info("\t#%d : %s", c.num, " ".join(filter_overrides(c.overrides)))
         for world, executor in worlds.items():
             group = [c for c in to_submit if c.world == world]
-            if not group:
-                continue
-            submitted = executor.map_array(
-                launcher,
-                [c.overrides for c in group],
-                ["hydra.sweep.dir"] * len(group),
-                [c.num for c in group],
-                [f"job_id_for_{c.num}" for c in group],
-                [Singleton.get_state()] * len(group),
-            )
-            jobs += [
-                (
-                    SubmittedJob(
-                        job_id=j.job_id,
-                        num=c.num,
-                        name=c.name,
-                        run_dir=str(c.run_dir),
-                        overrides=c.shown_overrides,
-                        run_hash=c.run_hash,
-                        folder=str(j.paths.folder),
-                        stdout=str(j.paths.stdout),
-                        stderr=str(j.paths.stderr),
-                    ),
-                    j,
+            if group and gpus:
+                jobs += _submit_on_gpus(launcher, executor, group, gpu_sets(gpus, world.size), sweep_dir)
+            elif group:
+                submitted = executor.map_array(
+                    launcher,
+                    [c.overrides for c in group],
+                    ["hydra.sweep.dir"] * len(group),
+                    [c.num for c in group],
+                    [f"job_id_for_{c.num}" for c in group],
+                    [Singleton.get_state()] * len(group),
                 )
-                for c, j in zip(group, submitted)
-            ]
+                pairs = [(_submitted(c, j), j) for c, j in zip(group, submitted)]
+                save_jobs(sweep_dir, [s for s, _ in pairs])
+                jobs += pairs
         jobs.sort(key=lambda pair: pair[0].num)
-        save_jobs(sweep_dir, [s for s, _ in jobs])
         print(
             f"ghsweep: submitted {len(jobs)} jobs ({cluster}): {', '.join(s.job_id for s, _ in jobs)}",
             flush=True,
@@ -276,6 +269,54 @@ def launch(
     wait_until_ended([j for _, j in jobs], poll_s=2.0)
     done.update((s.num, r) for (s, _), r in zip(jobs, settle(sweep_dir, jobs)))
     return [_job_return(c, done[c.num]) for c in combos]
+
+
+def _submitted(combo: _Combination, job: submitit.Job) -> SubmittedJob:
+    return SubmittedJob(
+        job_id=job.job_id,
+        num=combo.num,
+        name=combo.name,
+        run_dir=str(combo.run_dir),
+        overrides=combo.shown_overrides,
+        run_hash=combo.run_hash,
+        folder=str(job.paths.folder),
+        stdout=str(job.paths.stdout),
+        stderr=str(job.paths.stderr),
+    )
+
+
+def _submit_on_gpus(
+    launcher: plugin.BaseSubmititLauncher,
+    executor: submitit.AutoExecutor,
+    group: list[_Combination],
+    sets: list[tuple[int, ...]],
+    sweep_dir: Path,
+) -> list[tuple[SubmittedJob, submitit.Job]]:
+    """Submit the combinations of `group` as local jobs, each on a GPU set of its own, the next one as
+    soon as a set frees; returns when the last one is submitted. Each job is recorded as it starts, so
+    an interrupted sweep's record (and `ghsweep.status`) holds every job that ran."""
+    free = list(sets)
+    running: dict[tuple[int, ...], submitit.Job] = {}
+    pairs: list[tuple[SubmittedJob, submitit.Job]] = []
+    for c in group:
+        while not free:
+            time.sleep(1.0)
+            for gpus, job in list(running.items()):
+                if has_ended(job):
+                    del running[gpus]
+                    free.append(gpus)
+        gpus = free.pop(0)
+        # submitit's local executor gives a job CUDA_VISIBLE_DEVICES from these (AutoExecutor has no name for them).
+        executor.update_parameters(gpus_per_node=len(gpus))
+        executor._executor.update_parameters(visible_gpus=gpus)
+        job = executor.submit(
+            launcher, c.overrides, "hydra.sweep.dir", c.num, f"job_id_for_{c.num}", Singleton.get_state()
+        )
+        running[gpus] = job
+        pairs.append((_submitted(c, job), job))
+        save_jobs(sweep_dir, [pairs[-1][0]])
+        print(f"ghsweep: #{c.num} {c.name} started on GPU {','.join(map(str, gpus))}", flush=True)
+    return pairs
 
 
 def _job_return(combo: _Combination, result: RunResult | None) -> JobReturn:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -64,6 +65,8 @@ def run_summary(
         "device": str(device),
         "device_name": name,
         **({"device_uuid": uuid} if (uuid := device_uuid(device)) else {}),
+        # Which of the machine's GPUs the launch gave the run (a local sweep spreads its runs over them).
+        **({"cuda_visible_devices": gpus_given} if (gpus_given := os.environ.get("CUDA_VISIBLE_DEVICES")) else {}),
         "torch_version": torch.__version__,
         "random_init": random_init,
         "params_total": params[0],

@@ -35,3 +35,46 @@ def test_submitit_local_sweep_records_every_run(tmp_path):
     assert {c.info.status for c in children} == {"FINISHED"}
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
     assert "2 of 2 runs finished" in proc.stdout
+
+
+def test_a_sweep_on_gpus_gives_each_combination_gpus_of_its_own(tmp_path):
+    # Stand-in GPUs on a machine without any: each job is given one by CUDA_VISIBLE_DEVICES as on a GPU
+    # machine (its worker then finds no CUDA and trains on the CPU).
+    proc = run_cli(
+        [
+            "-m",
+            "hydra/launcher=submitit_local",
+            "experiment=smoke",
+            "precision=fp32",
+            "peft=lora,none",
+            "repeat=1,2",
+            "train.max_steps=2",
+            "hydra.sweep.dir=sweep",
+        ],
+        tmp_path,
+        env={"CUDA_VISIBLE_DEVICES": "3,5"},
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert len(load_jobs(tmp_path / "sweep")) == 4
+    runs = MlflowRecords(sqlite_uri(tmp_path)).runs("run")
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    on_gpu = {g: [r for r in runs if r.data.tags["ghsweep.cuda_visible_devices"] == g] for g in ("3", "5")}
+    assert sorted(len(r) for r in on_gpu.values()) == [2, 2], {g: len(r) for g, r in on_gpu.items()}
+    # Two runs never share a GPU: the second on a GPU started after the first on it ended.
+    for first, second in (sorted(r, key=lambda r: r.info.start_time) for r in on_gpu.values()):
+        assert second.info.start_time > first.info.end_time
+    assert proc.stdout.count("started on GPU 3") == 2 and proc.stdout.count("started on GPU 5") == 2
+
+
+def test_a_combination_needing_more_gpus_than_the_sweep_has_is_refused_first(tmp_path):
+    proc = run_cli(
+        ["-m", "hydra/launcher=submitit_local", "experiment=smoke", "precision=fp32", "backend.gpus_per_node=1,2"],
+        tmp_path,
+        env={"CUDA_VISIBLE_DEVICES": "3"},
+    )
+    assert proc.returncode == 1
+    assert (
+        "#1 backend.gpus_per_node=2,experiment=smoke,precision=fp32: backend.gpus_per_node=2: needs 2 GPUs and "
+        "the sweep has GPUs [3] (CUDA_VISIBLE_DEVICES); accepted: backend.gpus_per_node <= 1, or more GPUs"
+    ) in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "mlflow.db").exists()

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.support.cli import run_cli
+from tests.support.mlflow_records import MlflowRecords, sqlite_uri
 
 pytestmark = [
     pytest.mark.gpu,
@@ -49,3 +50,30 @@ def test_two_gpus_train_with_nccl_and_every_rank_is_profiled(tmp_path):
         assert all(r["nccl_time_pct"] > 0 for r in analysis["ranks"])
         assert result["metrics"]["nccl_time_pct"] == pytest.approx(analysis["nccl_time_pct"])
         assert "## Ranks" in Path(run_dir / "profile_report.md").read_text()
+
+
+def test_a_local_sweep_runs_one_combination_per_gpu_at_once(tmp_path):
+    proc = run_cli(
+        [
+            "-m",
+            "hydra/launcher=submitit_local",
+            "experiment=smoke",
+            "device=cuda",
+            "precision=bf16",
+            "peft=lora,none",
+            "repeat=1,2",
+            "train.max_steps=6",
+            "profile=none",
+            "hydra.sweep.dir=sweep",
+        ],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    runs = MlflowRecords(sqlite_uri(tmp_path)).runs("run")
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    by_card: dict[str, list] = {}
+    for r in runs:
+        by_card.setdefault(r.data.tags["ghsweep.device_uuid"], []).append(r)
+    assert sorted(len(r) for r in by_card.values()) == [2, 2], {u: len(r) for u, r in by_card.items()}
+    for first, second in (sorted(r, key=lambda r: r.info.start_time) for r in by_card.values()):
+        assert second.info.start_time > first.info.end_time

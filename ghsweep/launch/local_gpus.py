@@ -1,0 +1,82 @@
+"""Which GPUs a local submitit sweep (hydra/launcher=submitit_local) places its combinations on, and
+how many combinations that lets run at once: each combination gets GPUs of its own, as a SLURM
+array's jobs get theirs on a cluster, so two combinations never share (and never skew) one GPU.
+
+The sweep takes the GPUs the environment gives it, the convention of CUDA tools: those
+CUDA_VISIBLE_DEVICES lists, else every GPU of the machine; CUDA_VISIBLE_DEVICES="" runs every
+combination at once on the CPU."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+
+import pynvml
+from omegaconf import DictConfig
+
+from ghsweep.config.world import world_of
+from ghsweep.core.gpu import visible_gpu_handles
+
+log = logging.getLogger(__name__)
+
+LOCAL_LAUNCHER = "hydra_plugins.ghsweep_launcher.ghsweep_launcher.LocalLauncher"
+
+
+def sweep_gpus() -> list[int]:
+    """The GPUs (CUDA indices, as a job's CUDA_VISIBLE_DEVICES gives them) this sweep places on:
+    CUDA_VISIBLE_DEVICES's numbers when it lists them, else every GPU NVML finds; less those another
+    process computes on, unless every one is busy. Empty without GPUs."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    listed = [v.strip() for v in (visible or "").split(",") if v.strip()]
+    handles = visible_gpu_handles()
+    if listed and all(v.isdigit() for v in listed):
+        # The numbers as given, also where NVML cannot say more (a container without the driver's library).
+        indices = [int(v) for v in listed]
+    elif visible is None or listed:
+        # Unset: every GPU in NVML's order; UUIDs: their NVML indices.
+        indices = [pynvml.nvmlDeviceGetIndex(h) for h in handles] if visible else list(range(len(handles)))
+    else:
+        indices = []
+    if len(handles) != len(indices):  # NVML sees other GPUs than those listed: which is busy is unknown
+        return indices
+    busy = [i for i, h in zip(indices, handles) if _in_use(h)]
+    free = [i for i in indices if i not in busy]
+    if busy and free:
+        log.warning("GPU(s) %s run another process's work: the sweep leaves them out", busy)
+        return free
+    if busy:
+        log.warning("every GPU (%s) runs another process's work: the sweep's timings share them", busy)
+    return indices
+
+
+def placed_gpus(config: DictConfig) -> list[int]:
+    """The GPUs a sweep places its combinations on: sweep_gpus for the submitit_local launcher; none
+    for a launcher that runs one combination at a time (local) or leaves placing to SLURM."""
+    return sweep_gpus() if config.hydra.launcher._target_ == LOCAL_LAUNCHER else []
+
+
+def too_few_gpus(cfg: DictConfig, gpus: Sequence[int]) -> str | None:
+    """Why a sweep placing its combinations on `gpus` cannot place this one, or None."""
+    world = world_of(cfg)
+    if not gpus or world.size <= len(gpus):
+        return None
+    return (
+        f"backend.gpus_per_node={world.gpus_per_node}: needs {world.size} GPUs and the sweep has GPUs "
+        f"{list(gpus)} (CUDA_VISIBLE_DEVICES); accepted: backend.gpus_per_node <= {len(gpus)}, or more GPUs"
+    )
+
+
+def gpu_sets(gpus: Sequence[int], per_combination: int) -> list[tuple[int, ...]]:
+    """`gpus` cut into sets of `per_combination`, one per combination running at once (a remainder
+    too small for a combination stays idle)."""
+    count = len(gpus) // per_combination
+    return [tuple(gpus[i * per_combination : (i + 1) * per_combination]) for i in range(count)]
+
+
+def _in_use(handle: object) -> bool:
+    """Another process computes on the GPU (this one's own CUDA context, a test's, does not count)."""
+    try:
+        return any(p.pid != os.getpid() for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+    except pynvml.NVMLError:  # not supported (some MIG and vGPU set-ups): taken as free
+        return False
