@@ -24,30 +24,25 @@ LOCAL_LAUNCHER = "hydra_plugins.ghsweep_launcher.ghsweep_launcher.LocalLauncher"
 
 
 def sweep_gpus() -> list[int]:
-    """The GPUs (CUDA indices, as a job's CUDA_VISIBLE_DEVICES gives them) this sweep places on:
-    CUDA_VISIBLE_DEVICES's numbers when it lists them, else every GPU NVML finds; less those another
-    process computes on, unless every one is busy. Empty without GPUs."""
+    """The GPUs (CUDA indices, as a job's CUDA_VISIBLE_DEVICES gives them) this sweep places on: those
+    CUDA_VISIBLE_DEVICES lists, as given; unset, every GPU of the machine less those another process
+    computes on (all of them when every one is busy). Empty without GPUs."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    listed = [v.strip() for v in (visible or "").split(",") if v.strip()]
+    if visible is not None:
+        listed = [v.strip() for v in visible.split(",") if v.strip()]
+        if all(v.isdigit() for v in listed):
+            # As given, also where NVML cannot say more (a container without the driver's library).
+            return [int(v) for v in listed]
+        return [pynvml.nvmlDeviceGetIndex(h) for h in visible_gpu_handles()]  # UUIDs: their NVML indices
     handles = visible_gpu_handles()
-    if listed and all(v.isdigit() for v in listed):
-        # The numbers as given, also where NVML cannot say more (a container without the driver's library).
-        indices = [int(v) for v in listed]
-    elif visible is None or listed:
-        # Unset: every GPU in NVML's order; UUIDs: their NVML indices.
-        indices = [pynvml.nvmlDeviceGetIndex(h) for h in handles] if visible else list(range(len(handles)))
-    else:
-        indices = []
-    if len(handles) != len(indices):  # NVML sees other GPUs than those listed: which is busy is unknown
-        return indices
-    busy = [i for i, h in zip(indices, handles) if _in_use(h)]
-    free = [i for i in indices if i not in busy]
+    busy = [i for i, h in enumerate(handles) if _in_use(h)]
+    free = [i for i in range(len(handles)) if i not in busy]
     if busy and free:
         log.warning("GPU(s) %s run another process's work: the sweep leaves them out", busy)
         return free
     if busy:
         log.warning("every GPU (%s) runs another process's work: the sweep's timings share them", busy)
-    return indices
+    return list(range(len(handles)))
 
 
 def placed_gpus(config: DictConfig) -> list[int]:

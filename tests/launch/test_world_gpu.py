@@ -67,6 +67,8 @@ def test_a_local_sweep_runs_one_combination_per_gpu_at_once(tmp_path):
             "hydra.sweep.dir=sweep",
         ],
         tmp_path,
+        # Listed: unlisted, a GPU this test process (or another test's) holds a CUDA context on is left out.
+        env={"CUDA_VISIBLE_DEVICES": "0,1"},
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     runs = MlflowRecords(sqlite_uri(tmp_path)).runs("run")
