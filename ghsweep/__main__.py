@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 
 import hydra
 from omegaconf import DictConfig
@@ -17,6 +18,11 @@ from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import absolute_tracking_uri
 
 MAX_SHOWN_CHARS = 200
+
+# hydra/launcher=submitit_local is hydra-submitit-launcher's local launcher under ghsweep's launch(), and
+# shares the plugin's name on purpose, so Hydra matches it to the plugin's schema (the check wanted)
+# and says so five times a sweep: a deprecation of Hydra's, nothing the user can act on.
+warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema with the same name")
 
 
 def _shown(text: str) -> str:

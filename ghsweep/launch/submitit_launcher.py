@@ -207,8 +207,10 @@ def launch(
                 worlds[c.world], cluster, sum(d.world == c.world for d in combos), c.world
             )
             if gpus:
-                sets = " ".join(",".join(map(str, s)) for s in gpu_sets(gpus, c.world.size))
-                launch += f", on GPUs of its own: one of the GPU sets {sets}, one combination per set at once"
+                sets = " or ".join(",".join(map(str, s)) for s in gpu_sets(gpus, c.world.size))
+                launch += (
+                    f"; on GPUs of its own (its job's CUDA_VISIBLE_DEVICES): {sets}, one combination per set at once"
+                )
             print(
                 describe(c.num, c.name, c.run_dir, c.shown_overrides, c.cfg, launch, ranks, on_slurm=slurm),
                 flush=True,

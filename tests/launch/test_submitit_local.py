@@ -66,6 +66,22 @@ def test_a_sweep_on_gpus_gives_each_combination_gpus_of_its_own(tmp_path):
     assert proc.stdout.count("started on GPU 3") == 2 and proc.stdout.count("started on GPU 5") == 2
 
 
+def test_a_dry_run_says_which_gpus_the_combinations_are_placed_on(tmp_path):
+    proc = run_cli(
+        ["-m", "hydra/launcher=submitit_local", "experiment=smoke", "backend.gpus_per_node=1,2", "dry_run=true"],
+        tmp_path,
+        env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    placed = [line.split("; ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("  launch:")]
+    assert placed == [
+        "on GPUs of its own (its job's CUDA_VISIBLE_DEVICES): 0 or 1 or 2 or 3, one combination per set at once",
+        "on GPUs of its own (its job's CUDA_VISIBLE_DEVICES): 0,1 or 2,3, one combination per set at once",
+    ]
+    # Hydra's notice that the profile shares the plugin's schema name is nothing a user can act on.
+    assert "ConfigStore schema" not in proc.stderr
+
+
 def test_a_combination_needing_more_gpus_than_the_sweep_has_is_refused_first(tmp_path):
     proc = run_cli(
         ["-m", "hydra/launcher=submitit_local", "experiment=smoke", "precision=fp32", "backend.gpus_per_node=1,2"],
