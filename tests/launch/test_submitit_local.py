@@ -6,7 +6,7 @@ import stat
 
 from ghsweep.launch.slurm_jobs import load_jobs
 from tests.support.cli import run_cli
-from tests.support.mlflow_records import MlflowRecords, sqlite_uri
+from tests.support.mlflow_records import MlflowRecords, assert_two_runs_per_gpu_one_at_a_time, sqlite_uri
 
 
 def test_submitit_local_sweep_records_every_run(tmp_path):
@@ -58,11 +58,8 @@ def test_a_sweep_on_gpus_gives_each_combination_gpus_of_its_own(tmp_path):
     assert len(load_jobs(tmp_path / "sweep")) == 4
     runs = MlflowRecords(sqlite_uri(tmp_path)).runs("run")
     assert {r.info.status for r in runs} == {"FINISHED"}
-    on_gpu = {g: [r for r in runs if r.data.tags["ghsweep.cuda_visible_devices"] == g] for g in ("3", "5")}
-    assert sorted(len(r) for r in on_gpu.values()) == [2, 2], {g: len(r) for g, r in on_gpu.items()}
-    # Two runs never share a GPU: the second on a GPU started after the first on it ended.
-    for first, second in (sorted(r, key=lambda r: r.info.start_time) for r in on_gpu.values()):
-        assert second.info.start_time > first.info.end_time
+    assert_two_runs_per_gpu_one_at_a_time(runs, "ghsweep.cuda_visible_devices")
+    assert {r.data.tags["ghsweep.cuda_visible_devices"] for r in runs} == {"3", "5"}
     assert proc.stdout.count("started on GPU 3") == 2 and proc.stdout.count("started on GPU 5") == 2
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.support.cli import run_cli
-from tests.support.mlflow_records import MlflowRecords, sqlite_uri
+from tests.support.mlflow_records import MlflowRecords, assert_two_runs_per_gpu_one_at_a_time, sqlite_uri
 
 pytestmark = [
     pytest.mark.gpu,
@@ -73,9 +73,4 @@ def test_a_local_sweep_runs_one_combination_per_gpu_at_once(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     runs = MlflowRecords(sqlite_uri(tmp_path)).runs("run")
     assert {r.info.status for r in runs} == {"FINISHED"}
-    by_card: dict[str, list] = {}
-    for r in runs:
-        by_card.setdefault(r.data.tags["ghsweep.device_uuid"], []).append(r)
-    assert sorted(len(r) for r in by_card.values()) == [2, 2], {u: len(r) for u, r in by_card.items()}
-    for first, second in (sorted(r, key=lambda r: r.info.start_time) for r in by_card.values()):
-        assert second.info.start_time > first.info.end_time
+    assert_two_runs_per_gpu_one_at_a_time(runs, "ghsweep.device_uuid")

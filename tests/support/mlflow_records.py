@@ -37,3 +37,14 @@ def by_role(runs: list[StoredRun], role: str) -> list[StoredRun]:
 def assert_nothing_running(runs: list[StoredRun]) -> None:
     running = [r.name for r in runs if r.status == "RUNNING"]
     assert not running, f"left RUNNING: {running}"
+
+
+def assert_two_runs_per_gpu_one_at_a_time(runs: list, gpu_tag: str) -> None:
+    """Four runs of a sweep placed on two GPUs (MLflow runs, `gpu_tag` naming each one's GPU): two on
+    each, and the second on a GPU started after the first on it ended."""
+    by_gpu: dict[str, list] = {}
+    for run in runs:
+        by_gpu.setdefault(run.data.tags[gpu_tag], []).append(run)
+    assert sorted(len(r) for r in by_gpu.values()) == [2, 2], {g: len(r) for g, r in by_gpu.items()}
+    for first, second in (sorted(r, key=lambda r: r.info.start_time) for r in by_gpu.values()):
+        assert second.info.start_time > first.info.end_time
