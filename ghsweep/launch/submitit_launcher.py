@@ -239,22 +239,10 @@ def launch(
     if to_submit:
         for c in to_submit:
             log.info("\t#%d : %s", c.num, " ".join(filter_overrides(c.overrides)))
-        for world, executor in worlds.items():
-            group = [c for c in to_submit if c.world == world]
-            if group and gpus:
-                jobs += _submit_on_gpus(launcher, executor, group, gpu_sets(gpus, world.size), sweep_dir)
-            elif group:
-                submitted = executor.map_array(
-                    launcher,
-                    [c.overrides for c in group],
-                    ["hydra.sweep.dir"] * len(group),
-                    [c.num for c in group],
-                    [f"job_id_for_{c.num}" for c in group],
-                    [Singleton.get_state()] * len(group),
-                )
-                pairs = [(_submitted(c, j), j) for c, j in zip(group, submitted)]
-                save_jobs(sweep_dir, [s for s, _ in pairs])
-                jobs += pairs
+        if gpus:
+            jobs = _submit_on_gpus(launcher, worlds, to_submit, gpus, sweep_dir)
+        else:
+            jobs = _submit_arrays(launcher, worlds, to_submit, sweep_dir)
         jobs.sort(key=lambda pair: pair[0].num)
         print(
             f"ghsweep: submitted {len(jobs)} jobs ({cluster}): {', '.join(s.job_id for s, _ in jobs)}",
@@ -287,37 +275,63 @@ def _submitted(combo: _Combination, job: submitit.Job) -> SubmittedJob:
     )
 
 
-def _submit_on_gpus(
+def _submit_arrays(
     launcher: plugin.BaseSubmititLauncher,
-    executor: submitit.AutoExecutor,
-    group: list[_Combination],
-    sets: list[tuple[int, ...]],
+    worlds: dict[World, submitit.AutoExecutor],
+    combos: list[_Combination],
     sweep_dir: Path,
 ) -> list[tuple[SubmittedJob, submitit.Job]]:
-    """Submit the combinations of `group` as local jobs, each on a GPU set of its own, the next one as
-    soon as a set frees; returns when the last one is submitted. Each job is recorded as it starts, so
-    an interrupted sweep's record (and `ghsweep.status`) holds every job that ran."""
-    free = list(sets)
-    running: dict[tuple[int, ...], submitit.Job] = {}
+    """Submit `combos` at once, one job array per world (SLURM's arrays; local jobs on the CPU)."""
     pairs: list[tuple[SubmittedJob, submitit.Job]] = []
-    for c in group:
-        while not free:
+    for world, executor in worlds.items():
+        group = [c for c in combos if c.world == world]
+        if not group:
+            continue
+        submitted = executor.map_array(
+            launcher,
+            [c.overrides for c in group],
+            ["hydra.sweep.dir"] * len(group),
+            [c.num for c in group],
+            [f"job_id_for_{c.num}" for c in group],
+            [Singleton.get_state()] * len(group),
+        )
+        pairs += [(_submitted(c, j), j) for c, j in zip(group, submitted)]
+    save_jobs(sweep_dir, [s for s, _ in pairs])
+    return pairs
+
+
+def _submit_on_gpus(
+    launcher: plugin.BaseSubmititLauncher,
+    worlds: dict[World, submitit.AutoExecutor],
+    combos: list[_Combination],
+    gpus: list[int],
+    sweep_dir: Path,
+) -> list[tuple[SubmittedJob, submitit.Job]]:
+    """Submit `combos` in order as local jobs, each on GPUs of its own (a set of gpu_sets for its
+    world), the next one as soon as GPUs it fits on are free; returns when the last one is submitted.
+    Each job is recorded as it starts, so an interrupted sweep's record (and `ghsweep.status`) holds
+    every job that ran."""
+    running: list[tuple[tuple[int, ...], submitit.Job]] = []
+    pairs: list[tuple[SubmittedJob, submitit.Job]] = []
+    for c in combos:
+        while True:
+            running = [(used, job) for used, job in running if not has_ended(job)]
+            busy = {gpu for used, _ in running for gpu in used}
+            free = [s for s in gpu_sets(gpus, c.world.size) if busy.isdisjoint(s)]
+            if free:
+                break
             time.sleep(1.0)
-            for gpus, job in list(running.items()):
-                if has_ended(job):
-                    del running[gpus]
-                    free.append(gpus)
-        gpus = free.pop(0)
+        executor = worlds[c.world]
         # submitit's local executor gives a job CUDA_VISIBLE_DEVICES from these (AutoExecutor has no name for them).
-        executor.update_parameters(gpus_per_node=len(gpus))
-        executor._executor.update_parameters(visible_gpus=gpus)
+        executor.update_parameters(gpus_per_node=len(free[0]))
+        executor._executor.update_parameters(visible_gpus=free[0])
         job = executor.submit(
             launcher, c.overrides, "hydra.sweep.dir", c.num, f"job_id_for_{c.num}", Singleton.get_state()
         )
-        running[gpus] = job
+        running.append((free[0], job))
         pairs.append((_submitted(c, job), job))
         save_jobs(sweep_dir, [pairs[-1][0]])
-        print(f"ghsweep: #{c.num} {c.name} started on GPU {','.join(map(str, gpus))}", flush=True)
+        print(f"ghsweep: #{c.num} {c.name} started on GPU {','.join(map(str, free[0]))}", flush=True)
     return pairs
 
 

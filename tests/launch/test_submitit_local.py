@@ -63,6 +63,29 @@ def test_a_sweep_on_gpus_gives_each_combination_gpus_of_its_own(tmp_path):
     assert proc.stdout.count("started on GPU 3") == 2 and proc.stdout.count("started on GPU 5") == 2
 
 
+def test_a_combination_on_two_gpus_waits_until_both_are_free(tmp_path):
+    proc = run_cli(
+        [
+            "-m",
+            "hydra/launcher=submitit_local",
+            "experiment=smoke",
+            "precision=fp32",
+            "backend.gpus_per_node=1,2",
+            "train.max_steps=2",
+            "hydra.sweep.dir=sweep",
+        ],
+        tmp_path,
+        env={"CUDA_VISIBLE_DEVICES": "0,1"},
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    runs = {r.data.params["backend.gpus_per_node"]: r for r in MlflowRecords(sqlite_uri(tmp_path)).runs("run")}
+    assert {r.info.status for r in runs.values()} == {"FINISHED"}
+    assert runs["1"].data.tags["ghsweep.cuda_visible_devices"] == "0"
+    assert runs["2"].data.tags["ghsweep.cuda_visible_devices"] == "0,1"
+    # GPU 1 was free at once, but the two-GPU combination needs GPU 0 too.
+    assert runs["2"].info.start_time > runs["1"].info.end_time
+
+
 def test_a_dry_run_says_which_gpus_the_combinations_are_placed_on(tmp_path):
     proc = run_cli(
         ["-m", "hydra/launcher=submitit_local", "experiment=smoke", "backend.gpus_per_node=1,2", "dry_run=true"],
