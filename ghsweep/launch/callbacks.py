@@ -29,6 +29,7 @@ from ghsweep.core.run_dir import (
 from ghsweep.core.run_result import RunResult, RunStatus
 from ghsweep.launch import interrupts
 from ghsweep.launch.job import loss_points
+from ghsweep.launch.local_gpus import several_gpus_hint
 from ghsweep.launch.precheck import sweep_refusals
 from ghsweep.launch.resume import result_from_run
 from ghsweep.launch.slurm_jobs import slurm_unavailable
@@ -243,6 +244,9 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         check_launch(config)
         total, refused = sweep_refusals(config)
+        hint = several_gpus_hint(config, total)
+        if hint:
+            print(f"ghsweep: {hint}", flush=True)
         if config.dry_run:
             SweepCallback.not_runnable = refused
             return

@@ -21,6 +21,8 @@ from ghsweep.core.gpu import visible_gpu_handles
 log = logging.getLogger(__name__)
 
 LOCAL_LAUNCHER = "hydra_plugins.ghsweep_launcher.ghsweep_launcher.LocalLauncher"
+# hydra/launcher=local: one combination after another, in the sweep's process.
+ONE_AT_A_TIME_LAUNCHER = "hydra_plugins.ghsweep_launcher.ghsweep_launcher.BasicLauncher"
 
 
 def sweep_gpus() -> list[int]:
@@ -49,6 +51,20 @@ def placed_gpus(config: DictConfig) -> list[int]:
     """The GPUs a sweep places its combinations on: sweep_gpus for the submitit_local launcher; none
     for a launcher that runs one combination at a time (local) or leaves placing to SLURM."""
     return sweep_gpus() if config.hydra.launcher._target_ == LOCAL_LAUNCHER else []
+
+
+def several_gpus_hint(config: DictConfig, combinations: int) -> str | None:
+    """A line for a sweep of several combinations run one at a time on a machine with several free
+    GPUs: submitit_local would run one per GPU at once. None otherwise."""
+    if config.hydra.launcher._target_ != ONE_AT_A_TIME_LAUNCHER or combinations < 2:
+        return None
+    gpus = sweep_gpus()
+    if len(gpus) < 2:
+        return None
+    return (
+        f"{combinations} combinations run one after another on this machine's first GPU; "
+        f"hydra/launcher=submitit_local runs one per GPU at once on GPUs {','.join(map(str, gpus))}"
+    )
 
 
 def too_few_gpus(cfg: DictConfig, gpus: Sequence[int]) -> str | None:
