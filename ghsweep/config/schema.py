@@ -174,6 +174,11 @@ class SystemMetricsSchema:
 
 
 @dataclass
+class WorkerSchema:
+    preimported: bool  # fork workers from a pre-imported one (launch/worker_process.WarmWorker)
+
+
+@dataclass
 class ConfigSchema:
     seed: Annotated[int, Range(0)]
     repeat: Annotated[int, Range(1)]
@@ -191,6 +196,7 @@ class ConfigSchema:
     dataloader: DataloaderSchema
     profile: ProfileSchema
     system_metrics: SystemMetricsSchema
+    worker: WorkerSchema
 
 
 def _rule(key: str) -> object:

@@ -95,6 +95,7 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> None:
     _validate_dataloader(cfg)
     _validate_profile(cfg)
     _validate_capture(cfg)
+    check("worker.preimported", cfg.worker.preimported)
     # Each backend checks its own keys; the registry imports only the named backend's light module.
     backend_named(cfg.backend.name).check(cfg, on_gpu)
 

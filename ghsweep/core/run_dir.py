@@ -12,7 +12,8 @@ RUN_PLAN = "run_plan.json"  # what the job decided for this combination; the wor
 WORKER_LOG = "worker.log"
 # The worker log of an attempt that failed for its infrastructure and was run again (N = 1, 2, ...).
 ATTEMPT_LOG = "worker.attempt{n}.log"
-# The worker's pid, which is also its process group: what stops it if the sweep process dies first.
+# The worker's pid, which is also its process group, and on a second line when it started
+# (/proc/PID/stat): what stops it, and only it, if the sweep process dies first.
 WORKER_PID = "worker.pid"
 WORKER_ERROR = "worker_error.json"  # the worker's exception, one line, when training failed
 SUMMARY = "summary.json"  # the worker's measurements (metrics, timing, info)

@@ -61,6 +61,9 @@ class RunPlan:
     # The ranks are SLURM tasks that srun started, each running one worker; rank 0 waits for the
     # others' rank reports. False: torchrun in worker_command starts the ranks here, or one rank.
     srun_ranks: bool = False
+    # worker_command is the worker alone and worker.preimported allows it: a sweep that runs its
+    # combinations one after another in its process forks it from a pre-imported worker instead.
+    preimported: bool = False
 
     def save(self, run_dir: Path) -> None:
         # Every SLURM task of a run writes it, and a rank's worker may read it meanwhile.

@@ -329,7 +329,9 @@ def train_and_measure(
             run_dir / WORKER_LOG,
             shlex.join(plan.worker_command),
         )
-        exit = run_worker(plan.worker_command, run_dir, timeout_s(plan), env=container_env(cfg))
+        exit = run_worker(
+            plan.worker_command, run_dir, timeout_s(plan), env=container_env(cfg), preimported=plan.preimported
+        )
         return *measure(cfg, plan, exit, result), None
     except (ConfigError, JobTimeout) as exc:
         result.error = str(exc)

@@ -18,7 +18,7 @@ from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
 from ghsweep.launch.container import check_container, container_prefix, tool_finder
-from ghsweep.launch.worker_process import worker_command, worker_timeout_min
+from ghsweep.launch.worker_process import plain_worker, worker_command, worker_timeout_min
 from ghsweep.launch.world import check_world
 from ghsweep.profile.capture import find_tool as find_on_node
 from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve
@@ -128,6 +128,7 @@ def assemble_plan(
     """The plan from the decisions made; the worker command is built here and nowhere else."""
     # Locally torchrun starts the node's ranks; on SLURM srun already started one task per rank.
     local_ranks = 1 if srun_ranks else world.gpus_per_node
+    command = worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, profile), local_ranks)
     return RunPlan(
         name=name,
         run_dir=str(run_dir),
@@ -139,7 +140,8 @@ def assemble_plan(
         data_parallel=data_parallel(cfg),
         profile=profile,
         container_prefix=container_prefix(cfg, run_dir),
-        worker_command=worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, profile), local_ranks),
+        worker_command=command,
         timeout_min=worker_timeout_min(cfg.worker.timeout_min, device == "cuda"),
         srun_ranks=srun_ranks,
+        preimported=bool(cfg.worker.preimported) and plain_worker(command, run_dir),
     )

@@ -1,10 +1,16 @@
-"""Start the worker process of a run, keep its log, and stop it if it hangs."""
+"""Start the worker process of a run, keep its log, and stop it if it hangs.
+
+A worker starts as a fresh interpreter (its command), or, for a sweep that runs its combinations one
+after another in its own process, forked from a pre-imported worker (WarmWorker, serving while the
+sweep runs), which saves each combination the imports of torch, transformers and peft."""
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -12,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from omegaconf import DictConfig
 
@@ -20,6 +27,7 @@ from ghsweep.core.names import STEP_RANGE_PREFIX
 from ghsweep.core.run_dir import WORKER_LOG, WORKER_PID, rank_file
 from ghsweep.launch.container import container_prefix
 from ghsweep.launch.world import torchrun_prefix
+from ghsweep.train import warm_worker
 
 log = logging.getLogger(__name__)
 
@@ -76,39 +84,191 @@ def worker_command(cfg: DictConfig, run_dir: Path, profiler: Sequence[str] = (),
     ]
 
 
-def stop_orphaned_worker(run_dir: Path) -> bool:
-    """Kill the process group of a worker whose sweep process died (run on the run's host). The pid
-    is checked to still be that run's worker (its command line names the run directory)."""
+def plain_worker(command: Sequence[str], run_dir: Path) -> bool:
+    """Whether `command` is the worker alone in this interpreter (no torchrun, container or profiler
+    around it): the only one a pre-imported worker can stand in for."""
+    return list(command) == [sys.executable, "-m", "ghsweep.train.worker", str(run_dir)]
+
+
+def process_start(pid: int) -> str | None:
+    """When process `pid` started, in clock ticks since boot (/proc/PID/stat); with the pid it names
+    one process, where a pid alone may since name another. None when there is no such process."""
     try:
-        pid = int((run_dir / WORKER_PID).read_text())
-        command_line = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22; the name in parentheses may hold spaces
+
+
+def worker_pid(run_dir: Path, rank: int = 0) -> int:
+    """The pid of the run's worker (the first line of worker.pid; the second is its start time)."""
+    return int((run_dir / rank_file(WORKER_PID, rank)).read_text().split()[0])
+
+
+def stop_orphaned_worker(run_dir: Path) -> bool:
+    """Kill the process group of a worker whose sweep process died (run on the run's host). The pid is
+    checked to still be that run's worker: the process started when the pid file says it did."""
+    try:
+        pid, started = (run_dir / WORKER_PID).read_text().split()
     except (OSError, ValueError):
         return False
-    if str(run_dir) not in command_line.split("\0"):
+    if process_start(int(pid)) != started:
         return False
-    os.killpg(pid, signal.SIGKILL)
+    os.killpg(int(pid), signal.SIGKILL)
     return True
 
 
+class WorkerProcess(Protocol):
+    """A started worker, as subprocess.Popen or a ForkedWorker."""
+
+    pid: int
+
+    def wait(self) -> int: ...
+
+
+class WarmWorkerUnavailable(RuntimeError):
+    """The pre-imported worker cannot fork workers (it failed to start or exited)."""
+
+
+class WarmWorker:
+    """A pre-imported worker (ghsweep.train.warm_worker) and the socket to ask it for workers. Its
+    imports start at once and overlap the sweep's own start; it forks one worker at a time."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env  # the environment its imports ran in, and so what a forked run must have
+        self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "ghsweep.train.warm_worker", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                env=env,
+                # Its failures come back on the socket. The sweep's output is not held open by it, nor
+                # by the workers it forks, which outlive a sweep killed outright until they are stopped.
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C is the sweep's to handle; this ends with its socket
+            )
+        self._ready = False
+
+    def fork(self, run_dir: Path, env: dict[str, str], output_fd: int) -> ForkedWorker:
+        """Start the worker of `run_dir` with environment `env`, its output to `output_fd`."""
+        if not self._ready:
+            answer = self._receive()
+            if "error" in answer:
+                raise WarmWorkerUnavailable(answer["error"])
+            self._ready = True
+        warm_worker.send(self._sock, {"run_dir": str(run_dir), "env": env, "cwd": os.getcwd()}, [output_fd])
+        return ForkedWorker(self._receive()["pid"], self)
+
+    def _receive(self) -> dict:
+        message, _ = warm_worker.receive(self._sock)
+        if message is None:
+            raise WarmWorkerUnavailable(f"the pre-imported worker exited (exit code {self._process.wait()})")
+        return message
+
+    def close(self) -> None:
+        self._sock.close()
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # still importing: it would only find the socket closed
+            self._process.kill()
+            self._process.wait()
+
+
+class ForkedWorker:
+    """A worker a WarmWorker forked: not this process's child, so its exit code comes from the server."""
+
+    def __init__(self, pid: int, server: WarmWorker) -> None:
+        self.pid = pid
+        self._server = server
+        self._returncode: int | None = None
+
+    def wait(self) -> int:
+        if self._returncode is None:
+            try:
+                self._returncode = int(self._server._receive()["returncode"])
+            except WarmWorkerUnavailable as exc:
+                # Its worker, in a session of its own, may outlive it: run_worker kills the group.
+                log.error("worker %d: %s; its exit code is lost", self.pid, exc)
+                self._returncode = -signal.SIGKILL
+        return self._returncode
+
+
+# The pre-imported worker of this process, while a sweep runs its combinations here one after another.
+_warm: WarmWorker | None = None
+
+
+def start_warm_worker() -> None:
+    """Start this process's pre-imported worker (stopped by stop_warm_worker or this process's exit)."""
+    global _warm
+    if _warm is None:
+        _warm = WarmWorker(worker_env())
+        atexit.register(stop_warm_worker)
+
+
+def stop_warm_worker() -> None:
+    global _warm
+    if _warm is not None:
+        _warm.close()
+        _warm = None
+
+
+def worker_env(added: dict[str, str] | None = None) -> dict[str, str]:
+    """A worker's environment: this process's, unbuffered (`tail -f worker.log` follows the run as it
+    trains), with `added` (container_env)."""
+    return dict(os.environ, PYTHONUNBUFFERED="1", **(added or {}))
+
+
+def start_worker(
+    command: list[str], run_dir: Path, env: dict[str, str], output_fd: int, preimported: bool
+) -> WorkerProcess:
+    """The worker of `run_dir` in its own process group, writing to `output_fd`: forked from this
+    process's pre-imported worker where `preimported` allows it (RunPlan.preimported) and one serves,
+    else started from `command`. A CUDA tool injected from outside (CUDA_INJECTION64_PATH) needs the
+    worker's normal exit, so its workers start from their command."""
+    global _warm
+    if preimported and _warm is not None and "CUDA_INJECTION64_PATH" not in env:
+        if env != _warm.env:
+            # What torch and transformers read at import (TORCH_*, CUDA_*) must be the run's.
+            changed = sorted(k for k in env.keys() | _warm.env.keys() if env.get(k) != _warm.env.get(k))
+            log.info("  the worker's environment changed (%s): the pre-imported worker starts again", ",".join(changed))
+            stop_warm_worker()
+            _warm = WarmWorker(env)
+        try:
+            forked = _warm.fork(run_dir, env, output_fd)
+            log.info("  forked from the pre-imported worker (pid %d)", forked.pid)
+            return forked
+        except (WarmWorkerUnavailable, OSError) as exc:
+            log.warning("  the pre-imported worker is unavailable (%s); workers start from their command", exc)
+            stop_warm_worker()
+    return subprocess.Popen(command, stdout=output_fd, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
 def run_worker(
-    command: list[str], run_dir: Path, timeout_s: float | None, rank: int = 0, env: dict[str, str] | None = None
+    command: list[str],
+    run_dir: Path,
+    timeout_s: float | None,
+    rank: int = 0,
+    env: dict[str, str] | None = None,
+    preimported: bool = False,
 ) -> WorkerExit:
-    """Run the worker, its output in worker.log (a SLURM task of rank N > 0: worker.rankN.log), with
-    `env` added to this process's environment (container_env)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    """Run the worker (start_worker), its output in worker.log (a SLURM task of rank N > 0:
+    worker.rankN.log), with `env` added to this process's environment (container_env)."""
+    env = worker_env(env)
     started_at = time.time()
+    read_end, write_end = os.pipe()
     # Line-buffered: `tail -f worker.log` follows the run as it trains.
-    with open(run_dir / rank_file(WORKER_LOG, rank), "w", encoding="utf-8", buffering=1) as log_file:
-        # Own process group: a timeout kills the worker and its data-loader processes together.
-        proc = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
-        (run_dir / rank_file(WORKER_PID, rank)).write_text(str(proc.pid))
+    with (
+        open(run_dir / rank_file(WORKER_LOG, rank), "w", encoding="utf-8", buffering=1) as log_file,
+        open(read_end, encoding="utf-8", errors="replace") as output,
+    ):
+        try:
+            # Own process group: a timeout kills the worker and its data-loader processes together.
+            proc = start_worker(command, run_dir, env, write_end, preimported)
+        finally:
+            os.close(write_end)  # the worker holds its own copy: its exit ends the output
+        (run_dir / rank_file(WORKER_PID, rank)).write_text(f"{proc.pid}\n{process_start(proc.pid)}\n")
         timed_out = threading.Event()
 
         def kill_on_timeout() -> None:
@@ -116,8 +276,7 @@ def run_worker(
             os.killpg(proc.pid, signal.SIGKILL)
 
         def copy_output() -> None:
-            assert proc.stdout is not None, "the worker was started with stdout=PIPE"
-            for line in proc.stdout:
+            for line in output:
                 log_file.write(line)
                 if line.startswith(STEP_RANGE_PREFIX):  # progress on the console; all of it in the log
                     log.info("  %s", line.rstrip())

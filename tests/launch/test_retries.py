@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from ghsweep.core.run_dir import WORKER_PID
+from ghsweep.launch.worker_process import worker_pid
 from ghsweep.tracking.mlflow_store import MlflowStore
 from tests.support.cli import run_cli, start_cli
 from tests.support.compose import compose_config
@@ -55,7 +55,7 @@ def test_a_worker_killed_from_outside_is_run_again_and_finishes_in_the_same_mlfl
     on_disk = results(sweep_dir)[1]
     reason = "worker killed by SIGKILL (killed from outside, often the out-of-memory killer)"
     assert (on_disk["status"], on_disk["attempts"], on_disk["failure_class"]) == ("FINISHED", [reason], None)
-    assert int((run_dir / WORKER_PID).read_text()) != killed  # a new worker trained
+    assert worker_pid(run_dir) != killed  # a new worker trained
     assert (run_dir / "worker.attempt1.log").exists() and (run_dir / "worker.log").exists()
 
     runs = all_runs(sqlite_uri(cwd))

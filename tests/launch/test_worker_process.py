@@ -3,8 +3,8 @@ worker is, whatever the worker left running."""
 
 from __future__ import annotations
 
-from ghsweep.core.run_dir import WORKER_LOG, WORKER_PID
-from ghsweep.launch.worker_process import run_worker
+from ghsweep.core.run_dir import WORKER_LOG
+from ghsweep.launch.worker_process import run_worker, worker_pid
 from tests.support.processes import live_group_members
 
 
@@ -15,5 +15,5 @@ def test_a_process_the_worker_leaves_on_its_pipe_does_not_hold_the_run(tmp_path)
     assert exit.returncode == 3
     assert not exit.timed_out
     assert exit.wall_s < 60, f"run_worker waited {exit.wall_s:.0f} s for the worker's leftover process"
-    assert live_group_members(int((tmp_path / WORKER_PID).read_text())) == []
+    assert live_group_members(worker_pid(tmp_path)) == []
     assert (tmp_path / WORKER_LOG).read_text() == "trained\n"

@@ -5,6 +5,7 @@ next sweep ends FAILED with "the sweep process died", stopping the worker it lef
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -75,6 +76,9 @@ def kill_in_the_middle(cwd: Path, sweep_dir: str) -> int:
     """SIGKILL the sweep while job 1 trains; the pid of the worker it leaves behind."""
     proc = start_sweep(cwd, sweep_dir)
     worker = wait_until_training(cwd / sweep_dir / "1", proc)
+    # Held silent, as a worker compiling or in a long step is: a worker that prints after its sweep
+    # died ends by itself on the closed pipe, and only a silent one is left for the settling to stop.
+    os.kill(worker, signal.SIGSTOP)
     proc.kill()
     proc.communicate(timeout=60)
     runs = all_runs(sqlite_uri(cwd))

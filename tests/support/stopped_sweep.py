@@ -6,6 +6,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from ghsweep.launch.worker_process import worker_pid
 from tests.support.cli import start_cli
 
 LONG_STEPS = 60
@@ -33,7 +34,7 @@ def wait_until_training(
     while time.monotonic() < deadline:
         log = run_dir / "worker.log"
         if log.exists() and f"step 1/{max_steps}" in log.read_text():
-            return int((run_dir / "worker.pid").read_text())
+            return worker_pid(run_dir)
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.2)
     raise TimeoutError(f"{run_dir.name} never trained")

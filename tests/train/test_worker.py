@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ghsweep.core.run_dir import METRICS, SUMMARY, TORCH_TRACE, WORKER_ERROR, WORKER_LOG, WORKER_PID
+from ghsweep.core.run_dir import METRICS, SUMMARY, TORCH_TRACE, WORKER_ERROR, WORKER_LOG
 from ghsweep.core.run_plan import ProfilePlan
 from ghsweep.launch.worker_process import run_worker as run_worker_process
+from ghsweep.launch.worker_process import worker_pid
 from ghsweep.profile.torch_capture import torch_capture
 from ghsweep.train.step_log import StepLog
 from tests.support.compose import compose_config
@@ -214,5 +215,5 @@ def test_nothing_the_worker_started_outlives_its_run(tmp_path):
     planned_run(tmp_path, cfg)
     exit = run_worker_process([sys.executable, "-m", "ghsweep.train.worker", str(tmp_path)], tmp_path, timeout_s=600)
     assert exit.returncode == 0, (tmp_path / WORKER_LOG).read_text()[-3000:]
-    assert live_group_members(int((tmp_path / WORKER_PID).read_text())) == []
+    assert live_group_members(worker_pid(tmp_path)) == []
     assert json.loads((tmp_path / SUMMARY).read_text())["metrics"]["steps"] == 2

@@ -1,0 +1,118 @@
+"""The pre-imported worker: `python -m ghsweep.train.warm_worker FD` imports what training needs once
+(torch, transformers, peft, torchao: most of a worker's start), then forks one worker per request on
+the Unix socket FD. A sweep that runs its combinations one after another in its own process starts
+one (ghsweep.launch.worker_process.WarmWorker) and skips those imports from its first combination on.
+
+Each forked worker is what `python -m ghsweep.train.worker RUN_DIR` would be: a process of its own in
+a session of its own (a timeout kills its process group, a crash takes down only its run), with the
+environment, working directory and output the request brings. The imports run with torch's CUDA
+check asking NVML rather than the driver (PYTORCH_NVML_BASED_CUDA_CHECK), so nothing here initialises
+CUDA and each worker sets CUDA up for itself, as a fresh process would.
+
+multiprocessing's forkserver preloads modules the same way, but its children keep the environment and
+output the server started with; a run's own (its log pipe, CUDA_VISIBLE_DEVICES, the container's
+variables) come with each request here.
+
+One request at a time, as JSON on a SOCK_SEQPACKET socket: the server first says {"ready": true} (or
+{"error": why} and exits); the client sends {"run_dir", "env", "cwd"} with the worker's output fd
+attached (SCM_RIGHTS); the server answers {"pid": N} and, once that worker has ended, {"returncode":
+N} (negative: killed by that signal, as subprocess reports it). The server ends when the client closes
+the socket.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import socket
+import sys
+
+# Large enough for any environment a request carries.
+MESSAGE_BYTES = 1 << 20
+
+
+def send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> None:
+    socket.send_fds(sock, [json.dumps(message).encode()], fds or [])
+
+
+def receive(sock: socket.socket) -> tuple[dict | None, list[int]]:
+    """The next message and the fds attached to it; (None, []) when the other side closed the socket."""
+    data, fds, _, _ = socket.recv_fds(sock, MESSAGE_BYTES, 1)
+    return (json.loads(data) if data else None), fds
+
+
+def run_worker(sock: socket.socket, request: dict, out_fd: int) -> None:
+    """In the forked child: become the run's worker and never return to the server's loop."""
+    code = 1
+    try:
+        sock.close()
+        os.setsid()
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        os.close(out_fd)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        from ghsweep.train import worker
+
+        sys.argv = [worker.__file__, request["run_dir"]]
+        code = worker.main(sys.argv)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # The worker's exit without the interpreter's teardown (worker.exit_now); the client never
+        # forks a worker that a CUDA tool is injected into, which needs the normal exit.
+        os._exit(code)
+
+
+def import_training() -> str | None:
+    """Import what a worker of the default backend imports; why a forked worker could not use them, or None."""
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # before torch's import
+    try:
+        from ghsweep.train import worker
+
+        worker.quiet_library_noise()
+        import torch
+
+        from ghsweep.train import torch_train  # noqa: F401  the default backend's imports
+    except Exception as exc:
+        return f"importing the training modules failed: {type(exc).__name__}: {exc}"
+    if torch.cuda.is_initialized():
+        return "importing the training modules initialised CUDA, which a forked process cannot use"
+    return None
+
+
+def serve(sock: socket.socket) -> int:
+    error = import_training()
+    if error:
+        send(sock, {"error": error})
+        return 1
+    # What the imports made stays out of the workers' collections: a collection writes to every
+    # object it visits, and each page written is copied into the worker (gc.freeze's purpose).
+    gc.freeze()
+    send(sock, {"ready": True})
+    while True:
+        request, fds = receive(sock)
+        if request is None:
+            return 0
+        (out_fd,) = fds
+        pid = os.fork()
+        if pid == 0:
+            run_worker(sock, request, out_fd)
+        os.close(out_fd)
+        send(sock, {"pid": pid})
+        _, status = os.waitpid(pid, 0)
+        send(sock, {"returncode": os.waitstatus_to_exitcode(status)})
+
+
+def main(fd: int) -> int:
+    try:
+        return serve(socket.socket(fileno=fd))
+    except (BrokenPipeError, ConnectionResetError):
+        return 0  # the sweep ended while a worker ran: nobody is left to answer
+
+
+if __name__ == "__main__":
+    # Without the interpreter's teardown of torch and transformers (seconds), as the worker ends.
+    os._exit(main(int(sys.argv[1])))

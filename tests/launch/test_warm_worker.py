@@ -1,0 +1,140 @@
+"""Workers forked from the pre-imported worker (worker.preimported, the local launcher): each trains as a
+worker started from its command does, in its own process group, with the run's environment, its
+output in worker.log; a server that is gone leaves the runs to their commands, and a sweep says which
+way each worker started."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ghsweep.core.run_dir import SUMMARY, WORKER_ERROR, WORKER_LOG, WORKER_PID
+from ghsweep.launch import worker_process
+from ghsweep.launch.worker_process import (
+    WarmWorker,
+    process_start,
+    run_worker,
+    start_warm_worker,
+    stop_orphaned_worker,
+    stop_warm_worker,
+    worker_pid,
+)
+from tests.support.cli import run_cli
+from tests.support.compose import compose_config
+from tests.support.planned_run import planned_run
+from tests.support.processes import live_group_members
+
+FORKED = "forked from the pre-imported worker"
+
+
+@pytest.fixture
+def warm() -> Iterator[Callable[[], WarmWorker]]:
+    """This process's pre-imported worker, started in the test's own environment (pytest changes
+    PYTEST_CURRENT_TEST between a fixture and its test, which would start it again)."""
+
+    def start() -> WarmWorker:
+        start_warm_worker()
+        assert worker_process._warm is not None
+        return worker_process._warm
+
+    yield start
+    stop_warm_worker()
+
+
+def worker_of(run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "ghsweep.train.worker", str(run_dir)]
+
+
+def tiny_run(run_dir: Path, *overrides: str) -> Path:
+    planned_run(run_dir, compose_config("experiment=smoke", "train.max_steps=2", "train.seq_length=64", *overrides))
+    return run_dir
+
+
+def test_a_forked_worker_trains_in_its_own_process_group_and_writes_its_log(warm, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="ghsweep.launch.worker_process")
+    warm()
+    runs = [tiny_run(tmp_path / str(n)) for n in range(2)]
+    for run_dir in runs:
+        exit = run_worker(worker_of(run_dir), run_dir, timeout_s=600, preimported=True)
+        assert exit.returncode == 0, (run_dir / WORKER_LOG).read_text()[-3000:]
+        assert json.loads((run_dir / SUMMARY).read_text())["metrics"]["steps"] == 2
+        assert "step 2/2" in (run_dir / WORKER_LOG).read_text()
+        assert live_group_members(worker_pid(run_dir)) == []
+    assert caplog.text.count(FORKED) == 2  # both from the one server, its imports made once
+
+
+def test_a_forked_worker_has_the_runs_environment(warm, tmp_path, caplog):
+    # Set after the server started: what is read at import must be the run's, so it starts again.
+    caplog.set_level(logging.INFO, logger="ghsweep.launch.worker_process")
+    warm()
+    run_dir = tiny_run(tmp_path)
+    exit = run_worker(worker_of(run_dir), run_dir, 600, env={"CUDA_VISIBLE_DEVICES": "7"}, preimported=True)
+    assert exit.returncode == 0, (run_dir / WORKER_LOG).read_text()[-3000:]
+    assert json.loads((run_dir / SUMMARY).read_text())["info"]["cuda_visible_devices"] == "7"
+    assert "environment changed (CUDA_VISIBLE_DEVICES)" in caplog.text and FORKED in caplog.text
+
+
+def test_a_failing_and_a_hanging_forked_worker_end_as_started_ones_do(warm, tmp_path):
+    warm()
+    broken = tmp_path / "broken"
+    broken.mkdir()  # no config or plan: the worker fails and says why
+    exit = run_worker(worker_of(broken), broken, timeout_s=600, preimported=True)
+    assert exit.returncode == 1 and json.loads((broken / WORKER_ERROR).read_text())["type"] == "FileNotFoundError"
+    hanging = tiny_run(tmp_path / "hanging", "train.max_steps=100000")
+    exit = run_worker(worker_of(hanging), hanging, timeout_s=15, preimported=True)
+    assert exit.timed_out and exit.returncode == -signal.SIGKILL
+    assert live_group_members(worker_pid(hanging)) == []
+
+
+def test_without_its_server_a_run_starts_from_its_command(warm, tmp_path, caplog):
+    # As when the server is killed (the out-of-memory killer): the sweep goes on without it.
+    server = warm()._process
+    server.kill()
+    server.wait()
+    run_dir = tiny_run(tmp_path)
+    exit = run_worker(worker_of(run_dir), run_dir, timeout_s=600, preimported=True)
+    assert exit.returncode == 0, (run_dir / WORKER_LOG).read_text()[-3000:]
+    assert "the pre-imported worker is unavailable" in caplog.text and FORKED not in caplog.text
+    assert worker_process._warm is None
+
+
+def test_an_orphaned_worker_is_stopped_only_while_its_pid_is_that_process(tmp_path):
+    sleeper = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        (tmp_path / WORKER_PID).write_text(f"{sleeper.pid}\n{int(process_start(sleeper.pid)) + 1}\n")
+        assert not stop_orphaned_worker(tmp_path)  # the pid now names another process
+        assert sleeper.poll() is None
+        (tmp_path / WORKER_PID).write_text(f"{sleeper.pid}\n{process_start(sleeper.pid)}\n")
+        assert stop_orphaned_worker(tmp_path)
+        assert sleeper.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        sleeper.kill()
+
+
+def test_a_local_sweep_forks_its_workers_unless_told_not_to(tmp_path):
+    line = ["-m", "experiment=smoke", "precision=fp32", "train.max_steps=2,3", "train.seq_length=64"]
+    forked = run_cli([*line, "hydra.sweep.dir=forked"], tmp_path)
+    assert forked.returncode == 0, forked.stderr[-3000:]
+    assert forked.stdout.count(FORKED) + forked.stderr.count(FORKED) == 2
+    started = run_cli([*line, "worker.preimported=false", "hydra.sweep.dir=started"], tmp_path)
+    assert started.returncode == 0, started.stderr[-3000:]
+    assert FORKED not in started.stdout + started.stderr
+    assert "2 of 2 runs finished" in started.stdout and "2 of 2 runs finished" in forked.stdout
+
+
+@pytest.mark.gpu
+def test_a_forked_worker_trains_on_the_gpu(warm, tmp_path):
+    warm()
+    # The server imported torch and transformers without initialising CUDA: the worker sets it up.
+    run_dir = tiny_run(tmp_path, "device=cuda", "train.compile=true")
+    exit = run_worker(worker_of(run_dir), run_dir, timeout_s=600, preimported=True)
+    assert exit.returncode == 0, (run_dir / WORKER_LOG).read_text()[-3000:]
+    summary = json.loads((run_dir / SUMMARY).read_text())
+    assert summary["metrics"]["steps"] == 2 and summary["info"]["device_name"].startswith("NVIDIA")
