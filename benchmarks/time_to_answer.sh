@@ -3,6 +3,7 @@
 # first steps, steady steps, the worker's exit, profile analysis, MLflow record, the sweep's own time).
 #   OUT=results bash benchmarks/time_to_answer.sh user7b default      # on a GPU machine
 #   OUT=results bash benchmarks/time_to_answer.sh cpu_smoke           # the README's first command
+#   OUT=results bash benchmarks/time_to_answer.sh default_unprofiled_fresh default_unprofiled   # the pre-imported worker
 # Each named line runs once through the CLI; $OUT/time_to_answer.json collects the rows of every line
 # and the table is printed after each. LABEL (default: the checkout's commit) names the code measured:
 # run it from an older checkout with the same OUT to put before and after side by side.
@@ -16,6 +17,11 @@ declare -A LINES=(
   [user7b]="precision=bf16,fp8 offload=on,off model=llama2_7b profile=nsys train.seq_length=4096 train.micro_batch_size=1 train.max_steps=12"
   # The headline line on its defaults (tiny model; nsys where it is found).
   [default]="precision=bf16,fp8 offload=on,off"
+  # The headline line without a profiler: what a tuning study's trials run (each worker forked from
+  # the pre-imported one on the local launcher, worker.preimported).
+  [default_unprofiled]="precision=bf16,fp8 offload=on,off profile=none"
+  # The same with every worker started as a fresh interpreter: the baseline of the line above.
+  [default_unprofiled_fresh]="precision=bf16,fp8 offload=on,off profile=none worker.preimported=false"
   # The headline line as submitit local jobs, one combination per GPU at once (the GPUs
   # CUDA_VISIBLE_DEVICES lists: CUDA_VISIBLE_DEVICES=0 LABEL=one-gpu ... for the one-GPU baseline).
   [default_local_jobs]="precision=bf16,fp8 offload=on,off hydra/launcher=submitit_local"
