@@ -127,7 +127,12 @@ class WorkerProcess(Protocol):
 
 
 class WarmWorkerUnavailable(RuntimeError):
-    """The pre-imported worker cannot fork workers (it failed to start or exited)."""
+    """The pre-imported worker cannot fork workers: it exited, or it refused (`refused`: its imports
+    initialised CUDA, as torchao's do on a machine with a GPU, or failed)."""
+
+    def __init__(self, reason: str, refused: bool = False) -> None:
+        super().__init__(reason)
+        self.refused = refused
 
 
 class WarmWorker:
@@ -156,7 +161,7 @@ class WarmWorker:
         if not self._ready:
             answer = self._receive()
             if "error" in answer:
-                raise WarmWorkerUnavailable(answer["error"])
+                raise WarmWorkerUnavailable(answer["error"], refused=True)
             self._ready = True
         warm_worker.send(self._sock, {"run_dir": str(run_dir), "env": env, "cwd": os.getcwd()}, [output_fd])
         return ForkedWorker(self._receive()["pid"], self)
@@ -240,7 +245,13 @@ def start_worker(
             log.info("  forked from the pre-imported worker (pid %d)", forked.pid)
             return forked
         except (WarmWorkerUnavailable, OSError) as exc:
-            log.warning("  the pre-imported worker is unavailable (%s); workers start from their command", exc)
+            # A refusal is this machine's libraries, said once; a server that died is news.
+            refused = isinstance(exc, WarmWorkerUnavailable) and exc.refused
+            log.log(
+                logging.INFO if refused else logging.WARNING,
+                "  workers start from their command: the pre-imported worker is unavailable (%s)",
+                exc,
+            )
             stop_warm_worker()
     return subprocess.Popen(command, stdout=output_fd, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
