@@ -159,14 +159,15 @@ class WarmWorker:
     def fork(self, run_dir: Path, env: dict[str, str], output_fd: int) -> ForkedWorker:
         """Start the worker of `run_dir` with environment `env`, its output to `output_fd`."""
         if not self._ready:
-            answer = self._receive()
+            answer = self.receive()
             if "error" in answer:
                 raise WarmWorkerUnavailable(answer["error"], refused=True)
             self._ready = True
         warm_worker.send(self._sock, {"run_dir": str(run_dir), "env": env, "cwd": os.getcwd()}, [output_fd])
-        return ForkedWorker(self._receive()["pid"], self)
+        return ForkedWorker(self.receive()["pid"], self)
 
-    def _receive(self) -> dict:
+    def receive(self) -> dict:
+        """The server's next answer; WarmWorkerUnavailable when it has exited."""
         message, _ = warm_worker.receive(self._sock)
         if message is None:
             raise WarmWorkerUnavailable(f"the pre-imported worker exited (exit code {self._process.wait()})")
@@ -192,7 +193,7 @@ class ForkedWorker:
     def wait(self) -> int:
         if self._returncode is None:
             try:
-                self._returncode = int(self._server._receive()["returncode"])
+                self._returncode = int(self._server.receive()["returncode"])
             except WarmWorkerUnavailable as exc:
                 # Its worker, in a session of its own, may outlive it: run_worker kills the group.
                 log.error("worker %d: %s; its exit code is lost", self.pid, exc)

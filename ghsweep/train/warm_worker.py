@@ -42,7 +42,7 @@ def receive(sock: socket.socket) -> tuple[dict | None, list[int]]:
     return (json.loads(data) if data else None), fds
 
 
-def run_worker(sock: socket.socket, request: dict, out_fd: int) -> None:
+def become_worker(sock: socket.socket, request: dict, out_fd: int) -> None:
     """In the forked child: become the run's worker and never return to the server's loop."""
     code = 1
     try:
@@ -99,7 +99,7 @@ def serve(sock: socket.socket) -> int:
         (out_fd,) = fds
         pid = os.fork()
         if pid == 0:
-            run_worker(sock, request, out_fd)
+            become_worker(sock, request, out_fd)
         os.close(out_fd)
         send(sock, {"pid": pid})
         _, status = os.waitpid(pid, 0)
