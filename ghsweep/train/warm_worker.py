@@ -22,11 +22,14 @@ the socket.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import gc
 import json
 import os
 import socket
 import sys
+from collections.abc import Iterator
 
 # Large enough for any environment a request carries.
 MESSAGE_BYTES = 1 << 20
@@ -66,6 +69,43 @@ def become_worker(sock: socket.socket, request: dict, out_fd: int) -> None:
         os._exit(code)
 
 
+@contextlib.contextmanager
+def gpu_questions_answered_by_nvml() -> Iterator[None]:
+    """Within: what libraries ask of the GPU as they are imported is answered from NVML.
+
+    torchao, which transformers and peft import, asks as it is imported whether Triton can run here
+    (`torch.utils._triton.has_triton`) and for the GPU's compute capability
+    (`torch.cuda.get_device_capability`). torch answers both by reading the GPU's properties through
+    CUDA, which initialises it. NVML gives the same answers for the first visible GPU (the current
+    device of a fresh process) without a CUDA context: its compute capability, and Triton's test on it
+    (7.0 or newer). has_triton keeps its answer for the process, as torch's own caches it;
+    get_device_capability is torch's own again after the imports. Without a GPU nothing changes
+    (torch's checks touch no CUDA there).
+    """
+    import torch
+    import torch.utils._triton as triton_support
+
+    from ghsweep.core.gpu import probe_gpu
+
+    gpu = probe_gpu()
+    if gpu is None:
+        yield
+        return
+    if gpu.compute_capability >= (7, 0) and triton_support.has_triton_package():
+        triton_support.has_triton = functools.cache(lambda: True)
+    torch_capability = torch.cuda.get_device_capability
+
+    def capability(device: torch.types.Device = None) -> tuple[int, int]:
+        index = device if isinstance(device, int) or device is None else torch.device(device).index
+        return gpu.compute_capability if index in (None, 0) else torch_capability(device)
+
+    torch.cuda.get_device_capability = capability
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_capability = torch_capability
+
+
 def import_training() -> str | None:
     """Import what a worker of the default backend imports; why a forked worker could not use them, or None."""
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # before torch's import
@@ -75,7 +115,8 @@ def import_training() -> str | None:
         worker.quiet_library_noise()
         import torch
 
-        from ghsweep.train import torch_train  # noqa: F401  the default backend's imports
+        with gpu_questions_answered_by_nvml():
+            from ghsweep.train import torch_train  # noqa: F401  the default backend's imports
     except Exception as exc:
         return f"importing the training modules failed: {type(exc).__name__}: {exc}"
     if torch.cuda.is_initialized():

@@ -131,16 +131,14 @@ def test_a_local_sweep_forks_its_workers_unless_told_not_to(tmp_path):
 
 
 @pytest.mark.gpu
-def test_a_run_on_the_gpu_is_forked_only_where_the_imports_left_cuda_alone(warm, tmp_path, caplog):
-    """Where importing the training modules initialises CUDA (torchao checks the GPU as it imports,
-    with the libraries of 2026-11), the server refuses and the run starts from its command; where
-    they leave it alone, the forked worker sets CUDA up itself. Either way the run trains on the GPU."""
+def test_a_run_on_the_gpu_is_forked_and_sets_cuda_up_itself(warm, tmp_path, caplog):
+    """The server's imports leave CUDA alone on a GPU machine (torchao's import-time questions about
+    the GPU are answered from NVML), so the worker is forked and initialises CUDA in its own process."""
     caplog.set_level(logging.INFO, logger="ghsweep.launch.worker_process")
     warm()
     run_dir = tiny_run(tmp_path, "device=cuda")
     exit = run_worker(worker_of(run_dir), run_dir, timeout_s=600, preimported=True)
     assert exit.returncode == 0, caplog.text + (run_dir / WORKER_LOG).read_text()[-3000:]
+    assert FORKED in caplog.text, caplog.text
     summary = json.loads((run_dir / SUMMARY).read_text())
-    assert summary["metrics"]["steps"] == 2 and summary["info"]["device"].startswith("cuda"), summary["info"]
-    refused = "initialised CUDA, which a forked process cannot use" in caplog.text
-    assert refused != (FORKED in caplog.text), caplog.text
+    assert summary["metrics"]["steps"] >= 2 and summary["info"]["device"] == "cuda", summary["info"]
