@@ -10,12 +10,8 @@ from omegaconf import DictConfig
 
 from ghsweep.core.run_result import RunStatus
 from ghsweep.launch import interrupts
-from ghsweep.launch.callbacks import SweepCallback, finish_sweep
-from ghsweep.launch.job import run_one
 from ghsweep.launch.overrides import refusals
-from ghsweep.report.run_report import summary_line
 from ghsweep.tracking import redact
-from ghsweep.tracking.mlflow_store import absolute_tracking_uri
 
 MAX_SHOWN_CHARS = 200
 
@@ -59,6 +55,12 @@ def main(cfg: DictConfig) -> dict:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    # Here, not at the top: they import MLflow (seconds), which the pre-imported worker, started as
+    # Hydra makes its callbacks, need not wait for.
+    from ghsweep.launch.job import run_one
+    from ghsweep.report.run_report import summary_line
+    from ghsweep.tracking.mlflow_store import absolute_tracking_uri
+
     result = run_one(cfg)
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode != RunMode.RUN or result.status == RunStatus.DRY_RUN:
@@ -79,6 +81,8 @@ if __name__ == "__main__":
         interrupts.interrupt_on_signals()
         main()
     except KeyboardInterrupt as interrupt:  # the run in progress has recorded itself KILLED
+        from ghsweep.launch.callbacks import SweepCallback, finish_sweep
+
         if SweepCallback.started_sweep_dir is None:
             print(f"ghsweep: {interrupts.reason(interrupt)}", file=sys.stderr)
             interrupts.exit_interrupted(interrupt)

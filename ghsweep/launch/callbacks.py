@@ -29,7 +29,7 @@ from ghsweep.core.run_dir import (
 from ghsweep.core.run_result import RunResult, RunStatus
 from ghsweep.launch import interrupts
 from ghsweep.launch.job import loss_points
-from ghsweep.launch.local_gpus import ONE_AT_A_TIME_LAUNCHER, several_gpus_hint
+from ghsweep.launch.local_gpus import several_gpus_hint
 from ghsweep.launch.precheck import sweep_refusals
 from ghsweep.launch.resume import result_from_run
 from ghsweep.launch.slurm_jobs import slurm_unavailable
@@ -41,7 +41,6 @@ from ghsweep.launch.stale_runs import (
     settle_dead_sweeps,
 )
 from ghsweep.launch.sweep_manifest import SweepManifest
-from ghsweep.launch.worker_process import start_warm_worker, stop_warm_worker
 from ghsweep.report.compare import report_comparison
 from ghsweep.report.sweep_table import format_table
 from ghsweep.tracking import redact
@@ -273,9 +272,6 @@ class SweepCallback(Callback):
                 f"wait=false: needs a SLURM launcher profile (e.g. hydra/launcher=gh200); "
                 f"this sweep uses hydra/launcher={launcher}"
             )
-        if config.worker.preimported is True and config.hydra.launcher._target_ == ONE_AT_A_TIME_LAUNCHER:
-            # Its imports overlap the sweep's own start (MLflow, the first combination's plan).
-            start_warm_worker()
         try:
             self._start_sweep(config)
             SweepCallback.started_sweep_dir = Path(config.hydra.sweep.dir)
@@ -314,7 +310,6 @@ class SweepCallback(Callback):
         log.info("MLflow: sweep run %s in experiment '%s' at %s", parent, config.tracking.experiment, uri)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        stop_warm_worker()
         if config.dry_run and SweepCallback.not_runnable:
             raise SystemExit(
                 f"ghsweep: dry run: {len(SweepCallback.not_runnable)} combination(s) not runnable, "

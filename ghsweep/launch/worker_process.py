@@ -20,12 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.names import STEP_RANGE_PREFIX
 from ghsweep.core.run_dir import WORKER_LOG, WORKER_PID, rank_file
 from ghsweep.launch.container import container_prefix
+from ghsweep.launch.local_gpus import ONE_AT_A_TIME_LAUNCHER
 from ghsweep.launch.world import torchrun_prefix
 from ghsweep.train import warm_worker
 
@@ -175,9 +178,11 @@ class WarmWorker:
 
     def close(self) -> None:
         self._sock.close()
+        if not self._ready:  # it may still be importing, and would only find the socket closed then
+            self._process.kill()
         try:
             self._process.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # still importing: it would only find the socket closed
+        except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
 
@@ -218,6 +223,24 @@ def stop_warm_worker() -> None:
     if _warm is not None:
         _warm.close()
         _warm = None
+
+
+class PreimportedWorkerCallback(Callback):
+    """Starts the sweep's pre-imported worker as Hydra makes its callbacks, the earliest point that
+    knows the sweep's settings: its imports then overlap the sweep's own (MLflow's, the check of each
+    combination) rather than follow them. Hence its own module-light callback, listed first in
+    `hydra.callbacks`: ghsweep.launch.callbacks imports MLflow (seconds) before it could start it.
+
+    It serves a sweep whose combinations run one after another in this process (the default launcher),
+    with `worker.preimported=true`, unless it is a dry run. A sweep refused before it starts stops it
+    with this process (atexit)."""
+
+    def __init__(self, mode: RunMode, launcher: str, preimported: object, dry_run: object) -> None:
+        if mode == RunMode.MULTIRUN and launcher == ONE_AT_A_TIME_LAUNCHER and preimported is True and not dry_run:
+            start_warm_worker()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: object) -> None:
+        stop_warm_worker()
 
 
 def worker_env(added: dict[str, str] | None = None) -> dict[str, str]:

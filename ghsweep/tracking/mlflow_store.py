@@ -27,16 +27,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-# MLflow otherwise phones home at start-up; clusters' compute nodes often have no internet.
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-# A progress bar per downloaded artifact would bury a report's own output.
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+from mlflow.entities import Metric, Param, Run, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
 
-from mlflow.entities import Metric, Param, Run, RunTag  # noqa: E402
-from mlflow.exceptions import MlflowException  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
-
-from ghsweep.core.errors import TrackingError, TrackingUriError, first_line  # noqa: E402
+from ghsweep.core.errors import TrackingError, TrackingUriError, first_line
 from ghsweep.core.names import (
     ERROR_TAG,
     EXPERIMENT_KIND_TAG,
@@ -50,9 +45,9 @@ from ghsweep.core.names import (
     RUN_DIR_TAG,
     STATUS_TAG,
     split_overrides,
-)  # noqa: E402
+)
 from ghsweep.core.run_result import RunStatus
-from ghsweep.tracking import redact  # noqa: E402
+from ghsweep.tracking import redact
 
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100

@@ -25,14 +25,30 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import importlib
 import json
 import os
 import socket
 import sys
 from collections.abc import Iterator
 
+from ghsweep.core.gpu import GpuInfo, probe_gpu
+
 # Large enough for any environment a request carries.
 MESSAGE_BYTES = 1 << 20
+
+# What a run of the default backend imports, at the top of its modules or while it sets up: the
+# backend, peft (LoRA) and the fp8 path through torchao.
+TRAINING_MODULES = ("ghsweep.train.torch_train", "peft", "ghsweep.train.fp8", "torchao.float8")
+# torch.compile's own modules, which the first compiled layer imports (2-3 s of a run's set-up on a
+# GPU, where train.compile=auto compiles); a CPU run does not compile by default, and there they would
+# only lengthen the wait of a sweep's first combination for the server.
+COMPILER_MODULES = (
+    "torch._dynamo",
+    "torch._inductor.compile_fx",
+    "torch._inductor.codegen.triton",
+    "torch._inductor.runtime.triton_heuristics",
+)
 
 
 def send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> None:
@@ -70,7 +86,7 @@ def become_worker(sock: socket.socket, request: dict, out_fd: int) -> None:
 
 
 @contextlib.contextmanager
-def gpu_questions_answered_by_nvml() -> Iterator[None]:
+def gpu_questions_answered_by_nvml(gpu: GpuInfo | None) -> Iterator[None]:
     """Within: what libraries ask of the GPU as they are imported is answered from NVML.
 
     torchao, which transformers and peft import, asks as it is imported whether Triton can run here
@@ -85,9 +101,6 @@ def gpu_questions_answered_by_nvml() -> Iterator[None]:
     import torch
     import torch.utils._triton as triton_support
 
-    from ghsweep.core.gpu import probe_gpu
-
-    gpu = probe_gpu()
     if gpu is None:
         yield
         return
@@ -115,8 +128,10 @@ def import_training() -> str | None:
         worker.quiet_library_noise()
         import torch
 
-        with gpu_questions_answered_by_nvml():
-            from ghsweep.train import torch_train  # noqa: F401  the default backend's imports
+        gpu = probe_gpu()
+        with gpu_questions_answered_by_nvml(gpu):
+            for module in TRAINING_MODULES + (COMPILER_MODULES if gpu else ()):
+                importlib.import_module(module)
     except Exception as exc:
         return f"importing the training modules failed: {type(exc).__name__}: {exc}"
     if torch.cuda.is_initialized():

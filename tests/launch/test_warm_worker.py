@@ -14,16 +14,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hydra.types import RunMode
 
 from ghsweep.core.run_dir import SUMMARY, WORKER_ERROR, WORKER_LOG, WORKER_PID
 from ghsweep.launch import worker_process
+from ghsweep.launch.local_gpus import ONE_AT_A_TIME_LAUNCHER
 from ghsweep.launch.worker_process import (
+    PreimportedWorkerCallback,
     WarmWorker,
     process_start,
     run_worker,
     start_warm_worker,
     stop_orphaned_worker,
     stop_warm_worker,
+    worker_env,
     worker_pid,
 )
 from tests.support.cli import run_cli
@@ -128,6 +132,35 @@ def test_a_local_sweep_forks_its_workers_unless_told_not_to(tmp_path):
     assert started.returncode == 0, started.stderr[-3000:]
     assert FORKED not in started.stdout + started.stderr
     assert "2 of 2 runs finished" in started.stdout and "2 of 2 runs finished" in forked.stdout
+
+
+@pytest.mark.parametrize(
+    ("mode", "launcher", "preimported", "dry_run", "serves"),
+    [
+        (RunMode.MULTIRUN, ONE_AT_A_TIME_LAUNCHER, True, False, True),
+        (RunMode.RUN, ONE_AT_A_TIME_LAUNCHER, True, False, False),  # one run: nothing to amortise
+        (RunMode.MULTIRUN, "hydra_plugins.ghsweep_launcher.ghsweep_launcher.SlurmLauncher", True, False, False),
+        (RunMode.MULTIRUN, ONE_AT_A_TIME_LAUNCHER, False, False, False),
+        (RunMode.MULTIRUN, ONE_AT_A_TIME_LAUNCHER, True, True, False),  # a dry run starts no worker
+    ],
+)
+def test_the_server_starts_as_hydra_makes_the_callbacks_for_a_sweep_run_here(
+    mode, launcher, preimported, dry_run, serves
+):
+    try:
+        callback = PreimportedWorkerCallback(mode, launcher, preimported, dry_run)
+        assert (worker_process._warm is not None) == serves
+        callback.on_multirun_end(config=None)
+        assert worker_process._warm is None
+    finally:
+        stop_warm_worker()
+
+
+def test_a_server_still_importing_is_killed_when_the_sweep_stops_before_its_first_run():
+    # A sweep refused by its check stops the server it started: it must not wait out the imports.
+    server = WarmWorker(worker_env())
+    server.close()
+    assert server._process.returncode == -signal.SIGKILL
 
 
 @pytest.mark.gpu
