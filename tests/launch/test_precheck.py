@@ -11,10 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from hydra.core.global_hydra import GlobalHydra
+from hydra.types import RunMode
 
 from ghsweep.core.names import EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND
+from ghsweep.launch.precheck import ComposedOnce, sweep_refusals
 from tests.optional_env import unavailable
 from tests.support.cli import assert_one_line_errors, run_cli
+from tests.support.compose import hydra_on_conf
 from tests.support.mlflow_records import MlflowRecords, sqlite_uri
 from tests.support.ports import free_port
 from tests.support.sweep_dirs import assert_nothing_ran
@@ -140,3 +144,28 @@ def test_a_single_run_ends_with_its_summary_line_and_opens_as_model_training(tmp
     records = MlflowRecords(uri)
     assert records.client.get_run(run_id).info.status == "FINISHED"
     assert records.client.get_experiment(records.experiment_id).tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING_KIND
+
+
+def test_the_sweeper_and_launcher_get_each_combination_as_the_check_composed_it(tmp_path, monkeypatch):
+    with hydra_on_conf():
+        hydra = GlobalHydra.instance().hydra
+        assert hydra is not None
+        line = ["experiment=smoke", "precision=fp32,bf16", f"hydra.sweep.dir={tmp_path}"]
+        master = hydra.compose_config("config", line, run_mode=RunMode.MULTIRUN, with_log_configuration=False)
+        assert sweep_refusals(master) == (2, [])
+        loader = hydra.config_loader  # what Hydra hands the sweeper and the launcher it makes next
+        assert isinstance(loader, ComposedOnce)
+        composed: list[list[str]] = []
+        hydras_own = loader.loader.load_sweep_config
+        monkeypatch.setattr(
+            loader.loader,
+            "load_sweep_config",
+            lambda master, overrides: composed.append(overrides) or hydras_own(master, overrides),
+        )
+        first = loader.load_sweep_config(master, ["experiment=smoke", "precision=fp32"])
+        steps = first.train.max_steps
+        first.train.max_steps = steps + 1  # as the launcher writes into its config (the job's number)
+        again = loader.load_sweep_config(master, ["experiment=smoke", "precision=fp32"])
+        assert (again.precision.name, again.train.max_steps) == ("fp32", steps) and composed == []
+        other = loader.load_sweep_config(master, ["precision=bf16", "offload=on"])  # not a combination of the check
+        assert composed == [["precision=bf16", "offload=on"]] and other.offload.enabled is True
