@@ -22,11 +22,12 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import submitit
 from hydra.core.singleton import Singleton
@@ -42,6 +43,7 @@ from ghsweep.core.run_plan import World
 from ghsweep.core.run_result import RunResult
 from ghsweep.launch.dry_run import describe, local_ranks_text
 from ghsweep.launch.local_gpus import gpu_sets, placed_gpus
+from ghsweep.launch.requeue import slurm_job_id
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.slurm_jobs import SubmittedJob, has_ended, save_jobs, settle, wait_until_ended
 from ghsweep.launch.sweep_manifest import SweepManifest
@@ -105,21 +107,30 @@ class _Combination:
         self.world = world_of(self.cfg)
 
 
-def checkpoint(launcher: plugin.BaseSubmititLauncher, requeue: Callable[[], Any]) -> Any:
+def checkpoint(launcher: plugin.BaseSubmititLauncher) -> NoReturn:
     """Called in the job when SLURM signals it (submitit's checkpointing): at its time limit, or
     from outside before the limit (a preemption notice, `scancel --signal=USR2`).
 
-    Signalled from outside, the job is requeued (`requeue`: the plugin's checkpoint, submitit's
-    `scontrol requeue`) and the run starts over in its run directory, continuing its MLflow run
-    (ghsweep.launch.requeue); benchmark runs are short, so starting over is right. At the time limit
-    it is not: a restart from scratch would reach the same limit, and no backend resumes from a
-    checkpoint, so the run ends now and is recorded as timed out.
+    Signalled from outside, the job is requeued (`scontrol requeue`, as submitit's own requeue does)
+    and this process exits; the job starts again from its submitted pickle, in the same run
+    directory, continuing its MLflow run (ghsweep.launch.requeue); benchmark runs are short, so
+    starting over is right. At the time limit it is not: a restart from scratch would reach the same
+    limit, and no backend resumes from a checkpoint, so the run ends now and is recorded as timed out.
+
+    The job is requeued here rather than by returning the plugin's checkpoint to submitit: submitit
+    takes any signal in a job's last 10 minutes (or last 20%) for its time limit, and with the
+    plugin's max_num_timeout=0 refuses to requeue after one ("Job not requeued because: timed-out
+    too many times"), so a job signalled in its last 10 minutes, which is any time for a limit of
+    10 minutes (the test cluster's), was never requeued. squeue's EndTime says which signal this is.
     """
     assert launcher.config is not None  # set by the launcher's setup(), before it was submitted
     left_s = time_left_s()
     if left_s > launcher.params["signal_delay_s"] + TIME_LIMIT_SLACK_S:
         log.warning("signalled %.0f s before the time limit: requeueing the job", left_s)
-        return requeue()
+        subprocess.run(["scontrol", "requeue", str(slurm_job_id())], check=True, timeout=60)
+        # As submitit ends a job it requeued: the worker is stopped on the way out (run_worker), and
+        # the result.json left RUNNING gives the next start this run's MLflow run.
+        sys.exit(-1)
     raise JobTimeout(
         f"timed out: the SLURM time limit ({launcher.params['timeout_min']} min, hydra.launcher.timeout_min) "
         f"was reached; backend {launcher.config.backend.name} cannot resume from a checkpoint, so the job "

@@ -7,8 +7,7 @@ ghsweep.launch.submitit_launcher.
 """
 
 from collections.abc import Sequence
-from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra._internal.core_plugins import basic_launcher
 from hydra.core.utils import JobReturn
@@ -19,10 +18,10 @@ class _GhsweepSubmitit(plugin.BaseSubmititLauncher):
     """The plugin's launcher with ghsweep's launch() and checkpoint(); its config keys and remote side
     (__call__) stay the plugin's."""
 
-    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+    def checkpoint(self, *args: Any, **kwargs: Any) -> NoReturn:
         from ghsweep.launch import submitit_launcher
 
-        return submitit_launcher.checkpoint(self, requeue=partial(super().checkpoint, *args, **kwargs))
+        submitit_launcher.checkpoint(self)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from ghsweep.launch import submitit_launcher

@@ -1,6 +1,7 @@
 """A SLURM job stopped from outside and requeued starts its run over and finishes it, on the real
-two-node cluster: `scontrol requeue` on a running job and a node taken down under it. Each time
-the run ends FINISHED in the same MLflow run, its earlier attempt recorded, nothing duplicated."""
+two-node cluster: `scontrol requeue` on a running job, a node taken down under it and a preemption
+notice (`scancel --signal=USR2`). Each time the run ends FINISHED in the same MLflow run, its
+earlier attempt recorded, nothing duplicated."""
 
 from __future__ import annotations
 
@@ -75,6 +76,18 @@ def test_a_job_requeued_with_scontrol_starts_over_and_finishes_in_the_same_run(m
         mlflow_server, tmp_path, "slurm_requeue", lambda job: subprocess.run(["scontrol", "requeue", job], check=True)
     )
     assert_finished_on_its_second_start(mlflow_server, "slurm_requeue", proc, job_id, "REQUEUED")
+
+
+def test_a_job_signalled_with_usr2_starts_over_and_finishes_in_the_same_run(mlflow_server, tmp_path):
+    # A preemption notice: USR2 to the job's steps (scancel's default, not the batch shell), where
+    # srun runs submitit's process, whose handler requeues the job.
+    proc, job_id = requeued_sweep(
+        mlflow_server,
+        tmp_path,
+        "slurm_usr2",
+        lambda job: subprocess.run(["scancel", "--signal=USR2", job], check=True),
+    )
+    assert_finished_on_its_second_start(mlflow_server, "slurm_usr2", proc, job_id, "REQUEUED")
 
 
 def test_a_job_whose_node_goes_down_starts_over_on_the_other_node(mlflow_server, tmp_path):
