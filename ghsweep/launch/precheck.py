@@ -81,7 +81,18 @@ class ComposedOnce:
         return copy.deepcopy(cfg)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "loader":  # not set yet: an instance being unpickled
+            raise AttributeError(name)
         return getattr(self.loader, name)
+
+    def __reduce__(self) -> tuple[Any, tuple[ConfigLoader]]:
+        # Pickled into a submitit job (with the launcher), it is Hydra's own loader: the job composes its
+        # combination itself, on its node, and the sweep's compositions would only weigh down each job.
+        return _unwrapped, (self.loader,)
+
+
+def _unwrapped(loader: ConfigLoader) -> ConfigLoader:
+    return loader
 
 
 def compose_once(master: DictConfig, composed: dict[tuple[str, ...], DictConfig]) -> None:
