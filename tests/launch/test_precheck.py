@@ -5,7 +5,7 @@ results went."""
 
 from __future__ import annotations
 
-import pickle
+import copy
 import re
 import shutil
 import sys
@@ -156,8 +156,9 @@ def test_the_sweeper_and_launcher_get_each_combination_as_the_check_composed_it(
         assert sweep_refusals(master) == (2, [])
         loader = hydra.config_loader  # what Hydra hands the sweeper and the launcher it makes next
         assert isinstance(loader, ComposedOnce)
-        # Pickled into a submitit job with its launcher, it is Hydra's own: the job composes for itself.
-        assert type(pickle.loads(pickle.dumps(loader))) is type(loader.loader)
+        # Pickled into a submitit job with its launcher (its __reduce__, which deepcopy takes too), it is
+        # Hydra's own: the job composes for itself.
+        assert type(copy.deepcopy(loader)) is type(loader.loader)
         composed: list[list[str]] = []
         hydras_own = loader.loader.load_sweep_config
         monkeypatch.setattr(
