@@ -43,6 +43,18 @@ class ProfilePlan:
 
 
 @dataclass
+class SessionCapture:
+    """How a worker forked from the pre-imported worker is recorded by Nsight Systems, in place of
+    the `nsys profile` around a worker started from its command: the pre-imported worker runs under
+    `launch` (`nsys launch ...`, which traces the workers it forks), and each run is one collection of
+    its session, `start` (`nsys start ...`: the worker's capture range, to the run's report). Both
+    without the session's name, which is the pre-imported worker's."""
+
+    launch: list[str]
+    start: list[str]
+
+
+@dataclass
 class RunPlan:
     name: str  # the combination's name: its MLflow run name and the folder of its run directory
     run_dir: str
@@ -61,9 +73,11 @@ class RunPlan:
     # The ranks are SLURM tasks that srun started, each running one worker; rank 0 waits for the
     # others' rank reports. False: torchrun in worker_command starts the ranks here, or one rank.
     srun_ranks: bool = False
-    # worker_command is the worker alone and worker.preimported allows it: a sweep that runs its
-    # combinations one after another in its process forks it from a pre-imported worker instead.
+    # worker_command is the worker alone (or under nsys, as `capture` records it) and
+    # worker.preimported allows it: a sweep that runs its combinations one after another in its
+    # process forks it from a pre-imported worker instead.
     preimported: bool = False
+    capture: SessionCapture | None = None
 
     def save(self, run_dir: Path) -> None:
         # Every SLURM task of a run writes it, and a rank's worker may read it meanwhile.
@@ -73,6 +87,7 @@ class RunPlan:
     def load(cls, run_dir: Path) -> RunPlan:
         raw = json.loads((run_dir / RUN_PLAN).read_text())
         gpu = raw.pop("gpu")
+        capture = raw.pop("capture", None)
         if gpu is not None:
             gpu["compute_capability"] = tuple(gpu["compute_capability"])
         return cls(
@@ -81,5 +96,6 @@ class RunPlan:
                 "gpu": GpuInfo(**gpu) if gpu else None,
                 "world": World(**raw.pop("world")),
                 "profile": ProfilePlan(**raw.pop("profile")),
+                "capture": SessionCapture(**capture) if capture else None,
             }
         )

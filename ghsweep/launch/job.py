@@ -330,7 +330,12 @@ def train_and_measure(
             shlex.join(plan.worker_command),
         )
         exit = run_worker(
-            plan.worker_command, run_dir, timeout_s(plan), env=container_env(cfg), preimported=plan.preimported
+            plan.worker_command,
+            run_dir,
+            timeout_s(plan),
+            env=container_env(cfg),
+            preimported=plan.preimported,
+            capture=plan.capture,
         )
         return *measure(cfg, plan, exit, result), None
     except (ConfigError, JobTimeout) as exc:

@@ -21,7 +21,7 @@ from ghsweep.launch.container import check_container, container_prefix, tool_fin
 from ghsweep.launch.worker_process import plain_worker, worker_command, worker_timeout_min
 from ghsweep.launch.world import check_world
 from ghsweep.profile.capture import find_tool as find_on_node
-from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve
+from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve, session_capture
 
 ToolFinder = Callable[[str, str | None], str | None]
 # A GPU that meets every requirement a config can state: checking against it, and against no GPU,
@@ -128,7 +128,12 @@ def assemble_plan(
     """The plan from the decisions made; the worker command is built here and nowhere else."""
     # Locally torchrun starts the node's ranks; on SLURM srun already started one task per rank.
     local_ranks = 1 if srun_ranks else world.gpus_per_node
-    command = worker_command(cfg, run_dir, profiler_prefix(cfg, run_dir, profile), local_ranks)
+    profiler = profiler_prefix(cfg, run_dir, profile)
+    command = worker_command(cfg, run_dir, profiler, local_ranks)
+    # A pre-imported worker stands in for the worker alone in this interpreter; under nsys it runs
+    # in an nsys session instead, which records each worker it forks as the command would.
+    alone = plain_worker(worker_command(cfg, run_dir, (), local_ranks), run_dir)
+    capture = session_capture(cfg, run_dir, profile) if alone else None
     return RunPlan(
         name=name,
         run_dir=str(run_dir),
@@ -143,5 +148,6 @@ def assemble_plan(
         worker_command=command,
         timeout_min=worker_timeout_min(cfg.worker.timeout_min, device == "cuda"),
         srun_ranks=srun_ranks,
-        preimported=bool(cfg.worker.preimported) and plain_worker(command, run_dir),
+        preimported=bool(cfg.worker.preimported) and alone and (not profiler or capture is not None),
+        capture=capture,
     )

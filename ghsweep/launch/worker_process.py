@@ -27,9 +27,11 @@ from omegaconf import DictConfig
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.names import STEP_RANGE_PREFIX
 from ghsweep.core.run_dir import WORKER_LOG, WORKER_PID, rank_file
+from ghsweep.core.run_plan import SessionCapture
 from ghsweep.launch.container import container_prefix
 from ghsweep.launch.local_gpus import ONE_AT_A_TIME_LAUNCHER
 from ghsweep.launch.world import torchrun_prefix
+from ghsweep.profile.plan import sweep_session_launch
 from ghsweep.train import warm_worker
 
 log = logging.getLogger(__name__)
@@ -138,16 +140,38 @@ class WarmWorkerUnavailable(RuntimeError):
         self.refused = refused
 
 
+# How long a run's nsys collection may take to write its report once its worker has ended.
+REPORT_TIMEOUT_S = 600
+
+
+def nsys_session_state(nsys: str, session: str) -> str | None:
+    """The state `nsys sessions list` gives the session (Launched, StartRange, RangeGeneration, ...),
+    or None when there is no such session."""
+    listed = subprocess.run([nsys, "sessions", "list"], capture_output=True, text=True, timeout=60).stdout
+    for row in listed.splitlines():
+        fields = row.split()  # ID TIME STATE LAUNCH NAME
+        if len(fields) == 5 and fields[4] == session:
+            return fields[2]
+    return None
+
+
 class WarmWorker:
     """A pre-imported worker (ghsweep.train.warm_worker) and the socket to ask it for workers. Its
-    imports start at once and overlap the sweep's own start; it forks one worker at a time."""
+    imports start at once and overlap the sweep's own start; it forks one worker at a time.
 
-    def __init__(self, env: dict[str, str]) -> None:
+    Under Nsight Systems (`launch`: a SessionCapture's `nsys launch ...`) it runs in an nsys session of
+    its own, which traces the workers it forks, and each worker is recorded by one collection of that
+    session (the `start` it is forked with, ended by the worker's cudaProfilerStop)."""
+
+    def __init__(self, env: dict[str, str], launch: Sequence[str] = ()) -> None:
         self.env = env  # the environment its imports ran in, and so what a forked run must have
+        self.launch = list(launch)
+        self.session = f"ghsweep-{os.getpid()}-{id(self):x}" if launch else None
+        under = [*launch, f"--session-new={self.session}"] if launch else []
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "ghsweep.train.warm_worker", str(theirs.fileno())],
+                [*under, sys.executable, "-m", "ghsweep.train.warm_worker", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 env=env,
                 # Its failures come back on the socket. The sweep's output is not held open by it, nor
@@ -159,15 +183,36 @@ class WarmWorker:
             )
         self._ready = False
 
-    def fork(self, run_dir: Path, env: dict[str, str], output_fd: int) -> ForkedWorker:
-        """Start the worker of `run_dir` with environment `env`, its output to `output_fd`."""
+    def fork(self, run_dir: Path, output_fd: int, start: Sequence[str] = ()) -> ForkedWorker:
+        """Start the worker of `run_dir` with the server's environment, its output to `output_fd`,
+        recorded by the collection `start` (a SessionCapture's `nsys start ...`) when one is given."""
         if not self._ready:
             answer = self.receive()
             if "error" in answer:
                 raise WarmWorkerUnavailable(answer["error"], refused=True)
             self._ready = True
-        warm_worker.send(self._sock, {"run_dir": str(run_dir), "env": env, "cwd": os.getcwd()}, [output_fd])
-        return ForkedWorker(self.receive()["pid"], self)
+        if start:
+            started = subprocess.run([*start, f"--session={self.session}"], capture_output=True, text=True, timeout=60)
+            if started.returncode != 0:
+                said = (started.stderr or started.stdout).strip().splitlines()
+                raise WarmWorkerUnavailable(f"nsys start failed: {said[-1] if said else started.returncode}")
+        warm_worker.send(self._sock, {"run_dir": str(run_dir), "cwd": os.getcwd()}, [output_fd])
+        return ForkedWorker(self.receive()["pid"], self, recorded=bool(start))
+
+    def end_collection(self) -> None:
+        """Once a recorded worker has ended, wait for its report. Its cudaProfilerStop has normally
+        ended the collection, and nsys has written the report before the worker went on; a worker that
+        ended before (a crash, a timeout) left it armed or recording, and `nsys stop` writes what it
+        recorded."""
+        assert self.session is not None
+        nsys = self.launch[0]
+        subprocess.run([nsys, "stop", f"--session={self.session}"], capture_output=True, timeout=60)
+        deadline = time.monotonic() + REPORT_TIMEOUT_S
+        while nsys_session_state(nsys, self.session) not in ("Launched", None):
+            if time.monotonic() > deadline:
+                log.warning("nsys session %s: no report after %d s", self.session, REPORT_TIMEOUT_S)
+                return
+            time.sleep(0.1)
 
     def receive(self) -> dict:
         """The server's next answer; WarmWorkerUnavailable when it has exited."""
@@ -178,21 +223,29 @@ class WarmWorker:
 
     def close(self) -> None:
         self._sock.close()
+        # nsys, where the server runs under it, leaves with the server, in the group it leads.
         if not self._ready:  # it may still be importing, and would only find the socket closed then
-            self._process.kill()
+            self._kill()
         try:
             self._process.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            self._process.kill()
+            self._kill()
             self._process.wait()
+
+    def _kill(self) -> None:
+        try:
+            os.killpg(self._process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 class ForkedWorker:
     """A worker a WarmWorker forked: not this process's child, so its exit code comes from the server."""
 
-    def __init__(self, pid: int, server: WarmWorker) -> None:
+    def __init__(self, pid: int, server: WarmWorker, recorded: bool = False) -> None:
         self.pid = pid
         self._server = server
+        self._recorded = recorded
         self._returncode: int | None = None
 
     def wait(self) -> int:
@@ -203,6 +256,8 @@ class ForkedWorker:
                 # Its worker, in a session of its own, may outlive it: run_worker kills the group.
                 log.error("worker %d: %s; its exit code is lost", self.pid, exc)
                 self._returncode = -signal.SIGKILL
+            if self._recorded:
+                self._server.end_collection()
         return self._returncode
 
 
@@ -210,11 +265,12 @@ class ForkedWorker:
 _warm: WarmWorker | None = None
 
 
-def start_warm_worker() -> None:
-    """Start this process's pre-imported worker (stopped by stop_warm_worker or this process's exit)."""
+def start_warm_worker(launch: Sequence[str] = ()) -> None:
+    """Start this process's pre-imported worker, under `launch` (a SessionCapture's) when given
+    (stopped by stop_warm_worker or this process's exit)."""
     global _warm
     if _warm is None:
-        _warm = WarmWorker(worker_env())
+        _warm = WarmWorker(worker_env(), launch)
         atexit.register(stop_warm_worker)
 
 
@@ -232,12 +288,22 @@ class PreimportedWorkerCallback(Callback):
     `hydra.callbacks`: ghsweep.launch.callbacks imports MLflow (seconds) before it could start it.
 
     It serves a sweep whose combinations run one after another in this process (the default launcher),
-    with `worker.preimported=true`, unless it is a dry run. A sweep refused before it starts stops it
-    with this process (atexit)."""
+    with `worker.preimported=true`, unless it is a dry run; under nsys when the sweep's own `profile`,
+    `memory` and `device` say its runs use it here (profile.plan.sweep_session_launch). A sweep refused
+    before it starts stops it with this process (atexit)."""
 
-    def __init__(self, mode: RunMode, launcher: str, preimported: object, dry_run: object) -> None:
+    def __init__(
+        self,
+        mode: RunMode,
+        launcher: str,
+        preimported: object,
+        dry_run: object,
+        profile: DictConfig | None = None,
+        memory: str = "default",
+        device: str = "cpu",
+    ) -> None:
         if mode == RunMode.MULTIRUN and launcher == ONE_AT_A_TIME_LAUNCHER and preimported is True and not dry_run:
-            start_warm_worker()
+            start_warm_worker(sweep_session_launch(profile, memory, device) if profile is not None else ())
 
     def on_multirun_end(self, config: DictConfig, **kwargs: object) -> None:
         stop_warm_worker()
@@ -250,25 +316,36 @@ def worker_env(added: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def start_worker(
-    command: list[str], run_dir: Path, env: dict[str, str], output_fd: int, preimported: bool
+    command: list[str],
+    run_dir: Path,
+    env: dict[str, str],
+    output_fd: int,
+    preimported: bool,
+    capture: SessionCapture | None = None,
 ) -> WorkerProcess:
     """The worker of `run_dir` in its own process group, writing to `output_fd`: forked from this
     process's pre-imported worker where `preimported` allows it (RunPlan.preimported) and one serves,
-    else started from `command`. A CUDA tool injected from outside (CUDA_INJECTION64_PATH) needs the
-    worker's normal exit, so its workers start from their command."""
+    recorded as `capture` says (RunPlan.capture: under nsys), else started from `command`. A CUDA
+    tool injected into the sweep from outside (CUDA_INJECTION64_PATH) needs the worker's normal exit,
+    so its workers start from their command."""
     global _warm
     if preimported and _warm is not None and "CUDA_INJECTION64_PATH" not in env:
-        if env != _warm.env:
-            # What torch and transformers read at import (TORCH_*, CUDA_*) must be the run's.
+        launch = capture.launch if capture else []
+        if env != _warm.env or launch != _warm.launch:
+            # What torch and transformers read at import (TORCH_*, CUDA_*) must be the run's, and a
+            # profiler's session is the server's.
             changed = sorted(k for k in env.keys() | _warm.env.keys() if env.get(k) != _warm.env.get(k))
-            log.info("  the worker's environment changed (%s): the pre-imported worker starts again", ",".join(changed))
+            reasons = [f"environment changed ({','.join(changed)})"] if changed else []
+            if launch != _warm.launch:
+                reasons.append(f"profiler changed ({'an nsys session' if launch else 'none'})")
+            log.info("  the worker's %s: the pre-imported worker starts again", " and ".join(reasons))
             stop_warm_worker()
-            _warm = WarmWorker(env)
+            _warm = WarmWorker(env, launch)
         try:
-            forked = _warm.fork(run_dir, env, output_fd)
+            forked = _warm.fork(run_dir, output_fd, capture.start if capture else ())
             log.info("  forked from the pre-imported worker (pid %d)", forked.pid)
             return forked
-        except (WarmWorkerUnavailable, OSError) as exc:
+        except (WarmWorkerUnavailable, OSError, subprocess.SubprocessError) as exc:
             # A refusal is this machine's libraries, said once; a server that died is news.
             refused = isinstance(exc, WarmWorkerUnavailable) and exc.refused
             log.log(
@@ -287,6 +364,7 @@ def run_worker(
     rank: int = 0,
     env: dict[str, str] | None = None,
     preimported: bool = False,
+    capture: SessionCapture | None = None,
 ) -> WorkerExit:
     """Run the worker (start_worker), its output in worker.log (a SLURM task of rank N > 0:
     worker.rankN.log), with `env` added to this process's environment (container_env)."""
@@ -300,7 +378,7 @@ def run_worker(
     ):
         try:
             # Own process group: a timeout kills the worker and its data-loader processes together.
-            proc = start_worker(command, run_dir, env, write_end, preimported)
+            proc = start_worker(command, run_dir, env, write_end, preimported, capture)
         finally:
             os.close(write_end)  # the worker holds its own copy: its exit ends the output
         (run_dir / rank_file(WORKER_PID, rank)).write_text(f"{proc.pid}\n{process_start(proc.pid)}\n")

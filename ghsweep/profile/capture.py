@@ -25,6 +25,86 @@ def find_tool(name: str, configured: str | None) -> str | None:
     return shutil.which(name)
 
 
+# What the extra arguments of a capture (profile.nsys.extra_args, as --NAME=VALUE) may name when the
+# capture is split between `nsys launch` (how a program is traced) and `nsys start` (what one
+# collection records): the options each takes, from nsys 2025.3's `--help` of each, less those ghsweep
+# sets itself (the trace set, the capture range, the report, the session).
+NSYS_LAUNCH_OPTIONS = frozenset(
+    {
+        "--cuda-event-trace",
+        "--cuda-flush-interval",
+        "--cuda-graph-trace",
+        "--cuda-memory-usage",
+        "--cuda-trace-all-apis",
+        "--cudabacktrace",
+        "--dask",
+        "--env-var",
+        "--mpi-impl",
+        "--nvtx-capture",
+        "--nvtx-domain-exclude",
+        "--nvtx-domain-include",
+        "--opengl-gpu-workload",
+        "--osrt-backtrace-stack-size",
+        "--osrt-backtrace-threshold",
+        "--osrt-threshold",
+        "--python-backtrace",
+        "--python-functions-trace",
+        "--python-sampling",
+        "--python-sampling-frequency",
+        "--pytorch",
+        "--resolve-symbols",
+        "--vulkan-gpu-workload",
+    }
+)
+NSYS_START_OPTIONS = frozenset(
+    {
+        "--backtrace",
+        "--cpu-core-events",
+        "--cpuctxsw",
+        "--debug-symbols",
+        "--event-sample",
+        "--event-sampling-interval",
+        "--export",
+        "--flush-on-cudaprofilerstop",
+        "--ftrace",
+        "--ftrace-keep-user-config",
+        "--gpu-metrics-frequency",
+        "--gpu-metrics-set",
+        "--gpu-video-device",
+        "--gpuctxsw",
+        "--ib-net-info-devices",
+        "--ib-net-info-files",
+        "--ib-net-info-output",
+        "--nic-metrics",
+        "--os-events",
+        "--sample",
+        "--samples-per-backtrace",
+        "--sampling-period",
+        "--stats",
+    }
+)
+
+
+def nsys_options(
+    report: Path, trace: Sequence[str], um_page_faults: bool, gpu_metrics: bool
+) -> tuple[list[str], list[str]]:
+    """ghsweep's own nsys options for a capture to `report`: (how the program is traced, what the
+    collection records): the capture is the CUDA profiler API's range, the worker's capture steps."""
+    tracing = [f"--trace={','.join(trace)}"]
+    if um_page_faults:
+        tracing += ["--cuda-um-cpu-page-faults=true", "--cuda-um-gpu-page-faults=true"]
+    collection = [
+        "--capture-range=cudaProfilerApi",
+        "--capture-range-end=stop",
+        "--force-overwrite=true",
+        f"--output={report.with_suffix('')}",
+    ]
+    if gpu_metrics:
+        # The run's own GPUs only: sampling is one profiler per GPU, and other jobs may share the node.
+        collection += ["--gpu-metrics-devices=cuda-visible"]
+    return tracing, collection
+
+
 def nsys_profile_command(
     nsys: str,
     report: Path,
@@ -34,21 +114,34 @@ def nsys_profile_command(
     gpu_metrics: bool = False,
 ) -> list[str]:
     """`nsys profile ...` up to (not including) the profiled program's own argv."""
-    command = [
-        nsys,
-        "profile",
-        f"--trace={','.join(trace)}",
-        "--capture-range=cudaProfilerApi",
-        "--capture-range-end=stop",
-        "--force-overwrite=true",
-        f"--output={report.with_suffix('')}",
-    ]
-    if um_page_faults:
-        command += ["--cuda-um-cpu-page-faults=true", "--cuda-um-gpu-page-faults=true"]
-    if gpu_metrics:
-        # The run's own GPUs only: sampling is one profiler per GPU, and other jobs may share the node.
-        command += ["--gpu-metrics-devices=cuda-visible"]
-    return command + list(extra_args)
+    tracing, collection = nsys_options(report, trace, um_page_faults, gpu_metrics)
+    return [nsys, "profile", *tracing, *collection, *extra_args]
+
+
+def nsys_session_commands(
+    nsys: str,
+    report: Path,
+    trace: Sequence[str],
+    um_page_faults: bool,
+    extra_args: Sequence[str],
+    gpu_metrics: bool = False,
+) -> tuple[list[str], list[str]] | None:
+    """The capture of nsys_profile_command for a program forked from one already running under nsys:
+    (`nsys launch ...` that runs the forking program, tracing its children from their fork on,
+    `nsys start ...` that records one child's capture range), each up to its `--session` option.
+    None when an extra argument is not an option of either (or not written --NAME=VALUE)."""
+    tracing, collection = nsys_options(report, trace, um_page_faults, gpu_metrics)
+    launch = [nsys, "launch", *tracing, "--trace-fork-before-exec=true"]
+    start = [nsys, "start", *collection]
+    for arg in extra_args:
+        name = arg.split("=", 1)[0] if "=" in arg else None
+        if name in NSYS_LAUNCH_OPTIONS:
+            launch.append(arg)
+        elif name in NSYS_START_OPTIONS:
+            start.append(arg)
+        else:
+            return None
+    return launch, start
 
 
 def export_sqlite(nsys: str, report: Path, prefix: Sequence[str] = (), timeout_s: float = 1800) -> Path:

@@ -18,9 +18,12 @@ from omegaconf import DictConfig
 
 from ghsweep.config.world import world_of
 from ghsweep.core.errors import ConfigError
+from ghsweep.core.gpu import probe_gpu
 from ghsweep.core.run_dir import NSYS_RANK_REPORT, NSYS_REPORT
-from ghsweep.core.run_plan import ProfilePlan
+from ghsweep.core.run_plan import ProfilePlan, SessionCapture
 from ghsweep.profile import capture
+
+NsysArguments = tuple[str, Path, list[str], bool, list[str], bool]
 
 
 def resolve(
@@ -108,18 +111,54 @@ def plans_from_config(profile: DictConfig, device: str, tool_prefix: list[str] |
     return plans
 
 
+def nsys_arguments(profile: DictConfig, memory: str, report: Path, plan: ProfilePlan) -> NsysArguments | None:
+    """What an nsys capture to `report` is made of (capture.nsys_profile_command's arguments), from
+    the run's `profile` and `memory.name`, or None when `plan` does not use nsys."""
+    if plan.used != "nsys":
+        return None
+    if plan.nsys_path is None:
+        raise ConfigError("profile: the plan uses nsys but names no nsys path (resolve() sets one)")
+    opts = profile.nsys
+    um = memory == "unified" if opts.um_page_faults == "auto" else bool(opts.um_page_faults)
+    return plan.nsys_path, report, list(opts.trace), um, list(opts.extra_args), bool(opts.get("gpu_metrics"))
+
+
+def run_nsys_arguments(cfg: DictConfig, run_dir: Path, plan: ProfilePlan) -> NsysArguments | None:
+    """nsys_arguments of the run in `run_dir`. With several ranks each rank writes its own report,
+    profile_rank<RANK>.nsys-rep (nsys expands %q{RANK} from the rank's environment)."""
+    report = NSYS_REPORT if world_of(cfg).size == 1 else NSYS_RANK_REPORT
+    return nsys_arguments(cfg.profile, cfg.memory.name, run_dir / report, plan)
+
+
 def profiler_prefix(cfg: DictConfig, run_dir: Path, plan: ProfilePlan) -> list[str]:
     """`nsys profile ...` when `plan` says nsys, else nothing: what goes between the container (or
     torchrun) and the worker's python (the one builder of the nsys command, for the job and its dry
-    run). With several ranks each rank writes its own report, profile_rank<RANK>.nsys-rep (nsys
-    expands %q{RANK} from the rank's environment)."""
-    if plan.used != "nsys":
+    run)."""
+    arguments = run_nsys_arguments(cfg, run_dir, plan)
+    return capture.nsys_profile_command(*arguments) if arguments else []
+
+
+def session_capture(cfg: DictConfig, run_dir: Path, plan: ProfilePlan) -> SessionCapture | None:
+    """The same capture for a worker forked from the pre-imported worker (one rank on this machine),
+    or None: `plan` does not use nsys, or an extra argument of profile.nsys.extra_args belongs to
+    neither `nsys launch` nor `nsys start`, and only `nsys profile` takes it."""
+    arguments = run_nsys_arguments(cfg, run_dir, plan)
+    commands = capture.nsys_session_commands(*arguments) if arguments else None
+    return SessionCapture(*commands) if commands else None
+
+
+def sweep_session_launch(profile: DictConfig, memory: str, device: str) -> list[str]:
+    """The `nsys launch ...` a sweep's pre-imported worker starts under, guessed as the sweep starts
+    (before any combination is planned) from its config on this machine: that of session_capture for
+    a combination of the sweep's own profile, memory and device; [] for none. A combination whose
+    plan differs (another profile swept) starts the server again, as a changed environment does."""
+    if profile.name not in ("auto", "nsys"):
         return []
-    if plan.nsys_path is None:
-        raise ConfigError("profile: the plan uses nsys but names no nsys path (resolve() sets one)")
-    opts = cfg.profile.nsys
-    um = cfg.memory.name == "unified" if opts.um_page_faults == "auto" else bool(opts.um_page_faults)
-    report = NSYS_REPORT if world_of(cfg).size == 1 else NSYS_RANK_REPORT
-    return capture.nsys_profile_command(
-        plan.nsys_path, run_dir / report, list(opts.trace), um, list(opts.extra_args), bool(opts.get("gpu_metrics"))
-    )
+    gpu = probe_gpu() if device != "cpu" else None
+    try:
+        plan = resolve(profile, gpu is not None, device)
+    except ConfigError:
+        return []  # the combination's own check says why
+    arguments = nsys_arguments(profile, memory, Path(NSYS_REPORT), plan)
+    commands = capture.nsys_session_commands(*arguments) if arguments else None
+    return commands[0] if commands else []

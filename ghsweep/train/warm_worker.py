@@ -5,16 +5,17 @@ one (ghsweep.launch.worker_process.WarmWorker) and skips those imports from its 
 
 Each forked worker is what `python -m ghsweep.train.worker RUN_DIR` would be: a process of its own in
 a session of its own (a timeout kills its process group, a crash takes down only its run), with the
-environment, working directory and output the request brings. The imports run with torch's CUDA
+environment the server started in, and the working directory and output the request brings. The
+client starts a server per environment (what torch reads at import must be the run's); one started
+under `nsys launch` passes nsys's variables on, so nsys traces each worker. The imports run with torch's CUDA
 check asking NVML rather than the driver (PYTORCH_NVML_BASED_CUDA_CHECK), so nothing here initialises
 CUDA and each worker sets CUDA up for itself, as a fresh process would.
 
-multiprocessing's forkserver preloads modules the same way, but its children keep the environment and
-output the server started with; a run's own (its log pipe, CUDA_VISIBLE_DEVICES, the container's
-variables) come with each request here.
+multiprocessing's forkserver preloads modules the same way, but its children keep the output the
+server started with; a run's own (its log pipe) comes with each request here.
 
 One request at a time, as JSON on a SOCK_SEQPACKET socket: the server first says {"ready": true} (or
-{"error": why} and exits); the client sends {"run_dir", "env", "cwd"} with the worker's output fd
+{"error": why} and exits); the client sends {"run_dir", "cwd"} with the worker's output fd
 attached (SCM_RIGHTS); the server answers {"pid": N} and, once that worker has ended, {"returncode":
 N} (negative: killed by that signal, as subprocess reports it). The server ends when the client closes
 the socket.
@@ -61,8 +62,9 @@ def receive(sock: socket.socket) -> tuple[dict | None, list[int]]:
     return (json.loads(data) if data else None), fds
 
 
-def become_worker(sock: socket.socket, request: dict, out_fd: int) -> None:
-    """In the forked child: become the run's worker and never return to the server's loop."""
+def become_worker(sock: socket.socket, request: dict, out_fd: int, env: dict[str, str]) -> None:
+    """In the forked child: become the run's worker, in environment `env`, and never return to the
+    server's loop."""
     code = 1
     try:
         sock.close()
@@ -71,7 +73,7 @@ def become_worker(sock: socket.socket, request: dict, out_fd: int) -> None:
         os.dup2(out_fd, 2)
         os.close(out_fd)
         os.environ.clear()
-        os.environ.update(request["env"])
+        os.environ.update(env)
         os.chdir(request["cwd"])
         from ghsweep.train import worker
 
@@ -80,8 +82,9 @@ def become_worker(sock: socket.socket, request: dict, out_fd: int) -> None:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        # The worker's exit without the interpreter's teardown (worker.exit_now); the client never
-        # forks a worker that a CUDA tool is injected into, which needs the normal exit.
+        # The worker's exit without the interpreter's teardown (worker.exit_now). Under an nsys
+        # session too: the worker's capture range has ended (its cudaProfilerStop waits for the
+        # report), so nothing is left for a normal exit to flush.
         os._exit(code)
 
 
@@ -140,6 +143,9 @@ def import_training() -> str | None:
 
 
 def serve(sock: socket.socket) -> int:
+    # The workers' environment: the one this server started in (the sweep's, and what a profiler it
+    # runs under adds, as nsys's CUDA_INJECTION64_PATH), not what the imports below set.
+    env = dict(os.environ)
     error = import_training()
     if error:
         send(sock, {"error": error})
@@ -155,7 +161,7 @@ def serve(sock: socket.socket) -> int:
         (out_fd,) = fds
         pid = os.fork()
         if pid == 0:
-            become_worker(sock, request, out_fd)
+            become_worker(sock, request, out_fd, env)
         os.close(out_fd)
         send(sock, {"pid": pid})
         _, status = os.waitpid(pid, 0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,9 +17,11 @@ from pathlib import Path
 import pytest
 from hydra.types import RunMode
 
-from ghsweep.core.run_dir import SUMMARY, WORKER_ERROR, WORKER_LOG, WORKER_PID
+from ghsweep.core.run_dir import NSYS_REPORT, PROFILE_ANALYSIS, RESULT, SUMMARY, WORKER_ERROR, WORKER_LOG, WORKER_PID
+from ghsweep.core.run_plan import RunPlan, SessionCapture
 from ghsweep.launch import worker_process
 from ghsweep.launch.local_gpus import ONE_AT_A_TIME_LAUNCHER
+from ghsweep.launch.plan import node_plan
 from ghsweep.launch.worker_process import (
     PreimportedWorkerCallback,
     WarmWorker,
@@ -34,6 +37,7 @@ from tests.support.cli import run_cli
 from tests.support.compose import compose_config
 from tests.support.planned_run import planned_run
 from tests.support.processes import live_group_members
+from tests.support.stand_ins import NODE_GPU, fake_nsys
 
 FORKED = "forked from the pre-imported worker"
 
@@ -175,3 +179,63 @@ def test_a_run_on_the_gpu_is_forked_and_sets_cuda_up_itself(warm, tmp_path, capl
     assert FORKED in caplog.text, caplog.text
     summary = json.loads((run_dir / SUMMARY).read_text())
     assert summary["metrics"]["steps"] >= 2 and summary["info"]["device"] == "cuda", summary["info"]
+
+
+def test_under_nsys_each_forked_worker_is_one_collection_of_the_servers_session(warm, tmp_path, caplog):
+    """The server runs under `nsys launch` in a session of its own, each worker is forked between
+    that session's `nsys start` and `nsys stop` and has what nsys's launch added to the environment;
+    a collection nsys refuses leaves the runs to their commands (`nsys profile` in a sweep)."""
+    caplog.set_level(logging.INFO, logger="ghsweep.launch.worker_process")
+    warm()  # as the sweep started it, without a profiler: the first recorded run starts it again
+    nsys = str(fake_nsys(tmp_path / "tools"))
+    capture = SessionCapture([nsys, "launch", "--trace=cuda,nvtx"], [nsys, "start", "--output=profile"])
+    runs = [tiny_run(tmp_path / str(n)) for n in range(2)]
+    for run_dir in runs:
+        exit = run_worker(worker_of(run_dir), run_dir, timeout_s=600, preimported=True, capture=capture)
+        assert exit.returncode == 0, (run_dir / WORKER_LOG).read_text()[-3000:]
+        assert json.loads((run_dir / SUMMARY).read_text())["info"]["cuda_visible_devices"] == "5"
+    assert caplog.text.count(FORKED) == 2 and "profiler changed (an nsys session)" in caplog.text
+    session = (tmp_path / "tools" / "session").read_text().strip()
+    calls = (tmp_path / "tools" / "calls").read_text().splitlines()
+    assert calls[0].startswith(f"launch --trace=cuda,nvtx --session-new={session} {sys.executable} -m ghsweep.train.")
+    per_run = [c for c in calls[1:] if not c.startswith("sessions")]
+    assert per_run == [f"start --output=profile --session={session}", f"stop --session={session}"] * 2
+
+    (tmp_path / "tools" / "start.fails").write_text("Collection start is not allowed in this state.\n")
+    run_dir = tiny_run(tmp_path / "refused")
+    exit = run_worker(worker_of(run_dir), run_dir, timeout_s=600, preimported=True, capture=capture)
+    assert exit.returncode == 0, (run_dir / WORKER_LOG).read_text()[-3000:]
+    assert "unavailable (nsys start failed: Collection start is not allowed in this state.)" in caplog.text
+    assert caplog.text.count(FORKED) == 2 and worker_process._warm is None
+
+
+def test_a_run_under_nsys_is_planned_to_fork_in_a_session_unless_only_nsys_profile_takes_its_options(tmp_path):
+    nsys = str(fake_nsys(tmp_path / "tools"))
+    cfg = compose_config("profile=nsys", f"profile.nsys.path={nsys}")
+    plan = node_plan(cfg, tmp_path / "run", "run", [], NODE_GPU, slurm_tasks=None)
+    assert plan.worker_command[:2] == [nsys, "profile"]  # a worker started from its command
+    assert plan.preimported and plan.capture is not None
+    assert plan.capture.launch[:2] == [nsys, "launch"] and plan.capture.start[:2] == [nsys, "start"]
+    (tmp_path / "run").mkdir()
+    plan.save(tmp_path / "run")
+    assert RunPlan.load(tmp_path / "run") == plan  # as the worker and the dry run read it
+    odd = compose_config("profile=nsys", f"profile.nsys.path={nsys}", "profile.nsys.extra_args=['-s','none']")
+    plan = node_plan(odd, tmp_path / "odd", "odd", [], NODE_GPU, slurm_tasks=None)
+    assert not plan.preimported and plan.capture is None and plan.worker_command[:2] == [nsys, "profile"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not shutil.which("nsys"), reason="needs nsys on PATH (Nsight Systems)")
+def test_a_sweep_under_nsys_forks_each_worker_into_a_session_that_records_only_its_capture(tmp_path):
+    """Real nsys: the server runs in an nsys session, and each run's report holds its own capture
+    window (capture.num_steps steps of its own worker), analysed as a report of `nsys profile` is."""
+    line = ["-m", "device=cuda", "profile=nsys", "train.compile=false", "train.measure=false", "train.max_steps=12"]
+    line += ["capture.start_step=4", "capture.num_steps=4", "train.micro_batch_size=1,2", "hydra.sweep.dir=sweep"]
+    proc = run_cli(line, tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (proc.stdout + proc.stderr).count(FORKED) == 2, proc.stdout + proc.stderr
+    for run_dir in sorted(p.parent for p in (tmp_path / "sweep").glob("*/" + RESULT)):
+        assert (run_dir / NSYS_REPORT).exists(), sorted(p.name for p in run_dir.iterdir())
+        analysis = json.loads((run_dir / PROFILE_ANALYSIS).read_text())
+        steps = analysis["window"]["steps"]  # the NVTX-ranged steps the report holds, less warm-up
+        assert analysis["source"]["kind"] == "nsys" and steps and set(steps) <= {4, 5, 6, 7}, analysis["window"]

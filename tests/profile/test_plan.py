@@ -10,10 +10,12 @@ import pytest
 
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_plan import ProfilePlan
-from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve
+from ghsweep.profile import plan as plan_module
+from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve, session_capture, sweep_session_launch
 from tests.support.cli import run_cli
 from tests.support.compose import compose_config
 from tests.support.mlflow_records import MlflowRecords, sqlite_uri
+from tests.support.stand_ins import NODE_GPU
 
 
 def fake_tool(tmp_path: Path, name: str) -> str:
@@ -160,3 +162,44 @@ def test_ncu_pass_profiles_a_few_launches_of_each_top_kernel():
     many = [dict(k, launch_configs=40) for k in top]
     assert ncu_plan(many)[:2] == (NCU_MAX_LAUNCHES, False)
     assert "--filter-mode" not in capture.ncu_command("ncu", Path("r.ncu-rep"), ["a"], NCU_MAX_LAUNCHES, "roofline")
+
+
+def test_a_forked_worker_is_recorded_by_an_nsys_session_with_the_same_capture(tmp_path):
+    """The pre-imported worker runs under `nsys launch` and each forked worker is one `nsys start`
+    collection: between them they say exactly what `nsys profile` says for a worker started from its
+    command, plus the tracing of forked children."""
+    nsys = fake_tool(tmp_path, "nsys")
+    cfg = compose_config(
+        "profile=nsys",
+        f"profile.nsys.path={nsys}",
+        "memory=unified",
+        "profile.nsys.gpu_metrics=true",
+        "profile.nsys.extra_args=['--sample=none','--cpuctxsw=none','--cuda-memory-usage=true']",
+    )
+    plan = resolve(cfg.profile, on_gpu=True, device="cuda")
+    session = session_capture(cfg, tmp_path, plan)
+    profile = profiler_prefix(cfg, tmp_path, plan)
+    assert session is not None
+    assert session.launch[:2] == [nsys, "launch"] and session.start[:2] == [nsys, "start"]
+    assert sorted(session.launch[2:] + session.start[2:]) == sorted([*profile[2:], "--trace-fork-before-exec=true"])
+    # How a program is traced is the session's for its life; what a collection records is each run's.
+    assert "--cuda-um-gpu-page-faults=true" in session.launch and "--cuda-memory-usage=true" in session.launch
+    assert f"--output={tmp_path / 'profile'}" in session.start and "--sample=none" in session.start
+    assert "--gpu-metrics-devices=cuda-visible" in session.start
+    # Only `nsys profile` takes what neither command knows: those runs start from their command.
+    for extra in ("['-s','none']", "['--stats=true','--duration=5']"):
+        odd = compose_config("profile=nsys", f"profile.nsys.path={nsys}", f"profile.nsys.extra_args={extra}")
+        assert session_capture(odd, tmp_path, plan) is None
+
+
+def test_the_sweep_guesses_its_nsys_session_from_its_own_profile(tmp_path, monkeypatch):
+    nsys = fake_tool(tmp_path, "nsys")
+    cfg = compose_config("profile=nsys", f"profile.nsys.path={nsys}")
+    monkeypatch.setattr(plan_module, "probe_gpu", lambda: NODE_GPU)
+    launch = sweep_session_launch(cfg.profile, "default", "auto")
+    assert launch == session_capture(cfg, tmp_path, resolve(cfg.profile, on_gpu=True, device="auto")).launch
+    # No GPU, a CPU device or another profiler: no session (the combinations' plans say the same).
+    assert sweep_session_launch(cfg.profile, "default", "cpu") == []
+    assert sweep_session_launch(compose_config("profile=torch").profile, "default", "auto") == []
+    monkeypatch.setattr(plan_module, "probe_gpu", lambda: None)
+    assert sweep_session_launch(cfg.profile, "default", "auto") == []  # profile=nsys refused without a GPU

@@ -37,3 +37,34 @@ def tool(directory: Path, name: str) -> Path:
 
 # A node's GPU as nvidia-smi reports it (ghsweep.core.gpu.probe_gpu): what the job plans with on a GPU node.
 NODE_GPU = GpuInfo("NVIDIA H200", (9, 0), 139.8, 139.0, 1)
+
+
+# Nsight Systems needs a GPU: this stands in for its session commands, as ghsweep's pre-imported worker
+# uses them (ghsweep.launch.worker_process.WarmWorker). `nsys launch [OPTIONS] --session-new=S PROGRAM`
+# runs PROGRAM with a variable of its own added, as nsys adds CUDA_INJECTION64_PATH and the rest (here
+# CUDA_VISIBLE_DEVICES=5, which a worker records); `start` and `stop` succeed unless a file
+# `start.fails` beside it holds nsys's refusal, and `sessions list` shows S back in state Launched.
+# Each call is appended to `calls` beside it.
+FAKE_NSYS = """#!/bin/sh
+here=$(dirname "$0")
+echo "$*" >> "$here/calls"
+case "$1" in
+  launch)
+    shift
+    while [ $# -gt 0 ]; do
+      case "$1" in --session-new=*) echo "${1#--session-new=}" > "$here/session"; shift;; --*) shift;; *) break;; esac
+    done
+    CUDA_VISIBLE_DEVICES=5 exec "$@";;
+  start) [ -f "$here/start.fails" ] && { cat "$here/start.fails"; exit 1; }; exit 0;;
+  stop) exit 0;;
+  sessions) echo "ID TIME STATE LAUNCH NAME"; echo "4242 00:01 Launched 1 $(cat "$here/session")";;
+esac
+"""
+
+
+def fake_nsys(directory: Path) -> Path:
+    directory.mkdir(exist_ok=True)
+    path = directory / "nsys"
+    path.write_text(FAKE_NSYS)
+    path.chmod(0o755)
+    return path
