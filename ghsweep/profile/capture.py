@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ghsweep.core.errors import ProfilerUnavailable
@@ -85,63 +86,57 @@ NSYS_START_OPTIONS = frozenset(
 )
 
 
-def nsys_options(
-    report: Path, trace: Sequence[str], um_page_faults: bool, gpu_metrics: bool
-) -> tuple[list[str], list[str]]:
-    """ghsweep's own nsys options for a capture to `report`: (how the program is traced, what the
-    collection records): the capture is the CUDA profiler API's range, the worker's capture steps."""
-    tracing = [f"--trace={','.join(trace)}"]
-    if um_page_faults:
-        tracing += ["--cuda-um-cpu-page-faults=true", "--cuda-um-gpu-page-faults=true"]
-    collection = [
-        "--capture-range=cudaProfilerApi",
-        "--capture-range-end=stop",
-        "--force-overwrite=true",
-        f"--output={report.with_suffix('')}",
-    ]
-    if gpu_metrics:
-        # The run's own GPUs only: sampling is one profiler per GPU, and other jobs may share the node.
-        collection += ["--gpu-metrics-devices=cuda-visible"]
-    return tracing, collection
+@dataclass(frozen=True)
+class NsysCapture:
+    """An Nsight Systems capture of a worker's capture range (the CUDA profiler API's: the worker's
+    capture steps) to `report`, said as one `nsys profile` around a worker started from its command,
+    or split between the `nsys launch` of a program that forks the worker and the `nsys start` of
+    one collection of its session."""
 
+    nsys: str
+    report: Path
+    trace: Sequence[str]
+    um_page_faults: bool
+    extra_args: Sequence[str]
+    gpu_metrics: bool = False
 
-def nsys_profile_command(
-    nsys: str,
-    report: Path,
-    trace: Sequence[str],
-    um_page_faults: bool,
-    extra_args: Sequence[str],
-    gpu_metrics: bool = False,
-) -> list[str]:
-    """`nsys profile ...` up to (not including) the profiled program's own argv."""
-    tracing, collection = nsys_options(report, trace, um_page_faults, gpu_metrics)
-    return [nsys, "profile", *tracing, *collection, *extra_args]
+    def options(self) -> tuple[list[str], list[str]]:
+        """ghsweep's own options: (how the program is traced, what the collection records)."""
+        tracing = [f"--trace={','.join(self.trace)}"]
+        if self.um_page_faults:
+            tracing += ["--cuda-um-cpu-page-faults=true", "--cuda-um-gpu-page-faults=true"]
+        collection = [
+            "--capture-range=cudaProfilerApi",
+            "--capture-range-end=stop",
+            "--force-overwrite=true",
+            f"--output={self.report.with_suffix('')}",
+        ]
+        if self.gpu_metrics:
+            # The run's own GPUs only: sampling is one profiler per GPU, and other jobs may share the node.
+            collection += ["--gpu-metrics-devices=cuda-visible"]
+        return tracing, collection
 
+    def profile_command(self) -> list[str]:
+        """`nsys profile ...` up to (not including) the profiled program's own argv."""
+        tracing, collection = self.options()
+        return [self.nsys, "profile", *tracing, *collection, *self.extra_args]
 
-def nsys_session_commands(
-    nsys: str,
-    report: Path,
-    trace: Sequence[str],
-    um_page_faults: bool,
-    extra_args: Sequence[str],
-    gpu_metrics: bool = False,
-) -> tuple[list[str], list[str]] | None:
-    """The capture of nsys_profile_command for a program forked from one already running under nsys:
-    (`nsys launch ...` that runs the forking program, tracing its children from their fork on,
-    `nsys start ...` that records one child's capture range), each up to its `--session` option.
-    None when an extra argument is not an option of either (or not written --NAME=VALUE)."""
-    tracing, collection = nsys_options(report, trace, um_page_faults, gpu_metrics)
-    launch = [nsys, "launch", *tracing, "--trace-fork-before-exec=true"]
-    start = [nsys, "start", *collection]
-    for arg in extra_args:
-        name = arg.split("=", 1)[0] if "=" in arg else None
-        if name in NSYS_LAUNCH_OPTIONS:
-            launch.append(arg)
-        elif name in NSYS_START_OPTIONS:
-            start.append(arg)
-        else:
-            return None
-    return launch, start
+    def session_commands(self) -> tuple[list[str], list[str]] | None:
+        """(`nsys launch ...` that runs the forking program, tracing its children from their fork on,
+        `nsys start ...` that records one child's capture range), each up to its `--session` option;
+        None when an extra argument is not an option of either (or not written --NAME=VALUE)."""
+        tracing, collection = self.options()
+        launch = [self.nsys, "launch", *tracing, "--trace-fork-before-exec=true"]
+        start = [self.nsys, "start", *collection]
+        for arg in self.extra_args:
+            name = arg.split("=", 1)[0] if "=" in arg else None
+            if name in NSYS_LAUNCH_OPTIONS:
+                launch.append(arg)
+            elif name in NSYS_START_OPTIONS:
+                start.append(arg)
+            else:
+                return None
+        return launch, start
 
 
 def export_sqlite(nsys: str, report: Path, prefix: Sequence[str] = (), timeout_s: float = 1800) -> Path:

@@ -23,8 +23,6 @@ from ghsweep.core.run_dir import NSYS_RANK_REPORT, NSYS_REPORT
 from ghsweep.core.run_plan import ProfilePlan, SessionCapture
 from ghsweep.profile import capture
 
-NsysArguments = tuple[str, Path, list[str], bool, list[str], bool]
-
 
 def resolve(
     profile: DictConfig,
@@ -111,39 +109,41 @@ def plans_from_config(profile: DictConfig, device: str, tool_prefix: list[str] |
     return plans
 
 
-def nsys_arguments(profile: DictConfig, memory: str, report: Path, plan: ProfilePlan) -> NsysArguments | None:
-    """What an nsys capture to `report` is made of (capture.nsys_profile_command's arguments), from
-    the run's `profile` and `memory.name`, or None when `plan` does not use nsys."""
+def nsys_capture(profile: DictConfig, memory: str, report: Path, plan: ProfilePlan) -> capture.NsysCapture | None:
+    """The nsys capture to `report` of a run with this `profile` and `memory.name`, or None when
+    `plan` does not use nsys."""
     if plan.used != "nsys":
         return None
     if plan.nsys_path is None:
         raise ConfigError("profile: the plan uses nsys but names no nsys path (resolve() sets one)")
     opts = profile.nsys
     um = memory == "unified" if opts.um_page_faults == "auto" else bool(opts.um_page_faults)
-    return plan.nsys_path, report, list(opts.trace), um, list(opts.extra_args), bool(opts.get("gpu_metrics"))
+    return capture.NsysCapture(
+        plan.nsys_path, report, list(opts.trace), um, list(opts.extra_args), bool(opts.get("gpu_metrics"))
+    )
 
 
-def run_nsys_arguments(cfg: DictConfig, run_dir: Path, plan: ProfilePlan) -> NsysArguments | None:
-    """nsys_arguments of the run in `run_dir`. With several ranks each rank writes its own report,
+def run_capture(cfg: DictConfig, run_dir: Path, plan: ProfilePlan) -> capture.NsysCapture | None:
+    """nsys_capture of the run in `run_dir`. With several ranks each rank writes its own report,
     profile_rank<RANK>.nsys-rep (nsys expands %q{RANK} from the rank's environment)."""
     report = NSYS_REPORT if world_of(cfg).size == 1 else NSYS_RANK_REPORT
-    return nsys_arguments(cfg.profile, cfg.memory.name, run_dir / report, plan)
+    return nsys_capture(cfg.profile, cfg.memory.name, run_dir / report, plan)
 
 
 def profiler_prefix(cfg: DictConfig, run_dir: Path, plan: ProfilePlan) -> list[str]:
     """`nsys profile ...` when `plan` says nsys, else nothing: what goes between the container (or
     torchrun) and the worker's python (the one builder of the nsys command, for the job and its dry
     run)."""
-    arguments = run_nsys_arguments(cfg, run_dir, plan)
-    return capture.nsys_profile_command(*arguments) if arguments else []
+    nsys = run_capture(cfg, run_dir, plan)
+    return nsys.profile_command() if nsys else []
 
 
 def session_capture(cfg: DictConfig, run_dir: Path, plan: ProfilePlan) -> SessionCapture | None:
     """The same capture for a worker forked from the pre-imported worker (one rank on this machine),
     or None: `plan` does not use nsys, or an extra argument of profile.nsys.extra_args belongs to
     neither `nsys launch` nor `nsys start`, and only `nsys profile` takes it."""
-    arguments = run_nsys_arguments(cfg, run_dir, plan)
-    commands = capture.nsys_session_commands(*arguments) if arguments else None
+    nsys = run_capture(cfg, run_dir, plan)
+    commands = nsys.session_commands() if nsys else None
     return SessionCapture(*commands) if commands else None
 
 
@@ -159,6 +159,6 @@ def sweep_session_launch(profile: DictConfig, memory: str, device: str) -> list[
         plan = resolve(profile, gpu is not None, device)
     except ConfigError:
         return []  # the combination's own check says why
-    arguments = nsys_arguments(profile, memory, Path(NSYS_REPORT), plan)
-    commands = capture.nsys_session_commands(*arguments) if arguments else None
+    nsys = nsys_capture(profile, memory, Path(NSYS_REPORT), plan)
+    commands = nsys.session_commands() if nsys else None
     return commands[0] if commands else []

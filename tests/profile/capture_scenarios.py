@@ -274,10 +274,12 @@ def all_scenarios(out: Path, nsys: str, ncu: str | None, deadline_s: float) -> N
         if scenario in ("clean", "hostsync", "dataload"):
             run(me + args + ["--timing-out", str(d / "timing_unprofiled.json")], log, 300)
         report = d / NSYS_REPORT
-        prefix = capture.nsys_profile_command(nsys, report, NSYS_TRACE, scenario == "unified", NSYS_EXTRA)
+        prefix = capture.NsysCapture(nsys, report, NSYS_TRACE, scenario == "unified", NSYS_EXTRA).profile_command()
         rc = run(prefix + me + args + ["--timing-out", str(d / "timing_profiled.json")], log, 300)
         if rc != 0 or not report.exists():  # e.g. OS-runtime tracing refused: CUDA and NVTX alone
-            prefix = capture.nsys_profile_command(nsys, report, NSYS_TRACE[:2], scenario == "unified", NSYS_EXTRA)
+            prefix = capture.NsysCapture(
+                nsys, report, NSYS_TRACE[:2], scenario == "unified", NSYS_EXTRA
+            ).profile_command()
             run(prefix + me + args + ["--timing-out", str(d / "timing_profiled.json")], log, 300)
         if report.exists():
             jobs.append(pool.submit(export_and_stats, nsys, report, log))
@@ -415,7 +417,7 @@ def crosscheck_run(nsys: str, work: Path, log: Path) -> Path:
     ]
     me = [sys.executable, str(Path(__file__).resolve())]
     report = d / NSYS_REPORT
-    run(capture.nsys_profile_command(nsys, report, NSYS_TRACE, False, NSYS_EXTRA) + me + args, log, 600)
+    run(capture.NsysCapture(nsys, report, NSYS_TRACE, False, NSYS_EXTRA).profile_command() + me + args, log, 600)
     simultaneous = has_kernels(trace)
     if not simultaneous:  # the profilers could not share the counters: the same program again
         run(me + args, log, 600)

@@ -50,8 +50,8 @@ def planted(tmp_path: Path) -> Path:
 
 def test_the_flag_is_on_the_nsys_command_only_when_asked():
     args = ("nsys", Path("r.nsys-rep"), ["cuda"], False, [])
-    assert "--gpu-metrics-devices=cuda-visible" in capture.nsys_profile_command(*args, gpu_metrics=True)
-    assert not [a for a in capture.nsys_profile_command(*args) if a.startswith("--gpu-metrics")]
+    assert "--gpu-metrics-devices=cuda-visible" in capture.NsysCapture(*args, gpu_metrics=True).profile_command()
+    assert not [a for a in capture.NsysCapture(*args).profile_command() if a.startswith("--gpu-metrics")]
 
 
 def test_the_analysis_reads_the_metrics_over_the_steady_window(tmp_path):

@@ -18,21 +18,22 @@ PATH="$image.bin:$PATH" exec "$@"
 """
 
 
-def fake_runtime(directory: Path) -> Path:
+def script(directory: Path, name: str, text: str) -> Path:
+    """An executable `directory/name` running `text`."""
     directory.mkdir(exist_ok=True)
-    path = directory / "singularity"
-    path.write_text(FAKE_RUNTIME)
+    path = directory / name
+    path.write_text(text)
     path.chmod(0o755)
     return path
+
+
+def fake_runtime(directory: Path) -> Path:
+    return script(directory, "singularity", FAKE_RUNTIME)
 
 
 def tool(directory: Path, name: str) -> Path:
     """An executable standing in for an installed nsys/ncu (nothing runs it in a dry run)."""
-    directory.mkdir(exist_ok=True)
-    path = directory / name
-    path.write_text("#!/bin/sh\nexit 0\n")
-    path.chmod(0o755)
-    return path
+    return script(directory, name, "#!/bin/sh\nexit 0\n")
 
 
 # A node's GPU as nvidia-smi reports it (ghsweep.core.gpu.probe_gpu): what the job plans with on a GPU node.
@@ -63,8 +64,4 @@ esac
 
 
 def fake_nsys(directory: Path) -> Path:
-    directory.mkdir(exist_ok=True)
-    path = directory / "nsys"
-    path.write_text(FAKE_NSYS)
-    path.chmod(0o755)
-    return path
+    return script(directory, "nsys", FAKE_NSYS)
