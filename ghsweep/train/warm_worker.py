@@ -35,7 +35,7 @@ from collections.abc import Iterator
 
 from ghsweep.core.gpu import GpuInfo, probe_gpu
 
-# Large enough for any environment a request carries.
+# Large enough for any message: a request holds a run directory and a working directory.
 MESSAGE_BYTES = 1 << 20
 
 # What a run of the default backend imports, at the top of its modules or while it sets up: the
