@@ -3,10 +3,12 @@
 Reads each run's result.json (the job's timing), metrics.jsonl (the step times) and config.yaml (the
 warm-up length) and prints one row per combination: worker start and imports, set-up (model, data,
 optimizer), the first steps (compile, autotune, allocator warm-up: the loop's time outside the steady
-steps), the steady steps themselves, the worker's exit (the profiler writing its report), the profile
-analysis (export, ncu pass, report, plots) and the MLflow record. `fixed_s` is the wall time that was
-not steady-step time; the sweep's own time is the sweep's wall (`--wall`, timed by the caller) less
-its runs' walls: Hydra's start, the sweep's parent run, the comparison report.
+steps) with the parts of them the worker timed (compile_s: torch.compile's tracing, compiling and
+cache loads; capture_s: starting and stopping the profiler's capture window), the steady steps
+themselves, the worker's exit (the profiler writing its report), the profile analysis (export, ncu
+pass, report, plots) and the MLflow record. `fixed_s` is the wall time that was not steady-step
+time; the sweep's own time is the sweep's wall (`--wall`, timed by the caller) less its runs' walls:
+Hydra's start, the sweep's parent run, the comparison report.
 """
 
 from __future__ import annotations
@@ -18,7 +20,18 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-COLUMNS = ("startup_s", "setup_s", "first_steps_s", "steady_s", "worker_exit_s", "analysis_s", "record_s", "wall_s")
+COLUMNS = (
+    "startup_s",
+    "setup_s",
+    "first_steps_s",
+    "compile_s",
+    "capture_s",
+    "steady_s",
+    "worker_exit_s",
+    "analysis_s",
+    "record_s",
+    "wall_s",
+)
 
 
 def steady_seconds(run_dir: Path) -> tuple[float, int]:
@@ -37,7 +50,10 @@ def run_row(run_dir: Path, shared: set[str]) -> dict:
     if result["status"] != "FINISHED":
         return row | {"wall_s": timing.get("wall_s")}
     steady_s, steady_steps = steady_seconds(run_dir)
-    row |= {k: timing.get(k) for k in ("startup_s", "setup_s", "worker_exit_s", "analysis_s", "record_s", "wall_s")}
+    row |= {
+        k: timing.get(k)
+        for k in ("startup_s", "setup_s", "compile_s", "capture_s", "worker_exit_s", "analysis_s", "record_s", "wall_s")
+    }
     row |= {
         "first_steps_s": timing["train_s"] - steady_s,
         "steady_s": steady_s,

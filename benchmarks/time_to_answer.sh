@@ -4,9 +4,11 @@
 #   OUT=results bash benchmarks/time_to_answer.sh user7b default      # on a GPU machine
 #   OUT=results bash benchmarks/time_to_answer.sh cpu_smoke           # the README's first command
 #   OUT=results bash benchmarks/time_to_answer.sh default_unprofiled_fresh default_unprofiled   # the pre-imported worker
-# Each named line runs once through the CLI; $OUT/time_to_answer.json collects the rows of every line
-# and the table is printed after each. LABEL (default: the checkout's commit) names the code measured:
-# run it from an older checkout with the same OUT to put before and after side by side.
+#   EXTRA="profile.nsys.trace=[cuda,nvtx]" OUT=results bash benchmarks/time_to_answer.sh default   # a variant
+# Each named line runs once through the CLI, with the overrides EXTRA holds if any; $OUT/time_to_answer.json
+# collects the rows of every line and the table is printed after each. LABEL (default: the checkout's
+# commit) names the code measured: run it from an older checkout with the same OUT to put before and
+# after side by side.
 set -u
 OUT=${OUT:?set OUT to the folder for the results}
 WORK=${WORK:-/tmp/time_to_answer}
@@ -33,7 +35,7 @@ for name in "$@"; do
   dir="$WORK/$LABEL-$name"
   rm -rf "$dir"
   # shellcheck disable=SC2206  # the line's overrides are words on purpose
-  command=(python3 -m ghsweep -m ${LINES[$name]} "hydra.sweep.dir=$dir/sweep" "tracking.uri=sqlite:///$dir/mlflow.db")
+  command=(python3 -m ghsweep -m ${LINES[$name]} ${EXTRA:-} "hydra.sweep.dir=$dir/sweep" "tracking.uri=sqlite:///$dir/mlflow.db")
   echo "+ ${command[*]}"
   start=$(date +%s.%N)
   "${command[@]}" > "$dir.log" 2>&1 || echo "sweep exit $? (log: $dir.log)"

@@ -26,7 +26,18 @@ log = logging.getLogger(__name__)
 # `worker`: how long a worker may run, not what it trains.
 NOT_IDENTITY = ("hydra", "dry_run", "force", "wait", "tracking", "report", "tune", "worker")
 # The metrics of a run that are its timing (RunResult.timing), not its measurements.
-TIMING = ("startup_s", "setup_s", "train_s", "record_s", "wall_s", "overhead_s")
+TIMING = (
+    "startup_s",
+    "setup_s",
+    "train_s",
+    "compile_s",
+    "capture_s",
+    "worker_exit_s",
+    "analysis_s",
+    "record_s",
+    "wall_s",
+    "overhead_s",
+)
 
 
 def identity_overrides(overrides: list[str]) -> list[str]:

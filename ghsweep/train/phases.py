@@ -10,6 +10,7 @@ records exactly those steps.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 
 import torch
@@ -22,6 +23,9 @@ class Phases:
         self._nvtx = device.type == "cuda"
         self._capture = range(capture_start, capture_start + capture_steps)
         self._capturing = False
+        # Seconds the capture window's edges held the loop: under an nsys session the report is
+        # written inside cudaProfilerStop, before the worker trains on.
+        self.capture_s = 0.0
 
     @contextlib.contextmanager
     def range(self, name: str) -> Iterator[None]:
@@ -37,12 +41,12 @@ class Phases:
     def step(self, step: int) -> contextlib.AbstractContextManager:
         """The range of one whole step; starts or stops the capture window at its edges."""
         if self._nvtx and step == self._capture.start and not self._capturing:
+            started = time.perf_counter()
             torch.cuda.cudart().cudaProfilerStart()
+            self.capture_s += time.perf_counter() - started
             self._capturing = True
-        if self._nvtx and step == self._capture.stop and self._capturing:
-            torch.cuda.synchronize()
-            torch.cuda.cudart().cudaProfilerStop()
-            self._capturing = False
+        if step == self._capture.stop:
+            self.close()
         return self.range(f"{STEP_RANGE_PREFIX}{step}")
 
     def __enter__(self) -> Phases:
@@ -54,5 +58,7 @@ class Phases:
     def close(self) -> None:
         if self._capturing:
             torch.cuda.synchronize()
+            started = time.perf_counter()
             torch.cuda.cudart().cudaProfilerStop()
+            self.capture_s += time.perf_counter() - started
             self._capturing = False

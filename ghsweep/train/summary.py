@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 
 import torch
@@ -21,6 +22,23 @@ def run_peak_gib(managed: ManagedAllocator | None, measured_gib: Callable[[], fl
     allocator torch's device counters raise."""
     managed_peak = managed.peak_gib() if managed else None
     return managed_peak if managed_peak is not None else measured_gib()
+
+
+# dynamo's timers (torch._dynamo.utils.compilation_time_metrics, seconds per call): every frame's
+# compile, tracing and the backend (Inductor, or its caches) together; and the backward graph, which
+# AOTAutograd compiles only when the first backward reaches it.
+FRAME_COMPILE = "_compile.compile_inner"
+BACKWARD_COMPILE = "compile_fx.<locals>.bw_compiler"
+
+
+def compile_seconds() -> float | None:
+    """Seconds this process spent in torch.compile (tracing, compiling or loading from the caches);
+    None when nothing imported dynamo (nothing was compiled)."""
+    dynamo_utils = sys.modules.get("torch._dynamo.utils")
+    times = getattr(dynamo_utils, "compilation_time_metrics", None)
+    if times is None:
+        return None
+    return sum((sum(times.get(name, ())) for name in (FRAME_COMPILE, BACKWARD_COMPILE)), 0.0)
 
 
 def capture_steps(cfg: DictConfig, profiled: bool) -> range:
@@ -44,6 +62,7 @@ def run_summary(
     setup_at: float,
     train_started_at: float,
     train_ended_at: float,
+    capture_s: float | None = None,
     metrics: dict[str, float] | None = None,
     info: dict[str, object] | None = None,
 ) -> RunSummary:
@@ -51,7 +70,8 @@ def run_summary(
 
     `params`: (total, trainable) parameter counts. `profiled`: a profiler captured steps
     `capture.start_step` on (they are left out of the steady steps). `setup_at`: when the backend started setting up
-    (after its imports), `train_started_at` / `train_ended_at`: the training loop's edges.
+    (after its imports), `train_started_at` / `train_ended_at`: the training loop's edges. `capture_s`:
+    the loop's time spent starting and stopping the profiler's capture window (Phases.capture_s).
     """
     name = device_name(device)
     measured = log.summary(cfg.train.warmup_steps, capture_steps(cfg, profiled)) | {"peak_mem_gb": peak_gib}
@@ -84,6 +104,9 @@ def run_summary(
             "setup_at": setup_at,
             "setup_s": train_started_at - setup_at,
             "train_s": train_ended_at - train_started_at,
+            # Parts of train_s outside the steady steps: where a run's first steps went.
+            **({"compile_s": compile_s} if (compile_s := compile_seconds()) is not None else {}),
+            **({"capture_s": capture_s} if capture_s is not None else {}),
             **window,
         },
         info=facts | (info or {}),

@@ -251,6 +251,7 @@ def _train(
         setup_at=setup_at,
         train_started_at=train_started_at,
         train_ended_at=train_ended_at,
+        capture_s=phases.capture_s,
         metrics=metrics,
         info=info,
     )

@@ -132,7 +132,8 @@ WRITES_SUMMARY = """
 import json, pathlib, sys, time
 # Set up 3 s ago, then trained 2 s: the loop ends now, and the worker takes a second more to exit.
 summary = {"metrics": {"tokens_per_s": 10.0, "loss": 2.5}, "timing": {"ready_at": time.time(), "import_s": 0.5,
-           "setup_at": time.time() - 3.0, "setup_s": 1.0, "train_s": 2.0}, "info": {"device_name": "cpu"}}
+           "setup_at": time.time() - 3.0, "setup_s": 1.0, "train_s": 2.0, "compile_s": 0.75, "capture_s": 0.25},
+           "info": {"device_name": "cpu"}}
 pathlib.Path(sys.argv[1], "summary.json").write_text(json.dumps(summary))
 time.sleep(1.0)
 """
@@ -151,6 +152,7 @@ def test_a_worker_that_finishes_gives_its_metrics_and_where_the_time_went(tmp_pa
     assert (result.status, result.error) == ("FINISHED", None)
     assert result.metrics == {"tokens_per_s": 10.0, "loss": 2.5}
     assert (result.timing["setup_s"], result.timing["train_s"]) == (1.0, 2.0)
+    assert (result.timing["compile_s"], result.timing["capture_s"]) == (0.75, 0.25)  # parts of train_s
     assert result.timing["startup_s"] >= 0.5
     assert 1.0 <= result.timing["worker_exit_s"] < 5.0
     assert result.timing["analysis_s"] >= 0.0

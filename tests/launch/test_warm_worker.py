@@ -239,3 +239,6 @@ def test_a_sweep_under_nsys_forks_each_worker_into_a_session_that_records_only_i
         analysis = json.loads((run_dir / PROFILE_ANALYSIS).read_text())
         steps = analysis["window"]["steps"]  # the NVTX-ranged steps the report holds, less warm-up
         assert analysis["source"]["kind"] == "nsys" and steps and set(steps) <= {4, 5, 6, 7}, analysis["window"]
+        # The report was written inside the worker's cudaProfilerStop: the loop's time, timed as capture_s.
+        timing = json.loads((run_dir / RESULT).read_text())["timing"]
+        assert 0 < timing["capture_s"] < timing["train_s"], timing

@@ -96,6 +96,8 @@ def test_the_worker_trains_the_planned_run_and_loads_only_training(tmp_path):
     timing = summary["timing"]
     assert timing["ready_at"] <= timing["setup_at"] and timing["import_s"] == timing["setup_at"] - timing["ready_at"]
     assert timing["setup_s"] > 0 and timing["train_s"] > 0
+    # No cudaProfilerStart/Stop on a CPU, and nothing compiled: neither took any of the loop's time.
+    assert timing["capture_s"] == 0.0 and timing.get("compile_s", 0.0) == 0.0
     assert summary["info"]["device"] == "cpu" and summary["info"]["data_parallel"] == "none"
     assert summary["info"]["compiled"] is False and summary["info"]["offload_applied"] is False
     # The plan said torch: the PyTorch profiler traced the capture window (step 1).

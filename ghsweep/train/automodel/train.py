@@ -131,5 +131,6 @@ def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocat
         setup_at=setup_at,
         train_started_at=recipe.train_started_at,
         train_ended_at=recipe.train_ended_at,
+        capture_s=recipe.phases.capture_s,
         info=info,
     )
