@@ -108,15 +108,28 @@ class OptimizerStep:
                 layer.cast()
 
 
-def partitioner_settings(activation_memory_budget: float, device: torch.device) -> dict[str, Any]:
-    """torch._functorch.config for the compiled layers: under a budget below 1 the partitioner picks
-    what to recompute by cost. On a GPU it times each candidate op there; its default estimate counts
-    FLOPs only, so every memory-bound op looks free to redo (budget 0.45 with 17 offloaded layers on
-    an H200: 1.185x the step time with FLOP estimates, 1.155x with timed ones, in two runs)."""
-    return {
+def compile_settings(activation_memory_budget: float, device: torch.device) -> dict[str, Any]:
+    """torch._functorch.config for the compiled layers.
+
+    Under a budget below 1 the partitioner picks what to recompute by cost. On a GPU it times each
+    candidate op there; its default estimate counts FLOPs only, so every memory-bound op looks free to
+    redo (budget 0.45 with 17 offloaded layers on an H200: 1.185x the step time with FLOP estimates,
+    1.155x with timed ones, in two runs).
+
+    AOTAutograd's cache keeps graphs that call a custom autograd.Function (fp8_cached's fp8 GEMM):
+    without this it bypasses them, and every fp8 worker traced and partitioned its layers' joint graph
+    again (3.5-4 s of each fp8 combination's first step on an H200, on a warm cache). The function's
+    forward and backward are traced into the graph, so they are part of its cache key (torch's flag,
+    pytorch/pytorch#149751, off by default only until torch has tested it more widely).
+    """
+    settings: dict[str, Any] = {
         "activation_memory_budget": activation_memory_budget,
         "activation_memory_budget_runtime_estimator": "profile" if device.type == "cuda" else "flops",
     }
+    # A setting of torch 2.7 on (the floor is 2.6); before it, the cache bypasses them.
+    if hasattr(torch._functorch.config, "autograd_cache_allow_custom_autograd_functions"):
+        settings["autograd_cache_allow_custom_autograd_functions"] = True
+    return settings
 
 
 def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None) -> RunSummary:
@@ -172,8 +185,8 @@ def _train(
         torch_capture(
             plan.profile, run_dir, device, cfg.capture.start_step, cfg.capture.num_steps, ranks.rank
         ) as profiler,
-        # The partitioner reads the budget when each compiled region is first traced (in the first step).
-        torch._functorch.config.patch(**partitioner_settings(cfg.train.activation_memory_budget, device)),
+        # Read when each compiled region is first traced (in the first step): the budget and the cache.
+        torch._functorch.config.patch(**compile_settings(cfg.train.activation_memory_budget, device)),
     ):
         batches = dolly.endless(loader)
         step, stop = 0, None

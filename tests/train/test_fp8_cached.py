@@ -3,6 +3,11 @@ Outputs and gradients follow bf16 and torchao's tensorwise recipe."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -107,3 +112,50 @@ def test_only_trained_bias_free_targets_train_in_fp8():
     assert isinstance(model[1], nn.Linear) and isinstance(model[2], nn.Linear)
     with pytest.raises(ValueError, match="trained"):
         TrainedFp8Linear(model[1])
+
+
+# A compiled layer of a frozen fp8 GEMM and a trained bf16 adapter, under training's compile settings;
+# prints what AOTAutograd's cache did with its graph and the input's gradient.
+COMPILED_FP8_LAYER = """
+import json, sys, torch
+import torch._dynamo.utils as dynamo_utils
+from torch import nn
+from ghsweep.train.fp8_cached import FrozenFp8Linear
+from ghsweep.train.torch_train import compile_settings
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.base = FrozenFp8Linear(nn.Linear(64, 64, bias=False, dtype=torch.bfloat16).requires_grad_(False))
+        self.adapter = nn.Linear(64, 64, bias=False, dtype=torch.bfloat16)
+
+    def forward(self, x):
+        return torch.relu(self.base(x) + self.adapter(x))
+
+torch.manual_seed(0)
+layer = Layer()
+layer.compile()
+x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
+with torch._functorch.config.patch(**compile_settings(1.0, x.device)):
+    layer(x).square().mean().backward()
+print(json.dumps({"cache": dict(dynamo_utils.counters["aot_autograd"]), "grad": x.grad.float().sum().item()}))
+"""
+
+
+def test_a_compiled_fp8_layer_is_kept_by_aotautograd_s_cache_for_the_next_worker(tmp_path):
+    """fp8's GEMM is a custom autograd.Function, which AOTAutograd's cache bypasses by default: every
+    worker traced and partitioned the joint graph again. Under training's settings the first worker
+    saves it and the next loads it, with the same gradients."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+
+    def worker() -> dict:
+        proc = subprocess.run(
+            [sys.executable, "-c", COMPILED_FP8_LAYER], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    first, second = worker(), worker()
+    assert first["cache"].get("autograd_cache_saved") == 1 and "autograd_cache_bypass" not in first["cache"], first
+    assert second["cache"].get("autograd_cache_hit") == 1, second
+    assert second["grad"] == first["grad"]

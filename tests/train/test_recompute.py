@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ghsweep.train.model import apply_peft, build_model
-from ghsweep.train.torch_train import partitioner_settings
+from ghsweep.train.torch_train import compile_settings
 from tests.support.paths import CONF_DIR
 
 
@@ -27,7 +27,7 @@ def saved_bytes_and_grads(layer: torch.nn.Module, budget: float, x: torch.Tensor
         return tensor
 
     x = x.detach().requires_grad_()
-    with torch._functorch.config.patch(**partitioner_settings(budget, x.device)):
+    with torch._functorch.config.patch(**compile_settings(budget, x.device)):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             out = layer(x, position_embeddings=embeddings)
         (out[0] if isinstance(out, tuple) else out).square().mean().backward()
