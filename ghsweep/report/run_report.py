@@ -75,7 +75,13 @@ def write_run_report(result: RunResult, cfg: DictConfig, info: dict, path: Path)
         lines.append("")
     if result.timing:
         t = result.timing
-        parts = [f"{k.removesuffix('_s')} {v:.2f} s" for k, v in t.items() if k not in ("wall_s", "overhead_s")]
+        # compile_s and capture_s are parts of train_s: shown inside it, so the parts still add up.
+        within = [f"{k.removesuffix('_s')} {t[k]:.2f} s" for k in ("compile_s", "capture_s") if k in t]
+        parts = [
+            f"{k.removesuffix('_s')} {v:.2f} s" + (f" ({', '.join(within)})" if k == "train_s" and within else "")
+            for k, v in t.items()
+            if k not in ("wall_s", "overhead_s", "compile_s", "capture_s")
+        ]
         lines.append(f"Time: {t.get('wall_s', 0):.2f} s in all ({', '.join(parts)}).")
         if "overhead_s" in t:
             lines.append(f"Outside the training loop: {t['overhead_s']:.2f} s.")
