@@ -25,10 +25,10 @@ def run_peak_gib(managed: ManagedAllocator | None, measured_gib: Callable[[], fl
 
 
 # dynamo's timers (torch._dynamo.utils.compilation_time_metrics, seconds per call): every frame's
-# compile, tracing and the backend (Inductor, or its caches) together; and the backward graph, which
-# AOTAutograd compiles only when the first backward reaches it.
+# compile, tracing and the backend (Inductor, or its caches) together; and the backward graph's, which
+# AOTAutograd compiles when the first backward reaches it, outside the frame's (timed only then).
 FRAME_COMPILE = "_compile.compile_inner"
-BACKWARD_COMPILE = "compile_fx.<locals>.bw_compiler"
+BACKWARD_COMPILE = "backward._backward_impl"
 
 
 def compile_seconds() -> float | None:
