@@ -109,7 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=5000)
     args = parser.parse_args(argv)
     # Process managers, `timeout` and `kill` stop with SIGTERM: it must stop the server too, as Ctrl-C does.
+    # SIGINT too where the wrapper started with it ignored (a background job of a non-interactive shell,
+    # a child of a process that ignores it): Python installs its Ctrl-C handler only where it was not.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         server = start_server(args.root, args.host, args.port)
     except KeyboardInterrupt:  # start_server stopped what it had started

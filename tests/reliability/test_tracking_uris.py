@@ -85,6 +85,9 @@ def test_the_server_wrapper_stops_its_server_on_sigterm_as_on_ctrl_c(tmp_path, s
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # Started with SIGINT ignored, as a background job of a script is (and as this test's process may
+        # be after another test): Ctrl-C must still stop it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     try:
         first_line = wrapper.stdout.readline()
