@@ -143,6 +143,7 @@ def test_a_server_that_cannot_answer_is_one_line_in_seconds(tmp_path, request, s
     expected = f"ghsweep: tracking.uri={uri}: " + message.format(port=port, why="WRONG_VERSION_NUMBER")
     assert last.startswith(expected), last
     assert_one_line_errors(proc.stdout, proc.stderr)
-    # MLflow's own retries ran 255 s (TLS) and over 600 s (no answer) before this check.
-    assert took < 45, f"took {took:.0f} s"
+    # MLflow's own retries ran 255 s (TLS) and over 600 s (no answer) before this check; the check itself
+    # takes seconds, but the CLI's start can take two minutes on a loaded 2-core machine.
+    assert took < 200, f"took {took:.0f} s"
     assert not list(tmp_path.rglob("worker.log")) and not (tmp_path / "mlflow.db").exists()
