@@ -50,10 +50,8 @@ def run_row(run_dir: Path, shared: set[str]) -> dict:
     if result["status"] != "FINISHED":
         return row | {"wall_s": timing.get("wall_s")}
     steady_s, steady_steps = steady_seconds(run_dir)
-    row |= {
-        k: timing.get(k)
-        for k in ("startup_s", "setup_s", "compile_s", "capture_s", "worker_exit_s", "analysis_s", "record_s", "wall_s")
-    }
+    # Every column but the two worked out from the step times below is the job's own timing.
+    row |= {k: timing.get(k) for k in COLUMNS if k not in ("first_steps_s", "steady_s")}
     row |= {
         "first_steps_s": timing["train_s"] - steady_s,
         "steady_s": steady_s,

@@ -10,6 +10,10 @@ from pathlib import Path
 from ghsweep.core.atomic import write_atomic
 from ghsweep.core.run_dir import RESULT
 
+# Timing keys (RunResult.timing) that are parts of train_s, timed by the worker: torch.compile's time
+# and the profiler's capture window. A backend that compiles nothing or opens no window leaves them out.
+TRAIN_PARTS = ("compile_s", "capture_s")
+
 
 class RunStatus(str, Enum):  # noqa: UP042 (enum.StrEnum is Python >= 3.11; 3.10 is supported)
     """How a combination ended: MLflow's run statuses (RUNNING while it trains), and a dry run's own

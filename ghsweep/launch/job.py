@@ -59,7 +59,7 @@ from ghsweep.core.run_dir import (
     WORKER_LOG,
 )
 from ghsweep.core.run_plan import RunPlan
-from ghsweep.core.run_result import RunResult, RunStatus
+from ghsweep.core.run_result import TRAIN_PARTS, RunResult, RunStatus
 from ghsweep.core.summary import RunSummary
 from ghsweep.launch import interrupts
 from ghsweep.launch.container import container_env
@@ -435,9 +435,7 @@ def measure(cfg: DictConfig, plan: RunPlan, exit: WorkerExit, result: RunResult)
         "train_s": train["train_s"],
         # From the loop's end to the worker's exit: the summary, and nsys stopping and writing its report.
         "worker_exit_s": exit.started_at + exit.wall_s - train["setup_at"] - train["setup_s"] - train["train_s"],
-        # Parts of train_s that the worker timed (a backend that compiles nothing, or opens no capture
-        # window, leaves them out).
-        **{k: train[k] for k in ("compile_s", "capture_s") if k in train},
+        **{k: train[k] for k in TRAIN_PARTS if k in train},
     }
     analysis_started = time.time()
     # The ncu pass reruns a short worker in a subfolder, under ncu in place of nsys (inside the container).

@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.core.names import ROLE_RUN, RUN_HASH_TAG
-from ghsweep.core.run_result import RunResult, RunStatus
+from ghsweep.core.run_result import TRAIN_PARTS, RunResult, RunStatus
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 
 log = logging.getLogger(__name__)
@@ -30,8 +30,7 @@ TIMING = (
     "startup_s",
     "setup_s",
     "train_s",
-    "compile_s",
-    "capture_s",
+    *TRAIN_PARTS,
     "worker_exit_s",
     "analysis_s",
     "record_s",

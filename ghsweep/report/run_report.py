@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 
 from ghsweep.core import stats
 from ghsweep.core.run_dir import REPORT
-from ghsweep.core.run_result import RunResult
+from ghsweep.core.run_result import TRAIN_PARTS, RunResult
 
 METRIC_UNITS = {
     "step_time_ms": "ms (median of steady-state steps)",
@@ -75,12 +75,12 @@ def write_run_report(result: RunResult, cfg: DictConfig, info: dict, path: Path)
         lines.append("")
     if result.timing:
         t = result.timing
-        # compile_s and capture_s are parts of train_s: shown inside it, so the parts still add up.
-        within = [f"{k.removesuffix('_s')} {t[k]:.2f} s" for k in ("compile_s", "capture_s") if k in t]
+        # The parts of train_s are shown inside it, so the parts of the whole still add up.
+        within = [f"{k.removesuffix('_s')} {t[k]:.2f} s" for k in TRAIN_PARTS if k in t]
         parts = [
             f"{k.removesuffix('_s')} {v:.2f} s" + (f" ({', '.join(within)})" if k == "train_s" and within else "")
             for k, v in t.items()
-            if k not in ("wall_s", "overhead_s", "compile_s", "capture_s")
+            if k not in ("wall_s", "overhead_s", *TRAIN_PARTS)
         ]
         lines.append(f"Time: {t.get('wall_s', 0):.2f} s in all ({', '.join(parts)}).")
         if "overhead_s" in t:
