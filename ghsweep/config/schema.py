@@ -7,7 +7,8 @@ here (`check`), so what a knob accepts is written once and the one-line errors n
 The schema is not merged into Hydra's composition (as a ConfigStore base would be): Hydra composes every
 combination of a sweep before the first runs, and a type error there stops the whole sweep, where a
 ConfigError from validation fails only its combination and the sweep goes on (tests/reliability). The YAML
-groups stay what users select (precision=bf16); the schema checks the values they set.
+groups stay what users select (precision=bf16); the schema checks the values they set, and `typed` turns a
+validated config into the schema's dataclasses.
 """
 
 from __future__ import annotations
@@ -16,19 +17,24 @@ import math
 import sys
 import types
 import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, is_dataclass
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
+
+from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.core.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class Range:
-    """A number from `low` (above it unless `inclusive`), up to `high` when given; ints always from `low`."""
+    """A number from `low` (above it unless `inclusive`), up to `high` when given (below it unless
+    `high_inclusive`); ints always from `low`."""
 
     low: float
     high: float | None = None
     inclusive: bool = True
+    high_inclusive: bool = True
 
 
 # Integers past this overflow the int32 and int64 arithmetic of the tensors and counters they size.
@@ -36,6 +42,7 @@ MAX_INT = 2**31 - 1
 
 PositiveNumber = Annotated[float, Range(0, inclusive=False)]
 Ratio = Annotated[float, Range(0, 1)]
+LearningRate = Annotated[float, Range(0, 1, inclusive=False)]
 
 
 @dataclass
@@ -49,7 +56,7 @@ class TrainSchema:
     measure_max_steps: Annotated[int, Range(1)]  # step budget of a measuring run (at least max_steps)
     measure_max_s: PositiveNumber  # seconds of training after which a measuring run stops
     log_every: Annotated[int, Range(1)]
-    lr: Annotated[float, Range(0, 1, inclusive=False)]  # peak learning rate
+    lr: LearningRate  # peak learning rate
     lr_schedule: Literal["cosine", "linear", "constant"]  # ghsweep/train/schedule.py
     lr_warmup_ratio: Ratio
     min_lr_ratio: Ratio
@@ -65,15 +72,27 @@ class TrainSchema:
 @dataclass
 class DataSchema:
     name: Literal["dolly_synthetic", "dolly_file"]  # generated records, or data.path's
+    path: str | None  # a dolly-format JSONL file (dolly_file); null: generated records
     packing_mask: Literal["document", "causal"]
     mean_tokens: Annotated[float, Range(0, 1_000_000, inclusive=False)]  # synthetic records only
-    num_examples: Annotated[int, Range(1)]  # synthetic records only
+    num_examples: Annotated[int, Range(1)] | None  # records to use; null: all of data.path's (not synthetic)
+
+
+@dataclass
+class ModelLrSchema:
+    """The model's peak learning rate per peft, what train.lr defaults to."""
+
+    lora: LearningRate
+    none: LearningRate
 
 
 @dataclass
 class ModelSchema:
-    """The shape of a model built from its config (model.path=null); a loaded folder brings its own."""
+    """The model, and the shape of one built from its config (model.path=null); a loaded folder brings its own."""
 
+    name: str  # names the model in runs and reports
+    arch: str  # an architecture of validate.LINEAR_MODULES; a loaded folder's model_type replaces it
+    path: str | None  # a Hugging Face model folder (save_pretrained); null: built from this config
     hidden_size: Annotated[int, Range(1)]  # a multiple of num_attention_heads
     intermediate_size: Annotated[int, Range(1)]
     num_layers: Annotated[int, Range(1)]
@@ -82,6 +101,7 @@ class ModelSchema:
     vocab_size: Annotated[int, Range(1)]
     max_position_embeddings: Annotated[int, Range(8)]
     rms_norm_eps: PositiveNumber
+    lr: ModelLrSchema
 
 
 @dataclass
@@ -95,6 +115,8 @@ class PeftSchema:
     name: Literal["lora", "none"]
     r: Annotated[int, Range(1)]  # LoRA rank
     alpha: PositiveNumber
+    dropout: Annotated[float, Range(0, 1, high_inclusive=False)]
+    target_modules: list[str]  # linear modules of the model's arch (validate.LINEAR_MODULES)
 
 
 @dataclass
@@ -103,10 +125,14 @@ class PrecisionSchema:
     library: Literal["auto", "te", "torchao"]  # fp8: Transformer Engine or torchao
     scaling: Literal["delayed", "current"]
     format: Literal["hybrid", "e4m3"]
+    allow_tf32: bool  # fp32 only: TF32 matmuls on Ampere and newer
+    initial_loss_scale: PositiveNumber  # fp16 only: GradScaler's first scale
+    reduce_dtype: Literal["fp32", "param"]  # of gradients across ranks (FSDP2); param: their own dtype
 
 
 @dataclass
 class OffloadSchema:
+    enabled: bool
     num_layers: Annotated[int, Range(1)]  # with offload=on; at most the model's layers
 
 
@@ -114,12 +140,15 @@ class OffloadSchema:
 class MemorySchema:
     name: Literal["device", "unified"]
     pool_size_gb: PositiveNumber | None  # RMM's managed pool; null: start small and grow
+    prefetch: bool  # managed pages to the GPU ahead of use
 
 
 @dataclass
 class DataloaderSchema:
     num_workers: Annotated[int, Range(0)]
+    pin_memory: bool  # on a GPU only
     prefetch_factor: Annotated[int, Range(1)] | None
+    persistent_workers: bool  # with num_workers > 0 only
 
 
 NsysTrace = Literal[
@@ -151,19 +180,26 @@ NsysTrace = Literal[
 
 @dataclass
 class NsysSchema:
+    path: str | None  # the nsys executable; null: found on PATH
     trace: list[NsysTrace]  # `nsys profile --trace`
     um_page_faults: Literal["auto", True, False]  # auto: with memory=unified
     gpu_metrics: bool  # --gpu-metrics-devices: SM, tensor, DRAM and link activity over time
+    extra_args: list[str]  # more `nsys profile` flags (--NAME=VALUE; profile/capture.py checks them)
 
 
 @dataclass
 class NcuSchema:
+    enabled: bool  # a Nsight Compute pass after nsys (profile=nsys_ncu)
+    path: str | None  # the ncu executable; null: found on PATH
     top_k: Annotated[int, Range(1)]  # kernels that get a roofline
+    section_set: str  # `ncu --set`: one of the section sets `ncu --list-sets` names
+    metrics: list[str]  # `ncu --metrics` added to the section set
 
 
 @dataclass
 class ProfileSchema:
     name: Literal["auto", "none", "torch", "memory", "nsys", "nsys_ncu"]
+    artifact_max_mb: Annotated[float, Range(0)] | None  # raw profiles larger are not uploaded; null: no limit
     nsys: NsysSchema
     ncu: NcuSchema
 
@@ -175,16 +211,59 @@ class SystemMetricsSchema:
 
 @dataclass
 class WorkerSchema:
+    # Minutes before a worker is killed; auto: 60 on a GPU, none on CPU; null: no limit.
+    timeout_min: PositiveNumber | Literal["auto"] | None
     preimported: bool  # fork workers from a pre-imported one (launch/worker_process.WarmWorker)
+
+
+@dataclass
+class BackendSchema:
+    """The backend's keys; each option sets its own (num_nodes and gpus_per_node: torch and nemo)."""
+
+    name: str  # a backend of core.backends.BACKENDS, the registry validation checks it against
+    num_nodes: Annotated[int, Range(1)]
+    gpus_per_node: Annotated[int, Range(1)]  # ranks per node: one process per GPU
+    data_parallel: Literal["auto", "ddp", "fsdp"]  # torch: auto is DDP for LoRA, FSDP2 for full fine-tuning
+    fsdp_reshard_after_forward: bool  # torch, FSDP2: true is ZeRO-3
+    tensor_parallel: Annotated[int, Range(1)]  # nemo: with pipeline_parallel, divides the run's GPUs
+    pipeline_parallel: Annotated[int, Range(1)]  # nemo
+    recompute_granularity: Literal["selective", "full"] | None  # nemo, Megatron's; null: no recomputation
+    recompute_method: Literal["block", "uniform"] | None  # nemo, with recompute_granularity=full
+    recompute_num_layers: Annotated[int, Range(1)] | None  # nemo, with recompute_granularity=full
+
+
+@dataclass
+class ContainerSchema:
+    image: str | None  # a .sif file, a docker:// or oras:// URI, or pyxis' registry image; null: on the host
+    runtime: Literal["apptainer", "singularity", "pyxis"]
+    nv: bool  # --nv: the host's GPUs inside (apptainer, singularity)
+    binds: list[str]  # SRC[:DST[:ro]] each
+    env: dict[str, object]  # NAME: value, set inside the container as its text
+    python: str  # the image's interpreter
+
+
+@dataclass
+class TrackingSchema:
+    uri: str  # an MLflow tracking URI (tracking/mlflow_store.py checks what it opens)
+    experiment: str  # the MLflow experiment, non-empty
+    server_uri: str | None  # a launch profile's tracking server, what tracking=auto and server log to
+
+
+@dataclass
+class ReportSchema:
+    # The comparison's baseline: a job number, or one combination's overrides; null: the first that finished.
+    baseline: Annotated[int, Range(0)] | str | None
 
 
 @dataclass
 class ConfigSchema:
     seed: Annotated[int, Range(0)]
     repeat: Annotated[int, Range(1)]
+    device: str  # auto, cpu, cuda or cuda:N (validate.validate checks the form)
     dry_run: bool
     force: bool
     wait: bool
+    backend: BackendSchema
     train: TrainSchema
     model: ModelSchema
     capture: CaptureSchema
@@ -197,6 +276,9 @@ class ConfigSchema:
     profile: ProfileSchema
     system_metrics: SystemMetricsSchema
     worker: WorkerSchema
+    container: ContainerSchema
+    tracking: TrackingSchema
+    report: ReportSchema
 
 
 def _rule(key: str) -> object:
@@ -223,42 +305,82 @@ def _fields(section: object) -> dict[str, object]:
     return typing.get_type_hints(section, globalns=vars(sys.modules[__name__]), include_extras=True)
 
 
-def _without_none(rule: object) -> tuple[object, bool]:
-    """(the rule a non-null value must meet, whether null is accepted)."""
+def _alternatives(rule: object) -> tuple[list[object], bool]:
+    """(the rules a non-null value may meet, one of which it must, whether null is accepted)."""
     if typing.get_origin(rule) in (Union, types.UnionType):
-        args = [a for a in typing.get_args(rule) if a is not type(None)]
-        return args[0], len(args) < len(typing.get_args(rule))
-    return rule, False
+        args = typing.get_args(rule)
+        return [a for a in args if a is not type(None)], type(None) in args
+    return [rule], False
 
 
 def choices(key: str) -> tuple:
     """The values `key` accepts (a Literal knob, a bool, or a list of Literal items)."""
-    rule, _ = _without_none(_rule(key))
+    rule = _alternatives(_rule(key))[0][0]
     if typing.get_origin(rule) is list:
         (rule,) = typing.get_args(rule)
     return (True, False) if rule is bool else typing.get_args(rule)
 
 
 def accepted(values) -> str:
-    return ", ".join(str(v) for v in values)
+    return ", ".join("null" if v is None else str(v) for v in values)
 
 
 def check(key: str, value: object) -> None:
     """Raise ConfigError naming `key`, `value` and what is accepted when `value` breaks the schema's rule."""
-    rule, nullable = _without_none(_rule(key))
+    rules, nullable = _alternatives(_rule(key))
     if value is None and nullable:
         return
-    if typing.get_origin(rule) is list:
-        for item in value:  # type: ignore[attr-defined]
-            check_choice(key, item, choices(key))
-    elif typing.get_origin(rule) is Literal or rule is bool:
-        check_choice(key, value, choices(key))
-    elif typing.get_origin(rule) is Annotated:
+    if len(rules) == 1:
+        _check_rule(key, rules[0], value, nullable)
+    elif not any(_meets(key, rule, value) for rule in rules):
+        shown = [_describe(rule) for rule in rules] + (["null"] if nullable else [])
+        raise ConfigError(f"{key}={value}: not an accepted value; accepted: {', '.join(shown)}")
+
+
+def _meets(key: str, rule: object, value: object) -> bool:
+    try:
+        _check_rule(key, rule, value, nullable=False)
+    except ConfigError:
+        return False
+    return True
+
+
+def _check_rule(key: str, rule: object, value: object, nullable: bool) -> None:
+    origin = typing.get_origin(rule)
+    if origin is list:
+        if isinstance(value, str) or not isinstance(value, Sequence):
+            raise ConfigError(f"{key}={value}: must be a list")
+        (item,) = typing.get_args(rule)
+        for v in value:
+            _check_rule(key, item, v, nullable=False)
+    elif origin is dict:
+        if not isinstance(value, Mapping) or not all(isinstance(name, str) for name in value):
+            raise ConfigError(f"{key}={value}: must be a mapping of names to values")
+    elif origin is Literal or rule is bool:
+        values = (True, False) if rule is bool else typing.get_args(rule)
+        check_choice(key, value, ((None,) if nullable else ()) + values)
+    elif origin is Annotated:
         kind, bounds = typing.get_args(rule)
         if kind is int:
             check_int(key, value, int(bounds.low))
         else:
             check_number(key, value, bounds)
+    elif rule is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}={value}: must be a string")
+    else:
+        assert rule is object, f"{key}: no check for the rule {rule}"
+
+
+def _describe(rule: object) -> str:
+    """What a value meeting `rule` is, for the error of a knob with several alternatives."""
+    origin = typing.get_origin(rule)
+    if origin is Annotated:
+        kind, bounds = typing.get_args(rule)
+        return f"an integer >= {int(bounds.low)}" if kind is int else f"a number {_range_text(bounds)}"
+    if origin is Literal:
+        return accepted(typing.get_args(rule))
+    return "a string" if rule is str else str(rule)
 
 
 def check_choice(key: str, value: object, accepted_values) -> None:
@@ -270,10 +392,17 @@ def check_choice(key: str, value: object, accepted_values) -> None:
 def check_number(key: str, value: object, bounds: Range) -> None:
     low, high = bounds.low, bounds.high
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value >= low if bounds.inclusive else value > low) and (high is None or value <= high)  # type: ignore[operator]
+    ok = ok and (value >= low if bounds.inclusive else value > low)  # type: ignore[operator]
+    ok = ok and (high is None or (value <= high if bounds.high_inclusive else value < high))  # type: ignore[operator]
     if not ok:
-        rng = f"{'>=' if bounds.inclusive else '>'} {low}" + (f" and <= {high}" if high is not None else "")
-        raise ConfigError(f"{key}={value}: must be a number {rng}")
+        raise ConfigError(f"{key}={value}: must be a number {_range_text(bounds)}")
+
+
+def _range_text(bounds: Range) -> str:
+    text = f"{'>=' if bounds.inclusive else '>'} {bounds.low}"
+    if bounds.high is not None:
+        text += f" and {'<=' if bounds.high_inclusive else '<'} {bounds.high}"
+    return text
 
 
 def check_int(key: str, value: object, minimum: int) -> None:
@@ -281,3 +410,26 @@ def check_int(key: str, value: object, minimum: int) -> None:
         raise ConfigError(f"{key}={value}: must be an integer >= {minimum}")
     if value > MAX_INT:
         raise ConfigError(f"{key}={value}: too large; must be an integer from {minimum} to {MAX_INT}")
+
+
+Section = TypeVar("Section")
+
+
+def typed(cfg: DictConfig) -> ConfigSchema:
+    """The composed config `cfg` (validated; interpolations are resolved as they are read) as the schema's
+    dataclasses, lists and mappings as plain ones. What the schema does not model (hydra, tune) is left
+    out; a knob or section the chosen options do not carry (precision.library with precision=bf16,
+    profile.nsys with profile=none) is None."""
+    return _build(ConfigSchema, cfg)
+
+
+def _build(section: type[Section], node: DictConfig) -> Section:
+    values: dict[str, Any] = {}
+    for name, rule in _fields(section).items():
+        value = node.get(name)
+        sub = _alternatives(rule)[0][0]
+        if isinstance(sub, type) and is_dataclass(sub) and value is not None:
+            values[name] = _build(sub, value)
+        else:
+            values[name] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    return section(**values)

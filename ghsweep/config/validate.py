@@ -27,6 +27,8 @@ LINEAR_MODULES = {
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
 # A dolly record is a few KB; a longer line is not one record (a JSON array, a binary file).
 MAX_RECORD_BYTES = 1 << 20
+# What names the model and its rates; the model's other knobs are its shape, read only without model.path.
+MODEL_NOT_SHAPE = ("name", "arch", "path", "lr")
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ def model_facts(model: DictConfig) -> ModelFacts:
     A loaded checkpoint brings its own shape, so `offload.num_layers` and `train.seq_length` are
     checked against the folder, not against the YAML the folder replaced.
     """
+    check("model.name", model.name)
+    check("model.path", model.path)
     if not model.path:
         return ModelFacts(f"model={model.name}", model.arch, model.num_layers, model.max_position_embeddings)
     folder = Path(model.path)
@@ -85,6 +89,7 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> None:
     on_gpu = run_device(cfg, gpu) == "cuda"
 
     check_choice("backend", cfg.backend.name, tuple(BACKENDS))
+    _validate_backend(cfg)
     model = model_facts(cfg.model)
     _validate_model(cfg, model)
     _validate_train(cfg, model, on_gpu)
@@ -96,6 +101,7 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> None:
     _validate_profile(cfg)
     _validate_capture(cfg)
     check("worker.preimported", cfg.worker.preimported)
+    _validate_container(cfg)
     # Each backend checks its own keys; the registry imports only the named backend's light module.
     backend_named(cfg.backend.name).check(cfg, on_gpu)
 
@@ -112,11 +118,16 @@ def _validate_model(cfg: DictConfig, model: ModelFacts) -> None:
             f"data.path={cfg.data.path}: data=dolly_synthetic generates its records and reads no "
             "file; accepted: data=dolly_file with data.path, or data.path=null"
         )
+    check("data.path", cfg.data.path)
+    check("data.num_examples", cfg.data.num_examples)
     if cfg.data.path:
         _validate_data_file(str(cfg.data.path))
     else:
         check("data.mean_tokens", cfg.data.mean_tokens)
-        check("data.num_examples", cfg.data.num_examples)
+        if cfg.data.num_examples is None:
+            raise ConfigError(
+                f"data.num_examples=None: data={cfg.data.name} generates this many records; accepted: an integer >= 1"
+            )
 
 
 def _validate_data_file(path: str) -> None:
@@ -199,10 +210,10 @@ def _validate_peft(cfg: DictConfig, model: ModelFacts) -> None:
         return
     check("peft.r", peft.r)
     check("peft.alpha", peft.alpha)
-    if not isinstance(peft.dropout, (int, float)) or not 0 <= peft.dropout < 1:
-        raise ConfigError(f"peft.dropout={peft.dropout}: must be in [0, 1)")
+    check("peft.dropout", peft.dropout)
     available = LINEAR_MODULES[model.arch]
-    targets = list(peft.target_modules or [])
+    check("peft.target_modules", peft.target_modules)
+    targets = list(peft.target_modules)
     if not targets:
         raise ConfigError(f"peft.target_modules=[]: name at least one; accepted: {accepted(available)}")
     for target in targets:
@@ -216,6 +227,10 @@ def _validate_peft(cfg: DictConfig, model: ModelFacts) -> None:
 def _validate_precision(cfg: DictConfig, gpu: GpuInfo | None, on_gpu: bool) -> None:
     p = cfg.precision
     check("precision", p.name)
+    # Each precision's own knobs (allow_tf32: fp32's, initial_loss_scale: fp16's).
+    for knob in ("allow_tf32", "initial_loss_scale", "reduce_dtype"):
+        if knob in p:
+            check(f"precision.{knob}", p[knob])
     if p.name != "fp8":
         return
     check("precision.library", p.library)
@@ -237,6 +252,7 @@ def _validate_precision(cfg: DictConfig, gpu: GpuInfo | None, on_gpu: bool) -> N
 
 def _validate_offload(cfg: DictConfig, model: ModelFacts) -> None:
     o = cfg.offload
+    check("offload.enabled", o.enabled)
     if not o.enabled:
         return
     layers = model.num_layers
@@ -265,6 +281,7 @@ def _validate_memory(cfg: DictConfig, on_gpu: bool) -> None:
             "memory=unified, or memory=device with offload=on"
         )
     check("memory.pool_size_gb", memory.pool_size_gb)
+    check("memory.prefetch", memory.prefetch)
     # Without a container the worker runs in this interpreter: whether RMM is there decides the allocator.
     runs_here = not OmegaConf.select(cfg, "container.image")
     if memory.pool_size_gb is not None and runs_here and importlib.util.find_spec("rmm") is None:
@@ -275,23 +292,19 @@ def _validate_memory(cfg: DictConfig, on_gpu: bool) -> None:
 
 
 def _validate_dataloader(cfg: DictConfig) -> None:
-    dl = cfg.dataloader
-    check("dataloader.num_workers", dl.num_workers)
-    check("dataloader.prefetch_factor", dl.prefetch_factor)
+    for knob in knobs("dataloader"):
+        check(f"dataloader.{knob}", cfg.dataloader[knob])
 
 
 def _validate_profile(cfg: DictConfig) -> None:
     p = cfg.profile
     check("profile", p.name)
-    limit = p.get("artifact_max_mb")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit < 0):
-        raise ConfigError(f"profile.artifact_max_mb={limit}: must be a number >= 0 (MB), or null for no limit")
-    if "nsys" in p:
-        check("profile.nsys.trace", list(p.nsys.trace))
-        check("profile.nsys.um_page_faults", p.nsys.um_page_faults)
-        check("profile.nsys.gpu_metrics", p.nsys.get("gpu_metrics", False))
-    if "ncu" in p:
-        check("profile.ncu.top_k", p.ncu.top_k)
+    check("profile.artifact_max_mb", p.get("artifact_max_mb"))
+    # The tools' sections the profile option carries (profile=torch: none).
+    for tool in ("nsys", "ncu"):
+        for knob in knobs(f"profile.{tool}"):
+            if knob in p.get(tool, {}):
+                check(f"profile.{tool}.{knob}", p[tool][knob])
 
 
 # Fields of a dolly record the loader reads as text (`context` may be missing).
@@ -314,7 +327,8 @@ def _validate_model_shape(cfg: DictConfig) -> None:
         return
     m = cfg.model
     for knob in knobs("model"):
-        check(f"model.{knob}", m[knob])
+        if knob not in MODEL_NOT_SHAPE:
+            check(f"model.{knob}", m[knob])
     if m.hidden_size % m.num_attention_heads:
         raise ConfigError(
             f"model.num_attention_heads={m.num_attention_heads}: does not divide model.hidden_size={m.hidden_size}; "
@@ -341,6 +355,24 @@ def _validate_no_lora_keys(cfg: DictConfig) -> None:
             f"peft.{set_keys[0]}={OmegaConf.select(cfg, 'peft.' + set_keys[0])}: a LoRA setting, and peft=none "
             "trains every weight without LoRA; accepted: peft=lora with it, or peft=none without it"
         )
+
+
+def _validate_backend(cfg: DictConfig) -> None:
+    """The knobs the chosen backend's option carries (num_nodes: torch and nemo; tensor_parallel: nemo)."""
+    for knob in knobs("backend"):
+        if knob != "name" and knob in cfg.backend:
+            check(f"backend.{knob}", cfg.backend[knob])
+
+
+def _validate_container(cfg: DictConfig) -> None:
+    """The container's knobs, read only when it has an image (launch profiles that are not ghsweep's carry none)."""
+    container = cfg.get("container")
+    if not container or container.image is None:
+        return
+    # runtime: launch/container.py checks it where it builds the container's command.
+    for knob in knobs("container"):
+        if knob != "runtime":
+            check(f"container.{knob}", container[knob])
 
 
 def _validate_capture(cfg: DictConfig) -> None:
@@ -372,6 +404,7 @@ def validate_launch(cfg: DictConfig, job_name: str) -> None:
     the job's name (its log file's) and every interpolation. ConfigError, one line, before any record."""
     for switch in ("dry_run", "force", "wait"):
         check(switch, cfg[switch])
+    check("report.baseline", OmegaConf.select(cfg, "report.baseline"))
     launcher = OmegaConf.select(cfg, "hydra.launcher")
     if launcher is not None:
         launcher_retries(launcher)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from ghsweep.config.schema import check_int
+from ghsweep.config.schema import check
 from ghsweep.core.run_plan import World
 
 
@@ -13,8 +13,8 @@ def world_of(cfg: DictConfig) -> World:
     """The combination's world from `backend.num_nodes` / `backend.gpus_per_node` (1 x 1 when unset)."""
     backend = cfg.backend
     num_nodes, gpus_per_node = backend.get("num_nodes", 1), backend.get("gpus_per_node", 1)
-    check_int("backend.num_nodes", num_nodes, 1)
-    check_int("backend.gpus_per_node", gpus_per_node, 1)
+    check("backend.num_nodes", num_nodes)
+    check("backend.gpus_per_node", gpus_per_node)
     return World(num_nodes, gpus_per_node)
 
 

@@ -110,7 +110,7 @@ CASES = {
     "lora": (["peft.r=0,four"], ["peft.r=0: must be an integer >= 1", "peft.r=four: must be an integer >= 1"]),
     "dropout": (
         ["peft.dropout=1.5,-0.1"],
-        ["peft.dropout=1.5: must be in [0, 1)", "peft.dropout=-0.1: must be in [0, 1)"],
+        ["peft.dropout=1.5: must be a number >= 0 and < 1", "peft.dropout=-0.1: must be a number >= 0 and < 1"],
     ),
     "loader": (
         ["dataloader.num_workers=-1,many"],

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from ghsweep.config.schema import check_int
+from ghsweep.config.schema import accepted, check, choices
 from ghsweep.config.validate import model_facts
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import METRICS, RECIPE_JSON, RECIPE_TXT
@@ -30,7 +30,6 @@ LORA_MODULE_GROUPS = {
     "linear_fc1": ("gate_proj", "up_proj"),
     "linear_fc2": ("down_proj",),
 }
-RECOMPUTE_GRANULARITIES = (None, "selective", "full")
 # The dolly records converted to NeMo's fine-tuning format ({"input", "output"} per line).
 DATASET_DIR = "nemo_data"
 
@@ -62,8 +61,8 @@ def check_config(cfg: DictConfig, runtime: bool) -> None:
     (Transformer Engine for fp8) can be checked here too.
     """
     b = cfg.backend
-    for key in ("num_nodes", "gpus_per_node", "tensor_parallel", "pipeline_parallel"):
-        check_int(f"backend.{key}", b[key], 1)
+    for key in ("num_nodes", "gpus_per_node", "tensor_parallel", "pipeline_parallel", "recompute_granularity"):
+        check(f"backend.{key}", b[key])
     gpus = b.num_nodes * b.gpus_per_node
     if gpus % (b.tensor_parallel * b.pipeline_parallel):
         raise ConfigError(
@@ -71,16 +70,13 @@ def check_config(cfg: DictConfig, runtime: bool) -> None:
             f"({b.tensor_parallel * b.pipeline_parallel}) must divide the run's {gpus} GPUs "
             "(backend.num_nodes x backend.gpus_per_node)"
         )
-    if b.recompute_granularity not in RECOMPUTE_GRANULARITIES:
-        raise ConfigError(
-            f"backend.recompute_granularity={b.recompute_granularity}: not an accepted value; "
-            "accepted: null, selective, full"
-        )
-    if b.recompute_granularity == "full" and b.recompute_method not in ("block", "uniform"):
+    if b.recompute_granularity == "full" and b.recompute_method is None:
         raise ConfigError(
             f"backend.recompute_method={b.recompute_method}: recompute_granularity=full needs one; "
-            "accepted: block, uniform"
+            f"accepted: {accepted(choices('backend.recompute_method'))}"
         )
+    check("backend.recompute_method", b.recompute_method)
+    check("backend.recompute_num_layers", b.recompute_num_layers)
     if cfg.peft.name == "lora":
         lora_target_modules(list(cfg.peft.target_modules))
     model = model_facts(cfg.model)
