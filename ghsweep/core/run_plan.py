@@ -55,6 +55,20 @@ class SessionCapture:
 
 
 @dataclass
+class NcuPass:
+    """The Nsight Compute pass of profile=nsys_ncu: a short second run of the worker in its own
+    folder, under ncu, whose arguments wait for the kernels the run's nsys profile shows."""
+
+    run_dir: str  # the pass's folder, in the run directory
+    container_prefix: list[str]  # the run's container, for the pass's folder ([] on the node)
+    worker: list[str]  # `python -m ghsweep.train.worker RUN_DIR` of the pass's folder
+
+    def command(self, ncu: list[str]) -> list[str]:
+        """The pass's worker under `ncu` (the profiler's command up to the program), in the container."""
+        return [*self.container_prefix, *ncu, *self.worker]
+
+
+@dataclass
 class RunPlan:
     name: str  # the combination's name: its MLflow run name and the folder of its run directory
     run_dir: str
@@ -78,6 +92,7 @@ class RunPlan:
     # process forks it from a pre-imported worker instead.
     preimported: bool = False
     capture: SessionCapture | None = None
+    ncu_pass: NcuPass | None = None  # set where the profile asks for the Nsight Compute pass
 
     def save(self, run_dir: Path) -> None:
         # Every SLURM task of a run writes it, and a rank's worker may read it meanwhile.
@@ -88,6 +103,7 @@ class RunPlan:
         raw = json.loads((run_dir / RUN_PLAN).read_text())
         gpu = raw.pop("gpu")
         capture = raw.pop("capture", None)
+        ncu_pass = raw.pop("ncu_pass", None)
         if gpu is not None:
             gpu["compute_capability"] = tuple(gpu["compute_capability"])
         return cls(
@@ -97,5 +113,6 @@ class RunPlan:
                 "world": World(**raw.pop("world")),
                 "profile": ProfilePlan(**raw.pop("profile")),
                 "capture": SessionCapture(**capture) if capture else None,
+                "ncu_pass": NcuPass(**ncu_pass) if ncu_pass else None,
             }
         )

@@ -69,7 +69,7 @@ from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
 from ghsweep.launch.requeue import earlier_start, job_ending, requeue_reason, wait_to_be_stopped
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.sweep_manifest import SweepManifest
-from ghsweep.launch.worker_process import WorkerExit, rank_file, run_worker, worker_command
+from ghsweep.launch.worker_process import WorkerExit, rank_file, run_worker
 from ghsweep.launch.world import export_slurm_rendezvous, slurm_task_ranks
 from ghsweep.profile.pipeline import ProfileOutcome, after_worker
 from ghsweep.report.run_report import write_run_report
@@ -438,14 +438,11 @@ def measure(cfg: DictConfig, plan: RunPlan, exit: WorkerExit, result: RunResult)
         **{k: train[k] for k in TRAIN_PARTS if k in train},
     }
     analysis_started = time.time()
-    # The ncu pass reruns a short worker in a subfolder, under ncu in place of nsys (inside the container).
+    # The ncu pass reruns a short worker in a subfolder, under ncu in place of nsys: its plan's command.
     profile = after_worker(
         cfg,
-        run_dir,
-        plan.profile,
-        lambda prefix, work: (
-            run_worker(worker_command(cfg, work, prefix), work, timeout_s(plan), env=container_env(cfg)).returncode
-        ),
+        plan,
+        lambda command, work: run_worker(command, work, timeout_s(plan), env=container_env(cfg)).returncode,
     )
     # Export, analysis, the ncu pass, the profile report and its plots.
     result.timing["analysis_s"] = time.time() - analysis_started

@@ -7,6 +7,7 @@ runs, up to what only the node can decide (a GPU, where the profilers are).
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,9 +17,10 @@ from ghsweep.config.validate import run_device, validate
 from ghsweep.config.world import data_parallel, world_of
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
-from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
+from ghsweep.core.run_dir import NCU_PASS_DIR
+from ghsweep.core.run_plan import NcuPass, ProfilePlan, RunPlan, World
 from ghsweep.launch.container import check_container, container_prefix, tool_finder
-from ghsweep.launch.worker_process import plain_worker, worker_command, worker_timeout_min
+from ghsweep.launch.worker_process import worker_command, worker_program, worker_timeout_min
 from ghsweep.launch.world import check_world
 from ghsweep.profile.capture import find_tool as find_on_node
 from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve, session_capture
@@ -76,18 +78,21 @@ def node_plan(
     check_container(cfg)
     device = run_device(cfg, gpu)
     on_slurm = slurm_tasks is not None
-    world = check_world(cfg, device == "cuda", gpu.count if gpu else 0, on_slurm)
+    world = world_of(cfg)
+    check_world(cfg, world, device == "cuda", gpu.count if gpu else 0, on_slurm)
     if on_slurm and slurm_tasks != world.size:
         raise ConfigError(
             f"backend.num_nodes x backend.gpus_per_node = {world.size} ranks, but this SLURM job has "
             f"{slurm_tasks} tasks; let ghsweep's launcher set hydra.launcher.nodes and tasks_per_node"
         )
-    in_container = container_prefix(cfg, run_dir)
+    container = container_prefix(cfg, run_dir)
     profile = resolve(
-        cfg.profile, device == "cuda", str(cfg.device), tool_finder(in_container) if in_container else find_tool
+        cfg.profile, device == "cuda", str(cfg.device), tool_finder(container) if container else find_tool
     )
-    profile.tool_prefix = in_container
-    return assemble_plan(cfg, run_dir, name, overrides, device, gpu, world, profile, on_slurm and world.size > 1)
+    profile.tool_prefix = container
+    return assemble_plan(
+        cfg, run_dir, name, overrides, device, gpu, world, container, profile, on_slurm and world.size > 1
+    )
 
 
 def dry_run_plans(cfg: DictConfig, run_dir: Path, name: str, overrides: list[str], on_slurm: bool) -> list[RunPlan]:
@@ -97,10 +102,13 @@ def dry_run_plans(cfg: DictConfig, run_dir: Path, name: str, overrides: list[str
     check_anywhere(cfg)
     world = world_of(cfg)
     may_use_gpu = str(cfg.device) != "cpu"
-    profiles = plans_from_config(cfg.profile, str(cfg.device), container_prefix(cfg, run_dir))
+    container = container_prefix(cfg, run_dir)
+    profiles = plans_from_config(cfg.profile, str(cfg.device), container)
     devices = ["cuda" if may_use_gpu else "cpu", "cpu"]
     return [
-        assemble_plan(cfg, run_dir, name, overrides, device, None, world, profile, on_slurm and world.size > 1)
+        assemble_plan(
+            cfg, run_dir, name, overrides, device, None, world, container, profile, on_slurm and world.size > 1
+        )
         for device, profile in zip(devices, profiles)
     ]
 
@@ -122,18 +130,22 @@ def assemble_plan(
     device: str,
     gpu: GpuInfo | None,
     world: World,
+    container: list[str],
     profile: ProfilePlan,
     srun_ranks: bool,
 ) -> RunPlan:
-    """The plan from the decisions made; the worker command is built here and nowhere else."""
+    """The plan from the decisions made (`container`: launch.container.container_prefix of
+    `run_dir`); the worker commands, the run's and its ncu pass's, are built here and nowhere else."""
     # Locally torchrun starts the node's ranks; on SLURM srun already started one task per rank.
     local_ranks = 1 if srun_ranks else world.gpus_per_node
-    profiler = profiler_prefix(cfg, run_dir, profile)
-    command = worker_command(cfg, run_dir, profiler, local_ranks)
-    # A pre-imported worker stands in for the worker alone in this interpreter; under nsys it runs
-    # in an nsys session instead, which records each worker it forks as the command would.
-    alone = plain_worker(worker_command(cfg, run_dir, (), local_ranks), run_dir)
-    capture = session_capture(cfg, run_dir, profile) if alone else None
+    # Inside a container the image's Python runs the worker: the host interpreter's path means nothing there.
+    python = str(cfg.container.python) if container else sys.executable
+    profiler = profiler_prefix(cfg, run_dir, profile, world)
+    # A pre-imported worker stands in for the worker alone in this interpreter (no torchrun or
+    # container around it); under nsys it runs in an nsys session instead, which records each
+    # worker it forks as the command would.
+    alone = local_ranks == 1 and not container
+    capture = session_capture(cfg, run_dir, profile, world) if alone else None
     return RunPlan(
         name=name,
         run_dir=str(run_dir),
@@ -144,10 +156,18 @@ def assemble_plan(
         world=world,
         data_parallel=data_parallel(cfg),
         profile=profile,
-        container_prefix=container_prefix(cfg, run_dir),
-        worker_command=command,
+        container_prefix=container,
+        worker_command=worker_command(run_dir, container, python, profiler, local_ranks),
         timeout_min=worker_timeout_min(cfg.worker.timeout_min, device == "cuda"),
         srun_ranks=srun_ranks,
         preimported=bool(cfg.worker.preimported) and alone and (not profiler or capture is not None),
         capture=capture,
+        ncu_pass=ncu_pass(cfg, run_dir, python) if profile.ncu else None,
     )
+
+
+def ncu_pass(cfg: DictConfig, run_dir: Path, python: str) -> NcuPass:
+    """The Nsight Compute pass of the run in `run_dir`: its worker in a folder of its own, in the
+    run's container (one rank: launch.world refuses the pass on several)."""
+    work = run_dir / NCU_PASS_DIR
+    return NcuPass(str(work), container_prefix(cfg, work), worker_program(work, python))

@@ -28,7 +28,6 @@ from ghsweep.core.errors import ConfigError
 from ghsweep.core.names import STEP_RANGE_PREFIX
 from ghsweep.core.run_dir import WORKER_LOG, WORKER_PID, rank_file
 from ghsweep.core.run_plan import SessionCapture
-from ghsweep.launch.container import container_prefix
 from ghsweep.launch.local_gpus import ONE_AT_A_TIME_LAUNCHER
 from ghsweep.launch.world import torchrun_prefix
 from ghsweep.profile.plan import sweep_session_launch
@@ -64,10 +63,13 @@ class WorkerExit:
     wall_s: float
 
 
-def worker_command(cfg: DictConfig, run_dir: Path, profiler: Sequence[str] = (), local_ranks: int = 1) -> list[str]:
-    """The argument list that starts the worker of `run_dir`, under `profiler` (the profiler's
-    command up to the program: ghsweep.profile.plan.profiler_prefix for nsys, the ncu pass's), as
-    `local_ranks` ranks on this machine (torchrun when more than one).
+def worker_command(
+    run_dir: Path, container: Sequence[str], python: str, profiler: Sequence[str] = (), local_ranks: int = 1
+) -> list[str]:
+    """The argument list that starts the worker of `run_dir` with `python`, in `container` (its
+    `exec ... IMAGE`, [] on the node), under `profiler` (the profiler's command up to the program:
+    ghsweep.profile.plan.profiler_prefix for nsys), as `local_ranks` ranks on this machine
+    (torchrun when more than one). Built by ghsweep.launch.plan, once, into the RunPlan.
 
     Always an argument list, never a shell string: user values are never parsed by a shell.
     Wrappers nest outside-in: [torchrun ... --no-python] [container exec ...] [profiler ...]
@@ -75,24 +77,12 @@ def worker_command(cfg: DictConfig, run_dir: Path, profiler: Sequence[str] = (),
     container process (the rank's environment passes in), and the profiler runs inside the
     container, where the worker's CUDA libraries are, one report per rank.
     """
-    container = container_prefix(cfg, run_dir)
-    # Inside a container the image's Python runs the worker: the host interpreter's path means nothing there.
-    python = cfg.container.python if container else sys.executable
-    return [
-        *torchrun_prefix(sys.executable, local_ranks),
-        *container,
-        *profiler,
-        python,
-        "-m",
-        "ghsweep.train.worker",
-        str(run_dir),
-    ]
+    return [*torchrun_prefix(sys.executable, local_ranks), *container, *profiler, *worker_program(run_dir, python)]
 
 
-def plain_worker(command: Sequence[str], run_dir: Path) -> bool:
-    """Whether `command` is the worker alone in this interpreter (no torchrun, container or profiler
-    around it): the only one a pre-imported worker can stand in for."""
-    return list(command) == [sys.executable, "-m", "ghsweep.train.worker", str(run_dir)]
+def worker_program(run_dir: Path, python: str) -> list[str]:
+    """`python -m ghsweep.train.worker RUN_DIR`: the worker itself, inside whatever wraps it."""
+    return [python, "-m", "ghsweep.train.worker", str(run_dir)]
 
 
 def process_start(pid: int) -> str | None:

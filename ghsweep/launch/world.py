@@ -13,17 +13,17 @@ import os
 
 from omegaconf import DictConfig
 
-from ghsweep.config.world import data_parallel, world_of
+from ghsweep.config.world import data_parallel
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_plan import World
 
 DATA_PARALLEL = ("auto", "ddp", "fsdp")
 
 
-def check_world(cfg: DictConfig, on_gpu: bool, visible_gpus: int, slurm_task: bool) -> World:
-    """The world, or ConfigError when this launch cannot give it: several nodes without SLURM, more
-    GPUs per node than this machine shows on a local launch, a data_parallel this run cannot use."""
-    world = world_of(cfg)
+def check_world(cfg: DictConfig, world: World, on_gpu: bool, visible_gpus: int, slurm_task: bool) -> None:
+    """ConfigError when this launch cannot give the combination its `world` (config.world.world_of):
+    several nodes without SLURM, more GPUs per node than this machine shows on a local launch, a
+    data_parallel this run cannot use."""
     if world.num_nodes > 1 and not slurm_task:
         raise ConfigError(
             f"backend.num_nodes={world.num_nodes}: several nodes need a SLURM launch profile "
@@ -66,7 +66,6 @@ def check_world(cfg: DictConfig, on_gpu: bool, visible_gpus: int, slurm_task: bo
         reduce = cfg.precision.get("reduce_dtype", "fp32")
         if reduce not in ("fp32", "param"):
             raise ConfigError(f"precision.reduce_dtype={reduce}: not an accepted value; accepted: fp32, param")
-    return world
 
 
 def torchrun_prefix(python: str, local_ranks: int) -> list[str]:

@@ -7,19 +7,18 @@ import dataclasses
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from ghsweep.config.world import world_of
 from ghsweep.core.errors import ProfilerUnavailable
 from ghsweep.core.run_dir import (
     CONFIG,
     GAP_PLOT,
     NCU_CSV,
-    NCU_PASS_DIR,
     NCU_REPORT,
     NSYS_RANK_GLOB,
     NSYS_REPORT,
@@ -33,6 +32,9 @@ from ghsweep.profile.ranks import rank_of
 from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 
 log = logging.getLogger(__name__)
+
+# Runs the ncu pass's worker command (RunPlan.ncu_pass's, under ncu) in the pass's folder; its exit status.
+RunNcuPass = Callable[[list[str], Path], int]
 
 # Nsight Compute replays each profiled launch dozens of times (and saves and restores the memory it
 # writes): on Llama-2-7B a whole step's ~250 launches ran past 4.5 minutes. A roofline point needs a
@@ -58,20 +60,21 @@ def context_of(cfg: DictConfig) -> dict:
     }
 
 
-def after_worker(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, run_ncu_pass) -> ProfileOutcome:
-    """Export, ncu pass, analysis, report and plots of a finished worker; never raises for a
-    profiling problem (the training result stands): it is recorded as ghsweep.profile_error."""
+def after_worker(cfg: DictConfig, run: RunPlan, run_ncu_pass: RunNcuPass) -> ProfileOutcome:
+    """Export, ncu pass, analysis, report and plots of the finished worker of `run`; never raises
+    for a profiling problem (the training result stands): it is recorded as ghsweep.profile_error."""
+    run_dir, plan = Path(run.run_dir), run.profile
     outcome = ProfileOutcome(tags={"ghsweep.profile_used": plan.used})
     if plan.note:
         outcome.tags["ghsweep.profile_note"] = plan.note
     if plan.used in ("none", "memory"):  # memory: the snapshot is the record (an artifact of the run)
         return outcome
     try:
-        world_size = world_of(cfg).size
+        world_size = run.world.size
         raw, profiles = profile_files(run_dir, plan, world_size)
         ncu_csv, ncu_info = None, None
         if plan.ncu:
-            ncu_csv, ncu_info = ncu_pass(cfg, run_dir, plan, profiles[0], run_ncu_pass)
+            ncu_csv, ncu_info = ncu_pass(cfg, run, profiles[0], run_ncu_pass)
             outcome.metrics["ncu_s"] = ncu_info["seconds"]
             raw.append(ncu_csv)
         analysis = (
@@ -154,18 +157,19 @@ def ncu_plan(top: list[dict]) -> tuple[int, bool, str]:
     return NCU_MAX_LAUNCHES, False, f"the first {NCU_MAX_LAUNCHES} launches ({configs} launch configurations)"
 
 
-def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Path, run_ncu_pass) -> tuple[Path, dict]:
+def ncu_pass(cfg: DictConfig, run: RunPlan, profile_file: Path, run_ncu_pass: RunNcuPass) -> tuple[Path, dict]:
     """Second, short run of the worker under ncu over one captured step, for a few launches of each
-    of the top-k kernels; (raw CSV, {seconds, kernels, launches}: what the pass did)."""
-    ncu = plan.ncu_path
-    if ncu is None:
-        raise ProfilerUnavailable("ncu pass skipped: the run's plan names no ncu path")
+    of the top-k kernels, as `run`'s plan says (its ncu_pass); (raw CSV, {seconds, kernels,
+    launches}: what the pass did)."""
+    plan, ncu = run.profile, run.profile.ncu_path
+    if ncu is None or run.ncu_pass is None:
+        raise ProfilerUnavailable("ncu pass skipped: the run's plan names no ncu path or ncu pass")
     top = analyze(profile_file).top_kernels[: cfg.profile.ncu.top_k]
     if not top:
         raise ProfilerUnavailable("ncu pass skipped: the nsys profile has no kernels to pick from")
     names = sorted({k["short_name"] for k in top})
     launches, per_config, planned = ncu_plan(top)
-    work = run_dir / NCU_PASS_DIR
+    work = Path(run.ncu_pass.run_dir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
     # A DictConfig converts to a dict (the stubs return every container type).
@@ -174,22 +178,22 @@ def ncu_pass(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, profile_file: Pa
     short["train"]["max_steps"] = short["capture"]["start_step"] + 2
     (work / CONFIG).write_text(OmegaConf.to_yaml(OmegaConf.create(short)))
     # The worker trains what its run directory's plan says: the run's own plan, moved to this folder.
-    dataclasses.replace(RunPlan.load(run_dir), run_dir=str(work)).save(work)
+    dataclasses.replace(run, run_dir=str(work)).save(work)
     report_path = work / NCU_REPORT
     metrics = list(cfg.profile.ncu.metrics)
     section_set = cfg.profile.ncu.section_set
     started = time.monotonic()
     prefix = capture.ncu_command(ncu, report_path, names, launches, section_set, metrics, per_config)
-    if run_ncu_pass(prefix, work) != 0 and metrics:
+    if run_ncu_pass(run.ncu_pass.command(prefix), work) != 0 and metrics:
         # A metric this GPU or ncu version does not know: the section set alone still gives time
         # and FLOPs (bytes then read 0 and the roofline says so).
         log.warning("ncu with profile.ncu.metrics failed; retrying with --set %s only", section_set)
         prefix = capture.ncu_command(ncu, report_path, names, launches, section_set, (), per_config)
-        run_ncu_pass(prefix, work)
+        run_ncu_pass(run.ncu_pass.command(prefix), work)
     seconds = time.monotonic() - started
     if not report_path.exists():
         raise ProfilerUnavailable(
             f"the ncu pass failed (counters not readable, or no kernel matched {names}); see {work}/worker.log"
         )
-    csv_path = capture.ncu_raw_csv(ncu, report_path, run_dir / NCU_CSV, plan.tool_prefix)
+    csv_path = capture.ncu_raw_csv(ncu, report_path, Path(run.run_dir) / NCU_CSV, plan.tool_prefix)
     return csv_path, {"seconds": seconds, "kernels": names, "launches": planned}

@@ -16,11 +16,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ghsweep.config.world import world_of
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import probe_gpu
 from ghsweep.core.run_dir import NSYS_RANK_REPORT, NSYS_REPORT
-from ghsweep.core.run_plan import ProfilePlan, SessionCapture
+from ghsweep.core.run_plan import ProfilePlan, SessionCapture, World
 from ghsweep.profile import capture
 
 
@@ -123,26 +122,26 @@ def nsys_capture(profile: DictConfig, memory: str, report: Path, plan: ProfilePl
     )
 
 
-def run_capture(cfg: DictConfig, run_dir: Path, plan: ProfilePlan) -> capture.NsysCapture | None:
-    """nsys_capture of the run in `run_dir`. With several ranks each rank writes its own report,
-    profile_rank<RANK>.nsys-rep (nsys expands %q{RANK} from the rank's environment)."""
-    report = NSYS_REPORT if world_of(cfg).size == 1 else NSYS_RANK_REPORT
+def run_capture(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, world: World) -> capture.NsysCapture | None:
+    """nsys_capture of the run in `run_dir` over `world` (the plan's). With several ranks each rank
+    writes its own report, profile_rank<RANK>.nsys-rep (nsys expands %q{RANK} from the rank's environment)."""
+    report = NSYS_REPORT if world.size == 1 else NSYS_RANK_REPORT
     return nsys_capture(cfg.profile, cfg.memory.name, run_dir / report, plan)
 
 
-def profiler_prefix(cfg: DictConfig, run_dir: Path, plan: ProfilePlan) -> list[str]:
+def profiler_prefix(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, world: World) -> list[str]:
     """`nsys profile ...` when `plan` says nsys, else nothing: what goes between the container (or
     torchrun) and the worker's python (the one builder of the nsys command, for the job and its dry
     run)."""
-    nsys = run_capture(cfg, run_dir, plan)
+    nsys = run_capture(cfg, run_dir, plan, world)
     return nsys.profile_command() if nsys else []
 
 
-def session_capture(cfg: DictConfig, run_dir: Path, plan: ProfilePlan) -> SessionCapture | None:
+def session_capture(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, world: World) -> SessionCapture | None:
     """The same capture for a worker forked from the pre-imported worker (one rank on this machine),
     or None: `plan` does not use nsys, or an extra argument of profile.nsys.extra_args belongs to
     neither `nsys launch` nor `nsys start`, and only `nsys profile` takes it."""
-    nsys = run_capture(cfg, run_dir, plan)
+    nsys = run_capture(cfg, run_dir, plan, world)
     commands = nsys.session_commands() if nsys else None
     return SessionCapture(*commands) if commands else None
 

@@ -11,16 +11,22 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import DictConfig
 
 from ghsweep.core.errors import ConfigError
-from ghsweep.core.run_dir import NSYS_REPORT, NSYS_SQLITE
+from ghsweep.core.run_dir import NCU_PASS_DIR, NSYS_REPORT, NSYS_SQLITE
+from ghsweep.core.run_plan import RunPlan
 from ghsweep.launch.container import check_container, container_env, container_prefix, tool_finder
-from ghsweep.launch.plan import node_plan
-from ghsweep.launch.worker_process import worker_command
+from ghsweep.launch.plan import dry_run_plans, node_plan
 from ghsweep.profile import capture
 from tests.support.cli import run_cli
 from tests.support.compose import compose_config
 from tests.support.stand_ins import NODE_GPU, fake_runtime
+
+
+def worker_command(cfg: DictConfig, run_dir: Path) -> list[str]:
+    """The worker command of the run's plan, as a local launch makes it from the config."""
+    return dry_run_plans(cfg, run_dir, "run", [], on_slurm=False)[0].worker_command
 
 
 def test_no_image_runs_the_worker_on_the_host(tmp_path):
@@ -132,7 +138,7 @@ def test_profilers_are_looked_up_and_exported_inside_the_container(tmp_path, mon
 def test_torchrun_starts_one_container_per_rank(tmp_path):
     """Locally, as srun on SLURM: each rank is its own container process with the rank's environment."""
     cfg = compose_config("experiment=smoke", "container.image=/c.sif", "backend.gpus_per_node=2")
-    command = worker_command(cfg, tmp_path, local_ranks=2)
+    command = worker_command(cfg, tmp_path)
     assert command[:6] == [
         sys.executable,
         "-m",
@@ -228,3 +234,23 @@ def test_a_slurm_profile_with_pyxis_dry_runs_the_srun_line(tmp_path):
         "--container-image=nvcr.io#nvidia/nemo:25.09",
     ]
     assert worker[7].startswith("--container-workdir=") and worker[8:11] == ["python3", "-m", "ghsweep.train.worker"]
+
+
+def test_the_ncu_pass_runs_its_worker_in_its_folder_in_the_run_s_container(tmp_path):
+    cfg = compose_config("experiment=smoke", "container.image=/c.sif", "profile=nsys_ncu", "device=auto")
+    plan = dry_run_plans(cfg, tmp_path, "run", [], on_slurm=False)[0]
+    work = tmp_path / NCU_PASS_DIR
+    assert plan.ncu_pass is not None and plan.ncu_pass.run_dir == str(work)
+    assert plan.ncu_pass.command(["ncu", "--set=basic"]) == [
+        *container_prefix(cfg, work),
+        "ncu",
+        "--set=basic",
+        "python3",
+        "-m",
+        "ghsweep.train.worker",
+        str(work),
+    ]
+    plan.save(tmp_path)
+    assert RunPlan.load(tmp_path) == plan  # as the job's profile pipeline reads it
+    # No ncu pass, no command for one.
+    assert dry_run_plans(compose_config("experiment=smoke"), tmp_path, "run", [], on_slurm=False)[0].ncu_pass is None

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ghsweep.config.world import world_of
 from ghsweep.core.errors import ConfigError
 from ghsweep.launch.world import check_world
 from tests.support.cli import run_cli
@@ -186,12 +187,15 @@ def test_slurm_dry_run_asks_for_nodes_and_tasks_and_prints_srun(tmp_path):
 )
 def test_a_world_the_launch_cannot_give_is_one_line(overrides, on_gpu, visible, slurm, message):
     with pytest.raises(ConfigError) as error:
-        check_world(compose_config(*overrides), on_gpu, visible, slurm)
+        cfg = compose_config(*overrides)
+        check_world(cfg, world_of(cfg), on_gpu, visible, slurm)
     assert str(error.value) == message
 
 
 def test_several_nodes_and_more_gpus_than_here_pass_on_slurm():
-    world = check_world(compose_config("backend.num_nodes=2", "backend.gpus_per_node=8"), True, 1, slurm_task=True)
+    cfg = compose_config("backend.num_nodes=2", "backend.gpus_per_node=8")
+    world = world_of(cfg)
+    check_world(cfg, world, True, 1, slurm_task=True)
     assert (world.num_nodes, world.gpus_per_node, world.size) == (2, 8, 16)
 
 

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from ghsweep.core.gpu import probe_gpu
 from ghsweep.core.run_dir import NSYS_REPORT, NSYS_SQLITE, PROFILE_ANALYSIS
 from ghsweep.launch.plan import node_plan
-from ghsweep.launch.worker_process import run_worker, worker_command
+from ghsweep.launch.worker_process import run_worker
 from ghsweep.profile.pipeline import after_worker
 from ghsweep.profile.result import METRICS
 from tests.support.compose import compose_config
@@ -44,12 +44,7 @@ def profiled_run(tmp_path, *overrides: str) -> tuple[dict, object]:
     plan.save(run_dir)
     exit = run_worker(plan.worker_command, run_dir, 900)
     assert exit.returncode == 0, (run_dir / "worker.log").read_text()[-3000:]
-    outcome = after_worker(
-        cfg,
-        run_dir,
-        plan.profile,
-        lambda prefix, work: run_worker(worker_command(cfg, work, prefix), work, 900).returncode,
-    )
+    outcome = after_worker(cfg, plan, lambda command, work: run_worker(command, work, 900).returncode)
     assert "ghsweep.profile_error" not in outcome.tags, outcome.tags
     return json.loads((run_dir / PROFILE_ANALYSIS).read_text()), outcome
 

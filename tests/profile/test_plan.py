@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ghsweep.core.errors import ConfigError
-from ghsweep.core.run_plan import ProfilePlan
+from ghsweep.core.run_plan import ProfilePlan, World
 from ghsweep.profile import plan as plan_module
 from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve, session_capture, sweep_session_launch
 from tests.support.cli import run_cli
@@ -61,13 +61,13 @@ def test_nsys_command_records_the_capture_window(tmp_path):
     cfg = compose_config(
         "profile=nsys", f"profile.nsys.path={nsys}", "memory=unified", "profile.nsys.extra_args=['--sample=none']"
     )
-    command = profiler_prefix(cfg, tmp_path, resolve(cfg.profile, on_gpu=True, device="cuda"))
+    command = profiler_prefix(cfg, tmp_path, resolve(cfg.profile, on_gpu=True, device="cuda"), World())
     assert command[:2] == [nsys, "profile"]
     assert "--trace=cuda,nvtx,osrt,cudnn,cublas" in command
     assert "--capture-range=cudaProfilerApi" in command and "--capture-range-end=stop" in command
     assert "--cuda-um-gpu-page-faults=true" in command  # um_page_faults=auto with memory=unified
     assert f"--output={tmp_path / 'profile'}" in command and command[-1] == "--sample=none"
-    assert profiler_prefix(cfg, tmp_path, ProfilePlan("torch", "torch")) == []
+    assert profiler_prefix(cfg, tmp_path, ProfilePlan("torch", "torch"), World()) == []
 
 
 def test_plans_from_config_are_the_plans_the_node_makes(tmp_path, monkeypatch):
@@ -97,7 +97,10 @@ def test_plans_from_config_leave_the_profiler_path_to_the_node(tmp_path, monkeyp
     # A configured path is the node's, whether or not it exists here.
     (plan,) = plans_from_config(compose_config("profile=nsys", "profile.nsys.path=/opt/nsys/bin/nsys").profile, "auto")
     assert plan.nsys_path == "/opt/nsys/bin/nsys"
-    assert profiler_prefix(compose_config("profile=nsys"), tmp_path, plan)[:2] == ["/opt/nsys/bin/nsys", "profile"]
+    assert profiler_prefix(compose_config("profile=nsys"), tmp_path, plan, World())[:2] == [
+        "/opt/nsys/bin/nsys",
+        "profile",
+    ]
 
 
 def test_profile_nsys_on_a_machine_without_gpu_fails_before_training(tmp_path):
@@ -177,8 +180,8 @@ def test_a_forked_worker_is_recorded_by_an_nsys_session_with_the_same_capture(tm
         "profile.nsys.extra_args=['--sample=none','--cpuctxsw=none','--cuda-memory-usage=true']",
     )
     plan = resolve(cfg.profile, on_gpu=True, device="cuda")
-    session = session_capture(cfg, tmp_path, plan)
-    profile = profiler_prefix(cfg, tmp_path, plan)
+    session = session_capture(cfg, tmp_path, plan, World())
+    profile = profiler_prefix(cfg, tmp_path, plan, World())
     assert session is not None
     assert session.launch[:2] == [nsys, "launch"] and session.start[:2] == [nsys, "start"]
     assert sorted(session.launch[2:] + session.start[2:]) == sorted([*profile[2:], "--trace-fork-before-exec=true"])
@@ -189,7 +192,7 @@ def test_a_forked_worker_is_recorded_by_an_nsys_session_with_the_same_capture(tm
     # Only `nsys profile` takes what neither command knows: those runs start from their command.
     for extra in ("['-s','none']", "['--stats=true','--duration=5']"):
         odd = compose_config("profile=nsys", f"profile.nsys.path={nsys}", f"profile.nsys.extra_args={extra}")
-        assert session_capture(odd, tmp_path, plan) is None
+        assert session_capture(odd, tmp_path, plan, World()) is None
 
 
 def test_the_sweep_guesses_its_nsys_session_from_its_own_profile(tmp_path, monkeypatch):
@@ -197,7 +200,7 @@ def test_the_sweep_guesses_its_nsys_session_from_its_own_profile(tmp_path, monke
     cfg = compose_config("profile=nsys", f"profile.nsys.path={nsys}")
     monkeypatch.setattr(plan_module, "probe_gpu", lambda: NODE_GPU)
     launch = sweep_session_launch(cfg.profile, "default", "auto")
-    assert launch == session_capture(cfg, tmp_path, resolve(cfg.profile, on_gpu=True, device="auto")).launch
+    assert launch == session_capture(cfg, tmp_path, resolve(cfg.profile, on_gpu=True, device="auto"), World()).launch
     # No GPU, a CPU device or another profiler: no session (the combinations' plans say the same).
     assert sweep_session_launch(cfg.profile, "default", "cpu") == []
     assert sweep_session_launch(compose_config("profile=torch").profile, "default", "auto") == []
