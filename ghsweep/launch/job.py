@@ -18,7 +18,6 @@ import socket
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -26,7 +25,6 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ghsweep.config.validate import launcher_retries
 from ghsweep.core.atomic import write_atomic
 from ghsweep.core.errors import ConfigError, JobTimeout, TrackingUriError, one_line
 from ghsweep.core.failures import INFRASTRUCTURE, failure_class
@@ -62,6 +60,7 @@ from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.run_result import TRAIN_PARTS, RunResult, RunStatus
 from ghsweep.core.summary import RunSummary
 from ghsweep.launch import interrupts
+from ghsweep.launch.combination import Combination
 from ghsweep.launch.container import container_env
 from ghsweep.launch.dry_run import describe
 from ghsweep.launch.plan import check_required, node_plan, not_runnable
@@ -83,8 +82,6 @@ log = logging.getLogger(__name__)
 FULL_DISK_BYTES = 1 << 20
 # Lines of a failed worker's log read for signs of an infrastructure failure (NCCL, ECC, Xid).
 LOG_TAIL_LINES = 200
-# Config groups recorded as plain params (e.g. precision=bf16) beside the flattened config.
-KNOB_GROUPS = ("peft", "precision", "offload", "memory", "dataloader", "model", "data", "backend", "profile")
 
 
 def git_commit() -> str:
@@ -141,54 +138,18 @@ def write_worker_config(cfg: DictConfig, run_dir: Path) -> None:
     write_atomic(run_dir / CONFIG, real, mode=0o644 if real == shown_config(cfg) else None)
 
 
-@dataclass(frozen=True)
-class Combination:
-    """This job's combination, as Hydra composed it."""
-
-    name: str  # the MLflow run name: the overrides, secrets redacted
-    run_dir: Path
-    overrides: list[str]  # what records and the console show; the worker gets the real values (config.yaml)
-    num: int  # the job's number in the sweep (0 outside one)
-    in_sweep: bool
-    sweep_dir: Path
-    choices: dict[str, str]  # the option chosen in each knob group
-    launcher: str
-    cwd: str
-    retries: int = 0  # hydra.launcher.retries: runs again after an infrastructure failure
-
-    def result(self, status: RunStatus, mlflow_run_id: str | None = None) -> RunResult:
-        return RunResult(
-            name=self.name,
-            run_dir=str(self.run_dir),
-            overrides=self.overrides,
-            status=status,
-            mlflow_run_id=mlflow_run_id,
-        )
-
-
-def this_combination(cfg: DictConfig) -> Combination:
+def this_combination() -> Combination:
+    """The combination Hydra runs this job for, its run directory made."""
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     redact.install_log_redaction()  # a SLURM job's process starts here, not in ghsweep.__main__
-    return Combination(
-        name=redact.run_name(hydra_cfg.job.override_dirname or "run"),
-        run_dir=run_dir,
-        overrides=redact.overrides(hydra_cfg.overrides.task),
-        num=hydra_cfg.job.num if in_sweep else 0,
-        in_sweep=in_sweep,
-        sweep_dir=Path(hydra_cfg.sweep.dir),
-        choices={k: v for k, v in hydra_cfg.runtime.choices.items() if k in KNOB_GROUPS},
-        launcher=str(hydra_cfg.runtime.choices.get("hydra/launcher")),
-        cwd=hydra_cfg.runtime.cwd,
-        retries=launcher_retries(hydra_cfg.launcher),
-    )
+    return Combination.of(hydra_cfg, run_dir, list(hydra_cfg.overrides.task), hydra_cfg.mode == RunMode.MULTIRUN)
 
 
 def run_one(cfg: DictConfig) -> RunResult:
     started = time.time()
-    combo = this_combination(cfg)
+    combo = this_combination()
     if cfg.dry_run:
         print(
             describe(

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn, cast
@@ -41,13 +42,13 @@ from ghsweep.config.world import world_of
 from ghsweep.core.errors import JobTimeout
 from ghsweep.core.run_plan import World
 from ghsweep.core.run_result import RunResult
+from ghsweep.launch.combination import Combination
 from ghsweep.launch.dry_run import describe, local_ranks_text
 from ghsweep.launch.local_gpus import gpu_sets, placed_gpus
 from ghsweep.launch.requeue import slurm_job_id
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.slurm_jobs import SubmittedJob, has_ended, save_jobs, settle, wait_until_ended
 from ghsweep.launch.sweep_manifest import SweepManifest
-from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore
 
 log = logging.getLogger(__name__)
@@ -89,22 +90,31 @@ class _ScriptOnlyExecutor(submitit.AutoExecutor):
         submitit.core.core.Executor.__init__(self, self._executor.folder, self._executor.parameters)
 
 
-class _Combination:
-    """One combination of the sweep as the launcher sees it before submitting."""
+@dataclass(frozen=True)
+class _Composed:
+    """A combination the launcher composed to submit: the Combination its job will read from the
+    same config, and what submitting it needs besides."""
 
-    def __init__(self, launcher: plugin.BaseSubmititLauncher, config: DictConfig, overrides: Sequence[str], num: int):
-        assert launcher.hydra_context is not None  # set by the launcher's setup(), before launch()
-        self.overrides = list(overrides)  # the real values: what the job composes its config from
-        self.num = num
-        self.cfg = launcher.hydra_context.config_loader.load_sweep_config(config, self.overrides)
-        with open_dict(self.cfg.hydra.job):
-            self.cfg.hydra.job.num = num
-        self.shown_overrides = redact.overrides(self.overrides)
-        # The run directory run_job will use in the job: sweep.dir/subdir, relative to the submit directory.
-        self.run_dir = Path(str(self.cfg.hydra.sweep.dir), str(self.cfg.hydra.sweep.subdir)).absolute()
-        self.name = redact.run_name(self.cfg.hydra.job.override_dirname or "run")
-        self.run_hash = run_hash(self.cfg)
-        self.world = world_of(self.cfg)
+    combo: Combination
+    overrides: list[str]  # the real values: what the job composes its config from
+    cfg: DictConfig  # the combination's config, its `hydra` node included
+    # The job array it goes in (config.world.world_of: no job, so no plan, exists yet).
+    world: World
+    run_hash: str  # launch.resume.run_hash of `cfg`, as the job records it
+
+
+def _compose(
+    launcher: plugin.BaseSubmititLauncher, config: DictConfig, overrides: Sequence[str], num: int
+) -> _Composed:
+    """Job `num` of the sweep as its job will compose it from `overrides`."""
+    assert launcher.hydra_context is not None  # set by the launcher's setup(), before launch()
+    cfg = launcher.hydra_context.config_loader.load_sweep_config(config, list(overrides))
+    with open_dict(cfg.hydra.job):
+        cfg.hydra.job.num = num
+    # The run directory run_job will use in the job: sweep.dir/subdir, relative to the submit directory.
+    run_dir = Path(str(cfg.hydra.sweep.dir), str(cfg.hydra.sweep.subdir)).absolute()
+    combo = Combination.of(cfg.hydra, run_dir, list(overrides), in_sweep=True)
+    return _Composed(combo, list(overrides), cfg, world_of(cfg), run_hash(cfg))
 
 
 def checkpoint(launcher: plugin.BaseSubmititLauncher) -> NoReturn:
@@ -204,7 +214,7 @@ def launch(
     assert cfg is not None  # set by the launcher's setup(), before launch()
     cluster = launcher._EXECUTOR
     sweep_dir = Path(str(cfg.hydra.sweep.dir))
-    combos = [_Combination(launcher, cfg, o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
+    combos = [_compose(launcher, cfg, o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
     # One job array per world: a SLURM array has one set of nodes and tasks for all its jobs.
     worlds = {c.world: make_executor(cluster, launcher.params, c.world, cfg.dry_run) for c in combos}
     slurm = cluster == "slurm"
@@ -223,7 +233,16 @@ def launch(
                     f"; on GPUs of its own (its job's CUDA_VISIBLE_DEVICES): {sets}, one combination per set at once"
                 )
             print(
-                describe(c.num, c.name, c.run_dir, c.shown_overrides, c.cfg, launch, ranks, on_slurm=slurm),
+                describe(
+                    c.combo.num,
+                    c.combo.name,
+                    c.combo.run_dir,
+                    c.combo.overrides,
+                    c.cfg,
+                    launch,
+                    ranks,
+                    on_slurm=slurm,
+                ),
                 flush=True,
             )
         print(f"ghsweep: dry run, {len(combos)} combinations; nothing was submitted", flush=True)
@@ -237,8 +256,8 @@ def launch(
     for c in combos:
         earlier = None if cfg.force else finished_run(store, c.run_hash)
         if earlier is not None:
-            done[c.num] = skip_finished(earlier, c.name, c.run_dir, c.shown_overrides)
-    to_submit = [c for c in combos if c.num not in done]
+            done[c.combo.num] = skip_finished(earlier, c.combo.name, c.combo.run_dir, c.combo.overrides)
+    to_submit = [c for c in combos if c.combo.num not in done]
     if done:
         print(
             f"ghsweep: resume: {len(done)} of {len(combos)} combinations already FINISHED in MLflow "
@@ -249,7 +268,7 @@ def launch(
     jobs: list[tuple[SubmittedJob, submitit.Job]] = []
     if to_submit:
         for c in to_submit:
-            log.info("\t#%d : %s", c.num, " ".join(filter_overrides(c.overrides)))
+            log.info("\t#%d : %s", c.combo.num, " ".join(filter_overrides(c.overrides)))
         if gpus:
             jobs = _submit_on_gpus(launcher, worlds, to_submit, gpus, sweep_dir)
         else:
@@ -266,20 +285,20 @@ def launch(
             f"  python -m ghsweep.status {shlex.quote(str(sweep_dir))}",
             flush=True,
         )
-        return [_job_return(c, done.get(c.num)) for c in combos]
+        return [_job_return(c, done.get(c.combo.num)) for c in combos]
     wait_until_ended([j for _, j in jobs], poll_s=2.0)
     done.update((s.num, r) for (s, _), r in zip(jobs, settle(sweep_dir, jobs)))
-    return [_job_return(c, done[c.num]) for c in combos]
+    return [_job_return(c, done[c.combo.num]) for c in combos]
 
 
-def _submitted(combo: _Combination, job: submitit.Job) -> SubmittedJob:
+def _submitted(c: _Composed, job: submitit.Job) -> SubmittedJob:
     return SubmittedJob(
         job_id=job.job_id,
-        num=combo.num,
-        name=combo.name,
-        run_dir=str(combo.run_dir),
-        overrides=combo.shown_overrides,
-        run_hash=combo.run_hash,
+        num=c.combo.num,
+        name=c.combo.name,
+        run_dir=str(c.combo.run_dir),
+        overrides=c.combo.overrides,
+        run_hash=c.run_hash,
         folder=str(job.paths.folder),
         stdout=str(job.paths.stdout),
         stderr=str(job.paths.stderr),
@@ -289,7 +308,7 @@ def _submitted(combo: _Combination, job: submitit.Job) -> SubmittedJob:
 def _submit_arrays(
     launcher: plugin.BaseSubmititLauncher,
     worlds: dict[World, submitit.AutoExecutor],
-    combos: list[_Combination],
+    combos: list[_Composed],
     sweep_dir: Path,
 ) -> list[tuple[SubmittedJob, submitit.Job]]:
     """Submit `combos` at once, one job array per world (SLURM's arrays; local jobs on the CPU)."""
@@ -302,8 +321,8 @@ def _submit_arrays(
             launcher,
             [c.overrides for c in group],
             ["hydra.sweep.dir"] * len(group),
-            [c.num for c in group],
-            [f"job_id_for_{c.num}" for c in group],
+            [c.combo.num for c in group],
+            [f"job_id_for_{c.combo.num}" for c in group],
             [Singleton.get_state()] * len(group),
         )
         pairs += [(_submitted(c, j), j) for c, j in zip(group, submitted)]
@@ -314,7 +333,7 @@ def _submit_arrays(
 def _submit_on_gpus(
     launcher: plugin.BaseSubmititLauncher,
     worlds: dict[World, submitit.AutoExecutor],
-    combos: list[_Combination],
+    combos: list[_Composed],
     gpus: list[int],
     sweep_dir: Path,
 ) -> list[tuple[SubmittedJob, submitit.Job]]:
@@ -337,18 +356,23 @@ def _submit_on_gpus(
         executor.update_parameters(gpus_per_node=len(free[0]))
         executor._executor.update_parameters(visible_gpus=free[0])
         job = executor.submit(
-            launcher, c.overrides, "hydra.sweep.dir", c.num, f"job_id_for_{c.num}", Singleton.get_state()
+            launcher,
+            c.overrides,
+            "hydra.sweep.dir",
+            c.combo.num,
+            f"job_id_for_{c.combo.num}",
+            Singleton.get_state(),
         )
         running.append((free[0], job))
         pairs.append((_submitted(c, job), job))
         save_jobs(sweep_dir, [pairs[-1][0]])
-        print(f"ghsweep: #{c.num} {c.name} started on GPU {','.join(map(str, free[0]))}", flush=True)
+        print(f"ghsweep: #{c.combo.num} {c.combo.name} started on GPU {','.join(map(str, free[0]))}", flush=True)
     return pairs
 
 
-def _job_return(combo: _Combination, result: RunResult | None) -> JobReturn:
+def _job_return(c: _Composed, result: RunResult | None) -> JobReturn:
     # COMPLETED even for a failed run: the failure is recorded, and Hydra's sweeper would
     # otherwise raise on it and end the sweep before its summary.
-    ret = JobReturn(overrides=combo.overrides, status=JobStatus.COMPLETED, task_name=combo.name)
+    ret = JobReturn(overrides=c.overrides, status=JobStatus.COMPLETED, task_name=c.combo.name)
     ret.return_value = result.__dict__ if result else None
     return ret

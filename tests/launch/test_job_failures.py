@@ -20,7 +20,8 @@ from ghsweep.core.run_dir import CONFIG, REPORT, RUN_PLAN, WORKER_ERROR, WORKER_
 from ghsweep.core.run_plan import RunPlan, World
 from ghsweep.core.run_result import RunResult
 from ghsweep.core.summary import RunSummary
-from ghsweep.launch.job import Combination, measure, record, start_run, timeout_s, train_and_measure
+from ghsweep.launch.combination import Combination
+from ghsweep.launch.job import measure, record, start_run, timeout_s, train_and_measure
 from ghsweep.launch.plan import node_plan
 from ghsweep.launch.rank_reports import write_rank_report
 from ghsweep.launch.worker_process import run_worker
