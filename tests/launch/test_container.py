@@ -24,20 +24,20 @@ from tests.support.compose import compose_config
 from tests.support.stand_ins import NODE_GPU, fake_runtime
 
 
-def worker_command(cfg: DictConfig, run_dir: Path) -> list[str]:
+def planned_command(cfg: DictConfig, run_dir: Path) -> list[str]:
     """The worker command of the run's plan, as a local launch makes it from the config."""
     return dry_run_plans(cfg, run_dir, "run", [], on_slurm=False)[0].worker_command
 
 
 def test_no_image_runs_the_worker_on_the_host(tmp_path):
     cfg = compose_config("experiment=smoke")
-    assert worker_command(cfg, tmp_path) == [sys.executable, "-m", "ghsweep.train.worker", str(tmp_path)]
+    assert planned_command(cfg, tmp_path) == [sys.executable, "-m", "ghsweep.train.worker", str(tmp_path)]
 
 
 def test_gh200_profile_wraps_the_worker_in_the_container_with_binds_and_env(tmp_path, monkeypatch):
     monkeypatch.setenv("GHSWEEP_IMAGE", "/images/ghsweep nemo.sif")
     cfg = compose_config("hydra/launcher=gh200", "experiment=smoke")
-    command = worker_command(cfg, tmp_path)
+    command = planned_command(cfg, tmp_path)
     image = command.index("/images/ghsweep nemo.sif")  # a path with a space stays one argument
     assert command[:3] == ["singularity", "exec", "--nv"]
     prefix = command[:image]
@@ -75,7 +75,7 @@ def test_unknown_runtime_is_a_one_line_error(tmp_path):
         ConfigError,
         match=r"^container.runtime=docker: not a container runtime; accepted: apptainer, singularity, pyxis$",
     ):
-        worker_command(cfg, tmp_path)
+        planned_command(cfg, tmp_path)
 
 
 def test_missing_image_or_runtime_fails_before_training(tmp_path, monkeypatch):
@@ -138,7 +138,7 @@ def test_profilers_are_looked_up_and_exported_inside_the_container(tmp_path, mon
 def test_torchrun_starts_one_container_per_rank(tmp_path):
     """Locally, as srun on SLURM: each rank is its own container process with the rank's environment."""
     cfg = compose_config("experiment=smoke", "container.image=/c.sif", "backend.gpus_per_node=2")
-    command = worker_command(cfg, tmp_path)
+    command = planned_command(cfg, tmp_path)
     assert command[:6] == [
         sys.executable,
         "-m",
@@ -160,7 +160,7 @@ def test_pyxis_runs_the_worker_as_an_srun_step_with_the_image_mounts_and_workdir
     monkeypatch.delenv("SLURMD_NODENAME", raising=False)
     cfg = compose_config("experiment=smoke", *PYXIS, "container.binds=[/lustre/data:/data:ro,/home/me]")
     run_dir = str(tmp_path.resolve())
-    assert worker_command(cfg, tmp_path) == [
+    assert planned_command(cfg, tmp_path) == [
         "srun",
         "--overlap",
         "--nodes=1",
@@ -183,7 +183,7 @@ def test_pyxis_keeps_container_env_values_and_secrets_off_the_command_line(tmp_p
     cfg = compose_config(
         "experiment=smoke", *PYXIS, "+container.env.HF_TOKEN=${oc.env:HF_TOKEN}", "+container.env.MODE=fast"
     )
-    command = worker_command(cfg, tmp_path)
+    command = planned_command(cfg, tmp_path)
     assert "--container-env=HF_TOKEN,MODE" in command
     assert not [a for a in command if "hf_s3cr3t_value" in a or "fast" in a]
     assert container_env(cfg) == {"HF_TOKEN": "hf_s3cr3t_value", "MODE": "fast"}
