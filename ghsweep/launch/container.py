@@ -16,9 +16,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from ghsweep.config.schema import choices
 from ghsweep.core.errors import ConfigError
 
-RUNTIMES = ("apptainer", "singularity", "pyxis")
+RUNTIMES: tuple[str, ...] = choices("container.runtime")
 PYXIS = "pyxis"
 
 

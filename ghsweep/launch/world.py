@@ -13,11 +13,10 @@ import os
 
 from omegaconf import DictConfig
 
+from ghsweep.config.schema import check
 from ghsweep.config.world import data_parallel
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_plan import World
-
-DATA_PARALLEL = ("auto", "ddp", "fsdp")
 
 
 def check_world(cfg: DictConfig, world: World, on_gpu: bool, visible_gpus: int, slurm_task: bool) -> None:
@@ -47,11 +46,7 @@ def check_world(cfg: DictConfig, world: World, on_gpu: bool, visible_gpus: int, 
             "(or backend.gpus_per_node=1)"
         )
     if cfg.backend.name == "torch":
-        mode = cfg.backend.get("data_parallel", "auto")
-        if mode not in DATA_PARALLEL:
-            raise ConfigError(
-                f"backend.data_parallel={mode}: not an accepted value; accepted: {', '.join(DATA_PARALLEL)}"
-            )
+        check("backend.data_parallel", cfg.backend.get("data_parallel", "auto"))
         if world.size > 1 and data_parallel(cfg) == "fsdp" and cfg.precision.name == "fp8" and cfg.peft.name == "lora":
             raise ConfigError(
                 "backend.data_parallel=fsdp with precision=fp8 and peft=lora: the frozen fp8 base "
@@ -63,9 +58,7 @@ def check_world(cfg: DictConfig, world: World, on_gpu: bool, visible_gpus: int, 
                 "step sharded (DTensor) weights (its compiled step needs aten.view.dtype, which they lack); "
                 "accepted here: auto, adamw, adamw_sr (or backend.gpus_per_node=1)"
             )
-        reduce = cfg.precision.get("reduce_dtype", "fp32")
-        if reduce not in ("fp32", "param"):
-            raise ConfigError(f"precision.reduce_dtype={reduce}: not an accepted value; accepted: fp32, param")
+        check("precision.reduce_dtype", cfg.precision.get("reduce_dtype", "fp32"))
 
 
 def torchrun_prefix(python: str, local_ranks: int) -> list[str]:
