@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from ghsweep.core.backends import backend_named
+from ghsweep.config.backends import backend_named
 from ghsweep.core.errors import one_line
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
 from ghsweep.core.stats import STEP_METRICS, step_stats

@@ -1,14 +1,15 @@
 """The config's schema: the type and the accepted values or range of every knob validation checks.
 
 One dataclass per config section, mirroring conf/: `Literal[...]` lists a knob's choices, `Annotated[int,
-Range(...)]` its bounds, `X | None` that null is accepted. ghsweep.config.validate reads a knob's rule from
-here (`check`), so what a knob accepts is written once and the one-line errors name it.
+Range(...)]` its bounds, `X | None` that null is accepted, `Carried[X]` a knob only some options of its group
+carry. ghsweep.config.validate reads a knob's rule from here (`check`), so what a knob accepts is written once
+and the one-line errors name it.
 
 The schema is not merged into Hydra's composition (as a ConfigStore base would be): Hydra composes every
 combination of a sweep before the first runs, and a type error there stops the whole sweep, where a
 ConfigError from validation fails only its combination and the sweep goes on (tests/reliability). The YAML
 groups stay what users select (precision=bf16); the schema checks the values they set, and `typed` turns a
-validated config into the schema's dataclasses.
+validated config into the schema's dataclasses, the config the plan, the worker and the backends read.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, is_dataclass
-from typing import Annotated, Any, Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, Optional, TypeVar, Union
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -36,6 +37,18 @@ class Range:
     inclusive: bool = True
     high_inclusive: bool = True
 
+
+T = TypeVar("T")
+
+
+class _OnlySomeOptions:
+    """The marker of `Carried`."""
+
+
+ONLY_SOME_OPTIONS = _OnlySomeOptions()
+# A knob or section only some options of its group carry (precision.library: fp8's). The typed config holds
+# None under the others, so code reading it narrows first; users still may not set it to null (the rule is T).
+Carried = Annotated[Optional[T], ONLY_SOME_OPTIONS]  # noqa: UP045 (`T | None` is no generic alias on Python 3.10)
 
 # Integers past this overflow the int32 and int64 arithmetic of the tensors and counters they size.
 MAX_INT = 2**31 - 1
@@ -74,7 +87,7 @@ class DataSchema:
     name: Literal["dolly_synthetic", "dolly_file"]  # generated records, or data.path's
     path: str | None  # a dolly-format JSONL file (dolly_file); null: generated records
     packing_mask: Literal["document", "causal"]
-    mean_tokens: Annotated[float, Range(0, 1_000_000, inclusive=False)]  # synthetic records only
+    mean_tokens: Carried[Annotated[float, Range(0, 1_000_000, inclusive=False)]]  # synthetic records only
     num_examples: Annotated[int, Range(1)] | None  # records to use; null: all of data.path's (not synthetic)
 
 
@@ -113,20 +126,20 @@ class CaptureSchema:
 @dataclass
 class PeftSchema:
     name: Literal["lora", "none"]
-    r: Annotated[int, Range(1)]  # LoRA rank
-    alpha: PositiveNumber
-    dropout: Annotated[float, Range(0, 1, high_inclusive=False)]
-    target_modules: list[str]  # linear modules of the model's arch (validate.LINEAR_MODULES)
+    r: Carried[Annotated[int, Range(1)]]  # LoRA rank (lora, as are the knobs below)
+    alpha: Carried[PositiveNumber]
+    dropout: Carried[Annotated[float, Range(0, 1, high_inclusive=False)]]
+    target_modules: Carried[list[str]]  # linear modules of the model's arch (validate.LINEAR_MODULES)
 
 
 @dataclass
 class PrecisionSchema:
     name: Literal["fp32", "fp16", "bf16", "fp8"]
-    library: Literal["auto", "te", "torchao"]  # fp8: Transformer Engine or torchao
-    scaling: Literal["delayed", "current"]
-    format: Literal["hybrid", "e4m3"]
-    allow_tf32: bool  # fp32 only: TF32 matmuls on Ampere and newer
-    initial_loss_scale: PositiveNumber  # fp16 only: GradScaler's first scale
+    library: Carried[Literal["auto", "te", "torchao"]]  # fp8 (as scaling and format): Transformer Engine or torchao
+    scaling: Carried[Literal["delayed", "current"]]
+    format: Carried[Literal["hybrid", "e4m3"]]
+    allow_tf32: Carried[bool]  # fp32: TF32 matmuls on Ampere and newer
+    initial_loss_scale: Carried[PositiveNumber]  # fp16: GradScaler's first scale
     reduce_dtype: Literal["fp32", "param"]  # of gradients across ranks (FSDP2); param: their own dtype
 
 
@@ -139,8 +152,8 @@ class OffloadSchema:
 @dataclass
 class MemorySchema:
     name: Literal["device", "unified"]
-    pool_size_gb: PositiveNumber | None  # RMM's managed pool; null: start small and grow
-    prefetch: bool  # managed pages to the GPU ahead of use
+    pool_size_gb: PositiveNumber | None  # unified (as prefetch): RMM's managed pool; null: start small and grow
+    prefetch: Carried[bool]  # managed pages to the GPU ahead of use
 
 
 @dataclass
@@ -200,8 +213,8 @@ class NcuSchema:
 class ProfileSchema:
     name: Literal["auto", "none", "torch", "memory", "nsys", "nsys_ncu"]
     artifact_max_mb: Annotated[float, Range(0)] | None  # raw profiles larger are not uploaded; null: no limit
-    nsys: NsysSchema
-    ncu: NcuSchema
+    nsys: Carried[NsysSchema]  # nsys, nsys_ncu and auto (as ncu)
+    ncu: Carried[NcuSchema]
 
 
 @dataclass
@@ -220,13 +233,13 @@ class WorkerSchema:
 class BackendSchema:
     """The backend's keys; each option sets its own (num_nodes and gpus_per_node: torch and nemo)."""
 
-    name: str  # a backend of core.backends.BACKENDS, the registry validation checks it against
-    num_nodes: Annotated[int, Range(1)]
-    gpus_per_node: Annotated[int, Range(1)]  # ranks per node: one process per GPU
-    data_parallel: Literal["auto", "ddp", "fsdp"]  # torch: auto is DDP for LoRA, FSDP2 for full fine-tuning
-    fsdp_reshard_after_forward: bool  # torch, FSDP2: true is ZeRO-3
-    tensor_parallel: Annotated[int, Range(1)]  # nemo: with pipeline_parallel, divides the run's GPUs
-    pipeline_parallel: Annotated[int, Range(1)]  # nemo
+    name: str  # a backend of config.backends.BACKENDS, the registry validation checks it against
+    num_nodes: Carried[Annotated[int, Range(1)]]
+    gpus_per_node: Carried[Annotated[int, Range(1)]]  # ranks per node: one process per GPU
+    data_parallel: Carried[Literal["auto", "ddp", "fsdp"]]  # torch: auto is DDP for LoRA, FSDP2 for full fine-tuning
+    fsdp_reshard_after_forward: Carried[bool]  # torch, FSDP2: true is ZeRO-3
+    tensor_parallel: Carried[Annotated[int, Range(1)]]  # nemo: with pipeline_parallel, divides the run's GPUs
+    pipeline_parallel: Carried[Annotated[int, Range(1)]]  # nemo
     recompute_granularity: Literal["selective", "full"] | None  # nemo, Megatron's; null: no recomputation
     recompute_method: Literal["block", "uniform"] | None  # nemo, with recompute_granularity=full
     recompute_num_layers: Annotated[int, Range(1)] | None  # nemo, with recompute_granularity=full
@@ -301,8 +314,17 @@ def _rule_section(key: str) -> object:
 
 
 def _fields(section: object) -> dict[str, object]:
+    """The rules of a section's knobs: what a user may set, so `Carried[T]` is T."""
     assert is_dataclass(section), f"{section} is a knob, not a section of the schema"
-    return typing.get_type_hints(section, globalns=vars(sys.modules[__name__]), include_extras=True)
+    hints = typing.get_type_hints(section, globalns=vars(sys.modules[__name__]), include_extras=True)
+    return {name: _users_rule(hint) for name, hint in hints.items()}
+
+
+def _users_rule(hint: object) -> object:
+    if typing.get_origin(hint) is not Annotated or ONLY_SOME_OPTIONS not in hint.__metadata__:  # type: ignore[attr-defined]
+        return hint
+    not_null = [rule for rule in typing.get_args(typing.get_args(hint)[0]) if rule is not type(None)]
+    return not_null[0] if len(not_null) == 1 else Union[tuple(not_null)]  # noqa: UP007
 
 
 def _alternatives(rule: object) -> tuple[list[object], bool]:

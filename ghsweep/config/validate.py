@@ -15,8 +15,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from ghsweep.config.schema import accepted, check, check_choice, choices, knobs
-from ghsweep.core.backends import BACKENDS, backend_named
+from ghsweep.config.backends import BACKENDS, backend_named
+from ghsweep.config.schema import ConfigSchema, accepted, check, check_choice, choices, knobs, typed
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
 
@@ -79,8 +79,9 @@ def run_device(cfg: DictConfig, gpu: GpuInfo | None) -> str:
     return "cuda" if str(cfg.device).startswith("cuda") else "cpu"
 
 
-def validate(cfg: DictConfig, gpu: GpuInfo | None) -> None:
-    """Raise ConfigError for the first value in `cfg` this run cannot use on this machine."""
+def validate(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
+    """`cfg` as the typed config the run reads; ConfigError for the first value in it this run cannot use on
+    this machine."""
     device = str(cfg.device)
     if device not in ("auto", "cpu") and not (device == "cuda" or device.startswith("cuda:")):
         raise ConfigError(f"device={device}: not an accepted value; accepted: auto, cpu, cuda, cuda:N")
@@ -102,8 +103,10 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> None:
     _validate_capture(cfg)
     check("worker.preimported", cfg.worker.preimported)
     _validate_container(cfg)
+    config = typed(cfg)
     # Each backend checks its own keys; the registry imports only the named backend's light module.
-    backend_named(cfg.backend.name).check(cfg, on_gpu)
+    backend_named(config.backend.name).check(config, on_gpu)
+    return config
 
 
 def _validate_model(cfg: DictConfig, model: ModelFacts) -> None:

@@ -73,7 +73,7 @@ class RunPlan:
     name: str  # the combination's name: its MLflow run name and the folder of its run directory
     run_dir: str
     overrides: list[str]
-    backend: str  # a name in ghsweep.core.backends.BACKENDS
+    backend: str  # a name in ghsweep.config.backends.BACKENDS
     # cuda | cpu. A dry run's plans are made before any node is known: a GPU is assumed where the
     # device may be one (and, for profile=auto, a second plan without), and `gpu` stays None.
     device: str
@@ -93,6 +93,9 @@ class RunPlan:
     preimported: bool = False
     capture: SessionCapture | None = None
     ncu_pass: NcuPass | None = None  # set where the profile asks for the Nsight Compute pass
+    # A trial of a tuning study with tune.prune: the tokens/s its measurement must not fall below beyond the
+    # noise (the sweeper sets it per trial as tune.prune_below_tokens_per_s); None: measured to the end.
+    prune_below_tokens_per_s: float | None = None
 
     def save(self, run_dir: Path) -> None:
         # Every SLURM task of a run writes it, and a rank's worker may read it meanwhile.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ghsweep.core.backends import backend_named
+from ghsweep.config.backends import backend_named
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import NCU_PASS_DIR
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from omegaconf import DictConfig
 
-from ghsweep.core.backends import ManagedAllocator
+from ghsweep.config.backends import ManagedAllocator
 from ghsweep.core.summary import RunSummary
 from ghsweep.train.device import device_name, device_uuid
 from ghsweep.train.flops import add_throughput_metrics

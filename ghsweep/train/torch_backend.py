@@ -7,7 +7,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ghsweep.core.backends import ManagedAllocator
+from ghsweep.config.backends import ManagedAllocator
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.summary import RunSummary
 

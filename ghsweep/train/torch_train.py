@@ -25,7 +25,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from ghsweep.core.backends import ManagedAllocator
+from ghsweep.config.backends import ManagedAllocator
 from ghsweep.core.run_dir import METRICS
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.summary import RunSummary

@@ -21,8 +21,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from ghsweep.config.backends import backend_named
+from ghsweep.config.schema import typed
 from ghsweep.core.atomic import write_atomic
-from ghsweep.core.backends import backend_named
 from ghsweep.core.errors import first_line
 from ghsweep.core.run_dir import CONFIG, MEMORY_SNAPSHOT, WORKER_ERROR, rank_file
 from ghsweep.core.run_plan import RunPlan
@@ -77,26 +78,27 @@ def main(argv: list[str]) -> int:
     recording = False
     try:
         plan = RunPlan.load(run_dir)
-        cfg = OmegaConf.load(run_dir / CONFIG)
-        if not isinstance(cfg, DictConfig):
+        composed = OmegaConf.load(run_dir / CONFIG)
+        if not isinstance(composed, DictConfig):
             raise ValueError(f"{run_dir / CONFIG}: a list; accepted: the mapping of a composed config")
+        config = typed(composed)  # validated by the job that wrote it
         backend = backend_named(plan.backend)
         managed = None
-        if cfg.memory.name == "unified":
+        if config.memory.name == "unified":
             # Before the backend's imports: transformers initialises CUDA on import, and the
             # allocator can only be swapped before that.
             from ghsweep.train.unified_memory import setup_unified_memory
 
-            managed = setup_unified_memory(cfg.memory, plan.gpu)
+            managed = setup_unified_memory(config.memory, plan.gpu)
         # The allocator's history, for the snapshot an out-of-memory error leaves; one rank only (before
         # the backend picks each rank's GPU, recording could start a CUDA context on the first one).
         recording = plan.device.startswith("cuda") and managed is None and os.environ.get("WORLD_SIZE", "1") == "1"
         if recording:
             memory_record.start_history()
-        sampler = sampler_for(run_dir, cfg, plan)
+        sampler = sampler_for(run_dir, config, plan)
         # Sampled from before the backend's imports to the end of training, whatever ends it.
         with sampler or contextlib.nullcontext():
-            summary = backend.train(cfg, plan, run_dir, managed)
+            summary = backend.train(config, plan, run_dir, managed)
     except BaseException as exc:
         rank = os.environ.get("RANK")
         message = first_line(exc)

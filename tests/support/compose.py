@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from ghsweep.config.schema import ConfigSchema, typed
 from tests.support.paths import CONF_DIR
 
 # ghsweep's @hydra.main(version_base=...): composing under another would pick other Hydra defaults.
@@ -25,3 +26,8 @@ def compose_config(*overrides: str, hydra: bool = False) -> DictConfig:
     """The config `python -m ghsweep OVERRIDES` composes (with the `hydra` node when `hydra`)."""
     with hydra_on_conf():
         return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra)
+
+
+def compose_typed(*overrides: str) -> ConfigSchema:
+    """The typed config the plan, the worker and the backends read for `python -m ghsweep OVERRIDES`."""
+    return typed(compose_config(*overrides))

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ghsweep.core.backends import BACKENDS, backend_named
+from ghsweep.config.backends import BACKENDS, backend_named
 from ghsweep.core.errors import ConfigError
 from tests.support.compose import compose_config
 
@@ -19,7 +19,7 @@ HEAVY = ("torch", "transformers", "peft", "nemo", "nemo_automodel", "lightning",
 @pytest.mark.parametrize("name", sorted(BACKENDS))
 def test_a_registered_backend_loads_no_training_library(name):
     code = (
-        f"import json, sys; from ghsweep.core.backends import backend_named; b = backend_named({name!r}); "
+        f"import json, sys; from ghsweep.config.backends import backend_named; b = backend_named({name!r}); "
         f"print(json.dumps([b.name, sorted(m for m in {HEAVY!r} if m in sys.modules)]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

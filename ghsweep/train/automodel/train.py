@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from ghsweep.core.backends import ManagedAllocator
+from ghsweep.config.backends import ManagedAllocator
 from ghsweep.core.run_dir import METRICS
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.summary import RunSummary

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from ghsweep.core.backends import ManagedAllocator
+from ghsweep.config.backends import ManagedAllocator
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.summary import RunSummary
 from ghsweep.train import data as dolly

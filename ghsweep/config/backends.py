@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from ghsweep.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
+    from ghsweep.config.schema import ConfigSchema
     from ghsweep.core.run_plan import RunPlan
     from ghsweep.core.summary import RunSummary
 
@@ -41,15 +40,15 @@ class ManagedAllocator(Protocol):
 class Backend(Protocol):
     name: str
 
-    def check(self, cfg: DictConfig, on_gpu: bool) -> None:
-        """Raise ConfigError naming the key when this backend cannot run `cfg`; no GPU time spent.
-        `on_gpu`: the run trains on an NVIDIA GPU."""
+    def check(self, config: ConfigSchema, on_gpu: bool) -> None:
+        """Raise ConfigError naming the key when this backend cannot run `config` (its knobs have met the
+        schema's rules); no GPU time spent. `on_gpu`: the run trains on an NVIDIA GPU."""
 
-    def describe(self, cfg: DictConfig, run_dir: Path) -> str:
+    def describe(self, config: ConfigSchema, run_dir: Path) -> str:
         """Lines the dry run adds for this backend's own choices (its recipe), "" for none."""
 
     def train(
-        self, cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None
+        self, config: ConfigSchema, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None
     ) -> RunSummary:
         """Train the combination; rank 0's summary is what the run measured. `managed` is passed
         rather than set up here: the allocator must be swapped before the backend's imports touch CUDA."""
