@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from ghsweep.config.schema import ConfigSchema, DataSchema
 from ghsweep.train.tokenizer import pad_token_id
 
 IGNORE_INDEX = -100
@@ -189,11 +189,13 @@ def chars_per_token(tokenizer: Tokenizer) -> float:
     return len(text) / len(tokenizer.encode(text))
 
 
-def load_records(data: DictConfig, seed: int, seq_length: int, tokenizer: Tokenizer) -> list[dict]:
+def load_records(data: DataSchema, seed: int, seq_length: int, tokenizer: Tokenizer) -> list[dict]:
     """The run's dolly records: `data.path` when set, else the synthetic set sized in `tokenizer`'s
     tokens to fit blocks of `seq_length`."""
     if data.path:
         return load_dolly_jsonl(data.path, data.num_examples)
+    if data.num_examples is None or data.mean_tokens is None:
+        raise ValueError(f"data={data.name}: generated records need data.num_examples and data.mean_tokens")
     return synthetic_dolly(data.num_examples, seed, data.mean_tokens, seq_length, chars_per_token(tokenizer))
 
 
@@ -252,10 +254,10 @@ def pack(examples: Iterator[tuple[list[int], list[int]]], seq_length: int, pad_i
     return PackedBlocks(as_tensor(0), as_tensor(1), as_tensor(2), dropped)
 
 
-def load_blocks(cfg: DictConfig, tokenizer: Tokenizer) -> PackedBlocks:
-    """The packed blocks a run of `cfg` trains on (every backend counts attention FLOPs on them)."""
-    records = load_records(cfg.data, cfg.seed, cfg.train.seq_length, tokenizer)
-    return pack((tokenize(r, tokenizer) for r in records), cfg.train.seq_length, pad_token_id(tokenizer))
+def load_blocks(config: ConfigSchema, tokenizer: Tokenizer) -> PackedBlocks:
+    """The packed blocks a run of `config` trains on (every backend counts attention FLOPs on them)."""
+    records = load_records(config.data, config.seed, config.train.seq_length, tokenizer)
+    return pack((tokenize(r, tokenizer) for r in records), config.train.seq_length, pad_token_id(tokenizer))
 
 
 class PackedDataset(Dataset):

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
 from torch import nn
+
+from ghsweep.config.schema import ConfigSchema
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class TrainStep(nn.Module):
 REDUCE_DTYPES = {"fp32": torch.float32, "param": None}
 
 
-def parallelize(step: TrainStep, cfg: DictConfig, ranks: Ranks, mode: str) -> tuple[nn.Module, str | None]:
+def parallelize(step: TrainStep, config: ConfigSchema, ranks: Ranks, mode: str) -> tuple[nn.Module, str | None]:
     """(the module the loop calls, ddp | fsdp | None); `mode` is the plan's data_parallel. FSDP2
     shards each decoder layer and then the rest (embedding, norm, LM head); gradients are reduced
     in precision.reduce_dtype."""
@@ -87,10 +88,10 @@ def parallelize(step: TrainStep, cfg: DictConfig, ranks: Ranks, mode: str) -> tu
         return nn.parallel.DistributedDataParallel(step, init_sync=False, broadcast_buffers=False), mode
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = MixedPrecisionPolicy(reduce_dtype=REDUCE_DTYPES[cfg.precision.get("reduce_dtype", "fp32")])
+    policy = MixedPrecisionPolicy(reduce_dtype=REDUCE_DTYPES[config.precision.reduce_dtype])
     # false: a layer's gathered weights stay until its backward (one all-gather per step instead of two,
     # the full weights in memory as with DDP); true: resharded after forward (ZeRO-3, least memory).
-    reshard = bool(cfg.backend.get("fsdp_reshard_after_forward", False))
+    reshard = bool(config.backend.fsdp_reshard_after_forward)
     layers = step.decoder.layers
     if not isinstance(layers, nn.ModuleList):
         raise TypeError(f"FSDP2 shards each decoder layer: the decoder's layers are a {type(layers).__name__}")

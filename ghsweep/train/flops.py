@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from omegaconf import DictConfig
+from ghsweep.config.schema import ConfigSchema, ModelSchema
 
 # Dense tensor-core peaks in TFLOP/s (datasheet, SXM parts), by device-name fragment.
 PEAK_TFLOPS = {
@@ -52,9 +52,9 @@ class ModelShape:
         )
 
     @classmethod
-    def of_model(cls, model: DictConfig) -> ModelShape:
+    def of_model(cls, model: ModelSchema) -> ModelShape:
         """The shape a model config (conf/model/NAME.yaml) sets."""
-        return cls(**{f.name: model[f.name] for f in fields(cls)})
+        return cls(**{f.name: getattr(model, f.name) for f in fields(cls)})
 
 
 def flops_per_token(shape: ModelShape, attended_keys: float, lora_rank: int | None, lora_modules: int = 7) -> float:
@@ -72,13 +72,16 @@ def flops_per_token(shape: ModelShape, attended_keys: float, lora_rank: int | No
     return 2 * linear_fwd + 3 * attention_fwd + 3 * adapter_fwd
 
 
-def run_flops_per_token(shape: ModelShape, cfg: DictConfig, attended_keys: float | None = None) -> float:
+def run_flops_per_token(shape: ModelShape, config: ConfigSchema, attended_keys: float | None = None) -> float:
     """flops_per_token for a run: the keys each token attends to (default: the whole sequence),
     and LoRA's rank and targets when peft=lora."""
-    keys = cfg.train.seq_length if attended_keys is None else attended_keys
-    if cfg.peft.name != "lora":
+    keys = config.train.seq_length if attended_keys is None else attended_keys
+    peft = config.peft
+    if peft.name != "lora":
         return flops_per_token(shape, keys, None)
-    return flops_per_token(shape, keys, cfg.peft.r, len(cfg.peft.target_modules))
+    if peft.r is None or peft.target_modules is None:
+        raise ValueError(f"peft={peft.name}: LoRA's FLOPs need peft.r and peft.target_modules")
+    return flops_per_token(shape, keys, peft.r, len(peft.target_modules))
 
 
 def peak_tflops(device_name: str, precision: str) -> float | None:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import importlib.util
 
-from omegaconf import DictConfig
 from torch import nn
 
+from ghsweep.config.schema import PrecisionSchema
 from ghsweep.train.precision import Precision
 
 
@@ -37,7 +37,7 @@ def _is_fp8_target(name: str, module: nn.Module) -> bool:
 
 def apply_fp8(
     model: nn.Module,
-    precision_cfg: DictConfig,
+    precision_config: PrecisionSchema,
     precision: Precision,
     fsdp_sharded: bool = False,
     fsdp_all_gather: bool = False,
@@ -45,11 +45,15 @@ def apply_fp8(
     """Swap the target linear layers for fp8 ones; returns the library used. `fsdp_sharded`: FSDP2
     will shard the trained weights; `fsdp_all_gather`: torchao then casts them to fp8 before FSDP2
     gathers them (half the bytes of bf16)."""
-    library = fp8_library(precision_cfg.library)
+    if precision_config.library is None:
+        raise ValueError(
+            f"precision={precision_config.name}: fp8 layers need precision.library; accepted: precision=fp8"
+        )
+    library = fp8_library(precision_config.library)
     if library == "torchao":
-        if precision_cfg.scaling != "current":
+        if precision_config.scaling != "current":
             raise ValueError(
-                f"precision.scaling={precision_cfg.scaling}: torchao float8 scales from the current "
+                f"precision.scaling={precision_config.scaling}: torchao float8 scales from the current "
                 "tensor only; accepted with torchao: current"
             )
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -70,10 +74,10 @@ def apply_fp8(
     import transformer_engine.pytorch as te
     from transformer_engine.common import recipe
 
-    fmt = recipe.Format.HYBRID if precision_cfg.format == "hybrid" else recipe.Format.E4M3
+    fmt = recipe.Format.HYBRID if precision_config.format == "hybrid" else recipe.Format.E4M3
     fp8_recipe = (
         recipe.DelayedScaling(fp8_format=fmt)
-        if precision_cfg.scaling == "delayed"
+        if precision_config.scaling == "delayed"
         else recipe.Float8CurrentScaling(fp8_format=fmt)
     )
     for name, module in list(model.named_modules()):

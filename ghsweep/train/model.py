@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from ghsweep.config.schema import ModelSchema, PeftSchema
 from ghsweep.train.tokenizer import ByteTokenizer
 
 
@@ -25,7 +25,7 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def build_model(
-    model_cfg: DictConfig, device: torch.device, dtype: torch.dtype, attn_implementation: str = "sdpa"
+    model_config: ModelSchema, device: torch.device, dtype: torch.dtype, attn_implementation: str = "sdpa"
 ) -> tuple[torch.nn.Module, Any, bool]:
     """Return (model, tokenizer, random_init), the model's weights in `dtype` on `device`, its
     attention computed by transformers' `attn_implementation` (sdpa, flex_attention).
@@ -35,8 +35,8 @@ def build_model(
     shape in the config, directly on the device (a 7B model initialised on the CPU takes minutes),
     and uses the byte tokenizer.
     """
-    if model_cfg.path:
-        path = Path(model_cfg.path)
+    if model_config.path:
+        path = Path(model_config.path)
         model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
             path, attn_implementation=attn_implementation, dtype=dtype, device_map=device
         )
@@ -44,15 +44,15 @@ def build_model(
         if tokenizer.bos_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError(f"model.path={path}: the tokenizer defines no BOS/EOS token")
         return model, tokenizer, False
-    config = LlamaConfig(
-        hidden_size=model_cfg.hidden_size,
-        intermediate_size=model_cfg.intermediate_size,
-        num_hidden_layers=model_cfg.num_layers,
-        num_attention_heads=model_cfg.num_attention_heads,
-        num_key_value_heads=model_cfg.num_key_value_heads,
-        vocab_size=model_cfg.vocab_size,
-        max_position_embeddings=model_cfg.max_position_embeddings,
-        rms_norm_eps=model_cfg.rms_norm_eps,
+    hf_config = LlamaConfig(
+        hidden_size=model_config.hidden_size,
+        intermediate_size=model_config.intermediate_size,
+        num_hidden_layers=model_config.num_layers,
+        num_attention_heads=model_config.num_attention_heads,
+        num_key_value_heads=model_config.num_key_value_heads,
+        vocab_size=model_config.vocab_size,
+        max_position_embeddings=model_config.max_position_embeddings,
+        rms_norm_eps=model_config.rms_norm_eps,
         bos_token_id=ByteTokenizer.bos_token_id,
         eos_token_id=ByteTokenizer.eos_token_id,
         pad_token_id=ByteTokenizer.pad_token_id,
@@ -61,21 +61,27 @@ def build_model(
         attn_implementation=attn_implementation,  # type: ignore[call-arg]
     )
     with torch.device(device), _default_dtype(dtype):
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(hf_config)
     return model, ByteTokenizer(), True
 
 
-def apply_peft(model: torch.nn.Module, peft_cfg: DictConfig, adapter_dtype: torch.dtype) -> torch.nn.Module:
+def apply_peft(model: torch.nn.Module, peft_config: PeftSchema, adapter_dtype: torch.dtype) -> torch.nn.Module:
     """Wrap the model in LoRA adapters (peft) in `adapter_dtype`, or leave every weight trainable."""
-    if peft_cfg.name == "none":
+    if peft_config.name == "none":
         return model
     from peft import LoraConfig, get_peft_model
 
+    r, alpha, dropout, targets = peft_config.r, peft_config.alpha, peft_config.dropout, peft_config.target_modules
+    if r is None or alpha is None or dropout is None or targets is None:
+        raise ValueError(
+            f"peft={peft_config.name}: LoRA needs peft.r, peft.alpha, peft.dropout and peft.target_modules"
+        )
     lora = LoraConfig(
-        r=peft_cfg.r,
-        lora_alpha=peft_cfg.alpha,
-        lora_dropout=peft_cfg.dropout,
-        target_modules=list(peft_cfg.target_modules),
+        r=r,
+        # peft scales by alpha / r, so any positive number works; its annotation says int.
+        lora_alpha=alpha,  # type: ignore[arg-type]
+        lora_dropout=dropout,
+        target_modules=list(targets),
         task_type="CAUSAL_LM",
     )
     # peft's default upcasts adapters of a bf16/fp16 base to fp32; keep them in adapter_dtype.

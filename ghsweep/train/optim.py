@@ -27,9 +27,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from torch.distributed.tensor import DTensor
 
+from ghsweep.config.schema import TrainSchema
 from ghsweep.train.schedule import lr_factor
 
 
@@ -41,7 +41,7 @@ def optimizer_for(choice: str, peft: str, trained_dtype: torch.dtype) -> str:
 
 
 def make_optimizer(
-    params: Iterable[torch.nn.Parameter], train: DictConfig, device: torch.device, kind: str = "adamw"
+    params: Iterable[torch.nn.Parameter], train: TrainSchema, device: torch.device, kind: str = "adamw"
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW of `kind` (see `optimizer_for`) over `params`, with its learning-rate schedule."""
     optimizer: Any
@@ -70,7 +70,7 @@ class AdamStepsInBackward:
     """
 
     def __init__(
-        self, params: Iterable[torch.nn.Parameter], train: DictConfig, device: torch.device, kind: str = "adamw"
+        self, params: Iterable[torch.nn.Parameter], train: TrainSchema, device: torch.device, kind: str = "adamw"
     ):
         self.max_norm = train.grad_clip
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None

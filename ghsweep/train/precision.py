@@ -17,8 +17,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 import torch
-from omegaconf import DictConfig
 
+from ghsweep.config.schema import PrecisionSchema
 from ghsweep.train.optim import clip_gradients
 
 _DTYPES = {
@@ -32,19 +32,19 @@ _DTYPES = {
 class Precision:
     """Wraps forward/backward/step so the training loop reads the same for every precision."""
 
-    def __init__(self, precision_cfg: DictConfig, device: torch.device):
-        self.name = precision_cfg.name
+    def __init__(self, precision_config: PrecisionSchema, device: torch.device):
+        self.name = precision_config.name
         self.device = device
         self.frozen_dtype, self.trained_dtype, self.autocast_dtype = _DTYPES[self.name]
         if device.type == "cuda":
-            allow_tf32 = self.name == "fp32" and bool(precision_cfg.get("allow_tf32", False))
+            allow_tf32 = self.name == "fp32" and bool(precision_config.allow_tf32)
             torch.backends.cuda.matmul.allow_tf32 = allow_tf32
             torch.backends.cudnn.allow_tf32 = allow_tf32
-        self.scaler = (
-            torch.amp.GradScaler(device.type, init_scale=precision_cfg.initial_loss_scale)
-            if self.name == "fp16"
-            else None
-        )
+        self.scaler: torch.amp.GradScaler | None = None
+        if self.name == "fp16":
+            if precision_config.initial_loss_scale is None:
+                raise ValueError("precision=fp16: its loss scaling needs precision.initial_loss_scale")
+            self.scaler = torch.amp.GradScaler(device.type, init_scale=precision_config.initial_loss_scale)
         # Set by fp8.apply_fp8 when Transformer Engine runs the fp8 layers (it needs its own region).
         self.fp8_region: Callable[[], contextlib.AbstractContextManager] | None = None
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import IO, TypeAlias
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
+from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.errors import NonFiniteLoss
 from ghsweep.core.names import MEASURE_PRUNED, STEP_RANGE_PREFIX
 from ghsweep.core.stats import StepStats, step_stats
@@ -165,8 +165,10 @@ class Measure:
     prune_below: float | None = None  # tokens/s
 
     @classmethod
-    def from_config(cls, cfg: DictConfig, device_type: str, excluded: range) -> Measure:
-        train = cfg.train
+    def from_config(cls, config: ConfigSchema, device_type: str, excluded: range, prune_below: float | None) -> Measure:
+        """`prune_below`: the run plan's bar (RunPlan.prune_below_tokens_per_s), which the tune sweeper sets for
+        each trial: the lower end of its best finished trial's interval; None: no pruning."""
+        train = config.train
         adaptive = train.measure is True or (train.measure == "auto" and device_type == "cuda")
         return cls(
             min_steps=train.max_steps,
@@ -175,8 +177,7 @@ class Measure:
             target_ci_pct=train.measure_ci_pct if adaptive else None,
             max_steps=max(train.max_steps, train.measure_max_steps) if adaptive else train.max_steps,
             max_s=train.measure_max_s,
-            # Set by the tune sweeper for each trial: the lower end of its best finished trial's interval.
-            prune_below=OmegaConf.select(cfg, "tune.prune_below_tokens_per_s"),
+            prune_below=prune_below,
         )
 
     def stop(self, log: StepLog, steps_done: int, elapsed_s: float) -> str | None:

@@ -7,9 +7,9 @@ import sys
 from collections.abc import Callable
 
 import torch
-from omegaconf import DictConfig
 
 from ghsweep.config.backends import ManagedAllocator
+from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.summary import RunSummary
 from ghsweep.train.device import device_name, device_uuid
 from ghsweep.train.flops import add_throughput_metrics
@@ -41,13 +41,14 @@ def compile_seconds() -> float | None:
     return sum((sum(times.get(name, ())) for name in (FRAME_COMPILE, BACKWARD_COMPILE)), 0.0)
 
 
-def capture_steps(cfg: DictConfig, profiled: bool) -> range:
+def capture_steps(config: ConfigSchema, profiled: bool) -> range:
     """The steps a profiler records: out of the steady set, whatever the profiler costs them."""
-    return range(cfg.capture.start_step, cfg.capture.start_step + cfg.capture.num_steps) if profiled else range(0)
+    capture = config.capture
+    return range(capture.start_step, capture.start_step + capture.num_steps) if profiled else range(0)
 
 
 def run_summary(
-    cfg: DictConfig,
+    config: ConfigSchema,
     log: StepLog,
     device: torch.device,
     *,
@@ -74,11 +75,11 @@ def run_summary(
     the loop's time spent starting and stopping the profiler's capture window (Phases.capture_s).
     """
     name = device_name(device)
-    measured = log.summary(cfg.train.warmup_steps, capture_steps(cfg, profiled)) | {"peak_mem_gb": peak_gib}
+    measured = log.summary(config.train.warmup_steps, capture_steps(config, profiled)) | {"peak_mem_gb": peak_gib}
     # Where the worker measures the GPU's mean power (energy per token) from its system metrics.
-    steady = log.steady_window(cfg.train.warmup_steps, capture_steps(cfg, profiled))
+    steady = log.steady_window(config.train.warmup_steps, capture_steps(config, profiled))
     window = {"steady_from": steady[0], "steady_to": steady[1]} if steady else {}
-    peak_tflops = add_throughput_metrics(measured, flops_per_token, name, cfg.precision.name, gpus=gpus)
+    peak_tflops = add_throughput_metrics(measured, flops_per_token, name, config.precision.name, gpus=gpus)
     # Per-GPU throughput: the comparison's scaling column reads it.
     measured |= {"world_size": gpus, "tokens_per_s_per_gpu": measured["tokens_per_s"] / gpus}
     facts: dict[str, object] = {

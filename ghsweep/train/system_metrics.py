@@ -25,8 +25,8 @@ from typing import Any
 
 import psutil
 import pynvml
-from omegaconf import DictConfig
 
+from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.gpu import visible_gpu_handles
 from ghsweep.core.run_dir import SYSTEM_METRICS, rank_file
 from ghsweep.core.run_plan import RunPlan
@@ -182,10 +182,10 @@ def mean_power_w(rows: list[dict[str, float]], rank: int, start: float, end: flo
     return None
 
 
-def sampler_for(run_dir: Path, cfg: DictConfig, plan: RunPlan) -> SystemSampler | None:
+def sampler_for(run_dir: Path, config: ConfigSchema, plan: RunPlan) -> SystemSampler | None:
     """The sampler of this rank (None with system_metrics.interval_s null): its own GPU (LOCAL_RANK
     among those visible, as the backends pick it), and the host on rank 0."""
-    interval_s = cfg.system_metrics.interval_s
+    interval_s = config.system_metrics.interval_s
     if interval_s is None:
         return None
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig
+from ghsweep.config.schema import ModelSchema
 
 
 class ByteTokenizer:
@@ -22,7 +22,7 @@ class ByteTokenizer:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
 
-def load_tokenizer(model: DictConfig) -> Any:
+def load_tokenizer(model: ModelSchema) -> Any:
     """The tokenizer a run trains with: the checkpoint's (`model.path`), else the byte tokenizer."""
     if not model.path:
         return ByteTokenizer()

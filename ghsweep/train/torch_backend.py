@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from ghsweep.config.backends import ManagedAllocator
+from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.summary import RunSummary
 
@@ -15,18 +14,18 @@ from ghsweep.core.summary import RunSummary
 class TorchBackend:
     name = "torch"
 
-    def check(self, cfg: DictConfig, on_gpu: bool) -> None:
+    def check(self, config: ConfigSchema, on_gpu: bool) -> None:
         """Nothing of its own: the torch backend's keys are the common ones ghsweep.config checks."""
 
-    def describe(self, cfg: DictConfig, run_dir: Path) -> str:
+    def describe(self, config: ConfigSchema, run_dir: Path) -> str:
         return ""
 
     def train(
-        self, cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None
+        self, config: ConfigSchema, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None
     ) -> RunSummary:
         from ghsweep.train.torch_train import train
 
-        return train(cfg, plan, run_dir, managed)
+        return train(config, plan, run_dir, managed)
 
 
 BACKEND = TorchBackend()

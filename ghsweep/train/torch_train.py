@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
 from ghsweep.config.backends import ManagedAllocator
+from ghsweep.config.schema import ConfigSchema, TrainSchema
 from ghsweep.core.run_dir import METRICS
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.summary import RunSummary
@@ -75,19 +75,17 @@ class OptimizerStep:
     def __init__(
         self,
         trained: list[nn.Parameter],
-        train_cfg: DictConfig,
+        train: TrainSchema,
         device: torch.device,
         precision: Precision,
         kind: str,
         fp8_layers: list[TrainedFp8Linear],
     ):
-        self._trained, self._grad_clip, self._precision = trained, train_cfg.grad_clip, precision
+        self._trained, self._grad_clip, self._precision = trained, train.grad_clip, precision
         self._fp8_layers, self._steps = fp8_layers, 0
-        self._in_backward = (
-            AdamStepsInBackward(trained, train_cfg, device, kind) if train_cfg.optimizer_in_backward else None
-        )
+        self._in_backward = AdamStepsInBackward(trained, train, device, kind) if train.optimizer_in_backward else None
         if self._in_backward is None:
-            self._optimizer, self._schedule = make_optimizer(trained, train_cfg, device, kind)
+            self._optimizer, self._schedule = make_optimizer(trained, train, device, kind)
             if hasattr(self._optimizer, "fp8_layers"):  # adamw_sr: its kernel writes the copies
                 self._optimizer.fp8_layers = {layer.weight: layer for layer in fp8_layers}
 
@@ -132,8 +130,8 @@ def compile_settings(activation_memory_budget: float, device: torch.device) -> d
     return settings
 
 
-def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None) -> RunSummary:
-    """Train `cfg.train.max_steps` steps; write metrics.jsonl; return the run's summary.
+def train(config: ConfigSchema, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None) -> RunSummary:
+    """Train `config.train.max_steps` steps; write metrics.jsonl; return the run's summary.
 
     With memory=unified, `managed` is the managed-memory allocator the worker set up before
     anything touched CUDA (unified_memory.setup_unified_memory).
@@ -143,13 +141,13 @@ def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocat
     device = distributed.rank_device(torch.device(plan.device), ranks)
     distributed.start(ranks, device)
     try:
-        return _train(cfg, plan, run_dir, managed, ranks, device, setup_at)
+        return _train(config, plan, run_dir, managed, ranks, device, setup_at)
     finally:
         distributed.stop(ranks)
 
 
 def _train(
-    cfg: DictConfig,
+    config: ConfigSchema,
     plan: RunPlan,
     run_dir: Path,
     managed: ManagedAllocator | None,
@@ -158,35 +156,37 @@ def _train(
     setup_at: float,
 ) -> RunSummary:
     # The same seed on every rank: the same initial weights (DDP and FSDP2 start from them unbroadcast).
-    torch.manual_seed(cfg.seed)
-    precision = Precision(cfg.precision, device)
+    torch.manual_seed(config.seed)
+    precision = Precision(config.precision, device)
     attention = attn.PackedAttention(
-        attn.resolve(cfg.train.attention, cfg.data.packing_mask, device.type), cfg.data.packing_mask
+        attn.resolve(config.train.attention, config.data.packing_mask, device.type), config.data.packing_mask
     )
-    optimizer = optimizer_for(cfg.train.optimizer, cfg.peft.name, precision.trained_dtype)
-    model = build(cfg, plan, ranks, device, precision, attention, optimizer)
-    blocks = dolly.load_blocks(cfg, model.tokenizer)
-    loader = make_loader(cfg, blocks, ranks, device)
+    optimizer = optimizer_for(config.train.optimizer, config.peft.name, precision.trained_dtype)
+    model = build(config, plan, ranks, device, precision, attention, optimizer)
+    blocks = dolly.load_blocks(config, model.tokenizer)
+    loader = make_loader(config, blocks, ranks, device)
     optimizer_step = OptimizerStep(
-        model.trained_parameters(), cfg.train, device, precision, optimizer, model.fp8_layers
+        model.trained_parameters(), config.train, device, precision, optimizer, model.fp8_layers
     )
     # The global batch: every rank trains micro_batch_size blocks per step.
-    tokens_per_step = cfg.train.micro_batch_size * cfg.train.seq_length * ranks.world_size
+    tokens_per_step = config.train.micro_batch_size * config.train.seq_length * ranks.world_size
     log = StepLog(run_dir / METRICS if ranks.is_main else None, device, tokens_per_step)
 
-    measure = Measure.from_config(cfg, device.type, capture_steps(cfg, plan.profile.used != "none"))
+    measure = Measure.from_config(
+        config, device.type, capture_steps(config, plan.profile.used != "none"), plan.prune_below_tokens_per_s
+    )
     # Under the managed-memory allocator torch's device counters raise: no breakdown there.
     breakdown = PeakBreakdown(device) if device.type == "cuda" and managed is None else None
     train_started_at = time.time()
     # Closed however the loop ends: the trace and the capture window cover what ran, metrics.jsonl is complete.
     with (
         log,
-        Phases(device, cfg.capture.start_step, cfg.capture.num_steps) as phases,
+        Phases(device, config.capture.start_step, config.capture.num_steps) as phases,
         torch_capture(
-            plan.profile, run_dir, device, cfg.capture.start_step, cfg.capture.num_steps, ranks.rank
+            plan.profile, run_dir, device, config.capture.start_step, config.capture.num_steps, ranks.rank
         ) as profiler,
         # Read when each compiled region is first traced (in the first step): the budget and the cache.
-        torch._functorch.config.patch(**compile_settings(cfg.train.activation_memory_budget, device)),
+        torch._functorch.config.patch(**compile_settings(config.train.activation_memory_budget, device)),
     ):
         batches = dolly.endless(loader)
         step, stop = 0, None
@@ -209,17 +209,17 @@ def _train(
                     distributed.after_optimizer_step(model.train_step, model.data_parallel, model.fp8_library)
                 log.end(step, loss, started)
             step += 1
-            if log.flush_due(step, measure.min_steps, cfg.train.log_every, progress=ranks.is_main):
+            if log.flush_due(step, measure.min_steps, config.train.log_every, progress=ranks.is_main):
                 # Every rank flushes at the same steps; rank 0's interval decides for all of them.
                 stop = distributed.from_rank0(measure.stop(log, step, time.time() - train_started_at), ranks)
     train_ended_at = time.time()
 
     peak_gib = run_peak_gib(managed, lambda: peak_memory_gib(device))
     ranks_seen = distributed.rank_summary(
-        distributed.gather(log.step_times_ms, ranks), distributed.gather(peak_gib, ranks), cfg.train.warmup_steps
+        distributed.gather(log.step_times_ms, ranks), distributed.gather(peak_gib, ranks), config.train.warmup_steps
     )
     shape = ModelShape.from_hf(model.hf_config.to_dict())
-    flops = run_flops_per_token(shape, cfg, attn.attended_keys_per_token(blocks.position_ids, attention.document))
+    flops = run_flops_per_token(shape, config, attn.attended_keys_per_token(blocks.position_ids, attention.document))
     metrics, info = (
         {},
         {
@@ -249,7 +249,7 @@ def _train(
             optimizer_step.optimizers(),
         )
     return run_summary(
-        cfg,
+        config,
         log,
         device,
         peak_gib=max(ranks_seen["rank_peak_mem_gb"]),
@@ -271,7 +271,7 @@ def _train(
 
 
 def build(
-    cfg: DictConfig,
+    config: ConfigSchema,
     plan: RunPlan,
     ranks: distributed.Ranks,
     device: torch.device,
@@ -281,12 +281,12 @@ def build(
 ) -> Model:
     """The model with its adapters, fp8 layers, compiled layers, data parallelism and activation offload;
     `optimizer` (optim.optimizer_for) is what will step its weights."""
-    lora = cfg.peft.name == "lora"
+    lora = config.peft.name == "lora"
     base, tokenizer, random_init = build_model(
-        cfg.model, device, precision.frozen_dtype if lora else precision.trained_dtype, attention.hf_implementation
+        config.model, device, precision.frozen_dtype if lora else precision.trained_dtype, attention.hf_implementation
     )
     # transformers' LlamaForCausalLM, in peft's LoRA wrapper with peft=lora: attributes typed by neither.
-    hf_model: Any = apply_peft(base, cfg.peft, precision.trained_dtype)
+    hf_model: Any = apply_peft(base, config.peft, precision.trained_dtype)
     params = count_parameters(hf_model)
     fp8_library = None
     if precision.name == "fp8":
@@ -296,25 +296,25 @@ def build(
         # torchao's fp8 all-gather wraps the trained weights in a tensor subclass that torch.compile, and so
         # torchao's own AdamW, cannot step; FSDP2 then gathers them in bf16.
         fp8_library = apply_fp8(
-            hf_model, cfg.precision, precision, fsdp_sharded=fsdp, fsdp_all_gather=fsdp and optimizer == "adamw"
+            hf_model, config.precision, precision, fsdp_sharded=fsdp, fsdp_all_gather=fsdp and optimizer == "adamw"
         )
     fp8_layers = [m for m in hf_model.modules() if isinstance(m, TrainedFp8Linear)]
     hf_model.train()
 
     causal_lm = hf_model.get_base_model() if lora else hf_model
     decoder = causal_lm.model
-    compiled = cfg.train.compile is True or (cfg.train.compile == "auto" and device.type == "cuda")
+    compiled = config.train.compile is True or (config.train.compile == "auto" and device.type == "cuda")
     loss_fn = causal_lm_loss
     if compiled:
         for layer in decoder.layers:
             layer.compile()
         loss_fn = torch.compile(causal_lm_loss)
     train_step, parallel = distributed.parallelize(
-        distributed.TrainStep(decoder, causal_lm.lm_head, loss_fn), cfg, ranks, plan.data_parallel
+        distributed.TrainStep(decoder, causal_lm.lm_head, loss_fn), config, ranks, plan.data_parallel
     )
     offload = None
-    if cfg.offload.enabled and device.type == "cuda":
-        offload = ActivationOffload(decoder.layers, cfg.offload.num_layers)
+    if config.offload.enabled and device.type == "cuda":
+        offload = ActivationOffload(decoder.layers, config.offload.num_layers)
     return Model(
         train_step,
         causal_lm.config,
@@ -330,13 +330,13 @@ def build(
 
 
 def make_loader(
-    cfg: DictConfig, blocks: dolly.PackedBlocks, ranks: distributed.Ranks, device: torch.device
+    config: ConfigSchema, blocks: dolly.PackedBlocks, ranks: distributed.Ranks, device: torch.device
 ) -> torch.utils.data.DataLoader:
-    dl = cfg.dataloader
+    dl = config.dataloader
     return dolly.make_dataloader(
         blocks,
-        batch_size=cfg.train.micro_batch_size,
-        seed=cfg.seed,
+        batch_size=config.train.micro_batch_size,
+        seed=config.seed,
         num_workers=dl.num_workers,
         pin_memory=dl.pin_memory and device.type == "cuda",
         prefetch_factor=dl.prefetch_factor,

@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 
+from ghsweep.config.schema import MemorySchema
 from ghsweep.core.gpu import GpuInfo
 
 # Free GPU memory left to the CUDA context, cuBLAS workspaces and the rest.
@@ -145,12 +145,15 @@ class ManagedMemory:
         return self._lib.ghsweep_managed_peak() / 2**30
 
 
-def setup_unified_memory(memory_cfg: DictConfig, gpu: GpuInfo | None) -> ManagedMemory:
+def setup_unified_memory(memory_config: MemorySchema, gpu: GpuInfo | None) -> ManagedMemory:
     """memory=unified for this process, capped at the GPU's free memory (`gpu`: the run plan's,
     probed on the node before the worker started) less some headroom."""
     if gpu is None:
         raise RuntimeError("memory=unified: no NVIDIA GPU visible to the worker")
-    return enable_managed_memory(gpu.free_mem_gib - UNIFIED_HEADROOM_GIB, memory_cfg.pool_size_gb, memory_cfg.prefetch)
+    if memory_config.prefetch is None:
+        raise ValueError(f"memory={memory_config.name}: managed memory needs memory.prefetch; accepted: memory=unified")
+    cap_gib = gpu.free_mem_gib - UNIFIED_HEADROOM_GIB
+    return enable_managed_memory(cap_gib, memory_config.pool_size_gb, memory_config.prefetch)
 
 
 def enable_managed_memory(cap_gib: float, pool_gib: float | None, prefetch: bool) -> ManagedMemory:

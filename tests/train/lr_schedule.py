@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from omegaconf import DictConfig
 
+from ghsweep.config.schema import TrainSchema
 from ghsweep.train.schedule import lr_factor, warmup_steps
 
 
-def assert_steps_the_torch_backend_s_rates(theirs: list[float], train: DictConfig) -> None:
+def assert_steps_the_torch_backend_s_rates(theirs: list[float], train: TrainSchema) -> None:
     """`theirs`, a scheduler's rate at each step of `train`, is the torch backend's warm-up exactly,
     its peak and floor, and its decay within one step."""
     ours = [

@@ -13,8 +13,7 @@ import sys
 import pytest
 import torch
 
-from tests.support.compose import compose_config
-from tests.support.paths import CONF_DIR
+from tests.support.compose import compose_config, compose_typed
 from tests.support.planned_run import planned_run
 
 pytestmark = pytest.mark.gpu
@@ -66,29 +65,24 @@ def test_precisions_follow_fp32(tmp_path, peft):
 
 
 def test_fp8_replaces_decoder_linears():
-    from omegaconf import OmegaConf
-
     from ghsweep.train.fp8 import apply_fp8
     from ghsweep.train.model import apply_peft, build_model
     from ghsweep.train.precision import Precision
 
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 needs compute capability >= 8.9")
-    model_cfg = OmegaConf.load(CONF_DIR / "model" / "tiny_llama.yaml")
-    prec_cfg = OmegaConf.merge(OmegaConf.load(CONF_DIR / "precision" / "fp8.yaml"), {"scaling": "current"})
-    model, _, _ = build_model(model_cfg, torch.device("cuda"), torch.bfloat16)
-    apply_fp8(model, prec_cfg, Precision(prec_cfg, torch.device("cuda")))
+    config = compose_typed("model=tiny_llama", "precision=fp8", "precision.scaling=current", "peft=lora")
+    model, _, _ = build_model(config.model, torch.device("cuda"), torch.bfloat16)
+    apply_fp8(model, config.precision, Precision(config.precision, torch.device("cuda")))
     kinds = {type(m).__name__ for name, m in model.named_modules() if name.endswith(("q_proj", "down_proj"))}
     # One rank: trained weights with fp8 copies the optimizer step remakes (FSDP2: torchao's Float8Linear).
     assert kinds == {"TrainedFp8Linear"}, kinds
     assert type(model.lm_head).__name__ == "Linear"
     # With LoRA the frozen base layers get fp8 weights quantised once; the adapters stay bf16.
     lora_model = apply_peft(
-        build_model(model_cfg, torch.device("cuda"), torch.bfloat16)[0],
-        OmegaConf.load(CONF_DIR / "peft" / "lora.yaml"),
-        torch.bfloat16,
+        build_model(config.model, torch.device("cuda"), torch.bfloat16)[0], config.peft, torch.bfloat16
     )
-    apply_fp8(lora_model, prec_cfg, Precision(prec_cfg, torch.device("cuda")))
+    apply_fp8(lora_model, config.precision, Precision(config.precision, torch.device("cuda")))
     base = {type(m).__name__ for name, m in lora_model.named_modules() if name.endswith("q_proj.base_layer")}
     adapters = {type(m).__name__ for name, m in lora_model.named_modules() if "lora_A" in name and "q_proj" in name}
     assert base == {"FrozenFp8Linear"} and "Linear" in adapters, (base, adapters)

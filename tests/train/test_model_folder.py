@@ -9,14 +9,14 @@ from transformers import LlamaForCausalLM
 
 from ghsweep.train.model import build_model
 from tests.support.cli import run_cli
+from tests.support.compose import compose_typed
 from tests.support.mlflow_records import MlflowRecords, sqlite_uri
 
 
 def test_build_model_loads_the_saved_weights(hf_folder):
-    from omegaconf import OmegaConf
-
-    cfg = OmegaConf.create({"path": str(hf_folder)})
-    model, tokenizer, random_init = build_model(cfg, torch.device("cpu"), torch.float32)
+    model_config = compose_typed().model
+    model_config.path = str(hf_folder)
+    model, tokenizer, random_init = build_model(model_config, torch.device("cpu"), torch.float32)
     saved = LlamaForCausalLM.from_pretrained(hf_folder)
     assert not random_init
     assert torch.equal(model.model.embed_tokens.weight, saved.model.embed_tokens.weight)

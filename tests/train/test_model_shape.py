@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from omegaconf import OmegaConf
 from transformers import LlamaConfig
 
 from ghsweep.train.flops import ModelShape
-from tests.support.paths import CONF_DIR
+from tests.support.compose import compose_typed
 
 
 def test_the_model_config_and_the_transformers_config_of_llama2_7b_agree():
     # transformers' LlamaConfig defaults are Llama-2-7B's published config.
-    model = OmegaConf.load(CONF_DIR / "model" / "llama2_7b.yaml")
+    model = compose_typed("model=llama2_7b").model
     assert (
         ModelShape.from_hf(LlamaConfig().to_dict())
         == ModelShape.of_model(model)

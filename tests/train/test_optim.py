@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
+from ghsweep.config.schema import TrainSchema
 from ghsweep.train.optim import make_optimizer, optimizer_for
 from ghsweep.train.precision import Precision
 from ghsweep.train.schedule import lr_factor
+from tests.support.compose import compose_typed
 
 
 def test_cosine_warms_up_linearly_then_decays_to_the_floor():
@@ -27,19 +28,12 @@ def test_linear_and_constant_schedules():
 
 def test_optimizer_follows_the_schedule_and_clips_gradients():
     layer = torch.nn.Linear(4, 4)
-    train = OmegaConf.create(
-        {
-            "lr": 1e-2,
-            "weight_decay": 0.0,
-            "max_steps": 10,
-            "lr_schedule": "cosine",
-            "lr_warmup_ratio": 0.2,
-            "min_lr_ratio": 0.0,
-        }
-    )
+    train = compose_typed().train
+    train.lr, train.weight_decay, train.max_steps = 1e-2, 0.0, 10
+    train.lr_schedule, train.lr_warmup_ratio, train.min_lr_ratio = "cosine", 0.2, 0.0
     params = list(layer.parameters())
     optimizer, schedule = make_optimizer(params, train, torch.device("cpu"))
-    precision = Precision(OmegaConf.create({"name": "fp32"}), torch.device("cpu"))
+    precision = Precision(compose_typed("precision=fp32").precision, torch.device("cpu"))
     rates = []
     for _ in range(10):
         rates.append(optimizer.param_groups[0]["lr"])
@@ -58,17 +52,9 @@ def test_adam_stepped_in_backward_is_adamw_with_per_tensor_clipping():
     when each gradient is clipped on its own; no gradient is left held after backward."""
     from ghsweep.train.optim import AdamStepsInBackward, clip_gradients
 
-    train = OmegaConf.create(
-        {
-            "lr": 1e-2,
-            "weight_decay": 0.01,
-            "max_steps": 6,
-            "lr_schedule": "cosine",
-            "lr_warmup_ratio": 0.2,
-            "min_lr_ratio": 0.1,
-            "grad_clip": 0.5,
-        }
-    )
+    train = compose_typed().train
+    train.lr, train.weight_decay, train.max_steps = 1e-2, 0.01, 6
+    train.lr_schedule, train.lr_warmup_ratio, train.min_lr_ratio, train.grad_clip = "cosine", 0.2, 0.1, 0.5
     torch.manual_seed(0)
     reference = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     overlapped = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
@@ -117,16 +103,12 @@ def test_clip_folded_into_a_fused_step_equals_clipping_first():
         torch.testing.assert_close(ours, theirs)
 
 
-TRAIN = OmegaConf.create(
-    {
-        "lr": 5e-6,
-        "weight_decay": 0.0,
-        "max_steps": 30,
-        "lr_schedule": "constant",
-        "lr_warmup_ratio": 0.0,
-        "min_lr_ratio": 1.0,
-    }
-)
+def constant_rate(lr: float = 5e-6) -> TrainSchema:
+    """30 steps at `lr` (Llama-2-7B full fine-tuning's rate by default), unscheduled, without weight decay."""
+    train = compose_typed().train
+    train.lr, train.weight_decay, train.max_steps = lr, 0.0, 30
+    train.lr_schedule, train.lr_warmup_ratio, train.min_lr_ratio = "constant", 0.0, 1.0
+    return train
 
 
 def applied_share(kind: str, device: str = "cpu") -> float:
@@ -137,8 +119,9 @@ def applied_share(kind: str, device: str = "cpu") -> float:
     grads = [torch.randn(1 << 16, device=device) * 1e-3 + 1e-3 for _ in range(30)]  # a steady direction, and noise
     reference = torch.nn.Parameter(start.bfloat16().float())
     weights = torch.nn.Parameter(start.bfloat16())
-    fp32_adamw, _ = make_optimizer([reference], TRAIN, torch.device(device))
-    optimizer, _ = make_optimizer([weights], TRAIN, torch.device(device), kind)
+    train = constant_rate()
+    fp32_adamw, _ = make_optimizer([reference], train, torch.device(device))
+    optimizer, _ = make_optimizer([weights], train, torch.device(device), kind)
     for grad in grads:
         reference.grad, weights.grad = grad.bfloat16().float(), grad.bfloat16()
         fp32_adamw.step()
@@ -186,16 +169,17 @@ def test_every_optimizer_step_remakes_the_fp8_copies_of_the_weights_it_stepped(k
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 64, bias=False)).bfloat16()
-    precision_cfg = OmegaConf.create({"name": "fp8", "library": "torchao", "scaling": "current"})
-    assert apply_fp8(model, precision_cfg, Precision(precision_cfg, torch.device("cpu"))) == "torchao"
+    fp8 = compose_typed("precision=fp8", "precision.library=torchao", "precision.scaling=current").precision
+    assert apply_fp8(model, fp8, Precision(fp8, torch.device("cpu"))) == "torchao"
     layers = [m for m in model if isinstance(m, TrainedFp8Linear)]
     assert len(layers) == 2
-    bf16 = OmegaConf.create({"name": "bf16"})
+    train = constant_rate(lr=1e-3)
+    train.grad_clip, train.optimizer_in_backward = None, False
     optimizer_step = OptimizerStep(
         list(model.parameters()),
-        OmegaConf.merge(TRAIN, {"lr": 1e-3, "grad_clip": None, "optimizer_in_backward": False}),
+        train,
         torch.device("cpu"),
-        Precision(bf16, torch.device("cpu")),
+        Precision(compose_typed("precision=bf16").precision, torch.device("cpu")),
         kind,
         layers,
     )
@@ -223,7 +207,8 @@ def test_torchao_adamw_with_the_clip_folded_in_equals_torch_adamw_after_clipping
         for _ in range(2)
     ]
     models[1].load_state_dict(models[0].state_dict())
-    train = OmegaConf.merge(TRAIN, {"lr": 1e-2, "weight_decay": 0.1})
+    train = constant_rate(lr=1e-2)
+    train.weight_decay = 0.1
     reference, _ = make_optimizer(models[0].parameters(), train, torch.device(device))
     ours, _ = make_optimizer(models[1].parameters(), train, torch.device(device), "adamw_sr")
     for _ in range(4):

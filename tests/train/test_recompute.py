@@ -6,11 +6,10 @@ from __future__ import annotations
 import copy
 
 import torch
-from omegaconf import OmegaConf
 
 from ghsweep.train.model import apply_peft, build_model
 from ghsweep.train.torch_train import compile_settings
-from tests.support.paths import CONF_DIR
+from tests.support.compose import compose_typed
 
 
 def saved_bytes_and_grads(layer: torch.nn.Module, budget: float, x: torch.Tensor, embeddings) -> tuple[int, list]:
@@ -36,14 +35,14 @@ def saved_bytes_and_grads(layer: torch.nn.Module, budget: float, x: torch.Tensor
 
 def test_lower_budget_saves_less_and_computes_the_same_gradients():
     torch.manual_seed(0)
-    model_cfg = OmegaConf.load(CONF_DIR / "model" / "tiny_llama.yaml")
-    model, _, _ = build_model(model_cfg, torch.device("cpu"), torch.float32)
-    model = apply_peft(model, OmegaConf.load(CONF_DIR / "peft" / "lora.yaml"), torch.float32)
+    config = compose_typed("model=tiny_llama", "peft=lora")
+    model, _, _ = build_model(config.model, torch.device("cpu"), torch.float32)
+    model = apply_peft(model, config.peft, torch.float32)
     decoder = model.get_base_model().model
     for name, param in decoder.named_parameters():  # non-zero B matrices: the adapters take part
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.02)
-    x = torch.randn(1, 256, model_cfg.hidden_size)
+    x = torch.randn(1, 256, config.model.hidden_size)
     embeddings = decoder.rotary_emb(x, torch.arange(256)[None])
     full_bytes, full_grads = saved_bytes_and_grads(decoder.layers[0], 1.0, x, embeddings)
     half_bytes, half_grads = saved_bytes_and_grads(decoder.layers[0], 0.5, x, embeddings)

@@ -27,7 +27,9 @@ from tests.support.processes import live_group_members
 # Runs the worker as `python -m` would, then prints which of these modules it loaded.
 NOT_FOR_THE_WORKER = (
     "ghsweep.launch",
-    "ghsweep.config",
+    "ghsweep.config.validate",
+    "ghsweep.config.world",
+    "ghsweep.config.keys",
     "ghsweep.profile.plan",
     "ghsweep.report",
     "ghsweep.tracking",
