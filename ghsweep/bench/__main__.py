@@ -160,10 +160,10 @@ def format_report(results: dict[str, dict], checks: list[dict]) -> str:
 
 def dataset_lengths(seq: int, steps: int, layers: int) -> dict:
     """Lengths of the packed examples every row trains on (tokens; the default synthetic dolly set)."""
-    cfg = compose_ours([], seq, steps, 3, layers)
-    stats = document_lengths(default_blocks(cfg).position_ids)
+    config = compose_ours([], seq, steps, 3, layers)
+    stats = document_lengths(default_blocks(config).position_ids)
     return {
-        "data": f"dolly_synthetic, data.mean_tokens={cfg.data.mean_tokens}, byte-level tokens, packed into "
+        "data": f"dolly_synthetic, data.mean_tokens={config.data.mean_tokens}, byte-level tokens, packed into "
         f"blocks of {seq}",
         "example_tokens": stats,
     }

@@ -14,9 +14,9 @@ import traceback
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 
 from ghsweep.config.backends import backend_named
+from ghsweep.config.schema import ConfigSchema, typed
 from ghsweep.core.errors import one_line
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
 from ghsweep.core.stats import STEP_METRICS, step_stats
@@ -77,12 +77,12 @@ ROWS: dict[str, dict] = {
 }
 
 
-def compose_ours(overrides: list[str], seq: int, steps: int, warmup: int, layers: int) -> DictConfig:
+def compose_ours(overrides: list[str], seq: int, steps: int, warmup: int, layers: int) -> ConfigSchema:
     """The run config a user gets from the CLI with these overrides, at the benchmark's shape."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(
+        composed = compose(
             config_name="config",
             overrides=[
                 "model=llama2_7b",
@@ -97,6 +97,7 @@ def compose_ours(overrides: list[str], seq: int, steps: int, warmup: int, layers
                 *overrides,
             ],
         )
+    return typed(composed)
 
 
 def document_lengths(position_ids: torch.Tensor) -> dict:
@@ -118,12 +119,12 @@ def document_lengths(position_ids: torch.Tensor) -> dict:
 def run_ours(overrides: list[str], seq: int, steps: int, warmup: int, layers: int) -> dict:
     from ghsweep.train.unified_memory import setup_unified_memory
 
-    cfg = compose_ours(overrides, seq, steps, warmup, layers)
+    config = compose_ours(overrides, seq, steps, warmup, layers)
     with tempfile.TemporaryDirectory() as run_dir:
-        plan = one_gpu_plan(cfg, Path(run_dir))
+        plan = one_gpu_plan(config, Path(run_dir))
         # Before the backend's imports touch CUDA, as the worker does.
-        managed = setup_unified_memory(cfg.memory, plan.gpu) if cfg.memory.name == "unified" else None
-        summary = backend_named(plan.backend).train(cfg, plan, Path(run_dir), managed)
+        managed = setup_unified_memory(config.memory, plan.gpu) if config.memory.name == "unified" else None
+        summary = backend_named(plan.backend).train(config, plan, Path(run_dir), managed)
     m = summary.metrics
     return {
         **{k: v for k, v in m.items() if k in STEP_METRICS},
@@ -134,7 +135,7 @@ def run_ours(overrides: list[str], seq: int, steps: int, warmup: int, layers: in
     }
 
 
-def one_gpu_plan(cfg: DictConfig, run_dir: Path) -> RunPlan:
+def one_gpu_plan(config: ConfigSchema, run_dir: Path) -> RunPlan:
     """The plan of a row: this process trains on this machine's first GPU, unprofiled."""
     from ghsweep.config.world import data_parallel
     from ghsweep.core.gpu import probe_gpu
@@ -143,11 +144,11 @@ def one_gpu_plan(cfg: DictConfig, run_dir: Path) -> RunPlan:
         name=run_dir.name,
         run_dir=str(run_dir),
         overrides=[],
-        backend=cfg.backend.name,
+        backend=config.backend.name,
         device="cuda",
         gpu=probe_gpu(),
         world=World(),
-        data_parallel=data_parallel(cfg),
+        data_parallel=data_parallel(config),
         profile=ProfilePlan(requested="none", used="none"),
         container_prefix=[],
         worker_command=[],
@@ -155,17 +156,17 @@ def one_gpu_plan(cfg: DictConfig, run_dir: Path) -> RunPlan:
     )
 
 
-def default_blocks(cfg: DictConfig) -> PackedBlocks:
-    """The packed blocks a run of `cfg` trains on (random weights: the byte tokenizer)."""
-    return load_blocks(cfg, ByteTokenizer())
+def default_blocks(config: ConfigSchema) -> PackedBlocks:
+    """The packed blocks a run of `config` trains on (random weights: the byte tokenizer)."""
+    return load_blocks(config, ByteTokenizer())
 
 
 def run_usual(settings: dict, seq: int, steps: int, warmup: int, layers: int) -> dict:
     from ghsweep.bench.usual_stack import train_steps
 
-    cfg = compose_ours([], seq, steps, warmup, layers)
-    blocks = default_blocks(cfg)
-    shape = ModelShape.of_model(cfg.model)
+    config = compose_ours([], seq, steps, warmup, layers)
+    blocks = default_blocks(config)
+    shape = ModelShape.of_model(config.model)
     lora = settings["peft"] != "none"
     times, peak = train_steps(
         shape,
@@ -174,13 +175,13 @@ def run_usual(settings: dict, seq: int, steps: int, warmup: int, layers: int) ->
         settings["peft"],
         settings["compile"],
         settings.get("float8", False),
-        cfg.peft if lora else None,
+        config.peft if lora else None,
         settings.get("document", False),
     )
     # The worker's statistics (ghsweep.core.stats): the same steady steps, median and interval.
     row = {**step_stats(times, warmup).metrics(seq), "peak_mem_gb": peak, "mfu": None}
     keys = attended_keys_per_token(blocks.position_ids, settings.get("document", False))
-    flops = flops_per_token(shape, keys, cfg.peft.r if lora else None)
+    flops = flops_per_token(shape, keys, config.peft.r if lora else None)
     add_throughput_metrics(row, flops, torch.cuda.get_device_name(), "fp8" if settings.get("float8") else "bf16")
     return row
 

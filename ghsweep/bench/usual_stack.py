@@ -6,9 +6,9 @@ examples the usual way (position ids passed to the model, from which transformer
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from ghsweep.config.schema import PeftSchema
 from ghsweep.train.data import PackedBlocks
 from ghsweep.train.flops import ModelShape
 
@@ -20,7 +20,7 @@ def train_steps(
     peft: str,
     compile_layers: bool,
     float8: bool,
-    lora: DictConfig | None,
+    lora: PeftSchema | None,
     document: bool,
 ) -> tuple[list[float], float]:
     """Step times in ms and peak allocated GiB over micro-batches of one packed block.
@@ -46,12 +46,13 @@ def train_steps(
     if peft != "none":
         from peft import LoraConfig, get_peft_model
 
-        if lora is None:
+        if lora is None or lora.r is None or lora.alpha is None or lora.target_modules is None:
             raise ValueError(f"peft={peft}: LoRA adapters need `lora` (rank, alpha and targets)")
 
         adapters = LoraConfig(
             r=lora.r,
-            lora_alpha=lora.alpha,
+            # peft scales by alpha / r, so any positive number works; its annotation says int.
+            lora_alpha=lora.alpha,  # type: ignore[arg-type]
             lora_dropout=0.0,
             task_type="CAUSAL_LM",
             target_modules=list(lora.target_modules),
