@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from ghsweep.config.backends import BACKENDS, backend_named
-from ghsweep.config.schema import ConfigSchema, accepted, check, check_choice, choices, knobs, typed
+from ghsweep.config.schema import ConfigSchema, ModelSchema, accepted, check, check_choice, choices, knobs, typed
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
 
@@ -41,7 +41,7 @@ class ModelFacts:
     max_position_embeddings: int
 
 
-def model_facts(model: DictConfig) -> ModelFacts:
+def model_facts(model: DictConfig | ModelSchema) -> ModelFacts:
     """The trained model's shape: its folder's config.json with `model.path`, else the model config.
 
     A loaded checkpoint brings its own shape, so `offload.num_layers` and `train.seq_length` are

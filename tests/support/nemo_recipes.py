@@ -7,8 +7,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from ghsweep.config.schema import ConfigSchema
 from ghsweep.train.nemo.recipe import build_recipe, check_config
-from tests.support.compose import compose_config
+from tests.support.compose import compose_config, compose_typed
 
 
 def nemo_config(*overrides: str) -> DictConfig:
@@ -16,8 +17,13 @@ def nemo_config(*overrides: str) -> DictConfig:
     return compose_config("backend=nemo", *overrides)
 
 
-def recipe_of(run_dir: Path, *overrides: str) -> tuple[Any, DictConfig]:
+def nemo_typed(*overrides: str) -> ConfigSchema:
+    """The typed config the backend reads for `python -m ghsweep backend=nemo OVERRIDES`."""
+    return compose_typed("backend=nemo", *overrides)
+
+
+def recipe_of(run_dir: Path, *overrides: str) -> tuple[Any, ConfigSchema]:
     """(the NeMo recipe, checked without a GPU, the config it was built from) of backend=nemo OVERRIDES."""
-    cfg = nemo_config(*overrides)
-    check_config(cfg, runtime=False)
-    return build_recipe(cfg, run_dir), cfg
+    config = nemo_typed(*overrides)
+    check_config(config, runtime=False)
+    return build_recipe(config, run_dir), config

@@ -12,19 +12,20 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.errors import ConfigError
 from ghsweep.train.automodel.checks import check_config
 from ghsweep.train.automodel.config import recipe_config
 from tests.support.cli import run_cli
-from tests.support.compose import compose_config
+from tests.support.compose import compose_typed
 
 
-def automodel_config(*overrides: str):
-    return compose_config("backend=automodel", *overrides)
+def automodel_config(*overrides: str) -> ConfigSchema:
+    return compose_typed("backend=automodel", *overrides)
 
 
 def test_lora_bf16_maps_onto_automodel_s_peft_model_and_loop(tmp_path):
-    cfg = automodel_config(
+    config = automodel_config(
         "model=llama2_7b",
         "peft.r=32",
         "peft.alpha=64",
@@ -33,13 +34,13 @@ def test_lora_bf16_maps_onto_automodel_s_peft_model_and_loop(tmp_path):
         "train.max_steps=12",
         "dataloader=sync",
     )
-    recipe = recipe_config(cfg, tmp_path, "cuda")
+    recipe = recipe_config(config, tmp_path, "cuda")
     assert recipe["peft"] == {
         "_target_": "nemo_automodel.components._peft.lora.PeftConfig",
         "dim": 32,
         "alpha": 64,
-        "dropout": cfg.peft.dropout,
-        "target_modules": [f"*.{m}" for m in cfg.peft.target_modules],
+        "dropout": config.peft.dropout,
+        "target_modules": [f"*.{m}" for m in config.peft.target_modules],
     }
     model = recipe["model"]
     assert model["_target_"] == "nemo_automodel.NeMoAutoModelForCausalLM.from_config"
@@ -54,14 +55,14 @@ def test_lora_bf16_maps_onto_automodel_s_peft_model_and_loop(tmp_path):
     assert steps["ckpt_every_steps"] > 12 and steps["val_every_steps"] > 12
     assert recipe["dataloader"]["num_workers"] == 0 and recipe["dataloader"]["batch_size"] == 2
     assert recipe["dataset"] == {"_target_": "ghsweep.train.automodel.data.packed_dolly", "run_dir": str(tmp_path)}
-    assert recipe["optimizer"]["lr"] == cfg.train.lr and "fp8" not in recipe
+    assert recipe["optimizer"]["lr"] == config.train.lr and "fp8" not in recipe
 
 
 def test_full_fine_tuning_fp8_and_a_checkpoint(tmp_path):
     folder = tmp_path / "ckpt"
     folder.mkdir()
-    cfg = automodel_config("peft=none", "precision=fp8", f"model.path={folder}", "data.packing_mask=causal")
-    recipe = recipe_config(cfg, tmp_path, "cuda")
+    config = automodel_config("peft=none", "precision=fp8", f"model.path={folder}", "data.packing_mask=causal")
+    recipe = recipe_config(config, tmp_path, "cuda")
     assert "peft" not in recipe
     assert recipe["fp8"] == {"enabled": True, "recipe_name": "tensorwise", "filter_fqns": ["lm_head"], "emulate": False}
     assert recipe["model"]["_target_"] == "nemo_automodel.NeMoAutoModelForCausalLM.from_pretrained"

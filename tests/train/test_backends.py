@@ -11,7 +11,7 @@ import pytest
 
 from ghsweep.config.backends import BACKENDS, backend_named
 from ghsweep.core.errors import ConfigError
-from tests.support.compose import compose_config
+from tests.support.compose import compose_typed
 
 HEAVY = ("torch", "transformers", "peft", "nemo", "nemo_automodel", "lightning", "matplotlib")
 
@@ -47,24 +47,24 @@ def test_an_unknown_backend_is_refused_with_the_known_ones():
     ],
 )
 def test_nemo_and_automodel_need_a_gpu(name, message):
-    cfg = compose_config(f"backend={name}", "device=cpu")
+    config = compose_typed(f"backend={name}", "device=cpu")
     with pytest.raises(ConfigError) as err:
-        backend_named(name).check(cfg, on_gpu=False)
+        backend_named(name).check(config, on_gpu=False)
     assert str(err.value) == message
-    backend_named(name).check(cfg, on_gpu=True)
+    backend_named(name).check(config, on_gpu=True)
 
 
 def test_check_runs_the_backend_s_own_refusals_first():
     with pytest.raises(ConfigError, match=r"^data.packing_mask=causal: NeMo's packed sequences"):
-        backend_named("nemo").check(compose_config("backend=nemo", "data.packing_mask=causal"), on_gpu=True)
+        backend_named("nemo").check(compose_typed("backend=nemo", "data.packing_mask=causal"), on_gpu=True)
     with pytest.raises(ConfigError, match=r"^offload=on: AutoModel offloads parameters"):
-        backend_named("automodel").check(compose_config("backend=automodel", "offload=on"), on_gpu=True)
+        backend_named("automodel").check(compose_typed("backend=automodel", "offload=on"), on_gpu=True)
 
 
 def test_describe_is_what_the_dry_run_adds(tmp_path):
-    assert backend_named("torch").describe(compose_config(), tmp_path) == ""
-    backend_named("torch").check(compose_config("device=cpu"), on_gpu=False)
-    described = backend_named("automodel").describe(compose_config("backend=automodel"), tmp_path)
+    assert backend_named("torch").describe(compose_typed(), tmp_path) == ""
+    backend_named("torch").check(compose_typed("device=cpu"), on_gpu=False)
+    described = backend_named("automodel").describe(compose_typed("backend=automodel"), tmp_path)
     assert described.startswith(f"  recipe:  AutoModel TrainFinetuneRecipeForNextTokenPrediction, {tmp_path}/")
-    refused = backend_named("automodel").describe(compose_config("backend=automodel", "precision=fp16"), tmp_path)
+    refused = backend_named("automodel").describe(compose_typed("backend=automodel", "precision=fp16"), tmp_path)
     assert refused.startswith("  recipe:  (not runnable) precision=fp16: AutoModel trains in one dtype")

@@ -99,10 +99,10 @@ def test_a_checkpoint_is_converted_onto_the_local_layers_in_its_own_shape(tmp_pa
 
     from ghsweep.train.nemo.attention import local_layer_spec
     from ghsweep.train.nemo.recipe import build_recipe, llama_folder_importer
-    from tests.support.compose import compose_config
+    from tests.support.nemo_recipes import nemo_typed
 
-    cfg = compose_config("backend=nemo", f"model.path={hf_folder}", "train.seq_length=256")
-    importer = llama_folder_importer(str(hf_folder), fdl.build(build_recipe(cfg, tmp_path).model.config))
+    recipe = build_recipe(nemo_typed(f"model.path={hf_folder}", "train.seq_length=256"), tmp_path)
+    importer = llama_folder_importer(str(hf_folder), fdl.build(recipe.model.config))
     # What the importer's apply does before saving, without the GPU its save needs.
     target = importer.init()
     config = target.config

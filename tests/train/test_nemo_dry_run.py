@@ -13,7 +13,7 @@ import pytest
 from ghsweep.core.run_dir import RECIPE_JSON, RECIPE_TXT
 from ghsweep.train.nemo.recipe import build_recipe, load_recipe
 from tests.support.cli import run_cli
-from tests.support.compose import compose_config
+from tests.support.nemo_recipes import nemo_typed
 
 pytestmark = [pytest.mark.nemo, pytest.mark.usefixtures("nemo_llm")]
 
@@ -38,8 +38,8 @@ def test_dry_run_prints_the_recipe_and_the_worker_command_and_keeps_the_recipe(t
     assert "<Config[NsysCallback(start_step=5, end_step=7" in llama
     # Nothing trained, nothing recorded: only the recipe is kept.
     assert (run_dir / RECIPE_TXT).exists() and not (run_dir / "metrics.jsonl").exists()
-    cfg = compose_config("backend=nemo", "model=llama2_7b", "offload=on", "offload.num_layers=4")
-    assert load_recipe(run_dir) == build_recipe(cfg, run_dir)
+    config = nemo_typed("model=llama2_7b", "offload=on", "offload.num_layers=4")
+    assert load_recipe(run_dir) == build_recipe(config, run_dir)
 
     # Four offloaded layers of a four-layer model: Megatron would refuse it, the dry run says so.
     tiny = by_model["tiny_llama"]

@@ -28,7 +28,7 @@ from ghsweep.train.nemo.recipe import (
     model_shape,
     save_recipe,
 )
-from tests.support.nemo_recipes import nemo_config, recipe_of
+from tests.support.nemo_recipes import nemo_typed, recipe_of
 from tests.train.lr_schedule import assert_steps_the_torch_backend_s_rates
 
 pytestmark = [pytest.mark.nemo, pytest.mark.usefixtures("nemo_llm")]
@@ -65,7 +65,7 @@ def test_lora_maps_rank_alpha_dropout_and_fused_targets(tmp_path):
     recipe, _ = recipe_of(tmp_path, "peft=lora", "peft.target_modules=[q_proj,k_proj,v_proj,down_proj]")
     assert recipe.peft.target_modules == ["linear_qkv", "linear_fc2"]
     with pytest.raises(ConfigError, match=r"q_proj, k_proj, v_proj are one fused layer \(linear_qkv\)"):
-        check_config(nemo_config("peft.target_modules=[q_proj]"), runtime=False)
+        check_config(nemo_typed("peft.target_modules=[q_proj]"), runtime=False)
 
 
 def test_full_fine_tuning_has_no_adapter_and_the_run_s_parallel_layout(tmp_path):
@@ -95,14 +95,14 @@ def test_full_fine_tuning_has_no_adapter_and_the_run_s_parallel_layout(tmp_path)
 def test_precision_maps_to_the_megatron_plugin_and_matching_optimizer(tmp_path, overrides, precision, fp8, fp8_recipe):
     import fiddle as fdl
 
-    recipe, cfg = recipe_of(tmp_path, *overrides)
+    recipe, config = recipe_of(tmp_path, *overrides)
     plugin = recipe.trainer.plugins
     assert plugin.precision == precision
     assert getattr(plugin, "fp8", None) == fp8
     if fp8_recipe:
         assert plugin.fp8_recipe == fp8_recipe
-    if cfg.precision.name == "fp16":
-        assert plugin.fp16_initial_loss_scale == cfg.precision.initial_loss_scale
+    if config.precision.name == "fp16":
+        assert plugin.fp16_initial_loss_scale == config.precision.initial_loss_scale
     # NeMo's plugin asserts the optimizer's dtype flags match its own before training (it reads
     # them from the Megatron optimizer's config, the only part a namespace stands in for here).
     built = fdl.build(plugin)
@@ -150,11 +150,11 @@ def test_offload_maps_to_megatron_activation_offloading(tmp_path):
     ],
 )
 def test_impossible_combinations_are_refused_by_us_and_by_megatron(tmp_path, overrides, ours, megatrons):
-    cfg = nemo_config(*overrides)
+    config = nemo_typed(*overrides)
     with pytest.raises(ConfigError, match=ours):
-        check_config(cfg, runtime=False)
+        check_config(config, runtime=False)
     with pytest.raises(ValueError, match=megatrons):
-        built_model_config(build_recipe(cfg, tmp_path))
+        built_model_config(build_recipe(config, tmp_path))
 
 
 def test_memory_has_no_recipe_setting(tmp_path):
@@ -168,14 +168,14 @@ def test_dataloader_options_reach_nemo_s_data_module(tmp_path, option, workers, 
     d = recipe.data
     assert (d.num_workers, d.pin_memory, d.persistent_workers) == (workers, pin, persistent)
     with pytest.raises(ConfigError, match=r"dataloader.prefetch_factor=4: .* accepted with backend=nemo: null, 2"):
-        check_config(nemo_config(f"dataloader={option}", "dataloader.prefetch_factor=4"), runtime=False)
+        check_config(nemo_typed(f"dataloader={option}", "dataloader.prefetch_factor=4"), runtime=False)
 
 
 @pytest.mark.parametrize("model", ["tiny_llama", "llama2_7b"])
 def test_model_shape_reaches_megatron(tmp_path, model):
-    recipe, cfg = recipe_of(tmp_path, f"model={model}")
+    recipe, config = recipe_of(tmp_path, f"model={model}")
     built = built_model_config(recipe)
-    m = cfg.model
+    m = config.model
     assert (
         built.num_layers,
         built.hidden_size,
@@ -221,7 +221,7 @@ def test_model_path_restores_the_imported_checkpoint_in_its_own_shape_with_its_t
             }
         )
     )
-    recipe, cfg = recipe_of(tmp_path, "model=llama2_7b", f"model.path={folder}")
+    recipe, config = recipe_of(tmp_path, "model=llama2_7b", f"model.path={folder}")
     assert recipe.resume.restore_config.path == str(Path(NEMO_MODELS_CACHE) / "two-layer-llama")
     assert recipe.model.tokenizer.pretrained_model_name == str(folder)
     c = recipe.model.config
@@ -234,7 +234,7 @@ def test_model_path_restores_the_imported_checkpoint_in_its_own_shape_with_its_t
         4,
     )
     assert (c.layernorm_epsilon, c.rotary_base, c.share_embeddings_and_output_weights) == (1e-6, 500000.0, True)
-    assert model_shape(cfg.model) == ModelShape(512, 1376, 2, 8, 4, 1000)
+    assert model_shape(config.model) == ModelShape(512, 1376, 2, 8, 4, 1000)
 
 
 def test_dolly_file_is_packed_by_nemo_s_own_data_module(tmp_path):
@@ -246,11 +246,11 @@ def test_dolly_file_is_packed_by_nemo_s_own_data_module(tmp_path):
 
     records = dolly.synthetic_dolly(60, seed=3)
     dolly.write_dolly_jsonl(records, tmp_path / "dolly.jsonl")
-    recipe, cfg = recipe_of(
+    recipe, config = recipe_of(
         tmp_path, "data=dolly_file", f"data.path={tmp_path / 'dolly.jsonl'}", "train.seq_length=128"
     )
     assert recipe.data.dataset_root == str(tmp_path / DATASET_DIR)
-    assert write_dataset(cfg, tmp_path / DATASET_DIR) == 60 - VALIDATION_RECORDS
+    assert write_dataset(config, tmp_path / DATASET_DIR) == 60 - VALIDATION_RECORDS
     lines = (tmp_path / DATASET_DIR / "training.jsonl").read_text().splitlines()
     first = json.loads(lines[0])
     assert first == {
@@ -262,12 +262,12 @@ def test_dolly_file_is_packed_by_nemo_s_own_data_module(tmp_path):
     data.tokenizer = fdl.build(recipe.model.tokenizer)
     data.prepare_data()
     # micro_batch_size x seq_length tokens per packed micro-batch, as the torch backend's blocks.
-    packed_length = cfg.train.micro_batch_size * cfg.train.seq_length
+    packed_length = config.train.micro_batch_size * config.train.seq_length
     assert data.train_path_packed.name == f"training_{packed_length}.npy" and data.train_path_packed.exists()
 
 
 def test_train_settings_and_callbacks(tmp_path):
-    recipe, cfg = recipe_of(
+    recipe, config = recipe_of(
         tmp_path,
         "train.max_steps=12",
         "train.log_every=4",
@@ -291,7 +291,7 @@ def test_train_settings_and_callbacks(tmp_path):
     assert (by_name["NsysCallback"].start_step, by_name["NsysCallback"].end_step) == (2, 5)
     metrics = by_name["StepMetricsCallback"]
     assert metrics.metrics_path == str(tmp_path / "metrics.jsonl")
-    assert metrics.tokens_per_step == cfg.train.micro_batch_size * cfg.train.seq_length
+    assert metrics.tokens_per_step == config.train.micro_batch_size * config.train.seq_length
     assert recipe.log.log_dir == str(tmp_path / "nemo")
 
 
@@ -342,8 +342,8 @@ def test_nemo_s_scheduler_steps_the_torch_backend_s_rates(tmp_path, schedule):
     backend's warm-up exactly, the same peak and floor, the decay within one step of it."""
     import fiddle as fdl
 
-    recipe, cfg = recipe_of(tmp_path, "train.max_steps=20", "train.lr=0.01", f"train.lr_schedule={schedule}")
-    t = cfg.train
+    recipe, config = recipe_of(tmp_path, "train.max_steps=20", "train.lr=0.01", f"train.lr_schedule={schedule}")
+    t = config.train
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=t.lr)
     scheduler = fdl.build(recipe.optim.lr_scheduler).scheduler(None, optimizer)["lr_scheduler"]["scheduler"]
     theirs = []

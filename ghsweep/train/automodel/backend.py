@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from ghsweep.config.backends import ManagedAllocator
+from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import AUTOMODEL_RECIPE
 from ghsweep.core.run_plan import RunPlan
@@ -18,37 +17,37 @@ from ghsweep.train.automodel.checks import check_config
 class AutoModelBackend:
     name = "automodel"
 
-    def check(self, cfg: DictConfig, on_gpu: bool) -> None:
-        check_config(cfg)
+    def check(self, config: ConfigSchema, on_gpu: bool) -> None:
+        check_config(config)
         if not on_gpu:
             raise ConfigError(
                 f"backend=automodel: training needs an NVIDIA GPU (FSDP2 over NCCL) and this run has none "
-                f"(device={cfg.device}); accepted here: backend=torch"
+                f"(device={config.device}); accepted here: backend=torch"
             )
 
-    def describe(self, cfg: DictConfig, run_dir: Path) -> str:
+    def describe(self, config: ConfigSchema, run_dir: Path) -> str:
         """The recipe config the run would train with (on a GPU)."""
         try:
-            check_config(cfg)
+            check_config(config)
         except ConfigError as exc:
             return f"  recipe:  (not runnable) {exc}"
         import yaml
 
         from ghsweep.train.automodel.config import recipe_config
 
-        text = yaml.safe_dump(recipe_config(cfg, run_dir, "cuda"), sort_keys=False)
+        text = yaml.safe_dump(recipe_config(config, run_dir, "cuda"), sort_keys=False)
         recipe = run_dir / AUTOMODEL_RECIPE
         return f"  recipe:  AutoModel TrainFinetuneRecipeForNextTokenPrediction, {recipe}\n" + "\n".join(
             "    " + line for line in text.splitlines()
         )
 
     def train(
-        self, cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None
+        self, config: ConfigSchema, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None
     ) -> RunSummary:
-        check_config(cfg)
+        check_config(config)
         from ghsweep.train.automodel.train import train
 
-        return train(cfg, plan, run_dir, managed)
+        return train(config, plan, run_dir, managed)
 
 
 BACKEND = AutoModelBackend()

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig
 
+from ghsweep.config.schema import ConfigSchema, TrainSchema
 from ghsweep.core.run_dir import AUTOMODEL_RECIPE
 from ghsweep.train.attention import resolve
 from ghsweep.train.automodel.checks import TORCH_DTYPES
@@ -21,16 +21,17 @@ from ghsweep.train.tokenizer import ByteTokenizer
 # The recipe config a run trained with, as AutoModel's own YAML (its CLI takes the same file).
 
 
-def attn_implementation(cfg: DictConfig, device_type: str) -> str:
+def attn_implementation(config: ConfigSchema, device_type: str) -> str:
     """transformers' attention for the model: the torch backend's choice for the same packing mask."""
-    return "flex_attention" if resolve(cfg.train.attention, cfg.data.packing_mask, device_type) == "flex" else "sdpa"
+    chosen = resolve(config.train.attention, config.data.packing_mask, device_type)
+    return "flex_attention" if chosen == "flex" else "sdpa"
 
 
-def _model(cfg: DictConfig, device_type: str) -> dict[str, Any]:
-    m = cfg.model
+def _model(config: ConfigSchema, device_type: str) -> dict[str, Any]:
+    m = config.model
     common = {
-        "torch_dtype": TORCH_DTYPES[cfg.precision.name],
-        "attn_implementation": attn_implementation(cfg, device_type),
+        "torch_dtype": TORCH_DTYPES[config.precision.name],
+        "attn_implementation": attn_implementation(config, device_type),
         # The torch backend's model as it is: no Liger kernels swapped in.
         "use_liger_kernel": False,
     }
@@ -40,7 +41,7 @@ def _model(cfg: DictConfig, device_type: str) -> dict[str, Any]:
             "pretrained_model_name_or_path": str(m.path),
             **common,
         }
-    config = {
+    llama = {
         "_target_": "transformers.LlamaConfig",
         "hidden_size": m.hidden_size,
         "intermediate_size": m.intermediate_size,
@@ -55,10 +56,10 @@ def _model(cfg: DictConfig, device_type: str) -> dict[str, Any]:
         "pad_token_id": ByteTokenizer.pad_token_id,
         "use_cache": False,
     }
-    return {"_target_": "nemo_automodel.NeMoAutoModelForCausalLM.from_config", "config": config, **common}
+    return {"_target_": "nemo_automodel.NeMoAutoModelForCausalLM.from_config", "config": llama, **common}
 
 
-def lr_scheduler(train: DictConfig) -> dict[str, Any]:
+def lr_scheduler(train: TrainSchema) -> dict[str, Any]:
     """The torch backend's schedule (schedule.lr_factor) in AutoModel's scheduler (Megatron's
     OptimizerParamScheduler); without it AutoModel keeps the rate constant.
 
@@ -78,14 +79,14 @@ def lr_scheduler(train: DictConfig) -> dict[str, Any]:
     }
 
 
-def recipe_config(cfg: DictConfig, run_dir: Path, device_type: str) -> dict[str, Any]:
-    """The AutoModel recipe config that trains `cfg`, logging into `run_dir`."""
-    t = cfg.train
-    dl = cfg.dataloader
+def recipe_config(config: ConfigSchema, run_dir: Path, device_type: str) -> dict[str, Any]:
+    """The AutoModel recipe config that trains `config`, logging into `run_dir`."""
+    t = config.train
+    dl = config.dataloader
     # Never reached: ghsweep measures training steps, without validation passes or checkpoints.
     never = t.max_steps + 1
     recipe: dict[str, Any] = {
-        "seed": cfg.seed,
+        "seed": config.seed,
         "step_scheduler": {
             "global_batch_size": t.micro_batch_size,
             "local_batch_size": t.micro_batch_size,
@@ -95,7 +96,7 @@ def recipe_config(cfg: DictConfig, run_dir: Path, device_type: str) -> dict[str,
             "num_epochs": t.max_steps,
         },
         "dist_env": {"backend": "nccl", "timeout_minutes": 10},
-        "model": _model(cfg, device_type),
+        "model": _model(config, device_type),
         "checkpoint": {"enabled": False, "checkpoint_dir": str(run_dir / "automodel")},
         "distributed": {"strategy": "fsdp2", "dp_size": None, "tp_size": 1, "cp_size": 1, "sequence_parallel": False},
         "loss_fn": {"_target_": "nemo_automodel.components.loss.masked_ce.MaskedCrossEntropy"},
@@ -125,8 +126,10 @@ def recipe_config(cfg: DictConfig, run_dir: Path, device_type: str) -> dict[str,
         recipe["dataloader"]["prefetch_factor"] = dl.prefetch_factor
     if t.grad_clip is not None:
         recipe["clip_grad_norm"] = {"max_norm": t.grad_clip}
-    if cfg.peft.name == "lora":
-        p = cfg.peft
+    if config.peft.name == "lora":
+        p = config.peft
+        if p.target_modules is None:
+            raise ValueError("peft=lora without peft.target_modules: a config validation did not check")
         recipe["peft"] = {
             "_target_": "nemo_automodel.components._peft.lora.PeftConfig",
             # AutoModel matches patterns against a module's full name.
@@ -135,7 +138,7 @@ def recipe_config(cfg: DictConfig, run_dir: Path, device_type: str) -> dict[str,
             "alpha": p.alpha,
             "dropout": p.dropout,
         }
-    if cfg.precision.name == "fp8":
+    if config.precision.name == "fp8":
         recipe["fp8"] = {"enabled": True, "recipe_name": "tensorwise", "filter_fqns": ["lm_head"], "emulate": False}
     return recipe
 

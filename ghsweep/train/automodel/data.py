@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from ghsweep.config.schema import typed
 from ghsweep.core.run_dir import CONFIG
 from ghsweep.train.data import IGNORE_INDEX, PackedDataset, load_blocks
 from ghsweep.train.tokenizer import load_tokenizer
@@ -27,10 +28,11 @@ class ShiftedPackedDataset(PackedDataset):
 
 
 def packed_dolly(run_dir: str) -> ShiftedPackedDataset:
-    cfg = OmegaConf.load(Path(run_dir) / CONFIG)
-    if not isinstance(cfg, DictConfig):
+    composed = OmegaConf.load(Path(run_dir) / CONFIG)
+    if not isinstance(composed, DictConfig):
         raise TypeError(f"{Path(run_dir) / CONFIG}: the run's config is a list, not a mapping")
+    config = typed(composed)  # validated by the job that wrote it
     # On the CPU even inside the recipe's setup, which the backend runs under the CUDA device: the
     # dataloader's workers and pinned memory take host tensors.
     with torch.device("cpu"):
-        return ShiftedPackedDataset(load_blocks(cfg, load_tokenizer(cfg.model)))
+        return ShiftedPackedDataset(load_blocks(config, load_tokenizer(config.model)))

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 
 from ghsweep.config.backends import ManagedAllocator
+from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.run_dir import METRICS
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.summary import RunSummary
@@ -40,7 +40,7 @@ def _single_process_env() -> None:
         os.environ.setdefault(key, value)
 
 
-def _measured_recipe(cfg: DictConfig, run_dir: Path, tokens_per_step: int) -> Any:
+def _measured_recipe(config: ConfigSchema, run_dir: Path, tokens_per_step: int) -> Any:
     from nemo_automodel.recipes.llm.train_ft import TrainFinetuneRecipeForNextTokenPrediction
 
     class MeasuredRecipe(TrainFinetuneRecipeForNextTokenPrediction):
@@ -61,7 +61,7 @@ def _measured_recipe(cfg: DictConfig, run_dir: Path, tokens_per_step: int) -> An
             # Closed however the loop ends: the capture window and metrics.jsonl cover what ran.
             with (
                 StepLog(run_dir / METRICS, device, tokens_per_step) as self.step_log,
-                Phases(device, cfg.capture.start_step, cfg.capture.num_steps) as self.phases,
+                Phases(device, config.capture.start_step, config.capture.num_steps) as self.phases,
             ):
                 super().run_train_validation_loop()
             self.train_ended_at = time.time()
@@ -74,14 +74,14 @@ def _measured_recipe(cfg: DictConfig, run_dir: Path, tokens_per_step: int) -> An
                 self.step_log.end(step, torch.tensor(sample.metrics["loss"]), started)
             self.steps_done += 1
             self.peak_gib = max(self.peak_gib, sample.metrics["mem"])
-            self.step_log.flush_due(self.steps_done, cfg.train.max_steps, cfg.train.log_every, progress=True)
+            self.step_log.flush_due(self.steps_done, config.train.max_steps, config.train.log_every, progress=True)
             return sample
 
     return MeasuredRecipe
 
 
-def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None) -> RunSummary:
-    """Run the AutoModel recipe `cfg` maps to; metrics.jsonl as the torch backend's; return the summary."""
+def train(config: ConfigSchema, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None) -> RunSummary:
+    """Run the AutoModel recipe `config` maps to; metrics.jsonl as the torch backend's; return the summary."""
     import nemo_automodel
     from nemo_automodel.components.config.loader import load_yaml_config
 
@@ -89,10 +89,10 @@ def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocat
     if not torch.cuda.is_available():
         raise RuntimeError("backend=automodel: training needs an NVIDIA GPU (FSDP2 over NCCL)")
     _single_process_env()
-    recipe_cfg = recipe_config(cfg, run_dir, "cuda")
+    recipe_cfg = recipe_config(config, run_dir, "cuda")
     recipe_path = write_recipe(recipe_cfg, run_dir)
-    tokens_per_step = cfg.train.micro_batch_size * cfg.train.seq_length
-    recipe = _measured_recipe(cfg, run_dir, tokens_per_step)(load_yaml_config(str(recipe_path)))
+    tokens_per_step = config.train.micro_batch_size * config.train.seq_length
+    recipe = _measured_recipe(config, run_dir, tokens_per_step)(load_yaml_config(str(recipe_path)))
     recipe.setup()
     model = recipe.model_parts[0]
     params = (sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.parameters() if p.requires_grad))
@@ -101,30 +101,30 @@ def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocat
     device = torch.device("cuda", torch.cuda.current_device())
     shape = ModelShape.from_hf(model.config.to_dict())
     # The blocks the recipe's dataset packed (packed_dolly), for the attention FLOPs of document masking.
-    blocks = dolly.load_blocks(cfg, load_tokenizer(cfg.model))
+    blocks = dolly.load_blocks(config, load_tokenizer(config.model))
     flops = run_flops_per_token(
-        shape, cfg, attended_keys_per_token(blocks.position_ids, cfg.data.packing_mask == "document")
+        shape, config, attended_keys_per_token(blocks.position_ids, config.data.packing_mask == "document")
     )
     info = {
         "automodel_version": nemo_automodel.__version__,
         "packed_blocks": len(blocks),
         "examples_dropped_too_long": blocks.dropped,
-        "dataloader_workers": cfg.dataloader.num_workers,
+        "dataloader_workers": config.dataloader.num_workers,
         "compiled": recipe_cfg["compile"]["enabled"],
         "attention": recipe_cfg["model"]["attn_implementation"],
     }
-    if cfg.precision.name == "fp8":
+    if config.precision.name == "fp8":
         info["fp8_library"] = "torchao"
     # One process: _single_process_env, AutoModel's FSDP2 over one GPU.
     return run_summary(
-        cfg,
+        config,
         recipe.step_log,
         device,
         peak_gib=run_peak_gib(managed, lambda: recipe.peak_gib),
         flops_per_token=flops,
         gpus=1,
         params=params,
-        random_init=not cfg.model.path,
+        random_init=not config.model.path,
         offload_applied=False,
         profiled=plan.profile.used != "none",
         managed=managed,

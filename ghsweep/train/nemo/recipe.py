@@ -9,12 +9,20 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
-from ghsweep.config.schema import accepted, check, choices
+from ghsweep.config.schema import (
+    BackendSchema,
+    ConfigSchema,
+    ModelSchema,
+    PeftSchema,
+    TrainSchema,
+    accepted,
+    check,
+    choices,
+)
 from ghsweep.config.validate import model_facts
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import METRICS, RECIPE_JSON, RECIPE_TXT
@@ -54,20 +62,55 @@ def lora_target_modules(targets: list[str]) -> list[str]:
     return names
 
 
-def check_config(cfg: DictConfig, runtime: bool) -> None:
+@dataclass(frozen=True)
+class Layout:
+    """backend=nemo's GPUs and their split into tensor and pipeline parallel ranks."""
+
+    num_nodes: int
+    gpus_per_node: int
+    tensor_parallel: int
+    pipeline_parallel: int
+
+    @property
+    def gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+
+def layout(backend: BackendSchema) -> Layout:
+    """backend=nemo's layout, its knobs checked against the schema."""
+    check("backend.num_nodes", backend.num_nodes)
+    check("backend.gpus_per_node", backend.gpus_per_node)
+    check("backend.tensor_parallel", backend.tensor_parallel)
+    check("backend.pipeline_parallel", backend.pipeline_parallel)
+    assert (
+        backend.num_nodes is not None
+        and backend.gpus_per_node is not None
+        and backend.tensor_parallel is not None
+        and backend.pipeline_parallel is not None
+    ), "check refuses null for these knobs, which backend=nemo carries"
+    return Layout(backend.num_nodes, backend.gpus_per_node, backend.tensor_parallel, backend.pipeline_parallel)
+
+
+def lora_targets(peft: PeftSchema) -> list[str]:
+    """Megatron's names for peft=lora's target modules."""
+    if peft.target_modules is None:
+        raise ValueError(f"peft={peft.name}: no peft.target_modules; LoRA's targets are peft=lora's")
+    return lora_target_modules(peft.target_modules)
+
+
+def check_config(config: ConfigSchema, runtime: bool) -> None:
     """Raise ConfigError for what NeMo/Megatron would refuse, before any GPU time.
 
     `runtime`: this interpreter is the one the worker trains in, so installed packages
     (Transformer Engine for fp8) can be checked here too.
     """
-    b = cfg.backend
-    for key in ("num_nodes", "gpus_per_node", "tensor_parallel", "pipeline_parallel", "recompute_granularity"):
-        check(f"backend.{key}", b[key])
-    gpus = b.num_nodes * b.gpus_per_node
-    if gpus % (b.tensor_parallel * b.pipeline_parallel):
+    b = config.backend
+    run = layout(b)
+    check("backend.recompute_granularity", b.recompute_granularity)
+    if run.gpus % (run.tensor_parallel * run.pipeline_parallel):
         raise ConfigError(
-            f"backend.tensor_parallel={b.tensor_parallel}: tensor x pipeline parallel "
-            f"({b.tensor_parallel * b.pipeline_parallel}) must divide the run's {gpus} GPUs "
+            f"backend.tensor_parallel={run.tensor_parallel}: tensor x pipeline parallel "
+            f"({run.tensor_parallel * run.pipeline_parallel}) must divide the run's {run.gpus} GPUs "
             "(backend.num_nodes x backend.gpus_per_node)"
         )
     if b.recompute_granularity == "full" and b.recompute_method is None:
@@ -77,19 +120,19 @@ def check_config(cfg: DictConfig, runtime: bool) -> None:
         )
     check("backend.recompute_method", b.recompute_method)
     check("backend.recompute_num_layers", b.recompute_num_layers)
-    if cfg.peft.name == "lora":
-        lora_target_modules(list(cfg.peft.target_modules))
-    model = model_facts(cfg.model)
+    if config.peft.name == "lora":
+        lora_targets(config.peft)
+    model = model_facts(config.model)
     layers = model.num_layers
-    if cfg.offload.enabled:
-        if cfg.offload.num_layers >= layers:
+    if config.offload.enabled:
+        if config.offload.num_layers >= layers:
             raise ConfigError(
-                f"offload.num_layers={cfg.offload.num_layers}: with backend=nemo Megatron offloads fewer "
+                f"offload.num_layers={config.offload.num_layers}: with backend=nemo Megatron offloads fewer "
                 f"layers than {model.source} has ({layers}); accepted: 1 to {layers - 1}"
             )
-        if b.pipeline_parallel > 1:
+        if run.pipeline_parallel > 1:
             raise ConfigError(
-                f"backend.pipeline_parallel={b.pipeline_parallel}: Megatron has no CPU offloading with "
+                f"backend.pipeline_parallel={run.pipeline_parallel}: Megatron has no CPU offloading with "
                 "pipeline parallelism; accepted with offload=on: 1"
             )
         if b.recompute_granularity is not None:
@@ -97,25 +140,25 @@ def check_config(cfg: DictConfig, runtime: bool) -> None:
                 f"backend.recompute_granularity={b.recompute_granularity}: Megatron refuses activation "
                 "recomputation together with offload=on; accepted with offload=on: null"
             )
-    if cfg.train.optimizer != "auto":
+    if config.train.optimizer != "auto":
         raise ConfigError(
-            f"train.optimizer={cfg.train.optimizer}: NeMo steps Megatron's distributed Adam over fp32 master "
+            f"train.optimizer={config.train.optimizer}: NeMo steps Megatron's distributed Adam over fp32 master "
             "weights; accepted with backend=nemo: auto"
         )
-    if cfg.data.packing_mask != "document":
+    if config.data.packing_mask != "document":
         raise ConfigError(
-            f"data.packing_mask={cfg.data.packing_mask}: NeMo's packed sequences always keep each example to "
+            f"data.packing_mask={config.data.packing_mask}: NeMo's packed sequences always keep each example to "
             "itself; accepted with backend=nemo: document"
         )
-    if cfg.dataloader.prefetch_factor not in (None, 2):
+    if config.dataloader.prefetch_factor not in (None, 2):
         raise ConfigError(
-            f"dataloader.prefetch_factor={cfg.dataloader.prefetch_factor}: NeMo's data module always "
+            f"dataloader.prefetch_factor={config.dataloader.prefetch_factor}: NeMo's data module always "
             "uses PyTorch's default; accepted with backend=nemo: null, 2"
         )
-    if cfg.precision.name == "fp8":
-        if cfg.precision.library not in ("auto", "te"):
+    if config.precision.name == "fp8":
+        if config.precision.library not in ("auto", "te"):
             raise ConfigError(
-                f"precision.library={cfg.precision.library}: NeMo's fp8 is Transformer Engine's; "
+                f"precision.library={config.precision.library}: NeMo's fp8 is Transformer Engine's; "
                 "accepted with backend=nemo: auto, te"
             )
         if runtime and not transformer_engine_available():
@@ -125,50 +168,50 @@ def check_config(cfg: DictConfig, runtime: bool) -> None:
             )
 
 
-def data_parallel_size(cfg: DictConfig) -> int:
-    b = cfg.backend
-    return b.num_nodes * b.gpus_per_node // (b.tensor_parallel * b.pipeline_parallel)
+def data_parallel_size(config: ConfigSchema) -> int:
+    run = layout(config.backend)
+    return run.gpus // (run.tensor_parallel * run.pipeline_parallel)
 
 
-def tokens_per_step(cfg: DictConfig) -> int:
+def tokens_per_step(config: ConfigSchema) -> int:
     """Tokens of one global batch: every micro-batch is packed full (see `build_recipe`)."""
-    return cfg.train.micro_batch_size * cfg.train.seq_length * data_parallel_size(cfg)
+    return config.train.micro_batch_size * config.train.seq_length * data_parallel_size(config)
 
 
-def build_recipe(cfg: DictConfig, run_dir: Path) -> Any:
-    """The `run.Partial` of `llm.finetune` that trains `cfg`, logging into `run_dir`."""
+def build_recipe(config: ConfigSchema, run_dir: Path) -> Any:
+    """The `run.Partial` of `llm.finetune` that trains `config`, logging into `run_dir`."""
     from nemo.collections import llm
 
-    b = cfg.backend
+    b = config.backend
     # The torch backend packs examples into micro-batches of exactly seq_length tokens; NeMo packs
     # into one sequence per micro-batch, so the same tokens per step are one packed sequence of
     # micro_batch_size x seq_length (NeMo's own advice for packed micro-batches > 1).
-    packed_length = cfg.train.micro_batch_size * cfg.train.seq_length
+    packed_length = config.train.micro_batch_size * config.train.seq_length
     recipe = llm.llama2_7b.finetune_recipe(
         dir=str(run_dir / "nemo"),
         name="ghsweep",
         num_nodes=b.num_nodes,
         num_gpus_per_node=b.gpus_per_node,
-        peft_scheme="lora" if cfg.peft.name == "lora" else None,
+        peft_scheme="lora" if config.peft.name == "lora" else None,
         seq_length=packed_length,
         packed_sequence=True,
     )
-    _map_model(recipe, cfg)
-    _map_peft(recipe, cfg)
-    _map_precision(recipe, cfg)
-    _map_offload(recipe, cfg)
-    _map_data(recipe, cfg, run_dir, packed_length)
-    _map_train(recipe, cfg, run_dir)
+    _map_model(recipe, config)
+    _map_peft(recipe, config)
+    _map_precision(recipe, config)
+    _map_offload(recipe, config)
+    _map_data(recipe, config, run_dir, packed_length)
+    _map_train(recipe, config, run_dir)
     return recipe
 
 
-def _map_model(recipe: Any, cfg: DictConfig) -> None:
+def _map_model(recipe: Any, config: ConfigSchema) -> None:
     import nemo_run as run
     from nemo import lightning as nl
     from nemo.collections.common.tokenizers.bytelevel_tokenizers import ByteLevelTokenizer
     from nemo.collections.common.tokenizers.huggingface.auto_tokenizer import AutoTokenizer
 
-    m = cfg.model
+    m = config.model
     c = recipe.model.config
     if not transformer_engine_available():
         use_local_spec(c)
@@ -198,7 +241,7 @@ def _map_model(recipe: Any, cfg: DictConfig) -> None:
         recipe.resume = None
 
 
-def llama_architecture(model: DictConfig) -> dict[str, Any]:
+def llama_architecture(model: ModelSchema) -> dict[str, Any]:
     """The trained Llama's shape in Hugging Face's names: the checkpoint's config.json with `model.path`
     (NeMo imports the checkpoint with it), else the model config."""
     if not model.path:
@@ -229,7 +272,7 @@ def llama_architecture(model: DictConfig) -> dict[str, Any]:
     }
 
 
-def model_shape(model: DictConfig) -> ModelShape:
+def model_shape(model: ModelSchema) -> ModelShape:
     """The FLOPs-relevant shape of `llama_architecture(model)`."""
     return ModelShape.from_hf(llama_architecture(model))
 
@@ -295,33 +338,33 @@ def hf_import_path(model_path: str) -> Path:
     return Path(NEMO_MODELS_CACHE) / Path(model_path).name
 
 
-def _map_peft(recipe: Any, cfg: DictConfig) -> None:
+def _map_peft(recipe: Any, config: ConfigSchema) -> None:
     # The recipe sets tensor parallel 2 for full fine-tuning; the run's layout is backend's.
-    recipe.trainer.strategy.tensor_model_parallel_size = cfg.backend.tensor_parallel
-    recipe.trainer.strategy.pipeline_model_parallel_size = cfg.backend.pipeline_parallel
-    if cfg.peft.name != "lora":
+    recipe.trainer.strategy.tensor_model_parallel_size = config.backend.tensor_parallel
+    recipe.trainer.strategy.pipeline_model_parallel_size = config.backend.pipeline_parallel
+    if config.peft.name != "lora":
         return
-    p = cfg.peft
+    p = config.peft
     recipe.peft.dim = p.r
     recipe.peft.alpha = p.alpha
     recipe.peft.dropout = p.dropout
-    recipe.peft.target_modules = lora_target_modules(list(p.target_modules))
+    recipe.peft.target_modules = lora_targets(p)
 
 
-def _map_precision(recipe: Any, cfg: DictConfig) -> None:
-    recipe.trainer.plugins = _precision_plugin(cfg)
+def _map_precision(recipe: Any, config: ConfigSchema) -> None:
+    recipe.trainer.plugins = _precision_plugin(config)
     # MegatronMixedPrecision asserts that the optimizer's dtype flags match its own.
-    recipe.optim.config.bf16 = cfg.precision.name in ("bf16", "fp8")
-    recipe.optim.config.fp16 = cfg.precision.name == "fp16"
+    recipe.optim.config.bf16 = config.precision.name in ("bf16", "fp8")
+    recipe.optim.config.fp16 = config.precision.name == "fp16"
 
 
-def _precision_plugin(cfg: DictConfig) -> Any:
+def _precision_plugin(config: ConfigSchema) -> Any:
     import nemo_run as run
     import torch
     from nemo.collections.llm.recipes.precision import mixed_precision as mp
     from nemo.lightning.pytorch.plugins.mixed_precision import MegatronMixedPrecision
 
-    p = cfg.precision
+    p = config.precision
     if p.name == "fp32":
         return run.Config(
             MegatronMixedPrecision,
@@ -342,33 +385,33 @@ def _precision_plugin(cfg: DictConfig) -> Any:
     return plugin
 
 
-def _map_offload(recipe: Any, cfg: DictConfig) -> None:
+def _map_offload(recipe: Any, config: ConfigSchema) -> None:
     c = recipe.model.config
-    o = cfg.offload
-    c.cpu_offloading = bool(o.enabled)
+    o = config.offload
+    c.cpu_offloading = o.enabled
     c.cpu_offloading_num_layers = o.num_layers if o.enabled else 0
     # ghsweep's offload is activation offloading; the weights stay on the GPU.
-    c.cpu_offloading_activations = bool(o.enabled)
+    c.cpu_offloading_activations = o.enabled
     c.cpu_offloading_weights = False
-    b = cfg.backend
+    b = config.backend
     c.recompute_granularity = b.recompute_granularity
     c.recompute_method = b.recompute_method
     c.recompute_num_layers = b.recompute_num_layers
 
 
-def _map_data(recipe: Any, cfg: DictConfig, run_dir: Path, packed_length: int) -> None:
+def _map_data(recipe: Any, config: ConfigSchema, run_dir: Path, packed_length: int) -> None:
     import nemo_run as run
     from nemo.collections import llm
     from nemo.collections.llm.gpt.data.packed_sequence import PackedSequenceSpecs
 
-    dl = cfg.dataloader
+    dl = config.dataloader
     recipe.data = run.Config(
         llm.FineTuningDataModule,
         dataset_root=str(run_dir / DATASET_DIR),
         seq_length=packed_length,
         micro_batch_size=1,
-        global_batch_size=data_parallel_size(cfg),
-        seed=cfg.seed,
+        global_batch_size=data_parallel_size(config),
+        seed=config.seed,
         num_workers=dl.num_workers,
         pin_memory=dl.pin_memory,
         persistent_workers=dl.persistent_workers and dl.num_workers > 0,
@@ -378,13 +421,13 @@ def _map_data(recipe: Any, cfg: DictConfig, run_dir: Path, packed_length: int) -
         packed_sequence_specs=run.Config(
             PackedSequenceSpecs,
             packed_sequence_size=packed_length,
-            tokenizer_model_name=Path(cfg.model.path).name if cfg.model.path else "byte_level",
+            tokenizer_model_name=Path(config.model.path).name if config.model.path else "byte_level",
         ),
         dataset_kwargs={"pad_to_max_length": True},
     )
 
 
-def lr_scheduler(train: DictConfig) -> tuple[type, dict[str, Any]]:
+def lr_scheduler(train: TrainSchema) -> tuple[type, dict[str, Any]]:
     """The torch backend's schedule (schedule.lr_factor) as NeMo's scheduler module and its settings.
 
     NeMo's warm-up trains step k (from 0) at lr * (k + 1) / (warmup_steps + 1): with one warm-up
@@ -409,7 +452,7 @@ def lr_scheduler(train: DictConfig) -> tuple[type, dict[str, Any]]:
     return (WarmupAnnealingScheduler if train.lr_schedule == "linear" else WarmupPolicyScheduler), settings
 
 
-def _map_train(recipe: Any, cfg: DictConfig, run_dir: Path) -> None:
+def _map_train(recipe: Any, config: ConfigSchema, run_dir: Path) -> None:
     import fiddle as fdl
     import nemo_run as run
     from nemo.lightning.pytorch.callbacks.nsys import NsysCallback
@@ -417,7 +460,7 @@ def _map_train(recipe: Any, cfg: DictConfig, run_dir: Path) -> None:
     from ghsweep.train.nemo.metrics import StepMetricsCallback
     from ghsweep.train.nemo.optim import MegatronOptimizerWithFusedTorchAdam, megatron_uses_torch_adam
 
-    t = cfg.train
+    t = config.train
     trainer = recipe.trainer
     trainer.max_steps = t.max_steps
     trainer.log_every_n_steps = t.log_every
@@ -443,14 +486,14 @@ def _map_train(recipe: Any, cfg: DictConfig, run_dir: Path) -> None:
         *(trainer.callbacks or []),
         run.Config(
             NsysCallback,
-            start_step=cfg.capture.start_step,
-            end_step=cfg.capture.start_step + cfg.capture.num_steps - 1,
+            start_step=config.capture.start_step,
+            end_step=config.capture.start_step + config.capture.num_steps - 1,
             ranks=[0],
         ),
         run.Config(
             StepMetricsCallback,
             metrics_path=str(run_dir / METRICS),
-            tokens_per_step=tokens_per_step(cfg),
+            tokens_per_step=tokens_per_step(config),
             max_steps=t.max_steps,
             log_every=t.log_every,
         ),
@@ -474,10 +517,10 @@ def load_recipe(run_dir: Path) -> Any:
     return serialization.load_json((run_dir / RECIPE_JSON).read_text())
 
 
-def describe_recipe(cfg: DictConfig, run_dir: Path) -> str:
+def describe_recipe(config: ConfigSchema, run_dir: Path) -> str:
     """The dry run of a backend=nemo combination: its composed recipe, kept in `run_dir` too."""
     try:
-        check_config(cfg, runtime=False)
+        check_config(config, runtime=False)
     except ConfigError as exc:
         return f"  recipe:  (not runnable) {exc}"
     try:
@@ -488,5 +531,5 @@ def describe_recipe(cfg: DictConfig, run_dir: Path) -> str:
             "the NeMo container, or the environment tests/nemo/make_env.sh builds"
         )
     run_dir.mkdir(parents=True, exist_ok=True)
-    text = save_recipe(build_recipe(cfg, run_dir), run_dir)
+    text = save_recipe(build_recipe(config, run_dir), run_dir)
     return f"  recipe:  {run_dir / RECIPE_JSON}\n" + "\n".join("    " + line for line in text.splitlines())

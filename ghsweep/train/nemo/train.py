@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 
 from ghsweep.config.backends import ManagedAllocator
+from ghsweep.config.schema import ConfigSchema, ModelSchema
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.summary import RunSummary
 from ghsweep.train import data as dolly
@@ -43,9 +43,9 @@ from ghsweep.train.tokenizer import load_tokenizer
 VALIDATION_RECORDS = 8
 
 
-def write_dataset(cfg: DictConfig, root: Path) -> int:
+def write_dataset(config: ConfigSchema, root: Path) -> int:
     """The run's dolly records in NeMo's fine-tuning format, one {"input", "output"} per line."""
-    records = dolly.load_records(cfg.data, cfg.seed, cfg.train.seq_length, load_tokenizer(cfg.model))
+    records = dolly.load_records(config.data, config.seed, config.train.seq_length, load_tokenizer(config.model))
     root.mkdir(parents=True, exist_ok=True)
     splits = {"training.jsonl": records[VALIDATION_RECORDS:], "validation.jsonl": records[:VALIDATION_RECORDS]}
     for name, split in splits.items():
@@ -56,35 +56,36 @@ def write_dataset(cfg: DictConfig, root: Path) -> int:
     return len(splits["training.jsonl"])
 
 
-def import_hf_model(model: DictConfig, recipe: Any) -> None:
+def import_hf_model(model: ModelSchema, recipe: Any) -> None:
     """Convert the Hugging Face folder `model.path` into NeMo's model cache once (skipped when it
-    is there), into the model `recipe` trains."""
+    is there), into the model `recipe` trains; nothing for a model built from its config."""
+    if not model.path:
+        return
     import fiddle as fdl
 
     target = hf_import_path(model.path)
     if not target.exists():
-        llama_folder_importer(str(model.path), fdl.build(recipe.model.config))(output_path=target)
+        llama_folder_importer(model.path, fdl.build(recipe.model.config))(output_path=target)
 
 
-def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None) -> RunSummary:
-    """Run the recipe `cfg` maps to; metrics.jsonl comes from StepMetricsCallback; return the summary."""
+def train(config: ConfigSchema, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None) -> RunSummary:
+    """Run the recipe `config` maps to; metrics.jsonl comes from StepMetricsCallback; return the summary."""
     import fiddle as fdl
     import nemo
 
     setup_at = time.time()
     if not torch.cuda.is_available():
         raise RuntimeError("backend=nemo: training needs an NVIDIA GPU (Megatron keeps its gradient buffers in CUDA)")
-    if cfg.precision.name == "fp32":
-        torch.backends.cuda.matmul.allow_tf32 = bool(cfg.precision.allow_tf32)
-    examples = write_dataset(cfg, run_dir / DATASET_DIR)
-    if cfg.peft.name == "lora" and not transformer_engine_available():
+    if config.precision.name == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = bool(config.precision.allow_tf32)
+    examples = write_dataset(config, run_dir / DATASET_DIR)
+    if config.peft.name == "lora" and not transformer_engine_available():
         allow_lora_without_te()
-    if cfg.model.path:
+    if config.model.path:
         track_nemo_auto_tokenizer()
-    recipe = build_recipe(cfg, run_dir)
+    recipe = build_recipe(config, run_dir)
     save_recipe(recipe, run_dir)
-    if cfg.model.path:
-        import_hf_model(cfg.model, recipe)
+    import_hf_model(config.model, recipe)
     finetune = fdl.build(recipe)
     metrics_cb = next(c for c in finetune.keywords["trainer"].callbacks if isinstance(c, StepMetricsCallback))
     finetune()
@@ -92,20 +93,20 @@ def train(cfg: DictConfig, plan: RunPlan, run_dir: Path, managed: ManagedAllocat
     device = torch.device("cuda", torch.cuda.current_device())
     # Attention FLOPs over the documents each token sees, counted on the torch backend's packing of
     # the same records (NeMo packs them differently, but every token still sees only its own document).
-    blocks = dolly.load_blocks(cfg, load_tokenizer(cfg.model))
-    flops = run_flops_per_token(model_shape(cfg.model), cfg, attended_keys_per_token(blocks.position_ids, True))
+    blocks = dolly.load_blocks(config, load_tokenizer(config.model))
+    flops = run_flops_per_token(model_shape(config.model), config, attended_keys_per_token(blocks.position_ids, True))
     if metrics_cb.log is None:
         raise RuntimeError("NeMo's trainer returned without starting training: no step was measured")
     return run_summary(
-        cfg,
+        config,
         metrics_cb.log,
         device,
         peak_gib=run_peak_gib(managed, lambda: peak_memory_gib(device)),
         flops_per_token=flops,
         gpus=plan.world.size,
         params=(metrics_cb.params_total, metrics_cb.params_trainable),
-        random_init=not cfg.model.path,
-        offload_applied=bool(cfg.offload.enabled),
+        random_init=not config.model.path,
+        offload_applied=config.offload.enabled,
         profiled=plan.profile.used != "none",
         managed=managed,
         setup_at=setup_at,
