@@ -129,7 +129,7 @@ def recipe_config(config: ConfigSchema, run_dir: Path, device_type: str) -> dict
     if config.peft.name == "lora":
         p = config.peft
         if p.target_modules is None:
-            raise ValueError("peft=lora without peft.target_modules: a config validation did not check")
+            raise ValueError("peft=lora without peft.target_modules: not a validated peft=lora config")
         recipe["peft"] = {
             "_target_": "nemo_automodel.components._peft.lora.PeftConfig",
             # AutoModel matches patterns against a module's full name.

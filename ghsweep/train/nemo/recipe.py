@@ -94,7 +94,7 @@ def layout(backend: BackendSchema) -> Layout:
 def lora_targets(peft: PeftSchema) -> list[str]:
     """Megatron's names for peft=lora's target modules."""
     if peft.target_modules is None:
-        raise ValueError(f"peft={peft.name}: no peft.target_modules; LoRA's targets are peft=lora's")
+        raise ValueError(f"peft={peft.name} without peft.target_modules: not a validated peft=lora config")
     return lora_target_modules(peft.target_modules)
 
 
