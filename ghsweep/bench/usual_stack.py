@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from ghsweep.config.schema import PeftSchema
+from ghsweep.config.schema import PeftSchema, carried
 from ghsweep.train.data import PackedBlocks
 from ghsweep.train.flops import ModelShape
 
@@ -46,16 +46,16 @@ def train_steps(
     if peft != "none":
         from peft import LoraConfig, get_peft_model
 
-        if lora is None or lora.r is None or lora.alpha is None or lora.target_modules is None:
+        if lora is None:
             raise ValueError(f"peft={peft}: LoRA adapters need `lora` (rank, alpha and targets)")
 
         adapters = LoraConfig(
-            r=lora.r,
+            r=carried(lora.r, "peft.r"),
             # peft scales by alpha / r, so any positive number works; its annotation says int.
-            lora_alpha=lora.alpha,  # type: ignore[arg-type]
+            lora_alpha=carried(lora.alpha, "peft.alpha"),  # type: ignore[arg-type]
             lora_dropout=0.0,
             task_type="CAUSAL_LM",
-            target_modules=list(lora.target_modules),
+            target_modules=carried(lora.target_modules, "peft.target_modules"),
         )
         model = get_peft_model(model, adapters, autocast_adapter_dtype=peft == "defaults")
     if float8:

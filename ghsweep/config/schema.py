@@ -434,6 +434,14 @@ def check_int(key: str, value: object, minimum: int) -> None:
         raise ConfigError(f"{key}={value}: too large; must be an integer from {minimum} to {MAX_INT}")
 
 
+def carried(value: T | None, key: str) -> T:
+    """The value of a `Carried` knob, read by code that runs only under an option carrying it (validation
+    has checked it there); ConfigError for a config that reaches that code without it."""
+    if value is None:
+        raise ConfigError(f"{key}=None: the option that reads it sets it; was this config validated?")
+    return value
+
+
 Section = TypeVar("Section")
 
 

@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ghsweep.config.schema import ConfigSchema, DataSchema
+from ghsweep.config.schema import ConfigSchema, DataSchema, carried
 from ghsweep.train.tokenizer import pad_token_id
 
 IGNORE_INDEX = -100
@@ -194,9 +194,9 @@ def load_records(data: DataSchema, seed: int, seq_length: int, tokenizer: Tokeni
     tokens to fit blocks of `seq_length`."""
     if data.path:
         return load_dolly_jsonl(data.path, data.num_examples)
-    if data.num_examples is None or data.mean_tokens is None:
-        raise ValueError(f"data={data.name}: generated records need data.num_examples and data.mean_tokens")
-    return synthetic_dolly(data.num_examples, seed, data.mean_tokens, seq_length, chars_per_token(tokenizer))
+    examples = carried(data.num_examples, "data.num_examples")
+    mean_tokens = carried(data.mean_tokens, "data.mean_tokens")
+    return synthetic_dolly(examples, seed, mean_tokens, seq_length, chars_per_token(tokenizer))
 
 
 def write_dolly_jsonl(records: list[dict], path: str | Path) -> None:

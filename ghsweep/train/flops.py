@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ghsweep.config.schema import ConfigSchema, ModelSchema
+from ghsweep.config.schema import ConfigSchema, ModelSchema, carried
 
 # Dense tensor-core peaks in TFLOP/s (datasheet, SXM parts), by device-name fragment.
 PEAK_TFLOPS = {
@@ -79,9 +79,9 @@ def run_flops_per_token(shape: ModelShape, config: ConfigSchema, attended_keys: 
     peft = config.peft
     if peft.name != "lora":
         return flops_per_token(shape, keys, None)
-    if peft.r is None or peft.target_modules is None:
-        raise ValueError(f"peft={peft.name}: LoRA's FLOPs need peft.r and peft.target_modules")
-    return flops_per_token(shape, keys, peft.r, len(peft.target_modules))
+    return flops_per_token(
+        shape, keys, carried(peft.r, "peft.r"), len(carried(peft.target_modules, "peft.target_modules"))
+    )
 
 
 def peak_tflops(device_name: str, precision: str) -> float | None:

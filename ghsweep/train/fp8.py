@@ -14,7 +14,7 @@ import importlib.util
 
 from torch import nn
 
-from ghsweep.config.schema import PrecisionSchema
+from ghsweep.config.schema import PrecisionSchema, carried
 from ghsweep.train.precision import Precision
 
 
@@ -45,11 +45,7 @@ def apply_fp8(
     """Swap the target linear layers for fp8 ones; returns the library used. `fsdp_sharded`: FSDP2
     will shard the trained weights; `fsdp_all_gather`: torchao then casts them to fp8 before FSDP2
     gathers them (half the bytes of bf16)."""
-    if precision_config.library is None:
-        raise ValueError(
-            f"precision={precision_config.name}: fp8 layers need precision.library; accepted: precision=fp8"
-        )
-    library = fp8_library(precision_config.library)
+    library = fp8_library(carried(precision_config.library, "precision.library"))
     if library == "torchao":
         if precision_config.scaling != "current":
             raise ValueError(

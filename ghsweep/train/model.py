@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from ghsweep.config.schema import ModelSchema, PeftSchema
+from ghsweep.config.schema import ModelSchema, PeftSchema, carried
 from ghsweep.train.tokenizer import ByteTokenizer
 
 
@@ -71,17 +71,12 @@ def apply_peft(model: torch.nn.Module, peft_config: PeftSchema, adapter_dtype: t
         return model
     from peft import LoraConfig, get_peft_model
 
-    r, alpha, dropout, targets = peft_config.r, peft_config.alpha, peft_config.dropout, peft_config.target_modules
-    if r is None or alpha is None or dropout is None or targets is None:
-        raise ValueError(
-            f"peft={peft_config.name}: LoRA needs peft.r, peft.alpha, peft.dropout and peft.target_modules"
-        )
     lora = LoraConfig(
-        r=r,
+        r=carried(peft_config.r, "peft.r"),
         # peft scales by alpha / r, so any positive number works; its annotation says int.
-        lora_alpha=alpha,  # type: ignore[arg-type]
-        lora_dropout=dropout,
-        target_modules=list(targets),
+        lora_alpha=carried(peft_config.alpha, "peft.alpha"),  # type: ignore[arg-type]
+        lora_dropout=carried(peft_config.dropout, "peft.dropout"),
+        target_modules=carried(peft_config.target_modules, "peft.target_modules"),
         task_type="CAUSAL_LM",
     )
     # peft's default upcasts adapters of a bf16/fp16 base to fp32; keep them in adapter_dtype.

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from ghsweep.config.schema import PrecisionSchema
+from ghsweep.config.schema import PrecisionSchema, carried
 from ghsweep.train.optim import clip_gradients
 
 _DTYPES = {
@@ -42,9 +42,8 @@ class Precision:
             torch.backends.cudnn.allow_tf32 = allow_tf32
         self.scaler: torch.amp.GradScaler | None = None
         if self.name == "fp16":
-            if precision_config.initial_loss_scale is None:
-                raise ValueError("precision=fp16: its loss scaling needs precision.initial_loss_scale")
-            self.scaler = torch.amp.GradScaler(device.type, init_scale=precision_config.initial_loss_scale)
+            initial_scale = carried(precision_config.initial_loss_scale, "precision.initial_loss_scale")
+            self.scaler = torch.amp.GradScaler(device.type, init_scale=initial_scale)
         # Set by fp8.apply_fp8 when Transformer Engine runs the fp8 layers (it needs its own region).
         self.fp8_region: Callable[[], contextlib.AbstractContextManager] | None = None
 

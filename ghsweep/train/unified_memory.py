@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ghsweep.config.schema import MemorySchema
+from ghsweep.config.schema import MemorySchema, carried
 from ghsweep.core.gpu import GpuInfo
 
 # Free GPU memory left to the CUDA context, cuBLAS workspaces and the rest.
@@ -150,10 +150,10 @@ def setup_unified_memory(memory_config: MemorySchema, gpu: GpuInfo | None) -> Ma
     probed on the node before the worker started) less some headroom."""
     if gpu is None:
         raise RuntimeError("memory=unified: no NVIDIA GPU visible to the worker")
-    if memory_config.prefetch is None:
-        raise ValueError(f"memory={memory_config.name}: managed memory needs memory.prefetch; accepted: memory=unified")
     cap_gib = gpu.free_mem_gib - UNIFIED_HEADROOM_GIB
-    return enable_managed_memory(cap_gib, memory_config.pool_size_gb, memory_config.prefetch)
+    return enable_managed_memory(
+        cap_gib, memory_config.pool_size_gb, carried(memory_config.prefetch, "memory.prefetch")
+    )
 
 
 def enable_managed_memory(cap_gib: float, pool_gib: float | None, prefetch: bool) -> ManagedMemory:

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from ghsweep.config.schema import ConfigSchema, TrainSchema
+from ghsweep.config.schema import ConfigSchema, TrainSchema, carried
 from ghsweep.core.run_dir import AUTOMODEL_RECIPE
 from ghsweep.train.attention import resolve
 from ghsweep.train.automodel.checks import TORCH_DTYPES
@@ -128,12 +128,10 @@ def recipe_config(config: ConfigSchema, run_dir: Path, device_type: str) -> dict
         recipe["clip_grad_norm"] = {"max_norm": t.grad_clip}
     if config.peft.name == "lora":
         p = config.peft
-        if p.target_modules is None:
-            raise ValueError("peft=lora without peft.target_modules: not a validated peft=lora config")
         recipe["peft"] = {
             "_target_": "nemo_automodel.components._peft.lora.PeftConfig",
             # AutoModel matches patterns against a module's full name.
-            "target_modules": [f"*.{name}" for name in p.target_modules],
+            "target_modules": [f"*.{name}" for name in carried(p.target_modules, "peft.target_modules")],
             "dim": p.r,
             "alpha": p.alpha,
             "dropout": p.dropout,

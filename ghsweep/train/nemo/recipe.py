@@ -20,6 +20,7 @@ from ghsweep.config.schema import (
     PeftSchema,
     TrainSchema,
     accepted,
+    carried,
     check,
     choices,
 )
@@ -82,20 +83,17 @@ def layout(backend: BackendSchema) -> Layout:
     check("backend.gpus_per_node", backend.gpus_per_node)
     check("backend.tensor_parallel", backend.tensor_parallel)
     check("backend.pipeline_parallel", backend.pipeline_parallel)
-    assert (
-        backend.num_nodes is not None
-        and backend.gpus_per_node is not None
-        and backend.tensor_parallel is not None
-        and backend.pipeline_parallel is not None
-    ), "check refuses null for these knobs, which backend=nemo carries"
-    return Layout(backend.num_nodes, backend.gpus_per_node, backend.tensor_parallel, backend.pipeline_parallel)
+    return Layout(
+        carried(backend.num_nodes, "backend.num_nodes"),
+        carried(backend.gpus_per_node, "backend.gpus_per_node"),
+        carried(backend.tensor_parallel, "backend.tensor_parallel"),
+        carried(backend.pipeline_parallel, "backend.pipeline_parallel"),
+    )
 
 
 def lora_targets(peft: PeftSchema) -> list[str]:
     """Megatron's names for peft=lora's target modules."""
-    if peft.target_modules is None:
-        raise ValueError(f"peft={peft.name} without peft.target_modules: not a validated peft=lora config")
-    return lora_target_modules(peft.target_modules)
+    return lora_target_modules(carried(peft.target_modules, "peft.target_modules"))
 
 
 def check_config(config: ConfigSchema, runtime: bool) -> None:
