@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.config import schema
 from ghsweep.core.errors import ConfigError
-from tests.support.compose import compose_config
+from tests.support.compose import compose_config, compose_typed
 from tests.support.paths import CONF_DIR
 
 # Keys a preset or launch profile may set that the schema leaves to others: Hydra's own tree, and the
@@ -166,3 +166,16 @@ def test_the_typed_config_reads_as_attributes():
     assert config.profile.nsys.trace == ["cuda", "nvtx", "osrt", "cudnn", "cublas"]
     assert type(config.profile.nsys.trace) is list and type(config.container.env) is dict
     assert not hasattr(config, "hydra")
+
+
+def test_a_carried_knob_reads_as_its_value_and_is_none_under_other_options():
+    fp8, bf16 = compose_typed("precision=fp8"), compose_typed("precision=bf16")
+    assert schema.carried(fp8.precision.library, "precision.library") == "auto"
+    assert bf16.precision.library is None
+    with pytest.raises(ConfigError, match=r"^precision.library=None: the option that reads it sets it"):
+        schema.carried(bf16.precision.library, "precision.library")
+
+
+def test_null_is_refused_for_a_carried_knob_whose_option_carries_it():
+    with pytest.raises(ConfigError, match=r"^precision.library=None: not an accepted value; accepted: auto, te"):
+        schema.check("precision.library", None)
