@@ -453,6 +453,13 @@ def typed(cfg: DictConfig) -> ConfigSchema:
     return _build(ConfigSchema, cfg)
 
 
+def typed_section(section: type[Section], node: DictConfig) -> Section:
+    """One section of a composed config (`cfg.profile`) as its dataclass (`ProfileSchema`), as `typed`
+    builds it: for code handed a section alone, before any combination is validated (a Hydra callback's
+    arguments)."""
+    return _build(section, node)
+
+
 def _build(section: type[Section], node: DictConfig) -> Section:
     values: dict[str, Any] = {}
     for name, rule in _fields(section).items():

@@ -72,11 +72,15 @@ def model_facts(model: DictConfig | ModelSchema) -> ModelFacts:
         ) from None
 
 
-def run_device(cfg: DictConfig, gpu: GpuInfo | None) -> str:
+def run_device(config: ConfigSchema, gpu: GpuInfo | None) -> str:
     """'cuda' or 'cpu': where this run will train."""
-    if cfg.device == "auto":
+    return _trains_on(config.device, gpu)
+
+
+def _trains_on(device: str, gpu: GpuInfo | None) -> str:
+    if device == "auto":
         return "cuda" if gpu else "cpu"
-    return "cuda" if str(cfg.device).startswith("cuda") else "cpu"
+    return "cuda" if device.startswith("cuda") else "cpu"
 
 
 def validate(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
@@ -87,7 +91,7 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
         raise ConfigError(f"device={device}: not an accepted value; accepted: auto, cpu, cuda, cuda:N")
     if device.startswith("cuda") and gpu is None:
         raise ConfigError(f"device={device}: no NVIDIA GPU is visible to this job; accepted here: auto, cpu")
-    on_gpu = run_device(cfg, gpu) == "cuda"
+    on_gpu = _trains_on(device, gpu) == "cuda"
 
     check_choice("backend", cfg.backend.name, tuple(BACKENDS))
     _validate_backend(cfg)

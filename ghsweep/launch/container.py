@@ -14,18 +14,16 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from omegaconf import DictConfig
-
-from ghsweep.config.schema import choices
+from ghsweep.config.schema import ConfigSchema, ContainerSchema, choices
 from ghsweep.core.errors import ConfigError
 
 RUNTIMES: tuple[str, ...] = choices("container.runtime")
 PYXIS = "pyxis"
 
 
-def container_prefix(cfg: DictConfig, run_dir: Path) -> list[str]:
+def container_prefix(config: ConfigSchema, run_dir: Path) -> list[str]:
     """`RUNTIME exec [--nv] --bind ... --env ... IMAGE`, or [] when no image is configured."""
-    c = _container(cfg)
+    c = _container(config)
     if not c:
         return []
     if c.runtime not in RUNTIMES:
@@ -44,7 +42,7 @@ def container_prefix(cfg: DictConfig, run_dir: Path) -> list[str]:
     return argv
 
 
-def pyxis_prefix(c: DictConfig, run_dir: Path) -> list[str]:
+def pyxis_prefix(c: ContainerSchema, run_dir: Path) -> list[str]:
     """`srun --overlap --nodes=1 --ntasks=1 [--nodelist=THIS_NODE] --container-image=IMAGE
     --container-mounts=RUN_DIR,BINDS --container-workdir=RUN_DIR [--container-env=NAMES]`.
 
@@ -53,7 +51,7 @@ def pyxis_prefix(c: DictConfig, run_dir: Path) -> list[str]:
     (container.nv does not apply). `--container-env` names the variables whose host values replace
     the image's; their values are in the worker's environment (container_env)."""
     run = str(Path(run_dir).resolve())
-    mounts = [run, *(str(b) for b in c.binds)]
+    mounts = [run, *c.binds]
     bad = [m for m in mounts if "," in m]
     if bad:
         raise ConfigError(
@@ -65,17 +63,17 @@ def pyxis_prefix(c: DictConfig, run_dir: Path) -> list[str]:
         argv.append(f"--nodelist={os.environ['SLURMD_NODENAME']}")
     argv += [f"--container-image={c.image}", f"--container-mounts={','.join(mounts)}", f"--container-workdir={run}"]
     if c.env:
-        argv.append("--container-env=" + ",".join(str(name) for name in c.env))
+        argv.append("--container-env=" + ",".join(c.env))
     return argv
 
 
-def container_env(cfg: DictConfig) -> dict[str, str]:
+def container_env(config: ConfigSchema) -> dict[str, str]:
     """What the worker's environment adds for its container: under pyxis, container.env (its values
     off the command line); the other runtimes take them as --env arguments."""
-    c = _container(cfg)
+    c = _container(config)
     if not c or c.runtime != PYXIS:
         return {}
-    return {str(name): str(value) for name, value in c.env.items()}
+    return {name: str(value) for name, value in c.env.items()}
 
 
 def tool_finder(prefix: list[str]) -> Callable[[str, str | None], str | None]:
@@ -94,15 +92,16 @@ def tool_finder(prefix: list[str]) -> Callable[[str, str | None], str | None]:
     return find
 
 
-def check_container(cfg: DictConfig) -> None:
+def check_container(config: ConfigSchema) -> None:
     """Fail before any GPU time when the runtime or the image is missing on this node."""
-    c = _container(cfg)
+    c = _container(config)
     if not c:
         return
+    image = str(c.image)
     if c.runtime == PYXIS:
-        _check_pyxis(str(c.image))
+        _check_pyxis(image)
         return
-    if "://" not in str(c.image) and not Path(c.image).exists():
+    if "://" not in image and not Path(image).exists():
         raise ConfigError(
             f"container.image={c.image}: no such file on this node; accepted: a .sif path or a "
             "docker:// / oras:// URI the runtime can pull"
@@ -129,7 +128,8 @@ def _check_pyxis(image: str) -> None:
         )
 
 
-def _container(cfg: DictConfig) -> DictConfig | None:
-    # Launch profiles that are not ghsweep's (e.g. the plugin's own submitit_slurm) carry no container.
-    c = cfg.get("container")
-    return c if c and c.image else None
+def _container(config: ConfigSchema) -> ContainerSchema | None:
+    # Launch profiles that are not ghsweep's (e.g. the plugin's own submitit_slurm) carry no container
+    # section: the typed config then holds None for it.
+    c = config.container
+    return c if c is not None and c.image else None

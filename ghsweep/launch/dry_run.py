@@ -13,10 +13,12 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ghsweep.config.backends import backend_named
+from ghsweep.config.schema import ConfigSchema, typed
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import NCU_PASS_DIR
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
 from ghsweep.launch.plan import dry_run_plans
+from ghsweep.profile.plan import ncu_options, nsys_options
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import absolute_tracking_uri
 
@@ -39,24 +41,26 @@ def describe(
     is one task's); else torchrun in the worker line starts them on this machine."""
     lines = [f"#{num} {name}", f"  run dir: {run_dir}"]
     try:
-        plans = dry_run_plans(cfg, run_dir, name, overrides, on_slurm)
+        plans, config = dry_run_plans(cfg, run_dir, name, overrides, on_slurm)
         commands = [shlex.join(plan.worker_command) for plan in plans]
     except ConfigError as exc:
-        plans, commands = [], [f"(not runnable) {exc}"]
+        # Validation refused it, so no typed config was made: the lines below read the config as composed,
+        # and its backend still says what it would refuse itself (NeMo's recipe checks).
+        plans, commands, config = [], [f"(not runnable) {exc}"], typed(cfg)
     lines += [f"  worker:  {commands[0]}", f"  launch:  {launch}"]
     if plans and plans[0].world.size > 1:
         lines.append(f"  ranks:   {ranks or local_ranks_text(plans[0].world)}")
     if plans:
-        lines.append(f"  profile: {profile_text(cfg, plans)}")
+        lines.append(f"  profile: {profile_text(config, plans)}")
     if len(commands) > 1:
         # profile=auto: the node's other choice, as the job would run it.
         lines.append(f"{INDENT}{commands[1]}")
     # Where the sweep's parent run and this run would be recorded (the sweep manifest's URI).
     lines.append(
-        f"  mlflow:  {absolute_tracking_uri(cfg.tracking.uri, Path.cwd())} (experiment {cfg.tracking.experiment})"
+        f"  mlflow:  {absolute_tracking_uri(config.tracking.uri, Path.cwd())} (experiment {config.tracking.experiment})"
     )
     # The backend's own choices (NeMo's recipe, AutoModel's YAML); empty for the torch backend.
-    described = backend_named(cfg.backend.name).describe(cfg, run_dir)
+    described = backend_named(config.backend.name).describe(config, run_dir)
     if described:
         lines.append(described)
     return redact.text("\n".join(lines))
@@ -72,34 +76,36 @@ def local_ranks_text(world: World) -> str | None:
     )
 
 
-def profile_text(cfg: DictConfig, plans: list[RunPlan]) -> str:
+def profile_text(config: ConfigSchema, plans: list[RunPlan]) -> str:
     """The profile line of a dry run: which profiler, over which steps, and what the node decides."""
-    steps = f"steps {cfg.capture.start_step}-{cfg.capture.start_step + cfg.capture.num_steps - 1}"
+    steps = f"steps {config.capture.start_step}-{config.capture.start_step + config.capture.num_steps - 1}"
     plan = plans[0].profile
     if plan.used == "none":
         return "none"
     if plan.used == "memory":
         return f"memory: the CUDA allocator's history over {steps}, dumped as memory_snapshot.pickle"
     if plan.used == "torch":
-        why = f" (no GPU in this run, device={cfg.device})" if plan.requested == "auto" else ""
+        why = f" (no GPU in this run, device={config.device})" if plan.requested == "auto" else ""
         return f"{plan.requested}: the PyTorch profiler inside the worker, {steps}{why}"
+    nsys_path = nsys_options(config.profile).path
     if plan.requested == "auto":
         return (
             f"auto, resolved on the node: Nsight Systems over {steps} (the worker line above) where the node has a GPU "
-            f"and nsys {where('nsys', cfg.profile.nsys.path, plan)}; otherwise the PyTorch profiler inside "
+            f"and nsys {where('nsys', nsys_path, plan)}; otherwise the PyTorch profiler inside "
             "the worker, which then runs as"
         )
     text = (
-        f"{plan.requested}: Nsight Systems over {steps}; {tool_text('nsys', cfg.profile.nsys.path, plan)}; "
+        f"{plan.requested}: Nsight Systems over {steps}; {tool_text('nsys', nsys_path, plan)}; "
         "the node needs a GPU, else the run fails before training"
     )
     if plan.ncu:
+        ncu = ncu_options(config.profile)
         text += (
             f"; then a short second run of the worker in {Path(plans[0].run_dir) / NCU_PASS_DIR} "
             "under ncu in place of nsys "
-            f"(--clock-control none --set {cfg.profile.ncu.section_set}) over one captured step, for the top "
-            f"{cfg.profile.ncu.top_k} kernels of the nsys profile (picked on the node); "
-            f"{tool_text('ncu', cfg.profile.ncu.path, plan)}"
+            f"(--clock-control none --set {ncu.section_set}) over one captured step, for the top "
+            f"{ncu.top_k} kernels of the nsys profile (picked on the node); "
+            f"{tool_text('ncu', ncu.path, plan)}"
         )
     return text
 

@@ -25,6 +25,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.atomic import write_atomic
 from ghsweep.core.errors import ConfigError, JobTimeout, TrackingUriError, one_line
 from ghsweep.core.failures import INFRASTRUCTURE, failure_class
@@ -255,13 +256,14 @@ def start_run(
     return run_id
 
 
-def prepare_worker(cfg: DictConfig, combo: Combination, slurm_tasks: int | None) -> RunPlan:
-    """config.yaml and run_plan.json, the worker's inputs; ConfigError for a run that cannot start here."""
+def prepare_worker(cfg: DictConfig, combo: Combination, slurm_tasks: int | None) -> tuple[RunPlan, ConfigSchema]:
+    """config.yaml and run_plan.json, the worker's inputs; (the plan, the typed config validation made of
+    `cfg`); ConfigError for a run that cannot start here."""
     check_required(cfg)
     write_worker_config(cfg, combo.run_dir)
-    plan = node_plan(cfg, combo.run_dir, combo.name, combo.overrides, probe_gpu(), slurm_tasks)
+    plan, config = node_plan(cfg, combo.run_dir, combo.name, combo.overrides, probe_gpu(), slurm_tasks)
     plan.save(combo.run_dir)
-    return plan
+    return plan, config
 
 
 def timeout_s(plan: RunPlan) -> float | None:
@@ -282,7 +284,7 @@ def train_and_measure(
         # On disk from the start: a job killed from outside leaves its MLflow run id to whoever settles it.
         dataclasses.replace(result, status=RunStatus.RUNNING).save()
         (run_dir / OVERRIDES).write_text(OmegaConf.to_yaml(OmegaConf.create(combo.overrides)))
-        plan = prepare_worker(cfg, combo, slurm_tasks)
+        plan, config = prepare_worker(cfg, combo, slurm_tasks)
         # The command in the job's log: what `dry_run=true` printed for this combination, with the node's choices.
         log.info(
             "%s: training in a worker process (log: %s): %s",
@@ -294,11 +296,11 @@ def train_and_measure(
             plan.worker_command,
             run_dir,
             timeout_s(plan),
-            env=container_env(cfg),
+            env=container_env(config),
             preimported=plan.preimported,
             capture=plan.capture,
         )
-        return *measure(cfg, plan, exit, result), None
+        return *measure(config, plan, exit, result), None
     except (ConfigError, JobTimeout) as exc:
         result.error = str(exc)
     except Exception as exc:  # a bug, an outage or a full disk must not stop the sweep or lose the run
@@ -376,7 +378,9 @@ def attempt_tags(attempts: list[str]) -> dict[str, object]:
     return tags
 
 
-def measure(cfg: DictConfig, plan: RunPlan, exit: WorkerExit, result: RunResult) -> tuple[RunSummary, ProfileOutcome]:
+def measure(
+    config: ConfigSchema, plan: RunPlan, exit: WorkerExit, result: RunResult
+) -> tuple[RunSummary, ProfileOutcome]:
     """How the worker ended, into `result`; a finished one's summary and profile analysis."""
     run_dir = Path(plan.run_dir)
     other_ranks_error = wait_for_ranks(run_dir, plan.world.size) if plan.srun_ranks else None
@@ -401,9 +405,9 @@ def measure(cfg: DictConfig, plan: RunPlan, exit: WorkerExit, result: RunResult)
     analysis_started = time.time()
     # The ncu pass reruns a short worker in a subfolder, under ncu in place of nsys: its plan's command.
     profile = after_worker(
-        cfg,
+        config,
         plan,
-        lambda command, work: run_worker(command, work, timeout_s(plan), env=container_env(cfg)).returncode,
+        lambda command, work: run_worker(command, work, timeout_s(plan), env=container_env(config)).returncode,
     )
     # Export, analysis, the ncu pass, the profile report and its plots.
     result.timing["analysis_s"] = time.time() - analysis_started
@@ -416,7 +420,7 @@ def run_rank(cfg: DictConfig, combo: Combination, rank: int, slurm_tasks: int) -
     records the run (MLflow, profile analysis over every rank's report)."""
     result = combo.result(RunStatus.FAILED)
     try:
-        plan = prepare_worker(cfg, combo, slurm_tasks)
+        plan, config = prepare_worker(cfg, combo, slurm_tasks)
         log.info(
             "%s: rank %d training in a worker process (log: %s): %s",
             result.name,
@@ -424,7 +428,7 @@ def run_rank(cfg: DictConfig, combo: Combination, rank: int, slurm_tasks: int) -
             combo.run_dir / rank_file(WORKER_LOG, rank),
             shlex.join(plan.worker_command),
         )
-        exit = run_worker(plan.worker_command, combo.run_dir, timeout_s(plan), rank, container_env(cfg))
+        exit = run_worker(plan.worker_command, combo.run_dir, timeout_s(plan), rank, container_env(config))
         if exit.returncode == 0:
             result.status = RunStatus.FINISHED
         else:

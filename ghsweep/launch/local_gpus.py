@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import pynvml
 from omegaconf import DictConfig
 
+from ghsweep.config.schema import ConfigSchema
 from ghsweep.config.world import world_of
 from ghsweep.core.gpu import visible_gpu_handles
 
@@ -67,9 +68,9 @@ def several_gpus_hint(config: DictConfig, combinations: int) -> str | None:
     )
 
 
-def too_few_gpus(cfg: DictConfig, gpus: Sequence[int]) -> str | None:
+def too_few_gpus(config: ConfigSchema, gpus: Sequence[int]) -> str | None:
     """Why a sweep placing its combinations on `gpus` cannot place this one, or None."""
-    world = world_of(cfg)
+    world = world_of(config)
     if not gpus or world.size <= len(gpus):
         return None
     return (

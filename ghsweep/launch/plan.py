@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from ghsweep.config.schema import ConfigSchema
 from ghsweep.config.validate import run_device, validate
 from ghsweep.config.world import data_parallel, world_of
 from ghsweep.core.errors import ConfigError
@@ -38,11 +39,11 @@ def check_required(cfg: DictConfig) -> None:
         raise ConfigError(f"{missing[0]}=???: required and not set; set it on the command line, e.g. {missing[0]}=...")
 
 
-def check_anywhere(cfg: DictConfig) -> None:
-    """ConfigError for a config that no node can run, whatever GPU it has or lacks: decided from the
-    config alone, before anything is submitted or recorded (the dry run and the sweep's start).
-    `cfg` may hold the `hydra` node (a launcher's composed combination): it is left out, as Hydra
-    leaves it out of the job's config."""
+def check_anywhere(cfg: DictConfig) -> ConfigSchema:
+    """The typed config of `cfg`; ConfigError for a config that no node can run, whatever GPU it has or
+    lacks: decided from the config alone, before anything is submitted or recorded (the dry run and the
+    sweep's start). `cfg` may hold the `hydra` node (a launcher's composed combination): it is left out,
+    as Hydra leaves it out of the job's config."""
     if "hydra" in cfg:
         cfg = copy.deepcopy(cfg)
         with open_dict(cfg):
@@ -53,12 +54,19 @@ def check_anywhere(cfg: DictConfig) -> None:
     refused = []
     for gpu in nodes:
         try:
-            validate(cfg, gpu)
-            worker_timeout_min(cfg.worker.timeout_min, gpu is not None)
-            return
+            config = validate(cfg, gpu)
+            worker_timeout_min(config.worker.timeout_min, gpu is not None)
+            return config
         except ConfigError as exc:
             refused.append(exc)
     raise refused[-1]
+
+
+def prune_bar(cfg: DictConfig) -> float | None:
+    """The tokens/s a tuning study's trial is pruned below (tune.prune_below_tokens_per_s, which the tune
+    sweeper sets for each trial); None outside a study. The tune section is the sweeper's, not the schema's."""
+    bar = OmegaConf.select(cfg, "tune.prune_below_tokens_per_s")
+    return None if bar is None else float(bar)
 
 
 def node_plan(
@@ -69,48 +77,73 @@ def node_plan(
     gpu: GpuInfo | None,
     slurm_tasks: int | None,
     find_tool: ToolFinder = find_on_node,
-) -> RunPlan:
+) -> tuple[RunPlan, ConfigSchema]:
     """The plan on a node with `gpu` (None: no GPU), as a local launch (slurm_tasks None) or a task
-    of a SLURM job of `slurm_tasks` tasks; ConfigError for a run that cannot start there. Every SLURM
-    task of a run makes the same checks, so a config rank 0 refuses is refused by all ranks before
-    any of them waits for the others. With a container the profilers are looked up inside it."""
-    validate(cfg, gpu)
-    check_container(cfg)
-    device = run_device(cfg, gpu)
+    of a SLURM job of `slurm_tasks` tasks, and the typed config validation made of `cfg`; ConfigError
+    for a run that cannot start there. Every SLURM task of a run makes the same checks, so a config
+    rank 0 refuses is refused by all ranks before any of them waits for the others. With a container
+    the profilers are looked up inside it."""
+    config = validate(cfg, gpu)
+    check_container(config)
+    device = run_device(config, gpu)
     on_slurm = slurm_tasks is not None
-    world = world_of(cfg)
-    check_world(cfg, world, device == "cuda", gpu.count if gpu else 0, on_slurm)
+    world = world_of(config)
+    check_world(config, world, device == "cuda", gpu.count if gpu else 0, on_slurm)
     if on_slurm and slurm_tasks != world.size:
         raise ConfigError(
             f"backend.num_nodes x backend.gpus_per_node = {world.size} ranks, but this SLURM job has "
             f"{slurm_tasks} tasks; let ghsweep's launcher set hydra.launcher.nodes and tasks_per_node"
         )
-    container = container_prefix(cfg, run_dir)
+    container = container_prefix(config, run_dir)
     profile = resolve(
-        cfg.profile, device == "cuda", str(cfg.device), tool_finder(container) if container else find_tool
+        config.profile, device == "cuda", config.device, tool_finder(container) if container else find_tool
     )
     profile.tool_prefix = container
-    return assemble_plan(
-        cfg, run_dir, name, overrides, device, gpu, world, container, profile, on_slurm and world.size > 1
+    plan = assemble_plan(
+        config,
+        run_dir,
+        name,
+        overrides,
+        device,
+        gpu,
+        world,
+        container,
+        profile,
+        on_slurm and world.size > 1,
+        prune_bar(cfg),
     )
+    return plan, config
 
 
-def dry_run_plans(cfg: DictConfig, run_dir: Path, name: str, overrides: list[str], on_slurm: bool) -> list[RunPlan]:
+def dry_run_plans(
+    cfg: DictConfig, run_dir: Path, name: str, overrides: list[str], on_slurm: bool
+) -> tuple[list[RunPlan], ConfigSchema]:
     """The plans the node can make, decided here from the config alone (profile.plan.plans_from_config):
     one, or for profile=auto on a device that may be a GPU, the node's choice with a GPU and nsys
-    first and without second. ConfigError for what no node can run."""
-    check_anywhere(cfg)
-    world = world_of(cfg)
-    may_use_gpu = str(cfg.device) != "cpu"
-    container = container_prefix(cfg, run_dir)
-    profiles = plans_from_config(cfg.profile, str(cfg.device), container)
+    first and without second; and the typed config. ConfigError for what no node can run."""
+    config = check_anywhere(cfg)
+    world = world_of(config)
+    may_use_gpu = config.device != "cpu"
+    container = container_prefix(config, run_dir)
+    profiles = plans_from_config(config.profile, config.device, container)
     devices = ["cuda" if may_use_gpu else "cpu", "cpu"]
-    return [
+    plans = [
         assemble_plan(
-            cfg, run_dir, name, overrides, device, None, world, container, profile, on_slurm and world.size > 1
+            config,
+            run_dir,
+            name,
+            overrides,
+            device,
+            None,
+            world,
+            container,
+            profile,
+            on_slurm and world.size > 1,
+            prune_bar(cfg),
         )
         for device, profile in zip(devices, profiles)
     ]
+    return plans, config
 
 
 def not_runnable(cfg: DictConfig, run_dir: Path, name: str, overrides: list[str]) -> str | None:
@@ -123,7 +156,7 @@ def not_runnable(cfg: DictConfig, run_dir: Path, name: str, overrides: list[str]
 
 
 def assemble_plan(
-    cfg: DictConfig,
+    config: ConfigSchema,
     run_dir: Path,
     name: str,
     overrides: list[str],
@@ -133,41 +166,43 @@ def assemble_plan(
     container: list[str],
     profile: ProfilePlan,
     srun_ranks: bool,
+    prune_below_tokens_per_s: float | None,
 ) -> RunPlan:
     """The plan from the decisions made (`container`: launch.container.container_prefix of
     `run_dir`); the worker commands, the run's and its ncu pass's, are built here and nowhere else."""
     # Locally torchrun starts the node's ranks; on SLURM srun already started one task per rank.
     local_ranks = 1 if srun_ranks else world.gpus_per_node
     # Inside a container the image's Python runs the worker: the host interpreter's path means nothing there.
-    python = str(cfg.container.python) if container else sys.executable
-    profiler = profiler_prefix(cfg, run_dir, profile, world)
+    python = config.container.python if container else sys.executable
+    profiler = profiler_prefix(config, run_dir, profile, world)
     # A pre-imported worker stands in for the worker alone in this interpreter (no torchrun or
     # container around it); under nsys it runs in an nsys session instead, which records each
     # worker it forks as the command would.
     alone = local_ranks == 1 and not container
-    capture = session_capture(cfg, run_dir, profile, world) if alone else None
+    capture = session_capture(config, run_dir, profile, world) if alone else None
     return RunPlan(
         name=name,
         run_dir=str(run_dir),
         overrides=overrides,
-        backend=str(cfg.backend.name),
+        backend=config.backend.name,
         device=device,
         gpu=gpu,
         world=world,
-        data_parallel=data_parallel(cfg),
+        data_parallel=data_parallel(config),
         profile=profile,
         container_prefix=container,
         worker_command=worker_command(run_dir, container, python, profiler, local_ranks),
-        timeout_min=worker_timeout_min(cfg.worker.timeout_min, device == "cuda"),
+        timeout_min=worker_timeout_min(config.worker.timeout_min, device == "cuda"),
         srun_ranks=srun_ranks,
-        preimported=bool(cfg.worker.preimported) and alone and (not profiler or capture is not None),
+        preimported=config.worker.preimported and alone and (not profiler or capture is not None),
         capture=capture,
-        ncu_pass=ncu_pass(cfg, run_dir, python) if profile.ncu else None,
+        ncu_pass=ncu_pass(config, run_dir, python) if profile.ncu else None,
+        prune_below_tokens_per_s=prune_below_tokens_per_s,
     )
 
 
-def ncu_pass(cfg: DictConfig, run_dir: Path, python: str) -> NcuPass:
+def ncu_pass(config: ConfigSchema, run_dir: Path, python: str) -> NcuPass:
     """The Nsight Compute pass of the run in `run_dir`: its worker in a folder of its own, in the
     run's container (one rank: launch.world refuses the pass on several)."""
     work = run_dir / NCU_PASS_DIR
-    return NcuPass(str(work), container_prefix(cfg, work), worker_program(work, python))
+    return NcuPass(str(work), container_prefix(config, work), worker_program(work, python))

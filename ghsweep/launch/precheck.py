@@ -22,9 +22,9 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
-from ghsweep.core.errors import one_line
+from ghsweep.core.errors import ConfigError, one_line
 from ghsweep.launch.local_gpus import placed_gpus, too_few_gpus
-from ghsweep.launch.plan import not_runnable
+from ghsweep.launch.plan import dry_run_plans
 from ghsweep.tracking import redact
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -55,7 +55,10 @@ def sweep_refusals(config: DictConfig) -> tuple[int, list[str]]:
             cfg = composed[tuple(overrides)] = loader.load_sweep_config(config, overrides)
             name = redact.run_name(cfg.hydra.job.override_dirname or "run")
             run_dir = Path(str(cfg.hydra.sweep.dir), str(num))
-            reason = not_runnable(cfg, run_dir, name, redact.overrides(overrides)) or too_few_gpus(cfg, gpus)
+            _, combination = dry_run_plans(cfg, run_dir, name, redact.overrides(overrides), on_slurm=False)
+            reason = too_few_gpus(combination, gpus)
+        except ConfigError as exc:  # no node can run it (launch.plan.not_runnable)
+            reason = str(exc)
         except Exception as exc:  # a combination Hydra cannot compose: the launcher would stop on it
             reason, name = one_line(exc), " ".join(redact.overrides(overrides))
         if reason:

@@ -38,6 +38,7 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import DictConfig, OmegaConf, open_dict
 from submitit.slurm.slurm import SlurmExecutor, _make_sbatch_string
 
+from ghsweep.config.schema import typed
 from ghsweep.config.world import world_of
 from ghsweep.core.errors import JobTimeout
 from ghsweep.core.run_plan import World
@@ -98,7 +99,8 @@ class _Composed:
     combo: Combination
     overrides: list[str]  # the real values: what the job composes its config from
     cfg: DictConfig  # the combination's config, its `hydra` node included
-    # The job array it goes in (config.world.world_of: no job, so no plan, exists yet).
+    # The job array it goes in (config.world.world_of of the config as composed: no job, so no plan or
+    # validated config, exists yet).
     world: World
     run_hash: str  # launch.resume.run_hash of `cfg`, as the job records it
 
@@ -114,7 +116,7 @@ def _compose(
     # The run directory run_job will use in the job: sweep.dir/subdir, relative to the submit directory.
     run_dir = Path(str(cfg.hydra.sweep.dir), str(cfg.hydra.sweep.subdir)).absolute()
     combo = Combination.of(cfg.hydra, run_dir, list(overrides), in_sweep=True)
-    return _Composed(combo, list(overrides), cfg, world_of(cfg), run_hash(cfg))
+    return _Composed(combo, list(overrides), cfg, world_of(typed(cfg)), run_hash(cfg))
 
 
 def checkpoint(launcher: plugin.BaseSubmititLauncher) -> NoReturn:

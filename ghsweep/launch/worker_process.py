@@ -24,6 +24,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from ghsweep.config.schema import ProfileSchema, typed_section
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.names import STEP_RANGE_PREFIX
 from ghsweep.core.run_dir import WORKER_LOG, WORKER_PID, rank_file
@@ -293,7 +294,11 @@ class PreimportedWorkerCallback(Callback):
         device: str = "cpu",
     ) -> None:
         if mode == RunMode.MULTIRUN and launcher == ONE_AT_A_TIME_LAUNCHER and preimported is True and not dry_run:
-            start_warm_worker(sweep_session_launch(profile, memory, device) if profile is not None else ())
+            start_warm_worker(
+                sweep_session_launch(typed_section(ProfileSchema, profile), memory, device)
+                if profile is not None
+                else ()
+            )
 
     def on_multirun_end(self, config: DictConfig, **kwargs: object) -> None:
         stop_warm_worker()

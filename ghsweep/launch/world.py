@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import os
 
-from omegaconf import DictConfig
-
-from ghsweep.config.schema import check
+from ghsweep.config.schema import ConfigSchema, check
 from ghsweep.config.world import data_parallel
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_plan import World
 
 
-def check_world(cfg: DictConfig, world: World, on_gpu: bool, visible_gpus: int, slurm_task: bool) -> None:
+def check_world(config: ConfigSchema, world: World, on_gpu: bool, visible_gpus: int, slurm_task: bool) -> None:
     """ConfigError when this launch cannot give the combination its `world` (config.world.world_of):
     several nodes without SLURM, more GPUs per node than this machine shows on a local launch, a
     data_parallel this run cannot use."""
@@ -34,31 +32,32 @@ def check_world(cfg: DictConfig, world: World, on_gpu: bool, visible_gpus: int, 
             f"backend.gpus_per_node={world.gpus_per_node}: this machine shows {visible_gpus} GPU(s) "
             f"to the run; accepted here: 1 to {visible_gpus}"
         )
-    if world.size > 1 and cfg.profile.name == "nsys_ncu":
+    if world.size > 1 and config.profile.name == "nsys_ncu":
         raise ConfigError(
             f"profile=nsys_ncu with {world.size} ranks: the Nsight Compute pass reruns one process; "
             "accepted here: profile=nsys, torch, auto, none (or backend.gpus_per_node=1)"
         )
-    if world.size > 1 and cfg.train.get("optimizer_in_backward"):
+    if world.size > 1 and config.train.optimizer_in_backward:
         raise ConfigError(
             f"train.optimizer_in_backward=true with {world.size} ranks: each tensor would step on its "
             "own rank's gradient before DDP/FSDP2 averages it; accepted here: false "
             "(or backend.gpus_per_node=1)"
         )
-    if cfg.backend.name == "torch":
-        check("backend.data_parallel", cfg.backend.get("data_parallel", "auto"))
-        if world.size > 1 and data_parallel(cfg) == "fsdp" and cfg.precision.name == "fp8" and cfg.peft.name == "lora":
+    if config.backend.name == "torch":
+        check("backend.data_parallel", config.backend.data_parallel or "auto")
+        fsdp = world.size > 1 and data_parallel(config) == "fsdp"
+        if fsdp and config.precision.name == "fp8" and config.peft.name == "lora":
             raise ConfigError(
                 "backend.data_parallel=fsdp with precision=fp8 and peft=lora: the frozen fp8 base "
                 "weights are not sharded; accepted: backend.data_parallel=ddp (or auto)"
             )
-        if world.size > 1 and data_parallel(cfg) == "fsdp" and cfg.train.get("optimizer") == "adamw8bit":
+        if fsdp and config.train.optimizer == "adamw8bit":
             raise ConfigError(
                 f"train.optimizer=adamw8bit with {world.size} ranks under FSDP2: torchao's 8-bit states cannot "
                 "step sharded (DTensor) weights (its compiled step needs aten.view.dtype, which they lack); "
                 "accepted here: auto, adamw, adamw_sr (or backend.gpus_per_node=1)"
             )
-        check("precision.reduce_dtype", cfg.precision.get("reduce_dtype", "fp32"))
+        check("precision.reduce_dtype", config.precision.reduce_dtype)
 
 
 def torchrun_prefix(python: str, local_ranks: int) -> list[str]:

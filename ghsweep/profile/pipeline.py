@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
+from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.errors import ProfilerUnavailable
 from ghsweep.core.run_dir import (
     CONFIG,
@@ -28,6 +28,7 @@ from ghsweep.core.run_dir import (
 from ghsweep.core.run_plan import ProfilePlan, RunPlan
 from ghsweep.profile import capture, plots, report
 from ghsweep.profile.analysis import analyze
+from ghsweep.profile.plan import ncu_options
 from ghsweep.profile.ranks import rank_of
 from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 
@@ -50,17 +51,17 @@ class ProfileOutcome:
     artifacts: list[Path] = field(default_factory=list)
 
 
-def context_of(cfg: DictConfig) -> dict:
+def context_of(config: ConfigSchema) -> dict:
     """What the findings may know about the run's config."""
     return {
-        "precision": cfg.precision.name,
-        "offload": bool(cfg.offload.enabled),
-        "memory": cfg.memory.name,
-        "num_workers": cfg.dataloader.num_workers,
+        "precision": config.precision.name,
+        "offload": config.offload.enabled,
+        "memory": config.memory.name,
+        "num_workers": config.dataloader.num_workers,
     }
 
 
-def after_worker(cfg: DictConfig, run: RunPlan, run_ncu_pass: RunNcuPass) -> ProfileOutcome:
+def after_worker(config: ConfigSchema, run: RunPlan, run_ncu_pass: RunNcuPass) -> ProfileOutcome:
     """Export, ncu pass, analysis, report and plots of the finished worker of `run`; never raises
     for a profiling problem (the training result stands): it is recorded as ghsweep.profile_error."""
     run_dir, plan = Path(run.run_dir), run.profile
@@ -74,13 +75,13 @@ def after_worker(cfg: DictConfig, run: RunPlan, run_ncu_pass: RunNcuPass) -> Pro
         raw, profiles = profile_files(run_dir, plan, world_size)
         ncu_csv, ncu_info = None, None
         if plan.ncu:
-            ncu_csv, ncu_info = ncu_pass(cfg, run, profiles[0], run_ncu_pass)
+            ncu_csv, ncu_info = ncu_pass(config, run, profiles[0], run_ncu_pass)
             outcome.metrics["ncu_s"] = ncu_info["seconds"]
             raw.append(ncu_csv)
         analysis = (
-            full_analysis(profiles[0], context_of(cfg), ncu_csv)
+            full_analysis(profiles[0], context_of(config), ncu_csv)
             if world_size == 1 or plan.used != "nsys"
-            else rank_analysis(profiles, context_of(cfg), world_size)
+            else rank_analysis(profiles, context_of(config), world_size)
         )
         if ncu_info:
             analysis.roofline["ncu_pass"] = ncu_info
@@ -95,7 +96,7 @@ def after_worker(cfg: DictConfig, run: RunPlan, run_ncu_pass: RunNcuPass) -> Pro
         outcome.artifacts.append(plots.roofline_plot(analysis.roofline, run_dir / ROOFLINE_PLOT))
     outcome.metrics |= analysis.metrics()
     outcome.tags["ghsweep.findings"] = ",".join(f.id for f in analysis.findings) or "none"
-    add_raw_files(outcome, raw, cfg.profile.get("artifact_max_mb"))
+    add_raw_files(outcome, raw, config.profile.artifact_max_mb)
     return outcome
 
 
@@ -157,14 +158,15 @@ def ncu_plan(top: list[dict]) -> tuple[int, bool, str]:
     return NCU_MAX_LAUNCHES, False, f"the first {NCU_MAX_LAUNCHES} launches ({configs} launch configurations)"
 
 
-def ncu_pass(cfg: DictConfig, run: RunPlan, profile_file: Path, run_ncu_pass: RunNcuPass) -> tuple[Path, dict]:
+def ncu_pass(config: ConfigSchema, run: RunPlan, profile_file: Path, run_ncu_pass: RunNcuPass) -> tuple[Path, dict]:
     """Second, short run of the worker under ncu over one captured step, for a few launches of each
     of the top-k kernels, as `run`'s plan says (its ncu_pass); (raw CSV, {seconds, kernels,
     launches}: what the pass did)."""
     plan, ncu = run.profile, run.profile.ncu_path
     if ncu is None or run.ncu_pass is None:
         raise ProfilerUnavailable("ncu pass skipped: the run's plan names no ncu path or ncu pass")
-    top = analyze(profile_file).top_kernels[: cfg.profile.ncu.top_k]
+    options = ncu_options(config.profile)
+    top = analyze(profile_file).top_kernels[: options.top_k]
     if not top:
         raise ProfilerUnavailable("ncu pass skipped: the nsys profile has no kernels to pick from")
     names = sorted({k["short_name"] for k in top})
@@ -172,16 +174,16 @@ def ncu_pass(cfg: DictConfig, run: RunPlan, profile_file: Path, run_ncu_pass: Ru
     work = Path(run.ncu_pass.run_dir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
-    # A DictConfig converts to a dict (the stubs return every container type).
-    short = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
-    short["capture"]["num_steps"] = 1
-    short["train"]["max_steps"] = short["capture"]["start_step"] + 2
-    (work / CONFIG).write_text(OmegaConf.to_yaml(OmegaConf.create(short)))
+    # The worker's input is the composed config as the run's config.yaml holds it, shortened to one captured step.
+    short = OmegaConf.load(Path(run.run_dir) / CONFIG)
+    short.capture.num_steps = 1
+    short.train.max_steps = config.capture.start_step + 2
+    (work / CONFIG).write_text(OmegaConf.to_yaml(short))
     # The worker trains what its run directory's plan says: the run's own plan, moved to this folder.
     dataclasses.replace(run, run_dir=str(work)).save(work)
     report_path = work / NCU_REPORT
-    metrics = list(cfg.profile.ncu.metrics)
-    section_set = cfg.profile.ncu.section_set
+    metrics = options.metrics
+    section_set = options.section_set
     started = time.monotonic()
     prefix = capture.ncu_command(ncu, report_path, names, launches, section_set, metrics, per_config)
     if run_ncu_pass(run.ncu_pass.command(prefix), work) != 0 and metrics:

@@ -14,8 +14,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from omegaconf import DictConfig
-
+from ghsweep.config.schema import ConfigSchema, NcuSchema, NsysSchema, ProfileSchema
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import probe_gpu
 from ghsweep.core.run_dir import NSYS_RANK_REPORT, NSYS_REPORT
@@ -23,8 +22,22 @@ from ghsweep.core.run_plan import ProfilePlan, SessionCapture, World
 from ghsweep.profile import capture
 
 
+def nsys_options(profile: ProfileSchema) -> NsysSchema:
+    """profile.nsys of an option that carries it (nsys, nsys_ncu, auto)."""
+    if profile.nsys is None:
+        raise ValueError(f"profile={profile.name}: carries no profile.nsys section")
+    return profile.nsys
+
+
+def ncu_options(profile: ProfileSchema) -> NcuSchema:
+    """profile.ncu of an option that carries it (nsys, nsys_ncu, auto)."""
+    if profile.ncu is None:
+        raise ValueError(f"profile={profile.name}: carries no profile.ncu section")
+    return profile.ncu
+
+
 def resolve(
-    profile: DictConfig,
+    profile: ProfileSchema,
     on_gpu: bool,
     device: str,
     find_tool: Callable[[str, str | None], str | None] = capture.find_tool,
@@ -43,11 +56,12 @@ def resolve(
                 "accepted here: profile=torch, auto, none"
             )
         return ProfilePlan(name, name)
-    where = f"profile.nsys.path={profile.nsys.path}" if profile.nsys.path else "PATH"
+    nsys_path = nsys_options(profile).path
+    where = f"profile.nsys.path={nsys_path}" if nsys_path else "PATH"
     if name == "auto":
         if not on_gpu:
             return ProfilePlan(name, "torch", note=f"auto: no GPU in this run (device={device}), PyTorch profiler")
-        nsys = find_tool("nsys", profile.nsys.path)
+        nsys = find_tool("nsys", nsys_path)
         if nsys is None:
             return ProfilePlan(name, "torch", note=f"auto: nsys not found on {where}, PyTorch profiler")
         return ProfilePlan(name, "nsys", nsys_path=nsys, note="auto: nsys found and a GPU: Nsight Systems")
@@ -56,17 +70,18 @@ def resolve(
             f"profile={name}: Nsight Systems traces CUDA and this run has no GPU (device={device}); "
             "accepted here: profile=torch, auto, none"
         )
-    nsys = find_tool("nsys", profile.nsys.path)
+    nsys = find_tool("nsys", nsys_path)
     if nsys is None:
         raise ConfigError(
             f"profile={name}: nsys not found on {where}; install Nsight Systems or set "
             "profile.nsys.path=/path/to/nsys; accepted here: profile=torch, auto, none"
         )
     plan = ProfilePlan(name, "nsys", nsys_path=nsys)
-    if profile.ncu.enabled:
-        plan.ncu_path = find_tool("ncu", profile.ncu.path)
+    ncu = ncu_options(profile)
+    if ncu.enabled:
+        plan.ncu_path = find_tool("ncu", ncu.path)
         if plan.ncu_path is None:
-            where = f"profile.ncu.path={profile.ncu.path}" if profile.ncu.path else "PATH"
+            where = f"profile.ncu.path={ncu.path}" if ncu.path else "PATH"
             raise ConfigError(
                 f"profile={name}: ncu not found on {where}; install Nsight Compute or set "
                 "profile.ncu.path=/path/to/ncu; accepted here: profile=nsys, torch, auto, none"
@@ -90,7 +105,7 @@ def container_tool(name: str, configured: str | None) -> str:
     return configured or name
 
 
-def plans_from_config(profile: DictConfig, device: str, tool_prefix: list[str] | None = None) -> list[ProfilePlan]:
+def plans_from_config(profile: ProfileSchema, device: str, tool_prefix: list[str] | None = None) -> list[ProfilePlan]:
     """The plans a run of this config can get on its node, decided on the submitting side from the
     config alone, for a dry run: resolve() as the node runs it, taking profilers as node_tool (or,
     under a container's `tool_prefix`, container_tool) finds them. One plan, except for
@@ -108,45 +123,43 @@ def plans_from_config(profile: DictConfig, device: str, tool_prefix: list[str] |
     return plans
 
 
-def nsys_capture(profile: DictConfig, memory: str, report: Path, plan: ProfilePlan) -> capture.NsysCapture | None:
+def nsys_capture(profile: ProfileSchema, memory: str, report: Path, plan: ProfilePlan) -> capture.NsysCapture | None:
     """The nsys capture to `report` of a run with this `profile` and `memory.name`, or None when
     `plan` does not use nsys."""
     if plan.used != "nsys":
         return None
     if plan.nsys_path is None:
         raise ConfigError("profile: the plan uses nsys but names no nsys path (resolve() sets one)")
-    opts = profile.nsys
+    opts = nsys_options(profile)
     um = memory == "unified" if opts.um_page_faults == "auto" else bool(opts.um_page_faults)
-    return capture.NsysCapture(
-        plan.nsys_path, report, list(opts.trace), um, list(opts.extra_args), bool(opts.get("gpu_metrics"))
-    )
+    return capture.NsysCapture(plan.nsys_path, report, opts.trace, um, opts.extra_args, opts.gpu_metrics)
 
 
-def run_capture(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, world: World) -> capture.NsysCapture | None:
+def run_capture(config: ConfigSchema, run_dir: Path, plan: ProfilePlan, world: World) -> capture.NsysCapture | None:
     """nsys_capture of the run in `run_dir` over `world` (the plan's). With several ranks each rank
     writes its own report, profile_rank<RANK>.nsys-rep (nsys expands %q{RANK} from the rank's environment)."""
     report = NSYS_REPORT if world.size == 1 else NSYS_RANK_REPORT
-    return nsys_capture(cfg.profile, cfg.memory.name, run_dir / report, plan)
+    return nsys_capture(config.profile, config.memory.name, run_dir / report, plan)
 
 
-def profiler_prefix(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, world: World) -> list[str]:
+def profiler_prefix(config: ConfigSchema, run_dir: Path, plan: ProfilePlan, world: World) -> list[str]:
     """`nsys profile ...` when `plan` says nsys, else nothing: what goes between the container (or
     torchrun) and the worker's python (the one builder of the nsys command, for the job and its dry
     run)."""
-    nsys = run_capture(cfg, run_dir, plan, world)
+    nsys = run_capture(config, run_dir, plan, world)
     return nsys.profile_command() if nsys else []
 
 
-def session_capture(cfg: DictConfig, run_dir: Path, plan: ProfilePlan, world: World) -> SessionCapture | None:
+def session_capture(config: ConfigSchema, run_dir: Path, plan: ProfilePlan, world: World) -> SessionCapture | None:
     """The same capture for a worker forked from the pre-imported worker (one rank on this machine),
     or None: `plan` does not use nsys, or an extra argument of profile.nsys.extra_args belongs to
     neither `nsys launch` nor `nsys start`, and only `nsys profile` takes it."""
-    nsys = run_capture(cfg, run_dir, plan, world)
+    nsys = run_capture(config, run_dir, plan, world)
     commands = nsys.session_commands() if nsys else None
     return SessionCapture(*commands) if commands else None
 
 
-def sweep_session_launch(profile: DictConfig, memory: str, device: str) -> list[str]:
+def sweep_session_launch(profile: ProfileSchema, memory: str, device: str) -> list[str]:
     """The `nsys launch ...` a sweep's pre-imported worker starts under, guessed as the sweep starts
     (before any combination is planned) from its config on this machine: that of session_capture for
     a combination of the sweep's own profile, memory and device; [] for none. A combination whose

@@ -27,6 +27,8 @@ def with_interval(metrics: dict, key: str) -> str:
 
 
 def write_run_report(result: RunResult, cfg: DictConfig, info: dict, path: Path) -> None:
+    """report.md of `result`. `cfg` is the composed config, a record of what was asked like the run's
+    config.yaml: a run validation refused gets its report too, and no typed config exists of it."""
     lines = [f"# ghsweep run `{result.name}`", "", f"Status: **{result.status}**", ""]
     if result.error:
         lines += [f"Error: `{result.error}`", ""]

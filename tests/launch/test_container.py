@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
+from ghsweep.config.schema import typed
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import NCU_PASS_DIR, NSYS_REPORT, NSYS_SQLITE
 from ghsweep.core.run_plan import RunPlan
@@ -20,13 +21,14 @@ from ghsweep.launch.container import check_container, container_env, container_p
 from ghsweep.launch.plan import dry_run_plans, node_plan
 from ghsweep.profile import capture
 from tests.support.cli import run_cli
-from tests.support.compose import compose_config
+from tests.support.compose import compose_config, compose_typed
 from tests.support.stand_ins import NODE_GPU, fake_runtime
 
 
 def planned_command(cfg: DictConfig, run_dir: Path) -> list[str]:
     """The worker command of the run's plan, as a local launch makes it from the config."""
-    return dry_run_plans(cfg, run_dir, "run", [], on_slurm=False)[0].worker_command
+    plans, _ = dry_run_plans(cfg, run_dir, "run", [], on_slurm=False)
+    return plans[0].worker_command
 
 
 def test_no_image_runs_the_worker_on_the_host(tmp_path):
@@ -48,7 +50,7 @@ def test_gh200_profile_wraps_the_worker_in_the_container_with_binds_and_env(tmp_
 
 
 def test_binds_env_and_runtime_from_the_command_line(tmp_path):
-    cfg = compose_config(
+    config = compose_typed(
         "experiment=smoke",
         "container.image=/c.sif",
         "container.runtime=singularity",
@@ -56,7 +58,7 @@ def test_binds_env_and_runtime_from_the_command_line(tmp_path):
         "container.binds=[/lustre/data:/data:ro]",
         "+container.env.MSG='a b;rm -rf /'",
     )
-    assert container_prefix(cfg, tmp_path) == [
+    assert container_prefix(config, tmp_path) == [
         "singularity",
         "exec",
         "--bind",
@@ -79,13 +81,13 @@ def test_unknown_runtime_is_a_one_line_error(tmp_path):
 
 
 def test_missing_image_or_runtime_fails_before_training(tmp_path, monkeypatch):
-    missing = compose_config("experiment=smoke", f"container.image={tmp_path / 'none.sif'}")
+    missing = compose_typed("experiment=smoke", f"container.image={tmp_path / 'none.sif'}")
     with pytest.raises(ConfigError, match=r"^container.image=.*none.sif: no such file on this node"):
         check_container(missing)
     image = tmp_path / "c.sif"
     image.write_bytes(b"")
     monkeypatch.setenv("PATH", str(tmp_path))  # a node without apptainer
-    no_runtime = compose_config("experiment=smoke", f"container.image={image}", "container.runtime=apptainer")
+    no_runtime = compose_typed("experiment=smoke", f"container.image={image}", "container.runtime=apptainer")
     with pytest.raises(ConfigError, match=r"^container.runtime=apptainer: not found on PATH of this node"):
         check_container(no_runtime)
 
@@ -106,7 +108,7 @@ def test_profilers_are_looked_up_and_exported_inside_the_container(tmp_path, mon
     cfg = compose_config(
         "hydra/launcher=gh200", "experiment=smoke", f"container.image={image}", "profile=nsys_ncu", "device=auto"
     )
-    prefix = container_prefix(cfg, tmp_path)
+    prefix = container_prefix(typed(cfg), tmp_path)
     find = tool_finder(prefix)
     assert find("nsys", None) == "nsys"
     assert find("nsys", str(image_bin / "nsys")) == str(image_bin / "nsys")
@@ -115,7 +117,7 @@ def test_profilers_are_looked_up_and_exported_inside_the_container(tmp_path, mon
     # The job's plan: nsys from the image, and ncu missing there is the one-line error before training.
     with pytest.raises(ConfigError, match=r"^profile=nsys_ncu: ncu not found on PATH"):
         node_plan(cfg, tmp_path, "run", [], NODE_GPU, slurm_tasks=None)
-    plan = node_plan(
+    planned, _ = node_plan(
         compose_config(
             "hydra/launcher=gh200", "experiment=smoke", f"container.image={image}", "profile=nsys", "device=auto"
         ),
@@ -124,7 +126,8 @@ def test_profilers_are_looked_up_and_exported_inside_the_container(tmp_path, mon
         [],
         NODE_GPU,
         slurm_tasks=None,
-    ).profile
+    )
+    plan = planned.profile
     assert (plan.nsys_path, plan.tool_prefix) == ("nsys", prefix)
 
     # The export runs where the report was made: through the container, not on the host.
@@ -175,7 +178,7 @@ def test_pyxis_runs_the_worker_as_an_srun_step_with_the_image_mounts_and_workdir
     ]
     # Inside a SLURM job the step stays on the task's own node.
     monkeypatch.setenv("SLURMD_NODENAME", "node2")
-    assert container_prefix(cfg, tmp_path)[4] == "--nodelist=node2"
+    assert container_prefix(typed(cfg), tmp_path)[4] == "--nodelist=node2"
 
 
 def test_pyxis_keeps_container_env_values_and_secrets_off_the_command_line(tmp_path, monkeypatch):
@@ -186,9 +189,9 @@ def test_pyxis_keeps_container_env_values_and_secrets_off_the_command_line(tmp_p
     command = planned_command(cfg, tmp_path)
     assert "--container-env=HF_TOKEN,MODE" in command
     assert not [a for a in command if "hf_s3cr3t_value" in a or "fast" in a]
-    assert container_env(cfg) == {"HF_TOKEN": "hf_s3cr3t_value", "MODE": "fast"}
+    assert container_env(typed(cfg)) == {"HF_TOKEN": "hf_s3cr3t_value", "MODE": "fast"}
     # The other runtimes take them as --env arguments, not through the environment.
-    assert container_env(compose_config("experiment=smoke", "container.image=/c.sif", "+container.env.MODE=fast")) == {}
+    assert container_env(compose_typed("experiment=smoke", "container.image=/c.sif", "+container.env.MODE=fast")) == {}
 
 
 def test_the_worker_gets_the_container_env_in_its_environment(tmp_path):
@@ -202,13 +205,13 @@ def test_the_worker_gets_the_container_env_in_its_environment(tmp_path):
 def test_pyxis_on_a_node_without_srun_or_with_a_missing_sqsh_file_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no srun here
     with pytest.raises(ConfigError, match=r"^container.runtime=pyxis: runs the worker with `srun --container-image"):
-        check_container(compose_config("experiment=smoke", *PYXIS))
+        check_container(compose_typed("experiment=smoke", *PYXIS))
     with pytest.raises(ConfigError, match=r"^container.image=/images/nemo.sqsh: no such file on this node"):
         check_container(
-            compose_config("experiment=smoke", "container.runtime=pyxis", "container.image=/images/nemo.sqsh")
+            compose_typed("experiment=smoke", "container.runtime=pyxis", "container.image=/images/nemo.sqsh")
         )
     with pytest.raises(ConfigError, match=r"^container.binds=/a,b: pyxis separates mounts with commas"):
-        container_prefix(compose_config("experiment=smoke", *PYXIS, "container.binds=['/a,b']"), tmp_path)
+        container_prefix(compose_typed("experiment=smoke", *PYXIS, "container.binds=['/a,b']"), tmp_path)
 
 
 def test_an_unknown_runtime_is_refused_before_anything_is_recorded(tmp_path):
@@ -238,11 +241,11 @@ def test_a_slurm_profile_with_pyxis_dry_runs_the_srun_line(tmp_path):
 
 def test_the_ncu_pass_runs_its_worker_in_its_folder_in_the_run_s_container(tmp_path):
     cfg = compose_config("experiment=smoke", "container.image=/c.sif", "profile=nsys_ncu", "device=auto")
-    plan = dry_run_plans(cfg, tmp_path, "run", [], on_slurm=False)[0]
+    (plan,), config = dry_run_plans(cfg, tmp_path, "run", [], on_slurm=False)
     work = tmp_path / NCU_PASS_DIR
     assert plan.ncu_pass is not None and plan.ncu_pass.run_dir == str(work)
     assert plan.ncu_pass.command(["ncu", "--set=basic"]) == [
-        *container_prefix(cfg, work),
+        *container_prefix(config, work),
         "ncu",
         "--set=basic",
         "python3",
@@ -253,4 +256,5 @@ def test_the_ncu_pass_runs_its_worker_in_its_folder_in_the_run_s_container(tmp_p
     plan.save(tmp_path)
     assert RunPlan.load(tmp_path) == plan  # as the job's profile pipeline reads it
     # No ncu pass, no command for one.
-    assert dry_run_plans(compose_config("experiment=smoke"), tmp_path, "run", [], on_slurm=False)[0].ncu_pass is None
+    (plan,), _ = dry_run_plans(compose_config("experiment=smoke"), tmp_path, "run", [], on_slurm=False)
+    assert plan.ncu_pass is None

@@ -16,7 +16,7 @@ from ghsweep.core.errors import ConfigError
 from ghsweep.launch.plan import dry_run_plans, node_plan
 from ghsweep.profile.plan import resolve
 from tests.support.cli import run_cli
-from tests.support.compose import compose_config
+from tests.support.compose import compose_config, compose_typed
 from tests.support.stand_ins import NODE_GPU, fake_runtime, tool
 from tests.support.sweep_dirs import assert_nothing_ran
 
@@ -158,7 +158,8 @@ def node_command(overrides: dict[str, str], run_dir: Path, on_gpu: bool) -> list
     """What the job builds on a node with (on_gpu) or without a GPU, for the same config, on this
     machine's PATH: the worker command of the plan ghsweep.launch.job.run_one makes there."""
     cfg = compose_config(*(f"{k}={v}" for k, v in overrides.items()))
-    return node_plan(cfg, run_dir, "run", [], NODE_GPU if on_gpu else None, slurm_tasks=None).worker_command
+    plan, _ = node_plan(cfg, run_dir, "run", [], NODE_GPU if on_gpu else None, slurm_tasks=None)
+    return plan.worker_command
 
 
 def test_nsys_worker_command_is_the_one_the_job_runs_with_and_without_container(tmp_path, monkeypatch):
@@ -280,7 +281,7 @@ def test_without_nsys_here_the_node_resolves_it_and_what_never_runs_says_why(tmp
 
     # Decided by the config alone: no node mark, and the very command (or error) the job would have.
     with pytest.raises(ConfigError) as refused:
-        resolve(compose_config("experiment=smoke", "profile=nsys").profile, on_gpu=False, device="cpu")
+        resolve(compose_typed("experiment=smoke", "profile=nsys").profile, on_gpu=False, device="cpu")
     assert found["nsys", "cpu"]["worker"] == f"(not runnable) {refused.value}"
     for profile, device in (("auto", "cpu"), ("torch", "auto"), ("torch", "cpu")):
         block = found[profile, device]
@@ -311,9 +312,19 @@ def test_the_dry_run_plan_is_the_plan_the_job_makes_on_the_node(tmp_path, monkey
     tool(bin_dir, "nsys")
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     cfg = compose_config("experiment=smoke", *overrides)
-    planned = dry_run_plans(cfg, tmp_path, "a=1", ["a=1"], on_slurm=False)
-    gpus = [NODE_GPU, None] if cfg.device != "cpu" else [None]
-    on_nodes = [node_plan(cfg, tmp_path, "a=1", ["a=1"], gpu, slurm_tasks=None) for gpu in gpus[: len(planned)]]
+    planned, config = dry_run_plans(cfg, tmp_path, "a=1", ["a=1"], on_slurm=False)
+    gpus = [NODE_GPU, None] if config.device != "cpu" else [None]
+    on_nodes = [node_plan(cfg, tmp_path, "a=1", ["a=1"], gpu, slurm_tasks=None)[0] for gpu in gpus[: len(planned)]]
     assert planned == [dataclasses.replace(plan, gpu=None) for plan in on_nodes]
     assert planned[0].worker_command[-3:] == ["-m", "ghsweep.train.worker", str(tmp_path)]
     assert len(planned) == (2 if overrides[:2] == ["device=auto", "profile=auto"] else 1)
+
+
+def test_a_trial_s_prune_bar_is_in_its_plan(tmp_path):
+    """The tune sweeper sets tune.prune_below_tokens_per_s for each trial; the plan carries it to the worker."""
+    cfg = compose_config("experiment=smoke", "+tune.prune_below_tokens_per_s=1500")
+    (planned,), _ = dry_run_plans(cfg, tmp_path, "a=1", ["a=1"], on_slurm=False)
+    on_node, _ = node_plan(cfg, tmp_path, "a=1", ["a=1"], None, slurm_tasks=None)
+    assert planned.prune_below_tokens_per_s == on_node.prune_below_tokens_per_s == 1500
+    (outside_a_study,), _ = dry_run_plans(compose_config("experiment=smoke"), tmp_path, "a=1", ["a=1"], on_slurm=False)
+    assert outside_a_study.prune_below_tokens_per_s is None

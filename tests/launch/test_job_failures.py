@@ -27,7 +27,7 @@ from ghsweep.launch.rank_reports import write_rank_report
 from ghsweep.launch.worker_process import run_worker
 from ghsweep.profile.pipeline import ProfileOutcome
 from ghsweep.tracking.mlflow_store import MlflowStore
-from tests.support.compose import compose_config
+from tests.support.compose import compose_config, compose_typed
 
 
 def combination(run_dir: Path, name: str = "train.max_steps=2") -> Combination:
@@ -75,7 +75,7 @@ def planned_worker(tmp_path: Path, program: str, *overrides: str) -> RunPlan:
     """The job's plan on a CPU node, its worker replaced by `program` (Python source) run the same way."""
     run_dir = tmp_path / "0"
     run_dir.mkdir(exist_ok=True)
-    plan = node_plan(compose_config("experiment=smoke", "profile=none", *overrides), run_dir, "run", [], None, None)
+    plan, _ = node_plan(compose_config("experiment=smoke", "profile=none", *overrides), run_dir, "run", [], None, None)
     return dataclasses.replace(plan, worker_command=[sys.executable, "-c", program, str(run_dir)])
 
 
@@ -84,7 +84,7 @@ def run_planned(plan: RunPlan, cfg_overrides: tuple[str, ...] = ()) -> RunResult
     run_dir = Path(plan.run_dir)
     result = failed_result(combination(run_dir))
     exit = run_worker(plan.worker_command, run_dir, timeout_s(plan))
-    measure(compose_config("experiment=smoke", "profile=none", *cfg_overrides), plan, exit, result)
+    measure(compose_typed("experiment=smoke", "profile=none", *cfg_overrides), plan, exit, result)
     return result
 
 

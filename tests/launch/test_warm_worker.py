@@ -212,7 +212,7 @@ def test_under_nsys_each_forked_worker_is_one_collection_of_the_servers_session(
 def test_a_run_under_nsys_is_planned_to_fork_in_a_session_unless_only_nsys_profile_takes_its_options(tmp_path):
     nsys = str(fake_nsys(tmp_path / "tools"))
     cfg = compose_config("profile=nsys", f"profile.nsys.path={nsys}")
-    plan = node_plan(cfg, tmp_path / "run", "run", [], NODE_GPU, slurm_tasks=None)
+    plan, _ = node_plan(cfg, tmp_path / "run", "run", [], NODE_GPU, slurm_tasks=None)
     assert plan.worker_command[:2] == [nsys, "profile"]  # a worker started from its command
     assert plan.preimported and plan.capture is not None
     assert plan.capture.launch[:2] == [nsys, "launch"] and plan.capture.start[:2] == [nsys, "start"]
@@ -220,7 +220,7 @@ def test_a_run_under_nsys_is_planned_to_fork_in_a_session_unless_only_nsys_profi
     plan.save(tmp_path / "run")
     assert RunPlan.load(tmp_path / "run") == plan  # as the worker and the dry run read it
     odd = compose_config("profile=nsys", f"profile.nsys.path={nsys}", "profile.nsys.extra_args=['-s','none']")
-    plan = node_plan(odd, tmp_path / "odd", "odd", [], NODE_GPU, slurm_tasks=None)
+    plan, _ = node_plan(odd, tmp_path / "odd", "odd", [], NODE_GPU, slurm_tasks=None)
     assert not plan.preimported and plan.capture is None and plan.worker_command[:2] == [nsys, "profile"]
 
 

@@ -14,7 +14,7 @@ from ghsweep.config.world import world_of
 from ghsweep.core.errors import ConfigError
 from ghsweep.launch.world import check_world
 from tests.support.cli import run_cli
-from tests.support.compose import compose_config
+from tests.support.compose import compose_typed
 from tests.support.mlflow_records import MlflowRecords, sqlite_uri
 
 SMOKE = ["experiment=smoke", "train.max_steps=4", "train.seq_length=64", "train.log_every=2", "train.warmup_steps=1"]
@@ -187,15 +187,15 @@ def test_slurm_dry_run_asks_for_nodes_and_tasks_and_prints_srun(tmp_path):
 )
 def test_a_world_the_launch_cannot_give_is_one_line(overrides, on_gpu, visible, slurm, message):
     with pytest.raises(ConfigError) as error:
-        cfg = compose_config(*overrides)
-        check_world(cfg, world_of(cfg), on_gpu, visible, slurm)
+        config = compose_typed(*overrides)
+        check_world(config, world_of(config), on_gpu, visible, slurm)
     assert str(error.value) == message
 
 
 def test_several_nodes_and_more_gpus_than_here_pass_on_slurm():
-    cfg = compose_config("backend.num_nodes=2", "backend.gpus_per_node=8")
-    world = world_of(cfg)
-    check_world(cfg, world, True, 1, slurm_task=True)
+    config = compose_typed("backend.num_nodes=2", "backend.gpus_per_node=8")
+    world = world_of(config)
+    check_world(config, world, True, 1, slurm_task=True)
     assert (world.num_nodes, world.gpus_per_node, world.size) == (2, 8, 16)
 
 

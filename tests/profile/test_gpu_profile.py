@@ -40,11 +40,11 @@ def profiled_run(tmp_path, *overrides: str) -> tuple[dict, object]:
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     # The job's own plan on this node, saved where the worker reads it.
-    plan = node_plan(cfg, run_dir, cfg.profile.name, [], probe_gpu(), None)
+    plan, config = node_plan(cfg, run_dir, cfg.profile.name, [], probe_gpu(), None)
     plan.save(run_dir)
     exit = run_worker(plan.worker_command, run_dir, 900)
     assert exit.returncode == 0, (run_dir / "worker.log").read_text()[-3000:]
-    outcome = after_worker(cfg, plan, lambda command, work: run_worker(command, work, 900).returncode)
+    outcome = after_worker(config, plan, lambda command, work: run_worker(command, work, 900).returncode)
     assert "ghsweep.profile_error" not in outcome.tags, outcome.tags
     return json.loads((run_dir / PROFILE_ANALYSIS).read_text()), outcome
 

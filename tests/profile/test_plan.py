@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from ghsweep.config.schema import ProfileSchema, typed_section
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_plan import ProfilePlan, World
 from ghsweep.profile import plan as plan_module
 from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve, session_capture, sweep_session_launch
 from tests.support.cli import run_cli
-from tests.support.compose import compose_config
+from tests.support.compose import compose_config, compose_typed
 from tests.support.mlflow_records import MlflowRecords, sqlite_uri
 from tests.support.stand_ins import NODE_GPU
 
@@ -28,46 +29,46 @@ def fake_tool(tmp_path: Path, name: str) -> str:
 
 def test_auto_is_the_default_and_falls_back_to_torch_without_gpu(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    cfg = compose_config()
-    assert cfg.profile.name == "auto"
-    plan = resolve(cfg.profile, on_gpu=False, device="cpu")
+    config = compose_typed()
+    assert config.profile.name == "auto"
+    plan = resolve(config.profile, on_gpu=False, device="cpu")
     assert plan.used == "torch" and "no GPU" in plan.note
-    plan = resolve(cfg.profile, on_gpu=True, device="cuda")
+    plan = resolve(config.profile, on_gpu=True, device="cuda")
     assert plan.used == "torch" and "nsys not found" in plan.note
 
 
 def test_requested_nsys_missing_is_a_one_line_error(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(ConfigError, match=r"^profile=nsys: nsys not found on PATH; .*accepted here: profile=torch"):
-        resolve(compose_config("profile=nsys").profile, on_gpu=True, device="cuda")
+        resolve(compose_typed("profile=nsys").profile, on_gpu=True, device="cuda")
     with pytest.raises(ConfigError, match=r"^profile=nsys_ncu: Nsight Systems traces CUDA and this run has no GPU"):
-        resolve(compose_config("profile=nsys_ncu").profile, on_gpu=False, device="cpu")
+        resolve(compose_typed("profile=nsys_ncu").profile, on_gpu=False, device="cpu")
 
 
 def test_ncu_missing_for_nsys_ncu(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    cfg = compose_config("profile=nsys_ncu", f"profile.nsys.path={fake_tool(tmp_path, 'nsys')}")
+    config = compose_typed("profile=nsys_ncu", f"profile.nsys.path={fake_tool(tmp_path, 'nsys')}")
     with pytest.raises(ConfigError, match=r"^profile=nsys_ncu: ncu not found on PATH"):
-        resolve(cfg.profile, on_gpu=True, device="cuda")
-    cfg = compose_config(
+        resolve(config.profile, on_gpu=True, device="cuda")
+    config = compose_typed(
         "profile=nsys_ncu", f"profile.nsys.path={tmp_path / 'nsys'}", f"profile.ncu.path={fake_tool(tmp_path, 'ncu')}"
     )
-    plan = resolve(cfg.profile, on_gpu=True, device="cuda")
+    plan = resolve(config.profile, on_gpu=True, device="cuda")
     assert plan.used == "nsys" and plan.ncu and plan.ncu_path.endswith("ncu")
 
 
 def test_nsys_command_records_the_capture_window(tmp_path):
     nsys = fake_tool(tmp_path, "nsys")
-    cfg = compose_config(
+    config = compose_typed(
         "profile=nsys", f"profile.nsys.path={nsys}", "memory=unified", "profile.nsys.extra_args=['--sample=none']"
     )
-    command = profiler_prefix(cfg, tmp_path, resolve(cfg.profile, on_gpu=True, device="cuda"), World())
+    command = profiler_prefix(config, tmp_path, resolve(config.profile, on_gpu=True, device="cuda"), World())
     assert command[:2] == [nsys, "profile"]
     assert "--trace=cuda,nvtx,osrt,cudnn,cublas" in command
     assert "--capture-range=cudaProfilerApi" in command and "--capture-range-end=stop" in command
     assert "--cuda-um-gpu-page-faults=true" in command  # um_page_faults=auto with memory=unified
     assert f"--output={tmp_path / 'profile'}" in command and command[-1] == "--sample=none"
-    assert profiler_prefix(cfg, tmp_path, ProfilePlan("torch", "torch"), World()) == []
+    assert profiler_prefix(config, tmp_path, ProfilePlan("torch", "torch"), World()) == []
 
 
 def test_plans_from_config_are_the_plans_the_node_makes(tmp_path, monkeypatch):
@@ -75,29 +76,29 @@ def test_plans_from_config_are_the_plans_the_node_makes(tmp_path, monkeypatch):
     fake_tool(tmp_path, "nsys"), fake_tool(tmp_path, "ncu")
     monkeypatch.setenv("PATH", str(tmp_path))
     for name in ("nsys", "nsys_ncu"):
-        profile = compose_config(f"profile={name}").profile
+        profile = compose_typed(f"profile={name}").profile
         assert plans_from_config(profile, "auto") == [resolve(profile, on_gpu=True, device="auto")]
-    auto = compose_config("profile=auto").profile
+    auto = compose_typed("profile=auto").profile
     assert plans_from_config(auto, "cuda:1") == [
         resolve(auto, on_gpu=True, device="cuda:1"),
         resolve(auto, on_gpu=False, device="cuda:1"),
     ]
     # A CPU run: the config alone decides, as the node would, errors included.
     for name in ("auto", "torch", "none"):
-        profile = compose_config(f"profile={name}").profile
+        profile = compose_typed(f"profile={name}").profile
         assert plans_from_config(profile, "cpu") == [resolve(profile, on_gpu=False, device="cpu")]
     with pytest.raises(ConfigError, match=r"^profile=nsys: Nsight Systems traces CUDA and this run has no GPU"):
-        plans_from_config(compose_config("profile=nsys").profile, "cpu")
+        plans_from_config(compose_typed("profile=nsys").profile, "cpu")
 
 
 def test_plans_from_config_leave_the_profiler_path_to_the_node(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    (plan,) = plans_from_config(compose_config("profile=nsys_ncu").profile, "auto")
+    (plan,) = plans_from_config(compose_typed("profile=nsys_ncu").profile, "auto")
     assert (plan.used, plan.nsys_path, plan.ncu, plan.ncu_path) == ("nsys", "nsys", True, "ncu")
     # A configured path is the node's, whether or not it exists here.
-    (plan,) = plans_from_config(compose_config("profile=nsys", "profile.nsys.path=/opt/nsys/bin/nsys").profile, "auto")
+    (plan,) = plans_from_config(compose_typed("profile=nsys", "profile.nsys.path=/opt/nsys/bin/nsys").profile, "auto")
     assert plan.nsys_path == "/opt/nsys/bin/nsys"
-    assert profiler_prefix(compose_config("profile=nsys"), tmp_path, plan, World())[:2] == [
+    assert profiler_prefix(compose_typed("profile=nsys"), tmp_path, plan, World())[:2] == [
         "/opt/nsys/bin/nsys",
         "profile",
     ]
@@ -172,16 +173,16 @@ def test_a_forked_worker_is_recorded_by_an_nsys_session_with_the_same_capture(tm
     collection: between them they say exactly what `nsys profile` says for a worker started from its
     command, plus the tracing of forked children."""
     nsys = fake_tool(tmp_path, "nsys")
-    cfg = compose_config(
+    config = compose_typed(
         "profile=nsys",
         f"profile.nsys.path={nsys}",
         "memory=unified",
         "profile.nsys.gpu_metrics=true",
         "profile.nsys.extra_args=['--sample=none','--cpuctxsw=none','--cuda-memory-usage=true']",
     )
-    plan = resolve(cfg.profile, on_gpu=True, device="cuda")
-    session = session_capture(cfg, tmp_path, plan, World())
-    profile = profiler_prefix(cfg, tmp_path, plan, World())
+    plan = resolve(config.profile, on_gpu=True, device="cuda")
+    session = session_capture(config, tmp_path, plan, World())
+    profile = profiler_prefix(config, tmp_path, plan, World())
     assert session is not None
     assert session.launch[:2] == [nsys, "launch"] and session.start[:2] == [nsys, "start"]
     assert sorted(session.launch[2:] + session.start[2:]) == sorted([*profile[2:], "--trace-fork-before-exec=true"])
@@ -191,18 +192,23 @@ def test_a_forked_worker_is_recorded_by_an_nsys_session_with_the_same_capture(tm
     assert "--gpu-metrics-devices=cuda-visible" in session.start
     # Only `nsys profile` takes what neither command knows: those runs start from their command.
     for extra in ("['-s','none']", "['--stats=true','--duration=5']"):
-        odd = compose_config("profile=nsys", f"profile.nsys.path={nsys}", f"profile.nsys.extra_args={extra}")
+        odd = compose_typed("profile=nsys", f"profile.nsys.path={nsys}", f"profile.nsys.extra_args={extra}")
         assert session_capture(odd, tmp_path, plan, World()) is None
 
 
 def test_the_sweep_guesses_its_nsys_session_from_its_own_profile(tmp_path, monkeypatch):
     nsys = fake_tool(tmp_path, "nsys")
-    cfg = compose_config("profile=nsys", f"profile.nsys.path={nsys}")
+    config = compose_typed("profile=nsys", f"profile.nsys.path={nsys}")
     monkeypatch.setattr(plan_module, "probe_gpu", lambda: NODE_GPU)
-    launch = sweep_session_launch(cfg.profile, "default", "auto")
-    assert launch == session_capture(cfg, tmp_path, resolve(cfg.profile, on_gpu=True, device="auto"), World()).launch
+    launch = sweep_session_launch(config.profile, "default", "auto")
+    # The sweep's callback gets its profile as composed, before any combination is validated.
+    as_composed = compose_config("profile=nsys", f"profile.nsys.path={nsys}").profile
+    assert sweep_session_launch(typed_section(ProfileSchema, as_composed), "default", "auto") == launch
+    assert (
+        launch == session_capture(config, tmp_path, resolve(config.profile, on_gpu=True, device="auto"), World()).launch
+    )
     # No GPU, a CPU device or another profiler: no session (the combinations' plans say the same).
-    assert sweep_session_launch(cfg.profile, "default", "cpu") == []
-    assert sweep_session_launch(compose_config("profile=torch").profile, "default", "auto") == []
+    assert sweep_session_launch(config.profile, "default", "cpu") == []
+    assert sweep_session_launch(compose_typed("profile=torch").profile, "default", "auto") == []
     monkeypatch.setattr(plan_module, "probe_gpu", lambda: None)
-    assert sweep_session_launch(cfg.profile, "default", "auto") == []  # profile=nsys refused without a GPU
+    assert sweep_session_launch(config.profile, "default", "auto") == []  # profile=nsys refused without a GPU
