@@ -44,8 +44,8 @@ def describe(
         plans, config = dry_run_plans(cfg, run_dir, name, overrides, on_slurm)
         commands = [shlex.join(plan.worker_command) for plan in plans]
     except ConfigError as exc:
-        # Validation refused it, so no typed config was made: the lines below read the config as composed,
-        # and its backend still says what it would refuse itself (NeMo's recipe checks).
+        # Validation refused it and made no typed config: the lines below read the composed config typed
+        # unchecked, so that its backend still says what it would refuse itself (NeMo's recipe checks).
         plans, commands, config = [], [f"(not runnable) {exc}"], typed(cfg)
     lines += [f"  worker:  {commands[0]}", f"  launch:  {launch}"]
     if plans and plans[0].world.size > 1:

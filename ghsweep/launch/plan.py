@@ -62,7 +62,7 @@ def check_anywhere(cfg: DictConfig) -> ConfigSchema:
     raise refused[-1]
 
 
-def prune_bar(cfg: DictConfig) -> float | None:
+def _prune_bar(cfg: DictConfig) -> float | None:
     """The tokens/s a tuning study's trial is pruned below (tune.prune_below_tokens_per_s, which the tune
     sweeper sets for each trial); None outside a study. The tune section is the sweeper's, not the schema's."""
     bar = OmegaConf.select(cfg, "tune.prune_below_tokens_per_s")
@@ -78,11 +78,11 @@ def node_plan(
     slurm_tasks: int | None,
     find_tool: ToolFinder = find_on_node,
 ) -> tuple[RunPlan, ConfigSchema]:
-    """The plan on a node with `gpu` (None: no GPU), as a local launch (slurm_tasks None) or a task
-    of a SLURM job of `slurm_tasks` tasks, and the typed config validation made of `cfg`; ConfigError
-    for a run that cannot start there. Every SLURM task of a run makes the same checks, so a config
-    rank 0 refuses is refused by all ranks before any of them waits for the others. With a container
-    the profilers are looked up inside it."""
+    """(the plan on a node with `gpu` (None: no GPU), as a local launch (slurm_tasks None) or a task
+    of a SLURM job of `slurm_tasks` tasks; the typed config validation made of `cfg`); ConfigError for
+    a run that cannot start there. Every SLURM task of a run makes the same checks, so a config rank 0
+    refuses is refused by all ranks before any of them waits for the others. With a container the
+    profilers are looked up inside it."""
     config = validate(cfg, gpu)
     check_container(config)
     device = run_device(config, gpu)
@@ -110,7 +110,7 @@ def node_plan(
         container,
         profile,
         on_slurm and world.size > 1,
-        prune_bar(cfg),
+        _prune_bar(cfg),
     )
     return plan, config
 
@@ -118,9 +118,9 @@ def node_plan(
 def dry_run_plans(
     cfg: DictConfig, run_dir: Path, name: str, overrides: list[str], on_slurm: bool
 ) -> tuple[list[RunPlan], ConfigSchema]:
-    """The plans the node can make, decided here from the config alone (profile.plan.plans_from_config):
+    """(the plans the node can make, decided here from the config alone (profile.plan.plans_from_config):
     one, or for profile=auto on a device that may be a GPU, the node's choice with a GPU and nsys
-    first and without second; and the typed config. ConfigError for what no node can run."""
+    first and without second; the typed config of `cfg`). ConfigError for what no node can run."""
     config = check_anywhere(cfg)
     world = world_of(config)
     may_use_gpu = config.device != "cpu"
@@ -139,7 +139,7 @@ def dry_run_plans(
             container,
             profile,
             on_slurm and world.size > 1,
-            prune_bar(cfg),
+            _prune_bar(cfg),
         )
         for device, profile in zip(devices, profiles)
     ]

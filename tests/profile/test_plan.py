@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import stat
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from ghsweep.config.schema import ProfileSchema, typed_section
 from ghsweep.core.errors import ConfigError
-from ghsweep.core.run_plan import ProfilePlan, World
+from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
 from ghsweep.profile import plan as plan_module
 from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve, session_capture, sweep_session_launch
 from tests.support.cli import run_cli
 from tests.support.compose import compose_config, compose_typed
 from tests.support.mlflow_records import MlflowRecords, sqlite_uri
-from tests.support.stand_ins import NODE_GPU
+from tests.support.stand_ins import NODE_GPU, script
 
 
 def fake_tool(tmp_path: Path, name: str) -> str:
@@ -166,6 +168,46 @@ def test_ncu_pass_profiles_a_few_launches_of_each_top_kernel():
     many = [dict(k, launch_configs=40) for k in top]
     assert ncu_plan(many)[:2] == (NCU_MAX_LAUNCHES, False)
     assert "--filter-mode" not in capture.ncu_command("ncu", Path("r.ncu-rep"), ["a"], NCU_MAX_LAUNCHES, "roofline")
+
+
+def test_the_ncu_pass_trains_the_run_s_own_config_for_one_captured_step(tmp_path):
+    """The pass's worker reads the run's config.yaml (the composed config with the real values), with
+    one captured step and the steps up to it, and the run's plan moved to the pass's folder."""
+    from ghsweep.core.run_dir import CONFIG, NCU_CSV, NCU_REPORT
+    from ghsweep.launch.job import write_worker_config
+    from ghsweep.launch.plan import dry_run_plans
+    from ghsweep.profile.pipeline import ncu_pass
+
+    ncu = script(tmp_path / "tools", "ncu", "#!/bin/sh\necho 'ID,Kernel Name'\n")
+    cfg = compose_config(
+        "profile=nsys_ncu",
+        "device=auto",
+        f"profile.nsys.path={fake_tool(tmp_path, 'nsys')}",
+        f"profile.ncu.path={ncu}",
+        "capture.start_step=4",
+        "+model.hf_token=hf_s3cr3t_value",
+    )
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_worker_config(cfg, run_dir)
+    (run,), config = dry_run_plans(cfg, run_dir, "run", [], on_slurm=False)
+    passes = []
+
+    def run_ncu_pass(command: list[str], work: Path) -> int:
+        passes.append((command, OmegaConf.load(work / CONFIG), RunPlan.load(work)))
+        (work / NCU_REPORT).touch()
+        return 0
+
+    clean = Path(__file__).parents[1] / "data" / "profiles" / "clean" / "profile.sqlite"
+    csv_path, info = ncu_pass(config, run, clean, run_ncu_pass)
+    assert csv_path == run_dir / NCU_CSV and csv_path.read_text() == "ID,Kernel Name\n"
+    ((command, short, plan),) = passes
+    assert command[0] == str(ncu) and command[-3:] == ["-m", "ghsweep.train.worker", str(run_dir / "ncu_pass")]
+    expected = OmegaConf.load(run_dir / CONFIG)
+    expected.capture.num_steps, expected.train.max_steps = 1, 6
+    assert short == expected and short.model.hf_token == "hf_s3cr3t_value"
+    assert plan == dataclasses.replace(run, run_dir=str(run_dir / "ncu_pass"))
+    assert len(info["kernels"]) <= config.profile.ncu.top_k
 
 
 def test_a_forked_worker_is_recorded_by_an_nsys_session_with_the_same_capture(tmp_path):
