@@ -24,16 +24,27 @@ TORCH_FILE = re.compile(r"[/\\](site|dist)-packages[/\\]torch[/\\]")
 _UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
+_recording = False
+
+
 def start_history() -> None:
+    global _recording
     import torch
 
     torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES, stacks="python")
+    _recording = True
 
 
 def stop_history() -> None:
+    """End the history start_history began; nothing where none was (memory=unified's managed-memory
+    allocator, several ranks), since a pluggable allocator raises at any call to record it."""
+    global _recording
+    if not _recording:
+        return
     import torch
 
     torch.cuda.memory._record_memory_history(enabled=None)
+    _recording = False
 
 
 def oom_line(message: str, allocated: int, reserved: int, total: int) -> str:

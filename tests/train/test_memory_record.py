@@ -17,6 +17,7 @@ import pynvml
 import pytest
 
 from ghsweep.core.gpu import visible_gpu_handles
+from ghsweep.train import memory_record
 from ghsweep.train.memory_record import largest_sites, oom_line, sites_text
 from tests.support.cli import run_cli
 from tests.support.compose import compose_config
@@ -137,3 +138,18 @@ def test_profile_memory_dumps_the_capture_windows_history(tmp_path):
     snapshot = pickle.loads((tmp_path / "memory_snapshot.pickle").read_bytes())
     events = snapshot["device_traces"][0]
     assert events and {e["action"] for e in events} >= {"alloc", "free_completed"}
+
+
+def test_the_history_is_stopped_only_where_it_was_started(monkeypatch):
+    # memory=unified's managed-memory allocator raises at any call to record a history, so a worker
+    # that never started one (memory=unified, several ranks) must not stop one at step 2 either.
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", lambda *a, **k: calls.append(k))
+    memory_record.stop_history()
+    assert calls == []
+    memory_record.start_history()
+    memory_record.stop_history()
+    memory_record.stop_history()
+    assert [("enabled" in k) for k in calls] == [False, True]
