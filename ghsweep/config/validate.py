@@ -106,6 +106,7 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
     _validate_profile(cfg)
     _validate_capture(cfg)
     check("worker.preimported", cfg.worker.preimported)
+    _validate_worker_timeout(cfg.worker.timeout_min)
     _validate_container(cfg)
     config = typed(cfg)
     # Each backend checks its own keys; the registry imports only the named backend's light module.
@@ -369,6 +370,21 @@ def _validate_backend(cfg: DictConfig) -> None:
     for knob in knobs("backend"):
         if knob != "name" and knob in cfg.backend:
             check(f"backend.{knob}", cfg.backend[knob])
+
+
+# worker.timeout_min=auto on a GPU: a hang on a cluster node must not hold its allocation until the
+# scheduler's limit. On CPU (smoke runs, 7B shapes on a workstation) auto sets no limit.
+GPU_TIMEOUT_MIN = 60
+
+
+def _validate_worker_timeout(value: object) -> None:
+    try:
+        check("worker.timeout_min", value)
+    except ConfigError:  # the schema's rule, said with what each accepted value means
+        raise ConfigError(
+            f"worker.timeout_min={value}: must be a number of minutes > 0, null (no limit) or auto "
+            f"({GPU_TIMEOUT_MIN} on a GPU, no limit on CPU)"
+        ) from None
 
 
 def _validate_container(cfg: DictConfig) -> None:

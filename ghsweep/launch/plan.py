@@ -54,9 +54,7 @@ def check_anywhere(cfg: DictConfig) -> ConfigSchema:
     refused = []
     for gpu in nodes:
         try:
-            config = validate(cfg, gpu)
-            worker_timeout_min(config.worker.timeout_min, gpu is not None)
-            return config
+            return validate(cfg, gpu)
         except ConfigError as exc:
             refused.append(exc)
     raise refused[-1]

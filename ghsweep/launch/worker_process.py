@@ -18,14 +18,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from ghsweep.config.schema import ProfileSchema, typed_section
-from ghsweep.core.errors import ConfigError
+from ghsweep.config.validate import GPU_TIMEOUT_MIN
 from ghsweep.core.names import STEP_RANGE_PREFIX
 from ghsweep.core.run_dir import WORKER_LOG, WORKER_PID, rank_file
 from ghsweep.core.run_plan import SessionCapture
@@ -37,23 +37,11 @@ from ghsweep.train import warm_worker
 log = logging.getLogger(__name__)
 
 
-# worker.timeout_min=auto on a GPU: a hang on a cluster node must not hold its allocation until the
-# scheduler's limit. On CPU (smoke runs, 7B shapes on a workstation) auto sets no limit.
-GPU_TIMEOUT_MIN = 60
-
-
-def worker_timeout_min(value: object, on_gpu: bool) -> float | None:
-    """worker.timeout_min as minutes (None: no limit): a positive number, null, or auto."""
+def worker_timeout_min(value: float | Literal["auto"] | None, on_gpu: bool) -> float | None:
+    """worker.timeout_min (validated) as minutes, None for no limit."""
     if value == "auto":
         return GPU_TIMEOUT_MIN if on_gpu else None
-    if value is None:
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    raise ConfigError(
-        f"worker.timeout_min={value}: must be a number of minutes > 0, null (no limit) or auto "
-        f"({GPU_TIMEOUT_MIN} on a GPU, no limit on CPU)"
-    )
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True)

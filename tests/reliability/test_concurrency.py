@@ -10,9 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from ghsweep.config.validate import GPU_TIMEOUT_MIN, validate
 from ghsweep.core.errors import ConfigError
-from ghsweep.launch.worker_process import GPU_TIMEOUT_MIN, worker_timeout_min
+from ghsweep.launch.worker_process import worker_timeout_min
 from tests.support.cli import assert_one_line_errors, run_cli
+from tests.support.compose import compose_config
 from tests.support.mlflow_records import all_runs, assert_nothing_running, by_role, sqlite_uri
 from tests.support.sweep_dirs import results
 
@@ -116,4 +118,4 @@ def test_the_worker_timeout_is_finite_on_a_gpu_by_default():
     assert worker_timeout_min(90, on_gpu=False) == 90
     for bad in ("soon", 0, -1, True):
         with pytest.raises(ConfigError, match=f"^worker.timeout_min={bad}: must be a number of minutes > 0"):
-            worker_timeout_min(bad, on_gpu=True)
+            validate(compose_config(f"worker.timeout_min={bad}".replace("True", "true")), gpu=None)
