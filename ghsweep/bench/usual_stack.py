@@ -6,11 +6,12 @@ examples the usual way (position ids passed to the model, from which transformer
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from ghsweep.config.schema import PeftSchema, carried
 from ghsweep.train.data import PackedBlocks
 from ghsweep.train.flops import ModelShape
+from ghsweep.train.model import llama_config
 
 
 def train_steps(
@@ -26,18 +27,7 @@ def train_steps(
     """Step times in ms and peak allocated GiB over micro-batches of one packed block.
     peft: 'defaults', 'bf16_adapters' or 'none'; `lora` the rank, alpha and targets."""
     seq_length = blocks.input_ids.shape[1]
-    config = LlamaConfig(
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_layers,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_key_value_heads,
-        vocab_size=shape.vocab_size,
-        max_position_embeddings=max(seq_length, 4096),
-        use_cache=False,
-        # Accepted at run time (kept as _attn_implementation); transformers' annotated signature leaves it out.
-        attn_implementation="sdpa",  # type: ignore[call-arg]
-    )
+    config = llama_config(shape, max(seq_length, 4096), "sdpa")
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
         base = LlamaForCausalLM(config)

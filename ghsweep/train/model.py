@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from ghsweep.config.schema import ModelSchema, PeftSchema, carried
+from ghsweep.train.flops import ModelShape
 from ghsweep.train.tokenizer import ByteTokenizer
 
 
@@ -44,25 +45,36 @@ def build_model(
         if tokenizer.bos_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError(f"model.path={path}: the tokenizer defines no BOS/EOS token")
         return model, tokenizer, False
-    hf_config = LlamaConfig(
-        hidden_size=model_config.hidden_size,
-        intermediate_size=model_config.intermediate_size,
-        num_hidden_layers=model_config.num_layers,
-        num_attention_heads=model_config.num_attention_heads,
-        num_key_value_heads=model_config.num_key_value_heads,
-        vocab_size=model_config.vocab_size,
-        max_position_embeddings=model_config.max_position_embeddings,
+    hf_config = llama_config(
+        ModelShape.of_model(model_config),
+        model_config.max_position_embeddings,
+        attn_implementation,
         rms_norm_eps=model_config.rms_norm_eps,
         bos_token_id=ByteTokenizer.bos_token_id,
         eos_token_id=ByteTokenizer.eos_token_id,
         pad_token_id=ByteTokenizer.pad_token_id,
-        use_cache=False,
-        # Accepted at run time (kept as _attn_implementation); transformers' annotated signature leaves it out.
-        attn_implementation=attn_implementation,  # type: ignore[call-arg]
     )
     with torch.device(device), _default_dtype(dtype):
         model = LlamaForCausalLM(hf_config)
     return model, ByteTokenizer(), True
+
+
+def llama_config(shape: ModelShape, max_position_embeddings: int, attn_implementation: str, **more: Any) -> LlamaConfig:
+    """transformers' config of a Llama model of `shape` to train (no KV cache), its attention computed by
+    `attn_implementation` (sdpa, flex_attention); `more`: other LlamaConfig fields."""
+    return LlamaConfig(
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        vocab_size=shape.vocab_size,
+        max_position_embeddings=max_position_embeddings,
+        use_cache=False,
+        # Accepted at run time (kept as _attn_implementation); transformers' annotated signature leaves it out.
+        attn_implementation=attn_implementation,  # type: ignore[call-arg]
+        **more,
+    )
 
 
 def apply_peft(model: torch.nn.Module, peft_config: PeftSchema, adapter_dtype: torch.dtype) -> torch.nn.Module:
