@@ -60,7 +60,7 @@ def check_anywhere(cfg: DictConfig) -> ConfigSchema:
     raise refused[-1]
 
 
-def _prune_bar(cfg: DictConfig) -> float | None:
+def prune_bar(cfg: DictConfig) -> float | None:
     """The tokens/s a tuning study's trial is pruned below (tune.prune_below_tokens_per_s, which the tune
     sweeper sets for each trial); None outside a study. The tune section is the sweeper's, not the schema's."""
     bar = OmegaConf.select(cfg, "tune.prune_below_tokens_per_s")
@@ -108,7 +108,7 @@ def node_plan(
         container,
         profile,
         on_slurm and world.size > 1,
-        _prune_bar(cfg),
+        prune_bar(cfg),
     )
     return plan, config
 
@@ -137,7 +137,7 @@ def dry_run_plans(
             container,
             profile,
             on_slurm and world.size > 1,
-            _prune_bar(cfg),
+            prune_bar(cfg),
         )
         for device, profile in zip(devices, profiles)
     ]

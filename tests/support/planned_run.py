@@ -12,6 +12,7 @@ from ghsweep.config.world import data_parallel
 from ghsweep.core.gpu import probe_gpu
 from ghsweep.core.run_dir import CONFIG
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
+from ghsweep.launch.plan import prune_bar
 
 
 def planned_run(run_dir: Path, cfg: DictConfig, profiler: str = "none") -> RunPlan:
@@ -34,7 +35,7 @@ def planned_run(run_dir: Path, cfg: DictConfig, profiler: str = "none") -> RunPl
         container_prefix=[],
         worker_command=[],
         timeout_min=None,
-        prune_below_tokens_per_s=OmegaConf.select(cfg, "tune.prune_below_tokens_per_s"),
+        prune_below_tokens_per_s=prune_bar(cfg),
     )
     plan.save(run_dir)
     return plan
