@@ -5,13 +5,15 @@ examples the usual way (position ids passed to the model, from which transformer
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from transformers import LlamaForCausalLM
 
-from ghsweep.config.schema import PeftSchema, carried
+from ghsweep.config.schema import PeftSchema
 from ghsweep.train.data import PackedBlocks
 from ghsweep.train.flops import ModelShape
-from ghsweep.train.model import llama_config
+from ghsweep.train.model import llama_config, lora_config
 
 
 def train_steps(
@@ -34,19 +36,12 @@ def train_steps(
     torch.set_default_dtype(torch.float32)
     model: torch.nn.Module = base
     if peft != "none":
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
         if lora is None:
             raise ValueError(f"peft={peft}: LoRA adapters need `lora` (rank, alpha and targets)")
-
-        adapters = LoraConfig(
-            r=carried(lora.r, "peft.r"),
-            # peft scales by alpha / r, so any positive number works; its annotation says int.
-            lora_alpha=carried(lora.alpha, "peft.alpha"),  # type: ignore[arg-type]
-            lora_dropout=0.0,
-            task_type="CAUSAL_LM",
-            target_modules=carried(lora.target_modules, "peft.target_modules"),
-        )
+        # Without dropout: the usual stack's benchmark measures the step, not regularisation.
+        adapters = lora_config(dataclasses.replace(lora, dropout=0.0))
         model = get_peft_model(model, adapters, autocast_adapter_dtype=peft == "defaults")
     if float8:
         from torchao.float8 import convert_to_float8_training

@@ -13,12 +13,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ghsweep.config.backends import backend_named
-from ghsweep.config.schema import ConfigSchema, typed
+from ghsweep.config.schema import ConfigSchema, carried, typed
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import NCU_PASS_DIR
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
 from ghsweep.launch.plan import dry_run_plans
-from ghsweep.profile.plan import ncu_options, nsys_options
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import absolute_tracking_uri
 
@@ -87,7 +86,7 @@ def profile_text(config: ConfigSchema, plans: list[RunPlan]) -> str:
     if plan.used == "torch":
         why = f" (no GPU in this run, device={config.device})" if plan.requested == "auto" else ""
         return f"{plan.requested}: the PyTorch profiler inside the worker, {steps}{why}"
-    nsys_path = nsys_options(config.profile).path
+    nsys_path = carried(config.profile.nsys, "profile.nsys").path
     if plan.requested == "auto":
         return (
             f"auto, resolved on the node: Nsight Systems over {steps} (the worker line above) where the node has a GPU "
@@ -99,7 +98,7 @@ def profile_text(config: ConfigSchema, plans: list[RunPlan]) -> str:
         "the node needs a GPU, else the run fails before training"
     )
     if plan.ncu:
-        ncu = ncu_options(config.profile)
+        ncu = carried(config.profile.ncu, "profile.ncu")
         text += (
             f"; then a short second run of the worker in {Path(plans[0].run_dir) / NCU_PASS_DIR} "
             "under ncu in place of nsys "

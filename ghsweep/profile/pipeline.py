@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ghsweep.config.schema import ConfigSchema
+from ghsweep.config.schema import ConfigSchema, carried
 from ghsweep.core.errors import ProfilerUnavailable
 from ghsweep.core.run_dir import (
     CONFIG,
@@ -28,7 +28,6 @@ from ghsweep.core.run_dir import (
 from ghsweep.core.run_plan import ProfilePlan, RunPlan
 from ghsweep.profile import capture, plots, report
 from ghsweep.profile.analysis import analyze
-from ghsweep.profile.plan import ncu_options
 from ghsweep.profile.ranks import rank_of
 from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 
@@ -165,7 +164,7 @@ def ncu_pass(config: ConfigSchema, run: RunPlan, profile_file: Path, run_ncu_pas
     plan, ncu = run.profile, run.profile.ncu_path
     if ncu is None or run.ncu_pass is None:
         raise ProfilerUnavailable("ncu pass skipped: the run's plan names no ncu path or ncu pass")
-    options = ncu_options(config.profile)
+    options = carried(config.profile.ncu, "profile.ncu")
     top = analyze(profile_file).top_kernels[: options.top_k]
     if not top:
         raise ProfilerUnavailable("ncu pass skipped: the nsys profile has no kernels to pick from")

@@ -14,26 +14,12 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from ghsweep.config.schema import ConfigSchema, NcuSchema, NsysSchema, ProfileSchema
+from ghsweep.config.schema import ConfigSchema, ProfileSchema, carried
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import probe_gpu
 from ghsweep.core.run_dir import NSYS_RANK_REPORT, NSYS_REPORT
 from ghsweep.core.run_plan import ProfilePlan, SessionCapture, World
 from ghsweep.profile import capture
-
-
-def nsys_options(profile: ProfileSchema) -> NsysSchema:
-    """profile.nsys of an option that carries it (nsys, nsys_ncu, auto)."""
-    if profile.nsys is None:
-        raise ValueError(f"profile={profile.name}: carries no profile.nsys section")
-    return profile.nsys
-
-
-def ncu_options(profile: ProfileSchema) -> NcuSchema:
-    """profile.ncu of an option that carries it (nsys, nsys_ncu, auto)."""
-    if profile.ncu is None:
-        raise ValueError(f"profile={profile.name}: carries no profile.ncu section")
-    return profile.ncu
 
 
 def resolve(
@@ -56,7 +42,7 @@ def resolve(
                 "accepted here: profile=torch, auto, none"
             )
         return ProfilePlan(name, name)
-    nsys_path = nsys_options(profile).path
+    nsys_path = carried(profile.nsys, "profile.nsys").path
     where = f"profile.nsys.path={nsys_path}" if nsys_path else "PATH"
     if name == "auto":
         if not on_gpu:
@@ -77,7 +63,7 @@ def resolve(
             "profile.nsys.path=/path/to/nsys; accepted here: profile=torch, auto, none"
         )
     plan = ProfilePlan(name, "nsys", nsys_path=nsys)
-    ncu = ncu_options(profile)
+    ncu = carried(profile.ncu, "profile.ncu")
     if ncu.enabled:
         plan.ncu_path = find_tool("ncu", ncu.path)
         if plan.ncu_path is None:
@@ -130,7 +116,7 @@ def nsys_capture(profile: ProfileSchema, memory: str, report: Path, plan: Profil
         return None
     if plan.nsys_path is None:
         raise ConfigError("profile: the plan uses nsys but names no nsys path (resolve() sets one)")
-    opts = nsys_options(profile)
+    opts = carried(profile.nsys, "profile.nsys")
     um = memory == "unified" if opts.um_page_faults == "auto" else bool(opts.um_page_faults)
     return capture.NsysCapture(plan.nsys_path, report, opts.trace, um, opts.extra_args, opts.gpu_metrics)
 

@@ -51,6 +51,17 @@ class ModelShape:
             vocab_size=hf["vocab_size"],
         )
 
+    def hf_fields(self) -> dict[str, Any]:
+        """The shape in a Hugging Face config's names: what from_hf reads."""
+        return {
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "vocab_size": self.vocab_size,
+        }
+
     @classmethod
     def of_model(cls, model: ModelSchema) -> ModelShape:
         """The shape a model config (conf/model/NAME.yaml) sets."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -13,6 +13,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from ghsweep.config.schema import ModelSchema, PeftSchema, carried
 from ghsweep.train.flops import ModelShape
 from ghsweep.train.tokenizer import ByteTokenizer
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
 
 
 @contextlib.contextmanager
@@ -63,12 +66,7 @@ def llama_config(shape: ModelShape, max_position_embeddings: int, attn_implement
     """transformers' config of a Llama model of `shape` to train (no KV cache), its attention computed by
     `attn_implementation` (sdpa, flex_attention); `more`: other LlamaConfig fields."""
     return LlamaConfig(
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_layers,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_key_value_heads,
-        vocab_size=shape.vocab_size,
+        **shape.hf_fields(),
         max_position_embeddings=max_position_embeddings,
         use_cache=False,
         # Accepted at run time (kept as _attn_implementation); transformers' annotated signature leaves it out.
@@ -81,9 +79,18 @@ def apply_peft(model: torch.nn.Module, peft_config: PeftSchema, adapter_dtype: t
     """Wrap the model in LoRA adapters (peft) in `adapter_dtype`, or leave every weight trainable."""
     if peft_config.name == "none":
         return model
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
-    lora = LoraConfig(
+    # peft's default upcasts adapters of a bf16/fp16 base to fp32; keep them in adapter_dtype.
+    frozen_dtype = next(model.parameters()).dtype
+    return get_peft_model(model, lora_config(peft_config), autocast_adapter_dtype=adapter_dtype != frozen_dtype)
+
+
+def lora_config(peft_config: PeftSchema) -> LoraConfig:
+    """peft's LoraConfig of peft=lora's knobs, for a causal language model."""
+    from peft import LoraConfig
+
+    return LoraConfig(
         r=carried(peft_config.r, "peft.r"),
         # peft scales by alpha / r, so any positive number works; its annotation says int.
         lora_alpha=carried(peft_config.alpha, "peft.alpha"),  # type: ignore[arg-type]
@@ -91,9 +98,6 @@ def apply_peft(model: torch.nn.Module, peft_config: PeftSchema, adapter_dtype: t
         target_modules=carried(peft_config.target_modules, "peft.target_modules"),
         task_type="CAUSAL_LM",
     )
-    # peft's default upcasts adapters of a bf16/fp16 base to fp32; keep them in adapter_dtype.
-    frozen_dtype = next(model.parameters()).dtype
-    return get_peft_model(model, lora, autocast_adapter_dtype=adapter_dtype != frozen_dtype)
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""ModelShape: one mapping from a Hugging Face config, one from a model config (conf/model)."""
+"""ModelShape: one mapping from a Hugging Face config and back, one from a model config (conf/model)."""
 
 from __future__ import annotations
 
@@ -28,3 +28,17 @@ def test_a_config_json_without_key_value_heads_has_one_per_attention_head():
     }
     assert ModelShape.from_hf(hf).num_key_value_heads == 4
     assert ModelShape.from_hf({**hf, "num_key_value_heads": 2}).num_key_value_heads == 2
+
+
+def test_the_shape_written_as_a_transformers_config_reads_back_as_itself():
+    shape = ModelShape(
+        hidden_size=64,
+        intermediate_size=176,
+        num_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+    )
+    built = LlamaConfig(**shape.hf_fields())
+    assert ModelShape.from_hf(built.to_dict()) == shape
+    assert (built.num_hidden_layers, built.num_key_value_heads) == (2, 2)

@@ -15,6 +15,7 @@ from ghsweep.config.schema import ConfigSchema, TrainSchema, carried
 from ghsweep.core.run_dir import AUTOMODEL_RECIPE
 from ghsweep.train.attention import resolve
 from ghsweep.train.automodel.checks import TORCH_DTYPES
+from ghsweep.train.flops import ModelShape
 from ghsweep.train.schedule import warmup_steps
 from ghsweep.train.tokenizer import ByteTokenizer
 
@@ -43,12 +44,7 @@ def _model(config: ConfigSchema, device_type: str) -> dict[str, Any]:
         }
     llama = {
         "_target_": "transformers.LlamaConfig",
-        "hidden_size": m.hidden_size,
-        "intermediate_size": m.intermediate_size,
-        "num_hidden_layers": m.num_layers,
-        "num_attention_heads": m.num_attention_heads,
-        "num_key_value_heads": m.num_key_value_heads,
-        "vocab_size": m.vocab_size,
+        **ModelShape.of_model(m).hf_fields(),
         "max_position_embeddings": m.max_position_embeddings,
         "rms_norm_eps": m.rms_norm_eps,
         "bos_token_id": ByteTokenizer.bos_token_id,
