@@ -16,7 +16,17 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from ghsweep.config.backends import BACKENDS, backend_named
-from ghsweep.config.schema import ConfigSchema, ModelSchema, accepted, check, check_choice, choices, knobs, typed
+from ghsweep.config.schema import (
+    ConfigSchema,
+    ModelSchema,
+    accepted,
+    capture_start,
+    check,
+    check_choice,
+    choices,
+    knobs,
+    typed,
+)
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
 
@@ -402,23 +412,32 @@ def _validate_capture(cfg: DictConfig) -> None:
     c = cfg.capture
     for knob in knobs("capture"):
         check(f"capture.{knob}", c[knob])
+    if cfg.profile.name == "none":
+        return
+    steps = cfg.train.max_steps
+    if c.start_step == "auto" and c.num_steps > steps:
+        raise ConfigError(
+            f"capture.num_steps={c.num_steps}: capture.start_step=auto records the last capture.num_steps steps "
+            f"of train.max_steps={steps}; accepted: capture.num_steps <= {steps}, or profile=none"
+        )
+    start = capture_start(c.start_step, c.num_steps, steps)
     # The worker's own out-of-memory history covers steps 0-1 (train/memory_record.HISTORY_STEPS) and ends there.
-    if cfg.profile.name == "memory" and c.start_step < 2:
+    if cfg.profile.name == "memory" and start < 2:
         raise ConfigError(
             f"capture.start_step={c.start_step}: profile=memory records from step 2 on (the first two steps' "
-            "history is kept for an out-of-memory error); accepted: capture.start_step >= 2"
+            "history is kept for an out-of-memory error); accepted: capture.start_step >= 2, or auto with "
+            "train.max_steps >= capture.num_steps + 2"
         )
     if cfg.profile.name == "memory" and cfg.backend.name != "torch":
         raise ConfigError(
             f"profile=memory: the capture window's allocator history is recorded by the torch backend's loop; "
             f"this run has backend={cfg.backend.name}; accepted: backend=torch, or profile=torch, nsys, auto, none"
         )
-    last = cfg.train.max_steps - 1
-    if cfg.profile.name != "none" and c.start_step + c.num_steps - 1 > last:
+    if start + c.num_steps > steps:
         raise ConfigError(
             f"capture.start_step={c.start_step}, capture.num_steps={c.num_steps}: the profiler's window ends after "
-            f"the last step ({last}, train.max_steps={cfg.train.max_steps}); accepted: start_step + num_steps <= "
-            f"{cfg.train.max_steps}, or profile=none"
+            f"the last step ({steps - 1}, train.max_steps={steps}); accepted: start_step + num_steps <= "
+            f"{steps}, start_step=auto, or profile=none"
         )
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ghsweep.config.schema import ConfigSchema, carried
+from ghsweep.config.schema import ConfigSchema, capture_start, carried
 from ghsweep.core.errors import ProfilerUnavailable
 from ghsweep.core.run_dir import (
     CONFIG,
@@ -175,8 +175,10 @@ def ncu_pass(config: ConfigSchema, run: RunPlan, profile_file: Path, run_ncu_pas
     work.mkdir()
     # The worker's input is the composed config as the run's config.yaml holds it, shortened to one captured step.
     short = OmegaConf.load(Path(run.run_dir) / CONFIG)
-    short.capture.num_steps = 1
-    short.train.max_steps = config.capture.start_step + 2
+    # The window's first step, in a run of its own length: past the first steps' compiling, never measured on.
+    first = capture_start(config.capture.start_step, config.capture.num_steps, config.train.max_steps)
+    short.capture.start_step, short.capture.num_steps = first, 1
+    short.train.max_steps, short.train.measure = first + 2, False
     (work / CONFIG).write_text(OmegaConf.to_yaml(short))
     # The worker trains what its run directory's plan says: the run's own plan, moved to this folder.
     dataclasses.replace(run, run_dir=str(work)).save(work)

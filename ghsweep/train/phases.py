@@ -9,6 +9,7 @@ records exactly those steps.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import time
 from collections.abc import Iterator
@@ -19,9 +20,10 @@ from ghsweep.core.names import STEP_RANGE_PREFIX
 
 
 class Phases:
-    def __init__(self, device: torch.device, capture_start: int, capture_steps: int):
+    def __init__(self, device: torch.device, window: range | None):
+        """`window`: the captured steps; None until open_window gives them."""
         self._nvtx = device.type == "cuda"
-        self._capture = range(capture_start, capture_start + capture_steps)
+        self._capture = window or range(0)
         self._capturing = False
         # Seconds the capture window's edges held the loop: under an nsys session the report is
         # written inside cudaProfilerStop, before the worker trains on.
@@ -38,9 +40,13 @@ class Phases:
             if self._nvtx:
                 torch.cuda.nvtx.range_pop()
 
+    def open_window(self, window: builtins.range) -> None:  # `range` alone: this class's method
+        """Capture `window` (from a step still to come), as the measurement that came first has stopped."""
+        self._capture = window
+
     def step(self, step: int) -> contextlib.AbstractContextManager:
         """The range of one whole step; starts or stops the capture window at its edges."""
-        if self._nvtx and step == self._capture.start and not self._capturing:
+        if self._nvtx and self._capture and step == self._capture.start and not self._capturing:
             started = time.perf_counter()
             torch.cuda.cudart().cudaProfilerStart()
             self.capture_s += time.perf_counter() - started

@@ -150,6 +150,11 @@ STOP_TIME_BUDGET = "time_budget"  # train.measure_max_s spent first
 STOP_PRUNED = MEASURE_PRUNED  # slower than a tuning study's best trial beyond the noise (tune.prune)
 
 
+def measured_length(config: ConfigSchema, device_type: str) -> bool:
+    """Whether train.measure decides how long the run trains (past train.max_steps), on `device_type`."""
+    return config.train.measure is True or (config.train.measure == "auto" and device_type == "cuda")
+
+
 @dataclass(frozen=True)
 class Measure:
     """How long a run trains: `train.max_steps`, or (train.measure) on past it until the steady steps'
@@ -169,7 +174,7 @@ class Measure:
         """`prune_below`: the run plan's bar (RunPlan.prune_below_tokens_per_s), which the tune sweeper sets for
         each trial: the lower end of its best finished trial's interval; None: no pruning."""
         train = config.train
-        adaptive = train.measure is True or (train.measure == "auto" and device_type == "cuda")
+        adaptive = measured_length(config, device_type)
         return cls(
             min_steps=train.max_steps,
             min_warmup=train.warmup_steps,

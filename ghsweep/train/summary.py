@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from ghsweep.config.backends import ManagedAllocator
-from ghsweep.config.schema import ConfigSchema
+from ghsweep.config.schema import ConfigSchema, capture_start
 from ghsweep.core.summary import RunSummary
 from ghsweep.train.device import device_name, device_uuid
 from ghsweep.train.flops import add_throughput_metrics
@@ -41,10 +41,14 @@ def compile_seconds() -> float | None:
     return sum((sum(times.get(name, ())) for name in (FRAME_COMPILE, BACKWARD_COMPILE)), 0.0)
 
 
-def capture_steps(config: ConfigSchema, profiled: bool) -> range:
-    """The steps a profiler records: out of the steady set, whatever the profiler costs them."""
+def capture_window(config: ConfigSchema, profiled: bool) -> range:
+    """The steps a profiler records in a run of train.max_steps steps (none when it is not profiled),
+    left out of the steady steps whatever the profiler costs them."""
+    if not profiled:
+        return range(0)
     capture = config.capture
-    return range(capture.start_step, capture.start_step + capture.num_steps) if profiled else range(0)
+    first = capture_start(capture.start_step, capture.num_steps, config.train.max_steps)
+    return range(first, first + capture.num_steps)
 
 
 def run_summary(
@@ -58,7 +62,7 @@ def run_summary(
     params: tuple[int, int],
     random_init: bool,
     offload_applied: bool,
-    profiled: bool,
+    captured: range,
     managed: ManagedAllocator | None,
     setup_at: float,
     train_started_at: float,
@@ -69,15 +73,15 @@ def run_summary(
 ) -> RunSummary:
     """The run's summary from its step log and facts; `metrics` and `info` add the backend's own.
 
-    `params`: (total, trainable) parameter counts. `profiled`: a profiler captured steps
-    `capture.start_step` on (they are left out of the steady steps). `setup_at`: when the backend started setting up
+    `params`: (total, trainable) parameter counts. `captured`: the steps a profiler recorded
+    (capture_window; left out of the steady steps). `setup_at`: when the backend started setting up
     (after its imports), `train_started_at` / `train_ended_at`: the training loop's edges. `capture_s`:
     the loop's time spent starting and stopping the profiler's capture window (Phases.capture_s).
     """
     name = device_name(device)
-    measured = log.summary(config.train.warmup_steps, capture_steps(config, profiled)) | {"peak_mem_gb": peak_gib}
+    measured = log.summary(config.train.warmup_steps, captured) | {"peak_mem_gb": peak_gib}
     # Where the worker measures the GPU's mean power (energy per token) from its system metrics.
-    steady = log.steady_window(config.train.warmup_steps, capture_steps(config, profiled))
+    steady = log.steady_window(config.train.warmup_steps, captured)
     window = {"steady_from": steady[0], "steady_to": steady[1]} if steady else {}
     peak_tflops = add_throughput_metrics(measured, flops_per_token, name, config.precision.name, gpus=gpus)
     # Per-GPU throughput: the comparison's scaling column reads it.

@@ -43,8 +43,8 @@ from ghsweep.train.offload import ActivationOffload
 from ghsweep.train.optim import AdamStepsInBackward, make_optimizer, optimizer_for
 from ghsweep.train.phases import Phases
 from ghsweep.train.precision import Precision
-from ghsweep.train.step_log import Measure, StepLog
-from ghsweep.train.summary import capture_steps, run_peak_gib, run_summary
+from ghsweep.train.step_log import Measure, StepLog, measured_length
+from ghsweep.train.summary import capture_window, run_peak_gib, run_summary
 
 
 @dataclass
@@ -172,25 +172,25 @@ def _train(
     tokens_per_step = config.train.micro_batch_size * config.train.seq_length * ranks.world_size
     log = StepLog(run_dir / METRICS if ranks.is_main else None, device, tokens_per_step)
 
-    measure = Measure.from_config(
-        config, device.type, capture_steps(config, plan.profile.used != "none"), plan.prune_below_tokens_per_s
-    )
+    profiled = plan.profile.used != "none"
+    # capture.start_step=auto where train.measure decides the length: the window follows the measurement.
+    capture_after = profiled and config.capture.start_step == "auto" and measured_length(config, device.type)
+    window = None if capture_after else capture_window(config, profiled)
+    measure = Measure.from_config(config, device.type, window or range(0), plan.prune_below_tokens_per_s)
     # Under the managed-memory allocator torch's device counters raise: no breakdown there.
     breakdown = PeakBreakdown(device) if device.type == "cuda" and managed is None else None
     train_started_at = time.time()
     # Closed however the loop ends: the trace and the capture window cover what ran, metrics.jsonl is complete.
     with (
         log,
-        Phases(device, config.capture.start_step, config.capture.num_steps) as phases,
-        torch_capture(
-            plan.profile, run_dir, device, config.capture.start_step, config.capture.num_steps, ranks.rank
-        ) as profiler,
+        Phases(device, window) as phases,
+        torch_capture(plan.profile, run_dir, device, window, ranks.rank) as profiler,
         # Read when each compiled region is first traced (in the first step): the budget and the cache.
         torch._functorch.config.patch(**compile_settings(config.train.activation_memory_budget, device)),
     ):
         batches = dolly.endless(loader)
         step, stop = 0, None
-        while stop is None:
+        while stop is None or (window is not None and step < window.stop):
             profiler.step(step)
             with phases.step(step):
                 started = log.start()
@@ -209,9 +209,13 @@ def _train(
                     distributed.after_optimizer_step(model.train_step, model.data_parallel, model.fp8_library)
                 log.end(step, loss, started)
             step += 1
-            if log.flush_due(step, measure.min_steps, config.train.log_every, progress=ranks.is_main):
+            if stop is None and log.flush_due(step, measure.min_steps, config.train.log_every, progress=ranks.is_main):
                 # Every rank flushes at the same steps; rank 0's interval decides for all of them.
                 stop = distributed.from_rank0(measure.stop(log, step, time.time() - train_started_at), ranks)
+                if stop is not None and window is None:
+                    window = range(step, step + config.capture.num_steps)
+                    phases.open_window(window)
+                    profiler.open_window(window)
     train_ended_at = time.time()
 
     peak_gib = run_peak_gib(managed, lambda: peak_memory_gib(device))
@@ -259,7 +263,7 @@ def _train(
         random_init=model.random_init,
         # Activation offload moves saved tensors from GPU to host memory; on the CPU they already live there.
         offload_applied=model.offload is not None,
-        profiled=plan.profile.used != "none",
+        captured=window or range(0),
         managed=managed,
         setup_at=setup_at,
         train_started_at=train_started_at,

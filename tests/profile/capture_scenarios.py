@@ -152,8 +152,9 @@ def train(
         for layer in model.layers:
             layer.register_forward_hook(sync_after_layer)
 
-    phases = Phases(device, capture_start, capture_steps)
-    torch_capture = TorchCapture(torch_trace, device, capture_start, capture_steps)
+    window = range(capture_start, capture_start + capture_steps)
+    phases = Phases(device, window)
+    torch_capture = TorchCapture(torch_trace, device, window)
     events = []
     for step in range(steps):
         torch_capture.step(step)

@@ -170,9 +170,11 @@ def test_ncu_pass_profiles_a_few_launches_of_each_top_kernel():
     assert "--filter-mode" not in capture.ncu_command("ncu", Path("r.ncu-rep"), ["a"], NCU_MAX_LAUNCHES, "roofline")
 
 
-def test_the_ncu_pass_trains_the_run_s_own_config_for_one_captured_step(tmp_path):
+@pytest.mark.parametrize(("start_step", "first"), [("4", 4), ("auto", 7)])  # auto: the last 3 of 10 steps
+def test_the_ncu_pass_trains_the_run_s_own_config_for_one_captured_step(tmp_path, start_step, first):
     """The pass's worker reads the run's config.yaml (the composed config with the real values), with
-    one captured step and the steps up to it, and the run's plan moved to the pass's folder."""
+    one captured step and the steps up to it (never measuring on past them), and the run's plan moved
+    to the pass's folder."""
     from ghsweep.core.run_dir import CONFIG, NCU_CSV, NCU_REPORT
     from ghsweep.launch.job import write_worker_config
     from ghsweep.launch.plan import dry_run_plans
@@ -184,7 +186,7 @@ def test_the_ncu_pass_trains_the_run_s_own_config_for_one_captured_step(tmp_path
         "device=auto",
         f"profile.nsys.path={fake_tool(tmp_path, 'nsys')}",
         f"profile.ncu.path={ncu}",
-        "capture.start_step=4",
+        f"capture.start_step={start_step}",
         "+model.hf_token=hf_s3cr3t_value",
     )
     run_dir = tmp_path / "run"
@@ -204,7 +206,9 @@ def test_the_ncu_pass_trains_the_run_s_own_config_for_one_captured_step(tmp_path
     ((command, short, plan),) = passes
     assert command[0] == str(ncu) and command[-3:] == ["-m", "ghsweep.train.worker", str(run_dir / "ncu_pass")]
     expected = OmegaConf.load(run_dir / CONFIG)
-    expected.capture.num_steps, expected.train.max_steps = 1, 6
+    assert cfg.train.max_steps == 10
+    expected.capture.start_step, expected.capture.num_steps = first, 1
+    expected.train.max_steps, expected.train.measure = first + 2, False
     assert short == expected and short.model.hf_token == "hf_s3cr3t_value"
     assert plan == dataclasses.replace(run, run_dir=str(run_dir / "ncu_pass"))
     assert len(info["kernels"]) <= config.profile.ncu.top_k

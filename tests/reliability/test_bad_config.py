@@ -77,9 +77,9 @@ CASES = {
     "capture window": (
         ["profile=torch", "capture.start_step=-5,100"],
         [
-            "capture.start_step=-5: must be an integer >= 0",
+            "capture.start_step=-5: not an accepted value; accepted: an integer >= 0, auto",
             "capture.start_step=100, capture.num_steps=3: the profiler's window ends after the last step (19, "
-            "train.max_steps=20); accepted: start_step + num_steps <= 20, or profile=none",
+            "train.max_steps=20); accepted: start_step + num_steps <= 20, start_step=auto, or profile=none",
         ],
     ),
     "model shape": (

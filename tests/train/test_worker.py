@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -146,6 +147,35 @@ def test_a_measuring_run_trains_on_until_its_budget_and_records_its_interval(tmp
     assert m["step_time_ms_ci_pct"] > 0.001
 
 
+def traced_steps(run_dir: Path) -> list[int]:
+    """The steps the run's torch trace holds (its `step N` ranges)."""
+    events = json.loads((run_dir / TORCH_TRACE).read_text())["traceEvents"]
+    return sorted({int(e["name"].split()[1]) for e in events if re.fullmatch(r"step \d+", e.get("name", ""))})
+
+
+@pytest.mark.parametrize(
+    ("measure", "steps", "traced"),
+    [
+        # A fixed length: the run's last 2 steps, right after its measured ones.
+        ("false", 6, [4, 5]),
+        # A length train.measure decides (here its budget of 12): 2 more steps once it has stopped.
+        ("true", 14, [12, 13]),
+    ],
+)
+def test_capture_auto_records_the_steps_right_after_the_measured_ones(tmp_path, measure, steps, traced):
+    cfg = compose_config(*MEASURING_TO_A_BUDGET, f"train.measure={measure}", "capture.num_steps=2")
+    assert cfg.capture.start_step == "auto"  # the default
+    planned_run(tmp_path, cfg, profiler="torch")
+    proc = run_worker(tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    summary = json.loads((tmp_path / SUMMARY).read_text())
+    m = summary["metrics"]
+    assert m["steps"] == steps and len((tmp_path / METRICS).read_text().splitlines()) == steps
+    assert traced_steps(tmp_path) == traced
+    # The traced steps are out of the steady set; every step before them is warm-up or measured.
+    assert m["excluded_steps"] == 2 and m["steady_steps"] + m["warmup_steps_detected"] == traced[0]
+
+
 @pytest.mark.parametrize(("bar", "stop"), [(1e12, "pruned"), (1.0, "step_budget")])
 def test_a_measuring_trial_stops_early_only_when_it_is_slower_than_the_bar(tmp_path, bar, stop):
     """tune.prune: a bar no CPU reaches stops the run at the first flush whose interval is known; a
@@ -180,7 +210,7 @@ def test_a_failing_loop_still_closes_the_trace_and_the_step_log(tmp_path):
     cpu = torch.device("cpu")
     profiled = ProfilePlan(requested="torch", used="torch")
     with pytest.raises(RuntimeError, match="step 1 failed"):
-        with StepLog(tmp_path / METRICS, cpu, 8) as log, torch_capture(profiled, tmp_path, cpu, 0, 3) as profiler:
+        with StepLog(tmp_path / METRICS, cpu, 8) as log, torch_capture(profiled, tmp_path, cpu, range(3)) as profiler:
             for step in range(3):
                 profiler.step(step)
                 with torch.profiler.record_function(f"step {step}"):

@@ -26,7 +26,7 @@ from ghsweep.train.automodel.config import recipe_config, write_recipe
 from ghsweep.train.flops import ModelShape, run_flops_per_token
 from ghsweep.train.phases import Phases
 from ghsweep.train.step_log import StepLog
-from ghsweep.train.summary import run_peak_gib, run_summary
+from ghsweep.train.summary import capture_window, run_peak_gib, run_summary
 from ghsweep.train.tokenizer import load_tokenizer
 
 
@@ -61,7 +61,8 @@ def _measured_recipe(config: ConfigSchema, run_dir: Path, tokens_per_step: int) 
             # Closed however the loop ends: the capture window and metrics.jsonl cover what ran.
             with (
                 StepLog(run_dir / METRICS, device, tokens_per_step) as self.step_log,
-                Phases(device, config.capture.start_step, config.capture.num_steps) as self.phases,
+                # Unprofiled, cudaProfilerStart/Stop do nothing.
+                Phases(device, capture_window(config, profiled=True)) as self.phases,
             ):
                 super().run_train_validation_loop()
             self.train_ended_at = time.time()
@@ -126,7 +127,7 @@ def train(config: ConfigSchema, plan: RunPlan, run_dir: Path, managed: ManagedAl
         params=params,
         random_init=not config.model.path,
         offload_applied=False,
-        profiled=plan.profile.used != "none",
+        captured=capture_window(config, plan.profile.used != "none"),
         managed=managed,
         setup_at=setup_at,
         train_started_at=recipe.train_started_at,

@@ -45,7 +45,7 @@ class StepMetricsCallback(Callback):
         # Rank 0 writes the run's metrics.jsonl; the other ranks (one per GPU) only measure.
         self.log = StepLog(self.metrics_path if trainer.global_rank == 0 else None, device, self.tokens_per_step)
         # Ranges only: NsysCallback owns the capture window.
-        self._phases = Phases(device, capture_start=-1, capture_steps=0)
+        self._phases = Phases(device, range(0))
 
     def _require_log(self) -> StepLog:
         if self.log is None:

@@ -35,7 +35,7 @@ from ghsweep.train.nemo.recipe import (
     save_recipe,
     transformer_engine_available,
 )
-from ghsweep.train.summary import run_peak_gib, run_summary
+from ghsweep.train.summary import capture_window, run_peak_gib, run_summary
 from ghsweep.train.tokenizer import load_tokenizer
 
 # Records held out as NeMo's validation file, which its data module requires (never evaluated:
@@ -107,7 +107,7 @@ def train(config: ConfigSchema, plan: RunPlan, run_dir: Path, managed: ManagedAl
         params=(metrics_cb.params_total, metrics_cb.params_trainable),
         random_init=not config.model.path,
         offload_applied=config.offload.enabled,
-        profiled=plan.profile.used != "none",
+        captured=capture_window(config, plan.profile.used != "none"),
         managed=managed,
         setup_at=setup_at,
         train_started_at=metrics_cb.train_started_at,
