@@ -6,9 +6,11 @@ optimizer), the first steps (compile, autotune, allocator warm-up: the loop's ti
 steps) with the parts of them the worker timed (compile_s: torch.compile's tracing, compiling and
 cache loads; capture_s: starting and stopping the profiler's capture window), the steady steps
 themselves, the worker's exit (the profiler writing its report), the profile analysis (export, ncu
-pass, report, plots) and the MLflow record. `fixed_s` is the wall time that was not steady-step
-time; the sweep's own time is the sweep's wall (`--wall`, timed by the caller) less its runs' walls:
-Hydra's start, the sweep's parent run, the comparison report.
+pass, report, plots) and the MLflow record. `job_s` is the run's share of the sweep's line: its job's
+time until the next combination could start (on a local sweep the analysis and the record run
+beside the next combination); `fixed_s` is that time less the steady steps. The sweep's own time is
+the sweep's wall (`--wall`, timed by the caller) less its runs' job times: Hydra's start, the
+sweep's parent run, the comparison report.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ COLUMNS = (
     "analysis_s",
     "record_s",
     "wall_s",
+    "job_s",
 )
 
 
@@ -56,7 +59,8 @@ def run_row(run_dir: Path, shared: set[str]) -> dict:
         "first_steps_s": timing["train_s"] - steady_s,
         "steady_s": steady_s,
         "steady_steps": steady_steps,
-        "fixed_s": timing["wall_s"] - steady_s,
+        # Results from before job_s: the job ended with its record.
+        "fixed_s": timing.get("job_s", timing["wall_s"]) - steady_s,
         "tokens_per_s": result["metrics"].get("tokens_per_s"),
     }
     return row
@@ -78,17 +82,17 @@ def table(rows: list[dict], wall_s: float | None) -> str:
         cells += [f"{row[c]:.1f}" if row.get(c) is not None else "-" for c in (*COLUMNS, "fixed_s")]
         cells.append(f"{row['tokens_per_s']:,.0f}" if row.get("tokens_per_s") else row["status"])
         lines.append(" | ".join(cells))
-    runs_wall = sum(r["wall_s"] or 0 for r in rows)
+    runs_wall = sum(r.get("job_s") or r["wall_s"] or 0 for r in rows)
     fixed = [r["fixed_s"] for r in rows if "fixed_s" in r]
     lines.append("")
     steady_s = sum(r.get("steady_s", 0) for r in rows)
-    lines.append(f"runs: {len(rows)}, their walls {runs_wall:.1f} s, steady steps {steady_s:.1f} s")
+    lines.append(f"runs: {len(rows)}, their job times {runs_wall:.1f} s, steady steps {steady_s:.1f} s")
     if fixed:
         later = fixed[1:] or fixed
         later_s = statistics.median(later)
         lines.append(f"fixed cost per combination: first {fixed[0]:.1f} s, later median {later_s:.1f} s")
     if wall_s is not None and wall_s < runs_wall:  # runs on several GPUs at once
-        lines.append(f"sweep wall {wall_s:.1f} s: its runs overlapped, {wall_s / runs_wall:.2f}x their summed walls")
+        lines.append(f"sweep wall {wall_s:.1f} s: its runs overlapped, {wall_s / runs_wall:.2f}x their summed times")
     elif wall_s is not None:
         own_s = wall_s - runs_wall
         lines.append(f"sweep wall {wall_s:.1f} s, of which the sweep's own time (outside its runs) {own_s:.1f} s")

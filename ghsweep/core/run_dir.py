@@ -15,6 +15,8 @@ ATTEMPT_LOG = "worker.attempt{n}.log"
 # The worker's pid, which is also its process group, and on a second line when it started
 # (/proc/PID/stat): what stops it, and only it, if the sweep process dies first.
 WORKER_PID = "worker.pid"
+# Made by a local sweep once its work on the runs before this one is done (RunPlan.measure_after).
+MEASURE_AFTER = "measure_after"
 WORKER_ERROR = "worker_error.json"  # the worker's exception, one line, when training failed
 SUMMARY = "summary.json"  # the worker's measurements (metrics, timing, info)
 METRICS = "metrics.jsonl"  # one line per logged step

@@ -96,6 +96,9 @@ class RunPlan:
     # A trial of a tuning study with tune.prune: the tokens/s its measurement must not fall below beyond the
     # noise (the sweeper sets it per trial as tune.prune_below_tokens_per_s); None: measured to the end.
     prune_below_tokens_per_s: float | None = None
+    # A file the worker waits for before its first step that may be measured (train.warmup_steps): a
+    # local sweep makes it once its work on the runs before this one is done (launch.followups).
+    measure_after: str | None = None
 
     def save(self, run_dir: Path) -> None:
         # Every SLURM task of a run writes it, and a rank's worker may read it meanwhile.

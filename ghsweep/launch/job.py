@@ -18,6 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -48,6 +49,7 @@ from ghsweep.core.run_dir import (
     ARTIFACTS,
     ATTEMPT_LOG,
     CONFIG,
+    MEASURE_AFTER,
     MEMORY_SNAPSHOT,
     METRICS,
     OVERRIDES,
@@ -60,7 +62,7 @@ from ghsweep.core.run_dir import (
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.run_result import TRAIN_PARTS, RunResult, RunStatus
 from ghsweep.core.summary import RunSummary
-from ghsweep.launch import interrupts
+from ghsweep.launch import followups, interrupts
 from ghsweep.launch.combination import Combination
 from ghsweep.launch.container import container_env
 from ghsweep.launch.dry_run import describe
@@ -69,7 +71,7 @@ from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
 from ghsweep.launch.requeue import earlier_start, job_ending, requeue_reason, wait_to_be_stopped
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.sweep_manifest import SweepManifest
-from ghsweep.launch.worker_process import WorkerExit, rank_file, run_worker
+from ghsweep.launch.worker_process import WorkerExit, rank_file, reports_written, run_worker
 from ghsweep.launch.world import export_slurm_rendezvous, slurm_task_ranks
 from ghsweep.profile.pipeline import ProfileOutcome, after_worker
 from ghsweep.report.run_report import write_run_report
@@ -212,7 +214,7 @@ def run_one(cfg: DictConfig) -> RunResult:
             result.failure_class = INFRASTRUCTURE
             record(store, run_id, cfg, combo.run_dir, result, RunSummary(), ProfileOutcome(), started)
             return result
-    summary, profile, interrupt = train_with_retries(cfg, combo, result, slurm_tasks, store)
+    trained = train_with_retries(cfg, combo, result, slurm_tasks, store)
     if result.status == RunStatus.RUNNING:
         log.warning(
             "%s: SLURM is ending this job (%s); its next start or the sweep records the run",
@@ -223,9 +225,18 @@ def run_one(cfg: DictConfig) -> RunResult:
         return result
     if result.error:
         log.error("%s: %s: %s", combo.name, result.status, result.error)
-    record(store, run_id, cfg, combo.run_dir, result, summary, profile, started)
-    if interrupt is not None:
-        raise interrupt
+
+    def follow_up() -> None:
+        """The profile's analysis and the record: on a local sweep, while the next combination starts."""
+        profile = analyse(trained, combo, result) if trained.to_analyse else ProfileOutcome()
+        record(store, run_id, cfg, combo.run_dir, result, trained.summary, profile, started)
+
+    # The run's share of the sweep's time: its follow-up may run beside the next combination.
+    result.timing["job_s"] = time.time() - started
+    # The ncu pass trains on the GPU: beside no other training.
+    followups.run(follow_up, alone=trained.to_analyse is not None and trained.to_analyse[1].ncu_pass is not None)
+    if trained.interrupt is not None:
+        raise trained.interrupt
     return result
 
 
@@ -256,12 +267,16 @@ def start_run(
     return run_id
 
 
-def prepare_worker(cfg: DictConfig, combo: Combination, slurm_tasks: int | None) -> tuple[RunPlan, ConfigSchema]:
+def prepare_worker(
+    cfg: DictConfig, combo: Combination, slurm_tasks: int | None, measure_after: Path | None = None
+) -> tuple[RunPlan, ConfigSchema]:
     """config.yaml and run_plan.json, the worker's inputs; (the plan, the typed config validation made of
-    `cfg`); ConfigError for a run that cannot start here."""
+    `cfg`); ConfigError for a run that cannot start here. `measure_after`: RunPlan.measure_after."""
     check_required(cfg)
     write_worker_config(cfg, combo.run_dir)
     plan, config = node_plan(cfg, combo.run_dir, combo.name, combo.overrides, probe_gpu(), slurm_tasks)
+    if measure_after is not None:
+        plan = dataclasses.replace(plan, measure_after=str(measure_after))
     plan.save(combo.run_dir)
     return plan, config
 
@@ -270,11 +285,19 @@ def timeout_s(plan: RunPlan) -> float | None:
     return plan.timeout_min * 60 if plan.timeout_min else None
 
 
-def train_and_measure(
-    cfg: DictConfig, combo: Combination, result: RunResult, slurm_tasks: int | None
-) -> tuple[RunSummary, ProfileOutcome, KeyboardInterrupt | None]:
-    """Rank 0: plan, run the worker, read what it measured into `result`; (summary, profile outcome,
-    the interrupt to raise once recorded). Never raises for a failed run: `result` says how it failed."""
+@dataclass
+class Trained:
+    """What a run's worker left: its summary, the typed config and plan of a finished run whose
+    profile is still to be analysed, and the interrupt to raise once the run is recorded."""
+
+    summary: RunSummary = field(default_factory=RunSummary)
+    to_analyse: tuple[ConfigSchema, RunPlan] | None = None
+    interrupt: KeyboardInterrupt | None = None
+
+
+def train_and_measure(cfg: DictConfig, combo: Combination, result: RunResult, slurm_tasks: int | None) -> Trained:
+    """Rank 0: plan, run the worker, read what it measured into `result`. Never raises for a failed
+    run: `result` says how it failed."""
     run_dir = combo.run_dir
     try:
         # A sweep resumed in place runs again in the directory of its interrupted attempt: that
@@ -284,7 +307,7 @@ def train_and_measure(
         # On disk from the start: a job killed from outside leaves its MLflow run id to whoever settles it.
         dataclasses.replace(result, status=RunStatus.RUNNING).save()
         (run_dir / OVERRIDES).write_text(OmegaConf.to_yaml(OmegaConf.create(combo.overrides)))
-        plan, config = prepare_worker(cfg, combo, slurm_tasks)
+        plan, config = prepare_worker(cfg, combo, slurm_tasks, followups.measure_after(run_dir / MEASURE_AFTER))
         # The command in the job's log: what `dry_run=true` printed for this combination, with the node's choices.
         log.info(
             "%s: training in a worker process (log: %s): %s",
@@ -300,25 +323,32 @@ def train_and_measure(
             preimported=plan.preimported,
             capture=plan.capture,
         )
-        return *measure(config, plan, exit, result), None
+        summary = measure(plan, exit, result)
+        return Trained(summary, (config, plan) if result.status == RunStatus.FINISHED else None)
     except (ConfigError, JobTimeout) as exc:
         result.error = str(exc)
     except Exception as exc:  # a bug, an outage or a full disk must not stop the sweep or lose the run
-        result.status = RunStatus.FAILED
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            result.error = no_space_left(run_dir) or f"no space left on device under {run_dir}: {one_line(exc)}"
-        else:
-            log.exception("%s: ghsweep failed around the worker", combo.name)
-            result.error = one_line(exc)
+        failed_around_the_worker(exc, combo, result)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: run_worker has stopped the worker's process group
         result.status, result.error = RunStatus.KILLED, interrupts.reason(exc)
-        return RunSummary(), ProfileOutcome(), exc
-    return RunSummary(), ProfileOutcome(), None
+        return Trained(interrupt=exc)
+    return Trained()
+
+
+def failed_around_the_worker(exc: Exception, combo: Combination, result: RunResult) -> None:
+    """`result` FAILED for `exc`, raised by ghsweep's own code around the worker (a bug, an outage, a full disk)."""
+    result.status = RunStatus.FAILED
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        full = no_space_left(combo.run_dir)
+        result.error = full or f"no space left on device under {combo.run_dir}: {one_line(exc)}"
+    else:
+        log.exception("%s: ghsweep failed around the worker", combo.name)
+        result.error = one_line(exc)
 
 
 def train_with_retries(
     cfg: DictConfig, combo: Combination, result: RunResult, slurm_tasks: int | None, store: MlflowStore | None
-) -> tuple[RunSummary, ProfileOutcome, KeyboardInterrupt | None]:
+) -> Trained:
     """train_and_measure, and again after an infrastructure failure, up to `combo.retries` times, in
     the same run directory and MLflow run: each failed attempt's reason is kept (result.attempts, tag
     ghsweep.attempt.N) and its worker log (worker.attemptN.log). A failed run's class is in
@@ -328,17 +358,17 @@ def train_with_retries(
     its node lost) is no failure of the run: `result` comes back RUNNING, for the job's next start or
     the sweep's settling to record."""
     while True:
-        summary, profile, interrupt = train_and_measure(cfg, combo, result, slurm_tasks)
-        if result.status == RunStatus.FINISHED or interrupt is not None or not result.error:
-            return summary, profile, interrupt
+        trained = train_and_measure(cfg, combo, result, slurm_tasks)
+        if result.status == RunStatus.FINISHED or trained.interrupt is not None or not result.error:
+            return trained
         result.failure_class = failure_class(result.error, log_tail(combo.run_dir / WORKER_LOG))
         if result.failure_class == INFRASTRUCTURE and slurm_tasks is not None:
             ending = job_ending()
             if ending:
                 result.status, result.error = RunStatus.RUNNING, f"SLURM job state {ending}; the worker: {result.error}"
-                return summary, profile, interrupt
+                return trained
         if result.failure_class != INFRASTRUCTURE or len(result.attempts) >= combo.retries or (slurm_tasks or 1) > 1:
-            return summary, profile, interrupt
+            return trained
         note_retry(store, combo, result, str(result.error))
 
 
@@ -378,18 +408,16 @@ def attempt_tags(attempts: list[str]) -> dict[str, object]:
     return tags
 
 
-def measure(
-    config: ConfigSchema, plan: RunPlan, exit: WorkerExit, result: RunResult
-) -> tuple[RunSummary, ProfileOutcome]:
-    """How the worker ended, into `result`; a finished one's summary and profile analysis."""
+def measure(plan: RunPlan, exit: WorkerExit, result: RunResult) -> RunSummary:
+    """How the worker ended, into `result`; a finished one's summary."""
     run_dir = Path(plan.run_dir)
     other_ranks_error = wait_for_ranks(run_dir, plan.world.size) if plan.srun_ranks else None
     if exit.returncode != 0:
         result.error = failure_reason(run_dir, exit, plan.timeout_min)
-        return RunSummary(), ProfileOutcome()
+        return RunSummary()
     if other_ranks_error:
         result.error = other_ranks_error
-        return RunSummary(), ProfileOutcome()
+        return RunSummary()
     summary = RunSummary.load(run_dir)
     result.status = RunStatus.FINISHED
     result.metrics = summary.metrics
@@ -402,17 +430,30 @@ def measure(
         "worker_exit_s": exit.started_at + exit.wall_s - train["setup_at"] - train["setup_s"] - train["train_s"],
         **{k: train[k] for k in TRAIN_PARTS if k in train},
     }
+    return summary
+
+
+def analyse(trained: Trained, combo: Combination, result: RunResult) -> ProfileOutcome:
+    """The profile of a finished run, once nsys has written its report: export, analysis, the ncu pass,
+    the profile report and its plots, their metrics into `result`. A failure here fails the run, as
+    one around its worker does."""
+    assert trained.to_analyse is not None
+    config, plan = trained.to_analyse
     analysis_started = time.time()
-    # The ncu pass reruns a short worker in a subfolder, under ncu in place of nsys: its plan's command.
-    profile = after_worker(
-        config,
-        plan,
-        lambda command, work: run_worker(command, work, timeout_s(plan), env=container_env(config)).returncode,
-    )
-    # Export, analysis, the ncu pass, the profile report and its plots.
+    try:
+        reports_written()  # a worker forked under the sweep's nsys session left nsys writing its report
+        # The ncu pass reruns a short worker in a subfolder, under ncu in place of nsys: its plan's command.
+        profile = after_worker(
+            config,
+            plan,
+            lambda command, work: run_worker(command, work, timeout_s(plan), env=container_env(config)).returncode,
+        )
+    except Exception as exc:
+        failed_around_the_worker(exc, combo, result)
+        return ProfileOutcome()
     result.timing["analysis_s"] = time.time() - analysis_started
     result.metrics.update(profile.metrics)
-    return summary, profile
+    return profile
 
 
 def run_rank(cfg: DictConfig, combo: Combination, rank: int, slurm_tasks: int) -> RunResult:

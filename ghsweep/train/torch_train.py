@@ -29,6 +29,7 @@ from ghsweep.config.schema import ConfigSchema, TrainSchema
 from ghsweep.core.run_dir import METRICS
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.summary import RunSummary
+from ghsweep.profile.nsys_session import REPORT_TIMEOUT_S, WorkerCollection
 from ghsweep.profile.torch_capture import torch_capture
 from ghsweep.train import attention as attn
 from ghsweep.train import data as dolly
@@ -45,6 +46,9 @@ from ghsweep.train.phases import Phases
 from ghsweep.train.precision import Precision
 from ghsweep.train.step_log import Measure, StepLog, measured_length
 from ghsweep.train.summary import capture_window, run_peak_gib, run_summary
+
+# The longest a run waits for the sweep's work on earlier runs (one report's writing, at most).
+SWEEP_WAIT_S = REPORT_TIMEOUT_S
 
 
 @dataclass
@@ -155,6 +159,8 @@ def _train(
     device: torch.device,
     setup_at: float,
 ) -> RunSummary:
+    # Armed in the background while the run sets up: the sweep's last report may still be being written.
+    collection = WorkerCollection.of_this_worker(plan.capture.start if plan.capture else None)
     # The same seed on every rank: the same initial weights (DDP and FSDP2 start from them unbroadcast).
     torch.manual_seed(config.seed)
     precision = Precision(config.precision, device)
@@ -183,7 +189,7 @@ def _train(
     # Closed however the loop ends: the trace and the capture window cover what ran, metrics.jsonl is complete.
     with (
         log,
-        Phases(device, window) as phases,
+        Phases(device, window, collection) as phases,
         torch_capture(plan.profile, run_dir, device, window, ranks.rank) as profiler,
         # Read when each compiled region is first traced (in the first step): the budget and the cache.
         torch._functorch.config.patch(**compile_settings(config.train.activation_memory_budget, device)),
@@ -191,6 +197,8 @@ def _train(
         batches = dolly.endless(loader)
         step, stop = 0, None
         while stop is None or (window is not None and step < window.stop):
+            if step == config.train.warmup_steps and plan.measure_after:
+                wait_for_the_sweep(Path(plan.measure_after))
             profiler.step(step)
             with phases.step(step):
                 started = log.start()
@@ -272,6 +280,20 @@ def _train(
         metrics=metrics,
         info=info,
     )
+
+
+def wait_for_the_sweep(go: Path) -> None:
+    """Wait, before the first step that may be measured, until the sweep has made `go`: its work on the
+    runs before this one (their reports, analysis and records, on the sweep's follow-up thread) is done
+    and runs beside none of this run's measured steps."""
+    waited = time.monotonic()
+    while not go.exists():
+        if time.monotonic() - waited > SWEEP_WAIT_S:
+            print(f"ghsweep: {go} not made after {SWEEP_WAIT_S} s; measuring anyway", flush=True)
+            return
+        time.sleep(0.01)
+    if time.monotonic() - waited > 1:
+        print(f"ghsweep: waited {time.monotonic() - waited:.1f} s for the sweep's work on earlier runs", flush=True)
 
 
 def build(

@@ -39,7 +39,14 @@ class SlurmLauncher(_GhsweepSubmitit):
 
 class BasicLauncher(basic_launcher.BasicLauncher):
     """Hydra's basic launcher (one combination after another, in this process) taking ghsweep's
-    `retries` key, which each job reads (ghsweep.launch.job)."""
+    `retries` key, which each job reads (ghsweep.launch.job); what follows each worker runs while the
+    next combination starts (ghsweep.launch.followups), all of it done before launch() returns."""
 
     def __init__(self, retries: int = 0) -> None:
         super().__init__()
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from ghsweep.launch import followups
+
+        with followups.overlapped():
+            return super().launch(job_overrides, initial_job_idx)

@@ -1,0 +1,96 @@
+"""What follows each worker of a local sweep, while the next combination starts.
+
+On the default launcher (one combination after another, in the sweep's process) a job returns as
+soon as its worker has exited; its follow-up (nsys finishing the report, the export and analysis,
+the MLflow record) runs on one thread of the sweep, in job order, while the next worker starts, sets
+up and compiles. That worker waits before its first step that may be measured until every follow-up
+before it is done (RunPlan.measure_after), so none of them runs beside a measurement. The launcher
+waits for the last follow-up before it returns, and on an interrupt too: every run that ended is
+recorded before the sweep stops.
+
+Elsewhere (a single run, a launcher that runs jobs in other processes) a follow-up runs at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class FollowUps:
+    """One thread that runs the follow-ups it is given, in order."""
+
+    def __init__(self) -> None:
+        self._todo: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="ghsweep-followups", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (followup := self._todo.get()) is not None:
+            try:
+                followup()
+            except Exception:  # a follow-up records its own failures; one that raises must not stop the rest
+                log.exception("a run's follow-up failed")
+            finally:
+                self._todo.task_done()
+        self._todo.task_done()
+
+    def submit(self, followup: Callable[[], None]) -> None:
+        self._todo.put(followup)
+
+    def mark_when_done(self, path: Path) -> None:
+        """Make `path` once every follow-up submitted so far has run."""
+        self.submit(path.touch)
+
+    def join(self) -> None:
+        """Wait until every follow-up submitted so far has run."""
+        self._todo.join()
+
+    def close(self) -> None:
+        self.join()
+        self._todo.put(None)
+        self._thread.join()
+
+
+_active: FollowUps | None = None
+
+
+@contextlib.contextmanager
+def overlapped() -> Iterator[None]:
+    """Within: follow-ups run on the sweep's follow-up thread (the launcher's launch()); each is done
+    when it ends, however it ends."""
+    global _active
+    _active = FollowUps()
+    try:
+        yield
+    finally:
+        followups, _active = _active, None
+        followups.close()
+
+
+def run(followup: Callable[[], None], alone: bool = False) -> None:
+    """Run `followup` on the sweep's follow-up thread where one is active, else now. `alone`: it
+    must run beside no training (an ncu pass, which trains on the GPU): now, after those before it."""
+    if _active is None:
+        followup()
+    elif alone:
+        _active.join()
+        followup()
+    else:
+        _active.submit(followup)
+
+
+def measure_after(path: Path) -> Path | None:
+    """`path`, to be made once the follow-ups before this run are done (RunPlan.measure_after); None
+    where none run beside it."""
+    if _active is None:
+        return None
+    path.unlink(missing_ok=True)
+    _active.mark_when_done(path)
+    return path
