@@ -286,14 +286,16 @@ def wait_for_the_sweep(go: Path) -> None:
     """Wait, before the first step that may be measured, until the sweep has made `go`: its work on the
     runs before this one (their reports, analysis and records, on the sweep's follow-up thread) is done
     and runs beside none of this run's measured steps."""
+    if go.exists():
+        return
+    print("ghsweep: waiting for the sweep's work on earlier runs before the measured steps", flush=True)
     waited = time.monotonic()
     while not go.exists():
         if time.monotonic() - waited > SWEEP_WAIT_S:
             print(f"ghsweep: {go} not made after {SWEEP_WAIT_S} s; measuring anyway", flush=True)
             return
         time.sleep(0.01)
-    if time.monotonic() - waited > 1:
-        print(f"ghsweep: waited {time.monotonic() - waited:.1f} s for the sweep's work on earlier runs", flush=True)
+    print(f"ghsweep: waited {time.monotonic() - waited:.1f} s", flush=True)
 
 
 def build(
