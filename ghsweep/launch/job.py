@@ -71,7 +71,7 @@ from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
 from ghsweep.launch.requeue import earlier_start, job_ending, requeue_reason, wait_to_be_stopped
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.sweep_manifest import SweepManifest
-from ghsweep.launch.worker_process import WorkerExit, rank_file, reports_written, run_worker
+from ghsweep.launch.worker_process import WorkerExit, rank_file, run_worker
 from ghsweep.launch.world import export_slurm_rendezvous, slurm_task_ranks
 from ghsweep.profile.pipeline import ProfileOutcome, after_worker
 from ghsweep.report.run_report import write_run_report
@@ -434,14 +434,13 @@ def measure(plan: RunPlan, exit: WorkerExit, result: RunResult) -> RunSummary:
 
 
 def analyse(trained: Trained, combo: Combination, result: RunResult) -> ProfileOutcome:
-    """The profile of a finished run, once nsys has written its report: export, analysis, the ncu pass,
-    the profile report and its plots, their metrics into `result`. A failure here fails the run, as
+    """The profile of a finished run: export, analysis, the ncu pass, the profile report and its plots,
+    their metrics into `result`. A failure here fails the run, as
     one around its worker does."""
     assert trained.to_analyse is not None
     config, plan = trained.to_analyse
     analysis_started = time.time()
     try:
-        reports_written()  # a worker forked under the sweep's nsys session left nsys writing its report
         # The ncu pass reruns a short worker in a subfolder, under ncu in place of nsys: its plan's command.
         profile = after_worker(
             config,

@@ -31,8 +31,6 @@ from ghsweep.core.run_dir import WORKER_LOG, WORKER_PID, rank_file
 from ghsweep.core.run_plan import SessionCapture
 from ghsweep.launch.local_gpus import ONE_AT_A_TIME_LAUNCHER
 from ghsweep.launch.world import torchrun_prefix
-from ghsweep.profile import nsys_session
-from ghsweep.profile.nsys_session import SESSION_ENV
 from ghsweep.profile.plan import sweep_session_launch
 from ghsweep.train import warm_worker
 
@@ -121,14 +119,28 @@ class WarmWorkerUnavailable(RuntimeError):
         self.refused = refused
 
 
+# How long a run's nsys collection may take to write its report once its worker has ended.
+REPORT_TIMEOUT_S = 600
+
+
+def nsys_session_state(nsys: str, session: str) -> str | None:
+    """The state `nsys sessions list` gives the session (Launched, StartRange, RangeGeneration, ...),
+    or None when there is no such session."""
+    listed = subprocess.run([nsys, "sessions", "list"], capture_output=True, text=True, timeout=60).stdout
+    for row in listed.splitlines():
+        fields = row.split()  # ID TIME STATE LAUNCH NAME
+        if len(fields) == 5 and fields[4] == session:
+            return fields[2]
+    return None
+
+
 class WarmWorker:
     """A pre-imported worker (ghsweep.train.warm_worker) and the socket to ask it for workers. Its
     imports start at once and overlap the sweep's own start; it forks one worker at a time.
 
     Under Nsight Systems (`launch`: a SessionCapture's `nsys launch ...`) it runs in an nsys session of
     its own, which traces the workers it forks, and each worker is recorded by one collection of that
-    session, which the worker arms and ends itself (profile.nsys_session): the next worker starts while
-    nsys still writes the last one's report."""
+    session (the `start` it is forked with, ended by the worker's cudaProfilerStop)."""
 
     def __init__(self, env: dict[str, str], launch: Sequence[str] = ()) -> None:
         self.env = env  # the environment its imports ran in, and so what a forked run must have
@@ -150,30 +162,36 @@ class WarmWorker:
             )
         self._ready = False
 
-    def fork(self, run_dir: Path, output_fd: int, recorded: bool = False) -> ForkedWorker:
-        """Start the worker of `run_dir` with the server's environment, its output to `output_fd`;
-        `recorded`: told the server's nsys session, to record itself by a collection of it."""
+    def fork(self, run_dir: Path, output_fd: int, start: Sequence[str] = ()) -> ForkedWorker:
+        """Start the worker of `run_dir` with the server's environment, its output to `output_fd`,
+        recorded by the collection `start` (a SessionCapture's `nsys start ...`) when one is given."""
         if not self._ready:
             answer = self.receive()
             if "error" in answer:
                 raise WarmWorkerUnavailable(answer["error"], refused=True)
             self._ready = True
-        env = {SESSION_ENV: self.session} if recorded and self.session else {}
-        warm_worker.send(self._sock, {"run_dir": str(run_dir), "cwd": os.getcwd(), "env": env}, [output_fd])
-        return ForkedWorker(self.receive()["pid"], self, recorded=bool(env))
-
-    def report_written(self) -> None:
-        """Wait until the session has written the last worker's report (at once without a session)."""
-        if self.session:
-            nsys_session.report_written(self.launch[0], self.session)
+        if start:
+            started = subprocess.run([*start, f"--session={self.session}"], capture_output=True, text=True, timeout=60)
+            if started.returncode != 0:
+                said = (started.stderr or started.stdout).strip().splitlines()
+                raise WarmWorkerUnavailable(f"nsys start failed: {said[-1] if said else started.returncode}")
+        warm_worker.send(self._sock, {"run_dir": str(run_dir), "cwd": os.getcwd()}, [output_fd])
+        return ForkedWorker(self.receive()["pid"], self, recorded=bool(start))
 
     def end_collection(self) -> None:
-        """After a recorded worker that failed: it may have left its collection armed or recording,
-        which `nsys stop` ends (writing what it recorded); the session is then free for the next one."""
+        """Once a recorded worker has ended, wait for its report. Its cudaProfilerStop has normally
+        ended the collection, and nsys has written the report before the worker went on; a worker that
+        ended before (a crash, a timeout) left it armed or recording, and `nsys stop` writes what it
+        recorded."""
         assert self.session is not None
         nsys = self.launch[0]
         subprocess.run([nsys, "stop", f"--session={self.session}"], capture_output=True, timeout=60)
-        nsys_session.wait_for_state(nsys, self.session, lambda state: state in (nsys_session.FREE, None), 600)
+        deadline = time.monotonic() + REPORT_TIMEOUT_S
+        while nsys_session_state(nsys, self.session) not in ("Launched", None):
+            if time.monotonic() > deadline:
+                log.warning("nsys session %s: no report after %d s", self.session, REPORT_TIMEOUT_S)
+                return
+            time.sleep(0.1)
 
     def receive(self) -> dict:
         """The server's next answer; WarmWorkerUnavailable when it has exited."""
@@ -183,7 +201,6 @@ class WarmWorker:
         return message
 
     def close(self) -> None:
-        self.report_written()  # nsys leaves with the server: not before the last report is whole
         self._sock.close()
         # nsys, where the server runs under it, leaves with the server, in the group it leads.
         if not self._ready:  # it may still be importing, and would only find the socket closed then
@@ -218,7 +235,7 @@ class ForkedWorker:
                 # Its worker, in a session of its own, may outlive it: run_worker kills the group.
                 log.error("worker %d: %s; its exit code is lost", self.pid, exc)
                 self._returncode = -signal.SIGKILL
-            if self._recorded and self._returncode != 0:
+            if self._recorded:
                 self._server.end_collection()
         return self._returncode
 
@@ -234,12 +251,6 @@ def start_warm_worker(launch: Sequence[str] = ()) -> None:
     if _warm is None:
         _warm = WarmWorker(worker_env(), launch)
         atexit.register(stop_warm_worker)
-
-
-def reports_written() -> None:
-    """Wait until this process's pre-imported worker's nsys session has written the last report."""
-    if _warm is not None:
-        _warm.report_written()
 
 
 def stop_warm_worker() -> None:
@@ -314,7 +325,7 @@ def start_worker(
             stop_warm_worker()
             _warm = WarmWorker(env, launch)
         try:
-            forked = _warm.fork(run_dir, output_fd, recorded=capture is not None)
+            forked = _warm.fork(run_dir, output_fd, capture.start if capture else ())
             log.info("  forked from the pre-imported worker (pid %d)", forked.pid)
             return forked
         except (WarmWorkerUnavailable, OSError, subprocess.SubprocessError) as exc:

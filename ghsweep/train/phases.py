@@ -17,17 +17,13 @@ from collections.abc import Iterator
 import torch
 
 from ghsweep.core.names import STEP_RANGE_PREFIX
-from ghsweep.profile.nsys_session import WorkerCollection
 
 
 class Phases:
-    def __init__(self, device: torch.device, window: range | None, collection: WorkerCollection | None = None):
-        """`window`: the captured steps; None until open_window gives them. `collection`: the worker's
-        own collection of the sweep's nsys session, armed before the window opens, and ended without
-        waiting for its report when the window closes with the loop."""
+    def __init__(self, device: torch.device, window: range | None):
+        """`window`: the captured steps; None until open_window gives them."""
         self._nvtx = device.type == "cuda"
         self._capture = window or range(0)
-        self._collection = collection
         self._capturing = False
         # Seconds the capture window's edges held the loop: under an nsys session the report is
         # written inside cudaProfilerStop, before the worker trains on.
@@ -52,29 +48,23 @@ class Phases:
         """The range of one whole step; starts or stops the capture window at its edges."""
         if self._nvtx and self._capture and step == self._capture.start and not self._capturing:
             started = time.perf_counter()
-            if self._collection:
-                self._collection.armed()
             torch.cuda.cudart().cudaProfilerStart()
             self.capture_s += time.perf_counter() - started
             self._capturing = True
         if step == self._capture.stop:
-            self.close(last=False)
+            self.close()
         return self.range(f"{STEP_RANGE_PREFIX}{step}")
 
     def __enter__(self) -> Phases:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.close(last=True)
+        self.close()
 
-    def close(self, last: bool) -> None:
-        """End the capture window; `last`: the loop has ended, nothing is measured after it."""
+    def close(self) -> None:
         if self._capturing:
             torch.cuda.synchronize()
             started = time.perf_counter()
-            if self._collection and last:
-                self._collection.stop_without_waiting(torch.cuda.current_device())
-            else:  # the steps after it wait for the report rather than train beside its writing
-                torch.cuda.cudart().cudaProfilerStop()
+            torch.cuda.cudart().cudaProfilerStop()
             self.capture_s += time.perf_counter() - started
             self._capturing = False

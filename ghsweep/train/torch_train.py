@@ -29,7 +29,6 @@ from ghsweep.config.schema import ConfigSchema, TrainSchema
 from ghsweep.core.run_dir import METRICS
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.summary import RunSummary
-from ghsweep.profile.nsys_session import REPORT_TIMEOUT_S, WorkerCollection
 from ghsweep.profile.torch_capture import torch_capture
 from ghsweep.train import attention as attn
 from ghsweep.train import data as dolly
@@ -47,8 +46,8 @@ from ghsweep.train.precision import Precision
 from ghsweep.train.step_log import Measure, StepLog, measured_length
 from ghsweep.train.summary import capture_window, run_peak_gib, run_summary
 
-# The longest a run waits for the sweep's work on earlier runs (one report's writing, at most).
-SWEEP_WAIT_S = REPORT_TIMEOUT_S
+# The longest a run waits for the sweep's work on earlier runs (their analysis and records).
+SWEEP_WAIT_S = 600
 
 
 @dataclass
@@ -159,8 +158,6 @@ def _train(
     device: torch.device,
     setup_at: float,
 ) -> RunSummary:
-    # Armed in the background while the run sets up: the sweep's last report may still be being written.
-    collection = WorkerCollection.of_this_worker(plan.capture.start if plan.capture else None)
     # The same seed on every rank: the same initial weights (DDP and FSDP2 start from them unbroadcast).
     torch.manual_seed(config.seed)
     precision = Precision(config.precision, device)
@@ -189,7 +186,7 @@ def _train(
     # Closed however the loop ends: the trace and the capture window cover what ran, metrics.jsonl is complete.
     with (
         log,
-        Phases(device, window, collection) as phases,
+        Phases(device, window) as phases,
         torch_capture(plan.profile, run_dir, device, window, ranks.rank) as profiler,
         # Read when each compiled region is first traced (in the first step): the budget and the cache.
         torch._functorch.config.patch(**compile_settings(config.train.activation_memory_budget, device)),

@@ -15,8 +15,7 @@ multiprocessing's forkserver preloads modules the same way, but its children kee
 server started with; a run's own (its log pipe) comes with each request here.
 
 One request at a time, as JSON on a SOCK_SEQPACKET socket: the server first says {"ready": true} (or
-{"error": why} and exits); the client sends {"run_dir", "cwd", "env" (added to the worker's
-environment)} with the worker's output fd
+{"error": why} and exits); the client sends {"run_dir", "cwd"} with the worker's output fd
 attached (SCM_RIGHTS); the server answers {"pid": N} and, once that worker has ended, {"returncode":
 N} (negative: killed by that signal, as subprocess reports it). The server ends when the client closes
 the socket.
@@ -74,7 +73,7 @@ def become_worker(sock: socket.socket, request: dict, out_fd: int, env: dict[str
         os.dup2(out_fd, 2)
         os.close(out_fd)
         os.environ.clear()
-        os.environ.update(env, **request.get("env", {}))
+        os.environ.update(env)
         os.chdir(request["cwd"])
         from ghsweep.train import worker
 
@@ -84,8 +83,8 @@ def become_worker(sock: socket.socket, request: dict, out_fd: int, env: dict[str
         sys.stdout.flush()
         sys.stderr.flush()
         # The worker's exit without the interpreter's teardown (worker.exit_now). Under an nsys
-        # session too: the worker's collection has ended, and nsys writes its report in its own
-        # process (profile.nsys_session), so nothing is left for a normal exit to flush.
+        # session too: the worker's capture range has ended (its cudaProfilerStop waits for the
+        # report), so nothing is left for a normal exit to flush.
         os._exit(code)
 
 

@@ -27,7 +27,6 @@ from ghsweep.core.atomic import write_atomic
 from ghsweep.core.errors import first_line
 from ghsweep.core.run_dir import CONFIG, MEMORY_SNAPSHOT, WORKER_ERROR, rank_file
 from ghsweep.core.run_plan import RunPlan
-from ghsweep.profile.nsys_session import WorkerCollection
 from ghsweep.train import memory_record
 from ghsweep.train.system_metrics import sampler_for, system_summary
 
@@ -96,11 +95,6 @@ def main(argv: list[str]) -> int:
         recording = plan.device.startswith("cuda") and managed is None and os.environ.get("WORLD_SIZE", "1") == "1"
         if recording:
             memory_record.start_history()
-        # The torch backend arms it while it sets up; the others open their window on their own.
-        if plan.backend != "torch":
-            collection = WorkerCollection.of_this_worker(plan.capture.start if plan.capture else None)
-            if collection:
-                collection.armed()
         sampler = sampler_for(run_dir, config, plan)
         # Sampled from before the backend's imports to the end of training, whatever ends it.
         with sampler or contextlib.nullcontext():
