@@ -35,7 +35,8 @@ def test_dry_run_prints_the_recipe_and_the_worker_command_and_keeps_the_recipe(t
     run_dir = Path(re.search(r"run dir: (\S+)", llama).group(1))
     assert re.search(r"worker: .*python\S* -m ghsweep\.train\.worker " + re.escape(str(run_dir)), llama)
     assert "<Partial[finetune(" in llama and "cpu_offloading_num_layers=4" in llama
-    assert "<Config[NsysCallback(start_step=5, end_step=7" in llama
+    # capture.start_step=auto: the last 3 of train.max_steps=10 steps.
+    assert "<Config[NsysCallback(start_step=7, end_step=9" in llama
     # Nothing trained, nothing recorded: only the recipe is kept.
     assert (run_dir / RECIPE_TXT).exists() and not (run_dir / "metrics.jsonl").exists()
     config = nemo_typed("model=llama2_7b", "offload=on", "offload.num_layers=4")
