@@ -203,7 +203,9 @@ def test_nsys_worker_command_is_the_one_the_job_runs_with_and_without_container(
             assert at == 0
         if overrides["profile"] == "auto":
             # The node picks: nsys with a GPU and nsys there, else the PyTorch profiler inside the worker.
-            assert block["profile"].startswith(f"auto, {NODE_MARK}: Nsight Systems over steps 5-7")
+            assert block["profile"].startswith(
+                f"auto, {NODE_MARK}: Nsight Systems over the 3 steps after the measured ones"
+            )
             assert shlex.split(block["else"]) == node_command(overrides, run_dir, on_gpu=False)
             assert str(nsys) not in block["else"]
         elif python == "python3":
@@ -236,7 +238,9 @@ def test_in_process_dry_run_prints_the_nsys_command_the_job_runs(tmp_path):
     assert shlex.split(block["worker"]) == node_command(overrides, run_dir, on_gpu=True)
     assert shlex.split(block["worker"])[:2] == [str(nsys), "profile"]
     # A configured nsys is not the node's to choose.
-    assert block["profile"].startswith(f"nsys: Nsight Systems over steps 5-7; nsys at {nsys} (profile.nsys.path)")
+    assert block["profile"].startswith(
+        f"nsys: Nsight Systems over the 3 steps after the measured ones; nsys at {nsys} (profile.nsys.path)"
+    )
     assert NODE_MARK not in block["profile"]
     assert block["launch"] == "in this process (hydra/launcher=local)"
     assert not list(tmp_path.rglob("worker.log")) and not (tmp_path / "mlflow.db").exists()
@@ -290,7 +294,7 @@ def test_without_nsys_here_the_node_resolves_it_and_what_never_runs_says_why(tmp
         assert shlex.split(block["worker"]) == node_command(overrides, Path(block["run dir"]), on_gpu=False)
     assert (
         found["auto", "cpu"]["profile"]
-        == "auto: the PyTorch profiler inside the worker, steps 5-7 (no GPU in this run, device=cpu)"
+        == "auto: the PyTorch profiler inside the worker, the 3 steps after the measured ones (no GPU in this run, device=cpu)"
     )
     assert_nothing_ran(tmp_path)
 

@@ -21,7 +21,7 @@ from ghsweep.core.run_plan import RunPlan, World
 from ghsweep.core.run_result import RunResult
 from ghsweep.core.summary import RunSummary
 from ghsweep.launch.combination import Combination
-from ghsweep.launch.job import measure, record, start_run, timeout_s, train_and_measure
+from ghsweep.launch.job import Trained, analyse, measure, record, start_run, timeout_s, train_and_measure
 from ghsweep.launch.plan import node_plan
 from ghsweep.launch.rank_reports import write_rank_report
 from ghsweep.launch.worker_process import run_worker
@@ -53,9 +53,9 @@ def test_a_config_the_node_refuses_fails_before_any_worker_with_one_line(tmp_pat
     combo = combination(tmp_path / "0")
     cfg = compose_config("experiment=smoke", "train.max_steps=0")
     result = failed_result(combo)
-    summary, profile, interrupt = train_and_measure(cfg, combo, result, slurm_tasks=None)
+    trained = train_and_measure(cfg, combo, result, slurm_tasks=None)
     assert (result.status, result.error) == ("FAILED", "train.max_steps=0: must be an integer >= 1")
-    assert (summary, profile, interrupt) == (RunSummary(), ProfileOutcome(), None)
+    assert trained == Trained()  # no summary, no profile to analyse, no interrupt
     # The job said it was running before it checked anything, and the worker's input is there to read.
     assert RunResult.load(combo.run_dir).status == "RUNNING"
     assert (combo.run_dir / CONFIG).exists()
@@ -79,12 +79,16 @@ def planned_worker(tmp_path: Path, program: str, *overrides: str) -> RunPlan:
     return dataclasses.replace(plan, worker_command=[sys.executable, "-c", program, str(run_dir)])
 
 
-def run_planned(plan: RunPlan, cfg_overrides: tuple[str, ...] = ()) -> RunResult:
-    """The job's steps after planning: run the worker as planned, then measure how it ended."""
+def run_planned(plan: RunPlan) -> RunResult:
+    """The job's steps after planning: run the worker as planned, measure how it ended, and analyse
+    the profile of a finished one."""
     run_dir = Path(plan.run_dir)
-    result = failed_result(combination(run_dir))
+    combo = combination(run_dir)
+    result = failed_result(combo)
     exit = run_worker(plan.worker_command, run_dir, timeout_s(plan))
-    measure(compose_typed("experiment=smoke", "profile=none", *cfg_overrides), plan, exit, result)
+    summary = measure(plan, exit, result)
+    if result.status == "FINISHED":
+        analyse(Trained(summary, (compose_typed("experiment=smoke", "profile=none"), plan)), combo, result)
     return result
 
 
