@@ -3,10 +3,10 @@
 On the default launcher (one combination after another, in the sweep's process) a job returns as
 soon as its worker has exited; its follow-up (the profile's export and analysis, its report and
 plots, the MLflow record) runs on one thread of the sweep, in job order, while the next worker
-starts, sets up and compiles. That worker waits before its first step that may be measured until every follow-up
-before it is done (RunPlan.measure_after), so none of them runs beside a measurement. The launcher
-waits for the last follow-up before it returns, and on an interrupt too: every run that ended is
-recorded before the sweep stops.
+starts, sets up and compiles. That worker waits before its first step that may be measured until
+every follow-up before it is done (RunPlan.measure_after), so none of them runs beside a
+measurement. The launcher waits for the last follow-up before it returns, and on an interrupt too:
+every run that ended is recorded before the sweep stops.
 
 Elsewhere (a single run, a launcher that runs jobs in other processes) a follow-up runs at once.
 """

@@ -435,8 +435,7 @@ def measure(plan: RunPlan, exit: WorkerExit, result: RunResult) -> RunSummary:
 
 def analyse(trained: Trained, combo: Combination, result: RunResult) -> ProfileOutcome:
     """The profile of a finished run: export, analysis, the ncu pass, the profile report and its plots,
-    their metrics into `result`. A failure here fails the run, as
-    one around its worker does."""
+    their metrics into `result`. A failure here fails the run, as one around its worker does."""
     assert trained.to_analyse is not None
     config, plan = trained.to_analyse
     analysis_started = time.time()
