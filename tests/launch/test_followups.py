@@ -75,7 +75,9 @@ def test_an_interrupted_sweep_still_runs_every_followup_and_one_that_fails_stops
 def test_the_next_worker_waits_for_the_sweep_before_its_measured_steps_and_no_step_holds_the_wait(tmp_path):
     """A real worker on the CPU, its plan's measure_after made 3 s after it says it waits: it trains
     its warm-up steps, waits, then trains the rest; the wait is in none of its step times."""
-    cfg = compose_config("experiment=smoke", "train.max_steps=6", "train.warmup_steps=2", "train.seq_length=64")
+    cfg = compose_config(
+        "experiment=smoke", "precision=fp32", "train.max_steps=6", "train.warmup_steps=2", "train.seq_length=64"
+    )
     marker = tmp_path / MEASURE_AFTER
     plan = planned_run(tmp_path, cfg)
     dataclasses.replace(plan, measure_after=str(marker)).save(tmp_path)
@@ -95,5 +97,8 @@ def test_the_next_worker_waits_for_the_sweep_before_its_measured_steps_and_no_st
     assert waited >= 3
     steps = [json.loads(line) for line in (tmp_path / METRICS).read_text().splitlines()]
     assert [s["step"] for s in steps] == list(range(6))
-    assert max(s["step_time_ms"] for s in steps[2:]) < 3000
-    assert json.loads((tmp_path / SUMMARY).read_text())["metrics"]["steps"] == 6
+    summary = json.loads((tmp_path / SUMMARY).read_text())
+    assert summary["metrics"]["steps"] == 6
+    # The loop's time holds the wait; its steps' times do not (a step that held it would leave no gap).
+    outside_steps_s = summary["timing"]["train_s"] - sum(s["step_time_ms"] for s in steps) / 1000
+    assert outside_steps_s >= 0.9 * waited, (outside_steps_s, waited)
