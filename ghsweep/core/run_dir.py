@@ -17,6 +17,12 @@ ATTEMPT_LOG = "worker.attempt{n}.log"
 WORKER_PID = "worker.pid"
 # Made by a local sweep once its work on the runs before this one is done (RunPlan.measure_after).
 MEASURE_AFTER = "measure_after"
+# The hand-off of a run's nsys collection between the sweep and its forked worker (core/handoff.py):
+# the sweep has armed the collection (empty) or could not (why); the worker's capture has begun to
+# stop; nsys is writing the report in its own process, so the worker may exit.
+CAPTURE_ARMED = "capture_armed"
+CAPTURE_STOPPING = "capture_stopping"
+CAPTURE_MAY_EXIT = "capture_may_exit"
 WORKER_ERROR = "worker_error.json"  # the worker's exception, one line, when training failed
 SUMMARY = "summary.json"  # the worker's measurements (metrics, timing, info)
 METRICS = "metrics.jsonl"  # one line per logged step

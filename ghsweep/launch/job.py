@@ -71,7 +71,7 @@ from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
 from ghsweep.launch.requeue import earlier_start, job_ending, requeue_reason, wait_to_be_stopped
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.sweep_manifest import SweepManifest
-from ghsweep.launch.worker_process import WorkerExit, rank_file, run_worker
+from ghsweep.launch.worker_process import WorkerExit, rank_file, run_worker, wait_for_report
 from ghsweep.launch.world import export_slurm_rendezvous, slurm_task_ranks
 from ghsweep.profile.pipeline import ProfileOutcome, after_worker
 from ghsweep.report.run_report import write_run_report
@@ -322,6 +322,8 @@ def train_and_measure(cfg: DictConfig, combo: Combination, result: RunResult, sl
             env=container_env(config),
             preimported=plan.preimported,
             capture=plan.capture,
+            # The default backend's loop speaks the hand-off of its nsys collection (core/handoff.py).
+            handoff=plan.backend == "torch",
         )
         summary = measure(plan, exit, result)
         return Trained(summary, (config, plan) if result.status == RunStatus.FINISHED else None)
@@ -440,6 +442,7 @@ def analyse(trained: Trained, combo: Combination, result: RunResult) -> ProfileO
     config, plan = trained.to_analyse
     analysis_started = time.time()
     try:
+        wait_for_report(Path(plan.run_dir))  # a handed collection's report is written after its worker
         # The ncu pass reruns a short worker in a subfolder, under ncu in place of nsys: its plan's command.
         profile = after_worker(
             config,

@@ -26,11 +26,13 @@ from omegaconf import DictConfig
 
 from ghsweep.config.schema import ProfileSchema, typed_section
 from ghsweep.config.validate import GPU_TIMEOUT_MIN
+from ghsweep.core.handoff import HANDOFF_ENV, say
 from ghsweep.core.names import STEP_RANGE_PREFIX
-from ghsweep.core.run_dir import WORKER_LOG, WORKER_PID, rank_file
+from ghsweep.core.run_dir import CAPTURE_ARMED, CAPTURE_MAY_EXIT, CAPTURE_STOPPING, WORKER_LOG, WORKER_PID, rank_file
 from ghsweep.core.run_plan import SessionCapture
 from ghsweep.launch.local_gpus import ONE_AT_A_TIME_LAUNCHER
 from ghsweep.launch.world import torchrun_prefix
+from ghsweep.profile.nsys_session import REPORT_TIMEOUT_S, CollectionHandoff, end_collection, start_collection
 from ghsweep.profile.plan import sweep_session_launch
 from ghsweep.train import warm_worker
 
@@ -119,28 +121,15 @@ class WarmWorkerUnavailable(RuntimeError):
         self.refused = refused
 
 
-# How long a run's nsys collection may take to write its report once its worker has ended.
-REPORT_TIMEOUT_S = 600
-
-
-def nsys_session_state(nsys: str, session: str) -> str | None:
-    """The state `nsys sessions list` gives the session (Launched, StartRange, RangeGeneration, ...),
-    or None when there is no such session."""
-    listed = subprocess.run([nsys, "sessions", "list"], capture_output=True, text=True, timeout=60).stdout
-    for row in listed.splitlines():
-        fields = row.split()  # ID TIME STATE LAUNCH NAME
-        if len(fields) == 5 and fields[4] == session:
-            return fields[2]
-    return None
-
-
 class WarmWorker:
     """A pre-imported worker (ghsweep.train.warm_worker) and the socket to ask it for workers. Its
     imports start at once and overlap the sweep's own start; it forks one worker at a time.
 
     Under Nsight Systems (`launch`: a SessionCapture's `nsys launch ...`) it runs in an nsys session of
     its own, which traces the workers it forks, and each worker is recorded by one collection of that
-    session (the `start` it is forked with, ended by the worker's cudaProfilerStop)."""
+    session (the `start` it is forked with, ended by the worker's cudaProfilerStop). A collection
+    handed to its worker (fork's `handoff`) lets the worker exit while nsys writes its report, and the
+    next worker start meanwhile (ghsweep.core.handoff)."""
 
     def __init__(self, env: dict[str, str], launch: Sequence[str] = ()) -> None:
         self.env = env  # the environment its imports ran in, and so what a forked run must have
@@ -161,37 +150,54 @@ class WarmWorker:
                 start_new_session=True,  # Ctrl-C is the sweep's to handle; this ends with its socket
             )
         self._ready = False
+        # The handed collections whose reports may still be being written, by run directory.
+        self._handoffs: dict[Path, CollectionHandoff] = {}
 
-    def fork(self, run_dir: Path, output_fd: int, start: Sequence[str] = ()) -> ForkedWorker:
+    def fork(self, run_dir: Path, output_fd: int, start: Sequence[str] = (), handoff: bool = False) -> ForkedWorker:
         """Start the worker of `run_dir` with the server's environment, its output to `output_fd`,
-        recorded by the collection `start` (a SessionCapture's `nsys start ...`) when one is given."""
+        recorded by the collection `start` (a SessionCapture's `nsys start ...`) when one is given, and
+        with `handoff` that collection handed to and from the worker: armed once the report before it
+        is written, if that is still being written now."""
         if not self._ready:
             answer = self.receive()
             if "error" in answer:
                 raise WarmWorkerUnavailable(answer["error"], refused=True)
             self._ready = True
+        watch = None
         if start:
-            started = subprocess.run([*start, f"--session={self.session}"], capture_output=True, text=True, timeout=60)
-            if started.returncode != 0:
-                said = (started.stderr or started.stdout).strip().splitlines()
-                raise WarmWorkerUnavailable(f"nsys start failed: {said[-1] if said else started.returncode}")
-        warm_worker.send(self._sock, {"run_dir": str(run_dir), "cwd": os.getcwd()}, [output_fd])
-        return ForkedWorker(self.receive()["pid"], self, recorded=bool(start))
+            assert self.session is not None
+            nsys = self.launch[0]
+            for stale in (CAPTURE_ARMED, CAPTURE_STOPPING, CAPTURE_MAY_EXIT):
+                (run_dir / stale).unlink(missing_ok=True)
+            writing = [h for h in self._handoffs.values() if not h.written.is_set()]
+            armed = not (handoff and writing)
+            if armed:  # now, before the fork: a refusal leaves this run to its command
+                for earlier in writing:
+                    earlier.written.wait(REPORT_TIMEOUT_S)
+                refused = start_collection(nsys, self.session, start)
+                if refused:
+                    raise WarmWorkerUnavailable(refused)
+                say(run_dir / CAPTURE_ARMED)
+            if handoff:
+                watch = CollectionHandoff(nsys, self.session, start, run_dir, writing[-1] if writing else None, armed)
+        request = {"run_dir": str(run_dir), "cwd": os.getcwd(), "env": {HANDOFF_ENV: "1"} if watch else {}}
+        warm_worker.send(self._sock, request, [output_fd])
+        forked = ForkedWorker(self.receive()["pid"], self, recorded=bool(start), handoff=watch)
+        if watch:
+            self._handoffs[run_dir] = watch
+            watch.start()
+        return forked
 
     def end_collection(self) -> None:
-        """Once a recorded worker has ended, wait for its report. Its cudaProfilerStop has normally
-        ended the collection, and nsys has written the report before the worker went on; a worker that
-        ended before (a crash, a timeout) left it armed or recording, and `nsys stop` writes what it
-        recorded."""
+        """Once a recorded worker has ended without handing its collection back, end it and wait for its report."""
         assert self.session is not None
-        nsys = self.launch[0]
-        subprocess.run([nsys, "stop", f"--session={self.session}"], capture_output=True, timeout=60)
-        deadline = time.monotonic() + REPORT_TIMEOUT_S
-        while nsys_session_state(nsys, self.session) not in ("Launched", None):
-            if time.monotonic() > deadline:
-                log.warning("nsys session %s: no report after %d s", self.session, REPORT_TIMEOUT_S)
-                return
-            time.sleep(0.1)
+        end_collection(self.launch[0], self.session)
+
+    def report_written(self, run_dir: Path) -> None:
+        """Wait until the report of `run_dir`'s handed collection is written (at once for any other run)."""
+        watch = self._handoffs.pop(run_dir, None)
+        if watch is not None and not watch.written.wait(REPORT_TIMEOUT_S):
+            log.warning("%s: nsys wrote no report in %d s", run_dir.name, REPORT_TIMEOUT_S)
 
     def receive(self) -> dict:
         """The server's next answer; WarmWorkerUnavailable when it has exited."""
@@ -201,8 +207,11 @@ class WarmWorker:
         return message
 
     def close(self) -> None:
+        # nsys, where the server runs under it, leaves with the server, in the group it leads: not
+        # before the reports it is writing are written.
+        for run_dir in list(self._handoffs):
+            self.report_written(run_dir)
         self._sock.close()
-        # nsys, where the server runs under it, leaves with the server, in the group it leads.
         if not self._ready:  # it may still be importing, and would only find the socket closed then
             self._kill()
         try:
@@ -221,10 +230,13 @@ class WarmWorker:
 class ForkedWorker:
     """A worker a WarmWorker forked: not this process's child, so its exit code comes from the server."""
 
-    def __init__(self, pid: int, server: WarmWorker, recorded: bool = False) -> None:
+    def __init__(
+        self, pid: int, server: WarmWorker, recorded: bool = False, handoff: CollectionHandoff | None = None
+    ) -> None:
         self.pid = pid
         self._server = server
         self._recorded = recorded
+        self._handoff = handoff
         self._returncode: int | None = None
 
     def wait(self) -> int:
@@ -236,8 +248,20 @@ class ForkedWorker:
                 log.error("worker %d: %s; its exit code is lost", self.pid, exc)
                 self._returncode = -signal.SIGKILL
             if self._recorded:
-                self._server.end_collection()
+                self._end_collection()
         return self._returncode
+
+    def _end_collection(self) -> None:
+        """A handed collection goes on being written after its worker; any other is ended here."""
+        watch = self._handoff
+        if watch is None:
+            self._server.end_collection()
+            return
+        watch.worker_ended.set()
+        if not watch.handed.is_set():  # it ended before it handed the collection back: a crash, a timeout
+            watch.join()
+            self._server.end_collection()
+            watch.written.set()
 
 
 # The pre-imported worker of this process, while a sweep runs its combinations here one after another.
@@ -292,6 +316,13 @@ class PreimportedWorkerCallback(Callback):
         stop_warm_worker()
 
 
+def wait_for_report(run_dir: Path) -> None:
+    """Wait until nsys has written the report of `run_dir`'s worker, where its collection was handed
+    to it (run_worker's `handoff`) and may still be being written after it exited."""
+    if _warm is not None:
+        _warm.report_written(run_dir)
+
+
 def worker_env(added: dict[str, str] | None = None) -> dict[str, str]:
     """A worker's environment: this process's, unbuffered (`tail -f worker.log` follows the run as it
     trains), with `added` (container_env)."""
@@ -305,10 +336,12 @@ def start_worker(
     output_fd: int,
     preimported: bool,
     capture: SessionCapture | None = None,
+    handoff: bool = False,
 ) -> WorkerProcess:
     """The worker of `run_dir` in its own process group, writing to `output_fd`: forked from this
     process's pre-imported worker where `preimported` allows it (RunPlan.preimported) and one serves,
-    recorded as `capture` says (RunPlan.capture: under nsys), else started from `command`. A CUDA
+    recorded as `capture` says (RunPlan.capture: under nsys; with `handoff`, a worker that takes part
+    in ghsweep.core.handoff), else started from `command`. A CUDA
     tool injected into the sweep from outside (CUDA_INJECTION64_PATH) needs the worker's normal exit,
     so its workers start from their command."""
     global _warm
@@ -325,7 +358,7 @@ def start_worker(
             stop_warm_worker()
             _warm = WarmWorker(env, launch)
         try:
-            forked = _warm.fork(run_dir, output_fd, capture.start if capture else ())
+            forked = _warm.fork(run_dir, output_fd, capture.start if capture else (), handoff and capture is not None)
             log.info("  forked from the pre-imported worker (pid %d)", forked.pid)
             return forked
         except (WarmWorkerUnavailable, OSError, subprocess.SubprocessError) as exc:
@@ -348,9 +381,11 @@ def run_worker(
     env: dict[str, str] | None = None,
     preimported: bool = False,
     capture: SessionCapture | None = None,
+    handoff: bool = False,
 ) -> WorkerExit:
     """Run the worker (start_worker), its output in worker.log (a SLURM task of rank N > 0:
-    worker.rankN.log), with `env` added to this process's environment (container_env)."""
+    worker.rankN.log), with `env` added to this process's environment (container_env). A handed
+    collection's report may still be being written when this returns: wait_for_report."""
     env = worker_env(env)
     started_at = time.time()
     read_end, write_end = os.pipe()
@@ -361,7 +396,7 @@ def run_worker(
     ):
         try:
             # Own process group: a timeout kills the worker and its data-loader processes together.
-            proc = start_worker(command, run_dir, env, write_end, preimported, capture)
+            proc = start_worker(command, run_dir, env, write_end, preimported, capture, handoff)
         finally:
             os.close(write_end)  # the worker holds its own copy: its exit ends the output
         (run_dir / rank_file(WORKER_PID, rank)).write_text(f"{proc.pid}\n{process_start(proc.pid)}\n")

@@ -11,22 +11,79 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import ctypes
+import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
 
 import torch
 
+from ghsweep.core.handoff import HANDOFF_ENV, say, wait_for_file
 from ghsweep.core.names import STEP_RANGE_PREFIX
+from ghsweep.core.run_dir import CAPTURE_ARMED, CAPTURE_MAY_EXIT, CAPTURE_STOPPING
+
+# How long a worker waits for the sweep to arm its collection (the report before it is being written)
+# and to say that nsys holds what it recorded; past these it trains without a capture, or exits anyway.
+ARM_TIMEOUT_S = 600
+MAY_EXIT_TIMEOUT_S = 120
+
+T = TypeVar("T")
+
+
+class HandedCollection:
+    """The worker's side of an nsys collection the sweep hands to it (ghsweep.core.handoff): the
+    capture starts once the sweep has armed the collection, and a capture that ends the loop stops
+    without waiting for the report."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+    @classmethod
+    def of_this_worker(cls, run_dir: Path) -> HandedCollection | None:
+        """The worker's handed collection, where the sweep forked it into one (HANDOFF_ENV)."""
+        return cls(run_dir) if os.environ.get(HANDOFF_ENV) else None
+
+    def armed(self) -> bool:
+        """Wait until the sweep has armed the collection; False when it could not (the capture is skipped)."""
+        refused = wait_for_file(self.run_dir / CAPTURE_ARMED, ARM_TIMEOUT_S)
+        if refused is None or refused:
+            print(f"ghsweep: no profiler capture: {refused or f'not armed in {ARM_TIMEOUT_S} s'}", flush=True)
+            return False
+        return True
+
+    def stop_on_a_thread(self) -> None:
+        """Stop the capture on a thread of its own, which waits while nsys writes the report. The
+        driver's cuProfilerStop lets go of the GIL (torch's cudaProfilerStop binding holds it for the
+        whole write), so the worker goes on: to `stopping`, and its exit once nsys holds the report."""
+        device = torch.cuda.current_device()
+
+        def stop() -> None:
+            torch.cuda.set_device(device)  # the thread's current context: the one the steps ran in
+            ctypes.CDLL("libcuda.so.1").cuProfilerStop()
+
+        threading.Thread(target=stop, name="cuProfilerStop", daemon=True).start()
+
+    def stopping(self) -> None:
+        """Tell the sweep the capture stops and wait until nsys holds the collection: a worker that
+        exits before leaves a broken report."""
+        say(self.run_dir / CAPTURE_STOPPING)
+        if wait_for_file(self.run_dir / CAPTURE_MAY_EXIT, MAY_EXIT_TIMEOUT_S) is None:
+            print(f"ghsweep: the sweep did not answer the capture's stop in {MAY_EXIT_TIMEOUT_S} s", flush=True)
 
 
 class Phases:
-    def __init__(self, device: torch.device, window: range | None):
-        """`window`: the captured steps; None until open_window gives them."""
+    def __init__(self, device: torch.device, window: range | None, handed: HandedCollection | None = None):
+        """`window`: the captured steps; None until open_window gives them. `handed`: the worker's
+        nsys collection, where the sweep hands it over."""
         self._nvtx = device.type == "cuda"
         self._capture = window or range(0)
         self._capturing = False
+        self._handed = handed
         # Seconds the capture window's edges held the loop: under an nsys session the report is
-        # written inside cudaProfilerStop, before the worker trains on.
+        # written inside cudaProfilerStop, before the worker trains on (unless handed over at the end).
         self.capture_s = 0.0
 
     @contextlib.contextmanager
@@ -46,13 +103,10 @@ class Phases:
 
     def step(self, step: int) -> contextlib.AbstractContextManager:
         """The range of one whole step; starts or stops the capture window at its edges."""
-        if self._nvtx and self._capture and step == self._capture.start and not self._capturing:
-            started = time.perf_counter()
-            torch.cuda.cudart().cudaProfilerStart()
-            self.capture_s += time.perf_counter() - started
-            self._capturing = True
+        if self._capture and step == self._capture.start and not self._capturing:
+            self._start()
         if step == self._capture.stop:
-            self.close()
+            self._stop(steps_follow=True)
         return self.range(f"{STEP_RANGE_PREFIX}{step}")
 
     def __enter__(self) -> Phases:
@@ -62,9 +116,36 @@ class Phases:
         self.close()
 
     def close(self) -> None:
-        if self._capturing:
+        self._stop(steps_follow=False)
+
+    def _start(self) -> None:
+        if self._handed and not self._timed(self._handed.armed):
+            self._capture = range(0)  # no collection to record it
+            return
+        if self._nvtx:
+            self._timed(torch.cuda.cudart().cudaProfilerStart)
+        self._capturing = True
+
+    def _stop(self, steps_follow: bool) -> None:
+        """End the capture. Steps that follow would share the host with nsys writing the report (the
+        tiny model's steps ran 9-46% slower beside it on an H200): they wait for it. A handed capture
+        that ends the loop does not."""
+        if not self._capturing:
+            return
+        self._capturing = False
+        if self._nvtx:
             torch.cuda.synchronize()
-            started = time.perf_counter()
-            torch.cuda.cudart().cudaProfilerStop()
+            if self._handed and not steps_follow:
+                self._timed(self._handed.stop_on_a_thread)
+            else:
+                self._timed(torch.cuda.cudart().cudaProfilerStop)
+        if self._handed:
+            self._timed(self._handed.stopping)
+
+    def _timed(self, edge: Callable[[], T]) -> T:
+        """`edge()`, its time added to capture_s."""
+        started = time.perf_counter()
+        try:
+            return edge()
+        finally:
             self.capture_s += time.perf_counter() - started
-            self._capturing = False

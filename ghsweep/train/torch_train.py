@@ -41,7 +41,7 @@ from ghsweep.train.memory_record import PeakBreakdown
 from ghsweep.train.model import apply_peft, build_model, count_parameters
 from ghsweep.train.offload import ActivationOffload
 from ghsweep.train.optim import AdamStepsInBackward, make_optimizer, optimizer_for
-from ghsweep.train.phases import Phases
+from ghsweep.train.phases import HandedCollection, Phases
 from ghsweep.train.precision import Precision
 from ghsweep.train.step_log import Measure, StepLog, measured_length
 from ghsweep.train.summary import capture_window, run_peak_gib, run_summary
@@ -186,7 +186,7 @@ def _train(
     # Closed however the loop ends: the trace and the capture window cover what ran, metrics.jsonl is complete.
     with (
         log,
-        Phases(device, window) as phases,
+        Phases(device, window, HandedCollection.of_this_worker(run_dir)) as phases,
         torch_capture(plan.profile, run_dir, device, window, ranks.rank) as profiler,
         # Read when each compiled region is first traced (in the first step): the budget and the cache.
         torch._functorch.config.patch(**compile_settings(config.train.activation_memory_budget, device)),

@@ -6,7 +6,8 @@ one (ghsweep.launch.worker_process.WarmWorker) and skips those imports from its 
 Each forked worker is what `python -m ghsweep.train.worker RUN_DIR` would be: a process of its own in
 a session of its own (a timeout kills its process group, a crash takes down only its run), with the
 environment the server started in, and the working directory and output the request brings. The
-client starts a server per environment (what torch reads at import must be the run's); one started
+client starts a server per environment (what torch reads at import must be the run's), and a request
+may add variables of the run's own that nothing reads at import (ghsweep.core.handoff's); one started
 under `nsys launch` passes nsys's variables on, so nsys traces each worker. The imports run with torch's CUDA
 check asking NVML rather than the driver (PYTORCH_NVML_BASED_CUDA_CHECK), so nothing here initialises
 CUDA and each worker sets CUDA up for itself, as a fresh process would.
@@ -15,7 +16,7 @@ multiprocessing's forkserver preloads modules the same way, but its children kee
 server started with; a run's own (its log pipe) comes with each request here.
 
 One request at a time, as JSON on a SOCK_SEQPACKET socket: the server first says {"ready": true} (or
-{"error": why} and exits); the client sends {"run_dir", "cwd"} with the worker's output fd
+{"error": why} and exits); the client sends {"run_dir", "cwd", "env"} with the worker's output fd
 attached (SCM_RIGHTS); the server answers {"pid": N} and, once that worker has ended, {"returncode":
 N} (negative: killed by that signal, as subprocess reports it). The server ends when the client closes
 the socket.
@@ -73,7 +74,7 @@ def become_worker(sock: socket.socket, request: dict, out_fd: int, env: dict[str
         os.dup2(out_fd, 2)
         os.close(out_fd)
         os.environ.clear()
-        os.environ.update(env)
+        os.environ.update(env, **request.get("env", {}))
         os.chdir(request["cwd"])
         from ghsweep.train import worker
 
@@ -83,8 +84,9 @@ def become_worker(sock: socket.socket, request: dict, out_fd: int, env: dict[str
         sys.stdout.flush()
         sys.stderr.flush()
         # The worker's exit without the interpreter's teardown (worker.exit_now). Under an nsys
-        # session too: the worker's capture range has ended (its cudaProfilerStop waits for the
-        # report), so nothing is left for a normal exit to flush.
+        # session too: the worker's capture range has ended, and nsys holds what it recorded (its
+        # cudaProfilerStop waited for the report, or the sweep said so: core/handoff.py), so nothing
+        # is left for a normal exit to flush.
         os._exit(code)
 
 

@@ -11,13 +11,28 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from hydra.types import RunMode
 
-from ghsweep.core.run_dir import NSYS_REPORT, PROFILE_ANALYSIS, RESULT, SUMMARY, WORKER_ERROR, WORKER_LOG, WORKER_PID
+from ghsweep.core.handoff import wait_for_file
+from ghsweep.core.run_dir import (
+    CAPTURE_ARMED,
+    CAPTURE_MAY_EXIT,
+    CAPTURE_STOPPING,
+    METRICS,
+    NSYS_REPORT,
+    PROFILE_ANALYSIS,
+    RESULT,
+    SUMMARY,
+    TORCH_TRACE,
+    WORKER_ERROR,
+    WORKER_LOG,
+    WORKER_PID,
+)
 from ghsweep.core.run_plan import RunPlan, SessionCapture
 from ghsweep.launch import worker_process
 from ghsweep.launch.local_gpus import ONE_AT_A_TIME_LAUNCHER
@@ -25,6 +40,7 @@ from ghsweep.launch.plan import node_plan
 from ghsweep.launch.worker_process import (
     PreimportedWorkerCallback,
     WarmWorker,
+    WorkerExit,
     process_start,
     run_worker,
     start_warm_worker,
@@ -33,6 +49,7 @@ from ghsweep.launch.worker_process import (
     worker_env,
     worker_pid,
 )
+from ghsweep.profile import nsys_session
 from tests.support.cli import run_cli
 from tests.support.compose import compose_config
 from tests.support.planned_run import planned_run
@@ -60,8 +77,9 @@ def worker_of(run_dir: Path) -> list[str]:
     return [sys.executable, "-m", "ghsweep.train.worker", str(run_dir)]
 
 
-def tiny_run(run_dir: Path, *overrides: str) -> Path:
-    planned_run(run_dir, compose_config("experiment=smoke", "train.max_steps=2", "train.seq_length=64", *overrides))
+def tiny_run(run_dir: Path, *overrides: str, profiler: str = "none") -> Path:
+    cfg = compose_config("experiment=smoke", "train.max_steps=2", "train.seq_length=64", *overrides)
+    planned_run(run_dir, cfg, profiler)
     return run_dir
 
 
@@ -209,6 +227,58 @@ def test_under_nsys_each_forked_worker_is_one_collection_of_the_servers_session(
     assert caplog.text.count(FORKED) == 2 and worker_process._warm is None
 
 
+def test_a_handed_collection_lets_the_next_worker_start_while_nsys_writes_the_last_report(
+    warm, tmp_path, caplog, monkeypatch
+):
+    """With the collection handed to the worker (ghsweep.core.handoff), a worker exits once nsys holds
+    its report, the next is forked at once and trains while that report is written, and its own
+    collection is armed only once the session is free: before its capture window, which waits for it.
+    No `nsys stop` is needed for a worker that handed its collection back; one that failed first has
+    its collection ended by the sweep. The worker's side runs for real (its capture window here is the
+    PyTorch profiler's, on the CPU); the stand-in nsys's state is set by the test as nsys's would go."""
+    caplog.set_level(logging.INFO, logger="ghsweep.launch.worker_process")
+    monkeypatch.setattr(nsys_session, "REPORT_TIMEOUT_S", 60)  # a wrong wait fails the test, not CI's clock
+    warm()
+    tools = tmp_path / "tools"
+    nsys = str(fake_nsys(tools))
+    capture = SessionCapture([nsys, "launch", "--trace=cuda,nvtx"], [nsys, "start", "--output=profile"])
+    runs = [tiny_run(tmp_path / str(n), "train.max_steps=4", "capture.num_steps=2", profiler="torch") for n in range(2)]
+    (tools / "state").write_text("RangeImportation")  # nsys holds each stopped capture, writing its report
+
+    exit = run_worker(worker_of(runs[0]), runs[0], timeout_s=600, preimported=True, capture=capture, handoff=True)
+    assert exit.returncode == 0, (runs[0] / WORKER_LOG).read_text()[-3000:]
+    assert {p.name for p in runs[0].iterdir()} >= {CAPTURE_ARMED, CAPTURE_STOPPING, CAPTURE_MAY_EXIT}
+    second: list[WorkerExit] = []
+    trains = threading.Thread(
+        target=lambda: second.append(
+            run_worker(worker_of(runs[1]), runs[1], timeout_s=600, preimported=True, capture=capture, handoff=True)
+        )
+    )
+    trains.start()
+    # The second worker is forked and trains while the first report is being written; its collection waits.
+    assert wait_for_file(runs[1] / METRICS, 120) is not None, (runs[1] / WORKER_LOG).read_text()[-3000:]
+    assert not (runs[1] / CAPTURE_ARMED).exists() and trains.is_alive()
+    session = (tools / "session").read_text().strip()
+    per_run = [c for c in (tools / "calls").read_text().splitlines()[1:] if not c.startswith("sessions")]
+    assert per_run == [f"start --output=profile --session={session}"]
+    (tools / "state").write_text("Launched")  # the first report is written
+    trains.join(120)
+    assert second and second[0].returncode == 0, (runs[1] / WORKER_LOG).read_text()[-3000:]
+    worker_process.wait_for_report(runs[1])
+    per_run = [c for c in (tools / "calls").read_text().splitlines()[1:] if not c.startswith("sessions")]
+    assert per_run == [f"start --output=profile --session={session}"] * 2
+    assert caplog.text.count(FORKED) == 2
+    for run_dir in runs:  # each recorded its capture window
+        assert (run_dir / TORCH_TRACE).exists(), sorted(p.name for p in run_dir.iterdir())
+
+    broken = tmp_path / "broken"
+    broken.mkdir()  # no config or plan: the worker fails before its capture
+    exit = run_worker(worker_of(broken), broken, timeout_s=600, preimported=True, capture=capture, handoff=True)
+    assert exit.returncode == 1
+    per_run = [c for c in (tools / "calls").read_text().splitlines()[1:] if not c.startswith("sessions")]
+    assert per_run[2:] == [f"start --output=profile --session={session}", f"stop --session={session}"]
+
+
 def test_a_run_under_nsys_is_planned_to_fork_in_a_session_unless_only_nsys_profile_takes_its_options(tmp_path):
     nsys = str(fake_nsys(tmp_path / "tools"))
     cfg = compose_config("profile=nsys", f"profile.nsys.path={nsys}")
@@ -226,19 +296,30 @@ def test_a_run_under_nsys_is_planned_to_fork_in_a_session_unless_only_nsys_profi
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not shutil.which("nsys"), reason="needs nsys on PATH (Nsight Systems)")
-def test_a_sweep_under_nsys_forks_each_worker_into_a_session_that_records_only_its_capture(tmp_path):
+@pytest.mark.parametrize(("start_step", "window"), [("4", {4, 5, 6, 7}), ("auto", {8, 9, 10, 11})])
+def test_a_sweep_under_nsys_forks_each_worker_into_a_session_that_records_only_its_capture(
+    tmp_path, start_step, window
+):
     """Real nsys: the server runs in an nsys session, and each run's report holds its own capture
-    window (capture.num_steps steps of its own worker), analysed as a report of `nsys profile` is."""
+    window (capture.num_steps steps of its own worker: from step 4, or the run's last 4 of 12),
+    analysed as a report of `nsys profile` is. Each collection is handed to its worker
+    (ghsweep.core.handoff): a window that ends the run stops without waiting for the report, and the
+    next worker starts while it is written; a window with steps after it waits for it in the loop."""
     line = ["-m", "device=cuda", "profile=nsys", "train.compile=false", "train.measure=false", "train.max_steps=12"]
-    line += ["capture.start_step=4", "capture.num_steps=4", "train.micro_batch_size=1,2", "hydra.sweep.dir=sweep"]
+    line += [f"capture.start_step={start_step}", "capture.num_steps=4", "train.micro_batch_size=1,2,4"]
+    line += ["hydra.sweep.dir=sweep"]
     proc = run_cli(line, tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert (proc.stdout + proc.stderr).count(FORKED) == 2, proc.stdout + proc.stderr
-    for run_dir in sorted(p.parent for p in (tmp_path / "sweep").glob("*/" + RESULT)):
+    assert (proc.stdout + proc.stderr).count(FORKED) == 3, proc.stdout + proc.stderr
+    run_dirs = sorted(p.parent for p in (tmp_path / "sweep").glob("*/" + RESULT))
+    assert len(run_dirs) == 3
+    for run_dir in run_dirs:
         assert (run_dir / NSYS_REPORT).exists(), sorted(p.name for p in run_dir.iterdir())
+        assert (run_dir / CAPTURE_MAY_EXIT).exists(), sorted(p.name for p in run_dir.iterdir())
         analysis = json.loads((run_dir / PROFILE_ANALYSIS).read_text())
         steps = analysis["window"]["steps"]  # the NVTX-ranged steps the report holds, less warm-up
-        assert analysis["source"]["kind"] == "nsys" and steps and set(steps) <= {4, 5, 6, 7}, analysis["window"]
-        # The report was written inside the worker's cudaProfilerStop: the loop's time, timed as capture_s.
+        assert analysis["source"]["kind"] == "nsys" and steps and set(steps) <= window, analysis["window"]
+        # Whole: a worker that exits before nsys holds its capture leaves a report of a few kernels.
+        assert len(steps) >= 3 and analysis["top_kernels"], analysis["window"]
         timing = json.loads((run_dir / RESULT).read_text())["timing"]
         assert 0 < timing["capture_s"] < timing["train_s"], timing

@@ -44,7 +44,8 @@ NODE_GPU = GpuInfo("NVIDIA H200", (9, 0), 139.8, 139.0, 1)
 # uses them (ghsweep.launch.worker_process.WarmWorker). `nsys launch [OPTIONS] --session-new=S PROGRAM`
 # runs PROGRAM with a variable of its own added, as nsys adds CUDA_INJECTION64_PATH and the rest (here
 # CUDA_VISIBLE_DEVICES=5, which a worker records); `start` and `stop` succeed unless a file
-# `start.fails` beside it holds nsys's refusal, and `sessions list` shows S back in state Launched.
+# `start.fails` beside it holds nsys's refusal, and `sessions list` shows S in the state a file `state`
+# beside it holds (a test's stand-in for nsys's own progress), else back in state Launched.
 # Each call is appended to `calls` beside it.
 FAKE_NSYS = """#!/bin/sh
 here=$(dirname "$0")
@@ -58,7 +59,9 @@ case "$1" in
     CUDA_VISIBLE_DEVICES=5 exec "$@";;
   start) [ -f "$here/start.fails" ] && { cat "$here/start.fails"; exit 1; }; exit 0;;
   stop) exit 0;;
-  sessions) echo "ID TIME STATE LAUNCH NAME"; echo "4242 00:01 Launched 1 $(cat "$here/session")";;
+  sessions)
+    state=Launched; [ -f "$here/state" ] && state=$(cat "$here/state")
+    echo "ID TIME STATE LAUNCH NAME"; echo "4242 00:01 $state 1 $(cat "$here/session")";;
 esac
 """
 
