@@ -169,7 +169,9 @@ class WarmWorker:
             nsys = self.launch[0]
             for stale in (CAPTURE_ARMED, CAPTURE_STOPPING, CAPTURE_MAY_EXIT):
                 (run_dir / stale).unlink(missing_ok=True)
-            writing = [h for h in self._handoffs.values() if not h.written.is_set()]
+            # Kept until written, whoever waited for them: the next collection is armed only after.
+            self._handoffs = {d: h for d, h in self._handoffs.items() if not h.written.is_set()}
+            writing = list(self._handoffs.values())
             armed = not (handoff and writing)
             if armed:  # now, before the fork: a refusal leaves this run to its command
                 for earlier in writing:
@@ -195,7 +197,7 @@ class WarmWorker:
 
     def report_written(self, run_dir: Path) -> None:
         """Wait until the report of `run_dir`'s handed collection is written (at once for any other run)."""
-        watch = self._handoffs.pop(run_dir, None)
+        watch = self._handoffs.get(run_dir)
         if watch is not None and not watch.written.wait(REPORT_TIMEOUT_S):
             log.warning("%s: nsys wrote no report in %d s", run_dir.name, REPORT_TIMEOUT_S)
 
@@ -209,7 +211,7 @@ class WarmWorker:
     def close(self) -> None:
         # nsys, where the server runs under it, leaves with the server, in the group it leads: not
         # before the reports it is writing are written.
-        for run_dir in list(self._handoffs):
+        for run_dir in self._handoffs:
             self.report_written(run_dir)
         self._sock.close()
         if not self._ready:  # it may still be importing, and would only find the socket closed then

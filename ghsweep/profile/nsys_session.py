@@ -47,17 +47,15 @@ def session_state(nsys: str, session: str) -> str | None:
 
 def wait_for_state(
     nsys: str, session: str, states: Sequence[str | None], timeout_s: float, give_up: threading.Event | None = None
-) -> str | None:
-    """Wait until the session is in one of `states` and return it; None after `timeout_s` or once
-    `give_up` is set."""
+) -> bool:
+    """Wait until the session is in one of `states` (None: there is no such session); False after
+    `timeout_s` or once `give_up` is set."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        state = session_state(nsys, session)
-        if state in states:
-            return state
+    while session_state(nsys, session) not in states:
         if time.monotonic() > deadline or (give_up is not None and give_up.is_set()):
-            return None
+            return False
         time.sleep(POLL_S)
+    return True
 
 
 def start_collection(nsys: str, session: str, start: Sequence[str]) -> str | None:
@@ -75,7 +73,7 @@ def end_collection(nsys: str, session: str) -> None:
     ended before its capture stopped (a crash, a timeout) left it armed or recording, and `nsys stop`
     writes what it recorded."""
     subprocess.run([nsys, "stop", f"--session={session}"], capture_output=True, timeout=60)
-    if wait_for_state(nsys, session, IDLE, REPORT_TIMEOUT_S) is None:
+    if not wait_for_state(nsys, session, IDLE, REPORT_TIMEOUT_S):
         log.warning("nsys session %s: no report after %d s", session, REPORT_TIMEOUT_S)
 
 
@@ -126,10 +124,10 @@ class CollectionHandoff(threading.Thread):
         while wait_for_file(self.run_dir / CAPTURE_STOPPING, POLL_S) is None:
             if self.worker_ended.is_set():
                 return
-        if wait_for_state(self.nsys, self.session, WRITING, STOP_TIMEOUT_S, self.worker_ended) is None:
+        if not wait_for_state(self.nsys, self.session, WRITING, STOP_TIMEOUT_S, self.worker_ended):
             return
         say(self.run_dir / CAPTURE_MAY_EXIT)
         self.handed.set()
-        if wait_for_state(self.nsys, self.session, IDLE, REPORT_TIMEOUT_S) is None:
+        if not wait_for_state(self.nsys, self.session, IDLE, REPORT_TIMEOUT_S):
             log.warning("nsys session %s: no report for %s after %d s", self.session, self.run_dir, REPORT_TIMEOUT_S)
         self.written.set()

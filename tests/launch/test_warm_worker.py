@@ -228,7 +228,7 @@ def test_under_nsys_each_forked_worker_is_one_collection_of_the_servers_session(
 
 
 def test_a_handed_collection_lets_the_next_worker_start_while_nsys_writes_the_last_report(
-    warm, tmp_path, caplog, monkeypatch
+    warm, tmp_path, caplog, monkeypatch, request
 ):
     """With the collection handed to the worker (ghsweep.core.handoff), a worker exits once nsys holds
     its report, the next is forked at once and trains while that report is written, and its own
@@ -244,10 +244,15 @@ def test_a_handed_collection_lets_the_next_worker_start_while_nsys_writes_the_la
     capture = SessionCapture([nsys, "launch", "--trace=cuda,nvtx"], [nsys, "start", "--output=profile"])
     runs = [tiny_run(tmp_path / str(n), "train.max_steps=4", "capture.num_steps=2", profiler="torch") for n in range(2)]
     (tools / "state").write_text("RangeImportation")  # nsys holds each stopped capture, writing its report
+    # Whatever the test finds, the server's close (the fixture's) finds the reports written.
+    request.addfinalizer(lambda: (tools / "state").write_text("Launched"))
 
     exit = run_worker(worker_of(runs[0]), runs[0], timeout_s=600, preimported=True, capture=capture, handoff=True)
     assert exit.returncode == 0, (runs[0] / WORKER_LOG).read_text()[-3000:]
     assert {p.name for p in runs[0].iterdir()} >= {CAPTURE_ARMED, CAPTURE_STOPPING, CAPTURE_MAY_EXIT}
+    # The sweep's follow-up of the first run waits for its report, as the second run starts.
+    analysis = threading.Thread(target=worker_process.wait_for_report, args=(runs[0],))
+    analysis.start()
     second: list[WorkerExit] = []
     trains = threading.Thread(
         target=lambda: second.append(
@@ -261,8 +266,11 @@ def test_a_handed_collection_lets_the_next_worker_start_while_nsys_writes_the_la
     session = (tools / "session").read_text().strip()
     per_run = [c for c in (tools / "calls").read_text().splitlines()[1:] if not c.startswith("sessions")]
     assert per_run == [f"start --output=profile --session={session}"]
+    assert analysis.is_alive()
     (tools / "state").write_text("Launched")  # the first report is written
     trains.join(120)
+    analysis.join(60)
+    assert not analysis.is_alive()
     assert second and second[0].returncode == 0, (runs[1] / WORKER_LOG).read_text()[-3000:]
     worker_process.wait_for_report(runs[1])
     per_run = [c for c in (tools / "calls").read_text().splitlines()[1:] if not c.startswith("sessions")]
