@@ -1,9 +1,10 @@
-"""Writing a file whole or not at all."""
+"""Writing a file whole or not at all, and waiting for one that another process writes so."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+import time
 from pathlib import Path
 
 
@@ -25,3 +26,14 @@ def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
     if mode is not None:
         os.chmod(tmp.name, mode)
     os.replace(tmp.name, path)
+
+
+def wait_for_file(path: Path, timeout_s: float, interval_s: float = 0.01) -> str | None:
+    """What `path` holds once it exists (written with write_atomic: whole); None if it does not within
+    `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(interval_s)
+    return path.read_text()

@@ -19,24 +19,4 @@ only for a worker it forked into a session and watches (ghsweep.profile.nsys_ses
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-
-from ghsweep.core.atomic import write_atomic
-
 HANDOFF_ENV = "GHSWEEP_CAPTURE_HANDOFF"
-
-
-def say(path: Path, text: str = "") -> None:
-    """Make `path`, holding `text`, whole at once."""
-    write_atomic(path, text)
-
-
-def wait_for_file(path: Path, timeout_s: float, interval_s: float = 0.01) -> str | None:
-    """What `path` holds once it exists; None if it does not within `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(interval_s)
-    return path.read_text()

@@ -26,7 +26,8 @@ from omegaconf import DictConfig
 
 from ghsweep.config.schema import ProfileSchema, typed_section
 from ghsweep.config.validate import GPU_TIMEOUT_MIN
-from ghsweep.core.handoff import HANDOFF_ENV, say
+from ghsweep.core.atomic import write_atomic
+from ghsweep.core.handoff import HANDOFF_ENV
 from ghsweep.core.names import STEP_RANGE_PREFIX
 from ghsweep.core.run_dir import CAPTURE_ARMED, CAPTURE_MAY_EXIT, CAPTURE_STOPPING, WORKER_LOG, WORKER_PID, rank_file
 from ghsweep.core.run_plan import SessionCapture
@@ -179,7 +180,7 @@ class WarmWorker:
                 refused = start_collection(nsys, self.session, start)
                 if refused:
                     raise WarmWorkerUnavailable(refused)
-                say(run_dir / CAPTURE_ARMED)
+                write_atomic(run_dir / CAPTURE_ARMED, "")
             if handoff:
                 watch = CollectionHandoff(nsys, self.session, start, run_dir, writing[-1] if writing else None, armed)
         request = {"run_dir": str(run_dir), "cwd": os.getcwd(), "env": {HANDOFF_ENV: "1"} if watch else {}}

@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ghsweep.core.handoff import say, wait_for_file
+from ghsweep.core.atomic import wait_for_file, write_atomic
 from ghsweep.core.run_dir import CAPTURE_ARMED, CAPTURE_MAY_EXIT, CAPTURE_STOPPING
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ class CollectionHandoff(threading.Thread):
                     "nsys session %s: the report before %s took over %d s", self.session, self.run_dir, REPORT_TIMEOUT_S
                 )
             refused = start_collection(self.nsys, self.session, self.start_command)
-            say(self.run_dir / CAPTURE_ARMED, refused or "")
+            write_atomic(self.run_dir / CAPTURE_ARMED, refused or "")
             if refused:
                 log.warning("%s: no nsys capture (%s)", self.run_dir.name, refused)
                 return
@@ -126,7 +126,7 @@ class CollectionHandoff(threading.Thread):
                 return
         if not wait_for_state(self.nsys, self.session, WRITING, STOP_TIMEOUT_S, self.worker_ended):
             return
-        say(self.run_dir / CAPTURE_MAY_EXIT)
+        write_atomic(self.run_dir / CAPTURE_MAY_EXIT, "")
         self.handed.set()
         if not wait_for_state(self.nsys, self.session, IDLE, REPORT_TIMEOUT_S):
             log.warning("nsys session %s: no report for %s after %d s", self.session, self.run_dir, REPORT_TIMEOUT_S)

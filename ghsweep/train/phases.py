@@ -21,7 +21,8 @@ from typing import TypeVar
 
 import torch
 
-from ghsweep.core.handoff import HANDOFF_ENV, say, wait_for_file
+from ghsweep.core.atomic import wait_for_file, write_atomic
+from ghsweep.core.handoff import HANDOFF_ENV
 from ghsweep.core.names import STEP_RANGE_PREFIX
 from ghsweep.core.run_dir import CAPTURE_ARMED, CAPTURE_MAY_EXIT, CAPTURE_STOPPING
 
@@ -69,7 +70,7 @@ class HandedCollection:
     def stopping(self) -> None:
         """Tell the sweep the capture stops and wait until nsys holds the collection: a worker that
         exits before leaves a broken report."""
-        say(self.run_dir / CAPTURE_STOPPING)
+        write_atomic(self.run_dir / CAPTURE_STOPPING, "")
         if wait_for_file(self.run_dir / CAPTURE_MAY_EXIT, MAY_EXIT_TIMEOUT_S) is None:
             print(f"ghsweep: the sweep did not answer the capture's stop in {MAY_EXIT_TIMEOUT_S} s", flush=True)
 

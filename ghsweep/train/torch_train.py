@@ -26,6 +26,7 @@ from torch import nn
 
 from ghsweep.config.backends import ManagedAllocator
 from ghsweep.config.schema import ConfigSchema, TrainSchema
+from ghsweep.core.atomic import wait_for_file
 from ghsweep.core.run_dir import METRICS
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.summary import RunSummary
@@ -287,11 +288,9 @@ def wait_for_the_sweep(go: Path) -> None:
         return
     print("ghsweep: waiting for the sweep's work on earlier runs before the measured steps", flush=True)
     waited = time.monotonic()
-    while not go.exists():
-        if time.monotonic() - waited > SWEEP_WAIT_S:
-            print(f"ghsweep: {go} not made after {SWEEP_WAIT_S} s; measuring anyway", flush=True)
-            return
-        time.sleep(0.01)
+    if wait_for_file(go, SWEEP_WAIT_S) is None:
+        print(f"ghsweep: {go} not made after {SWEEP_WAIT_S} s; measuring anyway", flush=True)
+        return
     print(f"ghsweep: waited {time.monotonic() - waited:.1f} s", flush=True)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from hydra.types import RunMode
 
-from ghsweep.core.handoff import wait_for_file
+from ghsweep.core.atomic import wait_for_file
 from ghsweep.core.run_dir import (
     CAPTURE_ARMED,
     CAPTURE_MAY_EXIT,

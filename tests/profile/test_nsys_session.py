@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ghsweep.core.handoff import wait_for_file
+from ghsweep.core.atomic import wait_for_file
 from ghsweep.core.run_dir import CAPTURE_ARMED, CAPTURE_MAY_EXIT, CAPTURE_STOPPING
 from ghsweep.profile.nsys_session import CollectionHandoff, session_state
 from tests.support.stand_ins import fake_nsys
