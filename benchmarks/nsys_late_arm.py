@@ -6,7 +6,10 @@ Each child warms up, says it is ready, waits until the script has armed a collec
 then ends the capture one of two ways, given per child as MODES:
   join       cudaProfilerStop in the loop (what a ghsweep worker does today), timed;
   exitS      the driver's cuProfilerStop on a helper thread, and the child exits S seconds later
-             (exit = exit0) while nsys may still be writing the report.
+             (exit = exit0) while nsys may still be writing the report;
+  early:MODE MODE, the child forked as soon as the child before it exited (not when the script asks),
+             so that it starts CUDA while nsys writes the report before its own;
+  -          not this server's child (with TWO_SESSIONS the script runs two servers, one a session).
 The questions: does a collection armed after its child was forked record that child, and does a
 report come out whole when its process exits before cudaProfilerStop has returned?
 
@@ -51,6 +54,7 @@ def child(n: int, mode: str) -> None:
     began = time.time()
     with open(f"{signals}/began_{n}", "w") as f:
         f.write(str(began))
+    mode = mode.removeprefix("early:")
     if mode == "join":
         torch.cuda.cudart().cudaProfilerStop()
         print(f"child {n} (join): cudaProfilerStop took {time.time() - began:.2f} s", flush=True)
@@ -69,7 +73,9 @@ def child(n: int, mode: str) -> None:
 
 
 for n, mode in enumerate(modes, 1):
-    wait_for(f"go_{n}")
+    if mode == "-":
+        continue
+    wait_for(f"exited_{n - 1}" if mode.startswith("early:") else f"go_{n}")
     pid = os.fork()
     if pid == 0:
         child(n, mode)

@@ -3,7 +3,9 @@
 # rests on, measured with the real nsys on one GPU (benchmarks/nsys_late_arm.py says what each child does):
 #   1. a collection armed with `nsys start` after its worker was forked records that worker;
 #   2. a worker may exit while nsys writes its report, once its stop has begun, and the report is whole.
+#   3. (early:MODE) whether a worker forked while nsys writes the report before it delays that report.
 #   OUT=results bash benchmarks/nsys_late_arm.sh            (~3 min; MODES=join,exit0.5,... to choose)
+#   TWO_SESSIONS=1 ...: children alternate between two servers, each in a session of its own
 # Prints, per child: the session's states from the child's stop on (as `nsys sessions list` shows them), how long cudaProfilerStop held it (join) or when it exited, how long after its exit
 # the session was back in state Launched (ready for the next collection), and what its report holds
 # (kernels: 30 x the child's number when whole).
@@ -12,18 +14,25 @@ OUT=${OUT:?set OUT to the folder for the results}
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
 signals=$(mktemp -d)
-session=ghsweep-late-arm-$$
 modes=${MODES:-join,exit0.5,exit0.2,exit0.5,exit0.2,exit,join}
-nsys launch --session-new=$session --trace=cuda,nvtx,osrt,cudnn,cublas --trace-fork-before-exec=true \
-  python3 benchmarks/nsys_late_arm.py "$signals" "$modes" > "$OUT/late_arm_server.txt" 2>&1 &
+sessions=(ghsweep-late-arm-$$)
+[ -n "${TWO_SESSIONS:-}" ] && sessions+=(ghsweep-late-arm-b-$$)
+echo 0 > "$signals/exited_0"
+for k in "${!sessions[@]}"; do
+  # Server k forks the children n with n % (number of sessions) == k, in session k.
+  own=$(python3 -c "import sys; m = sys.argv[1].split(','); print(','.join(x if (i + 1) % int(sys.argv[2]) == int(sys.argv[3]) else '-' for i, x in enumerate(m)))" "$modes" ${#sessions[@]} "$k")
+  nsys launch --session-new=${sessions[$k]} --trace=cuda,nvtx,osrt,cudnn,cublas --trace-fork-before-exec=true \
+    python3 benchmarks/nsys_late_arm.py "$signals" "$own" > "$OUT/late_arm_server_$k.txt" 2>&1 &
+done
 now() { python3 -c "import time; print(time.time())"; }
 state() { nsys sessions list | awk -v s=$session '$5 == s {print $3}'; }
 n=0
 for mode in ${modes//,/ }; do
   n=$((n + 1))
+  session=${sessions[$(( n % ${#sessions[@]} ))]}
   touch "$signals/go_$n"
   for _ in $(seq 450); do [ -f "$signals/ready_$n" ] && break; sleep 0.1; done
-  [ -f "$signals/ready_$n" ] || { echo "child $n never got ready:"; cat "$OUT/late_arm_server.txt"; kill %1; exit 1; }
+  [ -f "$signals/ready_$n" ] || { echo "child $n never got ready:"; cat "$OUT"/late_arm_server_*.txt; kill %1; exit 1; }
   nsys start --session=$session --capture-range=cudaProfilerApi --capture-range-end=stop --force-overwrite=true \
     --output="$OUT/late_arm_$n" --sample=none --cpuctxsw=none > /dev/null 2>&1
   touch "$signals/armed_$n"
@@ -47,7 +56,7 @@ PY
   nsys stop --session=$session > /dev/null 2>&1
 done
 wait
-grep '^child' "$OUT/late_arm_server.txt"
+cat "$OUT"/late_arm_server_*.txt | grep '^child' | sort -k2n
 n=0
 for mode in ${modes//,/ }; do
   n=$((n + 1))

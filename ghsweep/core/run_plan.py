@@ -48,10 +48,13 @@ class SessionCapture:
     the `nsys profile` around a worker started from its command: the pre-imported worker runs under
     `launch` (`nsys launch ...`, which traces the workers it forks), and each run is one collection of
     its session, `start` (`nsys start ...`: the worker's capture range, to the run's report). Both
-    without the session's name, which is the pre-imported worker's."""
+    without the session's name, which is the pre-imported worker's. `handoff`: the collection is
+    handed to the worker and back (core/handoff.py; profile.nsys.handoff, for a backend whose loop
+    speaks it)."""
 
     launch: list[str]
     start: list[str]
+    handoff: bool = False
 
 
 @dataclass

@@ -322,8 +322,6 @@ def train_and_measure(cfg: DictConfig, combo: Combination, result: RunResult, sl
             env=container_env(config),
             preimported=plan.preimported,
             capture=plan.capture,
-            # The default backend's loop speaks the hand-off of its nsys collection (core/handoff.py).
-            handoff=plan.backend == "torch",
         )
         summary = measure(plan, exit, result)
         return Trained(summary, (config, plan) if result.status == RunStatus.FINISHED else None)

@@ -339,12 +339,11 @@ def start_worker(
     output_fd: int,
     preimported: bool,
     capture: SessionCapture | None = None,
-    handoff: bool = False,
 ) -> WorkerProcess:
     """The worker of `run_dir` in its own process group, writing to `output_fd`: forked from this
     process's pre-imported worker where `preimported` allows it (RunPlan.preimported) and one serves,
-    recorded as `capture` says (RunPlan.capture: under nsys; with `handoff`, a worker that takes part
-    in ghsweep.core.handoff), else started from `command`. A CUDA
+    recorded as `capture` says (RunPlan.capture: under nsys, its collection handed to the worker where
+    it says so), else started from `command`. A CUDA
     tool injected into the sweep from outside (CUDA_INJECTION64_PATH) needs the worker's normal exit,
     so its workers start from their command."""
     global _warm
@@ -361,7 +360,7 @@ def start_worker(
             stop_warm_worker()
             _warm = WarmWorker(env, launch)
         try:
-            forked = _warm.fork(run_dir, output_fd, capture.start if capture else (), handoff and capture is not None)
+            forked = _warm.fork(run_dir, output_fd, capture.start if capture else (), bool(capture and capture.handoff))
             log.info("  forked from the pre-imported worker (pid %d)", forked.pid)
             return forked
         except (WarmWorkerUnavailable, OSError, subprocess.SubprocessError) as exc:
@@ -384,7 +383,6 @@ def run_worker(
     env: dict[str, str] | None = None,
     preimported: bool = False,
     capture: SessionCapture | None = None,
-    handoff: bool = False,
 ) -> WorkerExit:
     """Run the worker (start_worker), its output in worker.log (a SLURM task of rank N > 0:
     worker.rankN.log), with `env` added to this process's environment (container_env). A handed
@@ -399,7 +397,7 @@ def run_worker(
     ):
         try:
             # Own process group: a timeout kills the worker and its data-loader processes together.
-            proc = start_worker(command, run_dir, env, write_end, preimported, capture, handoff)
+            proc = start_worker(command, run_dir, env, write_end, preimported, capture)
         finally:
             os.close(write_end)  # the worker holds its own copy: its exit ends the output
         (run_dir / rank_file(WORKER_PID, rank)).write_text(f"{proc.pid}\n{process_start(proc.pid)}\n")

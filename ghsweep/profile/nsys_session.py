@@ -124,10 +124,18 @@ class CollectionHandoff(threading.Thread):
         while wait_for_file(self.run_dir / CAPTURE_STOPPING, POLL_S) is None:
             if self.worker_ended.is_set():
                 return
+        stopping = time.monotonic()
         if not wait_for_state(self.nsys, self.session, WRITING, STOP_TIMEOUT_S, self.worker_ended):
             return
         write_atomic(self.run_dir / CAPTURE_MAY_EXIT, "")
         self.handed.set()
+        handed_s = time.monotonic() - stopping
         if not wait_for_state(self.nsys, self.session, IDLE, REPORT_TIMEOUT_S):
             log.warning("nsys session %s: no report for %s after %d s", self.session, self.run_dir, REPORT_TIMEOUT_S)
+        log.info(
+            "%s: nsys held the capture %.1f s after its stop began and wrote the report %.1f s after",
+            self.run_dir.name,
+            handed_s,
+            time.monotonic() - stopping,
+        )
         self.written.set()

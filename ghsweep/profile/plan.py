@@ -142,7 +142,11 @@ def session_capture(config: ConfigSchema, run_dir: Path, plan: ProfilePlan, worl
     neither `nsys launch` nor `nsys start`, and only `nsys profile` takes it."""
     nsys = run_capture(config, run_dir, plan, world)
     commands = nsys.session_commands() if nsys else None
-    return SessionCapture(*commands) if commands else None
+    if not commands:
+        return None
+    # The default backend's loop is the one that speaks the hand-off (train/phases.HandedCollection).
+    handoff = carried(config.profile.nsys, "profile.nsys").handoff and config.backend.name == "torch"
+    return SessionCapture(*commands, handoff=handoff)
 
 
 def sweep_session_launch(profile: ProfileSchema, memory: str, device: str) -> list[str]:

@@ -206,7 +206,7 @@ def test_under_nsys_each_forked_worker_is_one_collection_of_the_servers_session(
     caplog.set_level(logging.INFO, logger="ghsweep.launch.worker_process")
     warm()  # as the sweep started it, without a profiler: the first recorded run starts it again
     nsys = str(fake_nsys(tmp_path / "tools"))
-    capture = SessionCapture([nsys, "launch", "--trace=cuda,nvtx"], [nsys, "start", "--output=profile"])
+    capture = SessionCapture([nsys, "launch", "--trace=cuda,nvtx"], [nsys, "start", "--output=profile"], handoff=True)
     runs = [tiny_run(tmp_path / str(n)) for n in range(2)]
     for run_dir in runs:
         exit = run_worker(worker_of(run_dir), run_dir, timeout_s=600, preimported=True, capture=capture)
@@ -241,13 +241,13 @@ def test_a_handed_collection_lets_the_next_worker_start_while_nsys_writes_the_la
     warm()
     tools = tmp_path / "tools"
     nsys = str(fake_nsys(tools))
-    capture = SessionCapture([nsys, "launch", "--trace=cuda,nvtx"], [nsys, "start", "--output=profile"])
+    capture = SessionCapture([nsys, "launch", "--trace=cuda,nvtx"], [nsys, "start", "--output=profile"], handoff=True)
     runs = [tiny_run(tmp_path / str(n), "train.max_steps=4", "capture.num_steps=2", profiler="torch") for n in range(2)]
     (tools / "state").write_text("RangeImportation")  # nsys holds each stopped capture, writing its report
     # Whatever the test finds, the server's close (the fixture's) finds the reports written.
     request.addfinalizer(lambda: (tools / "state").write_text("Launched"))
 
-    exit = run_worker(worker_of(runs[0]), runs[0], timeout_s=600, preimported=True, capture=capture, handoff=True)
+    exit = run_worker(worker_of(runs[0]), runs[0], timeout_s=600, preimported=True, capture=capture)
     assert exit.returncode == 0, (runs[0] / WORKER_LOG).read_text()[-3000:]
     assert {p.name for p in runs[0].iterdir()} >= {CAPTURE_ARMED, CAPTURE_STOPPING, CAPTURE_MAY_EXIT}
     # The sweep's follow-up of the first run waits for its report, as the second run starts.
@@ -256,7 +256,7 @@ def test_a_handed_collection_lets_the_next_worker_start_while_nsys_writes_the_la
     second: list[WorkerExit] = []
     trains = threading.Thread(
         target=lambda: second.append(
-            run_worker(worker_of(runs[1]), runs[1], timeout_s=600, preimported=True, capture=capture, handoff=True)
+            run_worker(worker_of(runs[1]), runs[1], timeout_s=600, preimported=True, capture=capture)
         )
     )
     trains.start()
@@ -281,7 +281,7 @@ def test_a_handed_collection_lets_the_next_worker_start_while_nsys_writes_the_la
 
     broken = tmp_path / "broken"
     broken.mkdir()  # no config or plan: the worker fails before its capture
-    exit = run_worker(worker_of(broken), broken, timeout_s=600, preimported=True, capture=capture, handoff=True)
+    exit = run_worker(worker_of(broken), broken, timeout_s=600, preimported=True, capture=capture)
     assert exit.returncode == 1
     per_run = [c for c in (tools / "calls").read_text().splitlines()[1:] if not c.startswith("sessions")]
     assert per_run[2:] == [f"start --output=profile --session={session}", f"stop --session={session}"]
@@ -294,6 +294,11 @@ def test_a_run_under_nsys_is_planned_to_fork_in_a_session_unless_only_nsys_profi
     assert plan.worker_command[:2] == [nsys, "profile"]  # a worker started from its command
     assert plan.preimported and plan.capture is not None
     assert plan.capture.launch[:2] == [nsys, "launch"] and plan.capture.start[:2] == [nsys, "start"]
+    # The hand-off only when asked (it was measured slower: README), and only where the loop speaks it.
+    assert not plan.capture.handoff
+    handed = compose_config("profile=nsys", f"profile.nsys.path={nsys}", "profile.nsys.handoff=true")
+    plan, _ = node_plan(handed, tmp_path / "run", "run", [], NODE_GPU, slurm_tasks=None)
+    assert plan.capture is not None and plan.capture.handoff
     (tmp_path / "run").mkdir()
     plan.save(tmp_path / "run")
     assert RunPlan.load(tmp_path / "run") == plan  # as the worker and the dry run read it
@@ -313,7 +318,8 @@ def test_a_sweep_under_nsys_forks_each_worker_into_a_session_that_records_only_i
     analysed as a report of `nsys profile` is. Each collection is handed to its worker
     (ghsweep.core.handoff): a window that ends the run stops without waiting for the report, and the
     next worker starts while it is written; a window with steps after it waits for it in the loop."""
-    line = ["-m", "device=cuda", "profile=nsys", "train.compile=false", "train.measure=false", "train.max_steps=12"]
+    line = ["-m", "device=cuda", "profile=nsys", "profile.nsys.handoff=true", "train.compile=false"]
+    line += ["train.measure=false", "train.max_steps=12"]
     line += [f"capture.start_step={start_step}", "capture.num_steps=4", "train.micro_batch_size=1,2,4"]
     line += ["hydra.sweep.dir=sweep"]
     proc = run_cli(line, tmp_path, timeout=900)
