@@ -9,6 +9,8 @@ then ends the capture one of two ways, given per child as MODES:
              (exit = exit0) while nsys may still be writing the report;
   early:MODE MODE, the child forked as soon as the child before it exited (not when the script asks),
              so that it starts CUDA while nsys writes the report before its own;
+  sub:MODE   MODE, the child with a process of its own (a python that sleeps) left behind when it
+             exits, as a worker leaves torch.compile's worker pool or data loader processes;
   -          not this server's child (with TWO_SESSIONS the script runs two servers, one a session).
 The questions: does a collection armed after its child was forked record that child, and does a
 report come out whole when its process exits before cudaProfilerStop has returned?
@@ -18,6 +20,7 @@ report come out whole when its process exits before cudaProfilerStop has returne
 
 import ctypes
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -38,6 +41,10 @@ def wait_for(name: str) -> None:
 
 
 def child(n: int, mode: str) -> None:
+    mode = mode.removeprefix("early:")
+    if mode.startswith("sub:"):
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        mode = mode.removeprefix("sub:")
     x = torch.randn(4096, 4096, device="cuda")
     for _ in range(20):
         x @ x
@@ -54,7 +61,6 @@ def child(n: int, mode: str) -> None:
     began = time.time()
     with open(f"{signals}/began_{n}", "w") as f:
         f.write(str(began))
-    mode = mode.removeprefix("early:")
     if mode == "join":
         torch.cuda.cudart().cudaProfilerStop()
         print(f"child {n} (join): cudaProfilerStop took {time.time() - began:.2f} s", flush=True)

@@ -4,6 +4,7 @@
 #   1. a collection armed with `nsys start` after its worker was forked records that worker;
 #   2. a worker may exit while nsys writes its report, once its stop has begun, and the report is whole.
 #   3. (early:MODE) whether a worker forked while nsys writes the report before it delays that report.
+#   4. (sub:MODE) whether a process a worker leaves behind delays its report.
 #   OUT=results bash benchmarks/nsys_late_arm.sh            (~3 min; MODES=join,exit0.5,... to choose)
 #   TWO_SESSIONS=1 ...: children alternate between two servers, each in a session of its own
 # Prints, per child: the session's states from the child's stop on (as `nsys sessions list` shows them), how long cudaProfilerStop held it (join) or when it exited, how long after its exit
