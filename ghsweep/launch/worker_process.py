@@ -154,10 +154,10 @@ class WarmWorker:
         # The handed collections whose reports may still be being written, by run directory.
         self._handoffs: dict[Path, CollectionHandoff] = {}
 
-    def fork(self, run_dir: Path, output_fd: int, start: Sequence[str] = (), handoff: bool = False) -> ForkedWorker:
+    def fork(self, run_dir: Path, output_fd: int, capture: SessionCapture | None = None) -> ForkedWorker:
         """Start the worker of `run_dir` with the server's environment, its output to `output_fd`,
-        recorded by the collection `start` (a SessionCapture's `nsys start ...`) when one is given, and
-        with `handoff` that collection handed to and from the worker: armed once the report before it
+        recorded by `capture`'s collection (`nsys start ...` in the server's session) when one is given,
+        handed to and from the worker where `capture.handoff` says so: armed once the report before it
         is written, if that is still being written now."""
         if not self._ready:
             answer = self.receive()
@@ -165,9 +165,9 @@ class WarmWorker:
                 raise WarmWorkerUnavailable(answer["error"], refused=True)
             self._ready = True
         watch = None
-        if start:
+        if capture:
             assert self.session is not None
-            nsys = self.launch[0]
+            nsys, start, handoff = self.launch[0], capture.start, capture.handoff
             for stale in (CAPTURE_ARMED, CAPTURE_STOPPING, CAPTURE_MAY_EXIT):
                 (run_dir / stale).unlink(missing_ok=True)
             # Kept until written, whoever waited for them: the next collection is armed only after.
@@ -185,7 +185,7 @@ class WarmWorker:
                 watch = CollectionHandoff(nsys, self.session, start, run_dir, writing[-1] if writing else None, armed)
         request = {"run_dir": str(run_dir), "cwd": os.getcwd(), "env": {HANDOFF_ENV: "1"} if watch else {}}
         warm_worker.send(self._sock, request, [output_fd])
-        forked = ForkedWorker(self.receive()["pid"], self, recorded=bool(start), handoff=watch)
+        forked = ForkedWorker(self.receive()["pid"], self, recorded=capture is not None, handoff=watch)
         if watch:
             self._handoffs[run_dir] = watch
             watch.start()
@@ -360,7 +360,7 @@ def start_worker(
             stop_warm_worker()
             _warm = WarmWorker(env, launch)
         try:
-            forked = _warm.fork(run_dir, output_fd, capture.start if capture else (), bool(capture and capture.handoff))
+            forked = _warm.fork(run_dir, output_fd, capture)
             log.info("  forked from the pre-imported worker (pid %d)", forked.pid)
             return forked
         except (WarmWorkerUnavailable, OSError, subprocess.SubprocessError) as exc:
