@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from hydra.types import RunMode
 
-from ghsweep.core.atomic import wait_for_file
+from ghsweep.core.atomic import wait_for_file, write_atomic
 from ghsweep.core.run_dir import (
     CAPTURE_ARMED,
     CAPTURE_MAY_EXIT,
@@ -243,9 +243,9 @@ def test_a_handed_collection_lets_the_next_worker_start_while_nsys_writes_the_la
     nsys = str(fake_nsys(tools))
     capture = SessionCapture([nsys, "launch", "--trace=cuda,nvtx"], [nsys, "start", "--output=profile"], handoff=True)
     runs = [tiny_run(tmp_path / str(n), "train.max_steps=4", "capture.num_steps=2", profiler="torch") for n in range(2)]
-    (tools / "state").write_text("RangeImportation")  # nsys holds each stopped capture, writing its report
+    write_atomic(tools / "state", "RangeImportation")  # nsys holds each stopped capture, writing its report
     # Whatever the test finds, the server's close (the fixture's) finds the reports written.
-    request.addfinalizer(lambda: (tools / "state").write_text("Launched"))
+    request.addfinalizer(lambda: write_atomic(tools / "state", "Launched"))
 
     exit = run_worker(worker_of(runs[0]), runs[0], timeout_s=600, preimported=True, capture=capture)
     assert exit.returncode == 0, (runs[0] / WORKER_LOG).read_text()[-3000:]
@@ -267,7 +267,7 @@ def test_a_handed_collection_lets_the_next_worker_start_while_nsys_writes_the_la
     per_run = [c for c in (tools / "calls").read_text().splitlines()[1:] if not c.startswith("sessions")]
     assert per_run == [f"start --output=profile --session={session}"]
     assert analysis.is_alive()
-    (tools / "state").write_text("Launched")  # the first report is written
+    write_atomic(tools / "state", "Launched")  # the first report is written
     trains.join(120)
     analysis.join(60)
     assert not analysis.is_alive()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ghsweep.core.atomic import wait_for_file
+from ghsweep.core.atomic import wait_for_file, write_atomic
 from ghsweep.core.run_dir import CAPTURE_ARMED, CAPTURE_MAY_EXIT, CAPTURE_STOPPING
 from ghsweep.profile.nsys_session import CollectionHandoff, session_state
 from tests.support.stand_ins import fake_nsys
@@ -29,7 +29,8 @@ class StandIn:
         (tools / "session").write_text(SESSION)
 
     def state(self, state: str) -> None:
-        (self.tools / "state").write_text(state)
+        # Whole at once: a stand-in nsys that reads a half-written state lists no session, which counts as idle.
+        write_atomic(self.tools / "state", state)
 
     def calls(self) -> list[str]:
         calls = self.tools / "calls"
