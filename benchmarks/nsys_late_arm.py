@@ -11,6 +11,8 @@ then ends the capture one of two ways, given per child as MODES:
              so that it starts CUDA while nsys writes the report before its own;
   sub:MODE   MODE, the child with a process of its own (a python that sleeps) left behind when it
              exits, as a worker leaves torch.compile's worker pool or data loader processes;
+  thread:MODE MODE, the child with a thread in timed waits (1 s each) when it exits, as a worker's
+             system-metrics sampler and data loader threads are;
   -          not this server's child (with TWO_SESSIONS the script runs two servers, one a session).
 The questions: does a collection armed after its child was forked record that child, and does a
 report come out whole when its process exits before cudaProfilerStop has returned?
@@ -40,8 +42,17 @@ def wait_for(name: str) -> None:
         time.sleep(0.01)
 
 
+def wait_forever() -> None:
+    never = threading.Event()
+    while not never.wait(1.0):
+        pass
+
+
 def child(n: int, mode: str) -> None:
     mode = mode.removeprefix("early:")
+    if mode.startswith("thread:"):
+        threading.Thread(target=wait_forever, daemon=True).start()
+        mode = mode.removeprefix("thread:")
     if mode.startswith("sub:"):
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
         mode = mode.removeprefix("sub:")

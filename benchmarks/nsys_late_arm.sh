@@ -4,9 +4,11 @@
 #   1. a collection armed with `nsys start` after its worker was forked records that worker;
 #   2. a worker may exit while nsys writes its report, once its stop has begun, and the report is whole.
 #   3. (early:MODE) whether a worker forked while nsys writes the report before it delays that report.
-#   4. (sub:MODE) whether a process a worker leaves behind delays its report.
+#   4. (sub:MODE, thread:MODE) whether a process a worker leaves behind, or a thread in timed waits as
+#      it exits, delays its report.
 #   OUT=results bash benchmarks/nsys_late_arm.sh            (~3 min; MODES=join,exit0.5,... to choose)
 #   TWO_SESSIONS=1 ...: children alternate between two servers, each in a session of its own
+#   TRACE=cuda,nvtx ...: the servers' trace set (default: the seed's, cuda,nvtx,osrt,cudnn,cublas)
 # Prints, per child: the session's states from the child's stop on (as `nsys sessions list` shows them), how long cudaProfilerStop held it (join) or when it exited, how long after its exit
 # the session was back in state Launched (ready for the next collection), and what its report holds
 # (kernels: 30 x the child's number when whole).
@@ -22,7 +24,7 @@ echo 0 > "$signals/exited_0"
 for k in "${!sessions[@]}"; do
   # Server k forks the children n with n % (number of sessions) == k, in session k.
   own=$(python3 -c "import sys; m = sys.argv[1].split(','); print(','.join(x if (i + 1) % int(sys.argv[2]) == int(sys.argv[3]) else '-' for i, x in enumerate(m)))" "$modes" ${#sessions[@]} "$k")
-  nsys launch --session-new=${sessions[$k]} --trace=cuda,nvtx,osrt,cudnn,cublas --trace-fork-before-exec=true \
+  nsys launch --session-new=${sessions[$k]} --trace=${TRACE:-cuda,nvtx,osrt,cudnn,cublas} --trace-fork-before-exec=true \
     python3 benchmarks/nsys_late_arm.py "$signals" "$own" > "$OUT/late_arm_server_$k.txt" 2>&1 &
 done
 now() { python3 -c "import time; print(time.time())"; }

@@ -16,6 +16,7 @@ rank 0 writes the records.
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +135,22 @@ def compile_settings(activation_memory_budget: float, device: torch.device) -> d
     return settings
 
 
+def compile_in_this_process() -> None:
+    """Inductor compiles in the worker's own process rather than in its pool (a sidecar process and
+    one worker process a core, up to 32), unless TORCHINDUCTOR_COMPILE_THREADS says otherwise. For
+    a run that nsys records: every process of the pool is traced in the run's collection, which
+    they slow down. Measured on one H200 (benchmarks/h200_nsys_handoff.json): the default line's
+    capture stop held each worker 8.0-8.9 s with the pool and 7.0-7.6 s without; a collection
+    handed to its worker (profile.nsys.handoff) took 35-38 s to write when the pool was killed with
+    the worker, 9.5-10.9 s when the worker ended it first, and 5.0-7.4 s with no pool. The tiny
+    model's cold compile took as long either way (25.2 and 27.8 s with the pool, 23.8 and 29.1 s
+    without): its kernels are few and small."""
+    if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+        import torch._inductor.config  # imported with transformers already: only the setting is new
+
+        torch._inductor.config.compile_threads = 1
+
+
 def train(config: ConfigSchema, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None) -> RunSummary:
     """Train `config.train.max_steps` steps; write metrics.jsonl; return the run's summary.
 
@@ -141,6 +158,8 @@ def train(config: ConfigSchema, plan: RunPlan, run_dir: Path, managed: ManagedAl
     anything touched CUDA (unified_memory.setup_unified_memory).
     """
     setup_at = time.time()
+    if plan.profile.used == "nsys":
+        compile_in_this_process()
     ranks = distributed.ranks_from_env()
     device = distributed.rank_device(torch.device(plan.device), ranks)
     distributed.start(ranks, device)

@@ -294,11 +294,11 @@ def test_a_run_under_nsys_is_planned_to_fork_in_a_session_unless_only_nsys_profi
     assert plan.worker_command[:2] == [nsys, "profile"]  # a worker started from its command
     assert plan.preimported and plan.capture is not None
     assert plan.capture.launch[:2] == [nsys, "launch"] and plan.capture.start[:2] == [nsys, "start"]
-    # The hand-off only when asked (it was measured slower: README), and only where the loop speaks it.
-    assert not plan.capture.handoff
-    handed = compose_config("profile=nsys", f"profile.nsys.path={nsys}", "profile.nsys.handoff=true")
-    plan, _ = node_plan(handed, tmp_path / "run", "run", [], NODE_GPU, slurm_tasks=None)
-    assert plan.capture is not None and plan.capture.handoff
+    # The collection is handed to the worker by default, unless asked otherwise.
+    assert plan.capture.handoff
+    waits = compose_config("profile=nsys", f"profile.nsys.path={nsys}", "profile.nsys.handoff=false")
+    plan, _ = node_plan(waits, tmp_path / "run", "run", [], NODE_GPU, slurm_tasks=None)
+    assert plan.capture is not None and not plan.capture.handoff
     (tmp_path / "run").mkdir()
     plan.save(tmp_path / "run")
     assert RunPlan.load(tmp_path / "run") == plan  # as the worker and the dry run read it
@@ -318,7 +318,7 @@ def test_a_sweep_under_nsys_forks_each_worker_into_a_session_that_records_only_i
     analysed as a report of `nsys profile` is. Each collection is handed to its worker
     (ghsweep.core.handoff): a window that ends the run stops without waiting for the report, and the
     next worker starts while it is written; a window with steps after it waits for it in the loop."""
-    line = ["-m", "device=cuda", "profile=nsys", "profile.nsys.handoff=true", "train.compile=false"]
+    line = ["-m", "device=cuda", "profile=nsys", "train.compile=false"]
     line += ["train.measure=false", "train.max_steps=12"]
     line += [f"capture.start_step={start_step}", "capture.num_steps=4", "train.micro_batch_size=1,2,4"]
     line += ["hydra.sweep.dir=sweep"]
