@@ -120,14 +120,15 @@ class ModelSchema:
 @dataclass
 class CaptureSchema:
     # The profilers' window: steps start_step .. start_step + num_steps - 1; auto: the run's last
-    # num_steps steps, right after its measured ones (capture_start).
+    # num_steps steps, right after its measured ones (capture_steps).
     start_step: Annotated[int, Range(0)] | Literal["auto"]
     num_steps: Annotated[int, Range(1)]
 
 
-def capture_start(start_step: int | str, num_steps: int, steps: int) -> int:
-    """The capture window's first step in a run of `steps` steps (capture.start_step and num_steps)."""
-    return steps - num_steps if start_step == "auto" else int(start_step)
+def capture_steps(capture: CaptureSchema, steps: int) -> range:
+    """The steps `capture` records in a run of `steps` steps."""
+    first = steps - capture.num_steps if capture.start_step == "auto" else int(capture.start_step)
+    return range(first, first + capture.num_steps)
 
 
 @dataclass

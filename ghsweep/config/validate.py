@@ -20,7 +20,7 @@ from ghsweep.config.schema import (
     ConfigSchema,
     ModelSchema,
     accepted,
-    capture_start,
+    capture_steps,
     check,
     check_choice,
     choices,
@@ -420,7 +420,7 @@ def _validate_capture(cfg: DictConfig) -> None:
             f"capture.num_steps={c.num_steps}: capture.start_step=auto records the last capture.num_steps steps "
             f"of train.max_steps={steps}; accepted: capture.num_steps <= {steps}, or profile=none"
         )
-    start = capture_start(c.start_step, c.num_steps, steps)
+    start = capture_steps(c, steps).start
     # The worker's own out-of-memory history covers steps 0-1 (train/memory_record.HISTORY_STEPS) and ends there.
     if cfg.profile.name == "memory" and start < 2:
         raise ConfigError(

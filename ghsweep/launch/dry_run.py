@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ghsweep.config.backends import backend_named
-from ghsweep.config.schema import ConfigSchema, capture_start, carried, typed
+from ghsweep.config.schema import ConfigSchema, capture_steps, carried, typed
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import NCU_PASS_DIR
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
@@ -78,11 +78,11 @@ def local_ranks_text(world: World) -> str | None:
 def profile_text(config: ConfigSchema, plans: list[RunPlan]) -> str:
     """The profile line of a dry run: which profiler, over which steps, and what the node decides."""
     capture = config.capture
-    first = capture_start(capture.start_step, capture.num_steps, config.train.max_steps)
+    window = capture_steps(capture, config.train.max_steps)
     steps = (
         f"the {capture.num_steps} steps after the measured ones"
         if capture.start_step == "auto"
-        else f"steps {first}-{first + capture.num_steps - 1}"
+        else f"steps {window.start}-{window[-1]}"
     )
     plan = plans[0].profile
     if plan.used == "none":

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ghsweep.config.schema import ConfigSchema, capture_start, carried
+from ghsweep.config.schema import ConfigSchema, capture_steps, carried
 from ghsweep.core.errors import ProfilerUnavailable
 from ghsweep.core.run_dir import (
     CONFIG,
@@ -176,7 +176,7 @@ def ncu_pass(config: ConfigSchema, run: RunPlan, profile_file: Path, run_ncu_pas
     # The worker's input is the composed config as the run's config.yaml holds it, shortened to one captured step.
     short = OmegaConf.load(Path(run.run_dir) / CONFIG)
     # The window's first step, in a run of its own length: past the first steps' compiling, never measured on.
-    first = capture_start(config.capture.start_step, config.capture.num_steps, config.train.max_steps)
+    first = capture_steps(config.capture, config.train.max_steps).start
     short.capture.start_step, short.capture.num_steps = first, 1
     short.train.max_steps, short.train.measure = first + 2, False
     (work / CONFIG).write_text(OmegaConf.to_yaml(short))

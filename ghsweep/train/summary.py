@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from ghsweep.config.backends import ManagedAllocator
-from ghsweep.config.schema import ConfigSchema, capture_start
+from ghsweep.config.schema import ConfigSchema, capture_steps
 from ghsweep.core.summary import RunSummary
 from ghsweep.train.device import device_name, device_uuid
 from ghsweep.train.flops import add_throughput_metrics
@@ -46,9 +46,7 @@ def capture_window(config: ConfigSchema, profiled: bool) -> range:
     left out of the steady steps whatever the profiler costs them."""
     if not profiled:
         return range(0)
-    capture = config.capture
-    first = capture_start(capture.start_step, capture.num_steps, config.train.max_steps)
-    return range(first, first + capture.num_steps)
+    return capture_steps(config.capture, config.train.max_steps)
 
 
 def run_summary(

@@ -20,7 +20,7 @@ from ghsweep.config.schema import (
     PeftSchema,
     TrainSchema,
     accepted,
-    capture_start,
+    capture_steps,
     carried,
     check,
     choices,
@@ -481,13 +481,13 @@ def _map_train(recipe: Any, config: ConfigSchema, run_dir: Path) -> None:
     if megatron_uses_torch_adam():
         fdl.update_callable(recipe.optim, MegatronOptimizerWithFusedTorchAdam)
     # NsysCallback stops after the batch of its end_step: capture.num_steps steps from start_step.
-    capture_from = capture_start(config.capture.start_step, config.capture.num_steps, t.max_steps)
+    window = capture_steps(config.capture, t.max_steps)
     trainer.callbacks = [
         *(trainer.callbacks or []),
         run.Config(
             NsysCallback,
-            start_step=capture_from,
-            end_step=capture_from + config.capture.num_steps - 1,
+            start_step=window.start,
+            end_step=window[-1],
             ranks=[0],
         ),
         run.Config(
