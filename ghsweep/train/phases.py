@@ -80,7 +80,8 @@ class HandedCollection:
         sidecar and its workers), where TORCHINDUCTOR_COMPILE_THREADS asks for one under nsys
         (torch_train.compile_in_this_process). The job kills what a worker leaves behind as it exits,
         and a pool killed while nsys wrote the report held the report 35-38 s on an H200; ended here
-        (in 2.3-4.6 s), 9.5-10.9 s. The data loader's processes end with its iterator, before the exit."""
+        (in 2.3-4.6 s), 9.5-10.9 s. The data loader's processes end with its iterator as the loop
+        returns, before the exit, unless dataloader.persistent_workers keeps them to be killed."""
         async_compile = sys.modules.get("torch._inductor.async_compile")  # imported by a compile only
         if async_compile is not None:
             async_compile.shutdown_compile_workers()
