@@ -87,6 +87,21 @@ def process_start(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]  # field 22; the name in parentheses may hold spaces
 
 
+def running_group_members(pgid: int) -> list[int]:
+    """The pids of process group `pgid` that still run: not those that ended and wait, as zombies, to
+    be reaped by their new parent (init, or what stands in for it in a container, which may never)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # Fields after the command name, which is in parentheses and may hold spaces.
+            state, _ppid, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue  # the process ended while it was read
+        if int(group) == pgid and state != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
 def worker_pid(run_dir: Path, rank: int = 0) -> int:
     """The pid of the run's worker (the first line of worker.pid; the second is its start time)."""
     return int((run_dir / rank_file(WORKER_PID, rank)).read_text().split()[0])
@@ -151,6 +166,7 @@ class WarmWorker:
                 start_new_session=True,  # Ctrl-C is the sweep's to handle; this ends with its socket
             )
         self._ready = False
+        self._started = time.monotonic()
         # The handed collections whose reports may still be being written, by run directory.
         self._handoffs: dict[Path, CollectionHandoff] = {}
 
@@ -160,10 +176,18 @@ class WarmWorker:
         handed to and from the worker where `capture.handoff` says so: armed once the report before it
         is written, if that is still being written now."""
         if not self._ready:
+            asked = time.monotonic()
             answer = self.receive()
             if "error" in answer:
                 raise WarmWorkerUnavailable(answer["error"], refused=True)
             self._ready = True
+            ready = time.monotonic()
+            log.info(
+                "  the pre-imported worker was ready %.1f s after it started (its imports); "
+                "this combination waited %.1f s for it",
+                ready - self._started,
+                ready - asked,
+            )
         watch = None
         if capture:
             assert self.session is not None
@@ -253,6 +277,25 @@ class ForkedWorker:
             if self._recorded:
                 self._end_collection()
         return self._returncode
+
+    def settle(self) -> None:
+        """Before the job kills what this worker left running (run_worker): where it handed its
+        collection over, wait until nsys has written its report or those processes have ended. Killed
+        while nsys writes, they hold the report for about 30 s (README: "Forked workers under Nsight
+        Systems"): loader processes kept by dataloader.persistent_workers, a process of the user's.
+        A worker that left nothing running is not waited for: the next one starts at once."""
+        watch = self._handoff
+        if watch is None or not watch.handed.is_set() or not running_group_members(self.pid):
+            return
+        started = time.monotonic()
+        while not watch.written.wait(0.1) and running_group_members(self.pid):
+            if time.monotonic() - started > REPORT_TIMEOUT_S:
+                break
+        log.info(
+            "  the worker left processes running; %s %.1f s after its exit",
+            "nsys had written its report" if watch.written.is_set() else "they had ended",
+            time.monotonic() - started,
+        )
 
     def _end_collection(self) -> None:
         """A handed collection goes on being written after its worker; any other is ended here."""
@@ -426,9 +469,13 @@ def run_worker(
             # The run is over when the worker is. What it leaves running holds the log pipe open:
             # Inductor's compile pool, still starting in a short run, would keep it for seconds.
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+                if isinstance(proc, ForkedWorker):
+                    proc.settle()
+            finally:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             proc.wait()
             reader.join()
     return WorkerExit(returncode, timed_out.is_set(), started_at, time.time() - started_at)

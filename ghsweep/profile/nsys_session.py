@@ -127,8 +127,8 @@ class CollectionHandoff(threading.Thread):
         stopping = time.monotonic()
         if not wait_for_state(self.nsys, self.session, WRITING, STOP_TIMEOUT_S, self.worker_ended):
             return
+        self.handed.set()  # before the worker can see it may exit, and exit
         write_atomic(self.run_dir / CAPTURE_MAY_EXIT, "")
-        self.handed.set()
         handed_s = time.monotonic() - stopping
         if not wait_for_state(self.nsys, self.session, IDLE, REPORT_TIMEOUT_S):
             log.warning("nsys session %s: no report for %s after %d s", self.session, self.run_dir, REPORT_TIMEOUT_S)

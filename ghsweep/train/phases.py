@@ -81,7 +81,9 @@ class HandedCollection:
         (torch_train.compile_in_this_process). The job kills what a worker leaves behind as it exits,
         and a pool killed while nsys wrote the report held the report 35-38 s on an H200; ended here
         (in 2.3-4.6 s), 9.5-10.9 s. The data loader's processes end with its iterator as the loop
-        returns, before the exit, unless dataloader.persistent_workers keeps them to be killed."""
+        returns, before the exit (persistent ones too, with the loader: measured on an H200). What is
+        still running then, a process of the user's, the job kills once the report is written
+        (ForkedWorker.settle)."""
         async_compile = sys.modules.get("torch._inductor.async_compile")  # imported by a compile only
         if async_compile is not None:
             async_compile.shutdown_compile_workers()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import signal
 import subprocess
@@ -38,6 +39,7 @@ from ghsweep.launch import worker_process
 from ghsweep.launch.local_gpus import ONE_AT_A_TIME_LAUNCHER
 from ghsweep.launch.plan import node_plan
 from ghsweep.launch.worker_process import (
+    ForkedWorker,
     PreimportedWorkerCallback,
     WarmWorker,
     WorkerExit,
@@ -94,6 +96,12 @@ def test_a_forked_worker_trains_in_its_own_process_group_and_writes_its_log(warm
         assert "step 2/2" in (run_dir / WORKER_LOG).read_text()
         assert live_group_members(worker_pid(run_dir)) == []
     assert caplog.text.count(FORKED) == 2  # both from the one server, its imports made once
+    # The first says how long the imports took and how long it waited for them, in the sweep's log.
+    assert caplog.text.count("the pre-imported worker was ready") == 1
+    ready = re.search(
+        r"was ready ([\d.]+) s after it started \(its imports\); this combination waited ([\d.]+) s", caplog.text
+    )
+    assert ready and 0 < float(ready[1]) and 0 <= float(ready[2]) <= float(ready[1]), caplog.text
 
 
 def test_a_forked_worker_has_the_runs_environment(warm, tmp_path, caplog):
@@ -285,6 +293,45 @@ def test_a_handed_collection_lets_the_next_worker_start_while_nsys_writes_the_la
     assert exit.returncode == 1
     per_run = [c for c in (tools / "calls").read_text().splitlines()[1:] if not c.startswith("sessions")]
     assert per_run[2:] == [f"start --output=profile --session={session}", f"stop --session={session}"]
+
+
+def test_what_a_handed_worker_left_running_is_killed_only_once_its_report_is_written(tmp_path, caplog):
+    """A worker that handed its collection over and left processes running (persistent loader
+    workers, a process of the user's) is settled before the job kills its group: the kill waits for
+    nsys's report, as a kill while nsys writes holds it for about 30 s; a group that ends by itself
+    first is not waited for. Real processes; the hand-off's events set as nsys's writing would."""
+    caplog.set_level(logging.INFO, logger="ghsweep.launch.worker_process")
+
+    def handed_worker(pid: int) -> tuple[ForkedWorker, nsys_session.CollectionHandoff]:
+        watch = nsys_session.CollectionHandoff("nsys", "session", ["nsys", "start"], tmp_path, None, armed=True)
+        watch.handed.set()
+        return ForkedWorker(pid, server=None, recorded=True, handoff=watch), watch  # type: ignore[arg-type]
+
+    left_running = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    worker, watch = handed_worker(left_running.pid)
+    settling = threading.Thread(target=worker.settle)
+    settling.start()
+    settling.join(1.0)
+    assert settling.is_alive() and left_running.poll() is None  # nsys is still writing: nothing is killed
+    watch.written.set()
+    settling.join(10)
+    assert not settling.is_alive() and "nsys had written its report" in caplog.text
+    left_running.kill()
+    left_running.wait()
+
+    ends_itself = subprocess.Popen(["sleep", "0.5"], start_new_session=True)
+    worker, watch = handed_worker(ends_itself.pid)
+    settling = threading.Thread(target=worker.settle)
+    settling.start()
+    ends_itself.wait()
+    settling.join(10)
+    assert not settling.is_alive() and not watch.written.is_set() and "they had ended" in caplog.text
+
+    # Nothing left running: no wait at all, whatever nsys is doing.
+    caplog.clear()
+    worker, _ = handed_worker(ends_itself.pid)
+    worker.settle()
+    assert "left processes running" not in caplog.text
 
 
 def test_a_run_under_nsys_is_planned_to_fork_in_a_session_unless_only_nsys_profile_takes_its_options(tmp_path):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
+
+from ghsweep.launch.worker_process import running_group_members
 
 
 def live_group_members(pgid: int, grace_s: float = 10) -> list[int]:
@@ -14,17 +15,4 @@ def live_group_members(pgid: int, grace_s: float = 10) -> list[int]:
     deadline = time.monotonic() + grace_s
     while (members := running_group_members(pgid)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return members
-
-
-def running_group_members(pgid: int) -> list[int]:
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            # Fields after the command name, which is in parentheses and may hold spaces.
-            state, _ppid, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
-        except (OSError, ValueError):
-            continue  # the process ended while it was read
-        if int(group) == pgid and state != "Z":
-            members.append(int(stat.parent.name))
     return members
