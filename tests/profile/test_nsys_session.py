@@ -68,7 +68,8 @@ def test_the_worker_may_exit_once_nsys_holds_the_report_which_is_written_once_th
     (run_dir / CAPTURE_STOPPING).touch()  # the worker's stop has begun; nsys still collects
     assert never(watch.handed) and not (run_dir / CAPTURE_MAY_EXIT).exists()
     nsys.state("RangeGeneration")
-    assert watch.handed.wait(30) and (run_dir / CAPTURE_MAY_EXIT).exists()
+    # Handed first, then the file the worker exits on: the sweep never sees an exit it did not allow.
+    assert watch.handed.wait(30) and wait_for_file(run_dir / CAPTURE_MAY_EXIT, 10) == ""
     nsys.state("RangeImportation")
     assert never(watch.written)
     nsys.state("Launched")
