@@ -19,7 +19,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from ghsweep.config.schema import ProfileSchema, typed_section
-from ghsweep.launch.worker_process import WarmWorker, worker_env
+from ghsweep.launch.worker_process import WarmWorker, WarmWorkerUnavailable, worker_env
 from ghsweep.profile.plan import sweep_session_launch
 
 IMPORTS = "import sys; from ghsweep.train.warm_worker import import_training; sys.exit(import_training())"
@@ -32,13 +32,13 @@ def with_trace(launch: list[str], trace: str) -> list[str]:
 def ready_s(launch: list[str]) -> float:
     started = time.monotonic()
     server = WarmWorker(worker_env(), launch)
-    answer = server.receive()
-    elapsed = time.monotonic() - started
-    server._ready = "error" not in answer  # close() kills a server that never said ready
-    server.close()
-    if "error" in answer:
-        raise SystemExit(f"the pre-imported worker refused: {answer['error']}")
-    return elapsed
+    try:
+        server.wait_until_ready()
+        return time.monotonic() - started
+    except WarmWorkerUnavailable as exc:
+        raise SystemExit(f"the pre-imported worker refused: {exc}") from exc
+    finally:
+        server.close()
 
 
 def main() -> None:

@@ -170,24 +170,30 @@ class WarmWorker:
         # The handed collections whose reports may still be being written, by run directory.
         self._handoffs: dict[Path, CollectionHandoff] = {}
 
+    def wait_until_ready(self) -> None:
+        """Wait until the server has made its imports (at once after the first time) and log how long
+        they took; WarmWorkerUnavailable when it refused."""
+        if self._ready:
+            return
+        asked = time.monotonic()
+        answer = self.receive()
+        if "error" in answer:
+            raise WarmWorkerUnavailable(answer["error"], refused=True)
+        self._ready = True
+        ready = time.monotonic()
+        log.info(
+            "  the pre-imported worker was ready %.1f s after it started (its imports); "
+            "this combination waited %.1f s for it",
+            ready - self._started,
+            ready - asked,
+        )
+
     def fork(self, run_dir: Path, output_fd: int, capture: SessionCapture | None = None) -> ForkedWorker:
         """Start the worker of `run_dir` with the server's environment, its output to `output_fd`,
         recorded by `capture`'s collection (`nsys start ...` in the server's session) when one is given,
         handed to and from the worker where `capture.handoff` says so: armed once the report before it
         is written, if that is still being written now."""
-        if not self._ready:
-            asked = time.monotonic()
-            answer = self.receive()
-            if "error" in answer:
-                raise WarmWorkerUnavailable(answer["error"], refused=True)
-            self._ready = True
-            ready = time.monotonic()
-            log.info(
-                "  the pre-imported worker was ready %.1f s after it started (its imports); "
-                "this combination waited %.1f s for it",
-                ready - self._started,
-                ready - asked,
-            )
+        self.wait_until_ready()
         watch = None
         if capture:
             assert self.session is not None
@@ -282,8 +288,8 @@ class ForkedWorker:
         """Before the job kills what this worker left running (run_worker): where it handed its
         collection over, wait until nsys has written its report or those processes have ended. Killed
         while nsys writes, they hold the report for about 30 s (README: "Forked workers under Nsight
-        Systems"): loader processes kept by dataloader.persistent_workers, a process of the user's.
-        A worker that left nothing running is not waited for: the next one starts at once."""
+        Systems"): a process of the user's, or anything else the worker did not end. A worker that
+        left nothing running, the usual case, is not waited for: the next one starts at once."""
         watch = self._handoff
         if watch is None or not watch.handed.is_set() or not running_group_members(self.pid):
             return

@@ -296,8 +296,8 @@ def test_a_handed_collection_lets_the_next_worker_start_while_nsys_writes_the_la
 
 
 def test_what_a_handed_worker_left_running_is_killed_only_once_its_report_is_written(tmp_path, caplog):
-    """A worker that handed its collection over and left processes running (persistent loader
-    workers, a process of the user's) is settled before the job kills its group: the kill waits for
+    """A worker that handed its collection over and left processes running (a process of the
+    user's) is settled before the job kills its group: the kill waits for
     nsys's report, as a kill while nsys writes holds it for about 30 s; a group that ends by itself
     first is not waited for. Real processes; the hand-off's events set as nsys's writing would."""
     caplog.set_level(logging.INFO, logger="ghsweep.launch.worker_process")
