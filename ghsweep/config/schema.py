@@ -89,6 +89,13 @@ class DataSchema:
     packing_mask: Literal["document", "causal"]
     mean_tokens: Carried[Annotated[float, Range(0, 1_000_000, inclusive=False)]]  # synthetic records only
     num_examples: Annotated[int, Range(1)] | None  # records to use; null: all of data.path's (not synthetic)
+    # ahead: tokenise and pack every record before training; on_the_fly: the loader (its workers with
+    # dataloader.num_workers > 0) tokenises, masks and packs each batch's records as it is read, into the same
+    # blocks (ghsweep/train/data.py). backend=torch only.
+    prepare: Literal["ahead", "on_the_fly"]
+    # For a model built from config (model.path brings its own): byte (UTF-8 bytes), bpe (the project's subword
+    # tokenizer, ghsweep/train/tokenizer.py); auto: bpe with prepare=on_the_fly, byte ahead.
+    tokenizer: Literal["auto", "byte", "bpe"]
 
 
 @dataclass

@@ -18,6 +18,7 @@ from omegaconf.errors import InterpolationResolutionError
 from ghsweep.config.backends import BACKENDS, backend_named
 from ghsweep.config.schema import (
     ConfigSchema,
+    DataSchema,
     ModelSchema,
     accepted,
     capture_steps,
@@ -146,6 +147,41 @@ def _validate_model(cfg: DictConfig, model: ModelFacts) -> None:
             raise ConfigError(
                 f"data.num_examples=None: data={cfg.data.name} generates this many records; accepted: an integer >= 1"
             )
+    _validate_data_prepare(cfg)
+
+
+def tokenizer_name(data: DataSchema | DictConfig) -> str:
+    """byte or bpe, the tokenizer of a model built from config (model.path brings its own): data.tokenizer,
+    where auto is bpe for a loader that tokenises on the fly (its work is then a real tokenizer's) and byte
+    ahead of training (as before the knob)."""
+    if data.tokenizer != "auto":
+        return str(data.tokenizer)
+    return "bpe" if data.prepare == "on_the_fly" else "byte"
+
+
+def _validate_data_prepare(cfg: DictConfig) -> None:
+    d = cfg.data
+    check("data.prepare", d.prepare)
+    check("data.tokenizer", d.tokenizer)
+    if cfg.backend.name != "torch" and (d.prepare != "ahead" or d.tokenizer != "auto"):
+        key, value = ("data.prepare", d.prepare) if d.prepare != "ahead" else ("data.tokenizer", d.tokenizer)
+        raise ConfigError(
+            f"{key}={value}: backend={cfg.backend.name} loads the blocks packed ahead with its own tokenizer; "
+            f"accepted with backend={cfg.backend.name}: data.prepare=ahead, data.tokenizer=auto"
+        )
+    if cfg.model.path:
+        if d.tokenizer != "auto":
+            raise ConfigError(
+                f"data.tokenizer={d.tokenizer}: model.path={cfg.model.path} brings its own tokenizer; accepted with "
+                "model.path: auto"
+            )
+        return
+    if tokenizer_name(d) == "bpe" and cfg.model.vocab_size < BPE_VOCAB_SIZE:
+        raise ConfigError(
+            f"model.vocab_size={cfg.model.vocab_size}: below the {BPE_VOCAB_SIZE} ids of the bpe tokenizer this run "
+            f"uses (data.tokenizer={d.tokenizer}, data.prepare={d.prepare}); accepted: at least {BPE_VOCAB_SIZE}, "
+            "or data.tokenizer=byte"
+        )
 
 
 def _validate_data_file(path: str) -> None:
@@ -325,6 +361,9 @@ def _validate_profile(cfg: DictConfig) -> None:
                 check(f"profile.{tool}.{knob}", p[tool][knob])
 
 
+# The ids of the project's subword tokenizer (ghsweep/train/bpe_tokenizer.json), which a model built from
+# config must embed.
+BPE_VOCAB_SIZE = 320
 # Fields of a dolly record the loader reads as text (`context` may be missing).
 RECORD_TEXT_FIELDS = ("instruction", "context", "response")
 LORA_KEYS = ("r", "alpha", "dropout", "target_modules")

@@ -3,7 +3,8 @@
 Each record has `instruction`, `context`, `response` and `category`. The prompt (instruction and
 context) is masked out of the loss; only response tokens are learned. Examples are packed
 back-to-back into blocks of `seq_length` tokens, each keeping its own position ids, as NeMo's
-packed SFT data does.
+packed SFT data does. data.prepare says when: all before training (ahead), or each block as the
+data loader reads it (on_the_fly), into the same blocks.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -223,35 +224,62 @@ class PackedBlocks:
         return self.input_ids.shape[0]
 
 
-def pack(examples: Iterator[tuple[list[int], list[int]]], seq_length: int, pad_id: int) -> PackedBlocks:
-    """Greedy in-order packing. An example longer than a block is dropped (truncating it would cut
-    the response, the only part that is learned); `dropped` counts them."""
-    blocks: list[tuple[list[int], list[int], list[int]]] = []
-    dropped = 0
+@dataclass
+class BlockPlan:
+    """Which examples make each block: greedy in-order packing of their token counts. An example longer
+    than a block is dropped (truncating it would cut the response, the only part that is learned)."""
+
+    seq_length: int
+    examples: list[list[int]]  # per block, the indices of its examples in record order
+    dropped: int  # examples longer than seq_length, left out
+
+    @classmethod
+    def of(cls, lengths: Sequence[int], seq_length: int) -> BlockPlan:
+        blocks: list[list[int]] = []
+        block: list[int] = []
+        filled = dropped = 0
+        for i, length in enumerate(lengths):
+            if length > seq_length:
+                dropped += 1
+                continue
+            if filled + length > seq_length:
+                blocks.append(block)
+                block, filled = [], 0
+            block.append(i)
+            filled += length
+        if block:
+            blocks.append(block)
+        if not blocks:
+            raise ValueError(f"train.seq_length={seq_length}: every example is longer; raise it")
+        return cls(seq_length, blocks, dropped)
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+
+def build_block(
+    examples: Iterable[tuple[list[int], list[int]]], seq_length: int, pad_id: int
+) -> tuple[list[int], list[int], list[int]]:
+    """(input ids, labels, position ids) of one block: the examples back to back, each with its own
+    positions, then padding (ignored by the loss)."""
     ids: list[int] = []
     labels: list[int] = []
     positions: list[int] = []
-
-    def close_block() -> None:
-        pad = seq_length - len(ids)
-        blocks.append((ids + [pad_id] * pad, labels + [IGNORE_INDEX] * pad, positions + list(range(pad))))
-
     for ex_ids, ex_labels in examples:
-        if len(ex_ids) > seq_length:
-            dropped += 1
-            continue
-        if len(ids) + len(ex_ids) > seq_length:
-            close_block()
-            ids, labels, positions = [], [], []
         ids += ex_ids
         labels += ex_labels
-        positions += list(range(len(ex_ids)))
-    if ids:
-        close_block()
-    if not blocks:
-        raise ValueError(f"train.seq_length={seq_length}: every example is longer; raise it")
+        positions += range(len(ex_ids))
+    pad = seq_length - len(ids)
+    return ids + [pad_id] * pad, labels + [IGNORE_INDEX] * pad, positions + list(range(pad))
+
+
+def pack(examples: Iterable[tuple[list[int], list[int]]], seq_length: int, pad_id: int) -> PackedBlocks:
+    """Every block of the tokenised examples (BlockPlan's packing), as tensors."""
+    tokenised = list(examples)
+    plan = BlockPlan.of([len(ids) for ids, _ in tokenised], seq_length)
+    blocks = [build_block((tokenised[i] for i in block), seq_length, pad_id) for block in plan.examples]
     as_tensor = lambda i: torch.tensor([b[i] for b in blocks], dtype=torch.long)  # noqa: E731
-    return PackedBlocks(as_tensor(0), as_tensor(1), as_tensor(2), dropped)
+    return PackedBlocks(as_tensor(0), as_tensor(1), as_tensor(2), plan.dropped)
 
 
 def load_blocks(config: ConfigSchema, tokenizer: Tokenizer) -> PackedBlocks:
@@ -261,8 +289,11 @@ def load_blocks(config: ConfigSchema, tokenizer: Tokenizer) -> PackedBlocks:
 
 
 class PackedDataset(Dataset):
+    """data.prepare=ahead: blocks tokenised and packed before training; the loader only indexes them."""
+
     def __init__(self, blocks: PackedBlocks):
         self.blocks = blocks
+        self.dropped = blocks.dropped
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -274,9 +305,62 @@ class PackedDataset(Dataset):
             "position_ids": self.blocks.position_ids[i],
         }
 
+    def position_ids(self) -> torch.Tensor:
+        return self.blocks.position_ids
+
+
+class OnTheFlyDataset(Dataset):
+    """data.prepare=on_the_fly: block i's records are tokenised, masked and packed when the loader reads it
+    (in its workers with num_workers > 0), as a fine-tuning loader that transforms lazily does.
+
+    The packing plan (which records make each block) is fixed at start from the records' token counts (each
+    record tokenised once to count them, as an offline packing step sizes its bins), so any worker can build
+    any block and the blocks are exactly data.prepare=ahead's, in the same order.
+    """
+
+    def __init__(self, records: list[dict], tokenizer: Tokenizer, seq_length: int):
+        self.records = records
+        self.tokenizer = tokenizer
+        self.pad_id = pad_token_id(tokenizer)
+        self.lengths = [len(tokenize(r, tokenizer)[0]) for r in records]
+        self.plan = BlockPlan.of(self.lengths, seq_length)
+        self.dropped = self.plan.dropped
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        examples = (tokenize(self.records[r], self.tokenizer) for r in self.plan.examples[i])
+        ids, labels, positions = build_block(examples, self.plan.seq_length, self.pad_id)
+        return {
+            "input_ids": torch.tensor(ids, dtype=torch.long),
+            "labels": torch.tensor(labels, dtype=torch.long),
+            "position_ids": torch.tensor(positions, dtype=torch.long),
+        }
+
+    def position_ids(self) -> torch.Tensor:
+        """Every block's position ids, from the token counts alone (nothing is tokenised again)."""
+        seq = self.plan.seq_length
+        rows = []
+        for block in self.plan.examples:
+            row = [p for r in block for p in range(self.lengths[r])]
+            rows.append(row + list(range(seq - len(row))))
+        return torch.tensor(rows, dtype=torch.long)
+
+
+BlockDataset = PackedDataset | OnTheFlyDataset
+
+
+def load_dataset(config: ConfigSchema, tokenizer: Tokenizer) -> BlockDataset:
+    """The blocks a torch-backend run trains on, prepared as data.prepare says."""
+    if config.data.prepare == "ahead":
+        return PackedDataset(load_blocks(config, tokenizer))
+    records = load_records(config.data, config.seed, config.train.seq_length, tokenizer)
+    return OnTheFlyDataset(records, tokenizer, config.train.seq_length)
+
 
 def make_dataloader(
-    blocks: PackedBlocks,
+    dataset: BlockDataset,
     batch_size: int,
     seed: int,
     num_workers: int,
@@ -287,7 +371,6 @@ def make_dataloader(
     world_size: int = 1,
 ) -> DataLoader:
     """Shuffled micro-batches; with several ranks each rank reads its own share of the blocks."""
-    dataset = PackedDataset(blocks)
     sampler: DistributedSampler[int] | None = (
         DistributedSampler(dataset, world_size, rank, shuffle=True, seed=seed, drop_last=True)
         if world_size > 1

@@ -1,4 +1,4 @@
-"""Build the model and tokenizer a run trains: a local Hugging Face folder, or random init from config."""
+"""Build the model a run trains: a local Hugging Face folder, or random init from config."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from ghsweep.config.schema import ModelSchema, PeftSchema, carried
 from ghsweep.train.flops import ModelShape
-from ghsweep.train.tokenizer import ByteTokenizer
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -29,37 +28,36 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def build_model(
-    model_config: ModelSchema, device: torch.device, dtype: torch.dtype, attn_implementation: str = "sdpa"
-) -> tuple[torch.nn.Module, Any, bool]:
-    """Return (model, tokenizer, random_init), the model's weights in `dtype` on `device`, its
-    attention computed by transformers' `attn_implementation` (sdpa, flex_attention).
+    model_config: ModelSchema,
+    tokenizer: Any,
+    device: torch.device,
+    dtype: torch.dtype,
+    attn_implementation: str = "sdpa",
+) -> tuple[torch.nn.Module, bool]:
+    """Return (model, random_init), the model's weights in `dtype` on `device`, its attention computed by
+    transformers' `attn_implementation` (sdpa, flex_attention).
 
-    With `model.path` the weights and tokenizer come from that folder (safetensors + tokenizer
-    files, as saved by `save_pretrained`); otherwise the model is randomly initialised from the
-    shape in the config, directly on the device (a 7B model initialised on the CPU takes minutes),
-    and uses the byte tokenizer.
+    With `model.path` the weights come from that folder (safetensors, as saved by `save_pretrained`);
+    otherwise the model is randomly initialised from the shape in the config, directly on the device (a 7B
+    model initialised on the CPU takes minutes), its special tokens `tokenizer`'s (tokenizer.load_tokenizer).
     """
     if model_config.path:
-        path = Path(model_config.path)
         model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
-            path, attn_implementation=attn_implementation, dtype=dtype, device_map=device
+            Path(model_config.path), attn_implementation=attn_implementation, dtype=dtype, device_map=device
         )
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        if tokenizer.bos_token_id is None or tokenizer.eos_token_id is None:
-            raise ValueError(f"model.path={path}: the tokenizer defines no BOS/EOS token")
-        return model, tokenizer, False
+        return model, False
     hf_config = llama_config(
         ModelShape.of_model(model_config),
         model_config.max_position_embeddings,
         attn_implementation,
         rms_norm_eps=model_config.rms_norm_eps,
-        bos_token_id=ByteTokenizer.bos_token_id,
-        eos_token_id=ByteTokenizer.eos_token_id,
-        pad_token_id=ByteTokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     with torch.device(device), _default_dtype(dtype):
         model = LlamaForCausalLM(hf_config)
-    return model, ByteTokenizer(), True
+    return model, True
 
 
 def llama_config(shape: ModelShape, max_position_embeddings: int, attn_implementation: str, **more: Any) -> LlamaConfig:

@@ -47,6 +47,7 @@ from ghsweep.train.phases import HandedCollection, Phases
 from ghsweep.train.precision import Precision
 from ghsweep.train.step_log import Measure, StepLog, measured_length
 from ghsweep.train.summary import capture_window, run_peak_gib, run_summary
+from ghsweep.train.tokenizer import load_tokenizer
 
 # The longest a run waits for the sweep's work on earlier runs (their analysis and records).
 SWEEP_WAIT_S = 600
@@ -186,8 +187,8 @@ def _train(
     )
     optimizer = optimizer_for(config.train.optimizer, config.peft.name, precision.trained_dtype)
     model = build(config, plan, ranks, device, precision, attention, optimizer)
-    blocks = dolly.load_blocks(config, model.tokenizer)
-    loader = make_loader(config, blocks, ranks, device)
+    dataset = dolly.load_dataset(config, model.tokenizer)
+    loader = make_loader(config, dataset, ranks, device)
     optimizer_step = OptimizerStep(
         model.trained_parameters(), config.train, device, precision, optimizer, model.fp8_layers
     )
@@ -248,12 +249,12 @@ def _train(
         distributed.gather(log.step_times_ms, ranks), distributed.gather(peak_gib, ranks), config.train.warmup_steps
     )
     shape = ModelShape.from_hf(model.hf_config.to_dict())
-    flops = run_flops_per_token(shape, config, attn.attended_keys_per_token(blocks.position_ids, attention.document))
+    flops = run_flops_per_token(shape, config, attn.attended_keys_per_token(dataset.position_ids(), attention.document))
     metrics, info = (
         {},
         {
-            "packed_blocks": len(blocks),
-            "examples_dropped_too_long": blocks.dropped,
+            "packed_blocks": len(dataset),
+            "examples_dropped_too_long": dataset.dropped,
             "dataloader_workers": loader.num_workers,
             "compiled": model.compiled,
             "attention": attention.implementation,
@@ -325,8 +326,13 @@ def build(
     """The model with its adapters, fp8 layers, compiled layers, data parallelism and activation offload;
     `optimizer` (optim.optimizer_for) is what will step its weights."""
     lora = config.peft.name == "lora"
-    base, tokenizer, random_init = build_model(
-        config.model, device, precision.frozen_dtype if lora else precision.trained_dtype, attention.hf_implementation
+    tokenizer = load_tokenizer(config)
+    base, random_init = build_model(
+        config.model,
+        tokenizer,
+        device,
+        precision.frozen_dtype if lora else precision.trained_dtype,
+        attention.hf_implementation,
     )
     # transformers' LlamaForCausalLM, in peft's LoRA wrapper with peft=lora: attributes typed by neither.
     hf_model: Any = apply_peft(base, config.peft, precision.trained_dtype)
@@ -373,11 +379,11 @@ def build(
 
 
 def make_loader(
-    config: ConfigSchema, blocks: dolly.PackedBlocks, ranks: distributed.Ranks, device: torch.device
+    config: ConfigSchema, dataset: dolly.BlockDataset, ranks: distributed.Ranks, device: torch.device
 ) -> torch.utils.data.DataLoader:
     dl = config.dataloader
     return dolly.make_dataloader(
-        blocks,
+        dataset,
         batch_size=config.train.micro_batch_size,
         seed=config.seed,
         num_workers=dl.num_workers,

@@ -227,3 +227,19 @@ def test_unified_pool_size_needs_rmm():
         validate(composed("memory=unified", "memory.pool_size_gb=20"), H100)
     # In a container the image decides the allocator; this interpreter's packages say nothing about it.
     validate(composed("memory=unified", "memory.pool_size_gb=20", "container.image=img.sif"), H100)
+
+
+def test_data_prepare_and_tokenizer(tmp_path):
+    validate(composed("data.prepare=on_the_fly"), None)  # tiny_llama embeds the bpe tokenizer's 320 ids
+    msg = error_of(composed("data.prepare=lazy"))
+    assert msg.startswith("data.prepare=lazy:") and "ahead, on_the_fly" in msg
+    msg = error_of(composed("data.prepare=on_the_fly", "model.vocab_size=300"))
+    assert msg.startswith("model.vocab_size=300:") and "at least 320" in msg and "data.tokenizer=byte" in msg
+    validate(composed("data.prepare=on_the_fly", "model.vocab_size=300", "data.tokenizer=byte"), None)
+    msg = error_of(composed("backend=nemo", "data.prepare=on_the_fly"), H100)
+    assert msg.startswith("data.prepare=on_the_fly: backend=nemo") and "data.prepare=ahead" in msg
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "llama", "num_hidden_layers": 4, "max_position_embeddings": 2048}'
+    )
+    msg = error_of(composed(f"model.path={tmp_path}", "data.tokenizer=bpe"))
+    assert msg.startswith("data.tokenizer=bpe:") and "accepted with model.path: auto" in msg

@@ -57,7 +57,7 @@ def test_the_dataset_is_the_torch_backend_s_blocks_with_next_token_labels(tmp_pa
 
     config, recipe = written_recipe(tmp_path)
     dataset = recipe.dataset.instantiate()
-    blocks = load_blocks(config, load_tokenizer(config.model))
+    blocks = load_blocks(config, load_tokenizer(config))
     assert len(dataset) == len(blocks)
     item = dataset[0]
     assert torch.equal(item["input_ids"], blocks.input_ids[0])

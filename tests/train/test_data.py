@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from ghsweep.train import data as dolly
-from ghsweep.train.tokenizer import ByteTokenizer
+from ghsweep.train.tokenizer import BpeTokenizer, ByteTokenizer, load_tokenizer
+from tests.support.compose import compose_typed
 
 TOK = ByteTokenizer()
 
@@ -69,7 +70,13 @@ def test_num_workers_starts_worker_processes():
     examples = (dolly.tokenize(r, TOK) for r in dolly.synthetic_dolly(40, seed=3))
     blocks = dolly.pack(examples, seq_length=256, pad_id=TOK.pad_token_id)
     loader = dolly.make_dataloader(
-        blocks, 2, seed=0, num_workers=2, pin_memory=False, prefetch_factor=2, persistent_workers=False
+        dolly.PackedDataset(blocks),
+        2,
+        seed=0,
+        num_workers=2,
+        pin_memory=False,
+        prefetch_factor=2,
+        persistent_workers=False,
     )
     iterator = iter(loader)
     batch = next(iterator)
@@ -111,3 +118,55 @@ def test_synthetic_records_refuse_a_block_no_record_fits():
     for seq in (8, 16):
         with pytest.raises(ValueError, match=f"train.seq_length={seq}"):
             dolly.synthetic_dolly(3, seed=1, max_tokens=seq)
+
+
+def test_on_the_fly_builds_ahead_blocks_in_the_loaders_workers():
+    """data.prepare=on_the_fly tokenises, masks and packs in the loader, in its workers: the batches (blocks,
+    order, labels, positions) are ahead's for the same data and seed, and so are the FLOP-counting positions."""
+    ahead = compose_typed("experiment=smoke", "data.num_examples=120", "data.tokenizer=bpe")
+    on_the_fly = compose_typed("experiment=smoke", "data.num_examples=120", "data.prepare=on_the_fly")
+    tokenizer = load_tokenizer(on_the_fly)
+    assert isinstance(tokenizer, BpeTokenizer) and isinstance(load_tokenizer(ahead), BpeTokenizer)
+    packed, lazy = dolly.load_dataset(ahead, tokenizer), dolly.load_dataset(on_the_fly, tokenizer)
+    assert isinstance(packed, dolly.PackedDataset) and isinstance(lazy, dolly.OnTheFlyDataset)
+    assert len(packed) == len(lazy) > 10 and packed.dropped == lazy.dropped
+    assert torch.equal(packed.position_ids(), lazy.position_ids())
+
+    def batches(dataset: dolly.BlockDataset, workers: int) -> list[dict[str, torch.Tensor]]:
+        loader = dolly.make_dataloader(
+            dataset, 2, seed=5, num_workers=workers, pin_memory=False, prefetch_factor=None, persistent_workers=False
+        )
+        return list(loader)
+
+    expected = batches(packed, 0)
+    for got in (batches(lazy, 0), batches(lazy, 2)):
+        assert len(got) == len(expected)
+        for a, b in zip(expected, got):
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # Real subword tokens: fewer than the records' bytes, and they decode back to the text.
+    record = lazy.records[lazy.plan.examples[0][0]]
+    ids, _ = dolly.tokenize(record, tokenizer)
+    assert len(ids) < len(dolly.tokenize(record, TOK)[0])
+    assert tokenizer.decode(ids) == dolly.prompt_text(record) + record["response"]
+
+
+def test_on_the_fly_tokenises_in_the_dataset_it_hands_the_loader():
+    """What the loader's workers run: a block read twice is tokenised twice (nothing cached at start but
+    the plan), so the work happens per step."""
+    config = compose_typed("experiment=smoke", "data.num_examples=30", "data.prepare=on_the_fly")
+    calls = []
+
+    class CountingBpe(BpeTokenizer):
+        def encode(self, text: str) -> list[int]:
+            calls.append(text)
+            return super().encode(text)
+
+    dataset = dolly.OnTheFlyDataset(
+        dolly.load_records(config.data, config.seed, config.train.seq_length, CountingBpe()),
+        CountingBpe(),
+        config.train.seq_length,
+    )
+    at_start = len(calls)
+    assert torch.equal(dataset[0]["input_ids"], dataset[0]["input_ids"])
+    # Two encodes (prompt, response) per record of block 0, each read.
+    assert len(calls) - at_start == 2 * 2 * len(dataset.plan.examples[0])

@@ -68,11 +68,12 @@ def test_fp8_replaces_decoder_linears():
     from ghsweep.train.fp8 import apply_fp8
     from ghsweep.train.model import apply_peft, build_model
     from ghsweep.train.precision import Precision
+    from ghsweep.train.tokenizer import ByteTokenizer
 
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 needs compute capability >= 8.9")
     config = compose_typed("model=tiny_llama", "precision=fp8", "precision.scaling=current", "peft=lora")
-    model, _, _ = build_model(config.model, torch.device("cuda"), torch.bfloat16)
+    model, _ = build_model(config.model, ByteTokenizer(), torch.device("cuda"), torch.bfloat16)
     apply_fp8(model, config.precision, Precision(config.precision, torch.device("cuda")))
     kinds = {type(m).__name__ for name, m in model.named_modules() if name.endswith(("q_proj", "down_proj"))}
     # One rank: trained weights with fp8 copies the optimizer step remakes (FSDP2: torchao's Float8Linear).
@@ -80,7 +81,7 @@ def test_fp8_replaces_decoder_linears():
     assert type(model.lm_head).__name__ == "Linear"
     # With LoRA the frozen base layers get fp8 weights quantised once; the adapters stay bf16.
     lora_model = apply_peft(
-        build_model(config.model, torch.device("cuda"), torch.bfloat16)[0], config.peft, torch.bfloat16
+        build_model(config.model, ByteTokenizer(), torch.device("cuda"), torch.bfloat16)[0], config.peft, torch.bfloat16
     )
     apply_fp8(lora_model, config.precision, Precision(config.precision, torch.device("cuda")))
     base = {type(m).__name__ for name, m in lora_model.named_modules() if name.endswith("q_proj.base_layer")}

@@ -8,15 +8,17 @@ import torch
 from transformers import LlamaForCausalLM
 
 from ghsweep.train.model import build_model
+from ghsweep.train.tokenizer import load_tokenizer
 from tests.support.cli import run_cli
 from tests.support.compose import compose_typed
 from tests.support.mlflow_records import MlflowRecords, sqlite_uri
 
 
 def test_build_model_loads_the_saved_weights(hf_folder):
-    model_config = compose_typed().model
-    model_config.path = str(hf_folder)
-    model, tokenizer, random_init = build_model(model_config, torch.device("cpu"), torch.float32)
+    config = compose_typed()
+    config.model.path = str(hf_folder)
+    tokenizer = load_tokenizer(config)
+    model, random_init = build_model(config.model, tokenizer, torch.device("cpu"), torch.float32)
     saved = LlamaForCausalLM.from_pretrained(hf_folder)
     assert not random_init
     assert torch.equal(model.model.embed_tokens.weight, saved.model.embed_tokens.weight)

@@ -8,6 +8,7 @@ import copy
 import torch
 
 from ghsweep.train.model import apply_peft, build_model
+from ghsweep.train.tokenizer import ByteTokenizer
 from ghsweep.train.torch_train import compile_settings
 from tests.support.compose import compose_typed
 
@@ -36,7 +37,7 @@ def saved_bytes_and_grads(layer: torch.nn.Module, budget: float, x: torch.Tensor
 def test_lower_budget_saves_less_and_computes_the_same_gradients():
     torch.manual_seed(0)
     config = compose_typed("model=tiny_llama", "peft=lora")
-    model, _, _ = build_model(config.model, torch.device("cpu"), torch.float32)
+    model, _ = build_model(config.model, ByteTokenizer(), torch.device("cpu"), torch.float32)
     model = apply_peft(model, config.peft, torch.float32)
     decoder = model.get_base_model().model
     for name, param in decoder.named_parameters():  # non-zero B matrices: the adapters take part

@@ -35,4 +35,4 @@ def packed_dolly(run_dir: str) -> ShiftedPackedDataset:
     # On the CPU even inside the recipe's setup, which the backend runs under the CUDA device: the
     # dataloader's workers and pinned memory take host tensors.
     with torch.device("cpu"):
-        return ShiftedPackedDataset(load_blocks(config, load_tokenizer(config.model)))
+        return ShiftedPackedDataset(load_blocks(config, load_tokenizer(config)))

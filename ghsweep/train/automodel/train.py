@@ -102,7 +102,7 @@ def train(config: ConfigSchema, plan: RunPlan, run_dir: Path, managed: ManagedAl
     device = torch.device("cuda", torch.cuda.current_device())
     shape = ModelShape.from_hf(model.config.to_dict())
     # The blocks the recipe's dataset packed (packed_dolly), for the attention FLOPs of document masking.
-    blocks = dolly.load_blocks(config, load_tokenizer(config.model))
+    blocks = dolly.load_blocks(config, load_tokenizer(config))
     flops = run_flops_per_token(
         shape, config, attended_keys_per_token(blocks.position_ids, config.data.packing_mask == "document")
     )

@@ -45,7 +45,7 @@ VALIDATION_RECORDS = 8
 
 def write_dataset(config: ConfigSchema, root: Path) -> int:
     """The run's dolly records in NeMo's fine-tuning format, one {"input", "output"} per line."""
-    records = dolly.load_records(config.data, config.seed, config.train.seq_length, load_tokenizer(config.model))
+    records = dolly.load_records(config.data, config.seed, config.train.seq_length, load_tokenizer(config))
     root.mkdir(parents=True, exist_ok=True)
     splits = {"training.jsonl": records[VALIDATION_RECORDS:], "validation.jsonl": records[:VALIDATION_RECORDS]}
     for name, split in splits.items():
@@ -93,7 +93,7 @@ def train(config: ConfigSchema, plan: RunPlan, run_dir: Path, managed: ManagedAl
     device = torch.device("cuda", torch.cuda.current_device())
     # Attention FLOPs over the documents each token sees, counted on the torch backend's packing of
     # the same records (NeMo packs them differently, but every token still sees only its own document).
-    blocks = dolly.load_blocks(config, load_tokenizer(config.model))
+    blocks = dolly.load_blocks(config, load_tokenizer(config))
     flops = run_flops_per_token(model_shape(config.model), config, attended_keys_per_token(blocks.position_ids, True))
     if metrics_cb.log is None:
         raise RuntimeError("NeMo's trainer returned without starting training: no step was measured")
