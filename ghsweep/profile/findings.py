@@ -101,7 +101,8 @@ class Window:
     of_step: str
     causes: dict[str, int]
     idle_ns: int
-    overhead_ns: int = 0
+    overhead_ns: int = 0  # the profiler's time taken off the causes (OVERHEAD_SHOWS_AS)
+    unabsorbed_ns: int = 0  # the rest of it: inside other causes, or nowhere to be told apart
 
     @classmethod
     def of(cls, a: ProfileAnalysis) -> Window:
@@ -111,7 +112,7 @@ class Window:
         extra = 0
         if stepped and a.profiled_step_ms is not None and a.measured_step_ms is not None:
             extra = int(max(0.0, a.profiled_step_ms - a.measured_step_ms) * steps * 1e6)
-        causes = net_causes(traced, extra)
+        causes, unabsorbed = net_causes(traced, extra)
         return cls(
             a.window["duration_ns"],
             steps,
@@ -120,6 +121,7 @@ class Window:
             causes,
             sum(causes.values()),
             sum(traced.values()) - sum(causes.values()),
+            unabsorbed,
         )
 
     def ms_per_step(self, ns: float) -> float:
@@ -129,6 +131,15 @@ class Window:
     def net_ns(self) -> int:
         """The window less the profiler's own time."""
         return self.ns - self.overhead_ns
+
+    def not_established(self, still_fires: bool) -> str:
+        """The note for a finding that would not fire were the profiler's unabsorbed time in its cause."""
+        if still_fires or not self.unabsorbed_ns:
+            return ""
+        return (
+            f" (not established: the profiler's other {self.ms_per_step(self.unabsorbed_ns):.2f} ms {self.per_step} "
+            "may be in it)"
+        )
 
     def net_words(self) -> str:
         return (
@@ -143,16 +154,17 @@ class Window:
 OVERHEAD_SHOWS_AS = ("launch_latency", "short_gaps", "unattributed")
 
 
-def net_causes(causes: dict[str, int], overhead_ns: int) -> dict[str, int]:
-    """Idle time per cause less the profiler's `overhead_ns`, taken off OVERHEAD_SHOWS_AS in order
-    (the causes a tracer can create; syncs, host waits and faults are the run's own)."""
+def net_causes(causes: dict[str, int], overhead_ns: int) -> tuple[dict[str, int], int]:
+    """(idle time per cause less the profiler's `overhead_ns`, taken off OVERHEAD_SHOWS_AS in order,
+    and what was left of it). A tracer creates those causes; what is left may be in the others
+    (OS-runtime tracing slows the host's waits), so the findings reading them say it is not established."""
     out, left = dict(causes), overhead_ns
     for cause in OVERHEAD_SHOWS_AS:
         taken = min(left, out.get(cause, 0))
         if taken:
             out[cause] -= taken
             left -= taken
-    return out
+    return out, left
 
 
 def profiler_overhead(a: ProfileAnalysis) -> list[Finding]:
@@ -167,8 +179,9 @@ def profiler_overhead(a: ProfileAnalysis) -> list[Finding]:
             "warning",
             f"the profiler slowed the steps it traced by {pct_:.1f}% ({a.profiled_step_ms:.1f} ms a profiled step "
             f"against {a.measured_step_ms:.1f} ms measured untraced): GPU idle and launch-gap figures of this "
-            f"profile are inflated by about {extra:.1f} ms per step; the findings below are stated net of it "
-            "(a smaller trace set, profile.nsys.trace=[cuda,nvtx], costs less)",
+            f"profile are inflated by about {extra:.1f} ms per step; the findings below are stated net of it, or "
+            "marked not established where it may hide in their cause (a smaller trace set, "
+            "profile.nsys.trace=[cuda,nvtx], costs less)",
             profiled_step_ms=a.profiled_step_ms,
             measured_step_ms=a.measured_step_ms,
             profiler_overhead_pct=pct_,
@@ -198,6 +211,9 @@ def gpu_starved(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
     severity = level(busy, STARVED_BUSY_PCT, STARVED_BAND_PCT, below=True)
     if severity is None:
         return []
+    worst = 100.0 * _share(w.net_ns - w.idle_ns, w.net_ns - w.unabsorbed_ns)
+    unsure = w.not_established(level(worst, STARVED_BUSY_PCT, STARVED_BAND_PCT, below=True) is not None)
+    severity = "info" if unsure else severity
     top = max(w.causes, key=w.causes.__getitem__) if w.idle_ns else "unattributed"
     return [
         finding(
@@ -205,7 +221,7 @@ def gpu_starved(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
             severity,
             f"GPU busy only {busy:.1f}% of {window_words(a)}{w.net_words()} ({100 - busy:.1f}% idle, "
             f"{w.ms_per_step(w.idle_ns):.2f} ms idle {w.per_step}); most idle time: {top.replace('_', ' ')}"
-            + (NEAR if severity == "info" else ""),
+            + (unsure or (NEAR if severity == "info" else "")),
             gpu_busy_pct=busy,
             traced_gpu_busy_pct=a.gpu_busy_pct,
             idle_ms_per_step=w.ms_per_step(w.idle_ns),
@@ -221,6 +237,12 @@ def data_loading(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
     if idle is None or mostly is None:
         return []
     severity = "warning" if idle == mostly == "warning" else "info"
+    rest = min(w.unabsorbed_ns, loading)
+    unsure = w.not_established(
+        level(_share(w.idle_ns - rest, w.net_ns - rest) * 100, IDLE_MIN_PCT, IDLE_BAND_PCT) is not None
+        and level(_share(loading - rest, w.idle_ns - rest), MAJORITY, MAJORITY_BAND) is not None
+    )
+    severity = "info" if unsure else severity
     workers = context.get("num_workers")
     advice = "raise dataloader.num_workers" + (f" (now {workers})" if workers is not None else "")
     return [
@@ -230,7 +252,7 @@ def data_loading(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
             f"data-loading bound: the data loader stalls the GPU {w.ms_per_step(loading):.2f} ms {w.per_step} "
             f"({100 * _share(loading, w.idle_ns):.0f}% of the GPU idle time{w.net_words()}: the host inside "
             f"DataLoader or data ranges, or waiting); the lever is the loader's worker processes: {advice}, then "
-            "pin memory and prefetch" + (NEAR if severity == "info" else ""),
+            "pin memory and prefetch" + (unsure or (NEAR if severity == "info" else "")),
             data_loading_ms_per_step=w.ms_per_step(w.causes.get("data_loading", 0)),
             host_wait_ms_per_step=w.ms_per_step(w.causes.get("host_wait", 0)),
             share_of_idle_pct=100 * _share(loading, w.idle_ns),
@@ -245,6 +267,10 @@ def host_sync(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
     severity = level(sync_pct, SYNC_MIN_PCT, SYNC_BAND_PCT)
     if severity is None:
         return []
+    rest = min(w.unabsorbed_ns, w.causes.get("sync", 0))
+    worst = 100 * _share(w.causes.get("sync", 0) - rest, w.net_ns - rest)
+    unsure = w.not_established(level(worst, SYNC_MIN_PCT, SYNC_BAND_PCT) is not None)
+    severity = "info" if unsure else severity
     return [
         finding(
             "host_sync",
@@ -252,7 +278,7 @@ def host_sync(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
             f"host synchronisation: the GPU sits idle while the host waits in synchronising calls and launches the "
             f"next work only after they return, for {sync_pct:.1f}% {w.of_step} "
             f"({w.ms_per_step(w.causes['sync']):.2f} ms {w.per_step}); remove .item()/.cpu()/print of GPU values "
-            "from the step, or do them every N steps" + (NEAR if severity == "info" else ""),
+            "from the step, or do them every N steps" + (unsure or (NEAR if severity == "info" else "")),
             sync_idle_pct=sync_pct,
             sync_ms_per_step=w.ms_per_step(w.causes["sync"]),
             longest_gaps=a.gaps.get("top_gaps", {}).get("sync", []),

@@ -47,6 +47,11 @@ def render(analysis: ProfileAnalysis) -> str:
         "",
     ]
     lines += [f"- {s}" for s in analysis.summary]
+    if analysis.profiler_overhead_pct is not None:
+        lines.append(
+            f"- profiled step {analysis.profiled_step_ms:.2f} ms against {analysis.measured_step_ms:.2f} ms measured "
+            f"untraced: profiler overhead {analysis.profiler_overhead_pct:+.1f}%"
+        )
     lines += ["", "## Findings", ""]
     lines += [f"- **{f.severity}** `{f.id}`: {f.message}" for f in analysis.findings] or ["- none"]
     lines += ["", "## Where the time went", ""]

@@ -24,9 +24,9 @@ from ghsweep.profile.delta import has_time_per_step
 from ghsweep.profile.result import Finding, ProfileAnalysis
 from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 
-# Parts named in the scale-out finding (the largest first), and the smallest worth naming (ms per step).
+# Parts named in the scale-out finding (the largest first), and the smallest worth naming (share of the difference).
 PARTS_IN_FINDING = 3
-PART_MIN_MS = 0.5
+PART_MIN_SHARE = 0.1
 # Per-GPU throughput below this share of one GPU's is worth a warning (above it: info).
 SCALE_OUT_WARN_EFFICIENCY = 0.9
 
@@ -77,13 +77,13 @@ def indexed_pairs(
 
 def levers(d: dict, knobs: dict[str, str], one_gpu_peak_gb: float | None) -> dict[str, str]:
     """The lever each part of a decomposition points to, by the trainer's config keys (conf/backend/torch.yaml,
-    conf/precision/*.yaml); `knobs`: the run's overrides as {key: value}. A part with no knob is not listed."""
+    conf/precision/*.yaml, conf/config.yaml); `knobs`: the run's overrides as {key: value}. A part with no
+    knob (imbalance) or whose knob is already set is not listed."""
     families = {f["family"] for f in d.get("by_family", []) if f["run_ms"] > 0}
     sharded = any(f.startswith(("NCCL ReduceScatter", "NCCL AllGather")) for f in families)
     out = {}
-    fits = (
-        f" (the 1-GPU run peaked at {one_gpu_peak_gb:.0f} GB, so the model fits unsharded)" if one_gpu_peak_gb else ""
-    )
+    # The 1-GPU run trained the whole model on one GPU: a DDP replica per GPU fits as it did.
+    fits = f" (the 1-GPU run trained unsharded in {one_gpu_peak_gb:.0f} GB)" if one_gpu_peak_gb else ""
     if sharded:
         out["added_work_ms"] = (
             f"backend.data_parallel=ddp{fits}: no FSDP all-gathers, casts and copies per step"
@@ -100,8 +100,8 @@ def levers(d: dict, knobs: dict[str, str], one_gpu_peak_gb: float | None) -> dic
         "NCCL's kernels share the SMs and memory bandwidth with compute; fewer NCCL channels "
         "(NCCL_MAX_NCHANNELS in container.env, in a container) trade communication speed for compute"
     )
-    out["imbalance_ms"] = "uneven work between ranks: a slower or shared GPU, or uneven sequence lengths"
-    out["idle_ms"] = "the host late with launches: train.compile=true launches fewer, larger kernels"
+    if knobs.get("train.compile") == "false":
+        out["idle_ms"] = "the host late with launches: train.compile=true launches fewer, larger kernels"
     return {k: v for k, v in out.items() if v}
 
 
@@ -110,7 +110,8 @@ def scale_out_finding(d: dict, combination: str, knobs: dict[str, str], one_gpu_
     its largest parts in ms per step and the lever each points to."""
     pointed = levers(d, knobs, one_gpu_peak_gb)
     words = dict(COMPONENTS)
-    largest = sorted((k for k, _ in COMPONENTS if d[k] >= PART_MIN_MS), key=lambda k: -d[k])[:PARTS_IN_FINDING]
+    worth = PART_MIN_SHARE * abs(d["difference_ms"])
+    largest = sorted((k for k, _ in COMPONENTS if d[k] > 0 and d[k] >= worth), key=lambda k: -d[k])[:PARTS_IN_FINDING]
     said = "; ".join(
         f"{words[k]} {d[k]:+.1f} ms" + (f" (lever: {pointed[k]})" if k in pointed else "") for k in largest
     )
