@@ -49,13 +49,19 @@ class MeasuredRun:
 def followups_overlap(run_dir: Path, timing: dict) -> str | None:
     """Why the sweep's work on earlier runs ran beside this run's measured or profiled steps, or None.
 
-    The worker waits for the plan's measure_after file before step train.warmup_steps; every step
-    from there on (metrics.jsonl) ran after the wait and before the last flush (timing's steady_to),
-    so they began at steady_to - their summed time or earlier. A file made after that moment was made
-    while they ran: a sufficient test, never a false alarm (the steps' host gaps only move them earlier)."""
+    The worker waits for the plan's measure_after file before step train.warmup_steps, the first it
+    may measure; a capture window set to start earlier (capture.start_step) runs before that wait.
+    Every step from the first measured or profiled one on (metrics.jsonl) ran before the last flush
+    (timing's steady_to), so they began at steady_to - their summed time or earlier. A file made after
+    that moment was made while they ran (the sweep's work goes on until it makes the file): a
+    sufficient test, never a false alarm (the steps' host gaps only move them earlier)."""
     try:
         waited_for = json.loads((run_dir / RUN_PLAN).read_text()).get("measure_after")
-        warmup = int(OmegaConf.load(run_dir / CONFIG).train.warmup_steps)
+        config = OmegaConf.load(run_dir / CONFIG)
+        first = int(config.train.warmup_steps)
+        capture_start = OmegaConf.select(config, "capture.start_step")
+        if isinstance(capture_start, int):
+            first = min(first, capture_start)
         rows = [json.loads(line) for line in (run_dir / METRICS).read_text().splitlines() if line.strip()]
     except (OSError, ValueError, AttributeError):
         return None
@@ -68,7 +74,7 @@ def followups_overlap(run_dir: Path, timing: dict) -> str | None:
             f"the sweep's work on earlier runs (their export, analysis and record) was not done when this run "
             f"measured: {go.name} was never made, and the run measured anyway"
         )
-    began_by = float(last_flush) - sum(r.get("step_time_ms", 0.0) for r in rows if r.get("step", -1) >= warmup) / 1e3
+    began_by = float(last_flush) - sum(r.get("step_time_ms", 0.0) for r in rows if r.get("step", -1) >= first) / 1e3
     late_s = go.stat().st_mtime - began_by
     if late_s > 0:
         return (

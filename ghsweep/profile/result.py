@@ -42,6 +42,7 @@ METRICS = (
     "d2h_gb",
     "nccl_time_pct",
     "exposed_nccl_pct",
+    "profiler_overhead_pct",
 )
 
 

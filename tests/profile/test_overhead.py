@@ -103,14 +103,14 @@ def test_analyze_a_run_directory_reads_its_measured_steps(gapped, tmp_path):
     assert "profiler overhead +25.0%" in text and "`profiler_overhead`" in text
 
 
-def run_dir_with_steps(tmp_path: Path, go_made_at: float | None) -> Path:
+def run_dir_with_steps(tmp_path: Path, go_made_at: float | None, capture_start: str = "auto") -> Path:
     """A run directory as a local sweep's worker leaves it: its plan names the measure_after file,
     2 warm-up steps, then 4 steps of 100 ms ending at the last flush, t=1000 s."""
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    run_dir.mkdir(parents=True)
     go = run_dir / "measure_after"
     (run_dir / RUN_PLAN).write_text(json.dumps({"measure_after": str(go)}))
-    (run_dir / CONFIG).write_text("train:\n  warmup_steps: 2\n")
+    (run_dir / CONFIG).write_text(f"train:\n  warmup_steps: 2\ncapture:\n  start_step: {capture_start}\n")
     (run_dir / METRICS).write_text("".join(json.dumps({"step": s, "step_time_ms": 100.0}) + "\n" for s in range(6)))
     (run_dir / SUMMARY).write_text(
         json.dumps({"metrics": {"step_time_ms": 100.0}, "timing": {"steady_from": 999.5, "steady_to": 1000.0}})
@@ -130,3 +130,9 @@ def test_the_sweeps_work_beside_the_steps_is_found(tmp_path, gapped, made_at, ov
     assert (measured.overlap is not None) == overlapped
     ids = [f.id for f in full_analysis(gapped, measured=measured).findings]
     assert ("sweep_overlap" in ids) == overlapped
+
+
+def test_profiled_steps_before_the_wait_count_too(tmp_path):
+    """A capture window from step 1 runs before the wait at step 2: the steps from 1 on began by 999.5 s."""
+    assert MeasuredRun.of(run_dir_with_steps(tmp_path / "a", 999.55)).overlap is None
+    assert MeasuredRun.of(run_dir_with_steps(tmp_path / "b", 999.55, capture_start="1")).overlap is not None
