@@ -1,4 +1,4 @@
-"""`python -m ghsweep.analyze PATH [--json]`: where the time of a profiled run went.
+"""`python -m ghsweep.analyze PATH [--against BASELINE] [--json]`: where the time of a profiled run went.
 
 PATH is an nsys SQLite export, an .nsys-rep (exported to SQLite first; needs nsys), a PyTorch
 profiler trace (.json / .json.gz), a run directory (its profile is found there; a run on several
@@ -6,6 +6,11 @@ GPUs: every rank's profile_rank<N> report, analysed together) or a PyTorch profi
 directory (`*.pt.trace.json[.gz]`). An Nsight Compute CSV beside the profile
 (top_kernels_ncu.csv) adds the roofline of the top kernels. A profile that cannot be analysed is
 one line on stderr naming the file and what is wrong, and exit status 2.
+
+A run directory's summary.json gives the run's measured (untraced) step time: the analysis then
+says how much the profiler slowed the steps it traced (profiler_overhead_pct) and states its idle
+findings net of that. `--against BASELINE` (any PATH as above) adds `step_delta`: where the step
+time went between the two runs (profile/delta.py), in ms per step.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from pathlib import Path
 
 from ghsweep.core.errors import ProfileError, ProfilerUnavailable, first_line, one_line
 from ghsweep.core.run_dir import NCU_CSV, NSYS_RANK_GLOB, NSYS_REPORT, NSYS_SQLITE, TORCH_TRACE
-from ghsweep.profile import report
+from ghsweep.profile import delta, report
+from ghsweep.profile.overhead import MeasuredRun
 from ghsweep.profile.ranks import rank_of
+from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 
 TORCH_PROFILER_TRACES = ("*.pt.trace.json", "*.pt.trace.json.gz")
@@ -56,34 +63,49 @@ def rank_profiles(directory: Path) -> list[Path]:
     return [found[r] for r in sorted(found)]
 
 
+def analyse_path(path: Path, ncu: Path | None = None) -> ProfileAnalysis:
+    """The analysis of PATH (see the module's docstring); a run directory's measured steps too."""
+    measured = MeasuredRun.of(path) if path.is_dir() else None
+    ranks = rank_profiles(path) if path.is_dir() else []
+    if len(ranks) > 1:
+        # The world is what the reports show: the run's config may be elsewhere.
+        return rank_analysis(ranks, None, max(rank_of(p) for p in ranks) + 1, measured=measured)
+    profile = find_profile(path) if path.is_dir() else path
+    if ncu is not None and not ncu.is_file():
+        raise ProfileError(f"{ncu}: no such Nsight Compute CSV")
+    ncu_csv = ncu or (profile.parent / NCU_CSV if (profile.parent / NCU_CSV).is_file() else None)
+    return full_analysis(profile, ncu_csv=ncu_csv, measured=measured)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ghsweep.analyze", description=__doc__.splitlines()[0])
     parser.add_argument("path", type=Path, help="nsys .sqlite / .nsys-rep, torch trace .json[.gz], or a run directory")
     parser.add_argument("--json", action="store_true", help="print the whole analysis as JSON")
     parser.add_argument("--ncu", type=Path, default=None, help="Nsight Compute raw CSV of the top kernels")
+    parser.add_argument(
+        "--against", type=Path, default=None, help="a baseline run (any PATH): where the step time went between the two"
+    )
     args = parser.parse_args(argv)
+    where = args.path
     try:
-        ranks = rank_profiles(args.path) if args.path.is_dir() else []
-        if len(ranks) > 1:
-            # The world is what the reports show: the run's config may be elsewhere.
-            result = rank_analysis(ranks, None, max(rank_of(p) for p in ranks) + 1)
-        else:
-            path = find_profile(args.path) if args.path.is_dir() else args.path
-            if args.ncu is not None and not args.ncu.is_file():
-                raise ProfileError(f"{args.ncu}: no such Nsight Compute CSV")
-            ncu_csv = args.ncu or (path.parent / NCU_CSV if (path.parent / NCU_CSV).is_file() else None)
-            result = full_analysis(path, ncu_csv=ncu_csv)
+        result = analyse_path(args.path, args.ncu)
+        step_delta = None
+        if args.against is not None:
+            where = args.against
+            step_delta = delta.step_delta(analyse_path(args.against), result)
     except (ProfilerUnavailable, ValueError, OSError) as exc:
         print(f"ghsweep.analyze: {first_line(exc)}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - a tool ends in one line, never a traceback
-        print(f"ghsweep.analyze: {args.path}: could not be analysed ({one_line(exc)})", file=sys.stderr)
+        print(f"ghsweep.analyze: {where}: could not be analysed ({one_line(exc)})", file=sys.stderr)
         return 2
     if args.json:
-        json.dump(result.to_dict(), sys.stdout, indent=2, default=str)
+        json.dump(
+            result.to_dict() | ({"step_delta": step_delta} if step_delta else {}), sys.stdout, indent=2, default=str
+        )
         print()
     else:
-        print(report.render(result))
+        print(report.render(result) + (f"\n{delta.render(step_delta)}" if step_delta else ""))
     return 0
 
 

@@ -322,7 +322,7 @@ def time_per_step(
 ) -> dict:
     """Where a mean steady step's time went, in ms, from the window's device operations (start,
     end, key into `names`: a kernel's function name, a copy's direction, "Memset"): per name, the
-    time of every non-NCCL operation (compute); the union of those (compute_busy); NCCL running
+    time of every non-NCCL operation (compute) and of each NCCL kernel; the union of those (compute_busy); NCCL running
     with no compute beside it (exposed_comm); nothing running (idle). step = compute_busy +
     exposed_comm + idle exactly, which is what lets scaling.py split a difference of steps
     without remainder. Vectorised: a big export has millions of kernels."""
@@ -336,19 +336,24 @@ def time_per_step(
     per = max(steps, 1) * 1e6
     compute_busy = union_ns(s[~comm], e[~comm])
     busy = union_ns(s, e)
-    uniq, inverse = np.unique(k[~comm], return_inverse=True)
-    totals = np.bincount(inverse.ravel(), weights=(e - s)[~comm].astype(np.float64), minlength=len(uniq))
-    by_name: dict[str, float] = {}
-    for key, ns in zip(uniq.tolist(), totals.tolist()):
-        name = names.get(key, str(key))
-        by_name[name] = by_name.get(name, 0.0) + ns / per
+
+    def by_name(chosen: np.ndarray) -> dict[str, float]:
+        uniq, inverse = np.unique(k[chosen], return_inverse=True)
+        totals = np.bincount(inverse.ravel(), weights=(e - s)[chosen].astype(np.float64), minlength=len(uniq))
+        out: dict[str, float] = {}
+        for key, ns in zip(uniq.tolist(), totals.tolist()):
+            name = names.get(key, str(key))
+            out[name] = out.get(name, 0.0) + ns / per
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
     return {
         "step_ms": (w1 - w0) / per,
         "compute_busy_ms": compute_busy / per,
         "exposed_comm_ms": (busy - compute_busy) / per,
         "comm_ms": float((e - s)[comm].sum()) / per,
         "idle_ms": (w1 - w0 - busy) / per,
-        "compute_by_name_ms": dict(sorted(by_name.items(), key=lambda kv: -kv[1])),
+        "compute_by_name_ms": by_name(~comm),
+        "comm_by_name_ms": by_name(comm),  # each NCCL kernel's time (delta.py tells the collectives apart)
     }
 
 

@@ -20,9 +20,15 @@ in this order (engine.GapEvidence.cause):
   6. unattributed
 The findings then read those shares: data_loading fires on causes 2 + 4 only, so a data phase
 slowed by page faults is a unified-memory finding, never "raise num_workers".
-Rules (all that match fire; findings listed in this order, RULES): profile_health, gpu_starved,
-data_loading, host_sync, launch_bound, pageable_copies, offload_cost / exposed_memcpy,
-um_migrations, fp8_not_effective, roofline_*.
+Rules (all that match fire; findings listed in this order): profiler_overhead, sweep_overlap,
+profile_health, then RULES: gpu_starved, data_loading, host_sync, launch_bound, pageable_copies,
+offload_cost / exposed_memcpy, um_migrations, fp8_not_effective, gpu_metrics, roofline_*.
+
+The profiler's own cost (overhead.py: profiled step - measured step, where the run's measured step
+is known) is taken off the idle causes it shows as (net_causes) before the rules read them, so an
+idle or launch finding is the run's own, stated net of the profiler. The idle-time rules have a
+band below their threshold (STARVED_BAND_PCT, ...) where they still fire, as info, so a repeat of a
+run whose numbers moved by less than the band gets the same findings.
 """
 
 from __future__ import annotations
@@ -44,10 +50,32 @@ UM_WARN_PCT = 5.0  # unified-memory migrations' share of memory-operation time
 # With precision=fp8, fp8 GEMMs (kernel_kinds.is_fp8_gemm) below this share of GEMM time: the
 # matmuls still run in bf16/fp16 (a working fp8 recipe leaves only lm_head and adapters in bf16).
 FP8_MIN_GEMM_SHARE = 0.5
+# Profiled steps this much slower than the measured (untraced) ones: the profiler_overhead finding.
+OVERHEAD_FINDING_PCT = 5.0
+# Hysteresis: a number within this band of its threshold, on the quiet side, still gives the finding,
+# as info and said to be near the threshold, so that a repeat of a run whose number moved by less
+# than the band (what repeats of one configuration move by) gets the same findings. In the
+# threshold's unit: points of % for shares, a share for MAJORITY.
+STARVED_BAND_PCT = 3.0
+IDLE_BAND_PCT = 2.0
+MAJORITY_BAND = 0.1
+SYNC_BAND_PCT = 1.5
+LAUNCH_BAND_PCT = 1.5
+NEAR = " (near the threshold: within the run-to-run band)"
 
 
 def finding(id_: str, severity: str, message: str, **evidence) -> Finding:
     return Finding(id_, severity, message, evidence)
+
+
+def level(value: float, threshold: float, band: float, below: bool = False) -> str | None:
+    """`warning` past the threshold (below it, with `below`), `info` within `band` of it on the
+    other side (see STARVED_BAND_PCT), None further off."""
+    past = value < threshold if below else value >= threshold
+    if past:
+        return "warning"
+    near = value < threshold + band if below else value >= threshold - band
+    return "info" if near else None
 
 
 def _share(part: float, whole: float) -> float:
@@ -62,7 +90,10 @@ def window_words(a: ProfileAnalysis) -> str:
 @dataclass
 class Window:
     """What every rule reads of the analysed window: its length, steps, idle causes, and the words
-    for amounts (per step over steady steps; over the whole trace, totals, said so)."""
+    for amounts (per step over steady steps; over the whole trace, totals, said so).
+
+    `overhead_ns`: the profiler's own time in the window (profiled - measured steps); the causes
+    are net of it (net_causes), idle_ns too."""
 
     ns: int
     steps: int
@@ -70,36 +101,129 @@ class Window:
     of_step: str
     causes: dict[str, int]
     idle_ns: int
+    overhead_ns: int = 0  # the profiler's time taken off the causes (OVERHEAD_SHOWS_AS)
+    unabsorbed_ns: int = 0  # the rest of it: inside other causes, or nowhere to be told apart
 
     @classmethod
     def of(cls, a: ProfileAnalysis) -> Window:
         stepped = bool(a.window.get("steps"))
-        causes = a.gaps.get("causes_ns", {})
+        steps = max(1, len(a.window.get("steps") or []))
+        traced = a.gaps.get("causes_ns", {})
+        extra = 0
+        if stepped and a.profiled_step_ms is not None and a.measured_step_ms is not None:
+            extra = int(max(0.0, a.profiled_step_ms - a.measured_step_ms) * steps * 1e6)
+        causes, unabsorbed = net_causes(traced, extra)
         return cls(
             a.window["duration_ns"],
-            max(1, len(a.window.get("steps") or [])),
+            steps,
             "per step" if stepped else "in the whole trace",
             "of each step" if stepped else "of the whole trace",
             causes,
             sum(causes.values()),
+            sum(traced.values()) - sum(causes.values()),
+            unabsorbed,
         )
 
     def ms_per_step(self, ns: float) -> float:
         return ns / self.steps / 1e6
 
+    @property
+    def net_ns(self) -> int:
+        """The window less the profiler's own time."""
+        return self.ns - self.overhead_ns
+
+    def not_established(self, still_fires: bool) -> str:
+        """The note for a finding that would not fire were the profiler's unabsorbed time in its cause."""
+        if still_fires or not self.unabsorbed_ns:
+            return ""
+        return (
+            f" (not established: the profiler's other {self.ms_per_step(self.unabsorbed_ns):.2f} ms {self.per_step} "
+            "may be in it)"
+        )
+
+    def net_words(self) -> str:
+        return (
+            f", net of the profiler's {self.ms_per_step(self.overhead_ns):.2f} ms {self.per_step}"
+            if self.overhead_ns
+            else ""
+        )
+
+
+# The causes the profiler's per-launch cost shows as (the host late to launch, back-to-back spacing
+# stretched, gaps nothing else explains), in the order its time is taken off them.
+OVERHEAD_SHOWS_AS = ("launch_latency", "short_gaps", "unattributed")
+
+
+def net_causes(causes: dict[str, int], overhead_ns: int) -> tuple[dict[str, int], int]:
+    """(idle time per cause less the profiler's `overhead_ns`, taken off OVERHEAD_SHOWS_AS in order,
+    and what was left of it). A tracer creates those causes; what is left may be in the others
+    (OS-runtime tracing slows the host's waits), so the findings reading them say it is not established."""
+    out, left = dict(causes), overhead_ns
+    for cause in OVERHEAD_SHOWS_AS:
+        taken = min(left, out.get(cause, 0))
+        if taken:
+            out[cause] -= taken
+            left -= taken
+    return out, left
+
+
+def profiler_overhead(a: ProfileAnalysis) -> list[Finding]:
+    """The profiled steps slower than the measured ones by OVERHEAD_FINDING_PCT or more (overhead.py)."""
+    pct_ = a.profiler_overhead_pct
+    if pct_ is None or pct_ < OVERHEAD_FINDING_PCT or a.profiled_step_ms is None or a.measured_step_ms is None:
+        return []
+    extra = a.profiled_step_ms - a.measured_step_ms
+    return [
+        finding(
+            "profiler_overhead",
+            "warning",
+            f"the profiler slowed the steps it traced by {pct_:.1f}% ({a.profiled_step_ms:.1f} ms a profiled step "
+            f"against {a.measured_step_ms:.1f} ms measured untraced): GPU idle and launch-gap figures of this "
+            f"profile are inflated by about {extra:.1f} ms per step; the findings below are stated net of it, or "
+            "marked not established where it may hide in their cause (a smaller trace set, "
+            "profile.nsys.trace=[cuda,nvtx], costs less)",
+            profiled_step_ms=a.profiled_step_ms,
+            measured_step_ms=a.measured_step_ms,
+            profiler_overhead_pct=pct_,
+            overhead_ms_per_step=extra,
+        )
+    ]
+
+
+def sweep_overlap(overlap: str | None) -> list[Finding]:
+    """The sweep's follow-up work on earlier runs found to run beside this run's steps (overhead.py)."""
+    if not overlap:
+        return []
+    return [
+        finding(
+            "sweep_overlap",
+            "warning",
+            f"{overlap}: this run's step times and profile may be slowed by the tool's own work",
+            overlap=overlap,
+        )
+    ]
+
 
 def gpu_starved(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
-    busy = a.gpu_busy_pct
-    if busy is None or busy >= STARVED_BUSY_PCT:  # None: no device (evaluate runs no rule then)
+    if a.gpu_busy_pct is None:  # no device (evaluate runs no rule then)
         return []
+    busy = 100.0 * _share(w.net_ns - w.idle_ns, w.net_ns) if w.overhead_ns else a.gpu_busy_pct
+    severity = level(busy, STARVED_BUSY_PCT, STARVED_BAND_PCT, below=True)
+    if severity is None:
+        return []
+    worst = 100.0 * _share(w.net_ns - w.idle_ns, w.net_ns - w.unabsorbed_ns)
+    unsure = w.not_established(level(worst, STARVED_BUSY_PCT, STARVED_BAND_PCT, below=True) is not None)
+    severity = "info" if unsure else severity
     top = max(w.causes, key=w.causes.__getitem__) if w.idle_ns else "unattributed"
     return [
         finding(
             "gpu_starved",
-            "warning",
-            f"GPU busy only {busy:.1f}% of {window_words(a)} ({a.gpu_idle_pct:.1f}% idle, "
-            f"{w.ms_per_step(w.idle_ns):.2f} ms idle {w.per_step}); most idle time: {top.replace('_', ' ')}",
+            severity,
+            f"GPU busy only {busy:.1f}% of {window_words(a)}{w.net_words()} ({100 - busy:.1f}% idle, "
+            f"{w.ms_per_step(w.idle_ns):.2f} ms idle {w.per_step}); most idle time: {top.replace('_', ' ')}"
+            + (unsure or (NEAR if severity == "info" else "")),
             gpu_busy_pct=busy,
+            traced_gpu_busy_pct=a.gpu_busy_pct,
             idle_ms_per_step=w.ms_per_step(w.idle_ns),
             main_cause=top,
         )
@@ -108,17 +232,27 @@ def gpu_starved(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
 
 def data_loading(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
     loading = w.causes.get("data_loading", 0) + w.causes.get("host_wait", 0)
-    if _share(w.idle_ns, w.ns) * 100 < IDLE_MIN_PCT or _share(loading, w.idle_ns) < MAJORITY:
+    idle = level(_share(w.idle_ns, w.net_ns) * 100, IDLE_MIN_PCT, IDLE_BAND_PCT)
+    mostly = level(_share(loading, w.idle_ns), MAJORITY, MAJORITY_BAND)
+    if idle is None or mostly is None:
         return []
+    severity = "warning" if idle == mostly == "warning" else "info"
+    rest = min(w.unabsorbed_ns, loading)
+    unsure = w.not_established(
+        level(_share(w.idle_ns - rest, w.net_ns - rest) * 100, IDLE_MIN_PCT, IDLE_BAND_PCT) is not None
+        and level(_share(loading - rest, w.idle_ns - rest), MAJORITY, MAJORITY_BAND) is not None
+    )
+    severity = "info" if unsure else severity
     workers = context.get("num_workers")
     advice = "raise dataloader.num_workers" + (f" (now {workers})" if workers is not None else "")
     return [
         finding(
             "data_loading",
-            "warning",
+            severity,
             f"data-loading bound: the data loader stalls the GPU {w.ms_per_step(loading):.2f} ms {w.per_step} "
-            f"({100 * _share(loading, w.idle_ns):.0f}% of the GPU idle time: the host inside DataLoader or data "
-            f"ranges, or waiting); the lever is the loader's worker processes: {advice}, then pin memory and prefetch",
+            f"({100 * _share(loading, w.idle_ns):.0f}% of the GPU idle time{w.net_words()}: the host inside "
+            f"DataLoader or data ranges, or waiting); the lever is the loader's worker processes: {advice}, then "
+            "pin memory and prefetch" + (unsure or (NEAR if severity == "info" else "")),
             data_loading_ms_per_step=w.ms_per_step(w.causes.get("data_loading", 0)),
             host_wait_ms_per_step=w.ms_per_step(w.causes.get("host_wait", 0)),
             share_of_idle_pct=100 * _share(loading, w.idle_ns),
@@ -129,17 +263,22 @@ def data_loading(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
 
 
 def host_sync(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
-    sync_pct = 100 * _share(w.causes.get("sync", 0), w.ns)
-    if sync_pct < SYNC_MIN_PCT:
+    sync_pct = 100 * _share(w.causes.get("sync", 0), w.net_ns)
+    severity = level(sync_pct, SYNC_MIN_PCT, SYNC_BAND_PCT)
+    if severity is None:
         return []
+    rest = min(w.unabsorbed_ns, w.causes.get("sync", 0))
+    worst = 100 * _share(w.causes.get("sync", 0) - rest, w.net_ns - rest)
+    unsure = w.not_established(level(worst, SYNC_MIN_PCT, SYNC_BAND_PCT) is not None)
+    severity = "info" if unsure else severity
     return [
         finding(
             "host_sync",
-            "warning",
+            severity,
             f"host synchronisation: the GPU sits idle while the host waits in synchronising calls and launches the "
             f"next work only after they return, for {sync_pct:.1f}% {w.of_step} "
             f"({w.ms_per_step(w.causes['sync']):.2f} ms {w.per_step}); remove .item()/.cpu()/print of GPU values "
-            "from the step, or do them every N steps",
+            "from the step, or do them every N steps" + (unsure or (NEAR if severity == "info" else "")),
             sync_idle_pct=sync_pct,
             sync_ms_per_step=w.ms_per_step(w.causes["sync"]),
             longest_gaps=a.gaps.get("top_gaps", {}).get("sync", []),
@@ -154,22 +293,23 @@ def launch_bound(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
     kernels = a.kernels
     late = a.gaps.get("top_gaps", {}).get("launch_latency", [])
     longest_ns = int(late[0]["ms"] * 1e6) if late else 0
-    launch_pct = 100 * _share(w.causes.get("launch_latency", 0), w.ns)
-    spread_pct = 100 * _share(w.causes.get("launch_latency", 0) - longest_ns, w.ns)
+    launch_pct = 100 * _share(w.causes.get("launch_latency", 0), w.net_ns)
+    spread_pct = 100 * _share(max(0, w.causes.get("launch_latency", 0) - longest_ns), w.net_ns)
     short = kernels.get("short_pct", 0) >= 50  # the median kernel is shorter than 10 us
     launch_heavy = (
         kernels.get("launch_api_ns", 0) - kernels.get("launch_api_max_ns", 0) >= kernels.get("total_ns", 0) > 0
     )
-    if spread_pct < LAUNCH_MIN_PCT or not (short or launch_heavy):
+    severity = level(spread_pct, LAUNCH_MIN_PCT, LAUNCH_BAND_PCT)
+    if severity is None or not (short or launch_heavy):
         return []
     return [
         finding(
             "launch_bound",
-            "warning",
-            f"launch bound: the GPU waits for the host to launch work for {launch_pct:.1f}% {w.of_step} "
+            severity,
+            f"launch bound: the GPU waits for the host to launch work for {launch_pct:.1f}% {w.of_step}{w.net_words()} "
             f"({kernels.get('short_pct', 0):.0f}% of kernels under {SHORT_KERNEL_NS / 1e3:.0f} us, launch calls "
             f"{kernels.get('launch_api_ns', 0) / 1e6:.1f} ms vs kernels {kernels.get('total_ns', 0) / 1e6:.1f} ms); "
-            "use CUDA graphs or torch.compile to launch fewer, larger kernels",
+            "use CUDA graphs or torch.compile to launch fewer, larger kernels" + (NEAR if severity == "info" else ""),
             launch_latency_pct=launch_pct,
             short_kernel_pct=kernels.get("short_pct", 0),
             longest_gaps=late,
@@ -340,10 +480,11 @@ RULES = (
 )
 
 
-def evaluate(a: ProfileAnalysis, context: dict | None = None) -> list[Finding]:
-    """The findings of analysis `a` (see analysis.py for the numbers' definitions): profile health,
-    then RULES in order; a run with no captured window or no device (a CPU run) gets health only."""
-    out = health(a)
+def evaluate(a: ProfileAnalysis, context: dict | None = None, overlap: str | None = None) -> list[Finding]:
+    """The findings of analysis `a` (see analysis.py for the numbers' definitions): the profiler's
+    overhead and the sweep's work beside the run (`overlap`, overhead.py), profile health, then RULES
+    in order; a run with no captured window or no device (a CPU run) gets those first ones only."""
+    out = profiler_overhead(a) + sweep_overlap(overlap) + health(a)
     if not a.window.get("duration_ns") or a.gpu_busy_pct is None:
         return out
     window = Window.of(a)

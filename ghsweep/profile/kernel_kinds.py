@@ -32,6 +32,48 @@ def kernel_family(name: str) -> str:
     return match.group(1) if match else name
 
 
+# The families a step's kernel time is told in across runs (delta.py), whatever the kernels' generated
+# names: GEMMs by their operand dtype, attention, Inductor's and ATen's elementwise kernels (casts,
+# fp8's scaling and amax among them), the optimizer, each NCCL collective with its dtype, copies.
+GEMM_DTYPES = (
+    ("fp8", FP8),
+    # cuBLASLt on Hopper: nvjet_sm90_tst_* is bf16 in, bf16 out; older names spell the type.
+    ("bf16", re.compile(r"bf16|^nvjet_sm\d+[a-z]?_t", re.IGNORECASE)),
+    ("fp16", re.compile(r"fp16|f16f16|hgemm|_h16|^nvjet_sm\d+[a-z]?_h", re.IGNORECASE)),
+    ("fp32/tf32", re.compile(r"sgemm|tf32|f32f32|^nvjet_sm\d+[a-z]?_s", re.IGNORECASE)),
+)
+ELEMENTWISE = re.compile(r"elementwise|cast|amax|scale", re.IGNORECASE)
+COPY = re.compile(r"^Memcpy|^Memset|copy|chunk_cat|CatArray", re.IGNORECASE)
+NCCL_COLLECTIVE = re.compile(
+    r"nccl\w*?Kernel_(?P<collective>[A-Za-z]+)(?:_\w*?(?P<dtype>bf16|f16|f32|f64|[iu]8|[iu]32|[iu]64|f8e4m3|f8e5m2))?"
+)
+ELEMENTWISE_FAMILY = "fused elementwise / casts"
+
+
+def step_family(name: str) -> str:
+    """The family a kernel's (or copy's) time counts to when two runs are compared: `bf16 GEMMs`,
+    `fp8 GEMMs`, `attention`, `fused elementwise / casts`, `optimizer`, `NCCL ReduceScatter f32`,
+    `copies`, `other`."""
+    if is_nccl(name):
+        found = NCCL_COLLECTIVE.search(name)
+        if not found:
+            return "NCCL"
+        return " ".join(p for p in ("NCCL", found["collective"], found["dtype"]) if p)
+    if ATTENTION.search(name):
+        return "attention"
+    if is_gemm(name):
+        return next((f"{dtype} GEMMs" for dtype, pattern in GEMM_DTYPES if pattern.search(name)), "GEMMs")
+    if is_optimizer(name):
+        return "optimizer"
+    if name.startswith("triton_"):  # Inductor's fused kernels (to_copy in their names is a cast)
+        return ELEMENTWISE_FAMILY
+    if COPY.search(name):
+        return "copies"
+    if ELEMENTWISE.search(name):
+        return ELEMENTWISE_FAMILY
+    return "other"
+
+
 def is_gemm(name: str) -> bool:
     return bool(GEMM.search(name)) and not ATTENTION.search(name)
 

@@ -28,6 +28,7 @@ from ghsweep.core.run_dir import (
 from ghsweep.core.run_plan import ProfilePlan, RunPlan
 from ghsweep.profile import capture, plots, report
 from ghsweep.profile.analysis import analyze
+from ghsweep.profile.overhead import MeasuredRun
 from ghsweep.profile.ranks import rank_of
 from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 
@@ -77,10 +78,11 @@ def after_worker(config: ConfigSchema, run: RunPlan, run_ncu_pass: RunNcuPass) -
             ncu_csv, ncu_info = ncu_pass(config, run, profiles[0], run_ncu_pass)
             outcome.metrics["ncu_s"] = ncu_info["seconds"]
             raw.append(ncu_csv)
+        measured = MeasuredRun.of(run_dir)  # the worker's untraced steps: the profiler's overhead
         analysis = (
-            full_analysis(profiles[0], context_of(config), ncu_csv)
+            full_analysis(profiles[0], context_of(config), ncu_csv, measured=measured)
             if world_size == 1 or plan.used != "nsys"
-            else rank_analysis(profiles, context_of(config), world_size)
+            else rank_analysis(profiles, context_of(config), world_size, measured=measured)
         )
         if ncu_info:
             analysis.roofline["ncu_pass"] = ncu_info

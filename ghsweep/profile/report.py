@@ -47,6 +47,11 @@ def render(analysis: ProfileAnalysis) -> str:
         "",
     ]
     lines += [f"- {s}" for s in analysis.summary]
+    if analysis.profiler_overhead_pct is not None:
+        lines.append(
+            f"- profiled step {analysis.profiled_step_ms:.2f} ms against {analysis.measured_step_ms:.2f} ms measured "
+            f"untraced: profiler overhead {analysis.profiler_overhead_pct:+.1f}%"
+        )
     lines += ["", "## Findings", ""]
     lines += [f"- **{f.severity}** `{f.id}`: {f.message}" for f in analysis.findings] or ["- none"]
     lines += ["", "## Where the time went", ""]
@@ -54,8 +59,11 @@ def render(analysis: ProfileAnalysis) -> str:
     if measured:
         lines += ["| metric | value |", "|---|---|"]
         lines += [f"| {key} | {value:.3g} |" for key, value in measured.items()]
-        # One GPU has no communication to show; any other metric the profile lacks is named once.
-        missing = [key for key in METRICS if key not in measured and "nccl" not in key]
+        # One GPU has no communication to show, a profile alone no measured steps to hold its own
+        # against; any other metric the profile lacks is named once.
+        missing = [
+            key for key in METRICS if key not in measured and "nccl" not in key and key != "profiler_overhead_pct"
+        ]
         if missing:
             lines += ["", f"Not in this profile: {', '.join(missing)}."]
     else:

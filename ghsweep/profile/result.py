@@ -42,6 +42,7 @@ METRICS = (
     "d2h_gb",
     "nccl_time_pct",
     "exposed_nccl_pct",
+    "profiler_overhead_pct",
 )
 
 
@@ -78,6 +79,11 @@ class ProfileAnalysis:
     health: list[str] = field(default_factory=list)  # what was asked for and is missing
     # nsys GPU metrics (profile.nsys.gpu_metrics): each sampled metric's mean over the window, by nsys's name.
     gpu_metrics: dict[str, float] = field(default_factory=dict)
+    # The profiler's own cost (overhead.py): the mean profiled step (time_per_step, mean over ranks),
+    # the run's measured (untraced) step time (summary.json), and how much slower the first ran.
+    profiled_step_ms: float | None = None
+    measured_step_ms: float | None = None
+    profiler_overhead_pct: float | None = None
     # Added after the numbers (run_analysis.py, ranks.py):
     roofline: dict[str, Any] = field(default_factory=dict)  # Nsight Compute points of the top kernels
     findings: list[Finding] = field(default_factory=list)

@@ -1,117 +1,51 @@
-"""Where the per-GPU throughput went when a combination runs on N GPUs instead of one.
+"""Where the per-GPU throughput went when a combination runs on N GPUs instead of one, and the
+lever each part points to.
 
 With the same micro-batch per GPU, tokens/s per GPU is proportional to 1 / step time, so the
-throughput lost is the step time gained. Each run's mean steady step splits exactly into
-(engine.time_per_step): compute busy + exposed NCCL + idle, and compute busy = the sum of the
-non-NCCL operations' time by name - their overlap across streams. The difference of the N-GPU
-run's step (mean over its ranks) and the 1-GPU run's then splits, without remainder, into:
-
-- slower compute: the same kernels (by function name, in both runs; Inductor's generated kernels
-  without their per-graph index) taking longer per step,
-  because NCCL kernels share the SMs and memory bandwidth beside them;
-- added work: kernels and copies only the N-GPU run has (FSDP's casts and copies, bucketing), less
-  those only the 1-GPU run has;
-- overlap change: less (or more) compute running concurrently on several streams;
-- imbalance: the time a rank waits, NCCL alone on its GPU, for the rank with the most compute
-  (per rank the smaller of its compute deficit and its exposed NCCL time, mean over ranks);
-- exposed communication: the rest of the NCCL time no compute hides;
-- idle / launch: more time with nothing on the GPU (the host late with launches, syncs).
-
-Every term is ms per step and traceable to kernels: `kernels` lists the names that changed most.
+throughput lost is the step time gained: the N-GPU run's step (mean over its ranks) against the
+1-GPU run's, split without remainder into delta.PARTS (delta.py says how): the same kernels slower
+beside NCCL, work only on N GPUs (FSDP's casts and copies, bucketing), overlap change, imbalance,
+exposed communication, idle / launch time, the profiler's own overhead. Every term is ms per step
+and traceable to kernels: `kernels` lists the names that changed most.
 """
 
 from __future__ import annotations
 
 import gzip
 import re
-import statistics
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 from ghsweep.core.errors import ProfileError
-from ghsweep.profile.kernel_kinds import kernel_family
-from ghsweep.profile.result import ProfileAnalysis
+from ghsweep.profile import delta
+from ghsweep.profile.delta import PARTS as COMPONENTS
+from ghsweep.profile.delta import has_time_per_step
+from ghsweep.profile.result import Finding, ProfileAnalysis
 from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 
-COMPONENTS = (
-    ("slower_compute_ms", "slower compute of the same kernels"),
-    ("added_work_ms", "kernels and copies only on N GPUs (less those only on 1)"),
-    ("overlap_change_ms", "less compute overlapped across streams"),
-    ("imbalance_ms", "imbalance: waiting for the rank with the most compute"),
-    ("exposed_comm_ms", "exposed communication (NCCL with no compute beside it)"),
-    ("idle_ms", "added idle / launch time (nothing on the GPU)"),
-)
-TOP_KERNELS = 10
-
-
-def has_time_per_step(analysis: ProfileAnalysis) -> bool:
-    """Whether every rank's step was split (analyses made before time_per_step existed were not)."""
-    return all(row.get("time_per_step") for row in analysis.ranks) and bool(analysis.time_per_step)
-
-
-def rank_steps(analysis: ProfileAnalysis) -> list[dict]:
-    """Each rank's time_per_step (the analysis itself on one GPU); ProfileError without one."""
-    steps = [row.get("time_per_step") or {} for row in analysis.ranks] or [analysis.time_per_step]
-    if not all(s.get("step_ms") for s in steps):
-        raise ProfileError("a profile analysis without time per step (made by an older ghsweep, or no device work)")
-    return steps
-
-
-def by_family(ms_by_name: dict[str, float]) -> dict[str, float]:
-    """Time per kernel family (kernel_kinds.kernel_family): Inductor's kernels line up across runs."""
-    families: dict[str, float] = {}
-    for name, ms in ms_by_name.items():
-        families[kernel_family(name)] = families.get(kernel_family(name), 0.0) + ms
-    return families
+# Parts named in the scale-out finding (the largest first), and the smallest worth naming (share of the difference).
+PARTS_IN_FINDING = 3
+PART_MIN_SHARE = 0.1
+# Per-GPU throughput below this share of one GPU's is worth a warning (above it: info).
+SCALE_OUT_WARN_EFFICIENCY = 0.9
 
 
 def decompose(one: ProfileAnalysis, many: ProfileAnalysis) -> dict:
     """The step time gained from `one` (1 GPU) to `many` (N GPUs, every rank), split into
     COMPONENTS (ms per step); their sum is `difference_ms` exactly."""
-    base = rank_steps(one)[0]
-    ranks = rank_steps(many)
-
-    def mean(key: str) -> float:
-        return statistics.fmean(r[key] for r in ranks)
-
-    base_by_name = by_family(base["compute_by_name_ms"])
-    ranks_by_name = [by_family(r["compute_by_name_ms"]) for r in ranks]
-    names = {n for r in ranks_by_name for n in r} | set(base_by_name)
-    by_name = {n: statistics.fmean(r.get(n, 0.0) for r in ranks_by_name) for n in names}
-    shared = [n for n in names if n in base_by_name and any(n in r for r in ranks_by_name)]
-    slower = sum(by_name[n] - base_by_name[n] for n in shared)
-    added = sum(by_name[n] for n in names if n not in base_by_name) - sum(
-        base_by_name[n] for n in base_by_name if n not in shared
-    )
-    overlap_many = sum(by_name.values()) - mean("compute_busy_ms")
-    overlap_one = sum(base_by_name.values()) - base["compute_busy_ms"]
-    most = max(r["compute_busy_ms"] for r in ranks)
-    imbalance = statistics.fmean(min(most - r["compute_busy_ms"], r["exposed_comm_ms"]) for r in ranks)
-    parts = {
-        "slower_compute_ms": slower,
-        "added_work_ms": added,
-        "overlap_change_ms": overlap_one - overlap_many,
-        "imbalance_ms": imbalance,
-        "exposed_comm_ms": mean("exposed_comm_ms") - imbalance - base["exposed_comm_ms"],
-        "idle_ms": mean("idle_ms") - base["idle_ms"],
-    }
-    changed = sorted(names, key=lambda n: -abs(by_name[n] - base_by_name.get(n, 0.0)))[:TOP_KERNELS]
+    d = delta.step_delta(one, many)
     return {
-        "world_size": len(ranks),
-        "step_1_ms": base["step_ms"],
-        "step_n_ms": mean("step_ms"),
-        "difference_ms": mean("step_ms") - base["step_ms"],
-        "efficiency": base["step_ms"] / mean("step_ms"),
-        **parts,
+        "world_size": max(1, len(many.ranks)),
+        "step_1_ms": d["baseline_step_ms"],
+        "step_n_ms": d["run_step_ms"],
+        "difference_ms": d["difference_ms"],
+        "efficiency": d["baseline_step_ms"] / d["run_step_ms"],
+        **d["parts"],
+        "by_family": d["by_family"],
         "kernels": [
-            {
-                "name": n,
-                "ms_1": base_by_name.get(n, 0.0),
-                "ms_n": by_name[n],
-                "delta_ms": by_name[n] - base_by_name.get(n, 0.0),
-            }
-            for n in changed
+            {"name": k["name"], "ms_1": k["baseline_ms"], "ms_n": k["run_ms"], "delta_ms": k["delta_ms"]}
+            for k in d["kernels"]
         ],
     }
 
@@ -121,17 +55,81 @@ def pairs(
 ) -> list[tuple[str, dict]]:
     """(combination in words, decomposition) for every run on several GPUs whose combination (its
     overrides less `world_keys`) also ran on one GPU, both with a profile analysis."""
-    profiled = [(o, a) for o, a in runs if a is not None and has_time_per_step(a)]
+    return [(words, d) for words, _, d in indexed_pairs(list(runs), world_keys)]
+
+
+def indexed_pairs(
+    runs: list[tuple[list[str], ProfileAnalysis | None]], world_keys: tuple[str, ...]
+) -> list[tuple[str, tuple[int, int], dict]]:
+    """pairs() with the (1-GPU, N-GPU) positions of each pair in `runs`."""
+    profiled = [(i, o, a) for i, (o, a) in enumerate(runs) if a is not None and has_time_per_step(a)]
 
     def combination(overrides: list[str]) -> str:
         return " ".join(sorted(o for o in overrides if not o.startswith(world_keys)))
 
-    single = {combination(o): a for o, a in profiled if len(a.ranks) <= 1}
+    single = {combination(o): (i, a) for i, o, a in profiled if len(a.ranks) <= 1}
     return [
-        (combination(o) or "(defaults)", decompose(single[combination(o)], a))
-        for o, a in profiled
+        (combination(o) or "(defaults)", (single[combination(o)][0], i), decompose(single[combination(o)][1], a))
+        for i, o, a in profiled
         if len(a.ranks) > 1 and combination(o) in single
     ]
+
+
+def levers(d: dict, knobs: dict[str, str], one_gpu_peak_gb: float | None) -> dict[str, str]:
+    """The lever each part of a decomposition points to, by the trainer's config keys (conf/backend/torch.yaml,
+    conf/precision/*.yaml, conf/config.yaml); `knobs`: the run's overrides as {key: value}. A part with no
+    knob (imbalance) or whose knob is already set is not listed."""
+    families = {f["family"] for f in d.get("by_family", []) if f["run_ms"] > 0}
+    sharded = any(f.startswith(("NCCL ReduceScatter", "NCCL AllGather")) for f in families)
+    out = {}
+    # The 1-GPU run trained the whole model on one GPU: a DDP replica per GPU fits as it did.
+    fits = f" (the 1-GPU run trained unsharded in {one_gpu_peak_gb:.0f} GB)" if one_gpu_peak_gb else ""
+    if sharded:
+        out["added_work_ms"] = (
+            f"backend.data_parallel=ddp{fits}: no FSDP all-gathers, casts and copies per step"
+            if knobs.get("backend.data_parallel") != "ddp"
+            else ""
+        )
+        if knobs.get("backend.fsdp_reshard_after_forward") == "true":
+            out["added_work_ms"] = "backend.fsdp_reshard_after_forward=false: one all-gather per step instead of two"
+    if "NCCL ReduceScatter f32" in families and knobs.get("precision.reduce_dtype") != "param":
+        out["exposed_comm_ms"] = "precision.reduce_dtype=param: gradients reduced in their own dtype, half the bytes"
+    elif sharded and knobs.get("backend.data_parallel") != "ddp":
+        out["exposed_comm_ms"] = f"backend.data_parallel=ddp{fits}: one all-reduce overlapped with the backward"
+    out["slower_compute_ms"] = (
+        "NCCL's kernels share the SMs and memory bandwidth with compute; fewer NCCL channels "
+        "(NCCL_MAX_NCHANNELS in container.env, in a container) trade communication speed for compute"
+    )
+    if knobs.get("train.compile") == "false":
+        out["idle_ms"] = "the host late with launches: train.compile=true launches fewer, larger kernels"
+    return {k: v for k, v in out.items() if v}
+
+
+def scale_out_finding(d: dict, combination: str, knobs: dict[str, str], one_gpu_peak_gb: float | None) -> Finding:
+    """The scale-out finding of a run on N GPUs against its 1-GPU twin: the per-GPU throughput lost,
+    its largest parts in ms per step and the lever each points to."""
+    pointed = levers(d, knobs, one_gpu_peak_gb)
+    words = dict(COMPONENTS)
+    worth = PART_MIN_SHARE * abs(d["difference_ms"])
+    largest = sorted((k for k, _ in COMPONENTS if d[k] > 0 and d[k] >= worth), key=lambda k: -d[k])[:PARTS_IN_FINDING]
+    said = "; ".join(
+        f"{words[k]} {d[k]:+.1f} ms" + (f" (lever: {pointed[k]})" if k in pointed else "") for k in largest
+    )
+    lost = 100 * (1 - d["efficiency"])
+    return Finding(
+        "scale_out",
+        "warning" if d["efficiency"] < SCALE_OUT_WARN_EFFICIENCY else "info",
+        f"on {d['world_size']} GPUs each GPU gives {100 * d['efficiency']:.0f}% of one GPU's throughput "
+        f"({lost:.0f}% lost: {d['step_1_ms']:.1f} -> {d['step_n_ms']:.1f} ms a step, {d['difference_ms']:+.1f} ms)"
+        + (f"; largest parts: {said}" if said else ""),
+        {
+            "combination": combination,
+            "efficiency": d["efficiency"],
+            "difference_ms": d["difference_ms"],
+            **{k: d[k] for k, _ in COMPONENTS},
+            "levers": pointed,
+        },
+    )
 
 
 def table(d: dict) -> tuple[list[str], list[list[str]]]:

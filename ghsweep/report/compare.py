@@ -15,9 +15,8 @@ from ghsweep.core import stats
 from ghsweep.core.errors import BaselineError
 from ghsweep.core.names import RUN_IDS_TAG
 from ghsweep.core.run_dir import COMPARISON_DIR, COMPARISON_STEM
-from ghsweep.profile import scaling
+from ghsweep.profile import delta, scaling
 from ghsweep.report import plots
-from ghsweep.report.assignment import KernelChange, profile_diff
 from ghsweep.report.document import Document
 from ghsweep.report.sweep_source import SweepRun, load_sweep
 from ghsweep.report.sweep_table import align, bounded, fmt_value, knob_columns
@@ -40,10 +39,6 @@ METRIC_COLUMNS = (
 WORLD_KEYS = ("backend.num_nodes=", "backend.gpus_per_node=")
 # MLflow's limit on a tag value.
 MAX_TAG_CHARS = 8000
-# Kernels listed for each run in the comparison's kernel diff (the largest changes of time per step),
-# and named in the verdict's "because" sentence.
-KERNEL_DIFF_ROWS = 8
-KERNELS_IN_VERDICT = 3
 # The knob whose values repeat a combination (report: the spread between repeats).
 # Runs differing only in these are repeats of one combination: `repeat` (same data order) or `seed`
 # (another data order too).
@@ -232,9 +227,34 @@ def build(title: str, runs: list[SweepRun], baseline: int | str | None = None) -
     intervals = [speedup(r, runs[base]) if base is not None else None for r in runs]
     speedups = [i.estimate if i else None for i in intervals]
     scaling = scaling_efficiency([(r.overrides, r.metrics if r.finished else None) for r in runs])
+    add_scale_out_findings(runs)
     return Comparison(
         title, runs, knob_columns([r.overrides for r in runs]), base, speedups, intervals, pareto_front(runs), scaling
     )
+
+
+def add_scale_out_findings(runs: list[SweepRun]) -> None:
+    """Each profiled run on several GPUs whose combination also ran on one GPU gets the scale-out
+    finding (profile/scaling.py) among its analysis' findings, after the profiler's own: the sweep is
+    the first place both runs are known."""
+    finished = [(r.overrides, r.analysis if r.finished else None) for r in runs]
+    for combination, (one, many), d in scaling.indexed_pairs(finished, WORLD_KEYS):
+        analysis = runs[many].analysis
+        assert analysis is not None  # indexed_pairs pairs profiled runs only
+        found = scaling.scale_out_finding(d, combination, runs[many].knobs, runs[one].metrics.get("peak_mem_gb"))
+        first = [f for f in analysis.findings if f.id in ("profiler_overhead", "sweep_overlap")]
+        rest = [f for f in analysis.findings if f not in first and f.id != "scale_out"]
+        analysis.findings = [*first, found, *rest]
+
+
+def scale_out_lines(c: Comparison) -> list[str]:
+    """The terminal summary's line for each run with a scale-out finding."""
+    return [
+        f"Scale-out {c.label(i)}: {f.message}."
+        for i, r in enumerate(c.runs)
+        for f in (r.analysis.findings if r.analysis else [])
+        if f.id == "scale_out"
+    ]
 
 
 def table(c: Comparison) -> tuple[list[str], list[list[str]]]:
@@ -343,9 +363,9 @@ def verdict(c: Comparison) -> list[str]:
         interval = c.speedup_intervals[best]
         assert interval is not None  # the fastest run has a speedup
         lines.append(f"Fastest: {c.label(best)}{others}: {difference_text(interval)} against the baseline{cost}.")
-        because = kernel_diff(c, best)[:KERNELS_IN_VERDICT]
-        if because:
-            lines.append("Because, per step: " + "; ".join(change_text(k) for k in because) + ".")
+        d = step_delta(c, best)
+        if d and delta.because(d):
+            lines.append(f"Because, per step: {delta.because(d)}.")
         finding = top_finding(c.runs[best])
         if finding:
             lines.append(f"Its top finding: {finding}")
@@ -359,6 +379,7 @@ def verdict(c: Comparison) -> list[str]:
         if i != c.baseline and interval is not None:
             lines.append(f"{c.label(i)} against the baseline: {difference_text(interval)}{same_training_text(c, i)}.")
     lines += [repeats_text(c, group) for group in repeat_groups(c)]
+    lines += scale_out_lines(c)
     if c.pareto:
         lines.append(
             "Pareto front (no other run has measurably more tokens/s at no more peak memory, or measurably "
@@ -401,52 +422,33 @@ MISSING_PLOT_NOTES = {
 }
 
 
-def kernel_diff(c: Comparison, i: int) -> list[KernelChange]:
-    """Run i's kernels against the baseline's (the assignment report's profile diff, per step), the
-    largest changes of time per step first; empty where either run has no profile analysis."""
+def step_delta(c: Comparison, i: int) -> dict | None:
+    """Where run i's step time went against the baseline's (profile/delta.py); None for the baseline
+    itself and where either run has no profile analysis with time per step."""
     if c.baseline is None or i == c.baseline or not c.runs[i].finished:
-        return []
+        return None
     base, run = c.runs[c.baseline].analysis, c.runs[i].analysis
-    if base is None or run is None:
-        return []
-    changed = [k for k in profile_diff(base, run) if k.kind != "unchanged"]
-    return sorted(changed, key=lambda k: -abs((k.optimised_ns or 0) - (k.baseline_ns or 0)))[:KERNEL_DIFF_ROWS]
-
-
-def _ms(ns: float | None) -> str:
-    return "-" if ns is None else f"{ns / 1e6:.3f}"
-
-
-def change_text(k: KernelChange) -> str:
-    """`nvjet_sm90_tst_... 3.120 -> 1.900 ms (faster)`."""
-    return f"{plots.short_name(k.name, 60)} {_ms(k.baseline_ns)} -> {_ms(k.optimised_ns)} ms ({k.kind})"
+    if base is None or run is None or not (delta.has_time_per_step(base) and delta.has_time_per_step(run)):
+        return None
+    return delta.step_delta(base, run)
 
 
 def kernel_diff_section(c: Comparison, doc: Document) -> None:
-    """Each profiled run against the profiled baseline: the kernels whose time per step changed most."""
+    """Each profiled run against the profiled baseline: where its step time went, by part and by
+    kernel family, and the kernels whose time per step changed most (the same code as `python -m
+    ghsweep.analyze RUN --against BASELINE`)."""
     for i in range(len(c.runs)):
-        diff = kernel_diff(c, i)
-        if not diff:
+        d = step_delta(c, i)
+        if d is None:
             continue
         doc.heading(f"Kernels: {c.label(i)} against the baseline")
         doc.paragraph(
-            f"Its speedup: {speedup_text(c.speedup_intervals[i])}. The kernels whose time per step changed most "
-            "(added / removed: absent from the other run's profile; entered / left top: outside the other "
-            "run's top list)."
+            f"Its speedup: {speedup_text(c.speedup_intervals[i])}. {delta.headline(d)}"
+            + (f"; because, per step: {delta.because(d)}." if delta.because(d) else ".")
         )
-        doc.table(
-            ["change", "kernel", "baseline ms/step", "this run ms/step", "change ms/step"],
-            [
-                [
-                    k.kind,
-                    plots.short_name(k.name, 90),
-                    _ms(k.baseline_ns),
-                    _ms(k.optimised_ns),
-                    f"{((k.optimised_ns or 0) - (k.baseline_ns or 0)) / 1e6:+.3f}",
-                ]
-                for k in diff
-            ],
-        )
+        doc.table(*delta.parts_table(d))
+        doc.table(*delta.family_table(d))
+        doc.table(*delta.kernel_table(d))
 
 
 def document(c: Comparison, drawn: dict[str, Path]) -> Document:

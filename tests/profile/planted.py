@@ -69,10 +69,13 @@ def training_run(
     nested: str | None = None,
     burst: tuple[str, ...] = (OPTIMIZER,) * 4,
     loss: str | None = None,
+    gemm: str = GEMM,
+    gemm_us: int = 200,
 ) -> Run:
     """The planted run; `step_name(i)` names step i's range (None: no step ranges); `nested` names a
     range inside each step on another thread (a framework's own inner range); `burst`: the kernels
-    that end each step; `loss`: a kernel launched once in the middle of each step."""
+    that end each step; `loss`: a kernel launched once in the middle of each step; `gemm`, `gemm_us`:
+    the steady steps' 40 GEMMs, their name and length."""
     run = Run()
     t = 0
     for _ in range(4):  # start-up: weights uploaded from pageable memory with blocking copies
@@ -90,7 +93,7 @@ def training_run(
                 run.launch(gpu + 20 * US, gpu + 30 * US, 100 * US, GEMM)
                 gpu += 130 * US
             else:
-                gpu = run.launch(host0 + j * 50 * US, gpu + 1 * US, 200 * US, GEMM)
+                gpu = run.launch(host0 + j * 50 * US, gpu + 1 * US, gemm_us * US, gemm)
             if loss is not None and j == 20:
                 gpu = run.launch(host0 + j * 50 * US, gpu + 1 * US, 20 * US, loss)
         for j, name in enumerate(burst):  # the optimizer's update
@@ -277,10 +280,18 @@ CAST = "void fsdp_cast_kernel<float, bf16>()"
 STEPS, GEMMS = 6, 20
 
 
-def planted_rank(gemm_us: int, slowest_gemm_us: int, tail_us: int, idle_us: int, cast_us: int, buckets: bool) -> Run:
-    """One rank: per step, GEMMs back to back, a cast kernel (cast_us > 0), a final all-reduce that
-    waits for the slowest rank then runs tail_us, the optimizer; idle_us between steps; `buckets`:
-    an all-reduce beside every fifth GEMM on the NCCL stream (hidden by compute)."""
+def planted_rank(
+    gemm_us: int,
+    slowest_gemm_us: int,
+    tail_us: int,
+    idle_us: int,
+    cast_us: int,
+    buckets: bool,
+    collective: str = ALLREDUCE,
+) -> Run:
+    """One rank: per step, GEMMs back to back, a cast kernel (cast_us > 0), a final `collective`
+    (an all-reduce) that waits for the slowest rank then runs tail_us, the optimizer; idle_us between
+    steps; `buckets`: a `collective` beside every fifth GEMM on the NCCL stream (hidden by compute)."""
     run = Run()
     gpu = 1_000 * US
     for i in range(STEPS):
@@ -290,12 +301,12 @@ def planted_rank(gemm_us: int, slowest_gemm_us: int, tail_us: int, idle_us: int,
             gemm_start = gpu
             gpu = run.launch(host0 + j * US, gpu, gemm_us * US, GEMM)
             if buckets and j % 5 == 0:
-                run.launch(host0 + j * US, gemm_start, gemm_us * US // 2, ALLREDUCE)
+                run.launch(host0 + j * US, gemm_start, gemm_us * US // 2, collective)
         if cast_us:
             gpu = run.launch(host0 + 30 * US, gpu, cast_us * US, CAST)
         wait = GEMMS * (slowest_gemm_us - gemm_us) * US
         if tail_us or wait:
-            gpu = run.launch(host0 + 31 * US, gpu, wait + tail_us * US, ALLREDUCE)
+            gpu = run.launch(host0 + 31 * US, gpu, wait + tail_us * US, collective)
         gpu = run.launch(host0 + 32 * US, gpu, 100 * US, OPTIMIZER)
         run.ranges.append((f"step {i}", host0, gpu, 4242))
     return run

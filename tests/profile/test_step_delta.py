@@ -1,0 +1,132 @@
+"""Where the step time went between two runs (profile/delta.py), on planted pairs whose every term is
+known by construction: two runs differing only in Inductor's generated suffixes, a bf16/fp8 pair, a
+run whose profiler cost more than its baseline's, and a 2-rank FSDP-like run against a 1-rank one
+(the scale-out finding with its levers, in the sweep comparison and its terminal summary)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ghsweep.profile.delta import PARTS, step_delta
+from ghsweep.profile.overhead import MeasuredRun
+from ghsweep.profile.run_analysis import full_analysis, rank_analysis
+from ghsweep.profile.scaling import decompose, scale_out_finding
+from tests.profile.planted import GEMMS, ONE, RANKS, planted_rank, training_run, write_nsys
+
+FP8_GEMM = "nvjet_sm90_qqtst_256x128_128x4_1x2_h_bz_coopA_TNT"
+REDUCE_SCATTER = "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+STEP_GEMMS = 40  # planted.training_run's GEMMs a step
+
+
+def named(i: int) -> str:
+    return f"step {i}"
+
+
+def test_runs_differing_only_in_inductor_suffixes_differ_in_nothing(tmp_path):
+    a = full_analysis(write_nsys(training_run(named, loss="triton_poi_fused_add_mul_3"), tmp_path / "a.sqlite"))
+    b = full_analysis(write_nsys(training_run(named, loss="triton_poi_fused_add_mul_7"), tmp_path / "b.sqlite"))
+    d = step_delta(a, b)
+    assert d["difference_ms"] == pytest.approx(0, abs=1e-9)
+    assert all(v == pytest.approx(0, abs=1e-9) for v in d["parts"].values())
+    # One kernel under both names: its family, its time in both runs (20 us a step).
+    row = next(k for k in d["kernels"] if k["name"] == "triton_poi_fused_add_mul")
+    assert row["baseline_ms"] == row["run_ms"] == pytest.approx(0.02)
+    assert row["family"] == "fused elementwise / casts"
+
+
+def test_fp8_against_bf16_by_construction(tmp_path):
+    """The same steps with 40 bf16 GEMMs of 200 us or 40 fp8 GEMMs of 120 us, back to back: the
+    difference is the GEMMs' and nothing else's."""
+    bf16 = full_analysis(write_nsys(training_run(named), tmp_path / "bf16.sqlite"))
+    fp8 = full_analysis(write_nsys(training_run(named, gemm=FP8_GEMM, gemm_us=120), tmp_path / "fp8.sqlite"))
+    d = step_delta(bf16, fp8)
+    assert d["difference_ms"] == pytest.approx(STEP_GEMMS * (120 - 200) / 1e3, abs=1e-6)
+    assert d["parts"]["added_work_ms"] == pytest.approx(d["difference_ms"], abs=1e-6)
+    assert sum(abs(v) for k, v in d["parts"].items() if k != "added_work_ms") == pytest.approx(0, abs=1e-6)
+    families = {f["family"]: f for f in d["by_family"]}
+    assert families["bf16 GEMMs"]["delta_ms"] == pytest.approx(-STEP_GEMMS * 0.2, abs=1e-6)
+    assert families["fp8 GEMMs"]["delta_ms"] == pytest.approx(STEP_GEMMS * 0.12, abs=1e-6)
+    assert [f["family"] for f in d["by_family"][:2]] == ["bf16 GEMMs", "fp8 GEMMs"]
+
+
+def test_the_profilers_share_of_a_difference_is_its_own_part(tmp_path):
+    """Two identical runs, the second's profiler 0.5 ms a step dearer: the profiled steps are the
+    same, the measured ones differ by that much, and the parts say which is which."""
+    path = write_nsys(training_run(named), tmp_path / "run.sqlite")
+    profiled = full_analysis(path).profiled_step_ms
+    assert profiled is not None
+    base = full_analysis(path, measured=MeasuredRun(step_ms=profiled - 0.2))
+    run = full_analysis(path, measured=MeasuredRun(step_ms=profiled - 0.7))
+    d = step_delta(base, run)
+    assert d["parts"]["profiler_overhead_ms"] == pytest.approx(0.5)
+    assert d["parts"]["idle_ms"] == pytest.approx(-0.5)
+    assert d["measured_difference_ms"] == pytest.approx(-0.5)
+    assert sum(d["parts"].values()) == pytest.approx(d["difference_ms"], abs=1e-9)
+
+
+@pytest.fixture(scope="module")
+def fsdp_like(tmp_path_factory):
+    """1 rank against 2 ranks whose collective is an fp32 reduce-scatter (FSDP's gradients)."""
+    folder = tmp_path_factory.mktemp("fsdp")
+    one = full_analysis(write_nsys(planted_rank(**ONE), folder / "profile.sqlite"))
+    paths = [
+        write_nsys(planted_rank(**r, collective=REDUCE_SCATTER), folder / f"profile_rank{i}.sqlite")
+        for i, r in enumerate(RANKS)
+    ]
+    return one, rank_analysis(paths, None, 2)
+
+
+def test_two_ranks_against_one_by_construction(fsdp_like):
+    one, many = fsdp_like
+    d = step_delta(one, many)
+    assert sum(d["parts"].values()) == pytest.approx(d["difference_ms"], abs=1e-9)
+    assert d["parts"]["exposed_comm_ms"] == pytest.approx(0.3, abs=1e-6)  # the planted tail collective
+    assert d["parts"]["slower_compute_ms"] == pytest.approx(GEMMS * ((210 + 230) / 2 - 200) / 1e3, abs=1e-6)
+    families = {f["family"]: f for f in d["by_family"]}
+    assert families["NCCL ReduceScatter f32"]["baseline_ms"] == 0 < families["NCCL ReduceScatter f32"]["run_ms"]
+    # The same split the Scaling section shows.
+    assert {k: decompose(one, many)[k] for k, _ in PARTS} == d["parts"]
+
+
+def test_scale_out_finding_names_the_parts_and_the_trainers_knobs(fsdp_like):
+    one, many = fsdp_like
+    d = decompose(one, many)
+    f = scale_out_finding(d, "peft=none", {"peft": "none"}, one_gpu_peak_gb=54.0)
+    assert f.id == "scale_out" and f.severity == "warning"
+    assert f"{100 * d['efficiency']:.0f}% of one GPU's throughput" in f.message
+    assert "precision.reduce_dtype=param" in f.evidence["levers"]["exposed_comm_ms"]
+    assert "backend.data_parallel=ddp" in f.evidence["levers"]["added_work_ms"]
+    assert "54 GB" in f.evidence["levers"]["added_work_ms"]
+    largest = max((k for k, _ in PARTS), key=lambda k: d[k])
+    assert f"{d[largest]:+.1f} ms" in f.message
+    # A knob already set is no lever.
+    done = scale_out_finding(d, "x", {"precision.reduce_dtype": "param", "backend.data_parallel": "ddp"}, None)
+    assert "reduce_dtype" not in str(done.evidence["levers"]) and "data_parallel" not in str(done.evidence["levers"])
+
+
+def test_the_sweep_gives_the_multi_gpu_run_its_scale_out_finding(fsdp_like):
+    from ghsweep.report.compare import build, table, verdict
+    from ghsweep.report.sweep_source import SweepRun
+
+    one, many = fsdp_like
+    runs = [
+        SweepRun(
+            f"id{g}",
+            f"run{g}",
+            g - 1,
+            "FINISHED",
+            ["peft=none", f"backend.gpus_per_node={g}"],
+            {},
+            {"tokens_per_s": 1000.0 / g, "peak_mem_gb": 54.0},
+            {},
+            analysis=a,
+        )
+        for g, a in ((1, one), (2, many))
+    ]
+    c = build("sweep", runs)
+    assert [f.id for f in many.findings][0] == "scale_out"
+    line = next(line for line in verdict(c) if line.startswith("Scale-out #1"))
+    assert "precision.reduce_dtype=param" in line
+    assert table(c)[1][1][-1].startswith("on 2 GPUs each GPU gives")  # the run's top finding
+    build("sweep", runs)  # built again (python -m ghsweep.report): still one scale-out finding
+    assert [f.id for f in many.findings].count("scale_out") == 1
