@@ -263,7 +263,7 @@ def launch(
     if done:
         print(
             f"ghsweep: resume: {len(done)} of {len(combos)} combinations already FINISHED in MLflow "
-            f"with the same config are skipped (force=true reruns them)",
+            f"with the same config, code and input files are skipped (force=true reruns them)",
             flush=True,
         )
 
