@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ghsweep.config.schema import ModelSchema
+from ghsweep.config.schema import BYTE_TOKENIZER_IDS, ModelSchema
 
 
 class ByteTokenizer:
@@ -13,7 +13,7 @@ class ByteTokenizer:
     bos_token_id = 256
     eos_token_id = 257
     pad_token_id = 258
-    vocab_size = 259
+    vocab_size = BYTE_TOKENIZER_IDS
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
