@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from ghsweep.core import stats
+from ghsweep.core.atomic import write_atomic
 from ghsweep.core.errors import GateError, SweepNotFound, TrackingError, TrackingUriError
-from ghsweep.core.names import ROLE_SWEEP
+from ghsweep.core.names import CODE_TAG, ROLE_SWEEP
 from ghsweep.launch.resume import identity_overrides
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.report.sweep_source import SweepRun, find_run, load_sweep
@@ -76,22 +79,45 @@ def load_runs(sweep: str, tracking_uri: str) -> tuple[str, list[SweepRun]]:
     return (manifest.command if manifest else parent.name), load_sweep(store, parent)
 
 
+def code_of(runs: list[SweepRun]) -> str:
+    """The code the runs ran (their ghsweep.code tags), `unknown` for runs recorded before it was tagged."""
+    return ", ".join(sorted({r.tags.get(CODE_TAG, "unknown") for r in runs})) or "unknown"
+
+
+def check_writable(path: Path) -> None:
+    """GateError (one line) for a reference that cannot be written there, before any sweep is read."""
+    if path.is_dir():
+        raise GateError(f"--write --against {path}: a directory; name the reference file to write")
+    if not path.parent.is_dir():
+        raise GateError(f"--write --against {path}: no such folder {path.parent}; make it first")
+
+
 def write_reference(command: str, runs: list[SweepRun], checks: list[str], path: Path) -> dict:
     failed = [r for r in runs if not r.finished]
     if failed:
         raise GateError(
             f"{combination(failed[0])}: {failed[0].status} ({failed[0].error}); a reference needs every run FINISHED"
         )
+    unmeasured = next((r for r in runs if not measured(r, checks)), None)
+    if unmeasured is not None:
+        raise GateError(
+            f"{combination(unmeasured)}: recorded none of the checks ({', '.join(checks)}); a reference needs a "
+            "value to compare: choose --checks it records"
+        )
     reference = {
         "command": command,
         "device": runs[0].tags.get("ghsweep.device_name", "unknown") if runs else "unknown",
+        "code": code_of(runs),
         "checks": checks,
         "tolerances": {k: v for k, v in OWN_TOLERANCES.items() if k in checks},
         "runs": {combination(r): measured(r, checks) for r in runs},
         # Half-width of each metric's 95% interval, % of its value (a relative width survives rescaling).
         "noise_pct": {combination(r): noise_pct(r, checks) for r in runs},
     }
-    path.write_text(json.dumps(reference, indent=1) + "\n")
+    try:
+        write_atomic(path, json.dumps(reference, indent=1) + "\n", mode=0o644)
+    except OSError as error:
+        raise GateError(f"--write --against {path}: {error.strerror or error}") from None
     return reference
 
 
@@ -188,25 +214,39 @@ def load_reference(path: Path) -> dict:
     if not isinstance(reference, dict):
         raise GateError(f"--against {path}: a JSON {type(reference).__name__}, not an object; {expected}")
     checks, runs, tolerances = reference.get("checks"), reference.get("runs"), reference.get("tolerances", {})
+    noise = reference.get("noise_pct", {})
     if not isinstance(checks, list) or not checks or not all(c in CHECKS for c in checks):
-        raise GateError(
-            f"--against {path}: checks={json.dumps(checks)[:80]}; accepted: a non-empty list of {', '.join(CHECKS)}"
-        )
+        raise GateError(f"--against {path}: checks={_shown(checks)}; accepted: a non-empty list of {', '.join(CHECKS)}")
     if not isinstance(runs, dict) or not runs:
-        raise GateError(f"--against {path}: runs={json.dumps(runs)[:80]}: no combination to gate; {expected}")
-    if not isinstance(tolerances, dict) or not all(_is_number(v) for v in tolerances.values()):
-        raise GateError(f"--against {path}: tolerances={json.dumps(tolerances)[:80]}: expected numbers by metric")
+        raise GateError(f"--against {path}: runs={_shown(runs)}: no combination to gate; {expected}")
+    if not isinstance(tolerances, dict) or not all(_is_number(v) and 0 <= v < 1 for v in tolerances.values()):
+        raise GateError(
+            f"--against {path}: tolerances={_shown(tolerances)}: expected a fraction (at least 0, below 1) by metric"
+        )
     for name, values in runs.items():
-        if not isinstance(values, dict) or not all(_is_reference_value(m, v) for m, v in values.items()):
+        if not isinstance(values, dict) or not values or not all(_is_reference_value(m, v) for m, v in values.items()):
             raise GateError(
-                f"--against {path}: runs[{name!r}]={json.dumps(values)[:80]}: expected a number for each checked "
+                f"--against {path}: runs[{name!r}]={_shown(values)}: expected a finite number for each checked "
                 "metric and [[step, loss], ...] for loss"
             )
+    if not isinstance(noise, dict) or not all(
+        isinstance(pcts, dict) and all(_is_number(v) and v >= 0 for v in pcts.values()) for pcts in noise.values()
+    ):
+        raise GateError(
+            f"--against {path}: noise_pct={_shown(noise)}: expected the half-width (%, a finite number >= 0) of "
+            "each metric by combination"
+        )
     return reference
 
 
+def _shown(value: object) -> str:
+    """A reference's value as JSON, cut to one short line."""
+    return json.dumps(value)[:80]
+
+
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite JSON number: json.loads reads NaN and Infinity, which compare false with everything."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _is_reference_value(metric: str, value: object) -> bool:
@@ -217,9 +257,16 @@ def _is_reference_value(metric: str, value: object) -> bool:
     return metric in CHECKS and _is_number(value)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A bad argument in one line, exit status 2, as every refusal of the gate (argparse adds its usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"ghsweep.gate: {message} (--help lists the arguments)\n")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     doc = __doc__.splitlines()
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m ghsweep.gate",
         description=doc[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -252,16 +299,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "%(default)s); a sweep directory names its own",
     )
     args = parser.parse_args(argv)
+    args.checks_given = args.checks
     args.checks = [c.strip() for c in args.checks.split(",") if c.strip()]
     unknown = [c for c in args.checks if c not in CHECKS]
     if unknown:
         parser.error(f"--checks {unknown[0]}: unknown; accepted: {', '.join(CHECKS)}")
+    if not args.checks:
+        parser.error(
+            f"--checks {args.checks_given!r}: no check named; accepted: a comma-separated list of {', '.join(CHECKS)}"
+        )
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        if args.write:
+            check_writable(args.against)
         reference = {} if args.write else load_reference(args.against)
         command, runs = load_runs(args.sweep, args.tracking_uri)
         if args.write:
@@ -278,6 +332,11 @@ def main(argv: list[str] | None = None) -> int:
     except TrackingError as exc:
         print(f"ghsweep.gate: {exc}", file=sys.stderr)
         return 2
+    # Which reference was read, and the code each side ran: a changed code with moved numbers is what fails.
+    print(
+        f"ghsweep.gate: reference {args.against.resolve()}: recorded with {reference.get('code', 'unknown')}; "
+        f"this sweep ran {code_of(runs)}"
+    )
     for line in found:
         print(f"REGRESSION {line}")
     for line in unsure:

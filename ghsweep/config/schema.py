@@ -106,6 +106,10 @@ class ModelLrSchema:
     none: LearningRate
 
 
+# The ids of the byte tokenizer (train.tokenizer.ByteTokenizer): bytes 0-255, then BOS, EOS and PAD.
+BYTE_TOKENIZER_IDS = 259
+
+
 @dataclass
 class ModelSchema:
     """The model, and the shape of one built from its config (model.path=null); a loaded folder brings its own."""
@@ -118,7 +122,8 @@ class ModelSchema:
     num_layers: Annotated[int, Range(1)]
     num_attention_heads: Annotated[int, Range(1)]  # a multiple of num_key_value_heads
     num_key_value_heads: Annotated[int, Range(1)]
-    vocab_size: Annotated[int, Range(1)]
+    # At least the byte tokenizer's ids (a model built from config trains with it): 256 bytes, BOS, EOS, PAD.
+    vocab_size: Annotated[int, Range(BYTE_TOKENIZER_IDS)]
     max_position_embeddings: Annotated[int, Range(8)]
     rms_norm_eps: PositiveNumber
     lr: ModelLrSchema

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -489,6 +490,7 @@ def validate_launch(cfg: DictConfig, job_name: str) -> None:
     launcher = OmegaConf.select(cfg, "hydra.launcher")
     if launcher is not None:
         launcher_retries(launcher)
+        _check_launcher_tokens(launcher)
     experiment = OmegaConf.select(cfg, "tracking.experiment")
     if not isinstance(experiment, str) or not experiment.strip():
         raise ConfigError(
@@ -512,6 +514,56 @@ def _check_resolves(cfg: DictConfig, key: str) -> None:
         raise ConfigError(
             f"{where}: {str(error).splitlines()[0]}; set what it names, or give it a default (${{oc.env:NAME,default}})"
         ) from None
+
+
+# The launcher keys that are lines of shell by design (each item one line of the batch script).
+SHELL_LINE_KEYS = ("setup",)
+
+
+def _check_launcher_tokens(launcher: DictConfig) -> None:
+    """Every launcher value goes into the batch script (an #SBATCH option) or a shell command (srun's
+    arguments): one that cannot be one token there is refused. A newline would end the #SBATCH line and
+    run the rest as shell (and sbatch reads no option after it); a NUL cuts the script; an unbalanced
+    quote swallows what follows. `setup` items are lines of shell themselves: only one line each."""
+    try:
+        values = OmegaConf.to_container(launcher, resolve=True)
+    except InterpolationResolutionError:  # said by _check_resolves, or by the launcher that reads it
+        return
+    for key, value in _leaves("hydra.launcher", values):
+        text = str(value)
+        shell_line = key.split(".")[2].split("[")[0] in SHELL_LINE_KEYS
+        problem = (
+            "a NUL character"
+            if "\0" in text
+            else "a line break"
+            if "\n" in text or "\r" in text
+            else None
+            if shell_line
+            else _unbalanced_quote(text)
+        )
+        if problem:
+            shown = text.encode("unicode_escape").decode()[:120]
+            raise ConfigError(
+                f"{key}={shown}: holds {problem}, and it is written into the batch script or a shell command; "
+                "accepted: one line without NUL" + ("" if shell_line else ", its quotes balanced")
+            )
+
+
+def _leaves(prefix: str, tree: object) -> list[tuple[str, object]]:
+    """(dotted key, value) of every leaf of a plain config tree; list items as key[i]."""
+    if isinstance(tree, dict):
+        return [leaf for k, v in tree.items() for leaf in _leaves(f"{prefix}.{k}", v)]
+    if isinstance(tree, list):
+        return [leaf for i, v in enumerate(tree) for leaf in _leaves(f"{prefix}[{i}]", v)]
+    return [(prefix, tree)]
+
+
+def _unbalanced_quote(text: str) -> str | None:
+    try:
+        shlex.split(text)
+    except ValueError:
+        return "an unbalanced quote"
+    return None
 
 
 def launcher_retries(launcher: DictConfig) -> int:

@@ -29,7 +29,9 @@ ATTEMPTS_TAG = "ghsweep.attempts"  # how many times the run's worker was started
 
 
 HOST_TAG = "ghsweep.host"
-RUN_HASH_TAG = "ghsweep.run_hash"  # the run's identity (a hash of its resolved config), for resume
+RUN_HASH_TAG = "ghsweep.run_hash"  # the run's identity (its resolved config, code and inputs), for resume
+CODE_TAG = "ghsweep.code"  # the code that ran it: ghsweep's version and the checkout's commit
+INPUTS_TAG = "ghsweep.inputs"  # the digests of the input files it read (data.path, model.path), as JSON
 SWEEP_DIR_TAG = "ghsweep.sweep_dir"
 RUN_IDS_TAG = "ghsweep.run_ids"  # on a sweep's parent run: its runs' ids in job order, comma-separated
 

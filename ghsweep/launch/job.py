@@ -69,7 +69,7 @@ from ghsweep.launch.dry_run import describe
 from ghsweep.launch.plan import check_required, node_plan, not_runnable
 from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
 from ghsweep.launch.requeue import earlier_start, job_ending, requeue_reason, wait_to_be_stopped
-from ghsweep.launch.resume import finished_run, run_hash, skip_finished
+from ghsweep.launch.resume import finished_run, provenance_tags, run_hash, skip_finished
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.launch.worker_process import WorkerExit, rank_file, run_worker, wait_for_report
 from ghsweep.launch.world import export_slurm_rendezvous, slurm_task_ranks
@@ -258,6 +258,7 @@ def start_run(
             "mlflow.source.git.commit": git_commit(),
             HOST_TAG: socket.gethostname(),
             RUN_HASH_TAG: identity,
+            **provenance_tags(cfg),
             # Job order is the sweep's combination order; run start times are not, with parallel launchers.
             JOB_NUM_TAG: str(combo.num),
         },

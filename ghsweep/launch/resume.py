@@ -1,8 +1,9 @@
-"""Run identity and resume: a combination whose resolved config already FINISHED in MLflow is skipped.
+"""Run identity and resume: a combination that already FINISHED in MLflow as the same run is skipped.
 
 The identity is a hash of the resolved config without the keys that only say how or where to launch
 or record a run, so the same combination in a new sweep (new directory, new timestamp) has the same
-hash. `force=true` reruns everything.
+hash, and of what decides the result beyond the config (launch.provenance): the code, and the
+content of the input files the run reads. `force=true` reruns everything.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ghsweep.core.names import ROLE_RUN, RUN_HASH_TAG
+from ghsweep.core.names import CODE_TAG, INPUTS_TAG, ROLE_RUN, RUN_HASH_TAG
 from ghsweep.core.run_result import TRAIN_PARTS, RunResult, RunStatus
+from ghsweep.launch.provenance import code_version, input_digests
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 
 log = logging.getLogger(__name__)
@@ -45,14 +47,30 @@ def identity_overrides(overrides: list[str]) -> list[str]:
 
 
 def run_hash(cfg: DictConfig) -> str:
-    """A short stable hash of the resolved config, launch and tracking keys left out."""
+    """A short stable hash of the resolved config (launch and tracking keys left out), the code and the
+    input files' contents."""
     # Key by key: the hydra node of a launcher-side config does not resolve outside a job.
-    identity = {
+    config = {
         k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
         for k in cfg
         if k not in NOT_IDENTITY
     }
+    identity = {"config": config, CODE_TAG: code_version(), INPUTS_TAG: input_digests(cfg)}
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def provenance_tags(cfg: DictConfig) -> dict[str, str]:
+    """What a run's identity holds beyond its config, as its tags: what a reuse names."""
+    return {CODE_TAG: code_version(), INPUTS_TAG: json.dumps(input_digests(cfg), sort_keys=True)}
+
+
+def why_it_matches(run: StoredRun) -> str:
+    """What the earlier run and this one share, in words: the config, the code, the inputs."""
+    inputs = json.loads(run.tags.get(INPUTS_TAG) or "{}")
+    files = "; ".join(f"{key} {digest[:19]}" for key, digest in inputs.items())
+    return f"the same config, code ({run.tags.get(CODE_TAG, 'unknown')})" + (
+        f" and input files ({files})" if files else " and no input files"
+    )
 
 
 def finished_run(store: MlflowStore, identity: str) -> StoredRun | None:
@@ -83,6 +101,9 @@ def skip_finished(run: StoredRun, name: str, run_dir: Path, overrides: list[str]
     )
     result.save()
     log.info(
-        "%s: skipped, already FINISHED in MLflow run %s with the same config (force=true reruns it)", name, run.run_id
+        "%s: skipped, already FINISHED in MLflow run %s with %s (force=true reruns it)",
+        name,
+        run.run_id,
+        why_it_matches(run),
     )
     return result

@@ -50,6 +50,7 @@ from ghsweep.launch.requeue import slurm_job_id
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.slurm_jobs import SubmittedJob, has_ended, save_jobs, settle, wait_until_ended
 from ghsweep.launch.sweep_manifest import SweepManifest
+from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore
 
 log = logging.getLogger(__name__)
@@ -185,6 +186,17 @@ def make_executor(cluster: str, params: Mapping[str, Any], world: World, dry_run
     return executor
 
 
+def sbatch_script(executor: submitit.AutoExecutor, count: int) -> list[str]:
+    """The batch script submitit submits for a job array of `count` jobs: its #SBATCH lines and srun line."""
+    slurm_executor = cast(SlurmExecutor, executor._executor)  # AutoExecutor(cluster="slurm") holds one
+    return _make_sbatch_string(
+        command=slurm_executor._submitit_command_str,
+        folder=executor.folder,
+        map_count=count,
+        **executor._executor.parameters,
+    ).splitlines()
+
+
 def _launch_description(
     executor: submitit.AutoExecutor, cluster: str, count: int, world: World
 ) -> tuple[str, str | None]:
@@ -192,11 +204,7 @@ def _launch_description(
     parameters = executor._executor.parameters
     if cluster != "slurm":
         return f"submitit {cluster} job with {parameters}", local_ranks_text(world)
-    # The #SBATCH lines and the srun line submitit writes for this job array.
-    slurm_executor = cast(SlurmExecutor, executor._executor)  # AutoExecutor(cluster="slurm") holds one
-    script = _make_sbatch_string(
-        command=slurm_executor._submitit_command_str, folder=executor.folder, map_count=count, **parameters
-    ).splitlines()
+    script = sbatch_script(executor, count)
     sbatch = "sbatch " + " ".join(line.removeprefix("#SBATCH ") for line in script if line.startswith("#SBATCH"))
     if world.size == 1:
         return sbatch, None
@@ -247,6 +255,11 @@ def launch(
                 ),
                 flush=True,
             )
+        if slurm:  # each job array's script as sbatch gets it, line for line
+            for world, executor in worlds.items():
+                count = sum(c.world == world for c in combos)
+                script = "\n".join(f"    {line}".rstrip() for line in sbatch_script(executor, count))
+                print(redact.text(f"batch script of the job array of {count} combination(s):\n{script}"), flush=True)
         print(f"ghsweep: dry run, {len(combos)} combinations; nothing was submitted", flush=True)
         return [_job_return(c, None) for c in combos]
 
@@ -263,7 +276,7 @@ def launch(
     if done:
         print(
             f"ghsweep: resume: {len(done)} of {len(combos)} combinations already FINISHED in MLflow "
-            f"with the same config are skipped (force=true reruns them)",
+            f"with the same config, code and input files are skipped (force=true reruns them)",
             flush=True,
         )
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ghsweep.config.schema import ConfigSchema
+from ghsweep.config.schema import BYTE_TOKENIZER_IDS, ConfigSchema
 from ghsweep.config.validate import BPE_VOCAB_SIZE, tokenizer_name
 
 BPE_FILE = Path(__file__).with_name("bpe_tokenizer.json")
@@ -30,7 +30,7 @@ class ByteTokenizer:
     bos_token_id = 256
     eos_token_id = 257
     pad_token_id = 258
-    vocab_size = 259
+    vocab_size = BYTE_TOKENIZER_IDS
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))

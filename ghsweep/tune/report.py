@@ -20,14 +20,16 @@ from optuna.visualization import matplotlib as optuna_plots  # noqa: E402
 from ghsweep.core import stats  # noqa: E402
 from ghsweep.core.run_dir import TUNE_ANSWER, TUNE_REPORT  # noqa: E402
 from ghsweep.report.sweep_table import align  # noqa: E402
+from ghsweep.tracking import redact  # noqa: E402
 from ghsweep.tune.settings import TuneSettings  # noqa: E402
 from ghsweep.tune.space import SearchSpace  # noqa: E402
 from ghsweep.tune.study import PRUNED_ATTR  # noqa: E402
 
 
 def command(trial: FrozenTrial) -> str:
-    """The single run that reproduces a trial: its overrides, without -m."""
-    return shlex.join(["python", "-m", "ghsweep", *trial.user_attrs["overrides"]])
+    """The single run that reproduces a trial: its overrides, without -m (a secret's value as ***: the
+    study's records hold none)."""
+    return shlex.join(["python", "-m", "ghsweep", *redact.overrides(trial.user_attrs["overrides"])])
 
 
 def answer(study: optuna.Study) -> list[FrozenTrial]:
@@ -232,10 +234,10 @@ def write_report(study: optuna.Study, settings: TuneSettings, space: SearchSpace
     out_dir.mkdir(parents=True, exist_ok=True)
     with quiet_optuna():
         images = plots(study, settings, out_dir)
-    text = summarize(study, settings, space)
+    text = redact.text(summarize(study, settings, space))
     (out_dir / TUNE_ANSWER).write_text("".join(command(t) + "\n" for t in answer(study)))
     markdown = f"# Tuning study {study.study_name}\n\n```\n{text}\n```\n\n" + "".join(
         f"![{p.stem}]({p.name})\n\n" for p in images
     )
-    (out_dir / TUNE_REPORT).write_text(markdown)
+    (out_dir / TUNE_REPORT).write_text(redact.text(markdown))
     return [out_dir / TUNE_REPORT, out_dir / TUNE_ANSWER, *images]

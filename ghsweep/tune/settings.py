@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -102,8 +103,9 @@ def _count(key: str, value: object, least: int) -> int:
 
 
 def _number(key: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TuneConfigError(f"{key}={value}: must be a number")
+    # A NaN bound would hold for every run: the constraint silently off.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TuneConfigError(f"{key}={value}: must be a finite number")
     return float(value)
 
 

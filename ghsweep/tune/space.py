@@ -24,6 +24,7 @@ from optuna.distributions import (
 
 from ghsweep.core.errors import SpaceError
 from ghsweep.launch.resume import identity_overrides
+from ghsweep.tracking import redact
 
 # Overrides that configure the study itself, not the runs it launches.
 TUNE_PREFIX = "tune."
@@ -71,6 +72,9 @@ class SearchSpace:
         for override in parser.parse_overrides(overrides):
             by_key[override.get_key_element()] = override
         distributions = {k: _distribution(o) for k, o in by_key.items() if o.is_sweep_override()}
+        secret = next((k for k in distributions if redact.is_secret_key(k)), None)
+        if secret:  # a trial's values are its record (the study's storage, its reports): no secret there
+            raise SpaceError(f"hydra/sweeper=tune: a secret cannot be searched; give {secret} one value")
         fixed = [
             _input_line(o)
             for k, o in by_key.items()

@@ -30,6 +30,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import random
 import warnings
 from dataclasses import dataclass, field
@@ -120,7 +121,48 @@ def _storage(storage: str, cwd: str) -> str | JournalStorage:
         return storage  # any Optuna storage URL: sqlite:///..., postgresql://...
     path = Path(cwd, storage)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # Readable by its owner only, as the run directories' config.yaml: the study's records are the user's.
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600))
+    path.chmod(0o600)
     return JournalStorage(JournalFileBackend(str(path)))
+
+
+def _sqlite_file(storage: str, cwd: str) -> Path | None:
+    """The file of a `sqlite:///PATH` storage URL (relative to the launch directory), None for another."""
+    if not storage.startswith("sqlite:///") or storage == "sqlite:///:memory:":
+        return None
+    return Path(cwd, storage.removeprefix("sqlite:///"))
+
+
+def storage_damage(storage: str, cwd: str) -> str | None:
+    """What is wrong with the study's existing storage (None when it is missing, empty or readable):
+    a journal whose lines are not whole JSON records (random bytes, a write cut short), a sqlite file
+    that is not a database. Optuna reads past a damaged last line and appends after it, so the
+    study would go on from a damaged record."""
+    retry = f"restore it, or start a new study in another file (tune.storage=NEW{Path(storage).suffix})"
+    sqlite_file = _sqlite_file(storage, cwd)
+    if sqlite_file is not None:
+        if not sqlite_file.is_file() or sqlite_file.stat().st_size == 0:
+            return None
+        with sqlite_file.open("rb") as db:
+            if db.read(16) != b"SQLite format 3\x00":
+                return f"tune.storage={storage}: {sqlite_file} is not an SQLite database; {retry}"
+        return None
+    if "://" in storage:
+        return None  # a database server: Optuna says what it finds there
+    path = Path(cwd, storage)
+    if not path.is_file():
+        return None if not path.exists() else f"tune.storage={storage}: {path} is not a file; {retry}"
+    for number, line in enumerate(path.read_bytes().splitlines(keepends=True), start=1):
+        if not line.endswith(b"\n"):
+            return f"tune.storage={storage}: {path} line {number} is cut short (no end of line); {retry}"
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return f"tune.storage={storage}: {path} line {number} is not a JSON record of an Optuna journal; {retry}"
+        if not isinstance(record, dict) or "op_code" not in record:
+            return f"tune.storage={storage}: {path} line {number} is not a record of an Optuna journal; {retry}"
+    return None
 
 
 def _sampler(settings: TuneSettings, seed: int) -> optuna.samplers.BaseSampler:
@@ -142,6 +184,9 @@ def open_study(settings: TuneSettings, space: SearchSpace, cwd: str, in_memory: 
         directions=[o.direction for o in settings.objectives],
         load_if_exists=True,
     )
+    sqlite_file = None if in_memory else _sqlite_file(settings.storage, cwd)
+    if sqlite_file is not None:
+        sqlite_file.chmod(0o600)  # as a journal file: the study's records are the user's
     for stale in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study.tell(stale.number, state=TrialState.FAIL)
         study.enqueue_trial(stale.params, user_attrs={"retry_of": stale.number})

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import optuna
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.plugins import Plugins
 from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
@@ -20,13 +19,13 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import Trial
 
-from ghsweep.core.errors import SpaceError, TuneConfigError
 from ghsweep.core.failures import DETERMINISTIC
-from ghsweep.core.names import ERROR_TAG
 from ghsweep.core.run_dir import SWEEP_CONFIG, TUNE_DIR, TUNE_REPORT
 from ghsweep.core.run_result import RunStatus
 from ghsweep.launch.sweep_manifest import SweepManifest
+from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore
+from ghsweep.tune.check import search_space
 from ghsweep.tune.report import answer, command, summarize, write_report
 from ghsweep.tune.settings import TuneSettings
 from ghsweep.tune.space import SearchSpace
@@ -43,16 +42,6 @@ from ghsweep.tune.study import (
     tell,
     trials_done,
 )
-
-
-def end_sweep_run(sweep_dir: Path, error: str) -> None:
-    """End the sweep's MLflow run as FAILED: the callback created it before the study could start,
-    and it must not stay RUNNING."""
-    manifest = SweepManifest.load(sweep_dir)
-    if manifest:
-        store = MlflowStore(manifest.tracking_uri, manifest.experiment)
-        store.set_tags(manifest.parent_run_id, {ERROR_TAG: error})
-        store.finish(manifest.parent_run_id, RunStatus.FAILED)
 
 
 class TuneSweeper(Sweeper):
@@ -75,13 +64,9 @@ class TuneSweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> None:
         cfg = self.config
         sweep_dir = Path(cfg.hydra.sweep.dir)
-        try:
-            settings = TuneSettings.from_config(cfg.tune)
-            parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-            space = SearchSpace.parse(parser, [f"{k}={v}" for k, v in self.params.items()] + list(arguments))
-        except (TuneConfigError, SpaceError) as exc:
-            end_sweep_run(sweep_dir, str(exc))
-            raise
+        # Checked before anything was recorded (tune.check): here they are read.
+        settings = TuneSettings.from_config(cfg.tune)
+        space = search_space(self.params, list(arguments))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, sweep_dir / SWEEP_CONFIG)
         if cfg.dry_run:
@@ -100,7 +85,7 @@ class TuneSweeper(Sweeper):
             {f"tune.{k}": v for k, v in cast(dict[str, Any], OmegaConf.to_container(cfg.tune)).items()},
         )
         print(
-            f"ghsweep tune: study {study.study_name} ({settings.storage}): {trials_done(study)} of "
+            f"ghsweep tune: study {study.study_name} ({redact.text(settings.storage)}): {trials_done(study)} of "
             f"{settings.trials} trials done before this sweep",
             flush=True,
         )
@@ -119,7 +104,10 @@ class TuneSweeper(Sweeper):
                 told = tell(study, settings, trial, outcome, bar)
                 if outcome.run_id:
                     store.set_tags(outcome.run_id, {STUDY_TAG: study.study_name, TRIAL_TAG: trial.number})
-                print(f"ghsweep tune: trial {trial.number} ({' '.join(outcome.overrides)}): {told}", flush=True)
+                print(
+                    redact.text(f"ghsweep tune: trial {trial.number} ({' '.join(outcome.overrides)}): {told}"),
+                    flush=True,
+                )
 
         files = write_report(study, settings, space, sweep_dir / TUNE_DIR)
         store.log_artifacts(manifest.parent_run_id, files, TUNE_DIR)
@@ -133,7 +121,7 @@ class TuneSweeper(Sweeper):
                 },
             )
         print(
-            "\n" + summarize(study, settings, space) + f"\n  report: {sweep_dir / TUNE_DIR / TUNE_REPORT} "
+            "\n" + redact.text(summarize(study, settings, space)) + f"\n  report: {sweep_dir / TUNE_DIR / TUNE_REPORT} "
             "(and on the sweep's MLflow run under tune/)\n",
             flush=True,
         )
@@ -145,9 +133,14 @@ class TuneSweeper(Sweeper):
         its run, the runs of a batch launched together as jobs numbered on from the sweep's last. With
         a `bar` (tune.prune) each run stops early once its tokens/s is below it beyond the noise."""
         failed_before = {} if self.config.force else earlier_failures(study)
+        # A trial's record (the study's storage, its reports) holds its overrides with secrets redacted;
+        # the launcher gets the real values.
         outcomes = {
             t.number: TrialOutcome(
-                space.overrides(t.params), RunStatus.FAILED, error=failed_before[key], failure_class=DETERMINISTIC
+                redact.overrides(space.overrides(t.params)),
+                RunStatus.FAILED,
+                error=failed_before[key],
+                failure_class=DETERMINISTIC,
             )
             for t in trials
             if (key := knob_values(t.params)) in failed_before
@@ -160,5 +153,7 @@ class TuneSweeper(Sweeper):
             pruning = [] if bar is None else [f"tune.prune_below_tokens_per_s={bar:.6g}"]
             jobs = self.launcher.launch([o + pruning for o in batch], initial_job_idx=self.job_num)
             self.job_num += len(batch)
-            outcomes.update((t.number, TrialOutcome.from_job(job, o)) for t, o, job in zip(to_run, batch, jobs))
+            outcomes.update(
+                (t.number, TrialOutcome.from_job(job, redact.overrides(o))) for t, o, job in zip(to_run, batch, jobs)
+            )
         return outcomes

@@ -65,18 +65,28 @@ def test_written_reference_holds_every_run_and_the_sweep_passes_it(swept):
     proc = gate(swept, "sweep", "--against", "ref.json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ghsweep.gate: passed: 0 regressions, 0 inconclusive in 2 combinations" in proc.stdout
+    # Which reference it read, and the code on both sides.
+    code = reference["code"]
+    assert code.startswith("ghsweep ") and ", " not in code
+    assert f"ghsweep.gate: reference {swept / 'ref.json'}: recorded with {code}; this sweep ran {code}" in proc.stdout
     reference = json.loads((swept / "ref.json").read_text())
     # Six steps leave too few steady ones for an interval: the reference says so by holding none.
     assert set(reference["noise_pct"]) == set(reference["runs"])
     assert all(set(noise) <= {"tokens_per_s"} for noise in reference["noise_pct"].values())
 
 
+def older_code(reference: dict) -> None:
+    reference["code"] = "ghsweep 0.0.9 commit 0123456789ab"
+
+
 def test_a_planted_ten_percent_regression_fails_with_one_line_per_run(swept):
-    # The reference 10% faster than this sweep: this sweep is a 10% throughput regression.
-    proc = gate(
-        swept, "sweep", "--against", planted(swept, "faster.json", scale("tokens_per_s", 1 / 0.9)), "--tolerance", "5%"
-    )
+    # The reference 10% faster than this sweep, recorded with other code: this code is a 10% regression.
+    faster = planted(swept, "faster.json", lambda r: (scale("tokens_per_s", 1 / 0.9)(r), older_code(r)))
+    proc = gate(swept, "sweep", "--against", faster, "--tolerance", "5%")
     assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"reference {swept / faster}: recorded with ghsweep 0.0.9 commit 0123456789ab; this sweep ran ghsweep " in (
+        proc.stdout
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("REGRESSION ")]
     assert len(lines) == 2 and all("tokens_per_s" in line and "(-10.0%, tolerance 5%)" in line for line in lines)
     memory = gate(swept, "sweep", "--against", planted(swept, "smaller.json", scale("peak_mem_gb", 0.9)))

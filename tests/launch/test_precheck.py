@@ -93,6 +93,10 @@ def test_a_cluster_sweep_is_previewed_without_slurm(tmp_path, no_slurm):
     launches = re.findall(r"(?m)^  launch:  (.*)$", proc.stdout)
     assert len(launches) == 4 and all(line.startswith("sbatch --array=0-3%4 ") for line in launches)
     assert "--partition=gh" in launches[0]
+    # The batch script itself, once for the job array, line for line as sbatch gets it.
+    script = proc.stdout.split("batch script of the job array of 4 combination(s):\n", 1)[1].splitlines()
+    assert script[0] == "    #!/bin/bash" and "    #SBATCH --partition=gh" in script
+    assert any(line.startswith("    srun ") for line in script)
     assert proc.stdout.strip().splitlines()[-1] == "ghsweep: dry run, 4 combinations; nothing was submitted"
     assert_nothing_ran(tmp_path)
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 from ghsweep.launch.resume import run_hash
 from tests.support.cli import run_cli
 from tests.support.compose import compose_config
 from tests.support.mlflow_records import MlflowRecords, sqlite_uri
+from tests.support.paths import REPO
 
 
 def test_hash_ignores_launch_and_tracking_keys_but_not_what_trains():
@@ -36,7 +40,9 @@ def test_same_sweep_again_skips_what_finished_and_force_reruns(tmp_path):
     (done,) = records.runs("run")
     second = run_cli([*args, "hydra.sweep.dir=again"], tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert f"skipped, already FINISHED in MLflow run {done.info.run_id}" in second.stdout
+    assert f"skipped, already FINISHED in MLflow run {done.info.run_id} with the same config, code (ghsweep " in (
+        second.stdout
+    )
     assert "1 of 1 runs finished; 1 reused from earlier runs (#0; force=true reruns them)" in second.stdout
     assert f"reused: FINISHED earlier as MLflow run {done.info.run_id}" in second.stdout  # the row's reason
     assert len(records.runs("run")) == 1
@@ -52,3 +58,51 @@ def test_same_sweep_again_skips_what_finished_and_force_reruns(tmp_path):
     assert forced.returncode == 0, forced.stderr[-3000:]
     assert len(records.runs("run")) == 2 and (tmp_path / "forced" / "0" / "worker.log").exists()
     assert "reused" not in forced.stdout
+
+
+def git(checkout: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(checkout), *args],
+        check=True,
+        capture_output=True,
+    )
+
+
+def test_a_code_change_trains_again_and_a_reuse_names_code_and_data(tmp_path):
+    """ghsweep run from a git checkout of its own: the same sweep reuses its run, naming the commit and
+    the data file's digest; once the package is edited the same sweep trains again."""
+    checkout = tmp_path / "checkout"
+    ignore = shutil.ignore_patterns("__pycache__")
+    for part in ("ghsweep", "hydra_plugins", "conf", "experiments", "launchers"):
+        shutil.copytree(REPO / part, checkout / part, symlinks=True, ignore=ignore)
+    git(checkout, "init", "-q")
+    git(checkout, "add", ".")
+    git(checkout, "commit", "-qm", "the code the runs ran")
+    data = tmp_path / "dolly.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"instruction": f"q{i}", "context": "", "response": "a" * 40, "category": "qa"}) + "\n"
+            for i in range(64)
+        )
+    )
+    env = {"PYTHONPATH": str(checkout), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    args = ["-m", "experiment=smoke", "precision=fp32", "train.max_steps=2", "data=dolly_file", f"data.path={data}"]
+
+    first = run_cli([*args, "hydra.sweep.dir=first"], tmp_path, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = run_cli([*args, "hydra.sweep.dir=again"], tmp_path, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    records = MlflowRecords(sqlite_uri(tmp_path))
+    (done,) = records.runs("run")
+    code = done.data.tags["ghsweep.code"]
+    assert code.startswith("ghsweep ") and " commit " in code and "+dirty" not in code
+    digest = json.loads(done.data.tags["ghsweep.inputs"])["data.path"]
+    assert f"with the same config, code ({code}) and input files (data.path {digest[:19]})" in again.stdout
+
+    with (checkout / "ghsweep" / "train" / "data.py").open("a") as source:
+        source.write("# an edit: what training computes may have changed\n")
+    edited = run_cli([*args, "hydra.sweep.dir=edited"], tmp_path, env=env)
+    assert edited.returncode == 0, edited.stderr[-3000:]
+    assert "reused" not in edited.stdout and (tmp_path / "edited" / "0" / "worker.log").exists()
+    [new] = [r for r in records.runs("run") if r.info.run_id != done.info.run_id]
+    assert new.data.tags["ghsweep.code"].startswith(f"{code}+dirty.")

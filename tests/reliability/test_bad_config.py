@@ -98,6 +98,11 @@ CASES = {
             "cannot split; accepted: an even width per head",
         ],
     ),
+    # The byte tokenizer a model built from config trains with has 259 ids (256 bytes, BOS, EOS, PAD).
+    "vocabulary": (
+        ["model.vocab_size=10,258"],
+        ["model.vocab_size=10: must be an integer >= 259", "model.vocab_size=258: must be an integer >= 259"],
+    ),
     "lora keys with peft=none": (
         ["peft=none", "+peft.r=8,16"],
         [

@@ -30,15 +30,34 @@ GOOD_RUN = {"tokens_per_s": 10.0, "loss": [[1, 2.5]]}
         (json.dumps({"checks": "loss", "runs": {"a": GOOD_RUN}}).encode(), 'checks="loss"; accepted: '),
         (
             json.dumps({"checks": ["loss"], "runs": {"a": {"loss": "low"}}}).encode(),
-            'runs[\'a\']={"loss": "low"}: expected a number for each checked metric',
+            'runs[\'a\']={"loss": "low"}: expected a finite number for each checked metric',
         ),
         (
             json.dumps({"checks": ["tokens_per_s"], "runs": {"a": {"tokens_per_s": "fast"}}}).encode(),
-            'runs[\'a\']={"tokens_per_s": "fast"}: expected a number',
+            'runs[\'a\']={"tokens_per_s": "fast"}: expected a finite number',
         ),
         (
             json.dumps({"checks": ["loss"], "runs": {"a": GOOD_RUN}, "tolerances": {"loss": "5%"}}).encode(),
-            'tolerances={"loss": "5%"}: expected numbers by metric',
+            'tolerances={"loss": "5%"}: expected a fraction (at least 0, below 1) by metric',
+        ),
+        # JSON's NaN and Infinity compare false with everything: a gate on them would always pass.
+        (b'{"checks": ["tokens_per_s"], "runs": {"a": {"tokens_per_s": NaN}}}', "runs['a']={\"tokens_per_s\": NaN}"),
+        (b'{"checks": ["loss"], "runs": {"a": {"loss": [[1, Infinity]]}}}', "runs['a']={\"loss\": [[1, Infinity]]}"),
+        (
+            b'{"checks": ["tokens_per_s"], "runs": {"a": {"tokens_per_s": 1}}, "tolerances": {"tokens_per_s": NaN}}',
+            'tolerances={"tokens_per_s": NaN}: expected a fraction',
+        ),
+        (
+            b'{"checks": ["tokens_per_s"], "runs": {"a": {"tokens_per_s": 1}}, "noise_pct": {"a": {"tokens_per_s": NaN}}}',
+            'noise_pct={"a": {"tokens_per_s": NaN}}: expected the half-width',
+        ),
+        (
+            json.dumps({"checks": ["tokens_per_s"], "runs": {"a": GOOD_RUN}, "noise_pct": {"a": "wide"}}).encode(),
+            'noise_pct={"a": "wide"}: expected the half-width (%, a finite number >= 0) of each metric by combination',
+        ),
+        (
+            json.dumps({"checks": ["tokens_per_s"], "runs": {"a": {}}}).encode(),
+            "runs['a']={}: expected a finite number",
         ),
     ],
     ids=[
@@ -52,6 +71,12 @@ GOOD_RUN = {"tokens_per_s": 10.0, "loss": [[1, 2.5]]}
         "loss not pairs",
         "metric not a number",
         "tolerance not a number",
+        "NaN value",
+        "infinite loss",
+        "NaN tolerance",
+        "NaN noise",
+        "noise not numbers",
+        "a run with no values",
     ],
 )
 def test_a_malformed_reference_is_exit_2_with_one_line(tmp_path, content, line):
@@ -82,3 +107,41 @@ def gate(cwd, sweep, reference) -> subprocess.CompletedProcess:
         text=True,
         timeout=120,
     )
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--write", "--checks", ","], "ghsweep.gate: --checks ',': no check named; accepted: a comma-separated list"),
+        (["--checks", " , "], "ghsweep.gate: --checks ' , ': no check named"),
+        (["--tolerance", "nan"], "ghsweep.gate: argument --tolerance: 'nan': must be at least 0% and below 100%"),
+    ],
+)
+def test_bad_arguments_are_one_line_exit_2(tmp_path, args, line):
+    proc = subprocess.run(
+        [sys.executable, "-m", "ghsweep.gate", "some-sweep", "--against", "ref.json", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    [shown] = proc.stderr.strip().splitlines()
+    assert shown.startswith(line), shown
+    assert not (tmp_path / "ref.json").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("target, what", [("folder", "a directory"), ("none/ref.json", "no such folder")])
+def test_write_where_no_reference_can_be_is_one_line(tmp_path, target, what):
+    (tmp_path / "folder").mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "ghsweep.gate", "some-sweep", "--against", target, "--write"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    [shown] = proc.stderr.strip().splitlines()
+    assert shown.startswith(f"ghsweep.gate: --write --against {target}: {what}"), shown
+    assert not (tmp_path / "mlflow.db").exists()  # refused before any store was opened

@@ -9,7 +9,10 @@ import shlex
 
 import pytest
 
+from ghsweep.config.validate import validate_launch
+from ghsweep.core.errors import ConfigError
 from tests.support.cli import assert_one_line_errors, run_cli
+from tests.support.compose import compose_config
 
 VALUES = {
     "SHELL": "$(touch PWNED); `touch PWNED2` | rm -rf ~ && echo 'q\" > PWNED3",
@@ -66,3 +69,59 @@ def test_an_override_hydra_cannot_parse_is_one_line_naming_it(tmp_path, override
     assert "hun(ter2" not in line and len(line) < 800
     assert_one_line_errors(proc.stdout, proc.stderr)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "override, shown, problem",
+    [
+        (
+            "+hydra.launcher.additional_parameters.comment='ok\ntouch PWNED'",
+            "additional_parameters.comment=ok\\ntouch PWNED",
+            "a line break",
+        ),
+        ("hydra.launcher.partition='gh\rx'", "partition=gh\\rx", "a line break"),
+        ("+hydra.launcher.account='a\x00b'", "account=a\\x00b", "a NUL character"),
+        ("+hydra.launcher.qos='high\"'", 'qos=high"', "an unbalanced quote"),
+        ("hydra.launcher.setup=['echo a','echo b\necho c']", "setup[1]=echo b\\necho c", "a line break"),
+    ],
+    ids=["comment newline", "partition carriage return", "account NUL", "qos quote", "setup item of two lines"],
+)
+def test_a_launcher_value_that_is_not_one_token_is_refused(override, shown, problem):
+    cfg = compose_config("hydra/launcher=gh200", "experiment=smoke", override, hydra=True)
+    with pytest.raises(ConfigError) as refused:
+        validate_launch(cfg, "ghsweep")
+    assert str(refused.value).startswith(f"hydra.launcher.{shown}: holds {problem}, and it is written into the batch")
+    assert "\n" not in str(refused.value)
+
+
+def test_launcher_values_of_one_token_and_setup_lines_pass():
+    cfg = compose_config(
+        "hydra/launcher=gh200",
+        "+hydra.launcher.additional_parameters.comment='sweep \"a b\"'",
+        "hydra.launcher.setup=['module load cuda && echo \"a b\"']",
+        hydra=True,
+    )
+    validate_launch(cfg, "ghsweep")
+
+
+def test_an_injected_sbatch_line_from_the_environment_is_refused_in_the_dry_run(tmp_path):
+    # A site profile's ${oc.env:...}: the value arrives whole, newline included.
+    proc = run_cli(
+        [
+            "-m",
+            "hydra/launcher=local_slurm",
+            "experiment=smoke",
+            "dry_run=true",
+            "+hydra.launcher.additional_parameters.comment=${oc.env:SITE_COMMENT}",
+        ],
+        tmp_path,
+        env={"SITE_COMMENT": "ok\ntouch PWNED"},
+    )
+    assert proc.returncode == 1
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith("ghsweep: hydra.launcher.additional_parameters.comment=ok\\ntouch PWNED: holds a line break")
+    )
+    assert_one_line_errors(proc.stdout, proc.stderr)
+    assert not list(tmp_path.rglob("PWNED*")) and not (tmp_path / "mlflow.db").exists()

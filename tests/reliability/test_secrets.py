@@ -20,6 +20,16 @@ PASSWORD = "hunter2-q7Zx"
 TOKEN_IN_ENV = "tok-from-env-5kV3"  # reaches the config through an oc.env interpolation
 HF_TOKEN = "hf-env-only-9wQp"  # an environment variable no config names
 SHELL_VALUE = "$(touch PWNED); `touch PWNED2` | rm -rf x && echo done"
+# Secrets under the usual spellings of their keys, and a URI password holding an @.
+SPELLED = {
+    "+db.passwords": "pLuRaL-1a",
+    "+x.accessToken": "cAmEl-2b",
+    "+x.clientSecret": "cAmEl-3c",
+    "+ssh.private_key": "pRiVaTe-4d",
+    "+db.pwd": "pWd-5e",
+    "+gpg.passphrase": "pHrAsE-6f",
+}
+URI_PASSWORD_TAIL = "aT-hOsT-7g"  # mysql://u:p@aT-hOsT-7g@host/db: all of `p@aT-hOsT-7g` is the password
 
 
 @pytest.mark.parametrize(
@@ -33,6 +43,16 @@ SHELL_VALUE = "$(touch PWNED); `touch PWNED2` | rm -rf x && echo done"
         ("x.apiKey", True),
         ("x.Password", True),
         ("x.client-secret", True),
+        ("db.passwords", True),
+        ("x.accessToken", True),
+        ("x.clientSecret", True),
+        ("x.APIKey", True),
+        ("ssh.private_key", True),
+        ("db.pwd", True),
+        ("gpg.passphrase", True),
+        ("s3.access_keys", True),
+        ("data.mean_tokens", False),  # tokens counted, not a token
+        ("x.num_keys", False),
         ("container.env.TOKENIZERS_PARALLELISM", False),
         ("metrics.tokens_per_s", False),
         ("peft.r", False),
@@ -67,6 +87,8 @@ def secret_sweep(tmp_path_factory):
                 f"+tracking.password={PASSWORD}",
                 "+model.hf_token=${oc.env:GHSWEEP_TEST_TOKEN}",
                 f"+notes.shell='{SHELL_VALUE}'",
+                *(f"{key}={value}" for key, value in SPELLED.items()),
+                f"+db.uri=mysql://u:p@{URI_PASSWORD_TAIL}@host/db",
             ],
             cwd,
         )
@@ -76,7 +98,7 @@ def secret_sweep(tmp_path_factory):
     return cwd, proc
 
 
-SECRETS = (PASSWORD, TOKEN_IN_ENV, HF_TOKEN)
+SECRETS = (PASSWORD, TOKEN_IN_ENV, HF_TOKEN, *SPELLED.values(), URI_PASSWORD_TAIL)
 
 
 def _holding_a_secret(folder: Path) -> list[str]:
@@ -101,6 +123,8 @@ def test_mlflow_holds_no_secret_anywhere(secret_sweep, tmp_path):
     child = next(r for r in runs if r.tags["ghsweep.role"] == "run")
     assert child.params["tracking.password"] == "***" and child.params["model.hf_token"] == "***"
     assert child.params["notes.shell"] == SHELL_VALUE  # a value, never run by a shell
+    assert {key: child.params[key.lstrip("+")] for key in SPELLED} == dict.fromkeys(SPELLED, "***")
+    assert child.params["db.uri"] == "mysql://u:***@host/db"
     for run in runs:
         texts = [run.name, *run.params.values(), *run.tags.values()]
         assert not [t for t in texts for s in SECRETS if s in t], run.name

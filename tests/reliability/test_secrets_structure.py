@@ -36,6 +36,14 @@ PG_PASSWORD = "pGpA55-t3"
         ('{"api_key": "k", "n": 1}', '{"api_key": ***, "n": 1}'),
         ("View run at: http://alice:PASS@h:5000/#/runs/1", "View run at: http://alice:***@h:5000/#/runs/1"),
         ("postgresql://bob:PASS@db:5432/x", "postgresql://bob:***@db:5432/x"),
+        # The userinfo ends at the last @ before the host: a password holding @ is hidden whole.
+        ("mysql://u:p@ssXYZ@host/db", "mysql://u:***@host/db"),
+        ("uri=mysql://u:p@ss@h x@y", "uri=mysql://u:***@h x@y"),
+        ("smtp://me@mail.org:pw@host/", "smtp://me@mail.org:***@host/"),
+        (
+            "+db.passwords=a accessToken: b {clientSecret: c} private_key=d pwd=e data.mean_tokens=210",
+            "+db.passwords=*** accessToken: *** {clientSecret: ***} private_key=*** pwd=*** data.mean_tokens=210",
+        ),
         (
             "http://alice@h:5000 password.file_path=/p tokens_per_s: 3",
             "http://alice@h:5000 password.file_path=/p tokens_per_s: 3",

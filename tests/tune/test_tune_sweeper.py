@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import signal
+import stat
 from pathlib import Path
 
 import optuna
@@ -21,13 +22,16 @@ from ghsweep.core.names import ROLE_SWEEP
 from ghsweep.launch.slurm_jobs import load_jobs
 from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.tune.study import STUDY_TAG
-from tests.support.cli import run_cli, start_cli
+from tests.support.cli import assert_one_line_errors, run_cli, start_cli
 
+# A secret every trial gets: no record of the study may hold it (its journal, reports, console, MLflow).
+SECRET = "TuNeSeCrEt-4k"
 SPACE = [
     "hydra/sweeper=tune",
     "experiment=smoke",
     "train.max_steps=6",
     "train.seq_length=64",
+    f"+db.accessToken={SECRET}",
     "train.lr=1e-6,1e-4,3e-3",
 ]
 STUDY = [
@@ -84,7 +88,10 @@ def test_study_finds_the_best_and_learns_from_failed_runs(cwd, first):
         assert t.params["precision"] == "fp8" and t.constraints["run_failed"] == 1.0
         assert "precision=fp8: needs an NVIDIA GPU" in t.user_attrs["error"]
     assert "Best: trial" in first.stdout and "train.lr=0.003 precision=fp32" in first.stdout
-    reproduce = "python -m ghsweep experiment=smoke train.max_steps=6 train.seq_length=64 train.lr=0.003 precision=fp32"
+    reproduce = (
+        "python -m ghsweep experiment=smoke train.max_steps=6 train.seq_length=64 '+db.accessToken=***' "
+        "train.lr=0.003 precision=fp32"
+    )
     assert f"reproduce: {reproduce}" in first.stdout
     assert "Knob importance for final_loss (Optuna): " in first.stdout
     report = cwd / sweep_dir(first.stdout) / "tune"
@@ -106,6 +113,18 @@ def test_a_failed_combination_asked_again_is_not_run_again(tmp_path):
     repeats = [t for t in counted if t.user_attrs["error"].startswith("as in trial ")]
     assert repeats and all("precision=fp8: needs an NVIDIA GPU" in t.user_attrs["error"] for t in repeats)
     assert len(list((tmp_path / "sweep").glob("*/result.json"))) == 4 - len(repeats)
+
+
+def test_the_study_records_no_secret_and_its_journal_is_the_owners(cwd, first):
+    assert SECRET not in first.stdout + first.stderr
+    assert "'+db.accessToken=***'" in first.stdout  # the trial lines, the reproduce line and the answer
+    journal = cwd / "tune.journal"
+    assert stat.S_IMODE(journal.stat().st_mode) == 0o600
+    sweep = cwd / sweep_dir(first.stdout)
+    records = [journal, cwd / "mlflow.db", *(sweep / "tune").iterdir()]
+    assert [p.name for p in records if SECRET.encode() in p.read_bytes()] == []
+    # The run directories' config.yaml is the worker's: the one file of a trial with the real value.
+    assert all(SECRET in (run / "config.yaml").read_text() for run in sweep.glob("[0-9]*"))
 
 
 def test_trials_are_mlflow_children_of_the_tuning_parent(cwd, first):
@@ -213,8 +232,10 @@ def test_two_objectives_give_the_pareto_front(cwd, first):
     [
         (["tune.direction=up"], "tune.direction=up: accepted: maximize, minimize"),
         (["tune.objective=[a,b]"], "tune.direction=maximize: one direction per objective (2)"),
-        (["+tune.min.mfu=high"], "tune.min.mfu=high: must be a number"),
+        (["+tune.min.mfu=high"], "tune.min.mfu=high: must be a finite number"),
         (["tune.trials=0"], "tune.trials=0: must be a whole number >= 1"),
+        (["+tune.max.final_loss=nan"], "tune.max.final_loss=nan: must be a finite number"),
+        (["+db.clientSecrets=a,b"], "a secret cannot be searched; give +db.clientSecrets one value"),
         (["tune.prune=yes"], "tune.prune=yes: accepted: true, false"),
         (["tune.prune_below_tokens_per_s=5"], "tune.prune_below_tokens_per_s=5: set by the study for each trial"),
         (
@@ -231,13 +252,22 @@ def test_two_objectives_give_the_pareto_front(cwd, first):
 def test_bad_tune_settings_are_one_line_errors(tmp_path, bad, message):
     proc = run_cli(["-m", *SPACE, *bad], tmp_path)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+    assert_one_line_errors(proc.stdout, proc.stderr)
+    # Refused before the sweep's MLflow run was made: nothing recorded, nothing left RUNNING.
     db = tmp_path / "mlflow.db"
-    if "wait=false" in bad:  # a launch setting: refused before anything is recorded
-        assert not db.exists() or not MlflowStore(f"sqlite:///{db}", "ghsweep").search()
-        return
-    # The sweep's MLflow run, made before the study could start, ends FAILED with the reason.
-    (parent,) = MlflowStore(f"sqlite:///{db}", "ghsweep").search()
-    assert parent.status == "FAILED" and message in parent.error
+    assert not db.exists() or not MlflowStore(f"sqlite:///{db}", "ghsweep").search()
+
+
+def test_a_journal_cut_short_is_refused_before_anything_is_recorded(tmp_path):
+    (tmp_path / "tune.journal").write_text('{"op_code": 0, "worker_id": "w", "study_name": "s", "direct')
+    proc = run_cli(["-m", *SPACE], tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"ghsweep: tune.storage=tune.journal: {tmp_path / 'tune.journal'} line 1 is cut short (no end of line); "
+        "restore it, or start a new study in another file (tune.storage=NEW.journal); nothing was recorded"
+    )
+    assert_one_line_errors(proc.stdout, proc.stderr)
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "multirun").exists()
 
 
 def test_nothing_to_search_is_an_error(tmp_path):
