@@ -11,6 +11,7 @@ import torch
 
 from tests.support.cli import run_cli
 from tests.support.ports import free_port
+from tests.support.tiers import TIERS, no_processes, tier_of
 
 # MLflow's usage telemetry stays off in every client the tests start, in this process and the CLI
 # runs, workers and servers that inherit its environment.
@@ -46,6 +47,10 @@ SMOKE_SWEEP_MODULES = {"tests/launch/test_sweep.py", "tests/report/test_cli.py"}
 FIRST_MODULE = "tests/launch/test_slurm.py"
 
 
+def module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
 UNGROUPED: list[str] = []  # why the tests cannot run here, when pytest-xdist's groups did not take
 
 
@@ -60,14 +65,31 @@ def pytest_collection_finish(session):
         )
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item):
     if UNGROUPED:
         pytest.fail(UNGROUPED[0], pytrace=False)
+    return (yield from quick_without_processes(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from quick_without_processes(item))
+
+
+def quick_without_processes(item):
+    """A quick test, and the fixtures it sets up, start no process (tests/support/tiers.py): the tier is
+    honest, and one that needs a process fails, saying which marker it needs."""
+    if not item.get_closest_marker("quick"):
+        return (yield)
+    with no_processes(item.nodeid):
+        return (yield)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups on its workers
 def pytest_collection_modifyitems(config, items):
-    """Group tests for pytest-xdist; skip GPU tests without CUDA, with the reason, never silently.
+    """Mark each test's tier; group tests for pytest-xdist; skip GPU tests without CUDA, with the reason,
+    never silently.
 
     With `--dist loadgroup` a module's tests stay on one worker, so its module fixtures (a sweep, a
     browser, the SLURM cluster) are made once, while different modules run side by side. All GPU
@@ -75,9 +97,19 @@ def pytest_collection_modifyitems(config, items):
     """
     import torch
 
-    items.sort(key=lambda item: not item.nodeid.startswith(FIRST_MODULE + "::"))
+    tiers = {item.nodeid: tier_of(item) for item in items}
     for item in items:
-        module = item.nodeid.split("::", 1)[0]
+        item.add_marker(tiers[item.nodeid])
+    # The costliest tier first, module by module (a module's fixtures are made once), the longest module
+    # before all: the short quick tests fill the workers' ends. pyproject.toml's --no-loadscope-reorder
+    # keeps this order under pytest-xdist (by default it reorders groups by their number of tests).
+    module_rank: dict[str, int] = {}
+    for item in items:
+        rank = TIERS.index(tiers[item.nodeid])
+        module_rank[module_of(item)] = min(rank, module_rank.get(module_of(item), rank))
+    items.sort(key=lambda item: (module_of(item) != FIRST_MODULE, module_rank[module_of(item)]))
+    for item in items:
+        module = module_of(item)
         group = "gpu" if "gpu" in item.keywords else "smoke_sweep" if module in SMOKE_SWEEP_MODULES else module
         item.add_marker(pytest.mark.xdist_group(group))
     if torch.cuda.is_available():

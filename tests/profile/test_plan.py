@@ -171,6 +171,7 @@ def test_ncu_pass_profiles_a_few_launches_of_each_top_kernel():
 
 
 @pytest.mark.parametrize(("start_step", "first"), [("4", 4), ("auto", 7)])  # auto: the last 3 of 10 steps
+@pytest.mark.cli  # the job starts the pass's worker
 def test_the_ncu_pass_trains_the_run_s_own_config_for_one_captured_step(tmp_path, start_step, first):
     """The pass's worker reads the run's config.yaml (the composed config with the real values), with
     one captured step and the steps up to it (never measuring on past them), and the run's plan moved
