@@ -17,11 +17,14 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
+from ghsweep.core.errors import TuneConfigError
 from ghsweep.core.names import ROLE_SWEEP
 from ghsweep.launch.slurm_jobs import load_jobs
 from ghsweep.tracking.mlflow_store import MlflowStore
+from ghsweep.tune.settings import TuneSettings
 from ghsweep.tune.study import STUDY_TAG
 from tests.support.cli import run_cli, start_cli
+from tests.support.compose import compose_config
 
 SPACE = [
     "hydra/sweeper=tune",
@@ -221,14 +224,29 @@ def test_two_objectives_give_the_pareto_front(cwd, first):
             ["tune.prune=true", "tune.objective=final_loss", "tune.direction=minimize"],
             "tune.objective=final_loss (direction minimize) cannot be pruned: accepted with tune.objective=tokens_per_s",
         ),
+    ],
+)
+def test_bad_tune_settings_are_one_line_errors(bad, message):
+    # The sweeper's own reading of tune.*, in this process; the CLI runs below take a refusal to the
+    # terminal and to the sweep's MLflow run.
+    with pytest.raises(TuneConfigError) as refused:
+        TuneSettings.from_config(compose_config("hydra/sweeper=tune", "experiment=smoke", *bad).tune)
+    assert message in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (["tune.trials=0"], "tune.trials=0: must be a whole number >= 1"),
         # A SLURM profile, as wait=false asks; its jobs are never submitted.
         (
             ["wait=false", "hydra/launcher=local_slurm", "tracking=sqlite"],
             "wait=false: a tuning study needs each batch's",
         ),
     ],
+    ids=["tune setting", "launch setting"],
 )
-def test_bad_tune_settings_are_one_line_errors(tmp_path, bad, message):
+def test_a_bad_tune_setting_reaches_the_terminal_and_the_sweeps_record(tmp_path, bad, message):
     proc = run_cli(["-m", *SPACE, *bad], tmp_path)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
     db = tmp_path / "mlflow.db"
