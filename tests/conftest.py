@@ -41,8 +41,13 @@ def mlflow_server(tmp_path_factory):
     server.stop()
 
 
-# Modules whose tests share the session's smoke sweep: one worker runs them, so the sweep runs once.
-SMOKE_SWEEP_MODULES = {"tests/launch/test_sweep.py", "tests/report/test_cli.py"}
+# The session fixtures several modules share: the modules whose tests use one run on one worker, so it is
+# made once (the SLURM cluster and the MLflow server its tests log to share a worker; so does the smoke sweep).
+SHARED_FIXTURE_GROUPS = {
+    "slurm_cluster": "cluster_and_server",
+    "mlflow_server": "cluster_and_server",
+    "smoke_sweep": "smoke_sweep",
+}
 # The longest module (~10 min of SLURM jobs on 2 cores) starts first, so it does not run on alone at the end.
 FIRST_MODULE = "tests/launch/test_slurm.py"
 
@@ -92,8 +97,9 @@ def pytest_collection_modifyitems(config, items):
     never silently.
 
     With `--dist loadgroup` a module's tests stay on one worker, so its module fixtures (a sweep, a
-    browser, the SLURM cluster) are made once, while different modules run side by side. All GPU
-    tests share one worker: one GPU, and timings that must not compete with each other.
+    browser) are made once, while different modules run side by side; the modules that share a session
+    fixture (SHARED_FIXTURE_GROUPS) share a worker. All GPU tests share one worker: one GPU, and
+    timings that must not compete with each other.
     """
     import torch
 
@@ -108,9 +114,13 @@ def pytest_collection_modifyitems(config, items):
         rank = TIERS.index(tiers[item.nodeid])
         module_rank[module_of(item)] = min(rank, module_rank.get(module_of(item), rank))
     items.sort(key=lambda item: (module_of(item) != FIRST_MODULE, module_rank[module_of(item)]))
+    module_group = {}
     for item in items:
-        module = module_of(item)
-        group = "gpu" if "gpu" in item.keywords else "smoke_sweep" if module in SMOKE_SWEEP_MODULES else module
+        for fixture, group in SHARED_FIXTURE_GROUPS.items():
+            if fixture in item.fixturenames:
+                module_group.setdefault(module_of(item), group)
+    for item in items:
+        group = "gpu" if item.get_closest_marker("gpu") else module_group.get(module_of(item), module_of(item))
         item.add_marker(pytest.mark.xdist_group(group))
     if torch.cuda.is_available():
         return

@@ -85,7 +85,8 @@ def fixture_functions(item: pytest.Item) -> list[Callable[..., Any]]:
 
 def tier_of(item: pytest.Item) -> str:
     """`item`'s tier: the one it is marked with, else the one its code and fixtures need."""
-    marked = [tier for tier in TIERS if item.get_closest_marker(tier)]
+    # gpu first: a GPU test runs with the GPU tests, whatever else it needs.
+    marked = [tier for tier in ("gpu", *TIERS) if item.get_closest_marker(tier)]
     if marked:
         return marked[0]
     if any(item.get_closest_marker(name) for name in SYSTEMS_MARKERS):
