@@ -17,6 +17,13 @@ from tests.support.tiers import TIERS, no_processes, tier_of
 # runs, workers and servers that inherit its environment.
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 
+# One compute thread per process: the tests run side by side on every core (pytest-xdist), and so do the
+# CLI runs and workers they start; OpenMP's threads of oversubscribed processes then wait on each other
+# (a smoke run's step took 4.1 s with torch's two threads on a loaded 2-core machine, 0.23 s with one).
+# The processes started inherit the variable; this one is set directly, torch being imported already.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 # Without CUDA, Triton kernels (ghsweep/train/adamw_kernel.py) run in Triton's interpreter, on CPU
 # tensors. It must be chosen before triton is first imported: triton.jit reads it as it decorates.
 if not torch.cuda.is_available():
