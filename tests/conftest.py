@@ -11,10 +11,18 @@ import torch
 
 from tests.support.cli import run_cli
 from tests.support.ports import free_port
+from tests.support.tiers import TIERS, no_processes, tier_of
 
 # MLflow's usage telemetry stays off in every client the tests start, in this process and the CLI
 # runs, workers and servers that inherit its environment.
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+
+# One compute thread per process: the tests run side by side on every core (pytest-xdist), and so do the
+# CLI runs and workers they start; OpenMP's threads of oversubscribed processes then wait on each other
+# (a smoke run's step took 4.1 s with torch's two threads on a loaded 2-core machine, 0.23 s with one).
+# The processes started inherit the variable; this one is set directly, torch being imported already.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Without CUDA, Triton kernels (ghsweep/train/adamw_kernel.py) run in Triton's interpreter, on CPU
 # tensors. It must be chosen before triton is first imported: triton.jit reads it as it decorates.
@@ -40,10 +48,19 @@ def mlflow_server(tmp_path_factory):
     server.stop()
 
 
-# Modules whose tests share the session's smoke sweep: one worker runs them, so the sweep runs once.
-SMOKE_SWEEP_MODULES = {"tests/launch/test_sweep.py", "tests/report/test_cli.py"}
+# The session fixtures several modules share: the modules whose tests use one run on one worker, so it is
+# made once (the SLURM cluster and the MLflow server its tests log to share a worker; so does the smoke sweep).
+SHARED_FIXTURE_GROUPS = {
+    "slurm_cluster": "cluster_and_server",
+    "mlflow_server": "cluster_and_server",
+    "smoke_sweep": "smoke_sweep",
+}
 # The longest module (~10 min of SLURM jobs on 2 cores) starts first, so it does not run on alone at the end.
 FIRST_MODULE = "tests/launch/test_slurm.py"
+
+
+def module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
 
 
 UNGROUPED: list[str] = []  # why the tests cannot run here, when pytest-xdist's groups did not take
@@ -60,25 +77,57 @@ def pytest_collection_finish(session):
         )
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item):
     if UNGROUPED:
         pytest.fail(UNGROUPED[0], pytrace=False)
+    return (yield from quick_without_processes(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from quick_without_processes(item))
+
+
+def quick_without_processes(item):
+    """A quick test, and the fixtures it sets up, start no process (tests/support/tiers.py): the tier is
+    honest, and one that needs a process fails, saying which marker it needs."""
+    if not item.get_closest_marker("quick"):
+        return (yield)
+    with no_processes(item.nodeid):
+        return (yield)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups on its workers
 def pytest_collection_modifyitems(config, items):
-    """Group tests for pytest-xdist; skip GPU tests without CUDA, with the reason, never silently.
+    """Mark each test's tier; group tests for pytest-xdist; skip GPU tests without CUDA, with the reason,
+    never silently.
 
     With `--dist loadgroup` a module's tests stay on one worker, so its module fixtures (a sweep, a
-    browser, the SLURM cluster) are made once, while different modules run side by side. All GPU
-    tests share one worker: one GPU, and timings that must not compete with each other.
+    browser) are made once, while different modules run side by side; the modules that share a session
+    fixture (SHARED_FIXTURE_GROUPS) share a worker. All GPU tests share one worker: one GPU, and
+    timings that must not compete with each other.
     """
     import torch
 
-    items.sort(key=lambda item: not item.nodeid.startswith(FIRST_MODULE + "::"))
+    tiers = {item.nodeid: tier_of(item) for item in items}
     for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        group = "gpu" if "gpu" in item.keywords else "smoke_sweep" if module in SMOKE_SWEEP_MODULES else module
+        item.add_marker(tiers[item.nodeid])
+    # The costliest tier first, module by module (a module's fixtures are made once), the longest module
+    # before all: the short quick tests fill the workers' ends. pyproject.toml's --no-loadscope-reorder
+    # keeps this order under pytest-xdist (by default it reorders groups by their number of tests).
+    module_rank: dict[str, int] = {}
+    for item in items:
+        rank = TIERS.index(tiers[item.nodeid])
+        module_rank[module_of(item)] = min(rank, module_rank.get(module_of(item), rank))
+    items.sort(key=lambda item: (module_of(item) != FIRST_MODULE, module_rank[module_of(item)]))
+    module_group = {}
+    for item in items:
+        for fixture, group in SHARED_FIXTURE_GROUPS.items():
+            if fixture in item.fixturenames:
+                module_group.setdefault(module_of(item), group)
+    for item in items:
+        group = "gpu" if item.get_closest_marker("gpu") else module_group.get(module_of(item), module_of(item))
         item.add_marker(pytest.mark.xdist_group(group))
     if torch.cuda.is_available():
         return

@@ -3,6 +3,7 @@ tests: the NeMo and AutoModel environments collect this module without torchao.)
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ghsweep.train.flops import ModelShape
@@ -22,6 +23,7 @@ def test_the_tensors_are_llama_2_7b_trained_ones():
     assert BYTES_PER_PARAM * sum(p.numel() for p in params) / 1e9 > 94
 
 
+@pytest.mark.cli  # compiled optimizer steps run the C++ compiler
 def test_each_optimizer_steps_and_the_copy_floor_is_last():
     from ghsweep.bench.optimizer_step import measure
 

@@ -92,6 +92,7 @@ def test_missing_image_or_runtime_fails_before_training(tmp_path, monkeypatch):
         check_container(no_runtime)
 
 
+@pytest.mark.cli  # the job starts a worker
 def test_profilers_are_looked_up_and_exported_inside_the_container(tmp_path, monkeypatch):
     # The host has the runtime but no nsys; the image brings nsys (not ncu), as NGC images bring theirs.
     host_bin, image = tmp_path / "host_bin", tmp_path / "ghsweep-nemo.sif"
@@ -194,6 +195,7 @@ def test_pyxis_keeps_container_env_values_and_secrets_off_the_command_line(tmp_p
     assert container_env(compose_typed("experiment=smoke", "container.image=/c.sif", "+container.env.MODE=fast")) == {}
 
 
+@pytest.mark.cli  # the job starts a worker
 def test_the_worker_gets_the_container_env_in_its_environment(tmp_path):
     from ghsweep.launch.worker_process import run_worker
 

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from ghsweep.core.errors import ConfigError
+from ghsweep.launch.callbacks import SweepCallback
 from ghsweep.launch.plan import dry_run_plans, node_plan
 from ghsweep.profile.plan import resolve
 from tests.support.cli import run_cli
-from tests.support.compose import compose_config, compose_typed
+from tests.support.compose import compose_config, compose_typed, hydra_on_conf, launch_config
 from tests.support.stand_ins import NODE_GPU, fake_runtime, tool
 from tests.support.sweep_dirs import assert_nothing_ran
 
@@ -111,18 +112,18 @@ def test_local_dry_run_prints_and_trains_nothing(tmp_path):
     assert_nothing_ran(tmp_path)
 
 
-def test_wait_false_needs_a_slurm_launcher(tmp_path):
-    proc = run_cli(["-m", "experiment=smoke", "wait=false"], tmp_path)
-    assert proc.returncode != 0
-    assert (
-        "wait=false: needs a SLURM launcher profile (e.g. hydra/launcher=gh200); this sweep uses "
-        "hydra/launcher=local" in proc.stderr
+# hydra-submitit-launcher's own SLURM launcher blocks and records no jobs for `ghsweep.status` either.
+@pytest.mark.parametrize("launcher", ["local", "submitit_slurm"])
+def test_wait_false_needs_a_slurm_launcher(tmp_path, monkeypatch, launcher):
+    # The sweep's first callback, in this process; tests/launch/test_precheck.py runs the CLI through
+    # one of its refusals (a cluster sweep without SLURM).
+    monkeypatch.chdir(tmp_path)
+    config = ["experiment=smoke", "wait=false", f"hydra/launcher={launcher}"]
+    with hydra_on_conf(), pytest.raises(SystemExit) as refused:
+        SweepCallback().on_multirun_start(launch_config(*config, sweep=True))
+    assert refused.value.code == (
+        f"wait=false: needs a SLURM launcher profile (e.g. hydra/launcher=gh200); this sweep uses hydra/launcher={launcher}"
     )
-    assert_nothing_ran(tmp_path)
-    # hydra-submitit-launcher's own SLURM launcher blocks and records no jobs for `ghsweep.status`.
-    proc = run_cli(["-m", "experiment=smoke", "wait=false", "hydra/launcher=submitit_slurm"], tmp_path)
-    assert proc.returncode != 0
-    assert "this sweep uses hydra/launcher=submitit_slurm" in proc.stderr, proc.stderr[-2000:]
     assert_nothing_ran(tmp_path)
 
 

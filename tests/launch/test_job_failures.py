@@ -29,6 +29,9 @@ from ghsweep.profile.pipeline import ProfileOutcome
 from ghsweep.tracking.mlflow_store import MlflowStore
 from tests.support.compose import compose_config, compose_typed
 
+# The job's functions start a real worker process (tests/support/tiers.py cannot see it).
+pytestmark = pytest.mark.cli
+
 
 def combination(run_dir: Path, name: str = "train.max_steps=2") -> Combination:
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -47,5 +47,6 @@ class TestGhsweepBasicLauncher(LauncherTestSuite):
     "task_launcher_cfg, extra_flags",
     [({}, ["-m", "hydra/launcher=ghsweep_basic", "hydra/hydra_logging=disabled", "hydra/job_logging=disabled"])],
 )
+@pytest.mark.cli  # Hydra's integration suite runs each app as a process
 class TestGhsweepBasicLauncherIntegration(IntegrationTestSuite):
     pass

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from ghsweep.core.gpu import visible_gpu_handles
-from ghsweep.launch.local_gpus import gpu_sets, sweep_gpus
+from ghsweep.launch.local_gpus import gpu_sets, several_gpus_hint, sweep_gpus
 from tests.support.cli import run_cli
+from tests.support.compose import hydra_on_conf, launch_config
 
 
 def test_gpus_are_cut_into_one_set_per_combination_running_at_once():
@@ -38,14 +39,24 @@ def test_every_gpu_of_the_machine_when_none_is_listed(monkeypatch):
     assert sweep_gpus() == list(range(torch.cuda.device_count()))
 
 
-def test_a_sweep_run_one_at_a_time_on_several_gpus_says_how_to_use_them_all(tmp_path):
-    hint = (
-        "ghsweep: 2 combinations run one after another on this machine's first GPU; "
-        "hydra/launcher=submitit_local runs one per GPU at once on GPUs 0,1"
-    )
-    sweep = ["-m", "experiment=smoke", "precision=fp32,bf16", "dry_run=true"]
+HINT = (
+    "2 combinations run one after another on this machine's first GPU; "
+    "hydra/launcher=submitit_local runs one per GPU at once on GPUs 0,1"
+)
+SWEEP = ["experiment=smoke", "precision=fp32,bf16", "dry_run=true"]
+
+
+def test_a_sweep_run_one_at_a_time_on_several_gpus_says_how_to_use_them_all(monkeypatch):
     # Stand-in GPUs: the hint reads the GPUs the sweep would place on, as submitit_local would.
-    assert hint in run_cli(sweep, tmp_path, env={"CUDA_VISIBLE_DEVICES": "0,1"}).stdout
-    assert "ghsweep: 2 combinations" not in run_cli(sweep, tmp_path, env={"CUDA_VISIBLE_DEVICES": "0"}).stdout
-    placed = run_cli([*sweep, "hydra/launcher=submitit_local"], tmp_path, env={"CUDA_VISIBLE_DEVICES": "0,1"})
-    assert "ghsweep: 2 combinations" not in placed.stdout
+    with hydra_on_conf():
+        one_at_a_time = launch_config(*SWEEP, sweep=True)
+        placed = launch_config(*SWEEP, "hydra/launcher=submitit_local", sweep=True)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert several_gpus_hint(one_at_a_time, 2) == HINT
+    assert several_gpus_hint(placed, 2) is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert several_gpus_hint(one_at_a_time, 2) is None
+
+
+def test_the_hint_is_printed_as_the_sweep_starts(tmp_path):
+    assert f"ghsweep: {HINT}" in run_cli(["-m", *SWEEP], tmp_path, env={"CUDA_VISIBLE_DEVICES": "0,1"}).stdout

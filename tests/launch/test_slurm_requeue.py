@@ -19,7 +19,7 @@ from tests.slurm.cluster import sacct_states
 from tests.support.cli import start_cli
 from tests.support.slurm_sweeps import runs, sweep_args, wait_for
 
-pytestmark = [pytest.mark.usefixtures("slurm_cluster"), pytest.mark.slow]
+pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
 STEPS = 30
 

@@ -58,6 +58,9 @@ from tests.support.planned_run import planned_run
 from tests.support.processes import live_group_members
 from tests.support.stand_ins import NODE_GPU, fake_nsys
 
+# Every test forks or starts workers through ghsweep's launcher (tests/support/tiers.py cannot see it).
+pytestmark = pytest.mark.cli
+
 FORKED = "forked from the pre-imported worker"
 
 

@@ -3,9 +3,14 @@ worker is, whatever the worker left running."""
 
 from __future__ import annotations
 
+import pytest
+
 from ghsweep.core.run_dir import WORKER_LOG
 from ghsweep.launch.worker_process import run_worker, worker_pid
 from tests.support.processes import live_group_members
+
+# ghsweep's run_worker starts the worker, a process (tests/support/tiers.py cannot see it).
+pytestmark = pytest.mark.cli
 
 
 def test_a_process_the_worker_leaves_on_its_pipe_does_not_hold_the_run(tmp_path):

@@ -16,6 +16,9 @@ from ghsweep.core.run_dir import CAPTURE_ARMED, CAPTURE_MAY_EXIT, CAPTURE_STOPPI
 from ghsweep.profile.nsys_session import CollectionHandoff, session_state
 from tests.support.stand_ins import fake_nsys
 
+# ghsweep's handoff runs the stand-in nsys, a process (tests/support/tiers.py cannot see it).
+pytestmark = pytest.mark.cli
+
 SESSION = "ghsweep-1-test"
 START = ["start", "--output=profile"]
 

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from ghsweep.config.schema import ProfileSchema, typed_section
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
+from ghsweep.launch.plan import node_plan
 from ghsweep.profile import plan as plan_module
 from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve, session_capture, sweep_session_launch
 from tests.support.cli import run_cli
@@ -107,10 +108,11 @@ def test_plans_from_config_leave_the_profiler_path_to_the_node(tmp_path, monkeyp
 
 
 def test_profile_nsys_on_a_machine_without_gpu_fails_before_training(tmp_path):
-    proc = run_cli(["experiment=smoke", "profile=nsys"], tmp_path, timeout=300)
-    assert proc.returncode != 0
-    assert "profile=nsys: Nsight Systems traces CUDA and this run has no GPU" in proc.stdout + proc.stderr
-    assert not list(tmp_path.glob("outputs/*/*/metrics.jsonl"))
+    # The plan the job makes on a node without a GPU, before any worker; tests/launch/test_precheck.py
+    # runs the CLI through a single run refused there.
+    with pytest.raises(ConfigError, match=r"^profile=nsys: Nsight Systems traces CUDA and this run has no GPU"):
+        node_plan(compose_config("experiment=smoke", "profile=nsys"), tmp_path, "run", [], None, slurm_tasks=None)
+    assert not list(tmp_path.iterdir())
 
 
 def test_profile_torch_end_to_end_on_cpu(tmp_path):
@@ -171,6 +173,7 @@ def test_ncu_pass_profiles_a_few_launches_of_each_top_kernel():
 
 
 @pytest.mark.parametrize(("start_step", "first"), [("4", 4), ("auto", 7)])  # auto: the last 3 of 10 steps
+@pytest.mark.cli  # the job starts the pass's worker
 def test_the_ncu_pass_trains_the_run_s_own_config_for_one_captured_step(tmp_path, start_step, first):
     """The pass's worker reads the run's config.yaml (the composed config with the real values), with
     one captured step and the steps up to it (never measuring on past them), and the run's plan moved

@@ -1,18 +1,19 @@
-"""Every kind of bad value the config groups accept, through real sweeps: a value no node can run is
-refused before anything is recorded, one line per refused combination naming the key and the value,
-every combination at once, and the sweep exits 1 with nothing in MLflow or the run directories. A
-value only the node can judge (device=cuda) is refused there: that run is recorded FAILED."""
+"""Every kind of bad value the config groups accept: a value no node can run is refused before anything
+is recorded, one line per refused combination naming the key and the value, every combination at once
+(checked in this process by the code the CLI calls; one real CLI run per way a refusal reaches the
+terminal). A value only the node can judge (device=cuda) is refused there: that run is recorded FAILED."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from ghsweep.__main__ import check_overrides
+from ghsweep.launch.callbacks import check_launch
 from tests.support.cli import assert_one_line_errors, run_cli
+from tests.support.compose import hydra_on_conf, launch_config, refused_combinations
 from tests.support.mlflow_records import all_runs, assert_nothing_running, by_role, sqlite_uri
 from tests.support.sweep_dirs import only_sweep_dir, results
 
@@ -183,38 +184,25 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def sweeps(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
-    """Every case's sweep, three at a time (each spends its seconds importing, not training)."""
+def inputs(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("inputs")
     data_files(folder)
     model_folder(folder)
-
-    def sweep(case: str) -> tuple[Path, subprocess.CompletedProcess]:
-        cwd = tmp_path_factory.mktemp(case.replace(" ", "_"))
-        overrides = [o.replace("{dir}", str(folder)) for o in CASES[case][0]]
-        return cwd, run_cli(["-m", "experiment=smoke", *overrides], cwd)
-
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        done = dict(zip(CASES, pool.map(sweep, CASES)))
-    return {case: (cwd, proc, folder) for case, (cwd, proc) in done.items()}
+    return folder
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_each_bad_value_refuses_the_sweep_before_anything_is_recorded(sweeps, case):
-    cwd, proc, folder = sweeps[case]
-    expected = [e.replace("{dir}", str(folder)) if e else None for e in CASES[case][1]]
+def test_each_bad_value_refuses_its_combination_before_the_sweep_starts(inputs, case):
+    # The sweep's own check, in this process; tests/launch/test_precheck.py runs the CLI that prints
+    # these lines, exits 1 and records nothing.
+    overrides = [o.replace("{dir}", str(inputs)) for o in CASES[case][0]]
+    expected = [e.replace("{dir}", str(inputs)) if e else None for e in CASES[case][1]]
     refused = [(num, error) for num, error in enumerate(expected) if error]
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    lines = proc.stderr.strip().splitlines()
-    assert lines[-1] == (
-        f"ghsweep: {len(refused)} of {len(expected)} combinations cannot run on any node; "
-        "nothing was submitted or recorded"
-    )
-    assert len(lines) == len(refused) + 1
+    total, lines = refused_combinations("experiment=smoke", *overrides)
+    assert total == len(expected)
+    assert len(lines) == len(refused), lines
     for line, (num, error) in zip(lines, refused):
-        assert line.startswith(f"ghsweep: #{num} ") and line.endswith(f": {error}"), line
-    assert_one_line_errors(proc.stdout, proc.stderr)
-    assert not (cwd / "mlflow.db").exists() and not list(cwd.rglob("result.json"))
+        assert line.startswith(f"#{num} ") and line.endswith(f": {error}"), line
 
 
 def test_a_value_only_the_node_can_judge_fails_its_run_and_the_sweep_goes_on(tmp_path):
@@ -264,13 +252,19 @@ def test_data_that_makes_no_step_fails_its_run_in_one_line_instead_of_waiting(tm
     [
         ("precision=fp64", "ghsweep: precision=fp64: precision has no option fp64; accepted: bf16, fp16, fp32, fp8"),
         ("train.max_stepz=3", "ghsweep: train.max_stepz=3: no such key; did you mean train.max_steps?"),
-        ("hydra/launcher=nowhere", "In 'hydra/config': Could not find 'hydra/launcher/nowhere'"),
     ],
 )
-def test_an_option_or_key_the_groups_do_not_have_is_refused_before_any_run(tmp_path, override, first_line):
-    proc = run_cli(["-m", "experiment=smoke", override], tmp_path)
+def test_an_option_or_key_the_groups_do_not_have_is_refused_before_hydra_composes(override, first_line):
+    # ghsweep.__main__'s check of the command line; tests/config/test_keys.py runs the CLI that prints it.
+    with pytest.raises(SystemExit) as refused:
+        check_overrides(["-m", "experiment=smoke", override])
+    assert str(refused.value.code).startswith(first_line)
+
+
+def test_a_launcher_profile_that_does_not_exist_is_hydras_one_line_before_any_run(tmp_path):
+    proc = run_cli(["-m", "experiment=smoke", "hydra/launcher=nowhere"], tmp_path)
     assert proc.returncode == 1
-    assert proc.stderr.startswith(first_line), proc.stderr[-2000:]
+    assert proc.stderr.startswith("In 'hydra/config': Could not find 'hydra/launcher/nowhere'"), proc.stderr[-2000:]
     assert_one_line_errors(proc.stdout, proc.stderr)
     assert not (tmp_path / "mlflow.db").exists() and not list(tmp_path.rglob("result.json"))
 
@@ -293,13 +287,24 @@ def test_an_option_or_key_the_groups_do_not_have_is_refused_before_any_run(tmp_p
         ),
     ],
 )
+@pytest.mark.parametrize("sweep", [True, False], ids=["sweep", "single run"])
+def test_what_a_sweep_reads_before_its_runs_is_refused_in_one_line(override, line, sweep):
+    # The check Hydra's first callback makes (launch.callbacks.check_launch), on the config Hydra hands it.
+    with hydra_on_conf(), pytest.raises(SystemExit) as refused:
+        check_launch(launch_config("experiment=smoke", "precision=fp32", override, sweep=sweep))
+    assert refused.value.code == f"ghsweep: {line}"
+
+
 @pytest.mark.parametrize("mode", [["-m"], []], ids=["sweep", "single run"])
-def test_what_a_sweep_reads_before_its_runs_is_refused_in_one_line_before_any_record(tmp_path, override, line, mode):
+def test_a_launch_refusal_reaches_the_terminal_before_any_record_or_log(tmp_path, mode):
     cwd = tmp_path / "a" / "b" / "c"
     cwd.mkdir(parents=True)
-    proc = run_cli([*mode, "experiment=smoke", "precision=fp32", override], cwd)
+    proc = run_cli([*mode, "experiment=smoke", "precision=fp32", "hydra.job.name=../../../X"], cwd)
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1] == f"ghsweep: {line}"
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "ghsweep: hydra.job.name=../../../X: names the job's log file in its run directory; accepted: letters, "
+        "digits, '_', '-' and '.', no path"
+    )
     assert_one_line_errors(proc.stdout, proc.stderr)
     assert not (cwd / "mlflow.db").exists() and not list(cwd.rglob("result.json"))
     assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == []  # no log written outside (../../../X.log)

@@ -6,9 +6,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from ghsweep.config.schema import ConfigSchema, typed
+from ghsweep.launch.precheck import sweep_refusals
 from tests.support.paths import CONF_DIR
 
 # ghsweep's @hydra.main(version_base=...): composing under another would pick other Hydra defaults.
@@ -31,3 +34,19 @@ def compose_config(*overrides: str, hydra: bool = False) -> DictConfig:
 def compose_typed(*overrides: str) -> ConfigSchema:
     """The typed config the plan, the worker and the backends read for `python -m ghsweep OVERRIDES`."""
     return typed(compose_config(*overrides))
+
+
+def launch_config(*overrides: str, sweep: bool) -> DictConfig:
+    """The config Hydra hands ghsweep's callbacks for `python -m ghsweep [-m] OVERRIDES` (its hydra node
+    included); inside hydra_on_conf(), which the sweep's checks (launch.precheck) compose in."""
+    hydra = GlobalHydra.instance().hydra
+    assert hydra is not None, "call launch_config inside hydra_on_conf()"
+    mode = RunMode.MULTIRUN if sweep else RunMode.RUN
+    return hydra.compose_config("config", list(overrides), run_mode=mode, with_log_configuration=False)
+
+
+def refused_combinations(*overrides: str) -> tuple[int, list[str]]:
+    """What `python -m ghsweep -m OVERRIDES` checks before its first job (launch.precheck.sweep_refusals):
+    (the number of combinations, `#N name: reason` for each that no node can run)."""
+    with hydra_on_conf():
+        return sweep_refusals(launch_config(*overrides, sweep=True))

@@ -98,6 +98,7 @@ def test_attended_keys_count_only_each_tokens_own_example():
     assert attn.attended_keys_per_token(positions, document=False) == 8.0
 
 
+@pytest.mark.cli  # torch.compile runs the C++ compiler
 def test_flex_block_mask_equals_examples_one_by_one_on_cpu():
     # FlexAttention has a CPU forward (no backward): enough to check the document block mask itself.
     packed, alone = _packed_and_alone("flex", torch.float32, "cpu")

@@ -4,6 +4,7 @@ the pool it has before it exits, rather than leave it to be killed while nsys wr
 
 from __future__ import annotations
 
+import pytest
 import torch._inductor.config as inductor_config
 from torch._inductor.async_compile import AsyncCompile, _pool_set
 
@@ -26,6 +27,7 @@ def test_compile_threads_the_user_set_are_kept(monkeypatch):
     assert inductor_config.compile_threads == 4
 
 
+@pytest.mark.cli  # the compile pool is processes
 def test_a_handed_worker_ends_its_compile_pool_before_it_exits(monkeypatch, tmp_path):
     monkeypatch.setattr(inductor_config, "compile_threads", 2)
     pool = AsyncCompile.process_pool()

@@ -66,6 +66,7 @@ def test_load_jsonl_round_trip_and_bad_record(tmp_path):
         dolly.load_dolly_jsonl(path)
 
 
+@pytest.mark.cli  # the data loader's workers are processes
 def test_num_workers_starts_worker_processes():
     examples = (dolly.tokenize(r, TOK) for r in dolly.synthetic_dolly(40, seed=3))
     blocks = dolly.pack(examples, seq_length=256, pad_id=TOK.pad_token_id)

@@ -139,6 +139,7 @@ def test_adamw_on_bf16_weights_drops_most_small_updates():
     ("kind", "device"),
     [("adamw_sr", "cpu"), ("adamw8bit", "cpu"), pytest.param("adamw_sr", "cuda", marks=pytest.mark.gpu)],
 )
+@pytest.mark.cli  # torchao's compiled step runs the C++ compiler
 def test_stochastic_rounding_lands_the_whole_update_in_expectation(kind, device):
     # On a GPU adamw_sr steps with ghsweep's Triton kernel, elsewhere with torchao's compiled step.
     assert applied_share(kind, device) == pytest.approx(1.0, abs=0.02)
@@ -159,6 +160,7 @@ def test_auto_rounds_stochastically_for_full_fine_tuning_in_bf16(choice, peft, d
 
 
 @pytest.mark.parametrize("kind", ["adamw", "adamw_sr"])
+@pytest.mark.cli  # adamw_sr's compiled step runs the C++ compiler
 def test_every_optimizer_step_remakes_the_fp8_copies_of_the_weights_it_stepped(kind):
     """precision=fp8 peft=none on one rank: the layers keep plain bf16 weights, which either AdamW
     steps; after each step their fp8 copies are those of the stepped weights (on a GPU adamw_sr's
@@ -195,6 +197,7 @@ def test_every_optimizer_step_remakes_the_fp8_copies_of_the_weights_it_stepped(k
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.cli  # torchao's compiled step runs the C++ compiler
 def test_torchao_adamw_with_the_clip_folded_in_equals_torch_adamw_after_clipping(device):
     """fp32 weights (nothing to round): torchao's AdamW as ghsweep steps it, the clip divided out
     inside its step (compiled; the Triton kernel on a GPU), ends where clip_grad_norm_ and torch's

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from ghsweep.train.model import apply_peft, build_model
@@ -34,6 +35,7 @@ def saved_bytes_and_grads(layer: torch.nn.Module, budget: float, x: torch.Tensor
     return sum(saved), [x.grad, *(p.grad for p in layer.parameters() if p.requires_grad)]
 
 
+@pytest.mark.cli  # torch.compile runs the C++ compiler
 def test_lower_budget_saves_less_and_computes_the_same_gradients():
     torch.manual_seed(0)
     config = compose_typed("model=tiny_llama", "peft=lora")

@@ -240,6 +240,7 @@ def test_a_failure_replaces_an_earlier_attempts_error_but_not_another_ranks(tmp_
     assert not list(tmp_path.glob(".worker_error.*"))
 
 
+@pytest.mark.cli  # the worker starts processes
 def test_nothing_the_worker_started_outlives_its_run(tmp_path):
     # The worker skips the interpreter's teardown (seconds): what it started (persistent data-loader
     # workers, Inductor's compile pool) shares its log pipe, and the job ends it with the worker.

@@ -14,15 +14,20 @@ from pathlib import Path
 
 import optuna
 import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
+from ghsweep.core.errors import SpaceError, TuneConfigError
 from ghsweep.core.names import ROLE_SWEEP
 from ghsweep.launch.slurm_jobs import load_jobs
 from ghsweep.tracking.mlflow_store import MlflowStore
+from ghsweep.tune.settings import TuneSettings
+from ghsweep.tune.space import SearchSpace
 from ghsweep.tune.study import STUDY_TAG
 from tests.support.cli import assert_one_line_errors, run_cli, start_cli
+from tests.support.compose import compose_config
 
 # A secret every trial gets: no record of the study may hold it (its journal, reports, console, MLflow).
 SECRET = "TuNeSeCrEt-4k"
@@ -235,21 +240,42 @@ def test_two_objectives_give_the_pareto_front(cwd, first):
         (["+tune.min.mfu=high"], "tune.min.mfu=high: must be a finite number"),
         (["tune.trials=0"], "tune.trials=0: must be a whole number >= 1"),
         (["+tune.max.final_loss=nan"], "tune.max.final_loss=nan: must be a finite number"),
-        (["+db.clientSecrets=a,b"], "a secret cannot be searched; give +db.clientSecrets one value"),
         (["tune.prune=yes"], "tune.prune=yes: accepted: true, false"),
         (["tune.prune_below_tokens_per_s=5"], "tune.prune_below_tokens_per_s=5: set by the study for each trial"),
         (
             ["tune.prune=true", "tune.objective=final_loss", "tune.direction=minimize"],
             "tune.objective=final_loss (direction minimize) cannot be pruned: accepted with tune.objective=tokens_per_s",
         ),
+    ],
+)
+def test_bad_tune_settings_are_one_line_errors(bad, message):
+    # The sweeper's own reading of tune.*, in this process; the CLI runs below take a refusal to the
+    # terminal and to the sweep's MLflow run.
+    with pytest.raises(TuneConfigError) as refused:
+        TuneSettings.from_config(compose_config("hydra/sweeper=tune", "experiment=smoke", *bad).tune)
+    assert message in str(refused.value)
+
+
+def test_a_secret_cannot_be_a_searched_knob():
+    # A trial's values are its record (the study's storage, its reports): the search space refuses a secret.
+    with pytest.raises(SpaceError) as refused:
+        SearchSpace.parse(OverridesParser.create(), ["+db.clientSecrets=a,b", "train.lr=0.1,0.2"])
+    assert "a secret cannot be searched; give +db.clientSecrets one value" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (["tune.trials=0"], "tune.trials=0: must be a whole number >= 1"),
         # A SLURM profile, as wait=false asks; its jobs are never submitted.
         (
             ["wait=false", "hydra/launcher=local_slurm", "tracking=sqlite"],
             "wait=false: a tuning study needs each batch's",
         ),
     ],
+    ids=["tune setting", "launch setting"],
 )
-def test_bad_tune_settings_are_one_line_errors(tmp_path, bad, message):
+def test_a_bad_tune_setting_reaches_the_terminal_and_the_sweeps_record(tmp_path, bad, message):
     proc = run_cli(["-m", *SPACE, *bad], tmp_path)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
     assert_one_line_errors(proc.stdout, proc.stderr)

@@ -31,9 +31,6 @@ SWITCH_PRESSES = 4
 if not CHROMIUM.exists():
     unavailable(f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)", module_level=True)
 
-# A real browser against a real server: minutes, not seconds.
-pytestmark = pytest.mark.slow
-
 from playwright.sync_api import Page, sync_playwright  # noqa: E402
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError  # noqa: E402
 
