@@ -5,6 +5,8 @@ CLI composes it); each `python -m ghsweep.X` names a module that exists. In-proc
 from __future__ import annotations
 
 import importlib.util
+import itertools
+import json
 import re
 import shlex
 
@@ -13,6 +15,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ValueType
 
 from ghsweep.launch.overrides import refusals
+from ghsweep.launch.resume import identity_overrides
 from tests.support.compose import compose_config
 from tests.support.paths import REPO
 
@@ -138,3 +141,22 @@ def test_code_is_read_from_blocks_and_inline():
         "python -m ghsweep -m peft=lora precision=bf16   # a comment",
         "python3 -m ghsweep.status multirun/x",
     ]
+
+
+def combinations(overrides: list[str]) -> set[str]:
+    """Each combination of a grid sweep, as the gate names it (its identity overrides, sorted)."""
+    values = [
+        [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.input_line]
+        for o in OverridesParser.create().parse_overrides(overrides)
+    ]
+    return {" ".join(sorted(identity_overrides(list(c)))) for c in itertools.product(*values)}
+
+
+def test_the_first_command_runs_what_the_readme_gates_it_against():
+    """The README's first command, gated against benchmarks/cpu_smoke.json as the README says, finds every
+    combination of the reference (CI's sweep: the same combinations, its workers started fresh)."""
+    first = next(command for page, command in DOCUMENTED if page == "README.md" and " -m experiment=smoke" in command)
+    assert "--against benchmarks/cpu_smoke.json" in (REPO / "README.md").read_text()
+    reference = json.loads((REPO / "benchmarks" / "cpu_smoke.json").read_text())
+    assert combinations(overrides_of(module_and_args(first)[1])) == set(reference["runs"])
+    assert combinations(overrides_of(shlex.split(reference["command"])[3:])) == set(reference["runs"])
