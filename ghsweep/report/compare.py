@@ -506,8 +506,8 @@ def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run
     listed = ",".join(run_ids)
     if len(listed) <= MAX_TAG_CHARS:
         store.set_tags(parent_run_id, {RUN_IDS_TAG: listed})
-    parent = store.get_run(parent_run_id)
     try:
+        parent = store.get_run(parent_run_id)
         comparison, files = compare_sweep(store, parent, out_dir)
     except BaselineError as exc:
         print(f"ghsweep: no comparison report: {exc}", flush=True)
