@@ -2,7 +2,7 @@
 # Time to answer: where a sweep's wall time goes, per combination (worker start and imports, set-up,
 # first steps, steady steps, the worker's exit, profile analysis, MLflow record, the sweep's own time).
 #   OUT=results bash benchmarks/time_to_answer.sh user7b default      # on a GPU machine
-#   OUT=results bash benchmarks/time_to_answer.sh cpu_smoke           # the README's first command
+#   OUT=results bash benchmarks/time_to_answer.sh cpu_smoke           # the 2x2 CPU smoke sweep
 #   OUT=results bash benchmarks/time_to_answer.sh default_unprofiled_fresh default_unprofiled   # the pre-imported worker
 #   EXTRA="profile.nsys.trace=[cuda,nvtx]" OUT=results bash benchmarks/time_to_answer.sh default   # a variant
 # Each named line runs once through the CLI, with the overrides EXTRA holds if any; $OUT/time_to_answer.json
@@ -27,7 +27,7 @@ declare -A LINES=(
   # The headline line as submitit local jobs, one combination per GPU at once (the GPUs
   # CUDA_VISIBLE_DEVICES lists: CUDA_VISIBLE_DEVICES=0 LABEL=one-gpu ... for the one-GPU baseline).
   [default_local_jobs]="precision=bf16,fp8 offload=on,off hydra/launcher=submitit_local"
-  # The README's first command.
+  # The 2x2 CPU smoke sweep (benchmarks/cpu_preimported.json; the README's first command sweeps precision alone).
   [cpu_smoke]="experiment=smoke precision=fp32,bf16 offload=off,on"
 )
 for name in "$@"; do

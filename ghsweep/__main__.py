@@ -50,6 +50,23 @@ def check_overrides(argv: list[str]) -> None:
         raise SystemExit("\n".join(f"ghsweep: {line}" for line in refused))
 
 
+# Flags that print something about the config and run nothing.
+INFO_FLAGS = ("-c", "--cfg", "-h", "--help", "--hydra-help", "-i", "--info", "-sc", "--shell-completion")
+
+
+def starting_line(argv: list[str]) -> str | None:
+    """What the command is about to do, for its first line: composing, checking and opening MLflow take
+    10-20 s on a loaded machine before Hydra prints anything. None for a command that runs nothing."""
+    if any(a in INFO_FLAGS or a.startswith("--info=") for a in argv):
+        return None
+    sweep = "-m" in argv or "--multirun" in argv
+    if any(a.lower() in ("dry_run=true", "dry_run=1") for a in argv):
+        return f"ghsweep: dry run of the {'sweep' if sweep else 'run'}: planning each combination; nothing is recorded"
+    if sweep:
+        return "ghsweep: starting the sweep: checking every combination, opening MLflow, then training them in turn"
+    return "ghsweep: starting the run: checking the config, opening MLflow, then training"
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> dict:
     from hydra.core.hydra_config import HydraConfig
@@ -77,6 +94,9 @@ def main(cfg: DictConfig) -> dict:
 if __name__ == "__main__":
     redact.install_log_redaction()
     check_overrides(sys.argv[1:])
+    line = starting_line(sys.argv[1:])
+    if line:
+        print(line, flush=True)
     try:
         interrupts.interrupt_on_signals()
         main()

@@ -62,7 +62,7 @@ ROWS: dict[str, dict] = {
         "overrides": ["peft=lora", "precision=bf16", "offload=on", "offload.num_layers=16"],
     },
     "ours_lora_unified": {"stack": "ours", "overrides": ["peft=lora", "precision=bf16", "memory=unified"]},
-    # The documented low-memory setting (README): the compiled layers keep half of their saved bytes
+    # The documented low-memory setting (docs/gpu.md): the compiled layers keep half of their saved bytes
     # (the partitioner recomputes the rest in backward), and 18 layers park what they keep in host memory.
     "ours_lora_low_memory": {
         "stack": "ours",

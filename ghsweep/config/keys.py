@@ -73,12 +73,22 @@ def closest(word: str, candidates: list[str], cutoff: float = 0.6) -> str | None
     return found[0] if found else None
 
 
-def did_you_mean(key: str) -> str:
-    """`; did you mean KEY?` for the closest known key, else where the keys are listed."""
-    match = closest(key, sorted(known_keys()))
+def did_you_mean(key: str, value: str | None = None) -> str:
+    """`; did you mean KEY?` for the closest known key or config group (`precision=bf16` for
+    `precison=bf16`, with the value given), else where the keys are listed."""
+    match = closest(key, sorted({*known_keys(), *groups()}))
+    if match in groups() and value is not None:
+        return f"; did you mean {match}={value}?"
     if match:
         return f"; did you mean {match}?"
     return "; `python -m ghsweep --cfg job` lists the keys"
+
+
+@cache
+def groups() -> list[str]:
+    """The config groups conf/ defines (precision, peft, ...; hydra/launcher, hydra/sweeper)."""
+    found = [p.relative_to(CONF_DIR).as_posix() for p in sorted(CONF_DIR.glob("*")) if options(p.name)]
+    return found + [f"hydra/{p.name}" for p in sorted((CONF_DIR / "hydra").glob("*")) if options(f"hydra/{p.name}")]
 
 
 def options(group: str) -> list[str]:

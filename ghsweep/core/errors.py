@@ -55,8 +55,16 @@ class JobTimeout(Exception):
     """Raised inside a job when SLURM signals its time limit and the run is not requeued."""
 
 
-class SweepDirInUse(Exception):
+class SweepDirError(Exception):
+    """The sweep directory cannot take this sweep."""
+
+
+class SweepDirInUse(SweepDirError):
     """The sweep directory already belongs to another sweep."""
+
+
+class SweepDirUnwritable(SweepDirError):
+    """The sweep directory cannot be made or written."""
 
 
 def first_line(exc: BaseException) -> str:

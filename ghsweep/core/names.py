@@ -18,7 +18,7 @@ PHASES = ("data", "forward", "backward", "optimizer")
 # A run's info `measure_stop` when its trial was pruned (the worker stops, the tune sweeper reads it).
 MEASURE_PRUNED = "pruned"
 
-# Tags of ghsweep's MLflow runs that more than one stage writes or reads (the full list is in README).
+# Tags of ghsweep's MLflow runs that more than one stage writes or reads (the full list is in docs/).
 RUN_DIR_TAG = "ghsweep.run_dir"
 OVERRIDES_TAG = "ghsweep.overrides"  # the combination's overrides, as a shell would quote them (join_overrides)
 JOB_NUM_TAG = "ghsweep.job_num"  # the combination's number in its sweep
@@ -39,6 +39,8 @@ RUN_IDS_TAG = "ghsweep.run_ids"  # on a sweep's parent run: its runs' ids in job
 # not GenAI (traces). MLflow's views without the UI's workflow switch read it.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING_KIND = "custom_model_development"
+# A run's description in MLflow's UI (markdown), shown first on its page: a sweep's holds its verdict.
+NOTE_TAG = "mlflow.note.content"
 
 
 def join_overrides(overrides: list[str]) -> str:

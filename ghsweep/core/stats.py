@@ -138,7 +138,7 @@ class StepStats:
     step_time_ms: Interval
 
     def metrics(self, tokens_per_step: float) -> dict[str, float]:
-        """The metric names every backend records (README: Metrics)."""
+        """The metric names every backend records (docs/measurements.md: Metrics)."""
         step, rate = self.step_time_ms, self.step_time_ms.inverse(tokens_per_step * 1000.0)
         out = {
             "step_time_ms": step.estimate,

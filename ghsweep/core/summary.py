@@ -11,7 +11,7 @@ from ghsweep.core.run_dir import SUMMARY
 
 @dataclass
 class RunSummary:
-    # MLflow metrics: tokens_per_s, step_time_ms, peak_mem_gb, loss, mfu, ... (names in README).
+    # MLflow metrics: tokens_per_s, step_time_ms, peak_mem_gb, loss, mfu, ... (names in docs/measurements.md).
     metrics: dict[str, float] = field(default_factory=dict)
     # Seconds (and epoch stamps) of the worker's stages: import_s, setup_s, train_s, ready_at, ...
     timing: dict[str, float] = field(default_factory=dict)

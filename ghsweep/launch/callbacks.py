@@ -13,7 +13,15 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ghsweep.config.validate import validate_launch
-from ghsweep.core.errors import ConfigError, SweepDirInUse, SweepNotFound, TrackingError, TrackingUriError, one_line
+from ghsweep.core.errors import (
+    ConfigError,
+    SweepDirError,
+    SweepDirInUse,
+    SweepNotFound,
+    TrackingError,
+    TrackingUriError,
+    one_line,
+)
 from ghsweep.core.names import ERROR_TAG, ROLE_SWEEP, STATUS_TAG, SWEEP_DIR_TAG
 from ghsweep.core.run_dir import (
     ARTIFACTS,
@@ -275,7 +283,7 @@ class SweepCallback(Callback):
         try:
             self._start_sweep(config)
             SweepCallback.started_sweep_dir = Path(config.hydra.sweep.dir)
-        except (TrackingUriError, SweepDirInUse) as exc:
+        except (TrackingUriError, SweepDirError) as exc:
             raise SystemExit(f"ghsweep: {exc}") from None
         except Exception as exc:  # as above: the jobs must not run without their parent run and manifest
             raise SystemExit(

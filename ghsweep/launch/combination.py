@@ -4,10 +4,13 @@ runs; both from the config's `hydra` node, so the two agree on its name, run dir
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.conf import HydraConf
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 
 from ghsweep.config.validate import launcher_retries
 from ghsweep.core.run_result import RunResult, RunStatus
@@ -57,3 +60,26 @@ class Combination:
             status=status,
             mlflow_run_id=mlflow_run_id,
         )
+
+
+def override_key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def fixed_keys(command: str) -> set[str]:
+    """The keys a sweep's command (`python -m ghsweep -m ...`) gives one value for every combination."""
+    words = [w for w in shlex.split(command)[3:] if "=" in w and not w.startswith("-")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(words)
+    except HydraException:  # a value the manifest shows redacted, or quoted another way: name them all
+        return set()
+    return {override_key(word) for word, override in zip(words, parsed) if not override.is_sweep_override()}
+
+
+def run_name(combo: Combination, command: str | None) -> str:
+    """A combination's MLflow run name: the knobs its sweep varies (`precision=fp8 offload=on`), not
+    those every combination shares, which the UI would show first and cut the rest off; outside a
+    sweep, or where nothing varies, its overrides."""
+    fixed = fixed_keys(command) if command else set()
+    varied = [o for o in combo.overrides if override_key(o) not in fixed and not override_key(o).startswith("hydra")]
+    return redact.run_name(" ".join(varied)) if command and varied else combo.name

@@ -63,7 +63,7 @@ from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.run_result import TRAIN_PARTS, RunResult, RunStatus
 from ghsweep.core.summary import RunSummary
 from ghsweep.launch import followups, interrupts
-from ghsweep.launch.combination import Combination
+from ghsweep.launch.combination import Combination, run_name
 from ghsweep.launch.container import container_env
 from ghsweep.launch.dry_run import describe
 from ghsweep.launch.plan import check_required, node_plan, not_runnable
@@ -250,7 +250,7 @@ def start_run(
     store: MlflowStore, cfg: DictConfig, combo: Combination, identity: str, manifest: SweepManifest | None
 ) -> str:
     run_id = store.start_run(
-        combo.name,
+        run_name(combo, manifest.command if manifest else None),
         ROLE_RUN,
         tags={
             RUN_DIR_TAG: str(combo.run_dir),

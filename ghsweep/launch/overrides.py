@@ -25,8 +25,8 @@ def refusals(overrides: list[str]) -> list[str]:
     lines = []
     for override, typed in zip(parsed, overrides):
         name = override.key_or_group
-        if name == "hydra" or name.startswith(("hydra.", "hydra/")) or override.is_delete():
-            continue  # Hydra checks its own tree; `~key` removes
+        if override.is_delete() or (name == "hydra" or name.startswith(("hydra.", "hydra/"))) and not options(name):
+            continue  # Hydra checks its own tree, all but the launch profiles and sweepers of conf/; `~key` removes
         shown = redact.override(typed)
         if options(name):
             lines += _option_refusals(override, name, shown)
@@ -40,6 +40,8 @@ def _option_refusals(override: Override, group: str, shown: str) -> list[str]:
         return []
     values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [str(override.value())]
     accepted = options(group)
+    if group.startswith("hydra/") and not set(values) <= set(accepted):
+        accepted = sorted({*accepted, *hydra_options(group)})
     lines = []
     for value in values:
         if value not in accepted:
@@ -47,6 +49,17 @@ def _option_refusals(override: Override, group: str, shown: str) -> list[str]:
             hint = f"; did you mean {group}={near}?" if near else ""
             lines.append(f"{shown}: {group} has no option {value}; accepted: {', '.join(accepted)}{hint}")
     return lines
+
+
+def hydra_options(group: str) -> list[str]:
+    """The options Hydra and its plugins register for one of its groups (hydra/launcher's `basic`,
+    `submitit_slurm`; hydra/sweeper's `basic`): asked only for a value that conf/ lacks, as finding
+    the plugins takes seconds."""
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # registers each plugin's configs
+    return [name.removesuffix(".yaml") for name in ConfigStore.instance().list(group)]
 
 
 def _added_on_purpose(override: Override, key: str, command_line: str) -> bool:
@@ -64,4 +77,5 @@ def _added_on_purpose(override: Override, key: str, command_line: str) -> bool:
 def _key_refusal(override: Override, key: str, shown: str) -> str:
     if override.is_add() or override.is_force_add():
         return f"{shown}: {key} is not a key ghsweep reads, so it would be ignored{did_you_mean(key)}"
-    return f"{shown}: no such key{did_you_mean(key)}"
+    value = None if override.is_sweep_override() else str(override.value())
+    return f"{shown}: no such key{did_you_mean(key, value)}"

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ghsweep.core.atomic import write_atomic
-from ghsweep.core.errors import SweepDirInUse, SweepNotFound
+from ghsweep.core.errors import SweepDirInUse, SweepDirUnwritable, SweepNotFound
 from ghsweep.core.run_dir import SWEEP_MANIFEST
 from ghsweep.tracking import redact
 
@@ -27,14 +27,19 @@ class SweepManifest:
     def claim(sweep_dir: Path) -> None:
         """Take the sweep directory for a new sweep, atomically: two sweeps in one directory would mix
         their run directories and results (sweeps started in the same second get the same default one)."""
-        sweep_dir.mkdir(parents=True, exist_ok=True)
         try:
+            sweep_dir.mkdir(parents=True, exist_ok=True)
             (sweep_dir / SWEEP_MANIFEST).open("x").close()
         except FileExistsError:
             raise SweepDirInUse(
                 f"hydra.sweep.dir={sweep_dir}: already holds a sweep ({SWEEP_MANIFEST}); start the "
                 "sweep again (the default directory is named by the second) or set hydra.sweep.dir "
                 "to a new directory"
+            ) from None
+        except OSError as exc:
+            raise SweepDirUnwritable(
+                f"hydra.sweep.dir={sweep_dir}: the sweep directory cannot be written ({exc.strerror or exc}: "
+                f"{exc.filename or sweep_dir}); set hydra.sweep.dir to a directory you can write"
             ) from None
 
     def save(self, sweep_dir: Path) -> None:

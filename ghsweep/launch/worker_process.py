@@ -287,7 +287,7 @@ class ForkedWorker:
     def settle(self) -> None:
         """Before the job kills what this worker left running (run_worker): where it handed its
         collection over, wait until nsys has written its report or those processes have ended. Killed
-        while nsys writes, they hold the report for about 30 s (README: "Forked workers under Nsight
+        while nsys writes, they hold the report for about 30 s (docs/sweep-time.md: "Forked workers under Nsight
         Systems"): a process of the user's, or anything else the worker did not end. A worker that
         left nothing running, the usual case, is not waited for: the next one starts at once."""
         watch = self._handoff

@@ -13,11 +13,12 @@ from pathlib import Path, PurePosixPath
 
 from ghsweep.core import stats
 from ghsweep.core.errors import BaselineError
-from ghsweep.core.names import RUN_IDS_TAG
+from ghsweep.core.names import NOTE_TAG, RUN_IDS_TAG
 from ghsweep.core.run_dir import COMPARISON_DIR, COMPARISON_STEM
 from ghsweep.profile import delta, scaling
 from ghsweep.report import plots
 from ghsweep.report.document import Document
+from ghsweep.report.mlflow_ui import how_to_open, sweep_note
 from ghsweep.report.sweep_source import SweepRun, load_sweep
 from ghsweep.report.sweep_table import align, bounded, fmt_value, knob_columns
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
@@ -508,7 +509,8 @@ def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run
     if len(listed) <= MAX_TAG_CHARS:
         store.set_tags(parent_run_id, {RUN_IDS_TAG: listed})
     try:
-        comparison, files = compare_sweep(store, store.get_run(parent_run_id), out_dir)
+        parent = store.get_run(parent_run_id)
+        comparison, files = compare_sweep(store, parent, out_dir)
     except BaselineError as exc:
         print(f"ghsweep: no comparison report: {exc}", flush=True)
         store.set_tags(parent_run_id, {"ghsweep.report_error": str(exc)})
@@ -523,12 +525,17 @@ def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run
         )
     if comparison.baseline is not None:
         store.set_tags(parent_run_id, {"ghsweep.baseline": comparison.label(comparison.baseline)})
+    answer = verdict(comparison)
+    store.set_tags(parent_run_id, {NOTE_TAG: sweep_note(answer, parent.experiment_id, parent_run_id)})
     print(
         "ghsweep comparison:\n"
         + align(*table(comparison))
         + "\n  "
-        + "\n  ".join(verdict(comparison))
+        + "\n  ".join(answer)
         + f"\n  report: {out_dir / (COMPARISON_STEM + '.html')} "
-        + f"(and on the sweep's MLflow run under {COMPARISON_DIR}/)\n",
+        + f"(and on the sweep's MLflow run under {COMPARISON_DIR}/)"
+        + "\n  MLflow: "
+        + "\n    ".join(how_to_open(store.tracking_uri, parent.experiment_id, parent_run_id))
+        + "\n",
         flush=True,
     )

@@ -43,6 +43,18 @@ def test_every_key_of_the_groups_presets_and_launch_profiles_is_known():
         ),
         ("offload=of", "offload=of: offload has no option of; accepted: off, on; did you mean offload=off?"),
         ("qwertyuiop=1", "qwertyuiop=1: no such key; `python -m ghsweep --cfg job` lists the keys"),
+        # A group, not one of its keys (precision.name).
+        ("precison=bf16", "precison=bf16: no such key; did you mean precision=bf16?"),
+        (
+            "hydra/launcher=gh2000",
+            "hydra/launcher=gh2000: hydra/launcher has no option gh2000; accepted: basic, gh200, ghsweep_basic, "
+            "ghsweep_slurm, local, local_slurm, submitit_local, submitit_slurm; did you mean hydra/launcher=gh200?",
+        ),
+        (
+            "hydra/sweeper=tuen",
+            "hydra/sweeper=tuen: hydra/sweeper has no option tuen; accepted: basic, tune; "
+            "did you mean hydra/sweeper=tune?",
+        ),
     ],
 )
 def test_a_mistake_is_one_line_with_the_closest_known_key(override, line):
@@ -61,7 +73,10 @@ def test_a_mistake_is_one_line_with_the_closest_known_key(override, line):
         "+tracking.password=${oc.env:DB_PASSWORD}",  # a secret, for an interpolation to read
         "+notes.purpose=baseline",  # a section of the user's own, recorded with the run's params
         "+train.extra=1 model.path=/m/${train.extra}",  # read through an interpolation
-        "hydra/launcher=anything",  # Hydra checks its own groups
+        "hydra/launcher=basic",  # Hydra's own options of the groups conf/ adds to
+        "hydra/sweeper=basic",
+        "hydra/launcher=submitit_local hydra/sweeper=tune",
+        "hydra/job_logging=disabled",  # Hydra checks its own groups
         "~train.grad_clip",
     ],
 )
@@ -74,7 +89,9 @@ def test_without_a_close_key_it_says_where_keys_are_listed():
 
 
 def test_the_cli_refuses_every_mistake_at_once_before_anything_is_created(tmp_path):
-    proc = run_cli(["-m", "train.max_step=3", "+train.max_step=3", "precision=fp32,bf61"], tmp_path)
+    proc = run_cli(
+        ["-m", "train.max_step=3", "+train.max_step=3", "precision=fp32,bf61", "hydra/sweeper=tuen"], tmp_path
+    )
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         "ghsweep: train.max_step=3: no such key; did you mean train.max_steps?",
@@ -82,6 +99,8 @@ def test_the_cli_refuses_every_mistake_at_once_before_anything_is_created(tmp_pa
         "did you mean train.max_steps?",
         "ghsweep: precision=fp32,bf61: precision has no option bf61; accepted: bf16, fp16, fp32, fp8; "
         "did you mean precision=bf16?",
+        "ghsweep: hydra/sweeper=tuen: hydra/sweeper has no option tuen; accepted: basic, tune; "
+        "did you mean hydra/sweeper=tune?",
     ]
     assert_one_line_errors(proc.stdout, proc.stderr)
     assert not list(tmp_path.iterdir())

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from ghsweep.gate import regressions
+from ghsweep.report.sweep_source import SweepRun
 from tests.support.cli import run_cli
 from tests.support.models import unreadable_model
 
@@ -162,12 +164,38 @@ def test_a_loss_curve_outside_the_band_fails(swept):
     assert proc.returncode == 1 and regression_lines(proc, "loss at step 5") == 2, proc.stdout
 
 
-def test_overhead_as_a_ratio_to_the_runs_own_start(swept):
-    written = gate(swept, "sweep", "--against", "overhead.json", "--write", "--checks", "overhead_ratio")
+def test_overhead_is_not_judged_for_a_forked_worker(swept):
+    """The README's first command forks its workers (worker.preimported, the default): a reference that
+    gates overhead_ratio, as CI's does, gates its loss curves and says the overhead was left out."""
+    written = gate(swept, "sweep", "--against", "overhead.json", "--write", "--checks", "loss,overhead_ratio")
     assert written.returncode == 0, written.stderr
-    assert gate(swept, "sweep", "--against", "overhead.json").returncode == 0
-    proc = gate(swept, "sweep", "--against", planted(swept, "lean.json", scale("overhead_ratio", 0.5), "overhead.json"))
-    assert proc.returncode == 1 and regression_lines(proc, "overhead_ratio") == 2, proc.stdout
+    runs = json.loads((swept / "overhead.json").read_text())["runs"]
+    assert all("overhead_ratio" not in values and values["loss"] for values in runs.values())
+
+    def fresh_workers_ratio(reference: dict) -> None:
+        for values in reference["runs"].values():
+            values["overhead_ratio"] = 1.5
+
+    proc = gate(swept, "sweep", "--against", planted(swept, "ci.json", fresh_workers_ratio, "overhead.json"))
+    assert proc.returncode == 0, proc.stdout
+    notes = [line for line in proc.stdout.splitlines() if "overhead_ratio not judged" in line]
+    assert len(notes) == 2 and notes[0].startswith("note: "), proc.stdout
+
+
+def sweep_run(preimported: bool, overhead_s: float, startup_s: float) -> SweepRun:
+    params = {"worker.preimported": str(preimported)}
+    metrics = {"overhead_s": overhead_s, "startup_s": startup_s}
+    return SweepRun("r" * 32, "x", 0, "FINISHED", ["experiment=smoke"], params, metrics, {})
+
+
+def test_overhead_as_a_ratio_to_the_runs_own_start():
+    reference = {"checks": ["overhead_ratio"], "tolerances": {"overhead_ratio": 0.2}}
+    reference["runs"] = {"experiment=smoke": {"overhead_ratio": 1.0}}
+    assert regressions(reference, [sweep_run(False, 6.0, 5.0)], 0.05, 0.05) == ([], [], [])
+    found, _, _ = regressions(reference, [sweep_run(False, 8.0, 5.0)], 0.05, 0.05)
+    assert len(found) == 1 and "overhead_ratio 1.6 against 1 (+60.0%, tolerance 20%)" in found[0], found
+    found, _, left_out = regressions(reference, [sweep_run(True, 8.0, 0.1)], 0.05, 0.05)
+    assert found == [] and len(left_out) == 1
 
 
 def test_a_sweep_by_its_mlflow_name(swept):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ghsweep.core.names import NOTE_TAG
 from tests.support.cli import run_cli
 from tests.support.mlflow_records import MlflowRecords, sqlite_uri
 from tests.support.models import UNREADABLE_WEIGHTS_ERROR, unreadable_model
@@ -37,6 +38,23 @@ def test_smoke_sweep_records_parent_and_four_children(smoke_sweep):
         artifacts = {a.path for a in client.list_artifacts(child.info.run_id)}
         assert ARTIFACTS <= artifacts
     assert combos == {("fp32", "off"), ("fp32", "on"), ("bf16", "off"), ("bf16", "on")}
+
+
+def test_the_mlflow_ui_names_the_knobs_that_differ_and_the_sweep_states_its_verdict(smoke_sweep):
+    cwd, proc = smoke_sweep
+    records = MlflowRecords(sqlite_uri(cwd))
+    (parent,) = records.runs("sweep")
+    names = {child.info.run_name for child in records.runs("run")}
+    assert names == {f"precision={p} offload={o}" for p in ("fp32", "bf16") for o in ("off", "on")}
+    note = parent.data.tags[NOTE_TAG]
+    fastest, link = note.split("\n\n")
+    assert fastest.startswith("**Fastest: ") and link.startswith("Pareto front: #"), note
+    report = f"#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}/artifacts/comparison/comparison.html"
+    assert link.endswith(f"[comparison/comparison.html]({report}?workflowType=machine_learning)")
+    lines = proc.stdout.splitlines()
+    at = lines.index("  MLflow: mlflow ui --backend-store-uri " + sqlite_uri(cwd))
+    page = f"#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}?workflowType=machine_learning"
+    assert lines[at + 1] == f"    http://127.0.0.1:5000/{page}"
 
 
 def test_smoke_sweep_prints_summary_table(smoke_sweep):

@@ -56,7 +56,7 @@ def sweep(mlflow_server, tmp_path_factory):
     (parent,) = records.runs("sweep")
     children = sorted(records.runs("run"), key=lambda r: int(r.data.tags["ghsweep.job_num"]))
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
-    return mlflow_server.url, records.experiment_id, parent, children
+    return mlflow_server.url, records.experiment_id, parent, children, proc.stdout
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_the_experiment_is_model_training_and_its_runs_are_one_switch_away(sweep
     """MLflow 3.17's UI opens every experiment in the browser's workflow view, GenAI by default (a
     switch at the top of the sidebar, kept per browser); the experiment's kind tag is what its
     views without that switch read. The README's path: open the experiment, press Model training."""
-    url, exp_id, parent, _ = sweep
+    url, exp_id, parent, _, _ = sweep
     records = MlflowRecords(url, EXPERIMENT)
     assert records.client.get_experiment(exp_id).tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING_KIND
     page = browser.new_page(viewport={"width": 1600, "height": 900})
@@ -144,7 +144,7 @@ def test_the_experiment_is_model_training_and_its_runs_are_one_switch_away(sweep
 
 
 def test_experiment_page_shows_parent_children_and_metric_values(sweep, browser):
-    url, exp_id, parent, children = sweep
+    url, exp_id, parent, children, _ = sweep
     page = browser.new_page(viewport={"width": 1600, "height": 900})
     page.set_default_timeout(UI_TIMEOUT_MS)
     # workflowType: without it this MLflow opens the experiment in its GenAI mode.
@@ -175,7 +175,7 @@ def test_experiment_page_shows_parent_children_and_metric_values(sweep, browser)
 
 
 def test_compare_page_renders_params_and_metrics_of_the_children(sweep, browser):
-    url, exp_id, _, children = sweep
+    url, exp_id, _, children, _ = sweep
     page = browser.new_page(viewport={"width": 1600, "height": 3200})  # the page scrolls inside its own container
     page.set_default_timeout(UI_TIMEOUT_MS)
     ids = json.dumps([c.info.run_id for c in children])
@@ -208,7 +208,7 @@ def test_compare_page_renders_params_and_metrics_of_the_children(sweep, browser)
 
 
 def test_sweep_run_page_lists_the_comparison_report(sweep, browser):
-    url, exp_id, parent, _ = sweep
+    url, exp_id, parent, _, _ = sweep
     page = browser.new_page(viewport={"width": 1280, "height": 860})
     page.set_default_timeout(UI_TIMEOUT_MS)
     page.goto(f"{url}/#/experiments/{exp_id}/runs/{parent.info.run_id}/artifacts")
@@ -222,3 +222,33 @@ def test_sweep_run_page_lists_the_comparison_report(sweep, browser):
     frame.get_by_text(re.compile(r"^Baseline: #0 lora")).wait_for()
     page.screenshot(path=str(SHOTS / "sweep_comparison_report.png"))
     page.close()
+
+
+def test_the_printed_link_opens_the_sweep_with_its_verdict_and_report(sweep, browser):
+    """The answer within two clicks: the link the sweep printed opens its parent run, whose description
+    names the fastest combination; one click on its report link shows the comparison."""
+    url, _, parent, children, stdout = sweep
+    link = next(line.split("MLflow: ", 1)[1] for line in stdout.splitlines() if line.startswith("  MLflow: "))
+    assert link.startswith(f"{url}/#/experiments/") and link.endswith("?workflowType=machine_learning"), link
+    fastest = next(line for line in stdout.splitlines() if line.strip().startswith("Fastest: ")).strip()
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    page.goto(link)
+    page.get_by_text(fastest, exact=False).first.wait_for()
+    close_assistant(page)
+    page.screenshot(path=str(SHOTS / "sweep_verdict_in_mlflow.png"))
+    assert fastest in page.inner_text("body")
+    assert {c.info.run_name for c in children} == {"peft=lora", "peft=none"}
+    link = page.get_by_role("link", name="comparison/comparison.html").first
+    if link.get_attribute("target") == "_blank":  # the UI's markdown opens links in a new tab
+        with page.expect_popup() as opened:
+            link.click()
+        report = opened.value
+    else:
+        link.click()
+        report = page
+    report.set_default_timeout(UI_TIMEOUT_MS)
+    report.frame_locator("iframe").first.get_by_text("2 of 2 combinations finished.").wait_for()
+    assert "workflowType=machine_learning" in report.url  # the report in the model-training view
+    report.screenshot(path=str(SHOTS / "sweep_report_from_its_verdict.png"))
+    page.context.close()
