@@ -13,6 +13,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ghsweep.config.validate import validate_launch
+from ghsweep.core.atomic import write_atomic
 from ghsweep.core.errors import ConfigError, SweepDirInUse, SweepNotFound, TrackingError, TrackingUriError, one_line
 from ghsweep.core.names import ERROR_TAG, ROLE_SWEEP, STATUS_TAG, SWEEP_DIR_TAG
 from ghsweep.core.run_dir import (
@@ -93,6 +94,8 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
     The comparison report is left out: a stopped process should stop soon.
     """
     manifest = SweepManifest.require(sweep_dir)
+    if not sweep_dir.is_dir():
+        log.error("%s: the sweep directory was removed; its runs are taken from MLflow", sweep_dir)
     results = collect_results(sweep_dir)
     store: MlflowStore | None = None
     parent_id, missing, lost = manifest.parent_run_id, [], "the store could not be reached while they ran"
@@ -120,7 +123,10 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
         f"(sweep directory {sweep_dir})\n{table}\n",
         flush=True,
     )
-    (sweep_dir / SWEEP_SUMMARY).write_text(f"# {manifest.command}\n\n```\n{table}\n```\n")
+    try:
+        write_atomic(sweep_dir / SWEEP_SUMMARY, f"# {manifest.command}\n\n```\n{table}\n```\n", mode=0o644)
+    except OSError as exc:  # a removed or full sweep directory: the console and MLflow have the summary
+        log.error("%s: not written (%s)", sweep_dir / SWEEP_SUMMARY, one_line(exc))
     not_in_mlflow = (
         f"ghsweep: {len(missing)} of {len(results)} runs are not in MLflow ({redact.text(lost)}); their records "
         f"are complete in their run directories: {', '.join(Path(r.run_dir).name for r in missing)}"
@@ -173,15 +179,20 @@ def end_parent(
     failures_expected: bool,
     interrupt: KeyboardInterrupt | None,
 ) -> None:
-    """The sweep's MLflow run: its counts and summary, the comparison report, its end."""
-    store.set_tags(parent_id, {"ghsweep.runs": len(results), "ghsweep.failed_runs": len(failed)})
-    store.log_artifacts(parent_id, [sweep_dir / SWEEP_SUMMARY])
+    """The sweep's MLflow run: its counts and summary, the comparison report, its end. The run is ended
+    whatever becomes of the report (a removed or full sweep directory)."""
+    try:
+        store.set_tags(parent_id, {"ghsweep.runs": len(results), "ghsweep.failed_runs": len(failed)})
+        store.log_artifacts(parent_id, [sweep_dir / SWEEP_SUMMARY])
+        # Each run once: a tuning study that asked for a combination again reused its run.
+        run_ids = list(dict.fromkeys(r.mlflow_run_id for r in results if r.mlflow_run_id))
+        if interrupt is None and sweep_dir.is_dir():  # not made again where it was removed
+            report_comparison(store, parent_id, sweep_dir / COMPARISON_DIR, run_ids)
+    except Exception as exc:
+        log.error("the sweep's comparison is incomplete: %s", one_line(exc))
     if interrupt is not None:
         end_sweep_run(store, parent_id, RunStatus.KILLED, interrupts.reason(interrupt))
         return
-    # Each run once: a tuning study that asked for a combination again reused its run.
-    run_ids = list(dict.fromkeys(r.mlflow_run_id for r in results if r.mlflow_run_id))
-    report_comparison(store, parent_id, sweep_dir / COMPARISON_DIR, run_ids)
     store.finish(parent_id, RunStatus.FAILED if failed and not failures_expected else RunStatus.FINISHED)
 
 
@@ -319,7 +330,10 @@ class SweepCallback(Callback):
         if config.dry_run or not config.wait:
             return
         tuning = config.hydra.sweeper._target_ == TUNE_SWEEPER
-        finish_sweep(Path(config.hydra.sweep.dir), failures_expected=tuning)
+        try:
+            finish_sweep(Path(config.hydra.sweep.dir), failures_expected=tuning)
+        except Exception as exc:  # Hydra turns a callback's exceptions into warnings and exits 0
+            raise SystemExit(f"ghsweep: the sweep's end failed: {one_line(exc)}") from None
         if tuning:
             print_answer(Path(config.hydra.sweep.dir))
 

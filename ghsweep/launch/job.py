@@ -110,6 +110,8 @@ def no_space_left(run_dir: Path) -> str | None:
 
 
 def failure_reason(run_dir: Path, exit: WorkerExit, timeout_min: float | None, rank: int = 0) -> str:
+    if not run_dir.is_dir():
+        return f"the run directory {run_dir} was removed while the run trained"
     # A worker that filled the disk cannot say so: its error file and log are cut short too.
     full = no_space_left(run_dir)
     if full:
@@ -179,7 +181,7 @@ def run_one(cfg: DictConfig) -> RunResult:
     if slurm_tasks and rank > 0:  # rank > 0 only in a SLURM job of several tasks
         return run_rank(cfg, combo, rank, slurm_tasks)
 
-    manifest = SweepManifest.load(combo.sweep_dir) if combo.in_sweep else None
+    manifest = SweepManifest.of_sweep(combo.sweep_dir) if combo.in_sweep else None
     identity = run_hash(cfg)
     store: MlflowStore | None = None
     run_id: str | None = None

@@ -15,6 +15,10 @@ from ghsweep.core.errors import SweepDirInUse, SweepNotFound
 from ghsweep.core.run_dir import SWEEP_MANIFEST
 from ghsweep.tracking import redact
 
+# The manifest each sweep of this process saved, by sweep directory: its jobs and its end still know
+# their store and parent run when the directory is removed under them.
+_saved: dict[Path, SweepManifest] = {}
+
 
 @dataclass(frozen=True)
 class SweepManifest:
@@ -42,6 +46,13 @@ class SweepManifest:
         # Jobs need the real URI; one with a password is readable by the user only, as config.yaml is.
         secret = redact.text(self.tracking_uri) != self.tracking_uri
         write_atomic(sweep_dir / SWEEP_MANIFEST, json.dumps(asdict(self), indent=2), mode=0o600 if secret else 0o644)
+        _saved[sweep_dir.absolute()] = self
+
+    @classmethod
+    def of_sweep(cls, sweep_dir: Path) -> SweepManifest | None:
+        """The manifest of the sweep in `sweep_dir`: the one this process saved (a local sweep's jobs
+        and end), else its file (a job on another node, `python -m ghsweep.status`)."""
+        return _saved.get(sweep_dir.absolute()) or cls.load(sweep_dir)
 
     @classmethod
     def load(cls, sweep_dir: Path) -> SweepManifest | None:
@@ -60,7 +71,7 @@ class SweepManifest:
     @classmethod
     def require(cls, sweep_dir: Path) -> SweepManifest:
         """The manifest of a sweep that must have one: its callback wrote it when the sweep started."""
-        manifest = cls.load(sweep_dir)
+        manifest = cls.of_sweep(sweep_dir)
         if manifest is None:
             raise FileNotFoundError(
                 f"{sweep_dir / SWEEP_MANIFEST}: no sweep manifest; the sweep's callback writes it at sweep start"
