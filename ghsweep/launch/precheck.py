@@ -77,7 +77,8 @@ def sweep_refusals(config: DictConfig) -> tuple[int, list[str]]:
 
 
 def raw_subdir(cfg: DictConfig) -> str:
-    return str(OmegaConf.to_container(cfg.hydra.sweep, resolve=False)["subdir"])
+    """hydra.sweep.subdir as written, its interpolations unresolved."""
+    return str(cfg.hydra.sweep._get_node("subdir")._value())
 
 
 def sweep_run_dir(cfg: DictConfig, num: int) -> Path:
