@@ -7,12 +7,13 @@ sweep goes on.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import errno
 import json
 import logging
+import os
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.atomic import write_atomic
@@ -103,19 +104,23 @@ def _package_version(name: str) -> str:
         return "not installed"
 
 
-def no_space_left(run_dir: Path) -> str | None:
-    """The reason for a run whose file system is full, else None."""
-    free = shutil.disk_usage(run_dir).free
+def disk_trouble(run_dir: Path) -> str | None:
+    """The reason for a run whose file system is read-only or full, else None."""
+    where = next(p for p in (run_dir, *run_dir.parents) if p.exists())  # Hydra may not have made it
+    stats = os.statvfs(where)
+    if stats.f_flag & os.ST_RDONLY:
+        return f"the file system of {run_dir} is read-only"
+    free = stats.f_bavail * stats.f_frsize
     return f"no space left on device under {run_dir} ({free} bytes free)" if free < FULL_DISK_BYTES else None
 
 
 def failure_reason(run_dir: Path, exit: WorkerExit, timeout_min: float | None, rank: int = 0) -> str:
     if not run_dir.is_dir():
         return f"the run directory {run_dir} was removed while the run trained"
-    # A worker that filled the disk cannot say so: its error file and log are cut short too.
-    full = no_space_left(run_dir)
-    if full:
-        return full
+    # A worker on a full or read-only disk cannot say so: its error file and log are cut short too.
+    trouble = disk_trouble(run_dir)
+    if trouble:
+        return trouble
     error_file = run_dir / WORKER_ERROR
     if error_file.exists():
         error = json.loads(error_file.read_text())
@@ -242,6 +247,29 @@ def run_one(cfg: DictConfig) -> RunResult:
     return result
 
 
+def record_unmade(job_cfg: DictConfig, exc: Exception) -> RunResult:
+    """A combination whose job Hydra could not start (it could not make the run directory or write its
+    own files there: a full or read-only disk), FAILED in MLflow with the reason; the sweep goes on."""
+    hydra_cfg = job_cfg.hydra
+    run_dir = Path(os.path.abspath(Path(str(hydra_cfg.sweep.dir), str(hydra_cfg.sweep.subdir))))  # as Hydra's
+    combo = Combination.of(hydra_cfg, run_dir, list(hydra_cfg.overrides.task), in_sweep=True)
+    trouble = disk_trouble(run_dir) if isinstance(exc, OSError) else None
+    result = combo.result(RunStatus.FAILED)
+    result.error = trouble or f"the job could not start in {run_dir}: {one_line(exc)}"
+    log.error("%s: %s: %s", combo.name, result.status, result.error)
+    cfg = copy.deepcopy(job_cfg)  # the job's config, as Hydra would have handed it: without its `hydra` node
+    with read_write(cfg), open_dict(cfg):
+        del cfg["hydra"]
+    try:
+        manifest = SweepManifest.of_sweep(combo.sweep_dir)
+        store = open_store(cfg, combo, manifest)
+        result.mlflow_run_id = start_run(store, cfg, combo, run_hash(cfg), manifest)
+        store.end_run(result.mlflow_run_id, RunStatus.FAILED, result.error)
+    except Exception as error:  # the store away too: the sweep's end names the runs MLflow lacks
+        log.error("%s: not recorded in MLflow (%s)", combo.name, one_line(error)[:300])
+    return result
+
+
 def open_store(cfg: DictConfig, combo: Combination, manifest: SweepManifest | None) -> MlflowStore:
     """The sweep's MLflow store (its manifest's), or the config's for a single run."""
     uri = manifest.tracking_uri if manifest else absolute_tracking_uri(cfg.tracking.uri, combo.cwd)
@@ -340,9 +368,8 @@ def train_and_measure(cfg: DictConfig, combo: Combination, result: RunResult, sl
 def failed_around_the_worker(exc: Exception, combo: Combination, result: RunResult) -> None:
     """`result` FAILED for `exc`, raised by ghsweep's own code around the worker (a bug, an outage, a full disk)."""
     result.status = RunStatus.FAILED
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        full = no_space_left(combo.run_dir)
-        result.error = full or f"no space left on device under {combo.run_dir}: {one_line(exc)}"
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EROFS):
+        result.error = disk_trouble(combo.run_dir) or f"{os.strerror(exc.errno)} under {combo.run_dir}: {one_line(exc)}"
     else:
         log.exception("%s: ghsweep failed around the worker", combo.name)
         result.error = one_line(exc)

@@ -64,7 +64,12 @@ class SweepManifest:
         started holds no manifest, or an empty one, and nothing of it ran)."""
         sweep_dir.mkdir(parents=True, exist_ok=True)
         # Before the lock file is made: a directory that is not a sweep's gets nothing of this one.
-        others = sorted(p.name for p in sweep_dir.iterdir() if p.name not in (SWEEP_LOCK, SWEEP_MANIFEST))
+        # An empty folder holds nothing to lose (a run directory made ahead, e.g. a mount point).
+        others = sorted(
+            p.name
+            for p in sweep_dir.iterdir()
+            if p.name not in (SWEEP_LOCK, SWEEP_MANIFEST) and not (p.is_dir() and not any(p.iterdir()))
+        )
         if others and not cls._holds_sweep(sweep_dir):
             shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
             raise SweepDirInUse(
