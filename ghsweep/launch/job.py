@@ -247,15 +247,34 @@ def run_one(cfg: DictConfig) -> RunResult:
     return result
 
 
+def job_run_dir(job_cfg: DictConfig) -> Path:
+    """The run directory Hydra makes for the job of `job_cfg` (absolute, as its runtime.output_dir)."""
+    return Path(os.path.abspath(Path(str(job_cfg.hydra.sweep.dir), str(job_cfg.hydra.sweep.subdir))))
+
+
+def refuse_linked_run_dir(job_cfg: DictConfig) -> None:
+    """ConfigError for a run directory that is a symbolic link: the sweep would write wherever it points."""
+    run_dir = job_run_dir(job_cfg)
+    if run_dir.is_symlink():
+        raise ConfigError(
+            f"the run directory {run_dir} is a symbolic link (to {os.readlink(run_dir)}); a sweep writes only "
+            "into directories it makes: remove the link"
+        )
+
+
 def record_unmade(job_cfg: DictConfig, exc: Exception) -> RunResult:
     """A combination whose job Hydra could not start (it could not make the run directory or write its
     own files there: a full or read-only disk), FAILED in MLflow with the reason; the sweep goes on."""
     hydra_cfg = job_cfg.hydra
-    run_dir = Path(os.path.abspath(Path(str(hydra_cfg.sweep.dir), str(hydra_cfg.sweep.subdir))))  # as Hydra's
+    run_dir = job_run_dir(job_cfg)
     combo = Combination.of(hydra_cfg, run_dir, list(hydra_cfg.overrides.task), in_sweep=True)
     trouble = disk_trouble(run_dir) if isinstance(exc, OSError) else None
     result = combo.result(RunStatus.FAILED)
-    result.error = trouble or f"the job could not start in {run_dir}: {one_line(exc)}"
+    result.error = (
+        str(exc)
+        if isinstance(exc, ConfigError)
+        else trouble or f"the job could not start in {run_dir}: {one_line(exc)}"
+    )
     log.error("%s: %s: %s", combo.name, result.status, result.error)
     cfg = copy.deepcopy(job_cfg)  # the job's config, as Hydra would have handed it: without its `hydra` node
     with read_write(cfg), open_dict(cfg):
@@ -336,7 +355,7 @@ def train_and_measure(cfg: DictConfig, combo: Combination, result: RunResult, sl
             (run_dir / stale).unlink(missing_ok=True)
         # On disk from the start: a job killed from outside leaves its MLflow run id to whoever settles it.
         dataclasses.replace(result, status=RunStatus.RUNNING).save()
-        (run_dir / OVERRIDES).write_text(OmegaConf.to_yaml(OmegaConf.create(combo.overrides)))
+        write_atomic(run_dir / OVERRIDES, OmegaConf.to_yaml(OmegaConf.create(combo.overrides)), mode=0o644)
         plan, config = prepare_worker(cfg, combo, slurm_tasks, followups.measure_after(run_dir / MEASURE_AFTER))
         # The command in the job's log: what `dry_run=true` printed for this combination, with the node's choices.
         log.info(

@@ -56,10 +56,10 @@ class BasicLauncher(basic_launcher.BasicLauncher):
             return self._launch(job_overrides, initial_job_idx)
 
     def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
-        """Hydra's basic launch, but a job Hydra cannot start (its run directory or Hydra's own files in
-        it not written: a full or read-only disk) is recorded FAILED and the next one runs: in Hydra's,
-        its exception ends the sweep."""
-        from ghsweep.launch.job import record_unmade
+        """Hydra's basic launch, but a job Hydra cannot start (its run directory a link, or it or Hydra's
+        own files in it not written: a full or read-only disk) is recorded FAILED and the next one runs:
+        in Hydra's, its exception ends the sweep."""
+        from ghsweep.launch.job import record_unmade, refuse_linked_run_dir
 
         setup_globals()
         assert self.hydra_context is not None and self.config is not None and self.task_function is not None
@@ -72,6 +72,7 @@ class BasicLauncher(basic_launcher.BasicLauncher):
             with open_dict(sweep_config):
                 sweep_config.hydra.job.id = sweep_config.hydra.job.num = idx
             try:
+                refuse_linked_run_dir(sweep_config)  # before Hydra writes its own files through it
                 ret = run_job(
                     hydra_context=self.hydra_context,
                     task_function=self.task_function,
