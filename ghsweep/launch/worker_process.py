@@ -457,8 +457,14 @@ def run_worker(
             os.killpg(proc.pid, signal.SIGKILL)
 
         def copy_output() -> None:
-            for line in output:
-                log_file.write(line)
+            writable = True
+            for line in output:  # read to the end whatever becomes of the log: a worker blocks on a full pipe
+                if writable:
+                    try:
+                        log_file.write(line)
+                    except OSError as exc:  # a full or read-only disk: the run's reason says so
+                        log.error("%s: the rest of the worker's output is not kept (%s)", log_file.name, exc)
+                        writable = False
                 if line.startswith(STEP_RANGE_PREFIX):  # progress on the console; all of it in the log
                     log.info("  %s", line.rstrip())
 
