@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import warnings
 
@@ -92,6 +93,9 @@ def main(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
+    # A log file on a full or read-only disk: the console still shows every line, and the run's record
+    # says why it failed; Python's default would print a traceback for each line the file did not take.
+    logging.raiseExceptions = False
     redact.install_log_redaction()
     check_overrides(sys.argv[1:])
     line = starting_line(sys.argv[1:])

@@ -90,9 +90,14 @@ def list_sweeps(root: Path, limit: int = 10) -> int:
         return 2
     print(f"ghsweep.status: the newest sweeps under {root}; follow one with python -m ghsweep.status SWEEP_DIR")
     for sweep_dir in found[:limit]:
-        jobs = load_jobs(sweep_dir)
+        try:
+            jobs = load_jobs(sweep_dir)
+            command = SweepManifest.require(sweep_dir).command
+        except (SweepNotFound, OSError, ValueError, TypeError) as exc:  # one sweep that cannot be read hides no other
+            print(f"  {sweep_dir}  (skipped: {exc})")
+            continue
         kind = f"{len(jobs)} SLURM jobs" if jobs else "local"
-        print(f"  {sweep_dir}  ({kind}: {SweepManifest.require(sweep_dir).command})")
+        print(f"  {sweep_dir}  ({kind}: {command})")
     return 0
 
 

@@ -6,6 +6,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import TextIO
 
 
 def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
@@ -26,6 +27,13 @@ def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
     if mode is not None:
         os.chmod(tmp.name, mode)
     os.replace(tmp.name, path)
+
+
+def open_new(path: Path) -> TextIO:
+    """`path` made anew for writing, line-buffered: whatever was there (a file, or a link planted in its
+    place) is replaced, never written through."""
+    path.unlink(missing_ok=True)
+    return open(path, "x", encoding="utf-8", buffering=1)  # noqa: SIM115 (the caller closes it)
 
 
 def wait_for_file(path: Path, timeout_s: float, interval_s: float = 0.01) -> str | None:

@@ -52,6 +52,8 @@ ROOFLINE_PLOT = "roofline.png"
 RANK_REPORT = "rank{rank}.json"
 SLURM_JOBS = "ghsweep_jobs.json"  # SLURM job ids of a sweep, in its sweep directory
 SWEEP_MANIFEST = "ghsweep_sweep.json"  # which sweep a sweep directory belongs to
+# Locked by the live process of the sweep in the directory, for its life; holds that process's identity.
+SWEEP_LOCK = ".ghsweep.lock"
 SWEEP_SUMMARY = "summary.md"  # the sweep's table, as printed at its end
 SWEEP_CONFIG = "multirun.yaml"  # the sweep's config, where Hydra's own sweepers save it
 # The comparison report of a sweep: COMPARISON_DIR/comparison.{md,html} and its plots, in the sweep

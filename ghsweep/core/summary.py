@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ghsweep.core.atomic import write_atomic
 from ghsweep.core.run_dir import SUMMARY
 
 
@@ -19,7 +20,7 @@ class RunSummary:
     info: dict[str, object] = field(default_factory=dict)
 
     def save(self, run_dir: Path) -> None:
-        (run_dir / SUMMARY).write_text(json.dumps(asdict(self), indent=2))
+        write_atomic(run_dir / SUMMARY, json.dumps(asdict(self), indent=2), mode=0o644)
 
     @classmethod
     def load(cls, run_dir: Path) -> RunSummary:

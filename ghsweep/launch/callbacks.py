@@ -13,22 +13,20 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ghsweep.config.validate import validate_launch
+from ghsweep.core.atomic import write_atomic
 from ghsweep.core.errors import (
     ConfigError,
     SweepDirError,
     SweepDirInUse,
-    SweepNotFound,
     TrackingError,
     TrackingUriError,
     one_line,
 )
-from ghsweep.core.names import ERROR_TAG, ROLE_SWEEP, STATUS_TAG, SWEEP_DIR_TAG
+from ghsweep.core.names import ROLE_SWEEP, SWEEP_DIR_TAG
 from ghsweep.core.run_dir import (
-    ARTIFACTS,
     COMPARISON_DIR,
-    CONFIG,
-    METRICS,
     RESULT,
+    SWEEP_MANIFEST,
     SWEEP_SUMMARY,
     TUNE_ANSWER,
     TUNE_DIR,
@@ -36,7 +34,6 @@ from ghsweep.core.run_dir import (
 )
 from ghsweep.core.run_result import RunResult, RunStatus
 from ghsweep.launch import interrupts
-from ghsweep.launch.job import loss_points
 from ghsweep.launch.local_gpus import several_gpus_hint
 from ghsweep.launch.precheck import sweep_refusals
 from ghsweep.launch.resume import result_from_run
@@ -45,14 +42,22 @@ from ghsweep.launch.stale_runs import (
     end_running_children,
     end_sweep_run,
     process_died,
+    process_identity,
     process_tags,
+    record_ended_on_disk,
     settle_dead_sweeps,
 )
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.report.compare import report_comparison
 from ghsweep.report.sweep_table import format_table
 from ghsweep.tracking import redact
-from ghsweep.tracking.mlflow_store import PARENT_TAG, MlflowStore, StoredRun, absolute_tracking_uri
+from ghsweep.tracking.mlflow_store import (
+    PARENT_TAG,
+    MlflowStore,
+    StoredRun,
+    absolute_tracking_uri,
+    check_tracking_uri,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +106,8 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
     The comparison report is left out: a stopped process should stop soon.
     """
     manifest = SweepManifest.require(sweep_dir)
+    if not sweep_dir.is_dir():
+        log.error("%s: the sweep directory was removed; its runs are taken from MLflow", sweep_dir)
     results = collect_results(sweep_dir)
     store: MlflowStore | None = None
     parent_id, missing, lost = manifest.parent_run_id, [], "the store could not be reached while they ran"
@@ -128,7 +135,10 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
         f"(sweep directory {sweep_dir})\n{table}\n",
         flush=True,
     )
-    (sweep_dir / SWEEP_SUMMARY).write_text(f"# {manifest.command}\n\n```\n{table}\n```\n")
+    try:
+        write_atomic(sweep_dir / SWEEP_SUMMARY, f"# {manifest.command}\n\n```\n{table}\n```\n", mode=0o644)
+    except OSError as exc:  # a removed or full sweep directory: the console and MLflow have the summary
+        log.error("%s: not written (%s)", sweep_dir / SWEEP_SUMMARY, one_line(exc))
     not_in_mlflow = (
         f"ghsweep: {len(missing)} of {len(results)} runs are not in MLflow ({redact.text(lost)}); their records "
         f"are complete in their run directories: {', '.join(Path(r.run_dir).name for r in missing)}"
@@ -159,17 +169,8 @@ def record_from_files(store: MlflowStore, results: list[RunResult], runs: dict[s
     """Runs that ended on disk while the store was away (their MLflow run still RUNNING): their end,
     metrics and files, recorded now that it answers."""
     for result in results:
-        run_id = str(result.mlflow_run_id)
-        if runs[run_id].status != RunStatus.RUNNING or result.status == RunStatus.RUNNING:
-            continue
-        numbers = {**result.metrics, **result.timing}
-        store.log_metrics(run_id, [(k, v, 0) for k, v in numbers.items() if isinstance(v, (int, float))])
-        store.log_metrics(run_id, loss_points(Path(result.run_dir) / METRICS))
-        store.set_tags(run_id, {STATUS_TAG: result.status, **({ERROR_TAG: result.error} if result.error else {})})
-        # config.yaml holds the real values of secrets: MLflow gets the job's redacted copy or none.
-        store.log_artifacts(run_id, [Path(result.run_dir) / a for a in ARTIFACTS if a != CONFIG])
-        store.finish(run_id, result.status)
-        log.warning("%s: recorded in MLflow from its run directory (the store was away)", result.name)
+        if runs[str(result.mlflow_run_id)].status == RunStatus.RUNNING and result.status != RunStatus.RUNNING:
+            record_ended_on_disk(store, result)
 
 
 def end_parent(
@@ -181,15 +182,20 @@ def end_parent(
     failures_expected: bool,
     interrupt: KeyboardInterrupt | None,
 ) -> None:
-    """The sweep's MLflow run: its counts and summary, the comparison report, its end."""
-    store.set_tags(parent_id, {"ghsweep.runs": len(results), "ghsweep.failed_runs": len(failed)})
-    store.log_artifacts(parent_id, [sweep_dir / SWEEP_SUMMARY])
+    """The sweep's MLflow run: its counts and summary, the comparison report, its end. The run is ended
+    whatever becomes of the report (a removed or full sweep directory)."""
+    try:
+        store.set_tags(parent_id, {"ghsweep.runs": len(results), "ghsweep.failed_runs": len(failed)})
+        store.log_artifacts(parent_id, [sweep_dir / SWEEP_SUMMARY])
+        # Each run once: a tuning study that asked for a combination again reused its run.
+        run_ids = list(dict.fromkeys(r.mlflow_run_id for r in results if r.mlflow_run_id))
+        if interrupt is None and sweep_dir.is_dir():  # not made again where it was removed
+            report_comparison(store, parent_id, sweep_dir / COMPARISON_DIR, run_ids)
+    except Exception as exc:
+        log.error("the sweep's comparison is incomplete: %s", one_line(exc))
     if interrupt is not None:
         end_sweep_run(store, parent_id, RunStatus.KILLED, interrupts.reason(interrupt))
         return
-    # Each run once: a tuning study that asked for a combination again reused its run.
-    run_ids = list(dict.fromkeys(r.mlflow_run_id for r in results if r.mlflow_run_id))
-    report_comparison(store, parent_id, sweep_dir / COMPARISON_DIR, run_ids)
     store.finish(parent_id, RunStatus.FAILED if failed and not failures_expected else RunStatus.FINISHED)
 
 
@@ -227,10 +233,7 @@ def check_launch(config: DictConfig) -> None:
 def resumes(store: MlflowStore, sweep_dir: Path, uri: str, command: str) -> bool:
     """True when the sweep in `sweep_dir` is this same command, into this store, and no longer running
     (interrupted, failed, or its process died): the same command again resumes it in place."""
-    try:
-        earlier = SweepManifest.load(sweep_dir)
-    except SweepNotFound:  # claimed a moment ago by a sweep that is starting, or stopped as it started
-        return False
+    earlier = SweepManifest.load(sweep_dir)
     if earlier is None or (earlier.command, earlier.tracking_uri) != (command, uri):
         return False
     try:
@@ -294,13 +297,16 @@ class SweepCallback(Callback):
     def _start_sweep(config: DictConfig) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         uri = absolute_tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
-        store = MlflowStore(uri, config.tracking.experiment)
         command = shlex.join(["python", "-m", "ghsweep", *redact.overrides(sys.argv[1:])])
-        try:
-            SweepManifest.claim(sweep_dir)
-        except SweepDirInUse:
+        check_tracking_uri(uri)  # a URI that cannot work leaves no sweep directory
+        earlier = SweepManifest.claim(sweep_dir, process_identity())  # before the store gets anything
+        store = MlflowStore(uri, config.tracking.experiment)
+        if earlier:
             if not resumes(store, sweep_dir, uri, command):
-                raise
+                raise SweepDirInUse(
+                    f"hydra.sweep.dir={sweep_dir}: already holds a sweep ({SWEEP_MANIFEST}); start the sweep "
+                    "again (the default directory is named by the second) or set hydra.sweep.dir to a new directory"
+                )
             log.info("resuming the sweep in %s: runs that finished are skipped", sweep_dir)
         settle_dead_sweeps(store)
         sweep_name = "sweep " + "/".join(sweep_dir.parts[-2:])
@@ -327,7 +333,10 @@ class SweepCallback(Callback):
         if config.dry_run or not config.wait:
             return
         tuning = config.hydra.sweeper._target_ == TUNE_SWEEPER
-        finish_sweep(Path(config.hydra.sweep.dir), failures_expected=tuning)
+        try:
+            finish_sweep(Path(config.hydra.sweep.dir), failures_expected=tuning)
+        except Exception as exc:  # Hydra turns a callback's exceptions into warnings and exits 0
+            raise SystemExit(f"ghsweep: the sweep's end failed: {one_line(exc)}") from None
         if tuning:
             print_answer(Path(config.hydra.sweep.dir))
 

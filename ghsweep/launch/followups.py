@@ -46,7 +46,7 @@ class FollowUps:
 
     def mark_when_done(self, path: Path) -> None:
         """Make `path` once every follow-up submitted so far has run."""
-        self.submit(path.touch)
+        self.submit(lambda: _mark(path))
 
     def join(self) -> None:
         """Wait until every follow-up submitted so far has run."""
@@ -56,6 +56,13 @@ class FollowUps:
         self.join()
         self._todo.put(None)
         self._thread.join()
+
+
+def _mark(path: Path) -> None:
+    try:
+        path.touch()
+    except OSError as exc:  # its run directory removed or full: the worker finds that out for itself
+        log.error("%s: not made (%s)", path, exc)
 
 
 _active: FollowUps | None = None

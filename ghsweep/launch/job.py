@@ -7,12 +7,13 @@ sweep goes on.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import errno
 import json
 import logging
+import os
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.atomic import write_atomic
@@ -103,17 +104,23 @@ def _package_version(name: str) -> str:
         return "not installed"
 
 
-def no_space_left(run_dir: Path) -> str | None:
-    """The reason for a run whose file system is full, else None."""
-    free = shutil.disk_usage(run_dir).free
+def disk_trouble(run_dir: Path) -> str | None:
+    """The reason for a run whose file system is read-only or full, else None."""
+    where = next(p for p in (run_dir, *run_dir.parents) if p.exists())  # Hydra may not have made it
+    stats = os.statvfs(where)
+    if stats.f_flag & os.ST_RDONLY:
+        return f"the file system of {run_dir} is read-only"
+    free = stats.f_bavail * stats.f_frsize
     return f"no space left on device under {run_dir} ({free} bytes free)" if free < FULL_DISK_BYTES else None
 
 
 def failure_reason(run_dir: Path, exit: WorkerExit, timeout_min: float | None, rank: int = 0) -> str:
-    # A worker that filled the disk cannot say so: its error file and log are cut short too.
-    full = no_space_left(run_dir)
-    if full:
-        return full
+    if not run_dir.is_dir():
+        return f"the run directory {run_dir} was removed while the run trained"
+    # A worker on a full or read-only disk cannot say so: its error file and log are cut short too.
+    trouble = disk_trouble(run_dir)
+    if trouble:
+        return trouble
     error_file = run_dir / WORKER_ERROR
     if error_file.exists():
         error = json.loads(error_file.read_text())
@@ -179,7 +186,7 @@ def run_one(cfg: DictConfig) -> RunResult:
     if slurm_tasks and rank > 0:  # rank > 0 only in a SLURM job of several tasks
         return run_rank(cfg, combo, rank, slurm_tasks)
 
-    manifest = SweepManifest.load(combo.sweep_dir) if combo.in_sweep else None
+    manifest = SweepManifest.of_sweep(combo.sweep_dir) if combo.in_sweep else None
     identity = run_hash(cfg)
     store: MlflowStore | None = None
     run_id: str | None = None
@@ -237,6 +244,48 @@ def run_one(cfg: DictConfig) -> RunResult:
     followups.run(follow_up, alone=trained.to_analyse is not None and trained.to_analyse[1].ncu_pass is not None)
     if trained.interrupt is not None:
         raise trained.interrupt
+    return result
+
+
+def job_run_dir(job_cfg: DictConfig) -> Path:
+    """The run directory Hydra makes for the job of `job_cfg` (absolute, as its runtime.output_dir)."""
+    return Path(os.path.abspath(Path(str(job_cfg.hydra.sweep.dir), str(job_cfg.hydra.sweep.subdir))))
+
+
+def refuse_linked_run_dir(job_cfg: DictConfig) -> None:
+    """ConfigError for a run directory that is a symbolic link: the sweep would write wherever it points."""
+    run_dir = job_run_dir(job_cfg)
+    if run_dir.is_symlink():
+        raise ConfigError(
+            f"the run directory {run_dir} is a symbolic link (to {os.readlink(run_dir)}); a sweep writes only "
+            "into directories it makes: remove the link"
+        )
+
+
+def record_unmade(job_cfg: DictConfig, exc: Exception) -> RunResult:
+    """A combination whose job Hydra could not start (it could not make the run directory or write its
+    own files there: a full or read-only disk), FAILED in MLflow with the reason; the sweep goes on."""
+    hydra_cfg = job_cfg.hydra
+    run_dir = job_run_dir(job_cfg)
+    combo = Combination.of(hydra_cfg, run_dir, list(hydra_cfg.overrides.task), in_sweep=True)
+    trouble = disk_trouble(run_dir) if isinstance(exc, OSError) else None
+    result = combo.result(RunStatus.FAILED)
+    result.error = (
+        str(exc)
+        if isinstance(exc, ConfigError)
+        else trouble or f"the job could not start in {run_dir}: {one_line(exc)}"
+    )
+    log.error("%s: %s: %s", combo.name, result.status, result.error)
+    cfg = copy.deepcopy(job_cfg)  # the job's config, as Hydra would have handed it: without its `hydra` node
+    with read_write(cfg), open_dict(cfg):
+        del cfg["hydra"]
+    try:
+        manifest = SweepManifest.of_sweep(combo.sweep_dir)
+        store = open_store(cfg, combo, manifest)
+        result.mlflow_run_id = start_run(store, cfg, combo, run_hash(cfg), manifest)
+        store.end_run(result.mlflow_run_id, RunStatus.FAILED, result.error)
+    except Exception as error:  # the store away too: the sweep's end names the runs MLflow lacks
+        log.error("%s: not recorded in MLflow (%s)", combo.name, one_line(error)[:300])
     return result
 
 
@@ -307,7 +356,7 @@ def train_and_measure(cfg: DictConfig, combo: Combination, result: RunResult, sl
             (run_dir / stale).unlink(missing_ok=True)
         # On disk from the start: a job killed from outside leaves its MLflow run id to whoever settles it.
         dataclasses.replace(result, status=RunStatus.RUNNING).save()
-        (run_dir / OVERRIDES).write_text(OmegaConf.to_yaml(OmegaConf.create(combo.overrides)))
+        write_atomic(run_dir / OVERRIDES, OmegaConf.to_yaml(OmegaConf.create(combo.overrides)), mode=0o644)
         plan, config = prepare_worker(cfg, combo, slurm_tasks, followups.measure_after(run_dir / MEASURE_AFTER))
         # The command in the job's log: what `dry_run=true` printed for this combination, with the node's choices.
         log.info(
@@ -339,9 +388,8 @@ def train_and_measure(cfg: DictConfig, combo: Combination, result: RunResult, sl
 def failed_around_the_worker(exc: Exception, combo: Combination, result: RunResult) -> None:
     """`result` FAILED for `exc`, raised by ghsweep's own code around the worker (a bug, an outage, a full disk)."""
     result.status = RunStatus.FAILED
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        full = no_space_left(combo.run_dir)
-        result.error = full or f"no space left on device under {combo.run_dir}: {one_line(exc)}"
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EROFS):
+        result.error = disk_trouble(combo.run_dir) or f"{os.strerror(exc.errno)} under {combo.run_dir}: {one_line(exc)}"
     else:
         log.exception("%s: ghsweep failed around the worker", combo.name)
         result.error = one_line(exc)

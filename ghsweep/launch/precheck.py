@@ -20,7 +20,8 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_loader import ConfigLoader
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import InterpolationValidationError
 
 from ghsweep.core.errors import ConfigError, one_line
 from ghsweep.launch.local_gpus import placed_gpus, too_few_gpus
@@ -50,11 +51,19 @@ def sweep_refusals(config: DictConfig) -> tuple[int, list[str]]:
     composed: dict[tuple[str, ...], DictConfig] = {}
     gpus = placed_gpus(config)
     lines = []
+    run_dirs: dict[Path, int] = {}
     for num, overrides in enumerate(combos):
         try:
             cfg = composed[tuple(overrides)] = loader.load_sweep_config(config, overrides)
             name = redact.run_name(cfg.hydra.job.override_dirname or "run")
-            run_dir = Path(str(cfg.hydra.sweep.dir), str(num))
+            run_dir = sweep_run_dir(cfg, num)
+            shared = run_dirs.setdefault(run_dir, num)
+            if shared != num:
+                raise ConfigError(
+                    f"hydra.sweep.subdir={raw_subdir(cfg)}: gives it the run directory of #{shared} ({run_dir}); "
+                    "each combination needs its own: name it by what tells them apart, or leave the default "
+                    "${hydra.job.num}"
+                )
             _, combination = dry_run_plans(cfg, run_dir, name, redact.overrides(overrides), on_slurm=False)
             reason = too_few_gpus(combination, gpus)
         except ConfigError as exc:  # no node can run it (launch.plan.not_runnable)
@@ -65,6 +74,33 @@ def sweep_refusals(config: DictConfig) -> tuple[int, list[str]]:
             lines.append(redact.text(f"#{num} {name}: {reason}"))
     compose_once(config, composed)
     return len(combos), lines
+
+
+def raw_subdir(cfg: DictConfig) -> str:
+    """hydra.sweep.subdir as written, its interpolations unresolved."""
+    return str(cfg.hydra.sweep._get_node("subdir")._value())
+
+
+def sweep_run_dir(cfg: DictConfig, num: int) -> Path:
+    """The run directory Hydra will make for combination `num` (hydra.sweep.dir/hydra.sweep.subdir);
+    ConfigError for a subdir that is not a directory name inside the sweep directory."""
+    with open_dict(cfg):  # as the launcher sets them before it makes the directory
+        cfg.hydra.job.num = cfg.hydra.job.id = num
+    raw = raw_subdir(cfg)
+    accepted = "accepted: a name made of values, e.g. ${hydra.job.num} (the default) or ${precision.name}"
+    try:
+        subdir = OmegaConf.select(cfg, "hydra.sweep.subdir", throw_on_missing=True)
+    except InterpolationValidationError:  # a node in a string: its text is no directory name
+        subdir = cfg.hydra.sweep
+    except Exception as exc:
+        raise ConfigError(f"hydra.sweep.subdir={raw}: cannot be resolved ({one_line(exc)}); {accepted}") from None
+    if OmegaConf.is_config(subdir) or subdir is None or str(subdir).strip() in ("", "."):
+        shown = "a config node" if OmegaConf.is_config(subdir) else "nothing"
+        raise ConfigError(f"hydra.sweep.subdir={raw}: resolves to {shown}, not a directory name; {accepted}")
+    path = Path(str(subdir))
+    if path.is_absolute() or ".." in path.parts:
+        raise ConfigError(f"hydra.sweep.subdir={raw}: {path} is not inside hydra.sweep.dir; {accepted}")
+    return Path(str(cfg.hydra.sweep.dir), path)
 
 
 class ComposedOnce:

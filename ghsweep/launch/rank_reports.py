@@ -12,6 +12,7 @@ import os
 import time
 from pathlib import Path
 
+from ghsweep.core.atomic import write_atomic
 from ghsweep.core.run_dir import RANK_REPORT
 from ghsweep.core.run_result import RunStatus
 
@@ -24,7 +25,8 @@ def rank_report(run_dir: Path, rank: int) -> Path:
 
 
 def write_rank_report(run_dir: Path, rank: int, status: RunStatus, error: str | None) -> None:
-    rank_report(run_dir, rank).write_text(json.dumps({"job_id": slurm_job_id(), "status": status, "error": error}))
+    report = json.dumps({"job_id": slurm_job_id(), "status": status, "error": error})
+    write_atomic(rank_report(run_dir, rank), report, mode=0o644)
 
 
 def wait_for_ranks(run_dir: Path, world_size: int, wait_s: float = RANK_REPORT_WAIT_S) -> str | None:

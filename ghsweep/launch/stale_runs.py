@@ -14,15 +14,17 @@ import os
 import socket
 from pathlib import Path
 
-from ghsweep.core.names import ERROR_TAG, HOST_TAG, ROLE_SWEEP, SWEEP_DIR_TAG
-from ghsweep.core.run_dir import RESULT, SLURM_JOBS
+from ghsweep.core.names import ERROR_TAG, HOST_TAG, ROLE_SWEEP, STATUS_TAG, SWEEP_DIR_TAG
+from ghsweep.core.run_dir import ARTIFACTS, CONFIG, METRICS, RESULT, SLURM_JOBS
 from ghsweep.core.run_result import RunResult, RunStatus
+from ghsweep.launch.job import loss_points
+from ghsweep.launch.sweep_manifest import NOBODY, NOT_SAID_YET, live_holder
 from ghsweep.launch.worker_process import stop_orphaned_worker
 from ghsweep.tracking.mlflow_store import MlflowStore
 
 log = logging.getLogger(__name__)
 
-PID_TAG, PID_START_TAG = "ghsweep.pid", "ghsweep.pid_start"
+PID_TAG, PID_START_TAG, PID_NS_TAG = "ghsweep.pid", "ghsweep.pid_start", "ghsweep.pid_ns"
 
 
 def _start_time(pid: int) -> str | None:
@@ -34,14 +36,44 @@ def _start_time(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+def _pid_namespace() -> str:
+    """This process's PID namespace (`pid:[INODE]`): a pid means the same process only within one."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
 def process_tags() -> dict[str, str]:
     """Tags that identify this process, for the parent run of a sweep it runs."""
-    return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()), PID_START_TAG: _start_time(os.getpid()) or ""}
+    return {
+        HOST_TAG: socket.gethostname(),
+        PID_TAG: str(os.getpid()),
+        PID_START_TAG: _start_time(os.getpid()) or "",
+        PID_NS_TAG: _pid_namespace(),
+    }
+
+
+def identity(tags: dict[str, str]) -> str:
+    """The process the tags name, as its sweep directory's lock holds it (SweepManifest.claim)."""
+    return f"pid {tags.get(PID_TAG)} on {tags.get(HOST_TAG)}, started at tick {tags.get(PID_START_TAG)}"
+
+
+def process_identity() -> str:
+    return identity(process_tags())
 
 
 def process_died(tags: dict[str, str]) -> bool:
-    """True when the process the tags name ran on this host and is gone (its pid unused or reused)."""
+    """True when the sweep process the tags name ran on this host and is gone. Its sweep directory's lock
+    says so where there is one (held by that process while it lives, whatever PID namespace it runs in);
+    else its pid, looked up only from the PID namespace it ran in: a pid that cannot be seen from here
+    is no dead process."""
     if tags.get(HOST_TAG) != socket.gethostname() or not tags.get(PID_TAG):
+        return False
+    holder = live_holder(Path(tags[SWEEP_DIR_TAG])) if tags.get(SWEEP_DIR_TAG) else None
+    if holder is not None:  # held by another process: a sweep that resumes this one's directory
+        return holder == NOBODY or holder not in (identity(tags), NOT_SAID_YET)
+    if tags.get(PID_NS_TAG, _pid_namespace()) != _pid_namespace():
         return False
     started = _start_time(int(tags[PID_TAG]))
     return started is None or started != tags.get(PID_START_TAG, started)
@@ -55,6 +87,10 @@ def end_running_children(store: MlflowStore, parent_run_id: str, status: RunStat
     """End every child run of the sweep still RUNNING in MLflow, and its result.json; returns how many."""
     children = store.search(parent_run_id=parent_run_id, status=RunStatus.RUNNING)
     for child in children:
+        ended = ended_on_disk(Path(child.run_dir), child.run_id)
+        if ended is not None:  # its record was being made: the run directory holds the whole of it
+            record_ended_on_disk(store, ended)
+            continue
         log.error("%s: %s: %s", child.name, status, reason)
         store.end_run(child.run_id, status, reason)
         run_dir = Path(child.run_dir)
@@ -66,6 +102,30 @@ def end_running_children(store: MlflowStore, parent_run_id: str, status: RunStat
                 result.status, result.error = status, reason
                 result.save()
     return len(children)
+
+
+def ended_on_disk(run_dir: Path, run_id: str) -> RunResult | None:
+    """The result of MLflow run `run_id` where its run directory says the run ended (result.json written
+    by its record, before MLflow is told), else None."""
+    try:
+        result = RunResult.load(run_dir)
+    except (OSError, ValueError, TypeError):
+        return None
+    return result if result.mlflow_run_id == run_id and result.status != RunStatus.RUNNING else None
+
+
+def record_ended_on_disk(store: MlflowStore, result: RunResult) -> None:
+    """A run that ended on disk while its MLflow run stayed RUNNING (the store away, or the sweep killed
+    as it recorded): its end, metrics and files, recorded from its run directory."""
+    run_id = str(result.mlflow_run_id)
+    numbers = {**result.metrics, **result.timing}
+    store.log_metrics(run_id, [(k, v, 0) for k, v in numbers.items() if isinstance(v, (int, float))])
+    store.log_metrics(run_id, loss_points(Path(result.run_dir) / METRICS))
+    store.set_tags(run_id, {STATUS_TAG: result.status, **({ERROR_TAG: result.error} if result.error else {})})
+    # config.yaml holds the real values of secrets: MLflow gets the job's redacted copy or none.
+    store.log_artifacts(run_id, [Path(result.run_dir) / a for a in ARTIFACTS if a != CONFIG])
+    store.finish(run_id, result.status)
+    log.warning("%s: recorded %s in MLflow from its run directory", result.name, result.status)
 
 
 def end_sweep_run(store: MlflowStore, parent_run_id: str, status: RunStatus, reason: str) -> None:

@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 
 from ghsweep.config.schema import ProfileSchema, typed_section
 from ghsweep.config.validate import GPU_TIMEOUT_MIN
-from ghsweep.core.atomic import write_atomic
+from ghsweep.core.atomic import open_new, write_atomic
 from ghsweep.core.handoff import HANDOFF_ENV
 from ghsweep.core.names import STEP_RANGE_PREFIX
 from ghsweep.core.run_dir import CAPTURE_ARMED, CAPTURE_MAY_EXIT, CAPTURE_STOPPING, WORKER_LOG, WORKER_PID, rank_file
@@ -441,7 +441,7 @@ def run_worker(
     read_end, write_end = os.pipe()
     # Line-buffered: `tail -f worker.log` follows the run as it trains.
     with (
-        open(run_dir / rank_file(WORKER_LOG, rank), "w", encoding="utf-8", buffering=1) as log_file,
+        open_new(run_dir / rank_file(WORKER_LOG, rank)) as log_file,
         open(read_end, encoding="utf-8", errors="replace") as output,
     ):
         try:
@@ -449,7 +449,7 @@ def run_worker(
             proc = start_worker(command, run_dir, env, write_end, preimported, capture)
         finally:
             os.close(write_end)  # the worker holds its own copy: its exit ends the output
-        (run_dir / rank_file(WORKER_PID, rank)).write_text(f"{proc.pid}\n{process_start(proc.pid)}\n")
+        write_atomic(run_dir / rank_file(WORKER_PID, rank), f"{proc.pid}\n{process_start(proc.pid)}\n", mode=0o644)
         timed_out = threading.Event()
 
         def kill_on_timeout() -> None:
@@ -457,8 +457,14 @@ def run_worker(
             os.killpg(proc.pid, signal.SIGKILL)
 
         def copy_output() -> None:
-            for line in output:
-                log_file.write(line)
+            writable = True
+            for line in output:  # read to the end whatever becomes of the log: a worker blocks on a full pipe
+                if writable:
+                    try:
+                        log_file.write(line)
+                    except OSError as exc:  # a full or read-only disk: the run's reason says so
+                        log.error("%s: the rest of the worker's output is not kept (%s)", log_file.name, exc)
+                        writable = False
                 if line.startswith(STEP_RANGE_PREFIX):  # progress on the console; all of it in the log
                     log.info("  %s", line.rstrip())
 

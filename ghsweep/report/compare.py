@@ -515,6 +515,10 @@ def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run
         print(f"ghsweep: no comparison report: {exc}", flush=True)
         store.set_tags(parent_run_id, {"ghsweep.report_error": str(exc)})
         return
+    except OSError as exc:  # a full or read-only sweep directory: said in one line, the summary stands
+        log.error("ghsweep: no comparison report in %s: %s", out_dir, exc)
+        store.set_tags(parent_run_id, {"ghsweep.report_error": f"{type(exc).__name__}: {exc}"})
+        return
     except Exception as exc:  # a bug or an MLflow outage in the report must not leave the parent RUNNING
         log.exception("ghsweep: the comparison report failed")
         store.set_tags(parent_run_id, {"ghsweep.report_error": f"{type(exc).__name__}: {exc}"})

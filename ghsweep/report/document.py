@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ghsweep.core.atomic import write_atomic
+
 STYLE = (
     "body{font-family:sans-serif;margin:1.5em;max-width:1400px}table{border-collapse:collapse;font-size:13px}"
     "td,th{border:1px solid #ccc;padding:3px 7px;text-align:left}th{background:#f2f2f2}img{max-width:100%}"
@@ -104,6 +106,6 @@ class Document:
         """Write STEM.md and STEM.html under out_dir (images must already lie under it)."""
         out_dir.mkdir(parents=True, exist_ok=True)
         md, page = out_dir / f"{stem}.md", out_dir / f"{stem}.html"
-        md.write_text(self.to_markdown(out_dir))
-        page.write_text(self.to_html())
+        write_atomic(md, self.to_markdown(out_dir), mode=0o644)
+        write_atomic(page, self.to_html(), mode=0o644)
         return [md, page]

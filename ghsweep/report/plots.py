@@ -28,6 +28,7 @@ def short_name(name: str, limit: int = NAME_CHARS) -> str:
 
 def _save(fig: Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)  # a link planted in its place is replaced, its target left alone
     # "tight" keeps legends placed outside the axes inside the image.
     fig.savefig(path, dpi=100, bbox_inches="tight")
     return path

@@ -7,6 +7,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ghsweep.core import stats
+from ghsweep.core.atomic import write_atomic
 from ghsweep.core.run_dir import REPORT
 from ghsweep.core.run_result import TRAIN_PARTS, RunResult
 
@@ -87,7 +88,7 @@ def write_run_report(result: RunResult, cfg: DictConfig, info: dict, path: Path)
         lines.append(f"Time: {t.get('wall_s', 0):.2f} s in all ({', '.join(parts)}).")
         if "overhead_s" in t:
             lines.append(f"Outside the training loop: {t['overhead_s']:.2f} s.")
-    path.write_text("\n".join(lines) + "\n")
+    write_atomic(path, "\n".join(lines) + "\n", mode=0o644)
 
 
 def summary_line(result: RunResult, tracking_uri: str, experiment: str) -> str:

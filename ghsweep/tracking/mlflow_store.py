@@ -58,6 +58,9 @@ MAX_PARAM_VALUE_CHARS = 6000
 # retries cover 429/5xx only, and these come back as 400 BAD_REQUEST.
 TRANSIENT_ERROR_MARKERS = ("QueuePool limit", "database is locked", "connection timed out")
 TRANSIENT_ERROR_CODES = ("TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED")
+# What SQLite says of a disk that is full or read-only, or of a database it cannot read: MLflow gives
+# them the busy code, and no wait mends them.
+LASTING_ERROR_MARKERS = ("database or disk is full", "readonly database", "disk I/O error", "unable to open database")
 RETRY_DELAYS_S = (1, 2, 4, 8, 15, 30, 30, 30, 30, 30)
 PARENT_TAG = "mlflow.parentRunId"
 SEARCH_PAGE = 1000
@@ -65,6 +68,8 @@ SEARCH_PAGE = 1000
 # Stores MLflow 3 opens: a tracking server, or a database through SQLAlchemy (dialect[+driver]://).
 ACCEPTED_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql")
 CONNECT_TIMEOUT_S = 5
+# A read of the server's API that any working server answers (404 where the experiment is missing).
+API_PROBE = "/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default"
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +123,15 @@ def _check_answers(shown: str, scheme: str, host: str, port: int, path: str) -> 
     try:
         connection.request("GET", path.rstrip("/") + "/health")
         connection.getresponse().read()
+        # A server whose database is down answers /health and fails every call, which MLflow retries for minutes.
+        connection.request("GET", path.rstrip("/") + API_PROBE)
+        answer = connection.getresponse()
+        answer.read()
+        if answer.status >= 500:
+            raise TrackingUriError(
+                f"tracking.uri={shown}: the server answers /health but fails its API (HTTP {answer.status} "
+                f"{answer.reason}); it cannot record runs: check its backend store (its database)"
+            )
     except ssl.SSLError as error:
         raise TrackingUriError(
             f"tracking.uri={shown}: no TLS at {host}:{port} ({error.reason or error}); a plain-HTTP server "
@@ -139,7 +153,19 @@ def _check_answers(shown: str, scheme: str, host: str, port: int, path: str) -> 
 
 def is_transient(error: MlflowException) -> bool:
     """True for errors that say 'busy, try again', not 'this request is wrong'."""
+    if any(m in str(error) for m in LASTING_ERROR_MARKERS):
+        return False
     return error.error_code in TRANSIENT_ERROR_CODES or any(m in str(error) for m in TRANSIENT_ERROR_MARKERS)
+
+
+def _said(error: MlflowException) -> str:
+    """An MLflow error in one line: SQLite's own line where it names a disk that is full or read-only
+    (MLflow's first line can be SQLAlchemy's note on when it flushed)."""
+    lines = str(error).splitlines()
+    lasting = [line.strip() for line in lines if any(m in line for m in LASTING_ERROR_MARKERS)]
+    if lasting:
+        return f"the store cannot write: {lasting[0]}"
+    return first_line(error) or error.error_code
 
 
 @dataclass(frozen=True)
@@ -157,7 +183,7 @@ class Retry:
                 return call(*args, **kwargs)
             except MlflowException as error:
                 if delay is None or not is_transient(error):
-                    raise TrackingError(first_line(error) or error.error_code) from error
+                    raise TrackingError(_said(error)) from error
                 log.warning("tracking server busy (%s); retrying in %g s", first_line(error)[:200], delay)
                 self.sleep(delay)
 
@@ -194,7 +220,12 @@ def first_open_lock(uri: str):
         return
     path = Path(uri.removeprefix("sqlite:///"))
     path.parent.mkdir(parents=True, exist_ok=True)  # a store named in a new folder gets the folder
-    with open(f"{path}.lock", "a") as lock:
+    try:
+        lock = open(f"{path}.lock", "a")  # noqa: SIM115 (closed below)
+    except OSError:  # a read-only file system: no process makes tables there; its first write says why
+        yield
+        return
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

@@ -51,6 +51,8 @@ from ghsweep.train.tokenizer import load_tokenizer
 
 # The longest a run waits for the sweep's work on earlier runs (their analysis and records).
 SWEEP_WAIT_S = 600
+# How often that wait looks whether the sweep directory is still there.
+SWEEP_GONE_CHECK_S = 1.0
 
 
 @dataclass
@@ -308,9 +310,12 @@ def wait_for_the_sweep(go: Path) -> None:
         return
     print("ghsweep: waiting for the sweep's work on earlier runs before the measured steps", flush=True)
     waited = time.monotonic()
-    if wait_for_file(go, SWEEP_WAIT_S) is None:
-        print(f"ghsweep: {go} not made after {SWEEP_WAIT_S} s; measuring anyway", flush=True)
-        return
+    while wait_for_file(go, SWEEP_GONE_CHECK_S) is None:
+        if not go.parent.is_dir():  # the sweep directory was removed: no sweep will make `go`, or read this run
+            raise RuntimeError(f"the run directory {go.parent} was removed while the run trained")
+        if time.monotonic() - waited > SWEEP_WAIT_S:
+            print(f"ghsweep: {go} not made after {SWEEP_WAIT_S} s; measuring anyway", flush=True)
+            return
     print(f"ghsweep: waited {time.monotonic() - waited:.1f} s", flush=True)
 
 

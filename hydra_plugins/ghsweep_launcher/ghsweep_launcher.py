@@ -6,12 +6,16 @@ signalled, as Hydra's own plugins do. What they add to hydra-submitit-launcher's
 ghsweep.launch.submitit_launcher.
 """
 
+import logging
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from hydra._internal.core_plugins import basic_launcher
-from hydra.core.utils import JobReturn
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
+from omegaconf import open_dict
+
+log = logging.getLogger(basic_launcher.__name__)  # Hydra's launch lines, under Hydra's name
 
 
 class _GhsweepSubmitit(plugin.BaseSubmititLauncher):
@@ -49,4 +53,36 @@ class BasicLauncher(basic_launcher.BasicLauncher):
         from ghsweep.launch import followups
 
         with followups.overlapped():
-            return super().launch(job_overrides, initial_job_idx)
+            return self._launch(job_overrides, initial_job_idx)
+
+    def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
+        """Hydra's basic launch, but a job Hydra cannot start (its run directory a link, or it or Hydra's
+        own files in it not written: a full or read-only disk) is recorded FAILED and the next one runs:
+        in Hydra's, its exception ends the sweep."""
+        from ghsweep.launch.job import record_unmade, refuse_linked_run_dir
+
+        setup_globals()
+        assert self.hydra_context is not None and self.config is not None and self.task_function is not None
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        log.info(f"Launching {len(job_overrides)} jobs locally")
+        runs = []
+        for idx, overrides in enumerate(job_overrides, initial_job_idx):
+            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(sweep_config):
+                sweep_config.hydra.job.id = sweep_config.hydra.job.num = idx
+            try:
+                refuse_linked_run_dir(sweep_config)  # before Hydra writes its own files through it
+                ret = run_job(
+                    hydra_context=self.hydra_context,
+                    task_function=self.task_function,
+                    config=sweep_config,
+                    job_dir_key="hydra.sweep.dir",
+                    job_subdir_key="hydra.sweep.subdir",
+                )
+            except Exception as exc:
+                ret = JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED)
+                ret.return_value = record_unmade(sweep_config, exc).__dict__
+            runs.append(ret)
+            configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        return runs

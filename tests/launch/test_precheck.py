@@ -177,3 +177,40 @@ def test_the_sweeper_and_launcher_get_each_combination_as_the_check_composed_it(
         assert (again.precision.name, again.train.max_steps) == ("fp32", steps) and composed == []
         other = loader.load_sweep_config(master, ["precision=bf16", "offload=on"])  # not a combination of the check
         assert composed == [["precision=bf16", "offload=on"]] and other.offload.enabled is True
+
+
+@pytest.mark.parametrize(
+    "subdir, refused",
+    [
+        (
+            "${precision.name}",
+            [
+                "#1 experiment=smoke,offload=off,precision=fp32: hydra.sweep.subdir=${precision.name}: gives it the "
+                "run directory of #0 ({sweep}/fp32); each combination needs its own",
+                "#3 experiment=smoke,offload=off,precision=bf16: hydra.sweep.subdir=${precision.name}: gives it the "
+                "run directory of #2 ({sweep}/bf16); each combination needs its own",
+            ],
+        ),
+        ("${precision}", ["#{n} {name}: hydra.sweep.subdir=${precision}: resolves to a config node"]),
+        ("../elsewhere", ["#{n} {name}: hydra.sweep.subdir=../elsewhere: ../elsewhere is not inside"]),
+        ("${precision.name}_${offload.enabled}", []),
+    ],
+    ids=["shared", "node", "outside", "distinct"],
+)
+def test_a_subdir_that_cannot_give_each_combination_its_own_run_directory_is_refused_before_the_sweep(
+    tmp_path, subdir, refused
+):
+    with hydra_on_conf():
+        hydra = GlobalHydra.instance().hydra
+        assert hydra is not None
+        line = ["experiment=smoke", "precision=fp32,bf16", "offload=on,off", f"hydra.sweep.dir={tmp_path}"]
+        master = hydra.compose_config(
+            "config", [*line, f"hydra.sweep.subdir={subdir}"], run_mode=RunMode.MULTIRUN, with_log_configuration=False
+        )
+        total, lines = sweep_refusals(master)
+    names = [f"experiment=smoke,offload={o},precision={p}" for p in ("fp32", "bf16") for o in ("on", "off")]
+    if "{n}" in "".join(refused):  # every combination, the same reason
+        refused = [refused[0].replace("{n}", str(n)).replace("{name}", name) for n, name in enumerate(names)]
+    assert total == 4 and len(lines) == len(refused), lines
+    for line, start in zip(lines, refused, strict=True):
+        assert line.startswith(start.replace("{sweep}", str(tmp_path))), line

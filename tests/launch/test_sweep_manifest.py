@@ -14,7 +14,7 @@ from tests.support.cli import assert_one_line_errors, run_cli
 def test_a_sweep_directory_that_cannot_be_made_is_named(tmp_path):
     (tmp_path / "a_file").write_text("")
     with pytest.raises(SweepDirUnwritable, match=r"a_file/sweep: the sweep directory cannot be written \(Not a dir"):
-        SweepManifest.claim(tmp_path / "a_file" / "sweep")
+        SweepManifest.claim(tmp_path / "a_file" / "sweep", "this test")
 
 
 def test_the_cli_says_what_it_starts_then_names_the_directory(tmp_path):

@@ -74,7 +74,7 @@ def test_status_on_an_empty_manifest_is_one_line(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
         f"ghsweep.status: {Path('empty') / 'ghsweep_sweep.json'}: empty or cut short: the sweep stopped before its "
-        "first job and recorded no run; start it again in a new hydra.sweep.dir, or remove this file"
+        "first job and recorded no run; the same command starts it again there"
     )
     assert not (tmp_path / "mlflow.db").exists()
 

@@ -147,3 +147,50 @@ def test_a_server_that_cannot_answer_is_one_line_in_seconds(tmp_path, request, s
     # takes seconds, but the CLI's start can take two minutes on a loaded 2-core machine.
     assert took < 200, f"took {took:.0f} s"
     assert not list(tmp_path.rglob("worker.log")) and not (tmp_path / "mlflow.db").exists()
+
+
+class _HealthyButBroken(http.server.BaseHTTPRequestHandler):
+    """A tracking server whose database is down: /health answers, every API call fails (500), or its
+    connection is closed unanswered (`closes`)."""
+
+    closes = False
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"OK")
+        elif self.closes:
+            self.close_connection = True
+        else:
+            self.send_error(500)
+
+    def log_message(self, *args: object) -> None:  # quiet: the test reads the error line, not the server log
+        pass
+
+
+class _HealthyButClosing(_HealthyButBroken):
+    closes = True
+
+
+@pytest.mark.parametrize(
+    "handler, message",
+    [
+        (_HealthyButBroken, "the server answers /health but fails its API (HTTP 500 Internal Server Error)"),
+        (_HealthyButClosing, "did not answer HTTP (RemoteDisconnected"),
+    ],
+    ids=["500 on every call", "closes every call"],
+)
+def test_a_server_that_answers_health_but_cannot_record_is_refused_in_seconds(handler, message):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.server_address[1]}"
+    started = time.monotonic()
+    try:
+        with pytest.raises(ValueError, match=r"^tracking.uri=http://127.0.0.1:\d+: .*") as refused:
+            check_tracking_uri(uri)
+    finally:
+        server.shutdown()
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    assert time.monotonic() - started < 10

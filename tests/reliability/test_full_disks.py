@@ -1,0 +1,104 @@
+"""Full and read-only disks, on a small tmpfs: said as what they are, at once, for the store as for the
+sweep directory; the sweep goes on and ends whole, and nothing the runs measured is lost."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ghsweep.core.errors import TrackingError
+from ghsweep.tracking.mlflow_store import MlflowStore
+from tests.support.cli import assert_one_line_errors
+from tests.support.mlflow_records import all_runs, assert_nothing_running, by_role, sqlite_uri
+from tests.support.stopped_sweep import start_sweep, wait_until_training
+from tests.support.sweep_dirs import results
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `path`, for as long as the block runs."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs as a full disk needs root")
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"this machine does not let a test mount a tmpfs: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def fill(disk: Path) -> None:
+    """Fill `disk` to its last byte."""
+    with open(disk / "filler", "wb") as filler, contextlib.suppress(OSError):
+        while True:
+            filler.write(b"\0" * 65536)
+            filler.flush()
+
+
+@pytest.mark.parametrize("how", ["full", "read-only"])
+def test_a_store_on_a_full_or_read_only_disk_is_said_at_once_not_retried_as_busy(tmp_path, how):
+    with small_tmpfs(tmp_path / "disk", "4m") as disk:
+        store = MlflowStore(f"sqlite:///{disk / 'mlflow.db'}", "ghsweep")
+        run_id = store.start_run("run", "run", tags={})
+        if how == "full":
+            fill(disk)
+        else:  # the same files seen through a read-only mount, as a file system remounted read-only
+            store = read_only_view(disk, tmp_path / "read-only")
+        started = time.monotonic()
+        with pytest.raises(TrackingError) as failed:
+            store.log_metrics(run_id, [("loss", 1.0, step) for step in range(20000)])
+        took = time.monotonic() - started
+        if how == "read-only":
+            subprocess.run(["umount", "-l", str(tmp_path / "read-only")], check=True)
+    said = {"full": "database or disk is full", "read-only": "attempt to write a readonly database"}[how]
+    assert str(failed.value).startswith("the store cannot write: ") and said in str(failed.value)
+    assert took < 20, f"{took:.0f} s: retried as a busy store"
+
+
+def read_only_view(disk: Path, view: Path) -> MlflowStore:
+    view.mkdir()
+    subprocess.run(["mount", "--bind", str(disk), str(view)], check=True)
+    subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True)
+    return MlflowStore(f"sqlite:///{view / 'mlflow.db'}", "ghsweep")
+
+
+@pytest.mark.parametrize("how", ["full", "read-only"])
+def test_a_sweep_directory_that_fills_or_turns_read_only_fails_the_runs_it_touches_and_the_sweep_ends_whole(
+    tmp_path, how
+):
+    with small_tmpfs(tmp_path / "sweep", "8m") as sweep_dir:
+        proc = start_sweep(tmp_path, "sweep")
+        wait_until_training(sweep_dir / "1", proc)
+        if how == "full":
+            fill(sweep_dir)
+        else:  # remounted read-only under the sweep: files it holds open go on, none can be made
+            subprocess.run(["mount", "--bind", str(sweep_dir), str(sweep_dir)], check=True)
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(sweep_dir)], check=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=300)
+        finally:
+            if how == "read-only":
+                subprocess.run(["umount", "-l", str(sweep_dir)], check=True)
+        job_0 = results(sweep_dir)[0]
+    assert proc.returncode == 1, stderr[-3000:]
+    assert_one_line_errors(stdout, stderr)
+    assert "--- Logging error ---" not in stderr
+    assert "1 of 3 runs finished" in stdout, stdout[-3000:]
+    assert job_0["status"] == "FINISHED"  # what it measured stays on disk
+    runs = all_runs(sqlite_uri(tmp_path))
+    assert_nothing_running(runs)
+    assert [p.status for p in by_role(runs, "sweep")] == ["FAILED"]
+    children = {c.job_num: c for c in by_role(runs, "run")}
+    said = {"full": "no space left on device under {}", "read-only": "the file system of {} is read-only"}[how]
+    assert children[0].status == "FINISHED"
+    for num in (1, 2):  # the run on the disk as it went, and the next, which Hydra could not start
+        assert children[num].status == "FAILED"
+        assert children[num].error.startswith(said.format(sweep_dir / str(num))), children[num].error
