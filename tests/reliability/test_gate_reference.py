@@ -131,9 +131,7 @@ def test_bad_arguments_are_one_line_exit_2(tmp_path, args, line):
     assert not (tmp_path / "ref.json").exists() and not (tmp_path / "mlflow.db").exists()
 
 
-@pytest.mark.parametrize(
-    "target, what", [("folder", "a directory"), ("file/ref.json", "file is a file, not a folder")]
-)
+@pytest.mark.parametrize("target, what", [("folder", "a directory"), ("file/ref.json", "file is a file, not a folder")])
 def test_write_where_no_reference_can_be_is_one_line(tmp_path, target, what):
     (tmp_path / "folder").mkdir()
     (tmp_path / "file").write_text("")
