@@ -35,6 +35,7 @@ from ghsweep.profile.torch_capture import torch_capture
 from ghsweep.train import attention as attn
 from ghsweep.train import data as dolly
 from ghsweep.train import distributed
+from ghsweep.train.compile_cache import cache_counts, use_compile_cache
 from ghsweep.train.device import peak_memory_gib
 from ghsweep.train.flops import ModelShape, run_flops_per_token
 from ghsweep.train.fp8_cached import TrainedFp8Linear
@@ -159,6 +160,7 @@ def train(config: ConfigSchema, plan: RunPlan, run_dir: Path, managed: ManagedAl
     anything touched CUDA (unified_memory.setup_unified_memory).
     """
     setup_at = time.time()
+    use_compile_cache(config.train.compile_cache_dir, plan.gpu if plan.device == "cuda" else None)
     if plan.profile.used == "nsys":
         compile_in_this_process()
     ranks = distributed.ranks_from_env()
@@ -257,6 +259,7 @@ def _train(
             "examples_dropped_too_long": dataset.dropped,
             "dataloader_workers": loader.num_workers,
             "compiled": model.compiled,
+            **cache_counts(),
             "attention": attention.implementation,
             "data_parallel": model.data_parallel or "none",
             "optimizer": optimizer,
