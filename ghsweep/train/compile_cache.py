@@ -56,6 +56,11 @@ def use_compile_cache(root: str | None, gpu: GpuInfo | None) -> Path | None:
                 file=sys.stderr,
             )
     os.environ[ENV] = str(folder)
+    # Paths Inductor derived from the folder before (a pre-imported server's imports): as torch's own
+    # temporary_cache_dir does on a change of folder.
+    inductor_utils = sys.modules.get("torch._inductor.utils")
+    if inductor_utils is not None:
+        inductor_utils.clear_caches()
     return folder
 
 
