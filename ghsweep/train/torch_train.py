@@ -160,7 +160,6 @@ def train(config: ConfigSchema, plan: RunPlan, run_dir: Path, managed: ManagedAl
     anything touched CUDA (unified_memory.setup_unified_memory).
     """
     setup_at = time.time()
-    use_compile_cache(config.train.compile_cache_dir, plan.gpu if plan.device == "cuda" else None)
     if plan.profile.used == "nsys":
         compile_in_this_process()
     ranks = distributed.ranks_from_env()
@@ -358,6 +357,8 @@ def build(
     compiled = config.train.compile is True or (config.train.compile == "auto" and device.type == "cuda")
     loss_fn = causal_lm_loss
     if compiled:
+        # Before the first compile, in the first step: where its caches are read and written.
+        use_compile_cache(config.train.compile_cache_dir, plan.gpu if device.type == "cuda" else None)
         for layer in decoder.layers:
             layer.compile()
         loss_fn = torch.compile(causal_lm_loss)
