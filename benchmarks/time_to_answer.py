@@ -11,6 +11,11 @@ time until the next combination could start (on a local sweep the analysis and t
 beside the next combination); `fixed_s` is that time less the steady steps. The sweep's own time is
 the sweep's wall (`--wall`, timed by the caller) less its runs' job times: Hydra's start, the
 sweep's parent run, the comparison report.
+
+`python benchmarks/time_to_answer.py --lines JSON` prints, from what the calls above collected in JSON,
+one row per line measured cold and warm (time_to_answer.sh): the sweep's wall cold and warm, the warm
+sweeps' steady steps, the sweep's own time, and the fixed cost of the combinations after the first
+(whose graphs an earlier combination compiled), each as the median and the spread of the repeats.
 """
 
 from __future__ import annotations
@@ -99,18 +104,75 @@ def table(rows: list[dict], wall_s: float | None) -> str:
     return "\n".join(lines)
 
 
+def spread(values: list[float]) -> str:
+    """The median of `values`, with their range when there are several."""
+    if not values:
+        return "-"
+    median = f"{statistics.median(values):.1f} s"
+    return median if len(values) == 1 else f"{median} ({min(values):.1f}-{max(values):.1f})"
+
+
+def sweep_figures(sweep: dict) -> dict[str, float]:
+    """A recorded sweep's wall, steady steps, own time and its later combinations' median fixed cost."""
+    runs = sweep["runs"]
+    jobs_s = sum(r.get("job_s") or r.get("wall_s") or 0 for r in runs)
+    fixed = [r["fixed_s"] for r in runs if "fixed_s" in r]
+    return {
+        "wall_s": sweep["wall_s"],
+        "steady_s": sum(r.get("steady_s", 0) for r in runs),
+        "own_s": sweep["wall_s"] - jobs_s,
+        **({"later_fixed_s": statistics.median(fixed[1:])} if len(fixed) > 1 else {}),
+    }
+
+
+def lines_table(sweeps: list[dict]) -> str:
+    """The issue's table: each line's cold and warm wall, steady steps (warm), the sweep's own time and
+    the later combinations' fixed cost (warm), median (spread) of the repeats."""
+    header = ("line", "cold", "warm", "steady steps (warm)", "sweep's own time", "later fixed cost (warm)", "repeats")
+    rows = [" | ".join(header), " | ".join("---" for _ in header)]
+    for line in dict.fromkeys(s["line"] for s in sweeps if s.get("line")):
+        figures = {
+            state: [sweep_figures(s) for s in sweeps if s.get("line") == line and s.get("state") == state]
+            for state in ("cold", "warm")
+        }
+        cold, warm = figures["cold"], figures["warm"]
+        rows.append(
+            " | ".join(
+                (
+                    line,
+                    spread([f["wall_s"] for f in cold]),
+                    spread([f["wall_s"] for f in warm]),
+                    spread([f["steady_s"] for f in warm]),
+                    spread([f["own_s"] for f in cold + warm]),
+                    spread([f["later_fixed_s"] for f in warm if "later_fixed_s" in f]),
+                    str(max(len(cold), len(warm))),
+                )
+            )
+        )
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("sweep_dir", type=Path)
+    parser.add_argument("sweep_dir", type=Path, nargs="?")
     parser.add_argument("--wall", type=float, help="the sweep's wall time in seconds, as the caller timed it")
     parser.add_argument("--label", default="", help="a name for this sweep in the JSON (e.g. the command)")
     parser.add_argument("--json", type=Path, help="append the rows to this JSON file (a list of sweeps)")
+    parser.add_argument("--line", default="", help="the line this sweep measures, for --lines")
+    parser.add_argument("--state", choices=("cold", "warm"), help="its compile caches: empty, or a run's before")
+    parser.add_argument("--lines", type=Path, help="print the cold/warm table of the sweeps this JSON file holds")
     args = parser.parse_args()
+    if args.lines:
+        print(lines_table(json.loads(args.lines.read_text())))
+        return
+    if args.sweep_dir is None:
+        parser.error("a sweep directory, or --lines JSON")
     rows = sweep_rows(args.sweep_dir)
     print(table(rows, args.wall))
     if args.json:
         sweeps = json.loads(args.json.read_text()) if args.json.exists() else []
-        sweeps.append({"label": args.label, "sweep_dir": str(args.sweep_dir), "wall_s": args.wall, "runs": rows})
+        sweep = {"label": args.label, "sweep_dir": str(args.sweep_dir), "wall_s": args.wall, "runs": rows}
+        sweeps.append(sweep | ({"line": args.line, "state": args.state} if args.state else {}))
         args.json.write_text(json.dumps(sweeps, indent=2))
 
 

@@ -76,6 +76,9 @@ class TrainSchema:
     grad_clip: PositiveNumber | None  # global gradient norm; null: no clipping
     weight_decay: Annotated[float, Range(0)]
     compile: Literal["auto", True, False]  # auto: on a GPU only
+    # torch.compile's caches (ghsweep/train/compile_cache.py): a folder (relative: to the launch
+    # directory) every node reads; null: TORCHINDUCTOR_CACHE_DIR's, else torch's own (one per machine)
+    compile_cache_dir: str | None
     attention: Literal["auto", "flex", "cudnn", "flash", "efficient", "math"]  # ghsweep/train/attention.py
     activation_memory_budget: Ratio  # below 1.0 needs compiled layers
     optimizer: Literal["auto", "adamw", "adamw_sr", "adamw8bit"]  # ghsweep/train/optim.py

@@ -240,6 +240,12 @@ def _validate_train(cfg: DictConfig, model: ModelFacts, on_gpu: bool) -> None:
             f"run does not compile (train.compile={t.compile}, device={cfg.device}); accepted here: 1.0, or "
             "train.compile=true"
         )
+    cache_dir = t.compile_cache_dir
+    if cache_dir is not None and (not str(cache_dir).strip() or Path(cache_dir).is_file()):
+        raise ConfigError(
+            f"train.compile_cache_dir={cache_dir!r}: not a folder; accepted: a folder's path (made if "
+            "missing; relative: to the launch directory), or null (TORCHINDUCTOR_CACHE_DIR's, else torch's own)"
+        )
     if t.optimizer_in_backward and cfg.precision.name == "fp16":
         raise ConfigError(
             "train.optimizer_in_backward=true: fp16's loss scaling must see every gradient before "

@@ -35,6 +35,7 @@ from ghsweep.profile.torch_capture import torch_capture
 from ghsweep.train import attention as attn
 from ghsweep.train import data as dolly
 from ghsweep.train import distributed
+from ghsweep.train.compile_cache import cache_counts, use_compile_cache
 from ghsweep.train.device import peak_memory_gib
 from ghsweep.train.flops import ModelShape, run_flops_per_token
 from ghsweep.train.fp8_cached import TrainedFp8Linear
@@ -259,6 +260,7 @@ def _train(
             "examples_dropped_too_long": dataset.dropped,
             "dataloader_workers": loader.num_workers,
             "compiled": model.compiled,
+            **cache_counts(),
             "attention": attention.implementation,
             "data_parallel": model.data_parallel or "none",
             "optimizer": optimizer,
@@ -360,6 +362,8 @@ def build(
     compiled = config.train.compile is True or (config.train.compile == "auto" and device.type == "cuda")
     loss_fn = causal_lm_loss
     if compiled:
+        # Before the first compile, in the first step: where its caches are read and written.
+        use_compile_cache(config.train.compile_cache_dir, plan.gpu if device.type == "cuda" else None)
         for layer in decoder.layers:
             layer.compile()
         loss_fn = torch.compile(causal_lm_loss)
