@@ -36,6 +36,7 @@ from ghsweep.core.run_result import RunResult, RunStatus
 from ghsweep.launch import interrupts
 from ghsweep.launch.local_gpus import several_gpus_hint
 from ghsweep.launch.precheck import sweep_refusals
+from ghsweep.launch.provenance import hand_code_version_to_jobs
 from ghsweep.launch.resume import result_from_run
 from ghsweep.launch.slurm_jobs import slurm_unavailable
 from ghsweep.launch.stale_runs import (
@@ -299,6 +300,7 @@ class SweepCallback(Callback):
         uri = absolute_tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
         command = shlex.join(["python", "-m", "ghsweep", *redact.overrides(sys.argv[1:])])
         check_tracking_uri(uri)  # a URI that cannot work leaves no sweep directory
+        hand_code_version_to_jobs()
         earlier = SweepManifest.claim(sweep_dir, process_identity())  # before the store gets anything
         store = MlflowStore(uri, config.tracking.experiment)
         if earlier:

@@ -55,11 +55,26 @@ def checkout_commit(checkout: Path) -> str | None:
     return f"commit {commit.strip()[:12]}{dirty}"
 
 
+# The code identity of the sweep a job belongs to, handed to its jobs in their environment: a SLURM node
+# or a container without git, or without the checkout's .git, must record the identity the launcher
+# looked up, or a resume would never find the runs it made.
+CODE_ENV = "GHSWEEP_CODE"
+
+
 @functools.cache
 def code_version() -> str:
-    """`ghsweep VERSION`, with the commit of the checkout it runs from (checkout_commit) where there is one."""
+    """`ghsweep VERSION`, with the commit of the checkout it runs from (checkout_commit) where there is one;
+    the sweep's (CODE_ENV) in one of its jobs."""
+    handed = os.environ.get(CODE_ENV)
+    if handed:
+        return handed
     commit = checkout_commit(Path(ghsweep.__file__).resolve().parents[1])
     return f"ghsweep {ghsweep.__version__}" + (f" {commit}" if commit else "")
+
+
+def hand_code_version_to_jobs() -> None:
+    """Put the sweep's code identity in the environment its jobs inherit (local, submitit, srun)."""
+    os.environ[CODE_ENV] = code_version()
 
 
 def _cache_file() -> Path:

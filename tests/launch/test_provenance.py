@@ -8,6 +8,9 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from ghsweep.launch import provenance
 from ghsweep.launch.provenance import checkout_commit, input_digests
 from ghsweep.launch.resume import run_hash
 from tests.support.compose import compose_config
@@ -43,6 +46,7 @@ def test_the_commit_and_each_edit_of_the_package_are_told_apart(tmp_path):
     assert checkout_commit(tmp_path) == f"commit {git(tmp_path, 'rev-parse', 'HEAD')[:12]}" != clean
 
 
+@pytest.mark.cli  # run_hash asks git for the checkout's commit
 def test_new_data_under_the_same_path_is_another_run(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     data = tmp_path / "dolly.jsonl"
@@ -71,3 +75,18 @@ def test_a_model_folder_is_hashed_by_its_files(tmp_path, monkeypatch):
     assert input_digests(compose_config("experiment=smoke", f"model.path={tmp_path / 'none'}")) == {
         "model.path": "missing"
     }
+
+
+@pytest.mark.cli  # the sweep's side asks git for the checkout's commit
+def test_a_job_records_the_code_its_sweep_looked_up(monkeypatch):
+    """A SLURM node or container without git (or the checkout's .git) reads the sweep's code identity
+    from its environment, so the job records what the launcher searched for."""
+    monkeypatch.delenv(provenance.CODE_ENV, raising=False)
+    provenance.code_version.cache_clear()
+    here = provenance.code_version()
+    provenance.hand_code_version_to_jobs()
+    assert os.environ[provenance.CODE_ENV] == here
+    monkeypatch.setenv(provenance.CODE_ENV, "ghsweep 0.1.0 commit 0123456789ab")
+    provenance.code_version.cache_clear()
+    assert provenance.code_version() == "ghsweep 0.1.0 commit 0123456789ab"
+    provenance.code_version.cache_clear()

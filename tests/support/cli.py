@@ -7,10 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ghsweep.launch.provenance import CODE_ENV
+
 
 def cli_env(env: dict[str, str] | None) -> dict[str, str]:
-    """This process's environment with `env` added (or replacing), Hydra's errors as the user sees them."""
-    return dict(os.environ, HYDRA_FULL_ERROR="0", **(env or {}))
+    """This process's environment with `env` added (or replacing), Hydra's errors as the user sees them.
+    A sweep's code identity that an in-process test of the sweep's start left here is not handed on: each
+    command works out its own, as a user's does."""
+    inherited = {k: v for k, v in os.environ.items() if k != CODE_ENV}
+    return dict(inherited, HYDRA_FULL_ERROR="0", **(env or {}))
 
 
 def run_cli(
