@@ -7,6 +7,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from ghsweep.launch.resume import run_hash
 from tests.support.cli import run_cli
 from tests.support.compose import compose_config
@@ -14,6 +16,7 @@ from tests.support.mlflow_records import MlflowRecords, sqlite_uri
 from tests.support.paths import REPO
 
 
+@pytest.mark.cli  # run_hash asks git for the checkout's commit
 def test_hash_ignores_launch_and_tracking_keys_but_not_what_trains():
     base = run_hash(compose_config("experiment=smoke"))
     assert base == run_hash(

@@ -121,6 +121,7 @@ def test_synthetic_records_refuse_a_block_no_record_fits():
             dolly.synthetic_dolly(3, seed=1, max_tokens=seq)
 
 
+@pytest.mark.cli  # the DataLoader's worker processes
 def test_on_the_fly_builds_ahead_blocks_in_the_loaders_workers():
     """data.prepare=on_the_fly tokenises, masks and packs in the loader, in its workers: the batches (blocks,
     order, labels, positions) are ahead's for the same data and seed, and so are the FLOP-counting positions."""
