@@ -47,7 +47,7 @@ from ghsweep.launch.stale_runs import (
     record_ended_on_disk,
     settle_dead_sweeps,
 )
-from ghsweep.launch.sweep_manifest import SweepManifest
+from ghsweep.launch.sweep_manifest import SweepEnd, SweepManifest
 from ghsweep.report.compare import report_comparison
 from ghsweep.report.sweep_table import format_table
 from ghsweep.tracking import redact
@@ -150,6 +150,7 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
             end_parent(store, parent_id, sweep_dir, results, failed, failures_expected, interrupt)
         except Exception as exc:  # as above: the summary and the run directories stand
             log.error("the sweep's MLflow run %s is incomplete: %s", parent_id, one_line(exc))
+    record_end(sweep_dir, results, failures_expected, interrupt)
     if interrupt is not None:
         print(
             f"ghsweep: {interrupts.reason(interrupt)}; the same command again resumes the sweep "
@@ -163,6 +164,19 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
         raise SystemExit(f"ghsweep: {len(failed)} of {len(results)} runs failed")
     if missing:
         raise SystemExit(not_in_mlflow)
+
+
+def record_end(
+    sweep_dir: Path, results: list[RunResult], failures_expected: bool, interrupt: KeyboardInterrupt | None
+) -> None:
+    """How the sweep ended, in its directory (SweepEnd), as its MLflow run ends: KILLED when
+    interrupted, FAILED when a run failed that was not expected to."""
+    failed = [] if failures_expected else [r.name for r in results if r.status == RunStatus.FAILED]
+    status = RunStatus.KILLED if interrupt is not None else RunStatus.FAILED if failed else RunStatus.FINISHED
+    try:
+        SweepEnd(status.value, len(results), failed).save(sweep_dir)
+    except OSError as exc:  # a removed or full sweep directory: `python -m ghsweep.status` asks MLflow
+        log.error("%s: not written (%s)", sweep_dir, one_line(exc))
 
 
 def record_from_files(store: MlflowStore, results: list[RunResult], runs: dict[str, StoredRun]) -> None:
@@ -308,6 +322,7 @@ class SweepCallback(Callback):
                     "again (the default directory is named by the second) or set hydra.sweep.dir to a new directory"
                 )
             log.info("resuming the sweep in %s: runs that finished are skipped", sweep_dir)
+            SweepEnd.clear(sweep_dir)
         settle_dead_sweeps(store)
         sweep_name = "sweep " + "/".join(sweep_dir.parts[-2:])
         parent = store.start_run(
