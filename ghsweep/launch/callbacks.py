@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 # Only ghsweep's SLURM launcher returns at once and records its jobs for `python -m ghsweep.status`.
 GHSWEEP_SLURM_LAUNCHER = "hydra_plugins.ghsweep_launcher.ghsweep_launcher.SlurmLauncher"
 TUNE_SWEEPER = "hydra_plugins.ghsweep_sweeper.ghsweep_sweeper.TuneSweeper"
+SWEEP_DIR_OVERRIDE = "hydra.sweep.dir="
 
 
 def _job_order(result: RunResult) -> tuple[int, str]:
@@ -91,7 +92,12 @@ def completed_from_mlflow(results: list[RunResult], store: MlflowStore, parent_r
         for r in results
     ]
     known = {r.mlflow_run_id for r in results}
-    completed += [result_from_run(c) for run_id, c in ended.items() if run_id not in known]
+    # A combination's run that an interrupted attempt of this sweep left KILLED is in its run directory's
+    # result only if this attempt did not run it again.
+    run_dirs = {r.run_dir for r in results}
+    completed += [
+        result_from_run(c) for run_id, c in ended.items() if run_id not in known and c.run_dir not in run_dirs
+    ]
     return sorted(completed, key=_job_order)
 
 
@@ -125,13 +131,15 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
         store, missing, lost = None, results, one_line(exc)
     table = format_table(results)
     failed = [r for r in results if r.status != RunStatus.FINISHED]
+    combinations = max(manifest.combinations, len(results))
+    not_started = f"; {combinations - len(results)} not started" if combinations > len(results) else ""
     reused = [f"#{i}" for i, r in enumerate(results) if r.reused]
     # Which rows this sweep did not run: their numbers are an earlier run's (force=true reruns them).
     reused_text = (
         f"; {len(reused)} reused from earlier runs ({', '.join(reused)}; force=true reruns them)" if reused else ""
     )
     print(
-        f"\nghsweep: {len(results) - len(failed)} of {len(results)} runs finished{reused_text} "
+        f"\nghsweep: {len(results) - len(failed)} of {combinations} runs finished{not_started}{reused_text} "
         f"(sweep directory {sweep_dir})\n{table}\n",
         flush=True,
     )
@@ -153,8 +161,8 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
     record_end(sweep_dir, results, failures_expected, interrupt)
     if interrupt is not None:
         print(
-            f"ghsweep: {interrupts.reason(interrupt)}; the same command again resumes the sweep "
-            "(runs that finished are skipped)",
+            f"ghsweep: {interrupts.reason(interrupt)}; to resume the sweep in this directory and MLflow run (runs "
+            f"that finished are skipped): {resume_command(manifest.command, sweep_dir)}",
             file=sys.stderr,
             flush=True,
         )
@@ -244,17 +252,43 @@ def check_launch(config: DictConfig) -> None:
         raise SystemExit(f"ghsweep: {exc}") from None
 
 
+def _without_sweep_dir(command: str) -> list[str]:
+    return [word for word in shlex.split(command) if not word.startswith(SWEEP_DIR_OVERRIDE)]
+
+
+def resume_command(command: str, sweep_dir: Path) -> str:
+    """The sweep's command with its directory named: Hydra's default one is named by the second the
+    command starts, so the same command alone would start a new sweep."""
+    return shlex.join([*_without_sweep_dir(command), f"{SWEEP_DIR_OVERRIDE}{sweep_dir}"])
+
+
 def resumes(store: MlflowStore, sweep_dir: Path, uri: str, command: str) -> bool:
-    """True when the sweep in `sweep_dir` is this same command, into this store, and no longer running
-    (interrupted, failed, or its process died): the same command again resumes it in place."""
+    """True when the sweep in `sweep_dir` is this same command (its directory named or not), into this
+    store, and no longer running (interrupted, failed, or its process died): it resumes in place."""
     earlier = SweepManifest.load(sweep_dir)
-    if earlier is None or (earlier.command, earlier.tracking_uri) != (command, uri):
+    if (
+        earlier is None
+        or earlier.tracking_uri != uri
+        or _without_sweep_dir(earlier.command) != _without_sweep_dir(command)
+    ):
         return False
     try:
         parent = store.get_run(earlier.parent_run_id)
     except TrackingError:
         return True  # its record is gone: nothing runs under it
     return parent.status != RunStatus.RUNNING or process_died(parent.tags)
+
+
+def resumed_parent(store: MlflowStore, sweep_dir: Path) -> str | None:
+    """The MLflow run of the sweep that this one resumes, RUNNING again under this process: one sweep,
+    one run, however often it was stopped. None where the store lost it."""
+    earlier = SweepManifest.require(sweep_dir).parent_run_id
+    try:
+        store.reopen(earlier)
+    except TrackingError:
+        return None
+    store.set_tags(earlier, process_tags())
+    return earlier
 
 
 class SweepCallback(Callback):
@@ -298,7 +332,7 @@ class SweepCallback(Callback):
                 f"this sweep uses hydra/launcher={launcher}"
             )
         try:
-            self._start_sweep(config)
+            self._start_sweep(config, total)
             SweepCallback.started_sweep_dir = Path(config.hydra.sweep.dir)
         except (TrackingUriError, SweepDirError) as exc:
             raise SystemExit(f"ghsweep: {exc}") from None
@@ -308,7 +342,7 @@ class SweepCallback(Callback):
             ) from exc
 
     @staticmethod
-    def _start_sweep(config: DictConfig) -> None:
+    def _start_sweep(config: DictConfig, combinations: int) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         uri = absolute_tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
         command = shlex.join(["python", "-m", "ghsweep", *redact.overrides(sys.argv[1:])])
@@ -324,18 +358,15 @@ class SweepCallback(Callback):
             log.info("resuming the sweep in %s: runs that finished are skipped", sweep_dir)
             SweepEnd.clear(sweep_dir)
         settle_dead_sweeps(store)
-        sweep_name = "sweep " + "/".join(sweep_dir.parts[-2:])
-        parent = store.start_run(
-            sweep_name,
-            ROLE_SWEEP,
-            tags={
-                SWEEP_DIR_TAG: str(sweep_dir.resolve()),
-                "ghsweep.command": command,
-                **process_tags(),
-            },
-        )
-        store.log_params(parent, {"sweep.overrides": " ".join(redact.overrides(config.hydra.overrides.task))})
-        SweepManifest(uri, config.tracking.experiment, parent, command).save(sweep_dir)
+        parent = resumed_parent(store, sweep_dir) if earlier else None
+        if parent is None:
+            parent = store.start_run(
+                "sweep " + "/".join(sweep_dir.parts[-2:]),
+                ROLE_SWEEP,
+                tags={SWEEP_DIR_TAG: str(sweep_dir.resolve()), "ghsweep.command": command, **process_tags()},
+            )
+            store.log_params(parent, {"sweep.overrides": " ".join(redact.overrides(config.hydra.overrides.task))})
+        SweepManifest(uri, config.tracking.experiment, parent, command, combinations).save(sweep_dir)
         log.info("MLflow: sweep run %s in experiment '%s' at %s", parent, config.tracking.experiment, uri)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

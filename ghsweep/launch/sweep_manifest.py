@@ -53,6 +53,9 @@ class SweepManifest:
     experiment: str
     parent_run_id: str
     command: str
+    # The sweep's combinations, as its start counted them (0 where a sweeper asks for them as it goes,
+    # a tuning study): what an interrupted sweep's summary counts its runs against.
+    combinations: int = 0
 
     @classmethod
     def claim(cls, sweep_dir: Path, holder: str) -> bool:
