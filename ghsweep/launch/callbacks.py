@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shlex
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ from ghsweep.launch.stale_runs import (
     record_ended_on_disk,
     settle_dead_sweeps,
 )
-from ghsweep.launch.sweep_manifest import SweepEnd, SweepManifest
+from ghsweep.launch.sweep_manifest import SweepEnd, SweepManifest, live_holder
 from ghsweep.report.compare import report_comparison
 from ghsweep.report.sweep_table import format_table
 from ghsweep.tracking import redact
@@ -296,6 +297,9 @@ class SweepCallback(Callback):
     started_sweep_dir: Path | None = None
     # A dry run's combinations that no node can run: the command fails once every plan is printed.
     not_runnable: list[str] = []
+    # The sweep directory a dry run made (Hydra writes multirun.yaml there, and each local job its
+    # .hydra files and log): removed at its end, as it holds no sweep for `ghsweep.status` to read.
+    dry_run_dir: Path | None = None
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         check_launch(config)
@@ -308,6 +312,7 @@ class SweepCallback(Callback):
             print(f"ghsweep: {hint}", flush=True)
         if config.dry_run:
             SweepCallback.not_runnable = refused
+            SweepCallback.dry_run_dir = first_made(Path(config.hydra.sweep.dir))
             return
         if refused:
             # SystemExit: Hydra turns a callback's exceptions into warnings and would run the sweep anyway.
@@ -370,6 +375,10 @@ class SweepCallback(Callback):
         log.info("MLflow: sweep run %s in experiment '%s' at %s", parent, config.tracking.experiment, uri)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        made = SweepCallback.dry_run_dir
+        # Not one that a sweep claimed meanwhile (started into the same default directory, same second).
+        if config.dry_run and made is not None and live_holder(Path(config.hydra.sweep.dir)) is None:
+            shutil.rmtree(made, ignore_errors=True)
         if config.dry_run and SweepCallback.not_runnable:
             raise SystemExit(
                 f"ghsweep: dry run: {len(SweepCallback.not_runnable)} combination(s) not runnable, "
@@ -385,6 +394,17 @@ class SweepCallback(Callback):
             raise SystemExit(f"ghsweep: the sweep's end failed: {one_line(exc)}") from None
         if tuning:
             print_answer(Path(config.hydra.sweep.dir))
+
+
+def first_made(sweep_dir: Path) -> Path | None:
+    """The outermost directory that making `sweep_dir` would create (multirun/DATE of the default
+    multirun/DATE/TIME on a new day); None when it exists already."""
+    if sweep_dir.exists():
+        return None
+    made = sweep_dir
+    while not made.parent.exists():
+        made = made.parent
+    return made
 
 
 def print_answer(sweep_dir: Path) -> None:
