@@ -113,10 +113,17 @@ def choose_baseline(runs: list[SweepRun], spec: int | str | None) -> int | None:
     return match[0]
 
 
+def busy(run: SweepRun, base: SweepRun) -> str | None:
+    """Why the two runs' speeds tell the machine's load apart rather than their knobs: one or both
+    measured on a busy machine (its reason; the per-run interval cannot see the load change)."""
+    pair = [base] if run is base else [base, run]
+    return "; ".join(f"{r.name}: {r.contended}" for r in pair if r.contended) or None
+
+
 def speedup(run: SweepRun, base: SweepRun) -> stats.Interval | None:
     """Throughput relative to the baseline with its 95% interval (tokens/s; step time where tokens/s
-    is missing)."""
-    if not (run.finished and base.finished):
+    is missing); None where the two were not both measured on a quiet machine."""
+    if not (run.finished and base.finished) or busy(run, base):
         return None
     t, bt = stats.from_metrics(run.metrics, "tokens_per_s"), stats.from_metrics(base.metrics, "tokens_per_s")
     if t and bt and t.estimate and bt.estimate:
@@ -200,7 +207,8 @@ def pareto_front(runs: list[SweepRun]) -> set[int]:
         a, b = runs[j], runs[i]
         ma, mb = a.metrics["peak_mem_gb"], b.metrics["peak_mem_gb"]
         same_t, same_m = same_throughput(a, b), same_memory(ma, mb)
-        faster = not same_t and a.metrics["tokens_per_s"] > b.metrics["tokens_per_s"]
+        # Speeds measured under different load are not compared: neither beats the other on them.
+        faster = not same_t and not busy(a, b) and a.metrics["tokens_per_s"] > b.metrics["tokens_per_s"]
         smaller = not same_m and ma < mb
         return (faster or same_t) and (smaller or same_m) and (faster or smaller)
 
@@ -279,6 +287,8 @@ def table(c: Comparison) -> tuple[list[str], list[list[str]]]:
         metrics = [fmt_value(r.metrics.get(name), spec) for name, _, spec in METRIC_COLUMNS]
         metrics[1] = throughput_text(r.metrics) if r.metrics.get("tokens_per_s") is not None else metrics[1]
         mark = "baseline" if i == c.baseline else speedup_text(c.speedup_intervals[i])
+        if c.baseline is not None and r.finished and busy(r, c.runs[c.baseline]):
+            mark = "busy machine"
         world = (
             [
                 fmt_value(r.metrics.get("world_size"), ".0f"),
@@ -377,7 +387,13 @@ def verdict(c: Comparison) -> list[str]:
             + (f", tied within noise with {', '.join(rivals)}." if rivals else "; no other combination beat it.")
         )
     for i, interval in enumerate(c.speedup_intervals):
-        if i != c.baseline and interval is not None:
+        reason = busy(c.runs[i], base) if c.runs[i].finished else None
+        if i != c.baseline and reason:
+            lines.append(
+                f"{c.label(i)} against the baseline: not compared, measured under different load ({reason}); "
+                "run both again on a quiet machine."
+            )
+        elif i != c.baseline and interval is not None:
             lines.append(f"{c.label(i)} against the baseline: {difference_text(interval)}{same_training_text(c, i)}.")
     lines += [repeats_text(c, group) for group in repeat_groups(c)]
     lines += scale_out_lines(c)
@@ -459,8 +475,10 @@ def document(c: Comparison, drawn: dict[str, Path]) -> Document:
     doc.table(*table(c))
     doc.paragraph(
         "Speedup: tokens/s relative to the baseline with its 95% interval; `=1 (±x%)`: no measurable "
-        "difference, the interval includes 1. tokens/s ±: half-width of its 95% interval over the steady "
-        'steps. "-": the run did not record that metric.'
+        "difference, the interval includes 1; `busy machine`: it or the baseline was measured while other "
+        "processes took the host's CPU or its GPU, or the GPU's clocks were slowed (MLflow tag "
+        "ghsweep.contended), so their speeds are not compared. tokens/s ±: half-width of its 95% interval over "
+        'the steady steps. "-": the run did not record that metric.'
     )
     for title, note in MISSING_PLOT_NOTES.items():
         doc.heading(title)

@@ -285,3 +285,22 @@ def test_repeats_differ_only_in_repeat_or_seed_and_report_both_spreads(knob):
     text = "\n".join(compare.verdict(c))
     assert "Repeats #0, #1, #2: tokens/s 17,491-17,507, 0.09% apart between repeats, ±0.50% within the widest" in text
     assert "together 17,499 ±0.50%." in text
+
+
+def test_runs_measured_under_different_load_get_no_speedup():
+    # Two identical fp32 runs as a user saw them on a busy 2-core machine: 176 and 103 tokens/s.
+    quiet, contended = run(0, 176.0, 0.55, 1.0), run(1, 103.0, 0.55, 1.0)
+    contended.tags = {"ghsweep.contended": "other processes used 45% of the host's CPU"}
+    c = compare.build("busy", [quiet, contended])
+    assert c.speedup_intervals[1] is None and c.fastest == 0
+    header, rows = compare.table(c)
+    assert rows[1][header.index("speedup")] == "busy machine"
+    text = "\n".join(compare.verdict(c))
+    assert (
+        "#1 p1 against the baseline: not compared, measured under different load (r1: other processes used 45% "
+        "of the host's CPU); run both again on a quiet machine." in text
+    )
+    assert "0.59x" not in text and c.pareto == {0, 1}  # neither beats the other on a speed not compared
+    # The same numbers measured on a quiet machine keep their verdict.
+    contended.tags = {}
+    assert "#1 p1 against the baseline: 0.59x" in "\n".join(compare.verdict(compare.build("quiet", [quiet, contended])))
