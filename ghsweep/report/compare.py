@@ -380,6 +380,12 @@ def verdict(c: Comparison) -> list[str]:
         finding = top_finding(c.runs[best])
         if finding:
             lines.append(f"Its top finding: {finding}")
+    elif busy_runs := [c.label(i) for i, r in enumerate(c.runs) if r.finished and r.contended]:
+        # The baseline leads the runs compared; one measured under load might be faster, or be the baseline.
+        lines.append(
+            f"Fastest: not named: {', '.join(busy_runs)} measured on a busy machine (MLflow tag "
+            "ghsweep.contended says why); run the sweep again on a quiet machine."
+        )
     elif best is not None:
         rivals = [c.label(j) for j in tied if j != c.baseline]
         lines.append(

@@ -301,6 +301,10 @@ def test_runs_measured_under_different_load_get_no_speedup():
         "of the host's CPU); run both again on a quiet machine." in text
     )
     assert "0.59x" not in text and c.pareto == {0, 1}  # neither beats the other on a speed not compared
+    assert "Fastest: not named: #1 p1 measured on a busy machine" in text
+    # A busy baseline: nothing is compared with it.
+    busy_base = compare.build("busy baseline", [contended, quiet])
+    assert busy_base.speedups == [None, None] and "Fastest: not named: #1 p1" in "\n".join(compare.verdict(busy_base))
     # The same numbers measured on a quiet machine keep their verdict.
     contended.tags = {}
     assert "#1 p1 against the baseline: 0.59x" in "\n".join(compare.verdict(compare.build("quiet", [quiet, contended])))
