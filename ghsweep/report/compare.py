@@ -117,7 +117,7 @@ def busy(run: SweepRun, base: SweepRun) -> str | None:
     """Why the two runs' speeds tell the machine's load apart rather than their knobs: one or both
     measured on a busy machine (its reason; the per-run interval cannot see the load change)."""
     pair = [base] if run is base else [base, run]
-    return "; ".join(f"{r.name}: {r.contended}" for r in pair if r.contended) or None
+    return "; ".join(f"#{r.job_num}: {r.contended}" for r in pair if r.contended) or None
 
 
 def speedup(run: SweepRun, base: SweepRun) -> stats.Interval | None:
@@ -395,10 +395,7 @@ def verdict(c: Comparison) -> list[str]:
     for i, interval in enumerate(c.speedup_intervals):
         reason = busy(c.runs[i], base) if c.runs[i].finished else None
         if i != c.baseline and reason:
-            lines.append(
-                f"{c.label(i)} against the baseline: not compared, measured under different load ({reason}); "
-                "run both again on a quiet machine."
-            )
+            lines.append(f"{c.label(i)} against the baseline: not compared, measured under different load ({reason}).")
         elif i != c.baseline and interval is not None:
             lines.append(f"{c.label(i)} against the baseline: {difference_text(interval)}{same_training_text(c, i)}.")
     lines += [repeats_text(c, group) for group in repeat_groups(c)]
