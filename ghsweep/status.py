@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def status(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    ended = SweepEnd.load(args.sweep_dir)
-    if ended is not None and live_holder(args.sweep_dir) in (NOBODY, None):
+    ended, holder = SweepEnd.load(args.sweep_dir), live_holder(args.sweep_dir)
+    if ended is not None and holder in (NOBODY, None):
         return print_end(args.sweep_dir, ended)
     if not (args.sweep_dir / SLURM_JOBS).exists():
         manifest = SweepManifest.load(args.sweep_dir)
@@ -61,6 +61,9 @@ def status(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 f"{args.sweep_dir}: not a sweep directory (no {SWEEP_MANIFEST} or {SLURM_JOBS}); accepted: "
                 "the directory a sweep printed, e.g. multirun/2026-11-21/10-00-00"
             )
+        if holder not in (NOBODY, None):  # its process holds the directory's lock while it lives
+            print(f"ghsweep: the sweep is still running ({holder}); run this again later")
+            return 0
         return collect_local(args.sweep_dir, manifest)
     from ghsweep.launch.callbacks import finish_sweep
     from ghsweep.launch.slurm_jobs import has_ended, load_jobs, settle

@@ -63,6 +63,16 @@ def test_status_of_an_ended_sweep_exits_non_zero_when_a_run_failed(tmp_path, cap
     assert SweepEnd.load(interrupted) is None
 
 
+def test_status_of_a_running_sweep_is_told_by_its_lock(tmp_path, capsys):
+    running = tmp_path / "running"
+    SweepManifest.claim(running, "pid 42 on here, started at tick 7")  # held by this process from here on
+    SweepManifest("sqlite:///mlflow.db", "ghsweep", "p" * 32, "python -m ghsweep -m seed=1,2").save(running)
+    assert status.main([str(running)]) == 0
+    assert capsys.readouterr().out == (
+        "ghsweep: the sweep is still running (pid 42 on here, started at tick 7); run this again later\n"
+    )
+
+
 def test_status_of_an_ended_sweep_imports_no_heavy_library(tmp_path):
     """What made it take 12-16 s on a busy machine: MLflow, submitit, torch and Hydra, imported for a
     look at files."""
