@@ -50,7 +50,7 @@ from ghsweep.launch.stale_runs import (
 )
 from ghsweep.launch.sweep_manifest import SweepEnd, SweepManifest, live_holder
 from ghsweep.report.compare import report_comparison
-from ghsweep.report.sweep_table import format_table
+from ghsweep.report.sweep_table import TERMINAL_COLUMNS, format_table
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import (
     PARENT_TAG,
@@ -141,7 +141,7 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
     )
     print(
         f"\nghsweep: {len(results) - len(failed)} of {combinations} runs finished{not_started}{reused_text} "
-        f"(sweep directory {sweep_dir})\n{table}\n",
+        f"(sweep directory {sweep_dir})",
         flush=True,
     )
     try:
@@ -154,11 +154,14 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
     )
     if missing:
         print(not_in_mlflow, file=sys.stderr, flush=True)
+    compared = False
     if store is not None:
         try:
-            end_parent(store, parent_id, sweep_dir, results, failed, failures_expected, interrupt)
+            compared = end_parent(store, parent_id, sweep_dir, results, failed, failures_expected, interrupt)
         except Exception as exc:  # as above: the summary and the run directories stand
             log.error("the sweep's MLflow run %s is incomplete: %s", parent_id, one_line(exc))
+    if not compared:  # one table at the end: the comparison's, else this summary's (whole in SWEEP_SUMMARY)
+        print(f"{format_table(results, TERMINAL_COLUMNS)}\n", flush=True)
     record_end(sweep_dir, results, failures_expected, interrupt)
     if interrupt is not None:
         print(
@@ -204,22 +207,25 @@ def end_parent(
     failed: list[RunResult],
     failures_expected: bool,
     interrupt: KeyboardInterrupt | None,
-) -> None:
-    """The sweep's MLflow run: its counts and summary, the comparison report, its end. The run is ended
-    whatever becomes of the report (a removed or full sweep directory)."""
+) -> bool:
+    """The sweep's MLflow run: its counts and summary, the comparison report, its end; True when the
+    comparison was printed. The run is ended whatever becomes of the report (a removed or full sweep
+    directory)."""
+    compared = False
     try:
         store.set_tags(parent_id, {"ghsweep.runs": len(results), "ghsweep.failed_runs": len(failed)})
         store.log_artifacts(parent_id, [sweep_dir / SWEEP_SUMMARY])
         # Each run once: a tuning study that asked for a combination again reused its run.
         run_ids = list(dict.fromkeys(r.mlflow_run_id for r in results if r.mlflow_run_id))
         if interrupt is None and sweep_dir.is_dir():  # not made again where it was removed
-            report_comparison(store, parent_id, sweep_dir / COMPARISON_DIR, run_ids)
+            compared = report_comparison(store, parent_id, sweep_dir / COMPARISON_DIR, run_ids)
     except Exception as exc:
         log.error("the sweep's comparison is incomplete: %s", one_line(exc))
     if interrupt is not None:
         end_sweep_run(store, parent_id, RunStatus.KILLED, interrupts.reason(interrupt))
-        return
+        return compared
     store.finish(parent_id, RunStatus.FAILED if failed and not failures_expected else RunStatus.FINISHED)
+    return compared
 
 
 def parent_in_store(store: MlflowStore, manifest: SweepManifest, sweep_dir: Path) -> str:

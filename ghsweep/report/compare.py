@@ -8,6 +8,7 @@ profile, an older backend) shows as "-".
 from __future__ import annotations
 
 import logging
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -20,7 +21,7 @@ from ghsweep.report import plots
 from ghsweep.report.document import Document
 from ghsweep.report.mlflow_ui import how_to_open, sweep_note
 from ghsweep.report.sweep_source import SweepRun, load_sweep
-from ghsweep.report.sweep_table import align, bounded, fmt_value, knob_columns
+from ghsweep.report.sweep_table import TERMINAL_COLUMNS, align, bounded, fmt_value, knob_columns
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 
 log = logging.getLogger(__name__)
@@ -315,6 +316,14 @@ def table(c: Comparison) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def terminal_table(c: Comparison) -> tuple[list[str], list[list[str]]]:
+    """The table without the columns no run has a value in (a CPU sweep's MFU, tokens/J, GPU idle %):
+    the one table at the end of a sweep."""
+    header, rows = table(c)
+    keep = [i for i in range(len(header)) if i == len(header) - 1 or any(row[i] not in ("-", "") for row in rows)]
+    return [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
+
+
 def repeat_groups(c: Comparison) -> list[list[int]]:
     """Finished runs that differ only in `repeat` or `seed` (each repeat its own worker, with a fresh
     compile and allocator), in groups of two or more."""
@@ -518,9 +527,9 @@ def compare_sweep(
     return c, write_report(c, out_dir)
 
 
-def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run_ids: list[str]) -> None:
+def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run_ids: list[str]) -> bool:
     """Compare the sweep's runs (`run_ids` in job order, read back from MLflow), log the report to the
-    parent, print its verdict.
+    parent, print its table and verdict within TERMINAL_COLUMNS; False where nothing was printed.
 
     A report that cannot be made is said and tagged, never raised: the parent run must still finish.
     """
@@ -535,15 +544,15 @@ def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run
     except BaselineError as exc:
         print(f"ghsweep: no comparison report: {exc}", flush=True)
         store.set_tags(parent_run_id, {"ghsweep.report_error": str(exc)})
-        return
+        return False
     except OSError as exc:  # a full or read-only sweep directory: said in one line, the summary stands
         log.error("ghsweep: no comparison report in %s: %s", out_dir, exc)
         store.set_tags(parent_run_id, {"ghsweep.report_error": f"{type(exc).__name__}: {exc}"})
-        return
+        return False
     except Exception as exc:  # a bug or an MLflow outage in the report must not leave the parent RUNNING
         log.exception("ghsweep: the comparison report failed")
         store.set_tags(parent_run_id, {"ghsweep.report_error": f"{type(exc).__name__}: {exc}"})
-        return
+        return False
     for path in files:
         store.log_artifacts(
             parent_run_id, [path], str(PurePosixPath(COMPARISON_DIR, *path.parent.relative_to(out_dir).parts))
@@ -552,11 +561,15 @@ def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run
         store.set_tags(parent_run_id, {"ghsweep.baseline": comparison.label(comparison.baseline)})
     answer = verdict(comparison)
     store.set_tags(parent_run_id, {NOTE_TAG: sweep_note(answer, parent.experiment_id, parent_run_id)})
+    wrapped = [
+        textwrap.fill(line, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="    ", break_long_words=False)
+        for line in answer
+    ]
     print(
         "ghsweep comparison:\n"
-        + align(*table(comparison))
-        + "\n  "
-        + "\n  ".join(answer)
+        + align(*terminal_table(comparison), width=TERMINAL_COLUMNS)
+        + "\n"
+        + "\n".join(wrapped)
         + f"\n  report: {out_dir / (COMPARISON_STEM + '.html')} "
         + f"(and on the sweep's MLflow run under {COMPARISON_DIR}/)"
         + "\n  MLflow: "
@@ -564,3 +577,4 @@ def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run
         + "\n",
         flush=True,
     )
+    return True

@@ -10,6 +10,7 @@ from ghsweep.core.errors import SweepNotFound
 from ghsweep.core.names import ROLE_SWEEP, RUN_IDS_TAG
 from ghsweep.report import compare
 from ghsweep.report.sweep_source import SweepRun, find_run, load_sweep
+from ghsweep.report.sweep_table import align
 from ghsweep.tracking.mlflow_store import MlflowStore
 from tests.report.sweeps import four_run_sweep, log_run
 
@@ -308,3 +309,14 @@ def test_runs_measured_under_different_load_get_no_speedup():
     # The same numbers measured on a quiet machine keep their verdict.
     contended.tags = {}
     assert "#1 p1 against the baseline: 0.59x" in "\n".join(compare.verdict(compare.build("quiet", [quiet, contended])))
+
+
+def test_the_terminal_table_fits_its_width():
+    reason = "device=cuda: no NVIDIA GPU is visible to this job; accepted here: auto, cpu"
+    lines = align(["#", "precision", "reason"], [["0", "fp32", reason], ["1", "bf16", ""]], width=40).splitlines()
+    assert max(len(line) for line in lines) == 40 and lines[2] == "0  fp32       device=cuda: no NVIDIA GP…"
+    assert lines[3] == "1  bf16"
+    # Where not even the last column's header fits, the column is left out.
+    narrow = align(["#", "precision", "reason"], [["0", "fp32", reason]], width=16).splitlines()
+    assert narrow == ["#  precision", "-  ---------", "0  fp32"]
+    assert align(["#", "reason"], [["0", reason]]).splitlines()[2] == f"0  {reason}"  # no width: whole
