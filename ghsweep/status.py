@@ -6,7 +6,8 @@
 Collecting is what a waiting sweep does at its end: jobs that ended without recording themselves
 (cancelled, killed at the time limit) are recorded FAILED/KILLED in MLflow with their SLURM log, the
 summary table is printed and the sweep's MLflow run is ended. The exit status is non-zero when a
-run failed, as for a waiting sweep.
+run failed, as for a waiting sweep; a sweep that ended is answered from its directory (SweepEnd), in
+a fraction of a second, with the same exit status.
 
 A local sweep whose process died (`kill -9`) is collected the same way: its runs left RUNNING end
 FAILED with "the sweep process died".
@@ -15,18 +16,18 @@ FAILED with "the sweep process died".
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
 from ghsweep.core.errors import SweepNotFound
 from ghsweep.core.run_dir import SLURM_JOBS, SWEEP_MANIFEST
-from ghsweep.core.run_result import RunStatus
-from ghsweep.launch.callbacks import finish_sweep
-from ghsweep.launch.slurm_jobs import has_ended, load_jobs, settle
-from ghsweep.launch.stale_runs import PID_TAG, died_reason, end_running_children, process_died
-from ghsweep.launch.sweep_manifest import SweepManifest
-from ghsweep.tracking.mlflow_store import MlflowStore
+from ghsweep.launch.sweep_manifest import NOBODY, SweepEnd, SweepManifest, live_holder
+
+# MLflow, submitit and the sweep's end are imported where a sweep needs them (collecting it, or one
+# that ended before it recorded its end in its directory): an ended sweep is answered in well under
+# a second, their imports take seconds.
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,16 +51,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def status(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    submitted = load_jobs(args.sweep_dir)
-    if not submitted:
+    ended, holder = SweepEnd.load(args.sweep_dir), live_holder(args.sweep_dir)
+    if ended is not None and holder in (NOBODY, None):
+        return print_end(args.sweep_dir, ended)
+    if not (args.sweep_dir / SLURM_JOBS).exists():
         manifest = SweepManifest.load(args.sweep_dir)
         if manifest is None:
             parser.error(
                 f"{args.sweep_dir}: not a sweep directory (no {SWEEP_MANIFEST} or {SLURM_JOBS}); accepted: "
                 "the directory a sweep printed, e.g. multirun/2026-11-21/10-00-00"
             )
+        if holder not in (NOBODY, None):  # its process holds the directory's lock while it lives
+            print(f"ghsweep: the sweep is still running ({holder}); run this again later")
+            return 0
         return collect_local(args.sweep_dir, manifest)
-    jobs = [(s, s.submitit_job()) for s in submitted]
+    from ghsweep.launch.callbacks import finish_sweep
+    from ghsweep.launch.slurm_jobs import has_ended, load_jobs, settle
+
+    jobs = [(s, s.submitit_job()) for s in load_jobs(args.sweep_dir)]
     while True:
         states = {s.job_id: j.state for s, j in jobs}
         for s, _ in jobs:
@@ -91,7 +100,8 @@ def list_sweeps(root: Path, limit: int = 10) -> int:
     print(f"ghsweep.status: the newest sweeps under {root}; follow one with python -m ghsweep.status SWEEP_DIR")
     for sweep_dir in found[:limit]:
         try:
-            jobs = load_jobs(sweep_dir)
+            # Counted from the file: SubmittedJob's module imports submitit and MLflow.
+            jobs = json.loads((sweep_dir / SLURM_JOBS).read_text()) if (sweep_dir / SLURM_JOBS).exists() else []
             command = SweepManifest.require(sweep_dir).command
         except (SweepNotFound, OSError, ValueError, TypeError) as exc:  # one sweep that cannot be read hides no other
             print(f"  {sweep_dir}  (skipped: {exc})")
@@ -103,17 +113,33 @@ def list_sweeps(root: Path, limit: int = 10) -> int:
 
 def collect_local(sweep_dir: Path, manifest: SweepManifest) -> int:
     """A sweep whose jobs ran in its own process: ended already, still running, or its process died."""
+    from ghsweep.core.run_result import RunStatus
+    from ghsweep.launch.callbacks import finish_sweep
+    from ghsweep.launch.stale_runs import PID_TAG, died_reason, end_running_children, process_died
+    from ghsweep.tracking.mlflow_store import MlflowStore
+
     store = MlflowStore(manifest.tracking_uri, manifest.experiment)
     parent = store.get_run(manifest.parent_run_id)
     if parent.status != RunStatus.RUNNING:
-        print(f"ghsweep: the sweep ended {parent.status} (MLflow run {manifest.parent_run_id})")
-        return 0
+        # A sweep that ended before its end was recorded in its directory (an earlier ghsweep).
+        failed = [c.name for c in store.search(parent_run_id=parent.run_id) if c.status == RunStatus.FAILED]
+        return print_end(sweep_dir, SweepEnd(parent.status, len(store.search(parent_run_id=parent.run_id)), failed))
     if not process_died(parent.tags):
         print(f"ghsweep: the sweep is still running (pid {parent.tags.get(PID_TAG)}); run this again later")
         return 0
     end_running_children(store, manifest.parent_run_id, RunStatus.FAILED, died_reason(parent.tags))
     finish_sweep(sweep_dir)
     return 0
+
+
+def print_end(sweep_dir: Path, ended: SweepEnd) -> int:
+    """How the sweep ended; 1 when it failed (its MLflow run, or one of its runs), as the sweep's command."""
+    manifest = SweepManifest.load(sweep_dir)
+    run = f" (MLflow run {manifest.parent_run_id})" if manifest else ""
+    print(f"ghsweep: the sweep ended {ended.status}{run}")
+    if ended.failed:
+        print(f"ghsweep: {len(ended.failed)} of {ended.runs} runs failed: {', '.join(ended.failed)}")
+    return 1 if ended.is_failure else 0
 
 
 if __name__ == "__main__":

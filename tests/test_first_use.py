@@ -5,10 +5,14 @@ without library noise, and --help naming the launchers and sweepers."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import warnings
 
 from ghsweep import status
-from ghsweep.launch.sweep_manifest import SweepManifest
+from ghsweep.core.run_result import RunResult, RunStatus
+from ghsweep.launch.callbacks import record_end
+from ghsweep.launch.sweep_manifest import SweepEnd, SweepManifest
 from ghsweep.profile.report import render
 from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.report import __main__ as report_cli
@@ -32,6 +36,53 @@ def test_status_without_a_sweep_lists_the_newest(tmp_path, monkeypatch, capsys):
         "  multirun/2026-11-21/11-00-00  (local: python -m ghsweep -m seed=11-00-00)",
         "  multirun/2026-11-21/10-00-00  (local: python -m ghsweep -m seed=10-00-00)",
     ]
+
+
+def ended_sweep(sweep_dir, statuses, interrupt=None):
+    """A sweep directory as a local sweep's end leaves it: its manifest and its end, no process holding it."""
+    sweep_dir.mkdir(parents=True)
+    SweepManifest("sqlite:///mlflow.db", "ghsweep", "p" * 32, "python -m ghsweep -m seed=1,2").save(sweep_dir)
+    results = [RunResult(f"seed={n}", str(sweep_dir / str(n)), [], s) for n, s in enumerate(statuses)]
+    record_end(sweep_dir, results, failures_expected=False, interrupt=interrupt)
+    return sweep_dir
+
+
+def test_status_of_an_ended_sweep_exits_non_zero_when_a_run_failed(tmp_path, capsys):
+    failed = ended_sweep(tmp_path / "failed", [RunStatus.FINISHED, RunStatus.FAILED])
+    assert status.main([str(failed)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"ghsweep: the sweep ended FAILED (MLflow run {'p' * 32})",
+        "ghsweep: 1 of 2 runs failed: seed=1",
+    ]
+    assert status.main([str(ended_sweep(tmp_path / "fine", [RunStatus.FINISHED] * 2))]) == 0
+    assert "the sweep ended FINISHED" in capsys.readouterr().out
+    interrupted = ended_sweep(tmp_path / "stopped", [RunStatus.FINISHED, RunStatus.KILLED], KeyboardInterrupt())
+    assert status.main([str(interrupted)]) == 0  # stopped, not failed: the same command resumes it
+    assert "the sweep ended KILLED" in capsys.readouterr().out
+    SweepEnd.clear(interrupted)  # resumed: its earlier end no longer answers
+    assert SweepEnd.load(interrupted) is None
+
+
+def test_status_of_a_running_sweep_is_told_by_its_lock(tmp_path, capsys):
+    running = tmp_path / "running"
+    SweepManifest.claim(running, "pid 42 on here, started at tick 7")  # held by this process from here on
+    SweepManifest("sqlite:///mlflow.db", "ghsweep", "p" * 32, "python -m ghsweep -m seed=1,2").save(running)
+    assert status.main([str(running)]) == 0
+    assert capsys.readouterr().out == (
+        "ghsweep: the sweep is still running (pid 42 on here, started at tick 7); run this again later\n"
+    )
+
+
+def test_status_of_an_ended_sweep_imports_no_heavy_library(tmp_path):
+    """What made it take 12-16 s on a busy machine: MLflow, submitit, torch and Hydra, imported for a
+    look at files."""
+    failed = ended_sweep(tmp_path / "failed", [RunStatus.FAILED])
+    code = (
+        "import sys; from ghsweep import status; rc = status.main([sys.argv[1]]); "
+        "print(rc, sorted(m for m in ('mlflow', 'submitit', 'torch', 'hydra', 'matplotlib') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(failed)], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.splitlines()[-1] == "1 []", proc.stderr
 
 
 def test_the_report_where_there_is_no_store_creates_none(tmp_path, monkeypatch, capsys):

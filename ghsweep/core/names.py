@@ -33,6 +33,8 @@ RUN_HASH_TAG = "ghsweep.run_hash"  # the run's identity (its resolved config, co
 CODE_TAG = "ghsweep.code"  # the code that ran it: ghsweep's version and the checkout's commit
 INPUTS_TAG = "ghsweep.inputs"  # the digests of the input files it read (data.path, model.path), as JSON
 SWEEP_DIR_TAG = "ghsweep.sweep_dir"
+# Why a run was measured on a busy machine (train.system_metrics.contention); absent on a quiet one.
+CONTENDED_TAG = "ghsweep.contended"
 RUN_IDS_TAG = "ghsweep.run_ids"  # on a sweep's parent run: its runs' ids in job order, comma-separated
 
 # The experiment's kind as MLflow records it: ghsweep's are model training (runs listed and compared),

@@ -55,6 +55,9 @@ SWEEP_MANIFEST = "ghsweep_sweep.json"  # which sweep a sweep directory belongs t
 # Locked by the live process of the sweep in the directory, for its life; holds that process's identity.
 SWEEP_LOCK = ".ghsweep.lock"
 SWEEP_SUMMARY = "summary.md"  # the sweep's table, as printed at its end
+# How the sweep ended (its parent run's status and its failed runs), written by its end for
+# `python -m ghsweep.status` to answer without asking MLflow; removed when the sweep resumes.
+SWEEP_END = "ghsweep_end.json"
 SWEEP_CONFIG = "multirun.yaml"  # the sweep's config, where Hydra's own sweepers save it
 # The comparison report of a sweep: COMPARISON_DIR/comparison.{md,html} and its plots, in the sweep
 # directory and on the parent run in MLflow.

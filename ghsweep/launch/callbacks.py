@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shlex
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -48,9 +49,9 @@ from ghsweep.launch.stale_runs import (
     record_ended_on_disk,
     settle_dead_sweeps,
 )
-from ghsweep.launch.sweep_manifest import SweepManifest
+from ghsweep.launch.sweep_manifest import SweepEnd, SweepManifest, live_holder
 from ghsweep.report.compare import report_comparison
-from ghsweep.report.sweep_table import format_table
+from ghsweep.report.sweep_table import TERMINAL_COLUMNS, format_table
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import (
     PARENT_TAG,
@@ -65,6 +66,7 @@ log = logging.getLogger(__name__)
 # Only ghsweep's SLURM launcher returns at once and records its jobs for `python -m ghsweep.status`.
 GHSWEEP_SLURM_LAUNCHER = "hydra_plugins.ghsweep_launcher.ghsweep_launcher.SlurmLauncher"
 TUNE_SWEEPER = "hydra_plugins.ghsweep_sweeper.ghsweep_sweeper.TuneSweeper"
+SWEEP_DIR_OVERRIDE = "hydra.sweep.dir="
 
 
 def _job_order(result: RunResult) -> tuple[int, str]:
@@ -92,7 +94,12 @@ def completed_from_mlflow(results: list[RunResult], store: MlflowStore, parent_r
         for r in results
     ]
     known = {r.mlflow_run_id for r in results}
-    completed += [result_from_run(c) for run_id, c in ended.items() if run_id not in known]
+    # A combination's run that an interrupted attempt of this sweep left KILLED is in its run directory's
+    # result only if this attempt did not run it again.
+    run_dirs = {r.run_dir for r in results}
+    completed += [
+        result_from_run(c) for run_id, c in ended.items() if run_id not in known and c.run_dir not in run_dirs
+    ]
     return sorted(completed, key=_job_order)
 
 
@@ -126,14 +133,16 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
         store, missing, lost = None, results, one_line(exc)
     table = format_table(results)
     failed = [r for r in results if r.status != RunStatus.FINISHED]
+    combinations = max(manifest.combinations, len(results))
+    not_started = f"; {combinations - len(results)} not started" if combinations > len(results) else ""
     reused = [f"#{i}" for i, r in enumerate(results) if r.reused]
     # Which rows this sweep did not run: their numbers are an earlier run's (force=true reruns them).
     reused_text = (
         f"; {len(reused)} reused from earlier runs ({', '.join(reused)}; force=true reruns them)" if reused else ""
     )
     print(
-        f"\nghsweep: {len(results) - len(failed)} of {len(results)} runs finished{reused_text} "
-        f"(sweep directory {sweep_dir})\n{table}\n",
+        f"\nghsweep: {len(results) - len(failed)} of {combinations} runs finished{not_started}{reused_text} "
+        f"(sweep directory {sweep_dir})",
         flush=True,
     )
     try:
@@ -146,15 +155,19 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
     )
     if missing:
         print(not_in_mlflow, file=sys.stderr, flush=True)
+    compared = False
     if store is not None:
         try:
-            end_parent(store, parent_id, sweep_dir, results, failed, failures_expected, interrupt)
+            compared = end_parent(store, parent_id, sweep_dir, results, failed, failures_expected, interrupt)
         except Exception as exc:  # as above: the summary and the run directories stand
             log.error("the sweep's MLflow run %s is incomplete: %s", parent_id, one_line(exc))
+    if not compared:  # one table at the end: the comparison's, else this summary's (whole in SWEEP_SUMMARY)
+        print(f"{format_table(results, TERMINAL_COLUMNS)}\n", flush=True)
+    record_end(sweep_dir, results, failures_expected, interrupt)
     if interrupt is not None:
         print(
-            f"ghsweep: {interrupts.reason(interrupt)}; the same command again resumes the sweep "
-            "(runs that finished are skipped)",
+            f"ghsweep: {interrupts.reason(interrupt)}; to resume the sweep in this directory and MLflow run (runs "
+            f"that finished are skipped): {resume_command(manifest.command, sweep_dir)}",
             file=sys.stderr,
             flush=True,
         )
@@ -164,6 +177,19 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
         raise SystemExit(f"ghsweep: {len(failed)} of {len(results)} runs failed")
     if missing:
         raise SystemExit(not_in_mlflow)
+
+
+def record_end(
+    sweep_dir: Path, results: list[RunResult], failures_expected: bool, interrupt: KeyboardInterrupt | None
+) -> None:
+    """How the sweep ended, in its directory (SweepEnd), as its MLflow run ends: KILLED when
+    interrupted, FAILED when a run failed that was not expected to."""
+    failed = [] if failures_expected else [r.name for r in results if r.status == RunStatus.FAILED]
+    status = RunStatus.KILLED if interrupt is not None else RunStatus.FAILED if failed else RunStatus.FINISHED
+    try:
+        SweepEnd(status.value, len(results), failed).save(sweep_dir)
+    except OSError as exc:  # a removed or full sweep directory: `python -m ghsweep.status` asks MLflow
+        log.error("%s: not written (%s)", sweep_dir, one_line(exc))
 
 
 def record_from_files(store: MlflowStore, results: list[RunResult], runs: dict[str, StoredRun]) -> None:
@@ -182,22 +208,25 @@ def end_parent(
     failed: list[RunResult],
     failures_expected: bool,
     interrupt: KeyboardInterrupt | None,
-) -> None:
-    """The sweep's MLflow run: its counts and summary, the comparison report, its end. The run is ended
-    whatever becomes of the report (a removed or full sweep directory)."""
+) -> bool:
+    """The sweep's MLflow run: its counts and summary, the comparison report, its end; True when the
+    comparison was printed. The run is ended whatever becomes of the report (a removed or full sweep
+    directory)."""
+    compared = False
     try:
         store.set_tags(parent_id, {"ghsweep.runs": len(results), "ghsweep.failed_runs": len(failed)})
         store.log_artifacts(parent_id, [sweep_dir / SWEEP_SUMMARY])
         # Each run once: a tuning study that asked for a combination again reused its run.
         run_ids = list(dict.fromkeys(r.mlflow_run_id for r in results if r.mlflow_run_id))
         if interrupt is None and sweep_dir.is_dir():  # not made again where it was removed
-            report_comparison(store, parent_id, sweep_dir / COMPARISON_DIR, run_ids)
+            compared = report_comparison(store, parent_id, sweep_dir / COMPARISON_DIR, run_ids)
     except Exception as exc:
         log.error("the sweep's comparison is incomplete: %s", one_line(exc))
     if interrupt is not None:
         end_sweep_run(store, parent_id, RunStatus.KILLED, interrupts.reason(interrupt))
-        return
+        return compared
     store.finish(parent_id, RunStatus.FAILED if failed and not failures_expected else RunStatus.FINISHED)
+    return compared
 
 
 def parent_in_store(store: MlflowStore, manifest: SweepManifest, sweep_dir: Path) -> str:
@@ -231,11 +260,25 @@ def check_launch(config: DictConfig) -> None:
         raise SystemExit(f"ghsweep: {exc}") from None
 
 
+def _without_sweep_dir(command: str) -> list[str]:
+    return [word for word in shlex.split(command) if not word.startswith(SWEEP_DIR_OVERRIDE)]
+
+
+def resume_command(command: str, sweep_dir: Path) -> str:
+    """The sweep's command with its directory named: Hydra's default one is named by the second the
+    command starts, so the same command alone would start a new sweep."""
+    return shlex.join([*_without_sweep_dir(command), f"{SWEEP_DIR_OVERRIDE}{sweep_dir}"])
+
+
 def resumes(store: MlflowStore, sweep_dir: Path, uri: str, command: str) -> bool:
-    """True when the sweep in `sweep_dir` is this same command, into this store, and no longer running
-    (interrupted, failed, or its process died): the same command again resumes it in place."""
+    """True when the sweep in `sweep_dir` is this same command (its directory named or not), into this
+    store, and no longer running (interrupted, failed, or its process died): it resumes in place."""
     earlier = SweepManifest.load(sweep_dir)
-    if earlier is None or (earlier.command, earlier.tracking_uri) != (command, uri):
+    if (
+        earlier is None
+        or earlier.tracking_uri != uri
+        or _without_sweep_dir(earlier.command) != _without_sweep_dir(command)
+    ):
         return False
     try:
         parent = store.get_run(earlier.parent_run_id)
@@ -244,11 +287,26 @@ def resumes(store: MlflowStore, sweep_dir: Path, uri: str, command: str) -> bool
     return parent.status != RunStatus.RUNNING or process_died(parent.tags)
 
 
+def resumed_parent(store: MlflowStore, sweep_dir: Path) -> str | None:
+    """The MLflow run of the sweep that this one resumes, RUNNING again under this process: one sweep,
+    one run, however often it was stopped. None where the store lost it."""
+    earlier = SweepManifest.require(sweep_dir).parent_run_id
+    try:
+        store.reopen(earlier)
+    except TrackingError:
+        return None
+    store.set_tags(earlier, process_tags())
+    return earlier
+
+
 class SweepCallback(Callback):
     # The sweep this process started, for ending it when the process is interrupted (ghsweep.__main__).
     started_sweep_dir: Path | None = None
     # A dry run's combinations that no node can run: the command fails once every plan is printed.
     not_runnable: list[str] = []
+    # The sweep directory a dry run made (Hydra writes multirun.yaml there, and each local job its
+    # .hydra files and log): removed at its end, as it holds no sweep for `ghsweep.status` to read.
+    dry_run_dir: Path | None = None
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         check_launch(config)
@@ -261,6 +319,7 @@ class SweepCallback(Callback):
             print(f"ghsweep: {hint}", flush=True)
         if config.dry_run:
             SweepCallback.not_runnable = refused
+            SweepCallback.dry_run_dir = first_made(Path(config.hydra.sweep.dir))
             return
         if refused:
             # SystemExit: Hydra turns a callback's exceptions into warnings and would run the sweep anyway.
@@ -285,7 +344,7 @@ class SweepCallback(Callback):
                 f"this sweep uses hydra/launcher={launcher}"
             )
         try:
-            self._start_sweep(config)
+            self._start_sweep(config, total)
             SweepCallback.started_sweep_dir = Path(config.hydra.sweep.dir)
         except (TrackingUriError, SweepDirError) as exc:
             raise SystemExit(f"ghsweep: {exc}") from None
@@ -295,7 +354,7 @@ class SweepCallback(Callback):
             ) from exc
 
     @staticmethod
-    def _start_sweep(config: DictConfig) -> None:
+    def _start_sweep(config: DictConfig, combinations: int) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         uri = absolute_tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
         command = shlex.join(["python", "-m", "ghsweep", *redact.overrides(sys.argv[1:])])
@@ -310,22 +369,24 @@ class SweepCallback(Callback):
                     "again (the default directory is named by the second) or set hydra.sweep.dir to a new directory"
                 )
             log.info("resuming the sweep in %s: runs that finished are skipped", sweep_dir)
+            SweepEnd.clear(sweep_dir)
         settle_dead_sweeps(store)
-        sweep_name = "sweep " + "/".join(sweep_dir.parts[-2:])
-        parent = store.start_run(
-            sweep_name,
-            ROLE_SWEEP,
-            tags={
-                SWEEP_DIR_TAG: str(sweep_dir.resolve()),
-                "ghsweep.command": command,
-                **process_tags(),
-            },
-        )
-        store.log_params(parent, {"sweep.overrides": " ".join(redact.overrides(config.hydra.overrides.task))})
-        SweepManifest(uri, config.tracking.experiment, parent, command).save(sweep_dir)
+        parent = resumed_parent(store, sweep_dir) if earlier else None
+        if parent is None:
+            parent = store.start_run(
+                "sweep " + "/".join(sweep_dir.parts[-2:]),
+                ROLE_SWEEP,
+                tags={SWEEP_DIR_TAG: str(sweep_dir.resolve()), "ghsweep.command": command, **process_tags()},
+            )
+            store.log_params(parent, {"sweep.overrides": " ".join(redact.overrides(config.hydra.overrides.task))})
+        SweepManifest(uri, config.tracking.experiment, parent, command, combinations).save(sweep_dir)
         log.info("MLflow: sweep run %s in experiment '%s' at %s", parent, config.tracking.experiment, uri)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        made = SweepCallback.dry_run_dir
+        # Not one that a sweep claimed meanwhile (started into the same default directory, same second).
+        if config.dry_run and made is not None and live_holder(Path(config.hydra.sweep.dir)) is None:
+            shutil.rmtree(made, ignore_errors=True)
         if config.dry_run and SweepCallback.not_runnable:
             raise SystemExit(
                 f"ghsweep: dry run: {len(SweepCallback.not_runnable)} combination(s) not runnable, "
@@ -341,6 +402,17 @@ class SweepCallback(Callback):
             raise SystemExit(f"ghsweep: the sweep's end failed: {one_line(exc)}") from None
         if tuning:
             print_answer(Path(config.hydra.sweep.dir))
+
+
+def first_made(sweep_dir: Path) -> Path | None:
+    """The outermost directory that making `sweep_dir` would create (multirun/DATE of the default
+    multirun/DATE/TIME on a new day); None when it exists already."""
+    if sweep_dir.exists():
+        return None
+    made = sweep_dir
+    while not made.parent.exists():
+        made = made.parent
+    return made
 
 
 def print_answer(sweep_dir: Path) -> None:

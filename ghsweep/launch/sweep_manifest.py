@@ -14,7 +14,8 @@ from typing import IO
 
 from ghsweep.core.atomic import write_atomic
 from ghsweep.core.errors import SweepDirInUse, SweepDirUnwritable, SweepNotFound
-from ghsweep.core.run_dir import SWEEP_LOCK, SWEEP_MANIFEST
+from ghsweep.core.run_dir import SWEEP_END, SWEEP_LOCK, SWEEP_MANIFEST
+from ghsweep.core.run_result import RunStatus
 from ghsweep.tracking import redact
 
 # The manifest each sweep of this process saved, by sweep directory: its jobs and its end still know
@@ -52,6 +53,9 @@ class SweepManifest:
     experiment: str
     parent_run_id: str
     command: str
+    # The sweep's combinations, as its start counted them (0 where a sweeper asks for them as it goes,
+    # a tuning study): what an interrupted sweep's summary counts its runs against.
+    combinations: int = 0
 
     @classmethod
     def claim(cls, sweep_dir: Path, holder: str) -> bool:
@@ -146,3 +150,35 @@ class SweepManifest:
                 f"{sweep_dir / SWEEP_MANIFEST}: no sweep manifest; the sweep's callback writes it at sweep start"
             )
         return manifest
+
+
+@dataclass(frozen=True)
+class SweepEnd:
+    """How a sweep ended, in its directory: its MLflow run's status and the runs that failed (none
+    where failures are part of it, a tuning study's trials). What `python -m ghsweep.status` answers
+    from without importing MLflow."""
+
+    status: str
+    runs: int
+    failed: list[str]
+
+    @property
+    def is_failure(self) -> bool:
+        """What the sweep's command exits non-zero for: its MLflow run FAILED, or one of its runs did."""
+        return self.status == RunStatus.FAILED or bool(self.failed)
+
+    def save(self, sweep_dir: Path) -> None:
+        write_atomic(sweep_dir / SWEEP_END, json.dumps(asdict(self), indent=2), mode=0o644)
+
+    @classmethod
+    def load(cls, sweep_dir: Path) -> SweepEnd | None:
+        """The end recorded in `sweep_dir`; None where there is none, or one cut short (then MLflow answers)."""
+        try:
+            return cls(**json.loads((sweep_dir / SWEEP_END).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    @staticmethod
+    def clear(sweep_dir: Path) -> None:
+        """A sweep that resumes has not ended: the earlier end would answer for it if its process died."""
+        (sweep_dir / SWEEP_END).unlink(missing_ok=True)

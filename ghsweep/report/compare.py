@@ -8,6 +8,7 @@ profile, an older backend) shows as "-".
 from __future__ import annotations
 
 import logging
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -20,7 +21,7 @@ from ghsweep.report import plots
 from ghsweep.report.document import Document
 from ghsweep.report.mlflow_ui import how_to_open, sweep_note
 from ghsweep.report.sweep_source import SweepRun, load_sweep
-from ghsweep.report.sweep_table import align, bounded, fmt_value, knob_columns
+from ghsweep.report.sweep_table import TERMINAL_COLUMNS, align, bounded, fmt_value, knob_columns
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 
 log = logging.getLogger(__name__)
@@ -113,10 +114,17 @@ def choose_baseline(runs: list[SweepRun], spec: int | str | None) -> int | None:
     return match[0]
 
 
+def busy(run: SweepRun, base: SweepRun) -> str | None:
+    """Why the two runs' speeds tell the machine's load apart rather than their knobs: one or both
+    measured on a busy machine (its reason; the per-run interval cannot see the load change)."""
+    pair = [base] if run is base else [base, run]
+    return "; ".join(f"#{r.job_num}: {r.contended}" for r in pair if r.contended) or None
+
+
 def speedup(run: SweepRun, base: SweepRun) -> stats.Interval | None:
     """Throughput relative to the baseline with its 95% interval (tokens/s; step time where tokens/s
-    is missing)."""
-    if not (run.finished and base.finished):
+    is missing); None where the two were not both measured on a quiet machine."""
+    if not (run.finished and base.finished) or busy(run, base):
         return None
     t, bt = stats.from_metrics(run.metrics, "tokens_per_s"), stats.from_metrics(base.metrics, "tokens_per_s")
     if t and bt and t.estimate and bt.estimate:
@@ -200,7 +208,8 @@ def pareto_front(runs: list[SweepRun]) -> set[int]:
         a, b = runs[j], runs[i]
         ma, mb = a.metrics["peak_mem_gb"], b.metrics["peak_mem_gb"]
         same_t, same_m = same_throughput(a, b), same_memory(ma, mb)
-        faster = not same_t and a.metrics["tokens_per_s"] > b.metrics["tokens_per_s"]
+        # Speeds measured under different load are not compared: neither beats the other on them.
+        faster = not same_t and not busy(a, b) and a.metrics["tokens_per_s"] > b.metrics["tokens_per_s"]
         smaller = not same_m and ma < mb
         return (faster or same_t) and (smaller or same_m) and (faster or smaller)
 
@@ -279,6 +288,8 @@ def table(c: Comparison) -> tuple[list[str], list[list[str]]]:
         metrics = [fmt_value(r.metrics.get(name), spec) for name, _, spec in METRIC_COLUMNS]
         metrics[1] = throughput_text(r.metrics) if r.metrics.get("tokens_per_s") is not None else metrics[1]
         mark = "baseline" if i == c.baseline else speedup_text(c.speedup_intervals[i])
+        if c.baseline is not None and r.finished and busy(r, c.runs[c.baseline]):
+            mark = "busy machine"
         world = (
             [
                 fmt_value(r.metrics.get("world_size"), ".0f"),
@@ -303,6 +314,14 @@ def table(c: Comparison) -> tuple[list[str], list[list[str]]]:
             ]
         )
     return header, rows
+
+
+def terminal_table(c: Comparison) -> tuple[list[str], list[list[str]]]:
+    """The table without the columns no run has a value in (a CPU sweep's MFU, tokens/J, GPU idle %):
+    the one table at the end of a sweep."""
+    header, rows = table(c)
+    keep = [i for i in range(len(header)) if i == len(header) - 1 or any(row[i] not in ("-", "") for row in rows)]
+    return [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
 
 
 def repeat_groups(c: Comparison) -> list[list[int]]:
@@ -370,6 +389,12 @@ def verdict(c: Comparison) -> list[str]:
         finding = top_finding(c.runs[best])
         if finding:
             lines.append(f"Its top finding: {finding}")
+    elif busy_runs := [c.label(i) for i, r in enumerate(c.runs) if r.finished and r.contended]:
+        # The baseline leads the runs compared; one measured under load might be faster, or be the baseline.
+        lines.append(
+            f"Fastest: not named: {', '.join(busy_runs)} measured on a busy machine (MLflow tag "
+            "ghsweep.contended says why); run the sweep again on a quiet machine."
+        )
     elif best is not None:
         rivals = [c.label(j) for j in tied if j != c.baseline]
         lines.append(
@@ -377,7 +402,10 @@ def verdict(c: Comparison) -> list[str]:
             + (f", tied within noise with {', '.join(rivals)}." if rivals else "; no other combination beat it.")
         )
     for i, interval in enumerate(c.speedup_intervals):
-        if i != c.baseline and interval is not None:
+        reason = busy(c.runs[i], base) if c.runs[i].finished else None
+        if i != c.baseline and reason:
+            lines.append(f"{c.label(i)} against the baseline: not compared, measured under different load ({reason}).")
+        elif i != c.baseline and interval is not None:
             lines.append(f"{c.label(i)} against the baseline: {difference_text(interval)}{same_training_text(c, i)}.")
     lines += [repeats_text(c, group) for group in repeat_groups(c)]
     lines += scale_out_lines(c)
@@ -459,8 +487,10 @@ def document(c: Comparison, drawn: dict[str, Path]) -> Document:
     doc.table(*table(c))
     doc.paragraph(
         "Speedup: tokens/s relative to the baseline with its 95% interval; `=1 (±x%)`: no measurable "
-        "difference, the interval includes 1. tokens/s ±: half-width of its 95% interval over the steady "
-        'steps. "-": the run did not record that metric.'
+        "difference, the interval includes 1; `busy machine`: it or the baseline was measured while other "
+        "processes took the host's CPU or its GPU, or the GPU's clocks were slowed (MLflow tag "
+        "ghsweep.contended), so their speeds are not compared. tokens/s ±: half-width of its 95% interval over "
+        'the steady steps. "-": the run did not record that metric.'
     )
     for title, note in MISSING_PLOT_NOTES.items():
         doc.heading(title)
@@ -497,9 +527,9 @@ def compare_sweep(
     return c, write_report(c, out_dir)
 
 
-def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run_ids: list[str]) -> None:
+def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run_ids: list[str]) -> bool:
     """Compare the sweep's runs (`run_ids` in job order, read back from MLflow), log the report to the
-    parent, print its verdict.
+    parent, print its table and verdict within TERMINAL_COLUMNS; False where nothing was printed.
 
     A report that cannot be made is said and tagged, never raised: the parent run must still finish.
     """
@@ -514,15 +544,15 @@ def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run
     except BaselineError as exc:
         print(f"ghsweep: no comparison report: {exc}", flush=True)
         store.set_tags(parent_run_id, {"ghsweep.report_error": str(exc)})
-        return
+        return False
     except OSError as exc:  # a full or read-only sweep directory: said in one line, the summary stands
         log.error("ghsweep: no comparison report in %s: %s", out_dir, exc)
         store.set_tags(parent_run_id, {"ghsweep.report_error": f"{type(exc).__name__}: {exc}"})
-        return
+        return False
     except Exception as exc:  # a bug or an MLflow outage in the report must not leave the parent RUNNING
         log.exception("ghsweep: the comparison report failed")
         store.set_tags(parent_run_id, {"ghsweep.report_error": f"{type(exc).__name__}: {exc}"})
-        return
+        return False
     for path in files:
         store.log_artifacts(
             parent_run_id, [path], str(PurePosixPath(COMPARISON_DIR, *path.parent.relative_to(out_dir).parts))
@@ -531,11 +561,15 @@ def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run
         store.set_tags(parent_run_id, {"ghsweep.baseline": comparison.label(comparison.baseline)})
     answer = verdict(comparison)
     store.set_tags(parent_run_id, {NOTE_TAG: sweep_note(answer, parent.experiment_id, parent_run_id)})
+    wrapped = [
+        textwrap.fill(line, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="    ", break_long_words=False)
+        for line in answer
+    ]
     print(
         "ghsweep comparison:\n"
-        + align(*table(comparison))
-        + "\n  "
-        + "\n  ".join(answer)
+        + align(*terminal_table(comparison), width=TERMINAL_COLUMNS)
+        + "\n"
+        + "\n".join(wrapped)
         + f"\n  report: {out_dir / (COMPARISON_STEM + '.html')} "
         + f"(and on the sweep's MLflow run under {COMPARISON_DIR}/)"
         + "\n  MLflow: "
@@ -543,3 +577,4 @@ def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run
         + "\n",
         flush=True,
     )
+    return True

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ghsweep.core.errors import SweepNotFound
 from ghsweep.core.names import (
     ATTEMPTS_TAG,
+    CONTENDED_TAG,
     ERROR_TAG,
     FAILURE_CLASS_TAG,
     ROLE_SWEEP,
@@ -51,6 +52,11 @@ class SweepRun:
     @property
     def error(self) -> str | None:
         return self.tags.get(ERROR_TAG)
+
+    @property
+    def contended(self) -> str | None:
+        """Why its numbers are the machine's as much as its knobs' (measured on a busy machine)."""
+        return self.tags.get(CONTENDED_TAG)
 
     @property
     def failure(self) -> str:

@@ -39,7 +39,8 @@ def fmt_value(value: float | None, spec: str) -> str:
     return format(value, spec)
 
 
-def format_table(results: list[RunResult]) -> str:
+def format_table(results: list[RunResult], width: int | None = None) -> str:
+    """One row per combination; with `width`, its lines cut to it (align)."""
     keys = knob_columns([r.overrides for r in results])
     header = ["#", *keys, "status", "step_ms", "tokens/s", "tokens/J", "peak_GiB", "final_loss", "overhead_s", "reason"]
     rows = []
@@ -63,12 +64,24 @@ def format_table(results: list[RunResult]) -> str:
     return align(header, rows)
 
 
-def align(header: list[str], rows: list[list[str]]) -> str:
-    """A plain-text table, columns padded to their widest cell."""
-    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
+# The terminal width the end of a sweep fits in.
+TERMINAL_COLUMNS = 120
 
-    # The last column (reasons, findings) is left unpadded so long text wraps in the terminal, not the table.
+
+def align(header: list[str], rows: list[list[str]], width: int | None = None) -> str:
+    """A plain-text table, columns padded to their widest cell; with `width`, the last column (reasons,
+    findings: whole in the report, the summary file and MLflow) cut where a line would pass it, and
+    left out where not even its header fits."""
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
+    if width is not None and len(header) > 1 and sum(w + 2 for w in widths[:-1]) + len(header[-1]) > width:
+        header, rows, widths = header[:-1] + [""], [row[:-1] + [""] for row in rows], widths[:-1] + [0]
+
+    # The last column is left unpadded so long text wraps in the terminal, not the table.
     def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(cells[:-1], widths[:-1])) + "  " + cells[-1]
+        padded = "  ".join(c.ljust(w) for c, w in zip(cells[:-1], widths[:-1])) + "  "
+        last = cells[-1]
+        if width is not None and last and len(padded) + len(last) > width:
+            last = last[: max(width - len(padded) - 1, 0)] + "…"
+        return (padded + last).rstrip()
 
     return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])

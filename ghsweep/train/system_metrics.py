@@ -10,6 +10,11 @@ under `system/` so MLflow's System metrics view shows them: `gpu_{i}_utilization
 started, where the GPU has one). `i` is the rank: one GPU per rank, so on several GPUs or nodes each
 rank's GPU has its own name. A sampler that cannot read something leaves it out and goes on: a
 run's record never depends on NVML.
+
+What tells a busy machine from a knob's effect (`contention`): `cpu_others_percentage`, the host's
+CPU use less the worker's own (its process and children), `gpu_{i}_other_processes`, the processes
+on the rank's GPU that are not the worker's, and `gpu_{i}_clocks_slowed`, 1 while the GPU's clocks
+are held down by heat or a hardware slowdown (not by its power cap, which a full load meets anyway).
 """
 
 from __future__ import annotations
@@ -41,6 +46,17 @@ GPU_FIELDS = (
     "temperature_celsius",
 )
 HOST_FIELDS = ("cpu_utilization_percentage", "system_memory_usage_megabytes", "system_memory_usage_percentage")
+# NVML's clock event reasons that slow a GPU whatever runs on it: heat, a hardware slowdown, the power brake.
+SLOWED = (
+    pynvml.nvmlClocksThrottleReasonHwSlowdown
+    | pynvml.nvmlClocksThrottleReasonSwThermalSlowdown
+    | pynvml.nvmlClocksThrottleReasonHwThermalSlowdown
+    | pynvml.nvmlClocksThrottleReasonHwPowerBrakeSlowdown
+)
+# A run measured while other processes took this share of the host's CPU (steady steps' mean, in
+# percent of all cores), or its GPU was shared or slowed in this share of the samples, is `contended`.
+CPU_OTHERS_LIMIT_PCT = 20.0
+SLOWED_LIMIT = 0.1
 
 
 def gpu_sample(handle: Any) -> dict[str, float]:
@@ -53,6 +69,11 @@ def gpu_sample(handle: Any) -> dict[str, float]:
         "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
         "temperature_celsius": lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
         "energy_millijoules": lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle),
+        "reasons": lambda: pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle),
+        "processes": lambda: [
+            *pynvml.nvmlDeviceGetComputeRunningProcesses(handle),
+            *pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle),
+        ],
     }
     got: dict[str, Any] = {}
     for name, read in readings.items():
@@ -61,6 +82,14 @@ def gpu_sample(handle: Any) -> dict[str, float]:
         except pynvml.NVMLError:
             continue
     sample = {k: float(v) for k, v in got.items() if k in GPU_FIELDS}
+    if "reasons" in got:
+        sample["clocks_slowed"] = float(bool(got["reasons"] & SLOWED))
+    if "processes" in got:
+        own = own_pids()
+        pids = {p.pid for p in got["processes"]}
+        # NVML names processes by the host's pids: in a container none is the worker's, and nothing is known.
+        if pids & own:
+            sample["other_processes"] = float(len(pids - own))
     if "memory" in got:
         sample["memory_usage_megabytes"] = got["memory"].used / 1e6
         sample["memory_usage_percentage"] = 100 * got["memory"].used / got["memory"].total
@@ -71,14 +100,60 @@ def gpu_sample(handle: Any) -> dict[str, float]:
     return sample
 
 
-def host_sample() -> dict[str, float]:
-    memory = psutil.virtual_memory()
-    return {
-        # Since the previous call: the sampler's interval (the first call primes it).
-        "cpu_utilization_percentage": psutil.cpu_percent(),
-        "system_memory_usage_megabytes": memory.used / 1e6,
-        "system_memory_usage_percentage": 100 * memory.used / memory.total,
-    }
+def own_pids() -> set[int]:
+    """The worker's process and its children (data loader workers, compile workers)."""
+    me = psutil.Process()
+    return {me.pid, *(c.pid for c in me.children(recursive=True))}
+
+
+def own_cpu_s() -> float:
+    """CPU seconds the worker's process and its live children have used."""
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:4])  # user, system and those of its waited-for children
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:  # ended meanwhile
+            continue
+    return total
+
+
+class HostSampler:
+    """The host's CPU and memory use, and the CPU use of everything but the worker, since the
+    previous sample (the first call primes it)."""
+
+    def __init__(self) -> None:
+        psutil.cpu_percent()
+        self._own_s, self._at = own_cpu_s(), time.monotonic()
+
+    def sample(self) -> dict[str, float]:
+        memory = psutil.virtual_memory()
+        host_pct = psutil.cpu_percent()
+        own_s, at = own_cpu_s(), time.monotonic()
+        own_pct = 100 * (own_s - self._own_s) / max(at - self._at, 1e-6) / (psutil.cpu_count() or 1)
+        self._own_s, self._at = own_s, at
+        return {
+            "cpu_utilization_percentage": host_pct,
+            "cpu_others_percentage": max(0.0, host_pct - own_pct),
+            "system_memory_usage_megabytes": memory.used / 1e6,
+            "system_memory_usage_percentage": 100 * memory.used / memory.total,
+        }
+
+
+def contention(metrics: dict[str, float], rank: int = 0) -> str | None:
+    """Why the run's measurements are the machine's as much as its knobs' (a summary's `NAME_mean`
+    and `NAME_peak`), in words; None on a quiet machine."""
+    reasons = []
+    others = metrics.get("cpu_others_percentage_mean")
+    if others is not None and others >= CPU_OTHERS_LIMIT_PCT:
+        reasons.append(f"other processes used {others:.0f}% of the host's CPU")
+    sharing = metrics.get(f"gpu_{rank}_other_processes_peak")
+    if sharing:
+        reasons.append(f"{sharing:.0f} other process(es) on its GPU")
+    slowed = metrics.get(f"gpu_{rank}_clocks_slowed_mean")
+    if slowed is not None and slowed >= SLOWED_LIMIT:
+        reasons.append(f"its GPU's clocks slowed by heat or hardware {slowed:.0%} of the time")
+    return "; ".join(reasons) or None
 
 
 class SystemSampler:
@@ -93,6 +168,7 @@ class SystemSampler:
         # Set when this run has a GPU NVML cannot see (no driver library, CUDA_VISIBLE_DEVICES it cannot map).
         self.gpu_unseen = gpu_index is not None and self.handle is None
         self._energy_at_start: float | None = None
+        self._host: HostSampler | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ghsweep-system-metrics", daemon=True)
 
@@ -106,8 +182,8 @@ class SystemSampler:
                 )
                 gpu["energy_joules"] -= self._energy_at_start
             row |= {f"gpu_{self.rank}_{k}": v for k, v in gpu.items()}
-        if self.host:
-            row |= host_sample()
+        if self._host is not None:
+            row |= self._host.sample()
         return row
 
     def _run(self) -> None:
@@ -125,7 +201,7 @@ class SystemSampler:
 
     def __enter__(self) -> SystemSampler:
         if self.host:
-            psutil.cpu_percent()
+            self._host = HostSampler()
         self._thread.start()
         return self
 
@@ -201,12 +277,15 @@ def system_summary(sampler: SystemSampler, metrics: dict[str, float], timing: di
     rows = read_samples(sampler.path)
     start, end = timing.get("steady_from"), timing.get("steady_to")
     added = summarise(rows, (start, end) if start is not None and end is not None else None)
+    busy = contention(added, sampler.rank)
     if sampler.gpu_unseen:
         info = {"system_metrics": "host only: NVML cannot see this run's GPU (no NVIDIA driver library?)"}
     elif sampler.handle is None:
         info = {"system_metrics": "host only (no GPU)"}
     else:
         info = {"system_metrics": "gpu and host"}
+    if busy:
+        info["contended"] = busy  # the job tags the run with its info: ghsweep.contended (core.names.CONTENDED_TAG)
     if sampler.handle is None:
         return added, info
     power = mean_power_w(rows, sampler.rank, start, end) if start is not None and end is not None else None

@@ -67,6 +67,7 @@ def test_slurm_sweep_dry_run_prints_every_combination_and_submits_nothing(tmp_pa
     assert len(run_dirs) == 4
     assert "dry run, 4 combinations; nothing was submitted" in proc.stdout
     assert_nothing_ran(tmp_path)
+    assert not (tmp_path / "multirun").exists()  # no directory that `ghsweep.status` would take for a sweep
 
 
 def test_gh200_dry_run_shows_the_container_command(tmp_path):

@@ -47,7 +47,10 @@ def test_same_sweep_again_skips_what_finished_and_force_reruns(tmp_path):
         second.stdout
     )
     assert "1 of 1 runs finished; 1 reused from earlier runs (#0; force=true reruns them)" in second.stdout
-    assert f"reused: FINISHED earlier as MLflow run {done.info.run_id}" in second.stdout  # the row's reason
+    # The row's reason, in the sweep's summary (the terminal shows one table: the comparison's).
+    assert (
+        f"reused: FINISHED earlier as MLflow run {done.info.run_id}" in (tmp_path / "again" / "summary.md").read_text()
+    )
     assert len(records.runs("run")) == 1
     result = json.loads((tmp_path / "again" / "0" / "result.json").read_text())
     assert result["status"] == "FINISHED" and result["mlflow_run_id"] == done.info.run_id

@@ -57,16 +57,21 @@ def test_the_mlflow_ui_names_the_knobs_that_differ_and_the_sweep_states_its_verd
     assert lines[at + 1] == f"    http://127.0.0.1:5000/{page}"
 
 
-def test_smoke_sweep_prints_summary_table(smoke_sweep):
-    _, proc = smoke_sweep
+def test_smoke_sweep_ends_with_one_table_within_120_columns(smoke_sweep):
+    cwd, proc = smoke_sweep
     out = proc.stdout
     assert "4 of 4 runs finished" in out
-    header = next(line for line in out.splitlines() if line.startswith("#  "))
+    end = out[out.index("4 of 4 runs finished") :]
+    # One table: the comparison's; the summary's, with each run's reason whole, is in summary.md.
+    assert [line for line in end.splitlines() if line.startswith("#  ")] == [
+        next(line for line in end.split("ghsweep comparison:\n")[1].splitlines())
+    ]
+    assert max(len(line) for line in end.splitlines()) <= 120, end
+    (summary,) = cwd.glob("multirun/*/*/summary.md")
+    header = next(line for line in summary.read_text().splitlines() if line.startswith("#  "))
     for column in ("precision", "offload", "status", "step_ms", "tokens/s", "peak_GiB", "overhead_s", "reason"):
         assert column in header
-    # The summary table, not the comparison printed after it.
-    table = out.split("ghsweep comparison:")[0]
-    assert sum(" FINISHED " in line for line in table.splitlines()) == 4
+    assert summary.read_text().count(" FINISHED ") == 4
 
 
 def test_smoke_runs_write_their_run_directory(smoke_sweep):
@@ -101,7 +106,8 @@ def test_failing_combination_does_not_stop_the_sweep(tmp_path):
     assert failed.info.status == "FAILED"
     assert failed.data.tags["ghsweep.error"].startswith("precision=fp8: needs an NVIDIA GPU")
     table_row = next(line for line in proc.stdout.splitlines() if " FAILED " in line)
-    assert "precision=fp8: needs an NVIDIA GPU" in table_row
+    assert "precision=fp8: needs an" in table_row and len(table_row) <= 120  # cut to the terminal's width
+    assert "#0 fp8 FAILED: deterministic: precision=fp8: needs an NVIDIA GPU" in proc.stdout  # whole in the verdict
     assert records.runs("sweep")[0].info.status == "FAILED"
 
 

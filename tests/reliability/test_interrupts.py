@@ -6,6 +6,7 @@ next sweep ends FAILED with "the sweep process died", stopping the worker it lef
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -43,11 +44,14 @@ def test_an_interrupted_sweep_ends_killed_with_its_summary_and_resumes(tmp_path,
     stdout, stderr = proc.communicate(timeout=120)
     reason = f"interrupted by {stop.name}" + (" (Ctrl-C)" if stop == signal.SIGINT else "")
     assert proc.returncode == status, stderr[-3000:]
+    # The command to paste: the default sweep directory is named by the second, so it names this one.
+    resume = ["python", "-m", "ghsweep", *SWEEP, "hydra.sweep.dir=first"]
     assert stderr.strip().splitlines()[-1] == (
-        f"ghsweep: {reason}; the same command again resumes the sweep (runs that finished are skipped)"
+        f"ghsweep: {reason}; to resume the sweep in this directory and MLflow run (runs that finished are "
+        f"skipped): {shlex.join(resume)}"
     )
     assert_one_line_errors(stdout, stderr)
-    assert "1 of 2 runs finished" in stdout and reason in stdout
+    assert "1 of 3 runs finished; 1 not started" in stdout and reason in stdout
     assert wait_gone(worker), "the worker outlived the sweep"
 
     on_disk = results(tmp_path / "first")
@@ -62,10 +66,13 @@ def test_an_interrupted_sweep_ends_killed_with_its_summary_and_resumes(tmp_path,
     assert "worker.log" in MlflowStore(sqlite_uri(tmp_path), experiment=None).artifact_paths(children[1].run_id)
 
     if stop == signal.SIGINT:  # resuming is the same for both signals: run it once
-        # The same command again, into the same hydra.sweep.dir: resumed in place.
-        again = run_cli([*SWEEP, "hydra.sweep.dir=first"], tmp_path)
+        # The command it printed: resumed in place, under the same MLflow run.
+        again = run_cli(resume[3:], tmp_path)
         assert again.returncode == 0, again.stderr[-3000:]
         assert "3 of 3 runs finished" in again.stdout and "skipped, already FINISHED" in again.stdout
+        [resumed_parent] = by_role(all_runs(sqlite_uri(tmp_path)), "sweep")
+        assert (resumed_parent.run_id, resumed_parent.status) == (parent.run_id, "FINISHED")
+        assert "ghsweep.error" not in resumed_parent.tags
         resumed = results(tmp_path / "first")
         assert [resumed[n]["status"] for n in range(3)] == ["FINISHED"] * 3
         assert resumed[0]["mlflow_run_id"] == children[0].run_id  # not trained again
@@ -103,7 +110,7 @@ def test_a_killed_sweep_is_settled_by_ghsweep_status(tmp_path):
     status = subprocess.run(
         [sys.executable, "-m", "ghsweep.status", "killed"], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
-    assert status.returncode == 1 and "1 of 2 runs finished" in status.stdout, status.stderr[-3000:]
+    assert status.returncode == 1 and "1 of 3 runs finished; 1 not started" in status.stdout, status.stderr[-3000:]
     assert "the sweep process died (pid " in status.stdout
     assert_one_line_errors(status.stdout, status.stderr)
     assert_settled_as_died(tmp_path, "killed", worker)

@@ -38,7 +38,7 @@ def test_a_second_ctrl_c_does_not_break_off_the_record(tmp_path):
     assert proc.returncode == 130, stderr[-3000:]
     assert_one_line_errors(stdout, stderr)
     assert "ghsweep: SIGINT again: already stopping; recording what finished first" in stderr
-    assert stderr.strip().splitlines()[-1].startswith("ghsweep: interrupted by SIGINT (Ctrl-C); the same command")
+    assert stderr.strip().splitlines()[-1].startswith("ghsweep: interrupted by SIGINT (Ctrl-C); to resume the sweep")
     runs = all_runs(sqlite_uri(tmp_path))
     assert_nothing_running(runs)
     [parent] = by_role(runs, "sweep")
@@ -57,6 +57,7 @@ def test_status_reads_a_cut_result_from_mlflow_and_ends_the_sweep(tmp_path):
     MlflowClient(sqlite_uri(tmp_path)).update_run(parent.run_id, status="RUNNING")
     result = tmp_path / "cut" / "0" / "result.json"
     result.write_text(result.read_text()[:40])
+    (tmp_path / "cut" / "ghsweep_end.json").unlink()  # written as the sweep's end: a kill -9 leaves none
     proc = status(tmp_path, "cut")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_one_line_errors(proc.stdout, proc.stderr)

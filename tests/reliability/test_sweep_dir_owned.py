@@ -105,6 +105,7 @@ def test_status_records_a_run_whose_record_was_cut_by_a_kill_and_lists_past_an_u
     for run in (parent, child):
         client.update_run(run.run_id, status="RUNNING")
     client.delete_tag(child.run_id, "ghsweep.status")
+    (tmp_path / sweep_dir / "ghsweep_end.json").unlink()  # written as the sweep's end: a kill -9 leaves none
     proc = subprocess.run(
         [sys.executable, "-m", "ghsweep.status", str(sweep_dir)],
         cwd=tmp_path,

@@ -10,6 +10,7 @@ from ghsweep.core.errors import SweepNotFound
 from ghsweep.core.names import ROLE_SWEEP, RUN_IDS_TAG
 from ghsweep.report import compare
 from ghsweep.report.sweep_source import SweepRun, find_run, load_sweep
+from ghsweep.report.sweep_table import align
 from ghsweep.tracking.mlflow_store import MlflowStore
 from tests.report.sweeps import four_run_sweep, log_run
 
@@ -285,3 +286,37 @@ def test_repeats_differ_only_in_repeat_or_seed_and_report_both_spreads(knob):
     text = "\n".join(compare.verdict(c))
     assert "Repeats #0, #1, #2: tokens/s 17,491-17,507, 0.09% apart between repeats, ±0.50% within the widest" in text
     assert "together 17,499 ±0.50%." in text
+
+
+def test_runs_measured_under_different_load_get_no_speedup():
+    # Two identical fp32 runs as a user saw them on a busy 2-core machine: 176 and 103 tokens/s.
+    quiet, contended = run(0, 176.0, 0.55, 1.0), run(1, 103.0, 0.55, 1.0)
+    contended.tags = {"ghsweep.contended": "other processes used 45% of the host's CPU"}
+    c = compare.build("busy", [quiet, contended])
+    assert c.speedup_intervals[1] is None and c.fastest == 0
+    header, rows = compare.table(c)
+    assert rows[1][header.index("speedup")] == "busy machine"
+    text = "\n".join(compare.verdict(c))
+    assert (
+        "#1 p1 against the baseline: not compared, measured under different load (#1: other processes used 45% "
+        "of the host's CPU)." in text
+    )
+    assert "0.59x" not in text and c.pareto == {0, 1}  # neither beats the other on a speed not compared
+    assert "Fastest: not named: #1 p1 measured on a busy machine" in text
+    # A busy baseline: nothing is compared with it.
+    busy_base = compare.build("busy baseline", [contended, quiet])
+    assert busy_base.speedups == [None, None] and "Fastest: not named: #1 p1" in "\n".join(compare.verdict(busy_base))
+    # The same numbers measured on a quiet machine keep their verdict.
+    contended.tags = {}
+    assert "#1 p1 against the baseline: 0.59x" in "\n".join(compare.verdict(compare.build("quiet", [quiet, contended])))
+
+
+def test_the_terminal_table_fits_its_width():
+    reason = "device=cuda: no NVIDIA GPU is visible to this job; accepted here: auto, cpu"
+    lines = align(["#", "precision", "reason"], [["0", "fp32", reason], ["1", "bf16", ""]], width=40).splitlines()
+    assert max(len(line) for line in lines) == 40 and lines[2] == "0  fp32       device=cuda: no NVIDIA GP…"
+    assert lines[3] == "1  bf16"
+    # Where not even the last column's header fits, the column is left out.
+    narrow = align(["#", "precision", "reason"], [["0", "fp32", reason]], width=16).splitlines()
+    assert narrow == ["#  precision", "-  ---------", "0  fp32"]
+    assert align(["#", "reason"], [["0", reason]]).splitlines()[2] == f"0  {reason}"  # no width: whole

@@ -10,14 +10,23 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import time
 
 import pytest
 import torch
 
 from ghsweep.core.errors import NonFiniteLoss
 from ghsweep.train.step_log import StepLog
-from ghsweep.train.system_metrics import SystemSampler, mean_power_w, read_samples, summarise, system_summary
+from ghsweep.train.system_metrics import (
+    HostSampler,
+    SystemSampler,
+    mean_power_w,
+    read_samples,
+    summarise,
+    system_summary,
+)
 from tests.support.cli import run_cli
 from tests.support.mlflow_records import MlflowRecords, sqlite_uri
 
@@ -60,7 +69,12 @@ def test_diverging_run_fails_at_its_step_and_the_sweep_goes_on(diverging_sweep):
     assert all(math.isfinite(m.value) for m in history[:-1])
 
 
-HOST = ("cpu_utilization_percentage", "system_memory_usage_megabytes", "system_memory_usage_percentage")
+HOST = (
+    "cpu_utilization_percentage",
+    "cpu_others_percentage",
+    "system_memory_usage_megabytes",
+    "system_memory_usage_percentage",
+)
 
 
 def test_every_run_logs_host_metrics_over_time_even_a_failed_one(diverging_sweep):
@@ -127,3 +141,42 @@ def test_planted_gpu_samples_give_energy_per_step_and_tokens_per_joule(tmp_path)
     assert added["energy_j_per_step"] == 200.0 and added["tokens_per_joule"] == 10.0
     assert added["steady_energy_j"] == 3200.0
     assert info == {"system_metrics": "gpu and host", "energy_measured_by": "nvml_energy_counter"}
+
+
+def planted_summary(tmp_path, rows: list[dict[str, float]]) -> dict:
+    sampler = SystemSampler(tmp_path / "system_metrics.jsonl", 1.0, gpu_index=None, rank=0, host=False)
+    sampler.handle = object()  # as if NVML saw a GPU: the summary reads only the file below
+    sampler.path.write_text("".join(json.dumps({"time": 100.0 + t, **r}) + "\n" for t, r in enumerate(rows)))
+    metrics = {"world_size": 1, "step_time_ms": 250.0, "tokens_per_s": 8000.0}
+    return system_summary(sampler, metrics, {"steady_from": 101.0, "steady_to": 105.0})[1]
+
+
+def test_planted_samples_of_a_busy_machine_mark_the_run_contended(tmp_path):
+    # The steady steps (t=101..105): others take 45% of the host's CPU, a second process shares the
+    # GPU once, its clocks are slowed in 2 of 5 samples. Start-up's samples (t=100) count for no mean.
+    busy = [{"cpu_others_percentage": 90.0, "gpu_0_other_processes": 0.0, "gpu_0_clocks_slowed": 0.0}]
+    busy += [
+        {"cpu_others_percentage": 45.0, "gpu_0_other_processes": float(t == 3), "gpu_0_clocks_slowed": float(t < 2)}
+        for t in range(5)
+    ]
+    assert planted_summary(tmp_path, busy)["contended"] == (
+        "other processes used 45% of the host's CPU; 1 other process(es) on its GPU; its GPU's clocks slowed "
+        "by heat or hardware 40% of the time"
+    )
+    # A quiet machine: a little background CPU, one slowed sample in ten, the GPU its own.
+    quiet = [
+        {"cpu_others_percentage": 5.0, "gpu_0_other_processes": 0.0, "gpu_0_clocks_slowed": float(t == 0)}
+        for t in range(11)
+    ]
+    assert "contended" not in planted_summary(tmp_path, quiet)
+
+
+def test_the_host_sampler_leaves_the_worker_s_own_cpu_out_of_the_others():
+    sampler = HostSampler()
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:  # this process busy on one core
+        pass
+    sample = sampler.sample()
+    own = sample["cpu_utilization_percentage"] - sample["cpu_others_percentage"]
+    assert 0 <= sample["cpu_others_percentage"] <= sample["cpu_utilization_percentage"]
+    assert own >= 10.0 / max(1, (os.cpu_count() or 1) / 2), sample  # a share of the host's cores was its own
