@@ -181,29 +181,30 @@ def test_compare_page_renders_params_and_metrics_of_the_children(sweep, browser)
     ids = json.dumps([c.info.run_id for c in children])
     page.goto(f"{url}/#/compare-runs?runs={ids}&experiments={json.dumps([exp_id])}")
     page.get_by_text("Comparing 2 Runs").wait_for()
-    page.get_by_text("step_time_ms", exact=True).first.wait_for()
+    grid = page.locator("div.ReactVirtualized__Grid").last
+    grid.wait_for()
     lines = page.inner_text("body").splitlines()
     # Parameter rows list one value per run, in the order of the URL.
     for key in ("peft", "precision", "train.max_steps"):
         row = "\t".join([key, *(c.data.params[key] for c in children)])
         assert row in lines, (row, [line for line in lines if line.startswith(key)])
-    for child in children:
-        for name in ("step_time_ms", "peak_mem_gb"):
-            assert shown(child.data.metrics[name], lines), (name, child.data.metrics[name])
     page.screenshot(path=str(SHOTS / "compare_runs.png"), full_page=True)
-    # MLflow 3.17 shows the metrics in a virtualised table some 6 rows high (alphabetical; a run has
-    # some 30 metrics with the system metrics): tokens_per_s is further down. Scroll its values, as a
-    # user would with the wheel, to the end (the page's only virtualised grids are that table's).
-    page.locator("div.ReactVirtualized__Grid").last.hover()
-    page.mouse.wheel(0, 5000)
-    expected = [c.data.metrics["tokens_per_s"] for c in children]
-    for _ in range(120):  # the rows render after the scroll event
-        lines = page.inner_text("body").splitlines()
-        if all(shown(value, lines) for value in expected):
+    # MLflow 3.17 shows the metrics in a virtualised table some 6 rows high, alphabetical: a run has some
+    # 40 metrics with the system metrics, so which rows show first depends on their names. Scroll it as a
+    # user would with the wheel, a few rows at a time, and collect what each position shows.
+    names = ("peak_mem_gb", "step_time_ms", "tokens_per_s")
+    expected = [c.data.metrics[name] for c in children for name in names]
+    grid.hover()
+    seen: list[str] = []
+    for _ in range(200):  # the rows render after each scroll event
+        seen += page.inner_text("body").splitlines()
+        if all(name in seen for name in names) and all(shown(value, seen) for value in expected):
             break
-        page.wait_for_timeout(250)
+        page.mouse.wheel(0, 60)
+        page.wait_for_timeout(100)
     else:
-        raise AssertionError(f"tokens_per_s {expected} not shown after scrolling the metrics table")
+        missing = [name for name in names if name not in seen]
+        raise AssertionError(f"the metrics table never showed {missing or names} with the runs' values {expected}")
     page.close()
 
 
