@@ -5,7 +5,6 @@ here on a planted sweep, and on the real two-GPU capture in SCALING_DATA."""
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from ghsweep.profile import kernel_kinds
 from ghsweep.profile.run_analysis import full_analysis
 from ghsweep.profile.scaling import CAPTURE_FOLDER, COMPONENTS, folder_analysis, folder_decompositions
 from tests.profile.planted import ONE, RANKS, planted_rank, write_nsys
+from tests.support.kernel_events import kernel_ms_per_step
 
 ROOT = Path(__file__).resolve().parents[2]
 # The real capture: Llama-2-7B shape, seq 4096, LoRA (DDP) and full (FSDP2) bf16 on 1 and 2 GPUs, made with
@@ -58,23 +58,6 @@ def test_the_script_keeps_small_exports_and_their_decomposition(tmp_path):
     assert all(p.stat().st_size < 200_000 for p in out.rglob("*.gz"))
 
 
-def window_kernel_ms(path: Path, window: dict, steps: int) -> dict[str, float]:
-    """Kernel time per step by function name inside the window, straight from the export."""
-    con = sqlite3.connect(path)
-    rows = con.execute(
-        "SELECT s.value, k.start, k.end FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName "
-        "WHERE k.end > ? AND k.start < ?",
-        (window["start_ns"], window["end_ns"]),
-    ).fetchall()
-    con.close()
-    out: dict[str, float] = {}
-    for name, start, end in rows:
-        clipped = min(end, window["end_ns"]) - max(start, window["start_ns"])
-        key = kernel_kinds.function_name(name)
-        out[key] = out.get(key, 0.0) + clipped / steps / 1e6
-    return out
-
-
 @pytest.fixture(scope="module")
 def real() -> dict[str, dict]:
     folders = sorted(f.name for f in SCALING_DATA.iterdir()) if SCALING_DATA.is_dir() else []
@@ -106,7 +89,7 @@ def test_real_kernel_times_are_traceable_to_the_events(real, combination):
             paths = sorted((Path(tmp) / folder.name).glob("*.sqlite"))
             assert len(paths) == gpus == max(1, len(a.ranks))
             single = [
-                window_kernel_ms(p, analysis.window, len(analysis.window["steps"]))
+                kernel_ms_per_step(p, analysis.window, len(analysis.window["steps"]), kernel_kinds.function_name)
                 for p in paths
                 for analysis in [full_analysis(p)]
             ]

@@ -6,7 +6,6 @@ the baseline, where the step time went (profile/delta.py, the code `python -m gh
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from ghsweep.profile.kernel_kinds import step_family
 from ghsweep.profile.run_analysis import full_analysis
 from ghsweep.report import compare
 from ghsweep.report.sweep_source import SweepRun
+from tests.support.kernel_events import kernel_ms_per_step
 
 PROFILES = Path(__file__).resolve().parents[1] / "data" / "profiles"
 
@@ -38,22 +38,6 @@ def profiled(job: int, precision: str, tokens_per_s: float) -> SweepRun:
     )
 
 
-def family_ms_from_events(path: Path, window: dict, steps: int) -> dict[str, float]:
-    """Kernel time per step by family inside the window (clipped to it), straight from the export."""
-    con = sqlite3.connect(path)
-    rows = con.execute(
-        "SELECT s.value, k.start, k.end FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName "
-        "WHERE k.end > ? AND k.start < ?",
-        (window["start_ns"], window["end_ns"]),
-    ).fetchall()
-    con.close()
-    out: dict[str, float] = {}
-    for name, start, end in rows:
-        clipped = min(end, window["end_ns"]) - max(start, window["start_ns"])
-        out[step_family(name)] = out.get(step_family(name), 0.0) + clipped / steps / 1e6
-    return out
-
-
 def test_fp8_against_bf16_says_which_gemms_went_and_what_replaced_them(tmp_path):
     bf16, fp8 = profiled(0, "bf16", 1000.0), profiled(1, "fp8", 1310.0)
     c = compare.build("precision", [bf16, fp8], baseline=0)
@@ -67,8 +51,11 @@ def test_fp8_against_bf16_says_which_gemms_went_and_what_replaced_them(tmp_path)
     # Every family's time is the events' own, clipped to each run's window.
     for run, column in ((bf16, "baseline_ms"), (fp8, "run_ms")):
         assert run.analysis is not None
-        truth = family_ms_from_events(
-            PROFILES / run.knobs["precision"] / "profile.sqlite", run.analysis.window, len(run.analysis.window["steps"])
+        truth = kernel_ms_per_step(
+            PROFILES / run.knobs["precision"] / "profile.sqlite",
+            run.analysis.window,
+            len(run.analysis.window["steps"]),
+            step_family,
         )
         copies = sum(v for k, v in run.analysis.time_per_step["compute_by_name_ms"].items() if k.startswith("Mem"))
         for family, row in families.items():
