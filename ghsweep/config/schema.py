@@ -111,6 +111,8 @@ class ModelLrSchema:
 
 # The ids of the byte tokenizer (train.tokenizer.ByteTokenizer): bytes 0-255, then BOS, EOS and PAD.
 BYTE_TOKENIZER_IDS = 259
+# The ids of the shipped byte-level BPE (train.tokenizer.BpeTokenizer, bpe_tokenizer.json).
+BPE_VOCAB_SIZE = 320
 
 
 @dataclass
@@ -494,3 +496,12 @@ def _build(section: type[Section], node: DictConfig) -> Section:
         else:
             values[name] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
     return section(**values)
+
+
+def tokenizer_name(data: DataSchema | DictConfig) -> str:
+    """byte or bpe, the tokenizer of a model built from config (model.path brings its own): data.tokenizer,
+    where auto is bpe for a loader that tokenises on the fly (its work is then a real tokenizer's) and byte
+    ahead of training (as before the knob)."""
+    if data.tokenizer != "auto":
+        return str(data.tokenizer)
+    return "bpe" if data.prepare == "on_the_fly" else "byte"

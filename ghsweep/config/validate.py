@@ -18,8 +18,8 @@ from omegaconf.errors import InterpolationResolutionError
 
 from ghsweep.config.backends import BACKENDS, backend_named
 from ghsweep.config.schema import (
+    BPE_VOCAB_SIZE,
     ConfigSchema,
-    DataSchema,
     ModelSchema,
     accepted,
     capture_steps,
@@ -27,6 +27,7 @@ from ghsweep.config.schema import (
     check_choice,
     choices,
     knobs,
+    tokenizer_name,
     typed,
 )
 from ghsweep.core.errors import ConfigError
@@ -149,15 +150,6 @@ def _validate_model(cfg: DictConfig, model: ModelFacts) -> None:
                 f"data.num_examples=None: data={cfg.data.name} generates this many records; accepted: an integer >= 1"
             )
     _validate_data_prepare(cfg)
-
-
-def tokenizer_name(data: DataSchema | DictConfig) -> str:
-    """byte or bpe, the tokenizer of a model built from config (model.path brings its own): data.tokenizer,
-    where auto is bpe for a loader that tokenises on the fly (its work is then a real tokenizer's) and byte
-    ahead of training (as before the knob)."""
-    if data.tokenizer != "auto":
-        return str(data.tokenizer)
-    return "bpe" if data.prepare == "on_the_fly" else "byte"
 
 
 def _validate_data_prepare(cfg: DictConfig) -> None:
@@ -370,7 +362,6 @@ def _validate_profile(cfg: DictConfig) -> None:
 
 # The ids of the project's subword tokenizer (ghsweep/train/bpe_tokenizer.json), which a model built from
 # config must embed.
-BPE_VOCAB_SIZE = 320
 # Fields of a dolly record the loader reads as text (`context` may be missing).
 RECORD_TEXT_FIELDS = ("instruction", "context", "response")
 LORA_KEYS = ("r", "alpha", "dropout", "target_modules")

@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ghsweep.config.schema import BYTE_TOKENIZER_IDS, ConfigSchema
-from ghsweep.config.validate import BPE_VOCAB_SIZE, tokenizer_name
+from ghsweep.config.schema import BPE_VOCAB_SIZE, BYTE_TOKENIZER_IDS, ConfigSchema, tokenizer_name
 
 BPE_FILE = Path(__file__).with_name("bpe_tokenizer.json")
 BPE_SPECIAL_TOKENS = ("<s>", "</s>", "<pad>")  # ids 0, 1, 2: BOS, EOS, PAD

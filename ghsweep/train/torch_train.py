@@ -333,7 +333,9 @@ def build(
     """The model with its adapters, fp8 layers, compiled layers, data parallelism and activation offload;
     `optimizer` (optim.optimizer_for) is what will step its weights."""
     lora = config.peft.name == "lora"
-    tokenizer = load_tokenizer(config)
+    # A checkpoint's weights are read before its tokenizer, so a folder whose weights cannot be read says
+    # that first; a model built from config takes its special tokens from the tokenizer.
+    tokenizer = None if config.model.path else load_tokenizer(config)
     base, random_init = build_model(
         config.model,
         tokenizer,
@@ -341,6 +343,7 @@ def build(
         precision.frozen_dtype if lora else precision.trained_dtype,
         attention.hf_implementation,
     )
+    tokenizer = tokenizer or load_tokenizer(config)
     # transformers' LlamaForCausalLM, in peft's LoRA wrapper with peft=lora: attributes typed by neither.
     hf_model: Any = apply_peft(base, config.peft, precision.trained_dtype)
     params = count_parameters(hf_model)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ghsweep.config.validate import BPE_VOCAB_SIZE
+from ghsweep.config.schema import BPE_VOCAB_SIZE
 from ghsweep.train.tokenizer import BPE_FILE, BpeTokenizer, ByteTokenizer, load_tokenizer, train_bpe
 from tests.support.compose import compose_typed
 
