@@ -8,6 +8,8 @@ the command line at once, one line each with the closest known key or option.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, ValueType
 
@@ -22,6 +24,7 @@ def refusals(overrides: list[str]) -> list[str]:
     """One line per override that names a key conf/ does not have or an option its group lacks."""
     parsed = OverridesParser.create().parse_overrides(overrides)
     text = " ".join(overrides)
+    searched = searched_folders(parsed)
     lines = []
     for override, typed in zip(parsed, overrides):
         name = override.key_or_group
@@ -29,17 +32,36 @@ def refusals(overrides: list[str]) -> list[str]:
             continue  # Hydra checks its own tree, all but the launch profiles and sweepers of conf/; `~key` removes
         shown = redact.override(typed)
         if options(name):
-            lines += _option_refusals(override, name, shown)
+            if searched is None:
+                continue  # a search path ghsweep cannot look into may add options: Hydra judges them
+            lines += _option_refusals(override, name, shown, searched)
         elif not is_known(name) and not _added_on_purpose(override, name, text):
             lines.append(_key_refusal(override, name, shown))
     return lines
 
 
-def _option_refusals(override: Override, group: str, shown: str) -> list[str]:
+def searched_folders(parsed: list[Override]) -> list[Path] | None:
+    """The folders the command line adds to Hydra's search path (`hydra.searchpath=[file://DIR]`), whose
+    group options (a site's launch profile) are as real as conf/'s; None where one is not a folder
+    (`pkg://`), whose options only Hydra can list."""
+    folders: list[Path] = []
+    for override in parsed:
+        if override.key_or_group != "hydra.searchpath" or override.is_delete():
+            continue
+        value = override.value()
+        for entry in value if isinstance(value, list) else [value]:
+            if not str(entry).startswith("file://"):
+                return None
+            folders.append(Path(str(entry).removeprefix("file://")))
+    return folders
+
+
+def _option_refusals(override: Override, group: str, shown: str, searched: list[Path]) -> list[str]:
     if override.value_type not in LISTED or override.value() is None:
         return []
     values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [str(override.value())]
-    accepted = options(group)
+    added = {p.stem for folder in searched for p in (folder / group).glob("*.yaml")}
+    accepted = sorted({*options(group), *added})
     if group.startswith("hydra/") and not set(values) <= set(accepted):
         accepted = sorted({*accepted, *hydra_options(group)})
     lines = []

@@ -104,3 +104,15 @@ def test_the_cli_refuses_every_mistake_at_once_before_anything_is_created(tmp_pa
     ]
     assert_one_line_errors(proc.stdout, proc.stderr)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_launch_profile_on_the_users_search_path_is_an_option(tmp_path):
+    # A site's profile in a folder of its own (hydra.searchpath) is as real as conf/'s; a near miss of it
+    # is still refused, with it as the suggestion.
+    (tmp_path / "hydra" / "launcher").mkdir(parents=True)
+    (tmp_path / "hydra" / "launcher" / "mysite.yaml").write_text("# @package hydra.launcher\n")
+    searchpath = f"hydra.searchpath=[file://{tmp_path}]"
+    assert refusals([searchpath, "hydra/launcher=mysite"]) == []
+    (line,) = refusals([searchpath, "hydra/launcher=mysitee"])
+    assert line.startswith("hydra/launcher=mysitee: hydra/launcher has no option mysitee; accepted: ")
+    assert line.endswith("did you mean hydra/launcher=mysite?")
