@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.atomic import write_atomic
-from ghsweep.core.errors import ConfigError, JobTimeout, TrackingUriError, one_line
+from ghsweep.core.errors import ConfigError, JobTimeout, TrackingError, TrackingUriError, one_line
 from ghsweep.core.failures import INFRASTRUCTURE, failure_class
 from ghsweep.core.gpu import probe_gpu
 from ghsweep.core.names import (
@@ -626,3 +626,18 @@ def record(
             one_line(exc)[:300],
             run_dir,
         )
+        # A store that is gone is not asked again (its retries take minutes): the sweep's end settles the run.
+        if store is not None and run_id is not None and not isinstance(exc, (TrackingUriError, TrackingError)):
+            _end_anyway(store, run_id, result)
+
+
+def _end_anyway(store: MlflowStore, run_id: str, result: RunResult) -> None:
+    """End the run with its status though its record broke off (its run directory removed under it, an
+    artifact gone): a run left RUNNING would pass for one still training."""
+    try:
+        if result.error:
+            store.end_run(run_id, result.status, result.error)
+        else:
+            store.finish(run_id, result.status)
+    except Exception as exc:  # the store failed after all: the sweep's end, or the next sweep, settles it
+        log.error("%s: could not be ended in MLflow (%s)", run_id, one_line(exc)[:300])

@@ -16,7 +16,9 @@ from tests.support.sweep_dirs import results
 STEPS = 16
 # Job 1 trains long enough for the store to go away under it; job 0 is short. Job 2 trains while the
 # server starts again (seconds), as a forked worker starts at once: the sweep ends with the store back.
-SWEEP = ["-m", "experiment=smoke", "precision=fp32", f"train.max_steps=2,{STEPS},150", "train.seq_length=64"]
+# Job 2 trains long enough (~20 s at 35 ms a step) for the stopped server to be started again before the
+# sweep ends.
+SWEEP = ["-m", "experiment=smoke", "precision=fp32", f"train.max_steps=2,{STEPS},600", "train.seq_length=64"]
 
 
 def test_a_stopped_server_is_recorded_from_the_run_directories_when_it_is_back(tmp_path):
