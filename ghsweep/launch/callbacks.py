@@ -26,6 +26,7 @@ from ghsweep.core.errors import (
 from ghsweep.core.names import ROLE_SWEEP, SWEEP_DIR_TAG
 from ghsweep.core.run_dir import (
     COMPARISON_DIR,
+    RECIPE_TXT,
     RESULT,
     SWEEP_MANIFEST,
     SWEEP_SUMMARY,
@@ -305,7 +306,8 @@ class SweepCallback(Callback):
     # A dry run's combinations that no node can run: the command fails once every plan is printed.
     not_runnable: list[str] = []
     # The sweep directory a dry run made (Hydra writes multirun.yaml there, and each local job its
-    # .hydra files and log): removed at its end, as it holds no sweep for `ghsweep.status` to read.
+    # .hydra files and log): removed at its end, as it holds no sweep for `ghsweep.status` to read,
+    # unless it keeps what the dry run is for (a NeMo recipe as it would run, recipe.txt).
     dry_run_dir: Path | None = None
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -385,7 +387,12 @@ class SweepCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         made = SweepCallback.dry_run_dir
         # Not one that a sweep claimed meanwhile (started into the same default directory, same second).
-        if config.dry_run and made is not None and live_holder(Path(config.hydra.sweep.dir)) is None:
+        if (
+            config.dry_run
+            and made is not None
+            and live_holder(Path(config.hydra.sweep.dir)) is None
+            and not any(made.rglob(RECIPE_TXT))
+        ):
             shutil.rmtree(made, ignore_errors=True)
         if config.dry_run and SweepCallback.not_runnable:
             raise SystemExit(
