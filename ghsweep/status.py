@@ -122,8 +122,10 @@ def collect_local(sweep_dir: Path, manifest: SweepManifest) -> int:
     parent = store.get_run(manifest.parent_run_id)
     if parent.status != RunStatus.RUNNING:
         # A sweep that ended before its end was recorded in its directory (an earlier ghsweep).
-        failed = [c.name for c in store.search(parent_run_id=parent.run_id) if c.status == RunStatus.FAILED]
-        return print_end(sweep_dir, SweepEnd(parent.status, len(store.search(parent_run_id=parent.run_id)), failed))
+        children = store.search(parent_run_id=parent.run_id)
+        # Its MLflow run's status says how it ended: one that FINISHED expected its failures (a tuning study's).
+        ended = SweepEnd.of(children, parent.status == RunStatus.KILLED, parent.status == RunStatus.FINISHED)
+        return print_end(sweep_dir, ended)
     if not process_died(parent.tags):
         print(f"ghsweep: the sweep is still running (pid {parent.tags.get(PID_TAG)}); run this again later")
         return 0

@@ -56,6 +56,10 @@ def test_status_of_an_ended_sweep_exits_non_zero_when_a_run_failed(tmp_path, cap
     ]
     assert status.main([str(ended_sweep(tmp_path / "fine", [RunStatus.FINISHED] * 2))]) == 0
     assert "the sweep ended FINISHED" in capsys.readouterr().out
+    # A run cancelled from outside (scancel) ended KILLED while the sweep went on: the sweep failed.
+    cancelled = ended_sweep(tmp_path / "cancelled", [RunStatus.FINISHED, RunStatus.KILLED])
+    assert status.main([str(cancelled)]) == 1
+    assert "1 of 2 runs failed: seed=1" in capsys.readouterr().out
     interrupted = ended_sweep(tmp_path / "stopped", [RunStatus.FINISHED, RunStatus.KILLED], KeyboardInterrupt())
     assert status.main([str(interrupted)]) == 0  # stopped, not failed: the same command resumes it
     assert "the sweep ended KILLED" in capsys.readouterr().out

@@ -183,12 +183,9 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
 def record_end(
     sweep_dir: Path, results: list[RunResult], failures_expected: bool, interrupt: KeyboardInterrupt | None
 ) -> None:
-    """How the sweep ended, in its directory (SweepEnd), as its MLflow run ends: KILLED when
-    interrupted, FAILED when a run failed that was not expected to."""
-    failed = [] if failures_expected else [r.name for r in results if r.status == RunStatus.FAILED]
-    status = RunStatus.KILLED if interrupt is not None else RunStatus.FAILED if failed else RunStatus.FINISHED
+    """How the sweep ended, in its directory (SweepEnd), as its MLflow run ends."""
     try:
-        SweepEnd(status.value, len(results), failed).save(sweep_dir)
+        SweepEnd.of(results, interrupt is not None, failures_expected).save(sweep_dir)
     except OSError as exc:  # a removed or full sweep directory: `python -m ghsweep.status` asks MLflow
         log.error("%s: not written (%s)", sweep_dir, one_line(exc))
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import fcntl
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from ghsweep.core.atomic import write_atomic
 from ghsweep.core.errors import SweepDirInUse, SweepDirUnwritable, SweepNotFound
@@ -161,6 +162,16 @@ class SweepEnd:
     status: str
     runs: int
     failed: list[str]
+
+    @classmethod
+    def of(cls, runs: Sequence[Any], interrupted: bool, failures_expected: bool) -> SweepEnd:
+        """The end of a sweep whose runs (each with a name and a RunStatus) are `runs`: FAILED when one
+        did not finish that was expected to. One cancelled from outside counts; one that the sweep's
+        own interrupt stopped does not (the same command resumes it)."""
+        stopped = RunStatus.KILLED if interrupted else None
+        failed = [] if failures_expected else [r.name for r in runs if r.status not in (RunStatus.FINISHED, stopped)]
+        status = RunStatus.KILLED if interrupted else RunStatus.FAILED if failed else RunStatus.FINISHED
+        return cls(status.value, len(runs), failed)
 
     @property
     def is_failure(self) -> bool:
