@@ -84,8 +84,13 @@ def parallelize(step: TrainStep, config: ConfigSchema, ranks: Ranks, mode: str) 
         # Every rank built the same weights from the same seed (or folder): no broadcast at start; the buffers
         # (rotary frequencies) never change: no broadcast before every forward either, which would line the
         # ranks up at each step's start. No device_ids: the batch is on the device already, and DDP would
-        # copy the attention mask object.
-        return nn.parallel.DistributedDataParallel(step, init_sync=False, broadcast_buffers=False), mode
+        # copy the attention mask object. Gradients live in DDP's buckets: no second copy of them.
+        ddp = nn.parallel.DistributedDataParallel(
+            step, init_sync=False, broadcast_buffers=False, gradient_as_bucket_view=True
+        )
+        if REDUCE_DTYPES[config.precision.reduce_dtype] == torch.float32:
+            ddp.register_comm_hook(None, _mean_in_fp32)
+        return ddp, mode
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(reduce_dtype=REDUCE_DTYPES[config.precision.reduce_dtype])
@@ -99,6 +104,19 @@ def parallelize(step: TrainStep, config: ConfigSchema, ranks: Ranks, mode: str) 
         fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(step, mp_policy=policy, reshard_after_forward=reshard)
     return step, mode
+
+
+def _mean_in_fp32(_state: None, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's gradient average summed in fp32 (precision.reduce_dtype=fp32), as FSDP2's reduce_dtype
+    does: bf16 gradients summed in bf16 lose bits with every rank added."""
+    grads = bucket.buffer()
+    wide = grads.float().div_(dist.get_world_size())
+    future = dist.all_reduce(wide, async_op=True).get_future()  # type: ignore[union-attr]
+
+    def narrow(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        return grads.copy_(done.value()[0])
+
+    return future.then(narrow)
 
 
 def after_optimizer_step(model: nn.Module, mode: str | None, fp8_library: str | None) -> None:
