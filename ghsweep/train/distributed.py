@@ -111,7 +111,7 @@ def _mean_in_fp32(_state: None, bucket: dist.GradBucket) -> torch.futures.Future
     does: bf16 gradients summed in bf16 lose bits with every rank added."""
     grads = bucket.buffer()
     wide = grads.float().div_(dist.get_world_size())
-    future = dist.all_reduce(wide, async_op=True).get_future()  # type: ignore[union-attr]
+    future = dist.all_reduce(wide, async_op=True).get_future()
 
     def narrow(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         return grads.copy_(done.value()[0])
