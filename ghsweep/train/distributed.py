@@ -89,7 +89,8 @@ def parallelize(step: TrainStep, config: ConfigSchema, ranks: Ranks, mode: str) 
             step, init_sync=False, broadcast_buffers=False, gradient_as_bucket_view=True
         )
         if REDUCE_DTYPES[config.precision.reduce_dtype] == torch.float32:
-            ddp.register_comm_hook(None, _mean_in_fp32)
+            # DDP checks a hook's annotations against its own classes; this module's are strings.
+            ddp.register_comm_hook(None, lambda state, bucket: _mean_in_fp32(bucket))
         return ddp, mode
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -106,7 +107,7 @@ def parallelize(step: TrainStep, config: ConfigSchema, ranks: Ranks, mode: str) 
     return step, mode
 
 
-def _mean_in_fp32(_state: None, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def _mean_in_fp32(bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP's gradient average summed in fp32 (precision.reduce_dtype=fp32), as FSDP2's reduce_dtype
     does: bf16 gradients summed in bf16 lose bits with every rank added."""
     grads = bucket.buffer()
