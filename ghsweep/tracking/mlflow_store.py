@@ -48,6 +48,7 @@ from ghsweep.core.names import (
 )
 from ghsweep.core.run_result import RunStatus
 from ghsweep.tracking import redact
+from ghsweep.tracking.empty_store import copy_empty_tables
 
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100
@@ -213,8 +214,9 @@ def flatten(tree: Mapping, prefix: str = "") -> dict[str, str]:
 
 @contextmanager
 def first_open_lock(uri: str):
-    """Held while a SQLite store is opened: MLflow creates a new file's tables on first open, and two
-    processes doing that at once fail ("table ... already exists"). A server needs no lock."""
+    """Held while a SQLite store is opened: a new file gets its tables on first open (copied,
+    tracking.empty_store), and two processes doing that at once fail ("table ... already exists").
+    A server needs no lock."""
     if not uri.startswith("sqlite:///"):
         yield
         return
@@ -227,6 +229,7 @@ def first_open_lock(uri: str):
         return
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        copy_empty_tables(path)
         yield
 
 
