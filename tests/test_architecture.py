@@ -12,6 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "ghsweep"
 LAYERS = {
     "core": 0,
     "config": 1,
+    "capture": 2,
     "train": 2,
     "profile": 2,
     "tracking": 2,
@@ -25,8 +26,8 @@ LAYERS = {
     "gate": 6,
     "bench": 6,
 }
-# The training loop runs the PyTorch profiler's capture window, and nothing else of profile.
-SIDEWAYS = {("train", "ghsweep.profile.torch_capture")}
+# The training loop runs the PyTorch profiler's capture window; the analysis finds and runs the Nsight tools.
+SIDEWAYS = {("train", "ghsweep.capture.torch_capture"), ("profile", "ghsweep.capture.nsight_commands")}
 
 
 def imports() -> list[tuple[str, str, str]]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from ghsweep.capture.nsight_commands import export_sqlite, ncu_command, ncu_raw_csv
 from ghsweep.config.schema import ConfigSchema, capture_steps, carried
 from ghsweep.core.errors import ProfilerUnavailable
 from ghsweep.core.run_dir import (
@@ -26,7 +27,7 @@ from ghsweep.core.run_dir import (
     TORCH_TRACE,
 )
 from ghsweep.core.run_plan import ProfilePlan, RunPlan
-from ghsweep.profile import capture, plots, report
+from ghsweep.profile import plots, report
 from ghsweep.profile.analysis import analyze
 from ghsweep.profile.overhead import MeasuredRun
 from ghsweep.profile.ranks import rank_of
@@ -109,7 +110,7 @@ def profile_files(run_dir: Path, plan: ProfilePlan, world_size: int) -> tuple[li
         if nsys is None:
             raise ProfilerUnavailable("the run's plan uses nsys but names no nsys path")
         reports = nsys_reports(run_dir, world_size)
-        exports = [capture.export_sqlite(nsys, rep, plan.tool_prefix) for rep in reports]
+        exports = [export_sqlite(nsys, rep, plan.tool_prefix) for rep in reports]
         return [*reports, *exports], exports
     trace = run_dir / TORCH_TRACE
     if not trace.exists():
@@ -188,17 +189,17 @@ def ncu_pass(config: ConfigSchema, run: RunPlan, profile_file: Path, run_ncu_pas
     metrics = options.metrics
     section_set = options.section_set
     started = time.monotonic()
-    prefix = capture.ncu_command(ncu, report_path, names, launches, section_set, metrics, per_config)
+    prefix = ncu_command(ncu, report_path, names, launches, section_set, metrics, per_config)
     if run_ncu_pass(run.ncu_pass.command(prefix), work) != 0 and metrics:
         # A metric this GPU or ncu version does not know: the section set alone still gives time
         # and FLOPs (bytes then read 0 and the roofline says so).
         log.warning("ncu with profile.ncu.metrics failed; retrying with --set %s only", section_set)
-        prefix = capture.ncu_command(ncu, report_path, names, launches, section_set, (), per_config)
+        prefix = ncu_command(ncu, report_path, names, launches, section_set, (), per_config)
         run_ncu_pass(run.ncu_pass.command(prefix), work)
     seconds = time.monotonic() - started
     if not report_path.exists():
         raise ProfilerUnavailable(
             f"the ncu pass failed (counters not readable, or no kernel matched {names}); see {work}/worker.log"
         )
-    csv_path = capture.ncu_raw_csv(ncu, report_path, Path(run.run_dir) / NCU_CSV, plan.tool_prefix)
+    csv_path = ncu_raw_csv(ncu, report_path, Path(run.run_dir) / NCU_CSV, plan.tool_prefix)
     return csv_path, {"seconds": seconds, "kernels": names, "launches": planned}

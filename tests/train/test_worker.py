@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from ghsweep.capture.torch_capture import torch_capture
 from ghsweep.core.run_dir import METRICS, SUMMARY, TORCH_TRACE, WORKER_ERROR, WORKER_LOG
 from ghsweep.core.run_plan import ProfilePlan
 from ghsweep.launch.worker_process import run_worker as run_worker_process
 from ghsweep.launch.worker_process import worker_pid
-from ghsweep.profile.torch_capture import torch_capture
 from ghsweep.train.step_log import StepLog
 from tests.support.compose import compose_config
 from tests.support.planned_run import planned_run
@@ -31,7 +31,7 @@ NOT_FOR_THE_WORKER = (
     "ghsweep.config.validate",
     "ghsweep.config.world",
     "ghsweep.config.keys",
-    "ghsweep.profile.plan",
+    "ghsweep.capture.profiler_plan",
     "ghsweep.report",
     "ghsweep.tracking",
     "matplotlib",
