@@ -1,5 +1,10 @@
 """What happens after a profiled worker: export, the optional Nsight Compute pass, analysis,
-report, plots and the files and numbers for MLflow (the plan that led here: plan.py)."""
+report, plots and the files and numbers for MLflow (the plan that led here:
+ghsweep.capture.profiler_plan).
+
+It is profile's, not capture's: it starts once the worker's recording is finished, and its work is
+reading it. The one recording it makes, the ncu pass, is picked by that reading (the nsys profile's
+top kernels) and takes its command line from capture (nsight_commands.ncu_command), a layer below."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ghsweep.capture.nsight_commands import export_sqlite, ncu_command, ncu_raw_csv
+from ghsweep.capture.nsight_commands import ncu_command
 from ghsweep.config.schema import ConfigSchema, capture_steps, carried
 from ghsweep.core.errors import ProfilerUnavailable
 from ghsweep.core.run_dir import (
@@ -29,6 +34,7 @@ from ghsweep.core.run_dir import (
 from ghsweep.core.run_plan import ProfilePlan, RunPlan
 from ghsweep.profile import plots, report
 from ghsweep.profile.analysis import analyze
+from ghsweep.profile.nsight_exports import export_sqlite, ncu_raw_csv
 from ghsweep.profile.overhead import MeasuredRun
 from ghsweep.profile.ranks import rank_of
 from ghsweep.profile.run_analysis import full_analysis, rank_analysis

@@ -20,6 +20,7 @@ from ghsweep.core.run_dir import NCU_PASS_DIR, NSYS_REPORT, NSYS_SQLITE
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.launch.container import check_container, container_env, container_prefix, tool_finder
 from ghsweep.launch.plan import dry_run_plans, node_plan
+from ghsweep.profile import nsight_exports
 from tests.support.cli import run_cli
 from tests.support.compose import compose_config, compose_typed
 from tests.support.stand_ins import NODE_GPU, fake_runtime
@@ -134,9 +135,9 @@ def test_profilers_are_looked_up_and_exported_inside_the_container(tmp_path, mon
     # The export runs where the report was made: through the container, not on the host.
     report = tmp_path / NSYS_REPORT
     report.touch()
-    assert nsight_commands.export_sqlite(plan.nsys_path, report, plan.tool_prefix) == tmp_path / NSYS_SQLITE
+    assert nsight_exports.export_sqlite(plan.nsys_path, report, plan.tool_prefix) == tmp_path / NSYS_SQLITE
     with pytest.raises(FileNotFoundError):
-        nsight_commands.export_sqlite(plan.nsys_path, report)
+        nsight_exports.export_sqlite(plan.nsys_path, report)
 
 
 def test_torchrun_starts_one_container_per_rank(tmp_path):

@@ -55,6 +55,7 @@ sys.path.insert(0, str(REPO))
 from ghsweep.capture import nsight_commands  # noqa: E402
 from ghsweep.capture.torch_capture import TorchCapture  # noqa: E402
 from ghsweep.core.run_dir import NSYS_REPORT, NSYS_SQLITE  # noqa: E402
+from ghsweep.profile import nsight_exports  # noqa: E402
 from ghsweep.profile.analysis import analyze  # noqa: E402
 from ghsweep.train.phases import Phases  # noqa: E402
 
@@ -212,7 +213,7 @@ def run(cmd: list[str], log: Path, timeout: float) -> int:
 
 
 def export_and_stats(nsys: str, report: Path, log: Path) -> None:
-    db = nsight_commands.export_sqlite(nsys, report)
+    db = nsight_exports.export_sqlite(nsys, report)
     prefix = report.parent / (report.stem + "_stats")
     cmd = [nsys, "stats", "--format", "csv", "--output", str(prefix)]
     for r in STATS_REPORTS:
@@ -253,7 +254,7 @@ def ncu_pass(
     if rc != 0 and metrics:  # a metric this ncu does not know: the section set alone
         rc = run(nsight_commands.ncu_command(ncu, report, names, count, "roofline") + script, log, 300)
     if rc == 0:
-        nsight_commands.ncu_raw_csv(ncu, report, out / (report.stem + ".csv"))
+        nsight_exports.ncu_raw_csv(ncu, report, out / (report.stem + ".csv"))
 
 
 def all_scenarios(out: Path, nsys: str, ncu: str | None, deadline_s: float) -> None:
@@ -426,7 +427,7 @@ def crosscheck_run(nsys: str, work: Path, log: Path) -> Path:
     simultaneous = has_kernels(trace)
     if not simultaneous:  # the profilers could not share the counters: the same program again
         run(me + args, log, 600)
-    nsight_commands.export_sqlite(nsys, report)
+    nsight_exports.export_sqlite(nsys, report)
     with open(trace, "rb") as src, gzip.open(d / "torch_trace.json.gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
     (d / "capture.json").write_text(json.dumps({"simultaneous": simultaneous, "command": args}))
