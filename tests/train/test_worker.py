@@ -1,6 +1,7 @@
 """The worker process as the job starts it: it trains what run_plan.json and config.yaml say, writes
 summary.json, metrics.jsonl and the torch trace, records its failure in worker_error.json, and loads
-nothing of the launch side, the config validation, the profile planning or matplotlib."""
+nothing of the launch side, the config validation, the profile planning, the profile analysis or
+matplotlib."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ NOT_FOR_THE_WORKER = (
     "ghsweep.config.world",
     "ghsweep.config.keys",
     "ghsweep.capture.profiler_plan",
+    "ghsweep.profile",
     "ghsweep.report",
     "ghsweep.tracking",
     "matplotlib",
