@@ -18,9 +18,9 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
+from ghsweep.capture.profiler_plan import sweep_session_launch
 from ghsweep.config.schema import ProfileSchema, typed_section
 from ghsweep.launch.worker_process import WarmWorker, WarmWorkerUnavailable, worker_env
-from ghsweep.profile.plan import sweep_session_launch
 
 IMPORTS = "import sys; from ghsweep.train.warm_worker import import_training; sys.exit(import_training())"
 

@@ -222,7 +222,7 @@ class NsysSchema:
     trace: list[NsysTrace]  # `nsys profile --trace`
     um_page_faults: Literal["auto", True, False]  # auto: with memory=unified
     gpu_metrics: bool  # --gpu-metrics-devices: SM, tensor, DRAM and link activity over time
-    extra_args: list[str]  # more `nsys profile` flags (--NAME=VALUE; profile/capture.py checks them)
+    extra_args: list[str]  # more `nsys profile` flags (--NAME=VALUE; capture/nsight_commands.py checks them)
     handoff: bool  # a forked worker exits once nsys holds its capture (core/handoff.py)
 
 

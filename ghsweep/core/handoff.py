@@ -14,7 +14,7 @@ They speak through files in the run directory, each made whole at once (core/ato
   CAPTURE_MAY_EXIT  sweep -> worker: nsys writes the report in its own process (the session left
                     RangeCollection): a worker that exits earlier leaves a broken report.
 The worker knows its collection is handed by HANDOFF_ENV in its environment, which the sweep sets
-only for a worker it forked into a session and watches (ghsweep.profile.nsys_session).
+only for a worker it forked into a session and watches (ghsweep.capture.nsys_session).
 """
 
 from __future__ import annotations

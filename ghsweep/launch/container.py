@@ -77,7 +77,7 @@ def container_env(config: ConfigSchema) -> dict[str, str]:
 
 
 def tool_finder(prefix: list[str]) -> Callable[[str, str | None], str | None]:
-    """capture.find_tool for a worker that runs in the container `prefix` starts. Profilers wrap the
+    """nsight_commands.find_tool for a worker that runs in the container `prefix` starts. Profilers wrap the
     worker inside the container, so they must exist there (`command -v`), not on the host; the
     command keeps the name (or configured path) the image's PATH resolves, which is also what a dry
     run prints."""

@@ -124,7 +124,7 @@ def tool_text(name: str, configured: str | None, plan: ProfilePlan) -> str:
 
 def where(name: str, configured: str | None, plan: ProfilePlan) -> str:
     assumed = plan.nsys_path if name == "nsys" else plan.ncu_path
-    assert assumed is not None, f"a plan that runs {name} holds its path (ghsweep.profile.plan.resolve)"
+    assert assumed is not None, f"a plan that runs {name} holds its path (ghsweep.capture.profiler_plan.resolve)"
     if configured:
         return f"at {assumed} (profile.{name}.path)"
     if plan.tool_prefix:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from ghsweep.capture.nsight_commands import find_tool as find_on_node
+from ghsweep.capture.profiler_plan import plans_from_config, profiler_prefix, resolve, session_capture
 from ghsweep.config.schema import ConfigSchema
 from ghsweep.config.validate import run_device, validate
 from ghsweep.config.world import data_parallel, world_of
@@ -23,8 +25,6 @@ from ghsweep.core.run_plan import NcuPass, ProfilePlan, RunPlan, World
 from ghsweep.launch.container import check_container, container_prefix, tool_finder
 from ghsweep.launch.worker_process import worker_command, worker_program, worker_timeout_min
 from ghsweep.launch.world import check_world
-from ghsweep.profile.capture import find_tool as find_on_node
-from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve, session_capture
 
 ToolFinder = Callable[[str, str | None], str | None]
 # A GPU that meets every requirement a config can state: checking against it, and against no GPU,
@@ -116,7 +116,7 @@ def node_plan(
 def dry_run_plans(
     cfg: DictConfig, run_dir: Path, name: str, overrides: list[str], on_slurm: bool
 ) -> tuple[list[RunPlan], ConfigSchema]:
-    """(the plans the node can make, decided here from the config alone (profile.plan.plans_from_config):
+    """(the plans the node can make, decided here from the config alone (capture.profiler_plan.plans_from_config):
     one, or for profile=auto on a device that may be a GPU, the node's choice with a GPU and nsys
     first and without second; the typed config of `cfg`). ConfigError for what no node can run."""
     config = check_anywhere(cfg)

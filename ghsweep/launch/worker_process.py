@@ -24,6 +24,8 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from ghsweep.capture.nsys_session import REPORT_TIMEOUT_S, CollectionHandoff, end_collection, start_collection
+from ghsweep.capture.profiler_plan import sweep_session_launch
 from ghsweep.config.schema import ProfileSchema, typed_section
 from ghsweep.config.validate import GPU_TIMEOUT_MIN
 from ghsweep.core.atomic import open_new, write_atomic
@@ -33,8 +35,6 @@ from ghsweep.core.run_dir import CAPTURE_ARMED, CAPTURE_MAY_EXIT, CAPTURE_STOPPI
 from ghsweep.core.run_plan import SessionCapture
 from ghsweep.launch.local_gpus import ONE_AT_A_TIME_LAUNCHER
 from ghsweep.launch.world import torchrun_prefix
-from ghsweep.profile.nsys_session import REPORT_TIMEOUT_S, CollectionHandoff, end_collection, start_collection
-from ghsweep.profile.plan import sweep_session_launch
 from ghsweep.train import warm_worker
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def worker_command(
 ) -> list[str]:
     """The argument list that starts the worker of `run_dir` with `python`, in `container` (its
     `exec ... IMAGE`, [] on the node), under `profiler` (the profiler's command up to the program:
-    ghsweep.profile.plan.profiler_prefix for nsys), as `local_ranks` ranks on this machine
+    ghsweep.capture.profiler_plan.profiler_prefix for nsys), as `local_ranks` ranks on this machine
     (torchrun when more than one). Built by ghsweep.launch.plan, once, into the RunPlan.
 
     Always an argument list, never a shell string: user values are never parsed by a shell.
@@ -344,7 +344,7 @@ class PreimportedWorkerCallback(Callback):
 
     It serves a sweep whose combinations run one after another in this process (the default launcher),
     with `worker.preimported=true`, unless it is a dry run; under nsys when the sweep's own `profile`,
-    `memory` and `device` say its runs use it here (profile.plan.sweep_session_launch). A sweep refused
+    `memory` and `device` say its runs use it here (capture.profiler_plan.sweep_session_launch). A sweep refused
     before it starts stops it with this process (atexit)."""
 
     def __init__(

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ghsweep.capture.nsight_commands import find_tool
 from ghsweep.core.errors import ProfileError, ProfilerUnavailable
-from ghsweep.profile.capture import export_sqlite, find_tool
+from ghsweep.profile.nsight_exports import export_sqlite
 from ghsweep.profile.nsys_analysis import analyze_nsys
 from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.profile.torch_trace import analyze_torch_trace

@@ -1,5 +1,10 @@
 """What happens after a profiled worker: export, the optional Nsight Compute pass, analysis,
-report, plots and the files and numbers for MLflow (the plan that led here: plan.py)."""
+report, plots and the files and numbers for MLflow (the plan that led here:
+ghsweep.capture.profiler_plan).
+
+It is profile's, not capture's: it starts once the worker's recording is finished, and its work is
+reading it. The one recording it makes, the ncu pass, is picked by that reading (the nsys profile's
+top kernels) and takes its command line from capture (nsight_commands.ncu_command), a layer below."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from ghsweep.capture.nsight_commands import ncu_command
 from ghsweep.config.schema import ConfigSchema, capture_steps, carried
 from ghsweep.core.errors import ProfilerUnavailable
 from ghsweep.core.run_dir import (
@@ -26,8 +32,9 @@ from ghsweep.core.run_dir import (
     TORCH_TRACE,
 )
 from ghsweep.core.run_plan import ProfilePlan, RunPlan
-from ghsweep.profile import capture, plots, report
+from ghsweep.profile import plots, report
 from ghsweep.profile.analysis import analyze
+from ghsweep.profile.nsight_exports import export_sqlite, ncu_raw_csv
 from ghsweep.profile.overhead import MeasuredRun
 from ghsweep.profile.ranks import rank_of
 from ghsweep.profile.run_analysis import full_analysis, rank_analysis
@@ -109,7 +116,7 @@ def profile_files(run_dir: Path, plan: ProfilePlan, world_size: int) -> tuple[li
         if nsys is None:
             raise ProfilerUnavailable("the run's plan uses nsys but names no nsys path")
         reports = nsys_reports(run_dir, world_size)
-        exports = [capture.export_sqlite(nsys, rep, plan.tool_prefix) for rep in reports]
+        exports = [export_sqlite(nsys, rep, plan.tool_prefix) for rep in reports]
         return [*reports, *exports], exports
     trace = run_dir / TORCH_TRACE
     if not trace.exists():
@@ -188,17 +195,17 @@ def ncu_pass(config: ConfigSchema, run: RunPlan, profile_file: Path, run_ncu_pas
     metrics = options.metrics
     section_set = options.section_set
     started = time.monotonic()
-    prefix = capture.ncu_command(ncu, report_path, names, launches, section_set, metrics, per_config)
+    prefix = ncu_command(ncu, report_path, names, launches, section_set, metrics, per_config)
     if run_ncu_pass(run.ncu_pass.command(prefix), work) != 0 and metrics:
         # A metric this GPU or ncu version does not know: the section set alone still gives time
         # and FLOPs (bytes then read 0 and the roofline says so).
         log.warning("ncu with profile.ncu.metrics failed; retrying with --set %s only", section_set)
-        prefix = capture.ncu_command(ncu, report_path, names, launches, section_set, (), per_config)
+        prefix = ncu_command(ncu, report_path, names, launches, section_set, (), per_config)
         run_ncu_pass(run.ncu_pass.command(prefix), work)
     seconds = time.monotonic() - started
     if not report_path.exists():
         raise ProfilerUnavailable(
             f"the ncu pass failed (counters not readable, or no kernel matched {names}); see {work}/worker.log"
         )
-    csv_path = capture.ncu_raw_csv(ncu, report_path, Path(run.run_dir) / NCU_CSV, plan.tool_prefix)
+    csv_path = ncu_raw_csv(ncu, report_path, Path(run.run_dir) / NCU_CSV, plan.tool_prefix)
     return csv_path, {"seconds": seconds, "kernels": names, "launches": planned}

@@ -25,13 +25,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from ghsweep.capture.torch_capture import torch_capture
 from ghsweep.config.backends import ManagedAllocator
 from ghsweep.config.schema import ConfigSchema, TrainSchema
 from ghsweep.core.atomic import wait_for_file
 from ghsweep.core.run_dir import METRICS
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.summary import RunSummary
-from ghsweep.profile.torch_capture import torch_capture
 from ghsweep.train import attention as attn
 from ghsweep.train import data as dolly
 from ghsweep.train import distributed

@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
+from ghsweep.capture import nsight_commands
 from ghsweep.config.schema import typed
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import NCU_PASS_DIR, NSYS_REPORT, NSYS_SQLITE
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.launch.container import check_container, container_env, container_prefix, tool_finder
 from ghsweep.launch.plan import dry_run_plans, node_plan
-from ghsweep.profile import capture
+from ghsweep.profile import nsight_exports
 from tests.support.cli import run_cli
 from tests.support.compose import compose_config, compose_typed
 from tests.support.stand_ins import NODE_GPU, fake_runtime
@@ -113,7 +114,7 @@ def test_profilers_are_looked_up_and_exported_inside_the_container(tmp_path, mon
     find = tool_finder(prefix)
     assert find("nsys", None) == "nsys"
     assert find("nsys", str(image_bin / "nsys")) == str(image_bin / "nsys")
-    assert find("ncu", None) is None and capture.find_tool("nsys", None) is None
+    assert find("ncu", None) is None and nsight_commands.find_tool("nsys", None) is None
 
     # The job's plan: nsys from the image, and ncu missing there is the one-line error before training.
     with pytest.raises(ConfigError, match=r"^profile=nsys_ncu: ncu not found on PATH"):
@@ -134,9 +135,9 @@ def test_profilers_are_looked_up_and_exported_inside_the_container(tmp_path, mon
     # The export runs where the report was made: through the container, not on the host.
     report = tmp_path / NSYS_REPORT
     report.touch()
-    assert capture.export_sqlite(plan.nsys_path, report, plan.tool_prefix) == tmp_path / NSYS_SQLITE
+    assert nsight_exports.export_sqlite(plan.nsys_path, report, plan.tool_prefix) == tmp_path / NSYS_SQLITE
     with pytest.raises(FileNotFoundError):
-        capture.export_sqlite(plan.nsys_path, report)
+        nsight_exports.export_sqlite(plan.nsys_path, report)
 
 
 def test_torchrun_starts_one_container_per_rank(tmp_path):

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from hydra.types import RunMode
 
+from ghsweep.capture import nsys_session
 from ghsweep.core.atomic import wait_for_file, write_atomic
 from ghsweep.core.run_dir import (
     CAPTURE_ARMED,
@@ -51,7 +52,6 @@ from ghsweep.launch.worker_process import (
     worker_env,
     worker_pid,
 )
-from ghsweep.profile import nsys_session
 from tests.support.cli import run_cli
 from tests.support.compose import compose_config
 from tests.support.planned_run import planned_run

@@ -52,10 +52,11 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from ghsweep.capture import nsight_commands  # noqa: E402
+from ghsweep.capture.torch_capture import TorchCapture  # noqa: E402
 from ghsweep.core.run_dir import NSYS_REPORT, NSYS_SQLITE  # noqa: E402
-from ghsweep.profile import capture  # noqa: E402
+from ghsweep.profile import nsight_exports  # noqa: E402
 from ghsweep.profile.analysis import analyze  # noqa: E402
-from ghsweep.profile.torch_capture import TorchCapture  # noqa: E402
 from ghsweep.train.phases import Phases  # noqa: E402
 
 SCENARIOS = ("clean", "dataload", "hostsync", "pageable", "offload", "unified")
@@ -212,7 +213,7 @@ def run(cmd: list[str], log: Path, timeout: float) -> int:
 
 
 def export_and_stats(nsys: str, report: Path, log: Path) -> None:
-    db = capture.export_sqlite(nsys, report)
+    db = nsight_exports.export_sqlite(nsys, report)
     prefix = report.parent / (report.stem + "_stats")
     cmd = [nsys, "stats", "--format", "csv", "--output", str(prefix)]
     for r in STATS_REPORTS:
@@ -248,12 +249,12 @@ def tensor_metrics(ncu: str, out: Path, log: Path) -> list[str]:
 def ncu_pass(
     ncu: str, script: list[str], report: Path, names: list[str], count: int, metrics: list[str], out: Path, log: Path
 ) -> None:
-    base = capture.ncu_command(ncu, report, names, count, "roofline", metrics)
+    base = nsight_commands.ncu_command(ncu, report, names, count, "roofline", metrics)
     rc = run(base + script, log, 300)
     if rc != 0 and metrics:  # a metric this ncu does not know: the section set alone
-        rc = run(capture.ncu_command(ncu, report, names, count, "roofline") + script, log, 300)
+        rc = run(nsight_commands.ncu_command(ncu, report, names, count, "roofline") + script, log, 300)
     if rc == 0:
-        capture.ncu_raw_csv(ncu, report, out / (report.stem + ".csv"))
+        nsight_exports.ncu_raw_csv(ncu, report, out / (report.stem + ".csv"))
 
 
 def all_scenarios(out: Path, nsys: str, ncu: str | None, deadline_s: float) -> None:
@@ -275,10 +276,12 @@ def all_scenarios(out: Path, nsys: str, ncu: str | None, deadline_s: float) -> N
         if scenario in ("clean", "hostsync", "dataload"):
             run(me + args + ["--timing-out", str(d / "timing_unprofiled.json")], log, 300)
         report = d / NSYS_REPORT
-        prefix = capture.NsysCapture(nsys, report, NSYS_TRACE, scenario == "unified", NSYS_EXTRA).profile_command()
+        prefix = nsight_commands.NsysCapture(
+            nsys, report, NSYS_TRACE, scenario == "unified", NSYS_EXTRA
+        ).profile_command()
         rc = run(prefix + me + args + ["--timing-out", str(d / "timing_profiled.json")], log, 300)
         if rc != 0 or not report.exists():  # e.g. OS-runtime tracing refused: CUDA and NVTX alone
-            prefix = capture.NsysCapture(
+            prefix = nsight_commands.NsysCapture(
                 nsys, report, NSYS_TRACE[:2], scenario == "unified", NSYS_EXTRA
             ).profile_command()
             run(prefix + me + args + ["--timing-out", str(d / "timing_profiled.json")], log, 300)
@@ -418,11 +421,13 @@ def crosscheck_run(nsys: str, work: Path, log: Path) -> Path:
     ]
     me = [sys.executable, str(Path(__file__).resolve())]
     report = d / NSYS_REPORT
-    run(capture.NsysCapture(nsys, report, NSYS_TRACE, False, NSYS_EXTRA).profile_command() + me + args, log, 600)
+    run(
+        nsight_commands.NsysCapture(nsys, report, NSYS_TRACE, False, NSYS_EXTRA).profile_command() + me + args, log, 600
+    )
     simultaneous = has_kernels(trace)
     if not simultaneous:  # the profilers could not share the counters: the same program again
         run(me + args, log, 600)
-    capture.export_sqlite(nsys, report)
+    nsight_exports.export_sqlite(nsys, report)
     with open(trace, "rb") as src, gzip.open(d / "torch_trace.json.gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
     (d / "capture.json").write_text(json.dumps({"simultaneous": simultaneous, "command": args}))
@@ -519,13 +524,13 @@ def main() -> None:
     elif args.mode == "calibrate":
         calibrate()
     else:
-        nsys = capture.find_tool("nsys", args.nsys)
+        nsys = nsight_commands.find_tool("nsys", args.nsys)
         if nsys is None:
             sys.exit("nsys not found: pass --nsys PATH")
         if args.mode == "gpu-runs":
             gpu_runs(args.out.resolve(), nsys)
         else:
-            all_scenarios(args.out, nsys, capture.find_tool("ncu", args.ncu), args.deadline_s)
+            all_scenarios(args.out, nsys, nsight_commands.find_tool("ncu", args.ncu), args.deadline_s)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-from ghsweep.profile import capture
+from ghsweep.capture import nsight_commands
 from ghsweep.profile.analysis import analyze
 from ghsweep.profile.findings import evaluate
 
@@ -50,8 +50,10 @@ def planted(tmp_path: Path) -> Path:
 
 def test_the_flag_is_on_the_nsys_command_only_when_asked():
     args = ("nsys", Path("r.nsys-rep"), ["cuda"], False, [])
-    assert "--gpu-metrics-devices=cuda-visible" in capture.NsysCapture(*args, gpu_metrics=True).profile_command()
-    assert not [a for a in capture.NsysCapture(*args).profile_command() if a.startswith("--gpu-metrics")]
+    assert (
+        "--gpu-metrics-devices=cuda-visible" in nsight_commands.NsysCapture(*args, gpu_metrics=True).profile_command()
+    )
+    assert not [a for a in nsight_commands.NsysCapture(*args).profile_command() if a.startswith("--gpu-metrics")]
 
 
 def test_the_analysis_reads_the_metrics_over_the_steady_window(tmp_path):

@@ -1,6 +1,7 @@
 """The worker process as the job starts it: it trains what run_plan.json and config.yaml say, writes
 summary.json, metrics.jsonl and the torch trace, records its failure in worker_error.json, and loads
-nothing of the launch side, the config validation, the profile planning or matplotlib."""
+nothing of the launch side, the config validation, the profile planning, the profile analysis or
+matplotlib."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from ghsweep.capture.torch_capture import torch_capture
 from ghsweep.core.run_dir import METRICS, SUMMARY, TORCH_TRACE, WORKER_ERROR, WORKER_LOG
 from ghsweep.core.run_plan import ProfilePlan
 from ghsweep.launch.worker_process import run_worker as run_worker_process
 from ghsweep.launch.worker_process import worker_pid
-from ghsweep.profile.torch_capture import torch_capture
 from ghsweep.train.step_log import StepLog
 from tests.support.compose import compose_config
 from tests.support.planned_run import planned_run
@@ -31,7 +32,8 @@ NOT_FOR_THE_WORKER = (
     "ghsweep.config.validate",
     "ghsweep.config.world",
     "ghsweep.config.keys",
-    "ghsweep.profile.plan",
+    "ghsweep.capture.profiler_plan",
+    "ghsweep.profile",
     "ghsweep.report",
     "ghsweep.tracking",
     "matplotlib",

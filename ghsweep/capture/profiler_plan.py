@@ -14,19 +14,19 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from ghsweep.capture import nsight_commands
 from ghsweep.config.schema import ConfigSchema, ProfileSchema, carried
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import probe_gpu
 from ghsweep.core.run_dir import NSYS_RANK_REPORT, NSYS_REPORT
 from ghsweep.core.run_plan import ProfilePlan, SessionCapture, World
-from ghsweep.profile import capture
 
 
 def resolve(
     profile: ProfileSchema,
     on_gpu: bool,
     device: str,
-    find_tool: Callable[[str, str | None], str | None] = capture.find_tool,
+    find_tool: Callable[[str, str | None], str | None] = nsight_commands.find_tool,
 ) -> ProfilePlan:
     """The plan for `profile` on this machine; ConfigError when a named profiler cannot run.
 
@@ -77,7 +77,7 @@ def resolve(
 
 
 def node_tool(name: str, configured: str | None) -> str:
-    """The path a dry run takes for a profiler the node looks up (capture.find_tool there): the
+    """The path a dry run takes for a profiler the node looks up (nsight_commands.find_tool there): the
     configured path, else the one on PATH here, else the bare name (the node's PATH decides)."""
     if configured:
         return str(Path(configured))
@@ -109,7 +109,9 @@ def plans_from_config(profile: ProfileSchema, device: str, tool_prefix: list[str
     return plans
 
 
-def nsys_capture(profile: ProfileSchema, memory: str, report: Path, plan: ProfilePlan) -> capture.NsysCapture | None:
+def nsys_capture(
+    profile: ProfileSchema, memory: str, report: Path, plan: ProfilePlan
+) -> nsight_commands.NsysCapture | None:
     """The nsys capture to `report` of a run with this `profile` and `memory.name`, or None when
     `plan` does not use nsys."""
     if plan.used != "nsys":
@@ -118,10 +120,12 @@ def nsys_capture(profile: ProfileSchema, memory: str, report: Path, plan: Profil
         raise ConfigError("profile: the plan uses nsys but names no nsys path (resolve() sets one)")
     opts = carried(profile.nsys, "profile.nsys")
     um = memory == "unified" if opts.um_page_faults == "auto" else bool(opts.um_page_faults)
-    return capture.NsysCapture(plan.nsys_path, report, opts.trace, um, opts.extra_args, opts.gpu_metrics)
+    return nsight_commands.NsysCapture(plan.nsys_path, report, opts.trace, um, opts.extra_args, opts.gpu_metrics)
 
 
-def run_capture(config: ConfigSchema, run_dir: Path, plan: ProfilePlan, world: World) -> capture.NsysCapture | None:
+def run_capture(
+    config: ConfigSchema, run_dir: Path, plan: ProfilePlan, world: World
+) -> nsight_commands.NsysCapture | None:
     """nsys_capture of the run in `run_dir` over `world` (the plan's). With several ranks each rank
     writes its own report, profile_rank<RANK>.nsys-rep (nsys expands %q{RANK} from the rank's environment)."""
     report = NSYS_REPORT if world.size == 1 else NSYS_RANK_REPORT

@@ -1,5 +1,5 @@
-"""Command lines that put a worker under Nsight Systems or Nsight Compute, and the export of an
-nsys report to SQLite.
+"""Command lines that put a worker under Nsight Systems or Nsight Compute, and where the tools are
+(what turns their reports into files the analysis reads: ghsweep.profile.nsight_exports).
 
 Every command is an argument list (never a shell string). The capture range is the CUDA profiler
 API: the worker calls cudaProfilerStart/Stop around `capture.start_step`..+`capture.num_steps`
@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-from ghsweep.core.errors import ProfilerUnavailable
 
 
 def find_tool(name: str, configured: str | None) -> str | None:
@@ -139,22 +136,6 @@ class NsysCapture:
         return launch, start
 
 
-def export_sqlite(nsys: str, report: Path, prefix: Sequence[str] = (), timeout_s: float = 1800) -> Path:
-    """Export an .nsys-rep to SQLite beside it (nsys's own exporter, run under `prefix`, e.g. the
-    container the report was made in) and return its path."""
-    out = report.with_suffix(".sqlite")
-    proc = subprocess.run(
-        [*prefix, nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={out}", str(report)],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
-    if proc.returncode != 0 or not out.exists():
-        detail = (proc.stderr or proc.stdout).strip().splitlines()
-        raise ProfilerUnavailable(f"nsys export of {report} failed: {detail[-1] if detail else proc.returncode}")
-    return out
-
-
 def kernel_name_regex(names: Sequence[str]) -> str:
     """An ncu `--kernel-name regex:` that matches exactly these function names."""
     return "regex:^(" + "|".join(re.escape(n) for n in names) + ")$"
@@ -198,17 +179,3 @@ def ncu_command(
     if metrics:
         command += ["--metrics", ",".join(metrics)]
     return command
-
-
-def ncu_raw_csv(ncu: str, report: Path, out_csv: Path, prefix: Sequence[str] = (), timeout_s: float = 600) -> Path:
-    """`ncu --import REPORT --csv --page raw` (under `prefix`) written to `out_csv`: every metric of every kernel."""
-    proc = subprocess.run(
-        [*prefix, ncu, "--import", str(report), "--csv", "--page", "raw"],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
-    if proc.returncode != 0:
-        raise ProfilerUnavailable(f"ncu --import {report} failed: {proc.stderr.strip()[-300:]}")
-    out_csv.write_text(proc.stdout)
-    return out_csv

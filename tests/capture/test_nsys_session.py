@@ -1,4 +1,4 @@
-"""The sweep's side of a handed nsys collection (ghsweep.profile.nsys_session.CollectionHandoff),
+"""The sweep's side of a handed nsys collection (ghsweep.capture.nsys_session.CollectionHandoff),
 against a stand-in nsys whose session state the test sets as nsys's own progress would: armed only
 once the report before it is written, the worker let go only once nsys holds what it recorded, the
 report counted written only once the session is idle again. The worker's side is the worker's own
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from ghsweep.capture.nsys_session import CollectionHandoff, session_state
 from ghsweep.core.atomic import wait_for_file, write_atomic
 from ghsweep.core.run_dir import CAPTURE_ARMED, CAPTURE_MAY_EXIT, CAPTURE_STOPPING
-from ghsweep.profile.nsys_session import CollectionHandoff, session_state
 from tests.support.stand_ins import fake_nsys
 
 # ghsweep's handoff runs the stand-in nsys, a process (tests/support/tiers.py cannot see it).

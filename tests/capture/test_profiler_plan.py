@@ -10,12 +10,18 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from ghsweep.capture import profiler_plan
+from ghsweep.capture.profiler_plan import (
+    plans_from_config,
+    profiler_prefix,
+    resolve,
+    session_capture,
+    sweep_session_launch,
+)
 from ghsweep.config.schema import ProfileSchema, typed_section
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
 from ghsweep.launch.plan import node_plan
-from ghsweep.profile import plan as plan_module
-from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve, session_capture, sweep_session_launch
 from tests.support.cli import run_cli
 from tests.support.compose import compose_config, compose_typed
 from tests.support.mlflow_records import MlflowRecords, sqlite_uri
@@ -156,7 +162,7 @@ def test_bad_profile_options_are_one_line_errors(override, message):
 def test_ncu_pass_profiles_a_few_launches_of_each_top_kernel():
     """One launch per launch configuration of the top-5 kernels (7 on the shipped clean run, where a
     step launches them 58 times), bounded in all; never every launch of a step."""
-    from ghsweep.profile import capture
+    from ghsweep.capture import nsight_commands
     from ghsweep.profile.analysis import analyze
     from ghsweep.profile.pipeline import NCU_MAX_LAUNCHES, ncu_plan
 
@@ -164,12 +170,14 @@ def test_ncu_pass_profiles_a_few_launches_of_each_top_kernel():
     assert [k["launch_configs"] for k in top] == [2, 1, 1, 2, 1]
     count, per_config, words = ncu_plan(top)
     assert (count, per_config) == (1, True) and "~7 launches" in words
-    command = capture.ncu_command("ncu", Path("r.ncu-rep"), ["a", "b"], count, "roofline", (), per_config)
+    command = nsight_commands.ncu_command("ncu", Path("r.ncu-rep"), ["a", "b"], count, "roofline", (), per_config)
     assert command[command.index("--filter-mode") + 1] == "per-launch-config"
     assert command[command.index("--launch-count") + 1] == "1" and "--clock-control" in command
     many = [dict(k, launch_configs=40) for k in top]
     assert ncu_plan(many)[:2] == (NCU_MAX_LAUNCHES, False)
-    assert "--filter-mode" not in capture.ncu_command("ncu", Path("r.ncu-rep"), ["a"], NCU_MAX_LAUNCHES, "roofline")
+    assert "--filter-mode" not in nsight_commands.ncu_command(
+        "ncu", Path("r.ncu-rep"), ["a"], NCU_MAX_LAUNCHES, "roofline"
+    )
 
 
 @pytest.mark.parametrize(("start_step", "first"), [("4", 4), ("auto", 7)])  # auto: the last 3 of 10 steps
@@ -248,7 +256,7 @@ def test_a_forked_worker_is_recorded_by_an_nsys_session_with_the_same_capture(tm
 def test_the_sweep_guesses_its_nsys_session_from_its_own_profile(tmp_path, monkeypatch):
     nsys = fake_tool(tmp_path, "nsys")
     config = compose_typed("profile=nsys", f"profile.nsys.path={nsys}")
-    monkeypatch.setattr(plan_module, "probe_gpu", lambda: NODE_GPU)
+    monkeypatch.setattr(profiler_plan, "probe_gpu", lambda: NODE_GPU)
     launch = sweep_session_launch(config.profile, "default", "auto")
     # The sweep's callback gets its profile as composed, before any combination is validated.
     as_composed = compose_config("profile=nsys", f"profile.nsys.path={nsys}").profile
@@ -259,5 +267,5 @@ def test_the_sweep_guesses_its_nsys_session_from_its_own_profile(tmp_path, monke
     # No GPU, a CPU device or another profiler: no session (the combinations' plans say the same).
     assert sweep_session_launch(config.profile, "default", "cpu") == []
     assert sweep_session_launch(compose_typed("profile=torch").profile, "default", "auto") == []
-    monkeypatch.setattr(plan_module, "probe_gpu", lambda: None)
+    monkeypatch.setattr(profiler_plan, "probe_gpu", lambda: None)
     assert sweep_session_launch(config.profile, "default", "auto") == []  # profile=nsys refused without a GPU
