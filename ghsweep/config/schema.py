@@ -259,7 +259,7 @@ class WorkerSchema:
 class BackendSchema:
     """The backend's keys; each option sets its own (num_nodes and gpus_per_node: torch and nemo)."""
 
-    name: str  # a backend of config.backends.BACKENDS, the registry validation checks it against
+    name: Literal["torch", "nemo", "automodel"]  # the backends of ghsweep.train.backends.BACKENDS
     num_nodes: Carried[Annotated[int, Range(1)]]
     gpus_per_node: Carried[Annotated[int, Range(1)]]  # ranks per node: one process per GPU
     data_parallel: Carried[Literal["auto", "ddp", "fsdp"]]  # torch: auto is DDP for LoRA, FSDP2 for full fine-tuning

@@ -76,7 +76,7 @@ class RunPlan:
     name: str  # the combination's name: its MLflow run name and the folder of its run directory
     run_dir: str
     overrides: list[str]
-    backend: str  # a name in ghsweep.config.backends.BACKENDS
+    backend: str  # a name in ghsweep.train.backends.BACKENDS
     # cuda | cpu. A dry run's plans are made before any node is known: a GPU is assumed where the
     # device may be one (and, for profile=auto, a second plan without), and `gpu` stays None.
     device: str

@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ghsweep.config.schema import ConfigSchema
-from ghsweep.config.validate import run_device, validate
+from ghsweep.config.validate import run_device
 from ghsweep.config.world import data_parallel, world_of
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
@@ -25,6 +25,7 @@ from ghsweep.launch.worker_process import worker_command, worker_program, worker
 from ghsweep.launch.world import check_world, replica_fits
 from ghsweep.profile.capture import find_tool as find_on_node
 from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve, session_capture
+from ghsweep.train.backends import checked_config
 
 ToolFinder = Callable[[str, str | None], str | None]
 # A GPU that meets every requirement a config can state: checking against it, and against no GPU,
@@ -54,7 +55,7 @@ def check_anywhere(cfg: DictConfig) -> ConfigSchema:
     refused = []
     for gpu in nodes:
         try:
-            return validate(cfg, gpu)
+            return checked_config(cfg, gpu)
         except ConfigError as exc:
             refused.append(exc)
     raise refused[-1]
@@ -81,7 +82,7 @@ def node_plan(
     a run that cannot start there. Every SLURM task of a run makes the same checks, so a config rank 0
     refuses is refused by all ranks before any of them waits for the others. With a container the
     profilers are looked up inside it."""
-    config = validate(cfg, gpu)
+    config = checked_config(cfg, gpu)
     check_container(config)
     device = run_device(config, gpu)
     on_slurm = slurm_tasks is not None
