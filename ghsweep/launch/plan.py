@@ -20,7 +20,7 @@ from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
 from ghsweep.core.run_dir import NCU_PASS_DIR
 from ghsweep.core.run_plan import NcuPass, ProfilePlan, RunPlan, World
-from ghsweep.launch.container import check_container, container_prefix, tool_finder
+from ghsweep.launch.container import check_container, container_env, container_prefix, tool_finder
 from ghsweep.launch.worker_process import worker_command, worker_program, worker_timeout_min
 from ghsweep.launch.world import check_world, replica_fits
 from ghsweep.profile.capture import find_tool as find_on_node
@@ -198,6 +198,7 @@ def assemble_plan(
         capture=capture,
         ncu_pass=ncu_pass(config, run_dir, python) if profile.ncu else None,
         prune_below_tokens_per_s=prune_below_tokens_per_s,
+        worker_env=container_env(config),
     )
 
 
