@@ -10,10 +10,19 @@ combination of a sweep before the first runs, and a type error there stops the w
 ConfigError from validation fails only its combination and the sweep goes on (tests/reliability). The YAML
 groups stay what users select (precision=bf16); the schema checks the values they set, and `typed` turns a
 validated config into the schema's dataclasses, the config the plan, the worker and the backends read.
+
+A section checks itself (`ConfigSection`): its knobs against their fields' rules, then the rules between
+them, in its own `check`, which ghsweep.config.validate calls section by section. Plain dataclasses, and
+`check` rather than `__post_init__`: building a section must not refuse it, since the dry run types a
+refused combination to describe it and the launcher types one before it is validated, and a section's
+rules need facts of the run a constructor does not get (the GPU, the model folder's shape, the chosen
+profile). Not pydantic v2: it coerces values ("1" to 1, 1 to True) unless made strict, and says what is
+wrong in its own words over several lines, where each refusal here is one line in the project's words.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 import types
@@ -56,6 +65,17 @@ MAX_INT = 2**31 - 1
 PositiveNumber = Annotated[float, Range(0, inclusive=False)]
 Ratio = Annotated[float, Range(0, 1)]
 LearningRate = Annotated[float, Range(0, 1, inclusive=False)]
+
+
+class ConfigSection:
+    """A config section as its dataclass: its knobs' rules are its fields' annotations, and the rules
+    between its knobs (and the few facts of the run they need) are its own `check`, beside them."""
+
+    def check_knobs(self, key: str, *names: str) -> None:
+        """Each knob named (every one by default) against its field's rule; `key` is the section's."""
+        rules = _fields(type(self))
+        for name in names or tuple(rules):
+            check_rule(f"{key}.{name}", rules[name], getattr(self, name))
 
 
 @dataclass
@@ -135,11 +155,41 @@ class ModelSchema:
 
 
 @dataclass
-class CaptureSchema:
+class CaptureSchema(ConfigSection):
     # The profilers' window: steps start_step .. start_step + num_steps - 1; auto: the run's last
     # num_steps steps, right after its measured ones (capture_steps).
     start_step: Annotated[int, Range(0)] | Literal["auto"]
     num_steps: Annotated[int, Range(1)]
+
+    def check(self, profile: str, backend: str, steps: int) -> None:
+        """The window within the run's `steps` steps (train.max_steps), as `profile` and `backend` record it."""
+        self.check_knobs("capture")
+        if profile == "none":
+            return
+        if self.start_step == "auto" and self.num_steps > steps:
+            raise ConfigError(
+                f"capture.num_steps={self.num_steps}: capture.start_step=auto records the last capture.num_steps "
+                f"steps of train.max_steps={steps}; accepted: capture.num_steps <= {steps}, or profile=none"
+            )
+        start = capture_steps(self, steps).start
+        # The worker's own out-of-memory history covers steps 0-1 (train/memory_record.HISTORY_STEPS) and ends there.
+        if profile == "memory" and start < 2:
+            raise ConfigError(
+                f"capture.start_step={self.start_step}: profile=memory records from step 2 on (the first two "
+                "steps' history is kept for an out-of-memory error); accepted: capture.start_step >= 2, or auto "
+                "with train.max_steps >= capture.num_steps + 2"
+            )
+        if profile == "memory" and backend != "torch":
+            raise ConfigError(
+                f"profile=memory: the capture window's allocator history is recorded by the torch backend's loop; "
+                f"this run has backend={backend}; accepted: backend=torch, or profile=torch, nsys, auto, none"
+            )
+        if start + self.num_steps > steps:
+            raise ConfigError(
+                f"capture.start_step={self.start_step}, capture.num_steps={self.num_steps}: the profiler's window "
+                f"ends after the last step ({steps - 1}, train.max_steps={steps}); accepted: start_step + "
+                f"num_steps <= {steps}, start_step=auto, or profile=none"
+            )
 
 
 def capture_steps(capture: CaptureSchema, steps: int) -> range:
@@ -169,24 +219,65 @@ class PrecisionSchema:
 
 
 @dataclass
-class OffloadSchema:
+class OffloadSchema(ConfigSection):
     enabled: bool
     num_layers: Annotated[int, Range(1)]  # with offload=on; at most the model's layers
 
+    def check(self, model_source: str, model_layers: int) -> None:
+        """`model_layers`: the trained model's (`model_source` names it)."""
+        self.check_knobs("offload", "enabled")
+        if not self.enabled:
+            return
+        self.check_knobs("offload", "num_layers")
+        if self.num_layers > model_layers:
+            raise ConfigError(
+                f"offload.num_layers={self.num_layers}: {model_source} has only {model_layers} layers; "
+                f"accepted: 1 to {model_layers}"
+            )
+
 
 @dataclass
-class MemorySchema:
+class MemorySchema(ConfigSection):
     name: Literal["device", "unified"]
     pool_size_gb: PositiveNumber | None  # unified (as prefetch): RMM's managed pool; null: start small and grow
     prefetch: Carried[bool]  # managed pages to the GPU ahead of use
 
+    def check(self, device: str, on_gpu: bool, offload: bool, in_container: bool) -> None:
+        """`device`: the run's setting, `on_gpu`: where it trains; `offload`: offload=on; `in_container`:
+        the worker runs in an image, not in this interpreter."""
+        check("memory", self.name)
+        if self.name != "unified":
+            return
+        if not on_gpu:
+            raise ConfigError(
+                "memory=unified: CUDA managed memory needs an NVIDIA GPU and this run has none "
+                f"(device={device}); accepted here: memory=device"
+            )
+        if offload:
+            # Offload frees GPU blocks while side streams still copy them; only PyTorch's own caching
+            # allocator tracks that (record_stream), a managed-memory allocator does not.
+            raise ConfigError(
+                "memory=unified with offload=on: not supported together; accepted: offload=off with "
+                "memory=unified, or memory=device with offload=on"
+            )
+        self.check_knobs("memory", "pool_size_gb", "prefetch")
+        # Without a container the worker runs in this interpreter: whether RMM is there decides the allocator.
+        if self.pool_size_gb is not None and not in_container and importlib.util.find_spec("rmm") is None:
+            raise ConfigError(
+                f"memory.pool_size_gb={self.pool_size_gb}: sizes RMM's managed pool and RMM is not "
+                "installed here (the managed-memory allocator grows on demand); accepted here: null"
+            )
+
 
 @dataclass
-class DataloaderSchema:
+class DataloaderSchema(ConfigSection):
     num_workers: Annotated[int, Range(0)]
     pin_memory: bool  # on a GPU only
     prefetch_factor: Annotated[int, Range(1)] | None
     persistent_workers: bool  # with num_workers > 0 only
+
+    def check(self) -> None:
+        self.check_knobs("dataloader")
 
 
 NsysTrace = Literal[
@@ -272,13 +363,20 @@ class BackendSchema:
 
 
 @dataclass
-class ContainerSchema:
+class ContainerSchema(ConfigSection):
     image: str | None  # a .sif file, a docker:// or oras:// URI, or pyxis' registry image; null: on the host
     runtime: Literal["apptainer", "singularity", "pyxis"]
     nv: bool  # --nv: the host's GPUs inside (apptainer, singularity)
     binds: list[str]  # SRC[:DST[:ro]] each
     env: dict[str, object]  # NAME: value, set inside the container as its text
     python: str  # the image's interpreter
+
+    def check(self) -> None:
+        """Read only with an image (launch profiles that are not ghsweep's carry none)."""
+        if self.image is None:
+            return
+        # runtime: launch/container.py checks it where it builds the container's command.
+        self.check_knobs("container", *(knob for knob in knobs("container") if knob != "runtime"))
 
 
 @dataclass
@@ -375,7 +473,12 @@ def accepted(values) -> str:
 
 def check(key: str, value: object) -> None:
     """Raise ConfigError naming `key`, `value` and what is accepted when `value` breaks the schema's rule."""
-    rules, nullable = _alternatives(_rule(key))
+    check_rule(key, _rule(key), value)
+
+
+def check_rule(key: str, rule: object, value: object) -> None:
+    """check, with `key`'s rule at hand."""
+    rules, nullable = _alternatives(rule)
     if value is None and nullable:
         return
     if len(rules) == 1:

@@ -6,7 +6,6 @@ can record it as the reason a combination failed without spending GPU time on it
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shlex
@@ -21,7 +20,6 @@ from ghsweep.config.schema import (
     ConfigSchema,
     ModelSchema,
     accepted,
-    capture_steps,
     check,
     check_choice,
     choices,
@@ -113,15 +111,18 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
     _validate_train(cfg, model, on_gpu)
     _validate_peft(cfg, model)
     _validate_precision(cfg, gpu, on_gpu)
-    _validate_offload(cfg, model)
-    _validate_memory(cfg, on_gpu)
-    _validate_dataloader(cfg)
+    config = typed(cfg)
+    config.offload.check(model.source, model.num_layers)
+    in_container = config.container is not None and config.container.image is not None
+    config.memory.check(device, on_gpu, config.offload.enabled, in_container)
+    config.dataloader.check()
     _validate_profile(cfg)
-    _validate_capture(cfg)
+    config.capture.check(config.profile.name, config.backend.name, config.train.max_steps)
     check("worker.preimported", cfg.worker.preimported)
     _validate_worker_timeout(cfg.worker.timeout_min)
-    _validate_container(cfg)
-    return typed(cfg)
+    if config.container is not None:
+        config.container.check()
+    return config
 
 
 def _validate_model(cfg: DictConfig, model: ModelFacts) -> None:
@@ -300,52 +301,6 @@ def _validate_precision(cfg: DictConfig, gpu: GpuInfo | None, on_gpu: bool) -> N
         )
 
 
-def _validate_offload(cfg: DictConfig, model: ModelFacts) -> None:
-    o = cfg.offload
-    check("offload.enabled", o.enabled)
-    if not o.enabled:
-        return
-    layers = model.num_layers
-    check("offload.num_layers", o.num_layers)
-    if o.num_layers > layers:
-        raise ConfigError(
-            f"offload.num_layers={o.num_layers}: {model.source} has only {layers} layers; accepted: 1 to {layers}"
-        )
-
-
-def _validate_memory(cfg: DictConfig, on_gpu: bool) -> None:
-    memory = cfg.memory
-    check("memory", memory.name)
-    if memory.name != "unified":
-        return
-    if not on_gpu:
-        raise ConfigError(
-            "memory=unified: CUDA managed memory needs an NVIDIA GPU and this run has none "
-            f"(device={cfg.device}); accepted here: memory=device"
-        )
-    if cfg.offload.enabled:
-        # Offload frees GPU blocks while side streams still copy them; only PyTorch's own caching
-        # allocator tracks that (record_stream), a managed-memory allocator does not.
-        raise ConfigError(
-            "memory=unified with offload=on: not supported together; accepted: offload=off with "
-            "memory=unified, or memory=device with offload=on"
-        )
-    check("memory.pool_size_gb", memory.pool_size_gb)
-    check("memory.prefetch", memory.prefetch)
-    # Without a container the worker runs in this interpreter: whether RMM is there decides the allocator.
-    runs_here = not OmegaConf.select(cfg, "container.image")
-    if memory.pool_size_gb is not None and runs_here and importlib.util.find_spec("rmm") is None:
-        raise ConfigError(
-            f"memory.pool_size_gb={memory.pool_size_gb}: sizes RMM's managed pool and RMM is not "
-            "installed here (the managed-memory allocator grows on demand); accepted here: null"
-        )
-
-
-def _validate_dataloader(cfg: DictConfig) -> None:
-    for knob in knobs("dataloader"):
-        check(f"dataloader.{knob}", cfg.dataloader[knob])
-
-
 def _validate_profile(cfg: DictConfig) -> None:
     p = cfg.profile
     check("profile", p.name)
@@ -429,50 +384,6 @@ def _validate_worker_timeout(value: object) -> None:
             f"worker.timeout_min={value}: must be a number of minutes > 0, null (no limit) or auto "
             f"({GPU_TIMEOUT_MIN} on a GPU, no limit on CPU)"
         ) from None
-
-
-def _validate_container(cfg: DictConfig) -> None:
-    """The container's knobs, read only when it has an image (launch profiles that are not ghsweep's carry none)."""
-    container = cfg.get("container")
-    if not container or container.image is None:
-        return
-    # runtime: launch/container.py checks it where it builds the container's command.
-    for knob in knobs("container"):
-        if knob != "runtime":
-            check(f"container.{knob}", container[knob])
-
-
-def _validate_capture(cfg: DictConfig) -> None:
-    c = cfg.capture
-    for knob in knobs("capture"):
-        check(f"capture.{knob}", c[knob])
-    if cfg.profile.name == "none":
-        return
-    steps = cfg.train.max_steps
-    if c.start_step == "auto" and c.num_steps > steps:
-        raise ConfigError(
-            f"capture.num_steps={c.num_steps}: capture.start_step=auto records the last capture.num_steps steps "
-            f"of train.max_steps={steps}; accepted: capture.num_steps <= {steps}, or profile=none"
-        )
-    start = capture_steps(c, steps).start
-    # The worker's own out-of-memory history covers steps 0-1 (train/memory_record.HISTORY_STEPS) and ends there.
-    if cfg.profile.name == "memory" and start < 2:
-        raise ConfigError(
-            f"capture.start_step={c.start_step}: profile=memory records from step 2 on (the first two steps' "
-            "history is kept for an out-of-memory error); accepted: capture.start_step >= 2, or auto with "
-            "train.max_steps >= capture.num_steps + 2"
-        )
-    if cfg.profile.name == "memory" and cfg.backend.name != "torch":
-        raise ConfigError(
-            f"profile=memory: the capture window's allocator history is recorded by the torch backend's loop; "
-            f"this run has backend={cfg.backend.name}; accepted: backend=torch, or profile=torch, nsys, auto, none"
-        )
-    if start + c.num_steps > steps:
-        raise ConfigError(
-            f"capture.start_step={c.start_step}, capture.num_steps={c.num_steps}: the profiler's window ends after "
-            f"the last step ({steps - 1}, train.max_steps={steps}); accepted: start_step + num_steps <= "
-            f"{steps}, start_step=auto, or profile=none"
-        )
 
 
 def validate_launch(cfg: DictConfig, job_name: str) -> None:
