@@ -29,6 +29,7 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, is_dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, TypeVar, Union
 
 from omegaconf import DictConfig, OmegaConf
@@ -79,7 +80,7 @@ class ConfigSection:
 
 
 @dataclass
-class TrainSchema:
+class TrainSchema(ConfigSection):
     max_steps: Annotated[int, Range(1)]
     micro_batch_size: Annotated[int, Range(1)]
     seq_length: Annotated[int, Range(8)]  # also at most the model's max_position_embeddings
@@ -103,6 +104,47 @@ class TrainSchema:
     activation_memory_budget: Ratio  # below 1.0 needs compiled layers
     optimizer: Literal["auto", "adamw", "adamw_sr", "adamw8bit"]  # ghsweep/train/optim.py
     optimizer_in_backward: bool  # not with precision=fp16
+
+    def check(
+        self, model_source: str, max_positions: int, device: str, on_gpu: bool, data: DataSchema, precision: str
+    ) -> None:
+        """Against the trained model (`model_source` names it; `max_positions`: its longest sequence), the
+        run's `device` setting and where it trains (`on_gpu`), its data and its `precision` option."""
+        self.check_knobs("train")
+        if self.attention == "flex" and (data.packing_mask != "document" or not on_gpu):
+            raise ConfigError(
+                f"train.attention=flex: FlexAttention here needs data.packing_mask=document and a GPU (it has no "
+                f"CPU backward); this run has data.packing_mask={data.packing_mask}, device={device}; "
+                f"accepted here: {accepted(a for a in choices('train.attention') if a != 'flex')}"
+            )
+        compiled = self.compile is True or (self.compile == "auto" and on_gpu)
+        if self.activation_memory_budget < 1 and not compiled:
+            raise ConfigError(
+                f"train.activation_memory_budget={self.activation_memory_budget}: only compiled layers recompute, "
+                f"and this run does not compile (train.compile={self.compile}, device={device}); accepted here: "
+                "1.0, or train.compile=true"
+            )
+        cache_dir = self.compile_cache_dir
+        if cache_dir is not None and (not str(cache_dir).strip() or Path(cache_dir).is_file()):
+            raise ConfigError(
+                f"train.compile_cache_dir={cache_dir!r}: not a folder; accepted: a folder's path (made if "
+                "missing; relative: to the launch directory), or null (TORCHINDUCTOR_CACHE_DIR's, else torch's own)"
+            )
+        if self.optimizer_in_backward and precision == "fp16":
+            raise ConfigError(
+                "train.optimizer_in_backward=true: fp16's loss scaling must see every gradient before "
+                "any step; accepted with precision=fp16: false"
+            )
+        if self.optimizer == "adamw_sr" and precision in ("fp32", "fp16"):
+            raise ConfigError(
+                f"train.optimizer=adamw_sr: stochastic rounding is for bf16 weights, and precision={precision} "
+                f"trains fp32 ones; accepted with precision={precision}: auto, adamw, adamw8bit"
+            )
+        if self.seq_length > max_positions:
+            raise ConfigError(
+                f"train.seq_length={self.seq_length}: longer than {model_source} supports; "
+                f"accepted: 8 to {max_positions}"
+            )
 
 
 @dataclass
@@ -339,11 +381,26 @@ class SystemMetricsSchema:
     interval_s: PositiveNumber | None  # seconds between samples of GPU and host metrics; null: off
 
 
+# worker.timeout_min=auto on a GPU: a hang on a cluster node must not hold its allocation until the
+# scheduler's limit. On CPU (smoke runs, 7B shapes on a workstation) auto sets no limit.
+GPU_TIMEOUT_MIN = 60
+
+
 @dataclass
-class WorkerSchema:
+class WorkerSchema(ConfigSection):
     # Minutes before a worker is killed; auto: 60 on a GPU, none on CPU; null: no limit.
     timeout_min: PositiveNumber | Literal["auto"] | None
     preimported: bool  # fork workers from a pre-imported one (launch/worker_process.WarmWorker)
+
+    def check(self) -> None:
+        self.check_knobs("worker", "preimported")
+        try:
+            self.check_knobs("worker", "timeout_min")
+        except ConfigError:  # the field's rule, said with what each accepted value means
+            raise ConfigError(
+                f"worker.timeout_min={self.timeout_min}: must be a number of minutes > 0, null (no limit) or auto "
+                f"({GPU_TIMEOUT_MIN} on a GPU, no limit on CPU)"
+            ) from None
 
 
 @dataclass

@@ -22,7 +22,6 @@ from ghsweep.config.schema import (
     accepted,
     check,
     check_choice,
-    choices,
     knobs,
     tokenizer_name,
     typed,
@@ -108,18 +107,20 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
     _validate_backend(cfg)
     model = model_facts(cfg.model)
     _validate_model(cfg, model)
-    _validate_train(cfg, model, on_gpu)
+    _check_rate_resolves(cfg, model)
+    config = typed(cfg)
+    for key in ("seed", "repeat", "system_metrics.interval_s"):
+        check(key, OmegaConf.select(cfg, key))
+    config.train.check(model.source, model.max_position_embeddings, device, on_gpu, config.data, config.precision.name)
     _validate_peft(cfg, model)
     _validate_precision(cfg, gpu, on_gpu)
-    config = typed(cfg)
     config.offload.check(model.source, model.num_layers)
     in_container = config.container is not None and config.container.image is not None
     config.memory.check(device, on_gpu, config.offload.enabled, in_container)
     config.dataloader.check()
     _validate_profile(cfg)
     config.capture.check(config.profile.name, config.backend.name, config.train.max_steps)
-    check("worker.preimported", cfg.worker.preimported)
-    _validate_worker_timeout(cfg.worker.timeout_min)
+    config.worker.check()
     if config.container is not None:
         config.container.check()
     return config
@@ -203,54 +204,15 @@ def _validate_data_file(path: str) -> None:
         raise ConfigError(f"data.path={path}: no records (the file is empty); {expected}")
 
 
-def _validate_train(cfg: DictConfig, model: ModelFacts, on_gpu: bool) -> None:
-    t = cfg.train
+def _check_rate_resolves(cfg: DictConfig, model: ModelFacts) -> None:
+    """train.lr defaults to the model's rate for the run's peft, an interpolation the model may lack."""
     try:
-        lr = t.lr
+        _ = cfg.train.lr
     except InterpolationResolutionError:
         raise ConfigError(
             f"train.lr: {model.source} sets no rate for peft={cfg.peft.name} (model.lr.{cfg.peft.name}); "
             "set train.lr=RATE or model.lr.lora / model.lr.none"
         ) from None
-    for knob in knobs("train"):
-        check(f"train.{knob}", lr if knob == "lr" else t[knob])
-    check("seed", cfg.seed)
-    check("repeat", cfg.repeat)
-    check("system_metrics.interval_s", cfg.system_metrics.interval_s)
-    if t.attention == "flex" and (cfg.data.packing_mask != "document" or not on_gpu):
-        raise ConfigError(
-            f"train.attention=flex: FlexAttention here needs data.packing_mask=document and a GPU (it has no CPU "
-            f"backward); this run has data.packing_mask={cfg.data.packing_mask}, device={cfg.device}; "
-            f"accepted here: {accepted(a for a in choices('train.attention') if a != 'flex')}"
-        )
-    compiled = t.compile is True or (t.compile == "auto" and on_gpu)
-    if t.activation_memory_budget < 1 and not compiled:
-        raise ConfigError(
-            f"train.activation_memory_budget={t.activation_memory_budget}: only compiled layers recompute, and this "
-            f"run does not compile (train.compile={t.compile}, device={cfg.device}); accepted here: 1.0, or "
-            "train.compile=true"
-        )
-    cache_dir = t.compile_cache_dir
-    if cache_dir is not None and (not str(cache_dir).strip() or Path(cache_dir).is_file()):
-        raise ConfigError(
-            f"train.compile_cache_dir={cache_dir!r}: not a folder; accepted: a folder's path (made if "
-            "missing; relative: to the launch directory), or null (TORCHINDUCTOR_CACHE_DIR's, else torch's own)"
-        )
-    if t.optimizer_in_backward and cfg.precision.name == "fp16":
-        raise ConfigError(
-            "train.optimizer_in_backward=true: fp16's loss scaling must see every gradient before "
-            "any step; accepted with precision=fp16: false"
-        )
-    if t.optimizer == "adamw_sr" and cfg.precision.name in ("fp32", "fp16"):
-        raise ConfigError(
-            f"train.optimizer=adamw_sr: stochastic rounding is for bf16 weights, and precision={cfg.precision.name} "
-            f"trains fp32 ones; accepted with precision={cfg.precision.name}: auto, adamw, adamw8bit"
-        )
-    if t.seq_length > model.max_position_embeddings:
-        raise ConfigError(
-            f"train.seq_length={t.seq_length}: longer than {model.source} supports; "
-            f"accepted: 8 to {model.max_position_embeddings}"
-        )
 
 
 def _validate_peft(cfg: DictConfig, model: ModelFacts) -> None:
@@ -369,21 +331,6 @@ def _validate_backend(cfg: DictConfig) -> None:
     for knob in knobs("backend"):
         if knob != "name" and knob in cfg.backend:
             check(f"backend.{knob}", cfg.backend[knob])
-
-
-# worker.timeout_min=auto on a GPU: a hang on a cluster node must not hold its allocation until the
-# scheduler's limit. On CPU (smoke runs, 7B shapes on a workstation) auto sets no limit.
-GPU_TIMEOUT_MIN = 60
-
-
-def _validate_worker_timeout(value: object) -> None:
-    try:
-        check("worker.timeout_min", value)
-    except ConfigError:  # the schema's rule, said with what each accepted value means
-        raise ConfigError(
-            f"worker.timeout_min={value}: must be a number of minutes > 0, null (no limit) or auto "
-            f"({GPU_TIMEOUT_MIN} on a GPU, no limit on CPU)"
-        ) from None
 
 
 def validate_launch(cfg: DictConfig, job_name: str) -> None:

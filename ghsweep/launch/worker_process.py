@@ -24,8 +24,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from ghsweep.config.schema import ProfileSchema, typed_section
-from ghsweep.config.validate import GPU_TIMEOUT_MIN
+from ghsweep.config.schema import GPU_TIMEOUT_MIN, ProfileSchema, typed_section
 from ghsweep.core.atomic import open_new, write_atomic
 from ghsweep.core.handoff import HANDOFF_ENV
 from ghsweep.core.names import STEP_RANGE_PREFIX
