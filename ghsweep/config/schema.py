@@ -23,6 +23,7 @@ wrong in its own words over several lines, where each refusal here is one line i
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 import types
@@ -147,8 +148,14 @@ class TrainSchema(ConfigSection):
             )
 
 
+# A dolly record is a few KB; a longer line is not one record (a JSON array, a binary file).
+MAX_RECORD_BYTES = 1 << 20
+# Fields of a dolly record the loader reads as text (`context` may be missing).
+RECORD_TEXT_FIELDS = ("instruction", "context", "response")
+
+
 @dataclass
-class DataSchema:
+class DataSchema(ConfigSection):
     name: Literal["dolly_synthetic", "dolly_file"]  # generated records, or data.path's
     path: str | None  # a dolly-format JSONL file (dolly_file); null: generated records
     packing_mask: Literal["document", "causal"]
@@ -161,6 +168,78 @@ class DataSchema:
     # For a model built from config (model.path brings its own): byte (UTF-8 bytes), bpe (the project's subword
     # tokenizer, ghsweep/train/tokenizer.py); auto: bpe with prepare=on_the_fly, byte ahead.
     tokenizer: Literal["auto", "byte", "bpe"]
+
+    def check(self, backend: str, model_path: str | None, vocab_size: int) -> None:
+        """For the run's `backend` and its model: loaded from `model_path`, or built with `vocab_size` ids."""
+        self.check_knobs("data", "name", "packing_mask")
+        if self.path and self.name == "dolly_synthetic":
+            # The loader reads data.path whenever it is set: a run named synthetic would train on the file.
+            raise ConfigError(
+                f"data.path={self.path}: data=dolly_synthetic generates its records and reads no "
+                "file; accepted: data=dolly_file with data.path, or data.path=null"
+            )
+        self.check_knobs("data", "path", "num_examples")
+        if self.path:
+            _check_data_file(str(self.path))
+        else:
+            self.check_knobs("data", "mean_tokens")
+            if self.num_examples is None:
+                raise ConfigError(
+                    f"data.num_examples=None: data={self.name} generates this many records; accepted: an integer >= 1"
+                )
+        self.check_knobs("data", "prepare", "tokenizer")
+        if backend != "torch" and (self.prepare != "ahead" or self.tokenizer != "auto"):
+            key, value = (
+                ("data.prepare", self.prepare) if self.prepare != "ahead" else ("data.tokenizer", self.tokenizer)
+            )
+            raise ConfigError(
+                f"{key}={value}: backend={backend} loads the blocks packed ahead with its own tokenizer; "
+                f"accepted with backend={backend}: data.prepare=ahead, data.tokenizer=auto"
+            )
+        if model_path:
+            if self.tokenizer != "auto":
+                raise ConfigError(
+                    f"data.tokenizer={self.tokenizer}: model.path={model_path} brings its own tokenizer; accepted "
+                    "with model.path: auto"
+                )
+            return
+        if tokenizer_name(self) == "bpe" and vocab_size < BPE_VOCAB_SIZE:
+            raise ConfigError(
+                f"model.vocab_size={vocab_size}: below the {BPE_VOCAB_SIZE} ids of the bpe tokenizer this run "
+                f"uses (data.tokenizer={self.tokenizer}, data.prepare={self.prepare}); accepted: at least "
+                f"{BPE_VOCAB_SIZE}, or data.tokenizer=byte"
+            )
+
+
+def _check_data_file(path: str) -> None:
+    """Every line one dolly record, read before any training (bad lines would otherwise fail deep in the worker)."""
+    if not Path(path).is_file():
+        raise ConfigError(f"data.path={path}: no such file; expected a dolly-format JSONL file")
+    expected = "expected one dolly record (a JSON object with instruction and response) per line"
+    records = 0
+    with open(path, "rb") as lines:
+        for line_no, line in enumerate(lines, 1):
+            if len(line) > MAX_RECORD_BYTES:
+                raise ConfigError(
+                    f"data.path={path}: line {line_no} is {len(line):,} bytes, over {MAX_RECORD_BYTES:,}; {expected}"
+                )
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as error:
+                raise ConfigError(
+                    f"data.path={path}: line {line_no} is not JSON ({str(error).splitlines()[0]}); {expected}"
+                ) from None
+            if not isinstance(record, dict) or not {"instruction", "response"} <= record.keys():
+                raise ConfigError(f"data.path={path}: line {line_no} lacks instruction or response; {expected}")
+            for field in RECORD_TEXT_FIELDS:
+                if field in record and not isinstance(record[field], str):
+                    shown = json.dumps(record[field])[:40]
+                    raise ConfigError(f"data.path={path}: line {line_no}: {field} is {shown}, not a string; {expected}")
+            records += 1
+    if not records:
+        raise ConfigError(f"data.path={path}: no records (the file is empty); {expected}")
 
 
 @dataclass

@@ -16,14 +16,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from ghsweep.config.schema import (
-    BPE_VOCAB_SIZE,
     ConfigSchema,
     ModelSchema,
     accepted,
     check,
     check_choice,
     knobs,
-    tokenizer_name,
     typed,
 )
 from ghsweep.core.errors import ConfigError
@@ -34,8 +32,6 @@ LINEAR_MODULES = {
     "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
 }
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
-# A dolly record is a few KB; a longer line is not one record (a JSON array, a binary file).
-MAX_RECORD_BYTES = 1 << 20
 # What names the model and its rates; the model's other knobs are its shape, read only without model.path.
 MODEL_NOT_SHAPE = ("name", "arch", "path", "lr")
 
@@ -106,9 +102,10 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
     check("backend", cfg.backend.name)
     _validate_backend(cfg)
     model = model_facts(cfg.model)
-    _validate_model(cfg, model)
     _check_rate_resolves(cfg, model)
     config = typed(cfg)
+    _validate_model(cfg, model)
+    config.data.check(config.backend.name, config.model.path, config.model.vocab_size)
     for key in ("seed", "repeat", "system_metrics.interval_s"):
         check(key, OmegaConf.select(cfg, key))
     config.train.check(model.source, model.max_position_embeddings, device, on_gpu, config.data, config.precision.name)
@@ -130,78 +127,6 @@ def _validate_model(cfg: DictConfig, model: ModelFacts) -> None:
     key = "model.arch" if not cfg.model.path else f"{model.source}: model_type"
     check_choice(key, model.arch, tuple(LINEAR_MODULES))
     _validate_model_shape(cfg)
-    check("data", cfg.data.name)
-    check("data.packing_mask", cfg.data.packing_mask)
-    if cfg.data.path and cfg.data.name == "dolly_synthetic":
-        # The loader reads data.path whenever it is set: a run named synthetic would train on the file.
-        raise ConfigError(
-            f"data.path={cfg.data.path}: data=dolly_synthetic generates its records and reads no "
-            "file; accepted: data=dolly_file with data.path, or data.path=null"
-        )
-    check("data.path", cfg.data.path)
-    check("data.num_examples", cfg.data.num_examples)
-    if cfg.data.path:
-        _validate_data_file(str(cfg.data.path))
-    else:
-        check("data.mean_tokens", cfg.data.mean_tokens)
-        if cfg.data.num_examples is None:
-            raise ConfigError(
-                f"data.num_examples=None: data={cfg.data.name} generates this many records; accepted: an integer >= 1"
-            )
-    _validate_data_prepare(cfg)
-
-
-def _validate_data_prepare(cfg: DictConfig) -> None:
-    d = cfg.data
-    check("data.prepare", d.prepare)
-    check("data.tokenizer", d.tokenizer)
-    if cfg.backend.name != "torch" and (d.prepare != "ahead" or d.tokenizer != "auto"):
-        key, value = ("data.prepare", d.prepare) if d.prepare != "ahead" else ("data.tokenizer", d.tokenizer)
-        raise ConfigError(
-            f"{key}={value}: backend={cfg.backend.name} loads the blocks packed ahead with its own tokenizer; "
-            f"accepted with backend={cfg.backend.name}: data.prepare=ahead, data.tokenizer=auto"
-        )
-    if cfg.model.path:
-        if d.tokenizer != "auto":
-            raise ConfigError(
-                f"data.tokenizer={d.tokenizer}: model.path={cfg.model.path} brings its own tokenizer; accepted with "
-                "model.path: auto"
-            )
-        return
-    if tokenizer_name(d) == "bpe" and cfg.model.vocab_size < BPE_VOCAB_SIZE:
-        raise ConfigError(
-            f"model.vocab_size={cfg.model.vocab_size}: below the {BPE_VOCAB_SIZE} ids of the bpe tokenizer this run "
-            f"uses (data.tokenizer={d.tokenizer}, data.prepare={d.prepare}); accepted: at least {BPE_VOCAB_SIZE}, "
-            "or data.tokenizer=byte"
-        )
-
-
-def _validate_data_file(path: str) -> None:
-    """Every line one dolly record, read before any training (bad lines would otherwise fail deep in the worker)."""
-    if not Path(path).is_file():
-        raise ConfigError(f"data.path={path}: no such file; expected a dolly-format JSONL file")
-    expected = "expected one dolly record (a JSON object with instruction and response) per line"
-    records = 0
-    with open(path, "rb") as lines:
-        for line_no, line in enumerate(lines, 1):
-            if len(line) > MAX_RECORD_BYTES:
-                raise ConfigError(
-                    f"data.path={path}: line {line_no} is {len(line):,} bytes, over {MAX_RECORD_BYTES:,}; {expected}"
-                )
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as error:
-                raise ConfigError(
-                    f"data.path={path}: line {line_no} is not JSON ({str(error).splitlines()[0]}); {expected}"
-                ) from None
-            if not isinstance(record, dict) or not {"instruction", "response"} <= record.keys():
-                raise ConfigError(f"data.path={path}: line {line_no} lacks instruction or response; {expected}")
-            _check_record_fields(path, line_no, record, expected)
-            records += 1
-    if not records:
-        raise ConfigError(f"data.path={path}: no records (the file is empty); {expected}")
 
 
 def _check_rate_resolves(cfg: DictConfig, model: ModelFacts) -> None:
@@ -274,20 +199,9 @@ def _validate_profile(cfg: DictConfig) -> None:
                 check(f"profile.{tool}.{knob}", p[tool][knob])
 
 
-# The ids of the project's subword tokenizer (ghsweep/train/bpe_tokenizer.json), which a model built from
-# config must embed.
-# Fields of a dolly record the loader reads as text (`context` may be missing).
-RECORD_TEXT_FIELDS = ("instruction", "context", "response")
 LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
 # What a run directory's files may be named after (hydra.job.name names the job's log file).
 SAFE_NAME = re.compile(r"^[\w.\-]+$")
-
-
-def _check_record_fields(path: str, line_no: int, record: dict, expected: str) -> None:
-    for field in RECORD_TEXT_FIELDS:
-        if field in record and not isinstance(record[field], str):
-            shown = json.dumps(record[field])[:40]
-            raise ConfigError(f"data.path={path}: line {line_no}: {field} is {shown}, not a string; {expected}")
 
 
 def _validate_model_shape(cfg: DictConfig) -> None:
