@@ -256,12 +256,20 @@ BYTE_TOKENIZER_IDS = 259
 BPE_VOCAB_SIZE = 320
 
 
+# Linear layers of each architecture that LoRA can target (transformers' module names).
+LINEAR_MODULES = {
+    "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+}
+# What names the model and its rates; the model's other knobs are its shape, read only without model.path.
+MODEL_NOT_SHAPE = ("name", "arch", "path", "lr")
+
+
 @dataclass
-class ModelSchema:
+class ModelSchema(ConfigSection):
     """The model, and the shape of one built from its config (model.path=null); a loaded folder brings its own."""
 
     name: str  # names the model in runs and reports
-    arch: str  # an architecture of validate.LINEAR_MODULES; a loaded folder's model_type replaces it
+    arch: str  # an architecture of LINEAR_MODULES; a loaded folder's model_type replaces it
     path: str | None  # a Hugging Face model folder (save_pretrained); null: built from this config
     hidden_size: Annotated[int, Range(1)]  # a multiple of num_attention_heads
     intermediate_size: Annotated[int, Range(1)]
@@ -273,6 +281,30 @@ class ModelSchema:
     max_position_embeddings: Annotated[int, Range(8)]
     rms_norm_eps: PositiveNumber
     lr: ModelLrSchema
+
+    def check(self, arch: str, source: str) -> None:
+        """`arch`: the trained model's architecture (a loaded folder's model_type), `source` names the model.
+        A model built from its config must have a shape transformers can build (heads divide the width)."""
+        check_choice("model.arch" if not self.path else f"{source}: model_type", arch, tuple(LINEAR_MODULES))
+        if self.path:
+            return
+        self.check_knobs("model", *(knob for knob in knobs("model") if knob not in MODEL_NOT_SHAPE))
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"model.num_attention_heads={self.num_attention_heads}: does not divide "
+                f"model.hidden_size={self.hidden_size}; accepted: a divisor of {self.hidden_size}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"model.num_key_value_heads={self.num_key_value_heads}: does not divide model.num_attention_heads="
+                f"{self.num_attention_heads}; accepted: a divisor of {self.num_attention_heads}"
+            )
+        if (self.hidden_size // self.num_attention_heads) % 2:
+            raise ConfigError(
+                f"model.hidden_size={self.hidden_size}: {self.hidden_size // self.num_attention_heads} per head "
+                f"(model.num_attention_heads={self.num_attention_heads}), an odd number rotary embeddings cannot "
+                "split; accepted: an even width per head"
+            )
 
 
 @dataclass
@@ -325,7 +357,7 @@ class PeftSchema:
     r: Carried[Annotated[int, Range(1)]]  # LoRA rank (lora, as are the knobs below)
     alpha: Carried[PositiveNumber]
     dropout: Carried[Annotated[float, Range(0, 1, high_inclusive=False)]]
-    target_modules: Carried[list[str]]  # linear modules of the model's arch (validate.LINEAR_MODULES)
+    target_modules: Carried[list[str]]  # linear modules of the model's arch (LINEAR_MODULES)
 
 
 @dataclass

@@ -16,24 +16,18 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from ghsweep.config.schema import (
+    LINEAR_MODULES,
     ConfigSchema,
     ModelSchema,
     accepted,
     check,
-    check_choice,
     knobs,
     typed,
 )
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
 
-# Linear layers of each architecture that LoRA can target (transformers' module names).
-LINEAR_MODULES = {
-    "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-}
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
-# What names the model and its rates; the model's other knobs are its shape, read only without model.path.
-MODEL_NOT_SHAPE = ("name", "arch", "path", "lr")
 
 
 @dataclass(frozen=True)
@@ -104,7 +98,7 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
     model = model_facts(cfg.model)
     _check_rate_resolves(cfg, model)
     config = typed(cfg)
-    _validate_model(cfg, model)
+    config.model.check(model.arch, model.source)
     config.data.check(config.backend.name, config.model.path, config.model.vocab_size)
     for key in ("seed", "repeat", "system_metrics.interval_s"):
         check(key, OmegaConf.select(cfg, key))
@@ -121,12 +115,6 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
     if config.container is not None:
         config.container.check()
     return config
-
-
-def _validate_model(cfg: DictConfig, model: ModelFacts) -> None:
-    key = "model.arch" if not cfg.model.path else f"{model.source}: model_type"
-    check_choice(key, model.arch, tuple(LINEAR_MODULES))
-    _validate_model_shape(cfg)
 
 
 def _check_rate_resolves(cfg: DictConfig, model: ModelFacts) -> None:
@@ -202,32 +190,6 @@ def _validate_profile(cfg: DictConfig) -> None:
 LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
 # What a run directory's files may be named after (hydra.job.name names the job's log file).
 SAFE_NAME = re.compile(r"^[\w.\-]+$")
-
-
-def _validate_model_shape(cfg: DictConfig) -> None:
-    """A model built from its config must have a shape transformers can build (heads divide the width)."""
-    if cfg.model.path:
-        return
-    m = cfg.model
-    for knob in knobs("model"):
-        if knob not in MODEL_NOT_SHAPE:
-            check(f"model.{knob}", m[knob])
-    if m.hidden_size % m.num_attention_heads:
-        raise ConfigError(
-            f"model.num_attention_heads={m.num_attention_heads}: does not divide model.hidden_size={m.hidden_size}; "
-            f"accepted: a divisor of {m.hidden_size}"
-        )
-    if m.num_attention_heads % m.num_key_value_heads:
-        raise ConfigError(
-            f"model.num_key_value_heads={m.num_key_value_heads}: does not divide "
-            f"model.num_attention_heads={m.num_attention_heads}; accepted: a divisor of {m.num_attention_heads}"
-        )
-    if (m.hidden_size // m.num_attention_heads) % 2:
-        raise ConfigError(
-            f"model.hidden_size={m.hidden_size}: {m.hidden_size // m.num_attention_heads} per head "
-            f"(model.num_attention_heads={m.num_attention_heads}), an odd number rotary embeddings cannot split; "
-            "accepted: an even width per head"
-        )
 
 
 def _validate_no_lora_keys(cfg: DictConfig) -> None:
