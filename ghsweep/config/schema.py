@@ -10,16 +10,27 @@ combination of a sweep before the first runs, and a type error there stops the w
 ConfigError from validation fails only its combination and the sweep goes on (tests/reliability). The YAML
 groups stay what users select (precision=bf16); the schema checks the values they set, and `typed` turns a
 validated config into the schema's dataclasses, the config the plan, the worker and the backends read.
+
+A section checks itself (`ConfigSection`): its knobs against their fields' rules, then the rules between
+them, in its own `check`, which ghsweep.config.validate calls section by section. Plain dataclasses, and
+`check` rather than `__post_init__`: building a section must not refuse it, since the dry run types a
+refused combination to describe it and the launcher types one before it is validated, and a section's
+rules need facts of the run a constructor does not get (the GPU, the model folder's shape, the chosen
+profile). Not pydantic v2: it coerces values ("1" to 1, 1 to True) unless made strict, and says what is
+wrong in its own words over several lines, where each refusal here is one line in the project's words.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
 import sys
 import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, is_dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, TypeVar, Union
 
 from omegaconf import DictConfig, OmegaConf
@@ -58,8 +69,19 @@ Ratio = Annotated[float, Range(0, 1)]
 LearningRate = Annotated[float, Range(0, 1, inclusive=False)]
 
 
+class ConfigSection:
+    """A config section as its dataclass: its knobs' rules are its fields' annotations, and the rules
+    between its knobs (and the few facts of the run they need) are its own `check`, beside them."""
+
+    def check_knobs(self, key: str, *names: str) -> None:
+        """Each knob named (every one by default) against its field's rule; `key` is the section's."""
+        rules = _fields(type(self))
+        for name in names or tuple(rules):
+            check_rule(f"{key}.{name}", rules[name], getattr(self, name))
+
+
 @dataclass
-class TrainSchema:
+class TrainSchema(ConfigSection):
     max_steps: Annotated[int, Range(1)]
     micro_batch_size: Annotated[int, Range(1)]
     seq_length: Annotated[int, Range(8)]  # also at most the model's max_position_embeddings
@@ -84,9 +106,56 @@ class TrainSchema:
     optimizer: Literal["auto", "adamw", "adamw_sr", "adamw8bit"]  # ghsweep/train/optim.py
     optimizer_in_backward: bool  # not with precision=fp16
 
+    def check(
+        self, model_source: str, max_positions: int, device: str, on_gpu: bool, data: DataSchema, precision: str
+    ) -> None:
+        """Against the trained model (`model_source` names it; `max_positions`: its longest sequence), the
+        run's `device` setting and where it trains (`on_gpu`), its data and its `precision` option."""
+        self.check_knobs("train")
+        if self.attention == "flex" and (data.packing_mask != "document" or not on_gpu):
+            raise ConfigError(
+                f"train.attention=flex: FlexAttention here needs data.packing_mask=document and a GPU (it has no "
+                f"CPU backward); this run has data.packing_mask={data.packing_mask}, device={device}; "
+                f"accepted here: {accepted(a for a in choices('train.attention') if a != 'flex')}"
+            )
+        compiled = self.compile is True or (self.compile == "auto" and on_gpu)
+        if self.activation_memory_budget < 1 and not compiled:
+            raise ConfigError(
+                f"train.activation_memory_budget={self.activation_memory_budget}: only compiled layers recompute, "
+                f"and this run does not compile (train.compile={self.compile}, device={device}); accepted here: "
+                "1.0, or train.compile=true"
+            )
+        cache_dir = self.compile_cache_dir
+        if cache_dir is not None and (not str(cache_dir).strip() or Path(cache_dir).is_file()):
+            raise ConfigError(
+                f"train.compile_cache_dir={cache_dir!r}: not a folder; accepted: a folder's path (made if "
+                "missing; relative: to the launch directory), or null (TORCHINDUCTOR_CACHE_DIR's, else torch's own)"
+            )
+        if self.optimizer_in_backward and precision == "fp16":
+            raise ConfigError(
+                "train.optimizer_in_backward=true: fp16's loss scaling must see every gradient before "
+                "any step; accepted with precision=fp16: false"
+            )
+        if self.optimizer == "adamw_sr" and precision in ("fp32", "fp16"):
+            raise ConfigError(
+                f"train.optimizer=adamw_sr: stochastic rounding is for bf16 weights, and precision={precision} "
+                f"trains fp32 ones; accepted with precision={precision}: auto, adamw, adamw8bit"
+            )
+        if self.seq_length > max_positions:
+            raise ConfigError(
+                f"train.seq_length={self.seq_length}: longer than {model_source} supports; "
+                f"accepted: 8 to {max_positions}"
+            )
+
+
+# A dolly record is a few KB; a longer line is not one record (a JSON array, a binary file).
+MAX_RECORD_BYTES = 1 << 20
+# Fields of a dolly record the loader reads as text (`context` may be missing).
+RECORD_TEXT_FIELDS = ("instruction", "context", "response")
+
 
 @dataclass
-class DataSchema:
+class DataSchema(ConfigSection):
     name: Literal["dolly_synthetic", "dolly_file"]  # generated records, or data.path's
     path: str | None  # a dolly-format JSONL file (dolly_file); null: generated records
     packing_mask: Literal["document", "causal"]
@@ -99,6 +168,78 @@ class DataSchema:
     # For a model built from config (model.path brings its own): byte (UTF-8 bytes), bpe (the project's subword
     # tokenizer, ghsweep/train/tokenizer.py); auto: bpe with prepare=on_the_fly, byte ahead.
     tokenizer: Literal["auto", "byte", "bpe"]
+
+    def check(self, backend: str, model_path: str | None, vocab_size: int) -> None:
+        """For the run's `backend` and its model: loaded from `model_path`, or built with `vocab_size` ids."""
+        self.check_knobs("data", "name", "packing_mask")
+        if self.path and self.name == "dolly_synthetic":
+            # The loader reads data.path whenever it is set: a run named synthetic would train on the file.
+            raise ConfigError(
+                f"data.path={self.path}: data=dolly_synthetic generates its records and reads no "
+                "file; accepted: data=dolly_file with data.path, or data.path=null"
+            )
+        self.check_knobs("data", "path", "num_examples")
+        if self.path:
+            _check_data_file(str(self.path))
+        else:
+            self.check_knobs("data", "mean_tokens")
+            if self.num_examples is None:
+                raise ConfigError(
+                    f"data.num_examples=None: data={self.name} generates this many records; accepted: an integer >= 1"
+                )
+        self.check_knobs("data", "prepare", "tokenizer")
+        if backend != "torch" and (self.prepare != "ahead" or self.tokenizer != "auto"):
+            key, value = (
+                ("data.prepare", self.prepare) if self.prepare != "ahead" else ("data.tokenizer", self.tokenizer)
+            )
+            raise ConfigError(
+                f"{key}={value}: backend={backend} loads the blocks packed ahead with its own tokenizer; "
+                f"accepted with backend={backend}: data.prepare=ahead, data.tokenizer=auto"
+            )
+        if model_path:
+            if self.tokenizer != "auto":
+                raise ConfigError(
+                    f"data.tokenizer={self.tokenizer}: model.path={model_path} brings its own tokenizer; accepted "
+                    "with model.path: auto"
+                )
+            return
+        if tokenizer_name(self) == "bpe" and vocab_size < BPE_VOCAB_SIZE:
+            raise ConfigError(
+                f"model.vocab_size={vocab_size}: below the {BPE_VOCAB_SIZE} ids of the bpe tokenizer this run "
+                f"uses (data.tokenizer={self.tokenizer}, data.prepare={self.prepare}); accepted: at least "
+                f"{BPE_VOCAB_SIZE}, or data.tokenizer=byte"
+            )
+
+
+def _check_data_file(path: str) -> None:
+    """Every line one dolly record, read before any training (bad lines would otherwise fail deep in the worker)."""
+    if not Path(path).is_file():
+        raise ConfigError(f"data.path={path}: no such file; expected a dolly-format JSONL file")
+    expected = "expected one dolly record (a JSON object with instruction and response) per line"
+    records = 0
+    with open(path, "rb") as lines:
+        for line_no, line in enumerate(lines, 1):
+            if len(line) > MAX_RECORD_BYTES:
+                raise ConfigError(
+                    f"data.path={path}: line {line_no} is {len(line):,} bytes, over {MAX_RECORD_BYTES:,}; {expected}"
+                )
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as error:
+                raise ConfigError(
+                    f"data.path={path}: line {line_no} is not JSON ({str(error).splitlines()[0]}); {expected}"
+                ) from None
+            if not isinstance(record, dict) or not {"instruction", "response"} <= record.keys():
+                raise ConfigError(f"data.path={path}: line {line_no} lacks instruction or response; {expected}")
+            for field in RECORD_TEXT_FIELDS:
+                if field in record and not isinstance(record[field], str):
+                    shown = json.dumps(record[field])[:40]
+                    raise ConfigError(f"data.path={path}: line {line_no}: {field} is {shown}, not a string; {expected}")
+            records += 1
+    if not records:
+        raise ConfigError(f"data.path={path}: no records (the file is empty); {expected}")
 
 
 @dataclass
@@ -115,12 +256,20 @@ BYTE_TOKENIZER_IDS = 259
 BPE_VOCAB_SIZE = 320
 
 
+# Linear layers of each architecture that LoRA can target (transformers' module names).
+LINEAR_MODULES = {
+    "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+}
+# What names the model and its rates; the model's other knobs are its shape, read only without model.path.
+MODEL_NOT_SHAPE = ("name", "arch", "path", "lr")
+
+
 @dataclass
-class ModelSchema:
+class ModelSchema(ConfigSection):
     """The model, and the shape of one built from its config (model.path=null); a loaded folder brings its own."""
 
     name: str  # names the model in runs and reports
-    arch: str  # an architecture of validate.LINEAR_MODULES; a loaded folder's model_type replaces it
+    arch: str  # an architecture of LINEAR_MODULES; a loaded folder's model_type replaces it
     path: str | None  # a Hugging Face model folder (save_pretrained); null: built from this config
     hidden_size: Annotated[int, Range(1)]  # a multiple of num_attention_heads
     intermediate_size: Annotated[int, Range(1)]
@@ -133,13 +282,67 @@ class ModelSchema:
     rms_norm_eps: PositiveNumber
     lr: ModelLrSchema
 
+    def check(self, arch: str, source: str) -> None:
+        """`arch`: the trained model's architecture (a loaded folder's model_type), `source` names the model.
+        A model built from its config must have a shape transformers can build (heads divide the width)."""
+        check_choice("model.arch" if not self.path else f"{source}: model_type", arch, tuple(LINEAR_MODULES))
+        if self.path:
+            return
+        self.check_knobs("model", *(knob for knob in knobs("model") if knob not in MODEL_NOT_SHAPE))
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"model.num_attention_heads={self.num_attention_heads}: does not divide "
+                f"model.hidden_size={self.hidden_size}; accepted: a divisor of {self.hidden_size}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"model.num_key_value_heads={self.num_key_value_heads}: does not divide model.num_attention_heads="
+                f"{self.num_attention_heads}; accepted: a divisor of {self.num_attention_heads}"
+            )
+        if (self.hidden_size // self.num_attention_heads) % 2:
+            raise ConfigError(
+                f"model.hidden_size={self.hidden_size}: {self.hidden_size // self.num_attention_heads} per head "
+                f"(model.num_attention_heads={self.num_attention_heads}), an odd number rotary embeddings cannot "
+                "split; accepted: an even width per head"
+            )
+
 
 @dataclass
-class CaptureSchema:
+class CaptureSchema(ConfigSection):
     # The profilers' window: steps start_step .. start_step + num_steps - 1; auto: the run's last
     # num_steps steps, right after its measured ones (capture_steps).
     start_step: Annotated[int, Range(0)] | Literal["auto"]
     num_steps: Annotated[int, Range(1)]
+
+    def check(self, profile: str, backend: str, steps: int) -> None:
+        """The window within the run's `steps` steps (train.max_steps), as `profile` and `backend` record it."""
+        self.check_knobs("capture")
+        if profile == "none":
+            return
+        if self.start_step == "auto" and self.num_steps > steps:
+            raise ConfigError(
+                f"capture.num_steps={self.num_steps}: capture.start_step=auto records the last capture.num_steps "
+                f"steps of train.max_steps={steps}; accepted: capture.num_steps <= {steps}, or profile=none"
+            )
+        start = capture_steps(self, steps).start
+        # The worker's own out-of-memory history covers steps 0-1 (train/memory_record.HISTORY_STEPS) and ends there.
+        if profile == "memory" and start < 2:
+            raise ConfigError(
+                f"capture.start_step={self.start_step}: profile=memory records from step 2 on (the first two "
+                "steps' history is kept for an out-of-memory error); accepted: capture.start_step >= 2, or auto "
+                "with train.max_steps >= capture.num_steps + 2"
+            )
+        if profile == "memory" and backend != "torch":
+            raise ConfigError(
+                f"profile=memory: the capture window's allocator history is recorded by the torch backend's loop; "
+                f"this run has backend={backend}; accepted: backend=torch, or profile=torch, nsys, auto, none"
+            )
+        if start + self.num_steps > steps:
+            raise ConfigError(
+                f"capture.start_step={self.start_step}, capture.num_steps={self.num_steps}: the profiler's window "
+                f"ends after the last step ({steps - 1}, train.max_steps={steps}); accepted: start_step + "
+                f"num_steps <= {steps}, start_step=auto, or profile=none"
+            )
 
 
 def capture_steps(capture: CaptureSchema, steps: int) -> range:
@@ -154,7 +357,7 @@ class PeftSchema:
     r: Carried[Annotated[int, Range(1)]]  # LoRA rank (lora, as are the knobs below)
     alpha: Carried[PositiveNumber]
     dropout: Carried[Annotated[float, Range(0, 1, high_inclusive=False)]]
-    target_modules: Carried[list[str]]  # linear modules of the model's arch (validate.LINEAR_MODULES)
+    target_modules: Carried[list[str]]  # linear modules of the model's arch (LINEAR_MODULES)
 
 
 @dataclass
@@ -169,24 +372,65 @@ class PrecisionSchema:
 
 
 @dataclass
-class OffloadSchema:
+class OffloadSchema(ConfigSection):
     enabled: bool
     num_layers: Annotated[int, Range(1)]  # with offload=on; at most the model's layers
 
+    def check(self, model_source: str, model_layers: int) -> None:
+        """`model_layers`: the trained model's (`model_source` names it)."""
+        self.check_knobs("offload", "enabled")
+        if not self.enabled:
+            return
+        self.check_knobs("offload", "num_layers")
+        if self.num_layers > model_layers:
+            raise ConfigError(
+                f"offload.num_layers={self.num_layers}: {model_source} has only {model_layers} layers; "
+                f"accepted: 1 to {model_layers}"
+            )
+
 
 @dataclass
-class MemorySchema:
+class MemorySchema(ConfigSection):
     name: Literal["device", "unified"]
     pool_size_gb: PositiveNumber | None  # unified (as prefetch): RMM's managed pool; null: start small and grow
     prefetch: Carried[bool]  # managed pages to the GPU ahead of use
 
+    def check(self, device: str, on_gpu: bool, offload: bool, in_container: bool) -> None:
+        """`device`: the run's setting, `on_gpu`: where it trains; `offload`: offload=on; `in_container`:
+        the worker runs in an image, not in this interpreter."""
+        check("memory", self.name)
+        if self.name != "unified":
+            return
+        if not on_gpu:
+            raise ConfigError(
+                "memory=unified: CUDA managed memory needs an NVIDIA GPU and this run has none "
+                f"(device={device}); accepted here: memory=device"
+            )
+        if offload:
+            # Offload frees GPU blocks while side streams still copy them; only PyTorch's own caching
+            # allocator tracks that (record_stream), a managed-memory allocator does not.
+            raise ConfigError(
+                "memory=unified with offload=on: not supported together; accepted: offload=off with "
+                "memory=unified, or memory=device with offload=on"
+            )
+        self.check_knobs("memory", "pool_size_gb", "prefetch")
+        # Without a container the worker runs in this interpreter: whether RMM is there decides the allocator.
+        if self.pool_size_gb is not None and not in_container and importlib.util.find_spec("rmm") is None:
+            raise ConfigError(
+                f"memory.pool_size_gb={self.pool_size_gb}: sizes RMM's managed pool and RMM is not "
+                "installed here (the managed-memory allocator grows on demand); accepted here: null"
+            )
+
 
 @dataclass
-class DataloaderSchema:
+class DataloaderSchema(ConfigSection):
     num_workers: Annotated[int, Range(0)]
     pin_memory: bool  # on a GPU only
     prefetch_factor: Annotated[int, Range(1)] | None
     persistent_workers: bool  # with num_workers > 0 only
+
+    def check(self) -> None:
+        self.check_knobs("dataloader")
 
 
 NsysTrace = Literal[
@@ -248,18 +492,33 @@ class SystemMetricsSchema:
     interval_s: PositiveNumber | None  # seconds between samples of GPU and host metrics; null: off
 
 
+# worker.timeout_min=auto on a GPU: a hang on a cluster node must not hold its allocation until the
+# scheduler's limit. On CPU (smoke runs, 7B shapes on a workstation) auto sets no limit.
+GPU_TIMEOUT_MIN = 60
+
+
 @dataclass
-class WorkerSchema:
+class WorkerSchema(ConfigSection):
     # Minutes before a worker is killed; auto: 60 on a GPU, none on CPU; null: no limit.
     timeout_min: PositiveNumber | Literal["auto"] | None
     preimported: bool  # fork workers from a pre-imported one (launch/worker_process.WarmWorker)
+
+    def check(self) -> None:
+        self.check_knobs("worker", "preimported")
+        try:
+            self.check_knobs("worker", "timeout_min")
+        except ConfigError:  # the field's rule, said with what each accepted value means
+            raise ConfigError(
+                f"worker.timeout_min={self.timeout_min}: must be a number of minutes > 0, null (no limit) or auto "
+                f"({GPU_TIMEOUT_MIN} on a GPU, no limit on CPU)"
+            ) from None
 
 
 @dataclass
 class BackendSchema:
     """The backend's keys; each option sets its own (num_nodes and gpus_per_node: torch and nemo)."""
 
-    name: str  # a backend of config.backends.BACKENDS, the registry validation checks it against
+    name: Literal["torch", "nemo", "automodel"]  # the backends of ghsweep.train.backends.BACKENDS
     num_nodes: Carried[Annotated[int, Range(1)]]
     gpus_per_node: Carried[Annotated[int, Range(1)]]  # ranks per node: one process per GPU
     data_parallel: Carried[Literal["auto", "ddp", "fsdp"]]  # torch: auto is DDP for LoRA, FSDP2 for full fine-tuning
@@ -272,13 +531,20 @@ class BackendSchema:
 
 
 @dataclass
-class ContainerSchema:
+class ContainerSchema(ConfigSection):
     image: str | None  # a .sif file, a docker:// or oras:// URI, or pyxis' registry image; null: on the host
     runtime: Literal["apptainer", "singularity", "pyxis"]
     nv: bool  # --nv: the host's GPUs inside (apptainer, singularity)
     binds: list[str]  # SRC[:DST[:ro]] each
     env: dict[str, object]  # NAME: value, set inside the container as its text
     python: str  # the image's interpreter
+
+    def check(self) -> None:
+        """Read only with an image (launch profiles that are not ghsweep's carry none)."""
+        if self.image is None:
+            return
+        # runtime: launch/container.py checks it where it builds the container's command.
+        self.check_knobs("container", *(knob for knob in knobs("container") if knob != "runtime"))
 
 
 @dataclass
@@ -375,7 +641,12 @@ def accepted(values) -> str:
 
 def check(key: str, value: object) -> None:
     """Raise ConfigError naming `key`, `value` and what is accepted when `value` breaks the schema's rule."""
-    rules, nullable = _alternatives(_rule(key))
+    check_rule(key, _rule(key), value)
+
+
+def check_rule(key: str, rule: object, value: object) -> None:
+    """check, with `key`'s rule at hand."""
+    rules, nullable = _alternatives(rule)
     if value is None and nullable:
         return
     if len(rules) == 1:

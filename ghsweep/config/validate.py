@@ -6,7 +6,6 @@ can record it as the reason a combination failed without spending GPU time on it
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shlex
@@ -16,32 +15,19 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from ghsweep.config.backends import BACKENDS, backend_named
 from ghsweep.config.schema import (
-    BPE_VOCAB_SIZE,
+    LINEAR_MODULES,
     ConfigSchema,
     ModelSchema,
     accepted,
-    capture_steps,
     check,
-    check_choice,
-    choices,
     knobs,
-    tokenizer_name,
     typed,
 )
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
 
-# Linear layers of each architecture that LoRA can target (transformers' module names).
-LINEAR_MODULES = {
-    "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-}
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
-# A dolly record is a few KB; a longer line is not one record (a JSON array, a binary file).
-MAX_RECORD_BYTES = 1 << 20
-# What names the model and its rates; the model's other knobs are its shape, read only without model.path.
-MODEL_NOT_SHAPE = ("name", "arch", "path", "lr")
 
 
 @dataclass(frozen=True)
@@ -98,7 +84,8 @@ def _trains_on(device: str, gpu: GpuInfo | None) -> str:
 
 def validate(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
     """`cfg` as the typed config the run reads; ConfigError for the first value in it this run cannot use on
-    this machine."""
+    this machine. The chosen backend's own keys are its own to check (ghsweep.train.backends.checked_config,
+    what the plan calls)."""
     device = str(cfg.device)
     if device not in ("auto", "cpu") and not (device == "cuda" or device.startswith("cuda:")):
         raise ConfigError(f"device={device}: not an accepted value; accepted: auto, cpu, cuda, cuda:N")
@@ -106,153 +93,39 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
         raise ConfigError(f"device={device}: no NVIDIA GPU is visible to this job; accepted here: auto, cpu")
     on_gpu = _trains_on(device, gpu) == "cuda"
 
-    check_choice("backend", cfg.backend.name, tuple(BACKENDS))
+    check("backend", cfg.backend.name)
     _validate_backend(cfg)
     model = model_facts(cfg.model)
-    _validate_model(cfg, model)
-    _validate_train(cfg, model, on_gpu)
+    _check_rate_resolves(cfg, model)
+    config = typed(cfg)
+    config.model.check(model.arch, model.source)
+    config.data.check(config.backend.name, config.model.path, config.model.vocab_size)
+    for key in ("seed", "repeat", "system_metrics.interval_s"):
+        check(key, OmegaConf.select(cfg, key))
+    config.train.check(model.source, model.max_position_embeddings, device, on_gpu, config.data, config.precision.name)
     _validate_peft(cfg, model)
     _validate_precision(cfg, gpu, on_gpu)
-    _validate_offload(cfg, model)
-    _validate_memory(cfg, on_gpu)
-    _validate_dataloader(cfg)
+    config.offload.check(model.source, model.num_layers)
+    in_container = config.container is not None and config.container.image is not None
+    config.memory.check(device, on_gpu, config.offload.enabled, in_container)
+    config.dataloader.check()
     _validate_profile(cfg)
-    _validate_capture(cfg)
-    check("worker.preimported", cfg.worker.preimported)
-    _validate_worker_timeout(cfg.worker.timeout_min)
-    _validate_container(cfg)
-    config = typed(cfg)
-    # Each backend checks its own keys; the registry imports only the named backend's light module.
-    backend_named(config.backend.name).check(config, on_gpu)
+    config.capture.check(config.profile.name, config.backend.name, config.train.max_steps)
+    config.worker.check()
+    if config.container is not None:
+        config.container.check()
     return config
 
 
-def _validate_model(cfg: DictConfig, model: ModelFacts) -> None:
-    key = "model.arch" if not cfg.model.path else f"{model.source}: model_type"
-    check_choice(key, model.arch, tuple(LINEAR_MODULES))
-    _validate_model_shape(cfg)
-    check("data", cfg.data.name)
-    check("data.packing_mask", cfg.data.packing_mask)
-    if cfg.data.path and cfg.data.name == "dolly_synthetic":
-        # The loader reads data.path whenever it is set: a run named synthetic would train on the file.
-        raise ConfigError(
-            f"data.path={cfg.data.path}: data=dolly_synthetic generates its records and reads no "
-            "file; accepted: data=dolly_file with data.path, or data.path=null"
-        )
-    check("data.path", cfg.data.path)
-    check("data.num_examples", cfg.data.num_examples)
-    if cfg.data.path:
-        _validate_data_file(str(cfg.data.path))
-    else:
-        check("data.mean_tokens", cfg.data.mean_tokens)
-        if cfg.data.num_examples is None:
-            raise ConfigError(
-                f"data.num_examples=None: data={cfg.data.name} generates this many records; accepted: an integer >= 1"
-            )
-    _validate_data_prepare(cfg)
-
-
-def _validate_data_prepare(cfg: DictConfig) -> None:
-    d = cfg.data
-    check("data.prepare", d.prepare)
-    check("data.tokenizer", d.tokenizer)
-    if cfg.backend.name != "torch" and (d.prepare != "ahead" or d.tokenizer != "auto"):
-        key, value = ("data.prepare", d.prepare) if d.prepare != "ahead" else ("data.tokenizer", d.tokenizer)
-        raise ConfigError(
-            f"{key}={value}: backend={cfg.backend.name} loads the blocks packed ahead with its own tokenizer; "
-            f"accepted with backend={cfg.backend.name}: data.prepare=ahead, data.tokenizer=auto"
-        )
-    if cfg.model.path:
-        if d.tokenizer != "auto":
-            raise ConfigError(
-                f"data.tokenizer={d.tokenizer}: model.path={cfg.model.path} brings its own tokenizer; accepted with "
-                "model.path: auto"
-            )
-        return
-    if tokenizer_name(d) == "bpe" and cfg.model.vocab_size < BPE_VOCAB_SIZE:
-        raise ConfigError(
-            f"model.vocab_size={cfg.model.vocab_size}: below the {BPE_VOCAB_SIZE} ids of the bpe tokenizer this run "
-            f"uses (data.tokenizer={d.tokenizer}, data.prepare={d.prepare}); accepted: at least {BPE_VOCAB_SIZE}, "
-            "or data.tokenizer=byte"
-        )
-
-
-def _validate_data_file(path: str) -> None:
-    """Every line one dolly record, read before any training (bad lines would otherwise fail deep in the worker)."""
-    if not Path(path).is_file():
-        raise ConfigError(f"data.path={path}: no such file; expected a dolly-format JSONL file")
-    expected = "expected one dolly record (a JSON object with instruction and response) per line"
-    records = 0
-    with open(path, "rb") as lines:
-        for line_no, line in enumerate(lines, 1):
-            if len(line) > MAX_RECORD_BYTES:
-                raise ConfigError(
-                    f"data.path={path}: line {line_no} is {len(line):,} bytes, over {MAX_RECORD_BYTES:,}; {expected}"
-                )
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as error:
-                raise ConfigError(
-                    f"data.path={path}: line {line_no} is not JSON ({str(error).splitlines()[0]}); {expected}"
-                ) from None
-            if not isinstance(record, dict) or not {"instruction", "response"} <= record.keys():
-                raise ConfigError(f"data.path={path}: line {line_no} lacks instruction or response; {expected}")
-            _check_record_fields(path, line_no, record, expected)
-            records += 1
-    if not records:
-        raise ConfigError(f"data.path={path}: no records (the file is empty); {expected}")
-
-
-def _validate_train(cfg: DictConfig, model: ModelFacts, on_gpu: bool) -> None:
-    t = cfg.train
+def _check_rate_resolves(cfg: DictConfig, model: ModelFacts) -> None:
+    """train.lr defaults to the model's rate for the run's peft, an interpolation the model may lack."""
     try:
-        lr = t.lr
+        _ = cfg.train.lr
     except InterpolationResolutionError:
         raise ConfigError(
             f"train.lr: {model.source} sets no rate for peft={cfg.peft.name} (model.lr.{cfg.peft.name}); "
             "set train.lr=RATE or model.lr.lora / model.lr.none"
         ) from None
-    for knob in knobs("train"):
-        check(f"train.{knob}", lr if knob == "lr" else t[knob])
-    check("seed", cfg.seed)
-    check("repeat", cfg.repeat)
-    check("system_metrics.interval_s", cfg.system_metrics.interval_s)
-    if t.attention == "flex" and (cfg.data.packing_mask != "document" or not on_gpu):
-        raise ConfigError(
-            f"train.attention=flex: FlexAttention here needs data.packing_mask=document and a GPU (it has no CPU "
-            f"backward); this run has data.packing_mask={cfg.data.packing_mask}, device={cfg.device}; "
-            f"accepted here: {accepted(a for a in choices('train.attention') if a != 'flex')}"
-        )
-    compiled = t.compile is True or (t.compile == "auto" and on_gpu)
-    if t.activation_memory_budget < 1 and not compiled:
-        raise ConfigError(
-            f"train.activation_memory_budget={t.activation_memory_budget}: only compiled layers recompute, and this "
-            f"run does not compile (train.compile={t.compile}, device={cfg.device}); accepted here: 1.0, or "
-            "train.compile=true"
-        )
-    cache_dir = t.compile_cache_dir
-    if cache_dir is not None and (not str(cache_dir).strip() or Path(cache_dir).is_file()):
-        raise ConfigError(
-            f"train.compile_cache_dir={cache_dir!r}: not a folder; accepted: a folder's path (made if "
-            "missing; relative: to the launch directory), or null (TORCHINDUCTOR_CACHE_DIR's, else torch's own)"
-        )
-    if t.optimizer_in_backward and cfg.precision.name == "fp16":
-        raise ConfigError(
-            "train.optimizer_in_backward=true: fp16's loss scaling must see every gradient before "
-            "any step; accepted with precision=fp16: false"
-        )
-    if t.optimizer == "adamw_sr" and cfg.precision.name in ("fp32", "fp16"):
-        raise ConfigError(
-            f"train.optimizer=adamw_sr: stochastic rounding is for bf16 weights, and precision={cfg.precision.name} "
-            f"trains fp32 ones; accepted with precision={cfg.precision.name}: auto, adamw, adamw8bit"
-        )
-    if t.seq_length > model.max_position_embeddings:
-        raise ConfigError(
-            f"train.seq_length={t.seq_length}: longer than {model.source} supports; "
-            f"accepted: 8 to {model.max_position_embeddings}"
-        )
 
 
 def _validate_peft(cfg: DictConfig, model: ModelFacts) -> None:
@@ -303,52 +176,6 @@ def _validate_precision(cfg: DictConfig, gpu: GpuInfo | None, on_gpu: bool) -> N
         )
 
 
-def _validate_offload(cfg: DictConfig, model: ModelFacts) -> None:
-    o = cfg.offload
-    check("offload.enabled", o.enabled)
-    if not o.enabled:
-        return
-    layers = model.num_layers
-    check("offload.num_layers", o.num_layers)
-    if o.num_layers > layers:
-        raise ConfigError(
-            f"offload.num_layers={o.num_layers}: {model.source} has only {layers} layers; accepted: 1 to {layers}"
-        )
-
-
-def _validate_memory(cfg: DictConfig, on_gpu: bool) -> None:
-    memory = cfg.memory
-    check("memory", memory.name)
-    if memory.name != "unified":
-        return
-    if not on_gpu:
-        raise ConfigError(
-            "memory=unified: CUDA managed memory needs an NVIDIA GPU and this run has none "
-            f"(device={cfg.device}); accepted here: memory=device"
-        )
-    if cfg.offload.enabled:
-        # Offload frees GPU blocks while side streams still copy them; only PyTorch's own caching
-        # allocator tracks that (record_stream), a managed-memory allocator does not.
-        raise ConfigError(
-            "memory=unified with offload=on: not supported together; accepted: offload=off with "
-            "memory=unified, or memory=device with offload=on"
-        )
-    check("memory.pool_size_gb", memory.pool_size_gb)
-    check("memory.prefetch", memory.prefetch)
-    # Without a container the worker runs in this interpreter: whether RMM is there decides the allocator.
-    runs_here = not OmegaConf.select(cfg, "container.image")
-    if memory.pool_size_gb is not None and runs_here and importlib.util.find_spec("rmm") is None:
-        raise ConfigError(
-            f"memory.pool_size_gb={memory.pool_size_gb}: sizes RMM's managed pool and RMM is not "
-            "installed here (the managed-memory allocator grows on demand); accepted here: null"
-        )
-
-
-def _validate_dataloader(cfg: DictConfig) -> None:
-    for knob in knobs("dataloader"):
-        check(f"dataloader.{knob}", cfg.dataloader[knob])
-
-
 def _validate_profile(cfg: DictConfig) -> None:
     p = cfg.profile
     check("profile", p.name)
@@ -360,46 +187,9 @@ def _validate_profile(cfg: DictConfig) -> None:
                 check(f"profile.{tool}.{knob}", p[tool][knob])
 
 
-# The ids of the project's subword tokenizer (ghsweep/train/bpe_tokenizer.json), which a model built from
-# config must embed.
-# Fields of a dolly record the loader reads as text (`context` may be missing).
-RECORD_TEXT_FIELDS = ("instruction", "context", "response")
 LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
 # What a run directory's files may be named after (hydra.job.name names the job's log file).
 SAFE_NAME = re.compile(r"^[\w.\-]+$")
-
-
-def _check_record_fields(path: str, line_no: int, record: dict, expected: str) -> None:
-    for field in RECORD_TEXT_FIELDS:
-        if field in record and not isinstance(record[field], str):
-            shown = json.dumps(record[field])[:40]
-            raise ConfigError(f"data.path={path}: line {line_no}: {field} is {shown}, not a string; {expected}")
-
-
-def _validate_model_shape(cfg: DictConfig) -> None:
-    """A model built from its config must have a shape transformers can build (heads divide the width)."""
-    if cfg.model.path:
-        return
-    m = cfg.model
-    for knob in knobs("model"):
-        if knob not in MODEL_NOT_SHAPE:
-            check(f"model.{knob}", m[knob])
-    if m.hidden_size % m.num_attention_heads:
-        raise ConfigError(
-            f"model.num_attention_heads={m.num_attention_heads}: does not divide model.hidden_size={m.hidden_size}; "
-            f"accepted: a divisor of {m.hidden_size}"
-        )
-    if m.num_attention_heads % m.num_key_value_heads:
-        raise ConfigError(
-            f"model.num_key_value_heads={m.num_key_value_heads}: does not divide "
-            f"model.num_attention_heads={m.num_attention_heads}; accepted: a divisor of {m.num_attention_heads}"
-        )
-    if (m.hidden_size // m.num_attention_heads) % 2:
-        raise ConfigError(
-            f"model.hidden_size={m.hidden_size}: {m.hidden_size // m.num_attention_heads} per head "
-            f"(model.num_attention_heads={m.num_attention_heads}), an odd number rotary embeddings cannot split; "
-            "accepted: an even width per head"
-        )
 
 
 def _validate_no_lora_keys(cfg: DictConfig) -> None:
@@ -417,65 +207,6 @@ def _validate_backend(cfg: DictConfig) -> None:
     for knob in knobs("backend"):
         if knob != "name" and knob in cfg.backend:
             check(f"backend.{knob}", cfg.backend[knob])
-
-
-# worker.timeout_min=auto on a GPU: a hang on a cluster node must not hold its allocation until the
-# scheduler's limit. On CPU (smoke runs, 7B shapes on a workstation) auto sets no limit.
-GPU_TIMEOUT_MIN = 60
-
-
-def _validate_worker_timeout(value: object) -> None:
-    try:
-        check("worker.timeout_min", value)
-    except ConfigError:  # the schema's rule, said with what each accepted value means
-        raise ConfigError(
-            f"worker.timeout_min={value}: must be a number of minutes > 0, null (no limit) or auto "
-            f"({GPU_TIMEOUT_MIN} on a GPU, no limit on CPU)"
-        ) from None
-
-
-def _validate_container(cfg: DictConfig) -> None:
-    """The container's knobs, read only when it has an image (launch profiles that are not ghsweep's carry none)."""
-    container = cfg.get("container")
-    if not container or container.image is None:
-        return
-    # runtime: launch/container.py checks it where it builds the container's command.
-    for knob in knobs("container"):
-        if knob != "runtime":
-            check(f"container.{knob}", container[knob])
-
-
-def _validate_capture(cfg: DictConfig) -> None:
-    c = cfg.capture
-    for knob in knobs("capture"):
-        check(f"capture.{knob}", c[knob])
-    if cfg.profile.name == "none":
-        return
-    steps = cfg.train.max_steps
-    if c.start_step == "auto" and c.num_steps > steps:
-        raise ConfigError(
-            f"capture.num_steps={c.num_steps}: capture.start_step=auto records the last capture.num_steps steps "
-            f"of train.max_steps={steps}; accepted: capture.num_steps <= {steps}, or profile=none"
-        )
-    start = capture_steps(c, steps).start
-    # The worker's own out-of-memory history covers steps 0-1 (train/memory_record.HISTORY_STEPS) and ends there.
-    if cfg.profile.name == "memory" and start < 2:
-        raise ConfigError(
-            f"capture.start_step={c.start_step}: profile=memory records from step 2 on (the first two steps' "
-            "history is kept for an out-of-memory error); accepted: capture.start_step >= 2, or auto with "
-            "train.max_steps >= capture.num_steps + 2"
-        )
-    if cfg.profile.name == "memory" and cfg.backend.name != "torch":
-        raise ConfigError(
-            f"profile=memory: the capture window's allocator history is recorded by the torch backend's loop; "
-            f"this run has backend={cfg.backend.name}; accepted: backend=torch, or profile=torch, nsys, auto, none"
-        )
-    if start + c.num_steps > steps:
-        raise ConfigError(
-            f"capture.start_step={c.start_step}, capture.num_steps={c.num_steps}: the profiler's window ends after "
-            f"the last step ({steps - 1}, train.max_steps={steps}); accepted: start_step + num_steps <= "
-            f"{steps}, start_step=auto, or profile=none"
-        )
 
 
 def validate_launch(cfg: DictConfig, job_name: str) -> None:

@@ -76,7 +76,7 @@ class RunPlan:
     name: str  # the combination's name: its MLflow run name and the folder of its run directory
     run_dir: str
     overrides: list[str]
-    backend: str  # a name in ghsweep.config.backends.BACKENDS
+    backend: str  # a name in ghsweep.train.backends.BACKENDS
     # cuda | cpu. A dry run's plans are made before any node is known: a GPU is assumed where the
     # device may be one (and, for profile=auto, a second plan without), and `gpu` stays None.
     device: str
@@ -102,10 +102,16 @@ class RunPlan:
     # A file the worker waits for before its first step that may be measured (train.warmup_steps): a
     # local sweep makes it once its work on the runs before this one is done (launch.followups).
     measure_after: str | None = None
+    # What the worker's environment adds for its container (pyxis takes container.env there, off the
+    # command line). Its values may be secrets: never written to run_plan.json nor shown, so only the job
+    # that made the plan starts its workers with them.
+    worker_env: dict[str, str] = field(default_factory=dict, repr=False)
 
     def save(self, run_dir: Path) -> None:
         # Every SLURM task of a run writes it, and a rank's worker may read it meanwhile.
-        write_atomic(run_dir / RUN_PLAN, json.dumps(asdict(self), indent=2))
+        saved = asdict(self)
+        del saved["worker_env"]
+        write_atomic(run_dir / RUN_PLAN, json.dumps(saved, indent=2))
 
     @classmethod
     def load(cls, run_dir: Path) -> RunPlan:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ghsweep.config.backends import backend_named
 from ghsweep.config.schema import ConfigSchema, capture_steps, carried, typed
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import NCU_PASS_DIR
@@ -20,6 +19,7 @@ from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
 from ghsweep.launch.plan import dry_run_plans
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import absolute_tracking_uri
+from ghsweep.train.backends import backend_named
 
 # Continuation lines line up with the text after "  worker:  ".
 INDENT = " " * 11

@@ -65,7 +65,6 @@ from ghsweep.core.run_result import TRAIN_PARTS, RunResult, RunStatus
 from ghsweep.core.summary import RunSummary
 from ghsweep.launch import followups, interrupts
 from ghsweep.launch.combination import Combination, run_name
-from ghsweep.launch.container import container_env
 from ghsweep.launch.dry_run import describe
 from ghsweep.launch.plan import check_required, node_plan, not_runnable
 from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
@@ -369,7 +368,7 @@ def train_and_measure(cfg: DictConfig, combo: Combination, result: RunResult, sl
             plan.worker_command,
             run_dir,
             timeout_s(plan),
-            env=container_env(config),
+            env=plan.worker_env,
             preimported=plan.preimported,
             capture=plan.capture,
         )
@@ -494,7 +493,7 @@ def analyse(trained: Trained, combo: Combination, result: RunResult) -> ProfileO
         profile = after_worker(
             config,
             plan,
-            lambda command, work: run_worker(command, work, timeout_s(plan), env=container_env(config)).returncode,
+            lambda command, work: run_worker(command, work, timeout_s(plan), env=plan.worker_env).returncode,
         )
     except Exception as exc:
         failed_around_the_worker(exc, combo, result)
@@ -509,7 +508,7 @@ def run_rank(cfg: DictConfig, combo: Combination, rank: int, slurm_tasks: int) -
     records the run (MLflow, profile analysis over every rank's report)."""
     result = combo.result(RunStatus.FAILED)
     try:
-        plan, config = prepare_worker(cfg, combo, slurm_tasks)
+        plan, _ = prepare_worker(cfg, combo, slurm_tasks)
         log.info(
             "%s: rank %d training in a worker process (log: %s): %s",
             result.name,
@@ -517,7 +516,7 @@ def run_rank(cfg: DictConfig, combo: Combination, rank: int, slurm_tasks: int) -
             combo.run_dir / rank_file(WORKER_LOG, rank),
             shlex.join(plan.worker_command),
         )
-        exit = run_worker(plan.worker_command, combo.run_dir, timeout_s(plan), rank, container_env(config))
+        exit = run_worker(plan.worker_command, combo.run_dir, timeout_s(plan), rank, plan.worker_env)
         if exit.returncode == 0:
             result.status = RunStatus.FINISHED
         else:

@@ -16,15 +16,16 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ghsweep.capture.nsight_commands import find_tool as find_on_node
 from ghsweep.capture.profiler_plan import plans_from_config, profiler_prefix, resolve, session_capture
 from ghsweep.config.schema import ConfigSchema
-from ghsweep.config.validate import run_device, validate
+from ghsweep.config.validate import run_device
 from ghsweep.config.world import data_parallel, world_of
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
 from ghsweep.core.run_dir import NCU_PASS_DIR
 from ghsweep.core.run_plan import NcuPass, ProfilePlan, RunPlan, World
-from ghsweep.launch.container import check_container, container_prefix, tool_finder
+from ghsweep.launch.container import check_container, container_env, container_prefix, tool_finder
 from ghsweep.launch.worker_process import worker_command, worker_program, worker_timeout_min
 from ghsweep.launch.world import check_world
+from ghsweep.train.backends import checked_config
 
 ToolFinder = Callable[[str, str | None], str | None]
 # A GPU that meets every requirement a config can state: checking against it, and against no GPU,
@@ -54,7 +55,7 @@ def check_anywhere(cfg: DictConfig) -> ConfigSchema:
     refused = []
     for gpu in nodes:
         try:
-            return validate(cfg, gpu)
+            return checked_config(cfg, gpu)
         except ConfigError as exc:
             refused.append(exc)
     raise refused[-1]
@@ -81,7 +82,7 @@ def node_plan(
     a run that cannot start there. Every SLURM task of a run makes the same checks, so a config rank 0
     refuses is refused by all ranks before any of them waits for the others. With a container the
     profilers are looked up inside it."""
-    config = validate(cfg, gpu)
+    config = checked_config(cfg, gpu)
     check_container(config)
     device = run_device(config, gpu)
     on_slurm = slurm_tasks is not None
@@ -196,6 +197,7 @@ def assemble_plan(
         capture=capture,
         ncu_pass=ncu_pass(config, run_dir, python) if profile.ncu else None,
         prune_below_tokens_per_s=prune_below_tokens_per_s,
+        worker_env=container_env(config),
     )
 
 

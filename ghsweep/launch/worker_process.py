@@ -26,8 +26,7 @@ from omegaconf import DictConfig
 
 from ghsweep.capture.nsys_session import REPORT_TIMEOUT_S, CollectionHandoff, end_collection, start_collection
 from ghsweep.capture.profiler_plan import sweep_session_launch
-from ghsweep.config.schema import ProfileSchema, typed_section
-from ghsweep.config.validate import GPU_TIMEOUT_MIN
+from ghsweep.config.schema import GPU_TIMEOUT_MIN, ProfileSchema, typed_section
 from ghsweep.core.atomic import open_new, write_atomic
 from ghsweep.core.handoff import HANDOFF_ENV
 from ghsweep.core.names import STEP_RANGE_PREFIX

@@ -1,2 +1,2 @@
 """Training: the worker process and the backends it runs (torch, nemo, automodel), registered by
-name in ghsweep.config.backends. Nothing here imports launch, tracking or report."""
+name in ghsweep.train.backends. Nothing here imports launch, tracking or report."""

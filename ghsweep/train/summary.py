@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import torch
 
-from ghsweep.config.backends import ManagedAllocator
 from ghsweep.config.schema import ConfigSchema, capture_steps
 from ghsweep.core.summary import RunSummary
+from ghsweep.train.backend_protocol import ManagedAllocator
 from ghsweep.train.device import device_name, device_uuid
 from ghsweep.train.flops import add_throughput_metrics
 from ghsweep.train.step_log import StepLog

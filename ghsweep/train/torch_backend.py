@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ghsweep.config.backends import ManagedAllocator
 from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.summary import RunSummary
+from ghsweep.train.backend_protocol import ManagedAllocator
 
 
 class TorchBackend:

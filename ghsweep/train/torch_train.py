@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from ghsweep.capture.torch_capture import torch_capture
-from ghsweep.config.backends import ManagedAllocator
 from ghsweep.config.schema import ConfigSchema, TrainSchema
 from ghsweep.core.atomic import wait_for_file
 from ghsweep.core.run_dir import METRICS
@@ -35,6 +34,7 @@ from ghsweep.core.summary import RunSummary
 from ghsweep.train import attention as attn
 from ghsweep.train import data as dolly
 from ghsweep.train import distributed
+from ghsweep.train.backend_protocol import ManagedAllocator
 from ghsweep.train.compile_cache import cache_counts, use_compile_cache
 from ghsweep.train.device import peak_memory_gib
 from ghsweep.train.flops import ModelShape, run_flops_per_token

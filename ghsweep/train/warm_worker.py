@@ -39,9 +39,9 @@ from ghsweep.core.gpu import GpuInfo, probe_gpu
 # Large enough for any message: a request holds a run directory and a working directory.
 MESSAGE_BYTES = 1 << 20
 
-# What a run of the default backend imports, at the top of its modules or while it sets up: the
-# backend, peft (LoRA) and the fp8 path through torchao.
-TRAINING_MODULES = ("ghsweep.train.torch_train", "peft", "ghsweep.train.fp8", "torchao.float8")
+# What a run of the default backend imports, at the top of its modules or while it sets up, beside
+# the backend's own modules (imported in import_training): peft (LoRA) and the fp8 path through torchao.
+LIBRARY_MODULES = ("peft", "torchao.float8")
 # torch.compile's own modules, which the first compiled layer imports (2-3 s of a run's set-up on a
 # GPU, where train.compile=auto compiles); a CPU run does not compile by default, and there they would
 # only lengthen the wait of a sweep's first combination for the server.
@@ -135,7 +135,9 @@ def import_training() -> str | None:
 
         gpu = probe_gpu()
         with gpu_questions_answered_by_nvml(gpu):
-            for module in TRAINING_MODULES + (COMPILER_MODULES if gpu else ()):
+            from ghsweep.train import fp8, torch_train  # noqa: F401 (imported for the workers forked from here)
+
+            for module in LIBRARY_MODULES + (COMPILER_MODULES if gpu else ()):
                 importlib.import_module(module)
     except Exception as exc:
         return f"importing the training modules failed: {type(exc).__name__}: {exc}"

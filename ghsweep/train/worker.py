@@ -21,13 +21,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ghsweep.config.backends import backend_named
 from ghsweep.config.schema import typed
 from ghsweep.core.atomic import write_atomic
 from ghsweep.core.errors import first_line
 from ghsweep.core.run_dir import CONFIG, MEMORY_SNAPSHOT, WORKER_ERROR, rank_file
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.train import memory_record
+from ghsweep.train.backends import backend_named
 from ghsweep.train.system_metrics import sampler_for, system_summary
 
 

@@ -179,3 +179,16 @@ def test_a_carried_knob_reads_as_its_value_and_is_none_under_other_options():
 def test_null_is_refused_for_a_carried_knob_whose_option_carries_it():
     with pytest.raises(ConfigError, match=r"^precision.library=None: not an accepted value; accepted: auto, te"):
         schema.check("precision.library", None)
+
+
+def test_a_typed_section_checks_its_knobs_and_its_own_rules():
+    config = compose_typed("experiment=smoke", "offload=on")
+    config.offload.check("model=tiny_llama", 4)
+    config.offload.num_layers = 5
+    with pytest.raises(
+        ConfigError, match=r"^offload.num_layers=5: model=tiny_llama has only 4 layers; accepted: 1 to 4$"
+    ):
+        config.offload.check("model=tiny_llama", 4)
+    config.dataloader.num_workers = -1
+    with pytest.raises(ConfigError, match=r"^dataloader.num_workers=-1: must be an integer >= 0$"):
+        config.dataloader.check()

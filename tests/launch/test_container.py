@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from ghsweep.capture import nsight_commands
 from ghsweep.config.schema import typed
 from ghsweep.core.errors import ConfigError
-from ghsweep.core.run_dir import NCU_PASS_DIR, NSYS_REPORT, NSYS_SQLITE
+from ghsweep.core.run_dir import NCU_PASS_DIR, NSYS_REPORT, NSYS_SQLITE, RUN_PLAN
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.launch.container import check_container, container_env, container_prefix, tool_finder
 from ghsweep.launch.plan import dry_run_plans, node_plan
@@ -194,6 +194,16 @@ def test_pyxis_keeps_container_env_values_and_secrets_off_the_command_line(tmp_p
     assert container_env(typed(cfg)) == {"HF_TOKEN": "hf_s3cr3t_value", "MODE": "fast"}
     # The other runtimes take them as --env arguments, not through the environment.
     assert container_env(compose_typed("experiment=smoke", "container.image=/c.sif", "+container.env.MODE=fast")) == {}
+
+
+def test_the_plan_holds_the_container_env_for_its_workers_and_never_writes_or_shows_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_s3cr3t_value")
+    cfg = compose_config("experiment=smoke", *PYXIS, "+container.env.HF_TOKEN=${oc.env:HF_TOKEN}")
+    plans, _ = dry_run_plans(cfg, tmp_path, "run", [], on_slurm=False)
+    assert plans[0].worker_env == {"HF_TOKEN": "hf_s3cr3t_value"}
+    plans[0].save(tmp_path)
+    assert "hf_s3cr3t_value" not in (tmp_path / RUN_PLAN).read_text() + repr(plans[0])
+    assert RunPlan.load(tmp_path).worker_env == {}
 
 
 @pytest.mark.cli  # the job starts a worker

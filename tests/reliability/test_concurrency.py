@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ghsweep.config.validate import GPU_TIMEOUT_MIN, validate
+from ghsweep.config.schema import GPU_TIMEOUT_MIN
+from ghsweep.config.validate import validate
 from ghsweep.core.errors import ConfigError
 from ghsweep.launch.worker_process import worker_timeout_min
 from tests.support.cli import assert_one_line_errors, run_cli

@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from ghsweep.config.backends import BACKENDS, backend_named
+from ghsweep.config.schema import choices
 from ghsweep.core.errors import ConfigError
+from ghsweep.train.backends import BACKENDS, backend_named
 from tests.support.compose import compose_typed
 
 HEAVY = ("torch", "transformers", "peft", "nemo", "nemo_automodel", "lightning", "matplotlib")
@@ -19,11 +20,15 @@ HEAVY = ("torch", "transformers", "peft", "nemo", "nemo_automodel", "lightning",
 @pytest.mark.parametrize("name", sorted(BACKENDS))
 def test_a_registered_backend_loads_no_training_library(name):
     code = (
-        f"import json, sys; from ghsweep.config.backends import backend_named; b = backend_named({name!r}); "
+        f"import json, sys; from ghsweep.train.backends import backend_named; b = backend_named({name!r}); "
         f"print(json.dumps([b.name, sorted(m for m in {HEAVY!r} if m in sys.modules)]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == [name, []]
+
+
+def test_the_registry_holds_the_backends_the_schema_accepts():
+    assert tuple(BACKENDS) == choices("backend")
 
 
 def test_an_unknown_backend_is_refused_with_the_known_ones():

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from ghsweep.config.validate import validate
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
+from ghsweep.train.backends import checked_config as validate
 from tests.support.cli import run_cli
 from tests.support.nemo_recipes import nemo_config
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ghsweep.config.backends import ManagedAllocator
 from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import AUTOMODEL_RECIPE
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.summary import RunSummary
 from ghsweep.train.automodel.checks import check_config
+from ghsweep.train.backend_protocol import ManagedAllocator
 
 
 class AutoModelBackend:

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from ghsweep.config.backends import ManagedAllocator
 from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.run_dir import METRICS
 from ghsweep.core.run_plan import RunPlan
@@ -23,6 +22,7 @@ from ghsweep.core.summary import RunSummary
 from ghsweep.train import data as dolly
 from ghsweep.train.attention import attended_keys_per_token
 from ghsweep.train.automodel.config import recipe_config, write_recipe
+from ghsweep.train.backend_protocol import ManagedAllocator
 from ghsweep.train.flops import ModelShape, run_flops_per_token
 from ghsweep.train.phases import Phases
 from ghsweep.train.step_log import StepLog

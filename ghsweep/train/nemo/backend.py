@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ghsweep.config.backends import ManagedAllocator
 from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.summary import RunSummary
+from ghsweep.train.backend_protocol import ManagedAllocator
 from ghsweep.train.nemo.recipe import check_config, describe_recipe
 
 

@@ -20,7 +20,7 @@ from nemo.lightning.pytorch.optim import MegatronOptimizerModule
 
 def megatron_uses_torch_adam() -> bool:
     """Whether megatron.core.optimizer falls back to PyTorch's AdamW (it prefers TE's, then apex's)."""
-    return not any(importlib.util.find_spec(name) for name in ("transformer_engine", "apex"))
+    return importlib.util.find_spec("transformer_engine") is None and importlib.util.find_spec("apex") is None
 
 
 def use_fused_kernel(param_groups: list[dict[str, Any]]) -> None:

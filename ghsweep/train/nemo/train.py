@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from ghsweep.config.backends import ManagedAllocator
 from ghsweep.config.schema import ConfigSchema, ModelSchema
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.summary import RunSummary
 from ghsweep.train import data as dolly
 from ghsweep.train.attention import attended_keys_per_token
+from ghsweep.train.backend_protocol import ManagedAllocator
 from ghsweep.train.device import peak_memory_gib
 from ghsweep.train.flops import run_flops_per_token
 from ghsweep.train.nemo.compat import allow_lora_without_te, track_nemo_auto_tokenizer

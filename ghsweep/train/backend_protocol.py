@@ -1,31 +1,18 @@
-"""The training backends by name, and the few calls every backend answers.
+"""What every training backend answers (`Backend`), and the managed-memory allocator the worker hands it.
 
-The registry names modules instead of importing them: config validation and the dry run ask a
-backend to check a config without loading NeMo or transformers until that backend is chosen. So a
-registered module stays light to import (no torch, transformers or NeMo at its top): it imports
-what training needs inside `train`. A new backend is one folder with such a module, one line
-here, and its config file in conf/backend/.
+A backend's light module (the one ghsweep.train.backends registers) imports this for its types; the
+registry itself lives apart so that the backends and it do not import each other.
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
-
-from ghsweep.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from ghsweep.config.schema import ConfigSchema
     from ghsweep.core.run_plan import RunPlan
     from ghsweep.core.summary import RunSummary
-
-# backend=NAME -> the module that defines it (a module-level object BACKEND satisfying Backend).
-BACKENDS = {
-    "torch": "ghsweep.train.torch_backend",
-    "nemo": "ghsweep.train.nemo.backend",
-    "automodel": "ghsweep.train.automodel.backend",
-}
 
 
 class ManagedAllocator(Protocol):
@@ -52,10 +39,3 @@ class Backend(Protocol):
     ) -> RunSummary:
         """Train the combination; rank 0's summary is what the run measured. `managed` is passed
         rather than set up here: the allocator must be swapped before the backend's imports touch CUDA."""
-
-
-def backend_named(name: str) -> Backend:
-    if name not in BACKENDS:
-        raise ConfigError(f"backend={name}: not a known backend; accepted: {', '.join(BACKENDS)}")
-    backend: Backend = importlib.import_module(BACKENDS[name]).BACKEND
-    return backend

@@ -1,0 +1,40 @@
+"""The training backends by name: backend=NAME -> the module-level BACKEND of its light module.
+
+The plan asks the chosen backend to check a config and the dry run to describe it, without loading
+NeMo or transformers: a registered module stays light to import (no torch, transformers or NeMo at
+its top) and imports what training needs inside `train`. A new backend is one folder with such a
+module, one line here, its name among BackendSchema.name's choices, and its config file in
+conf/backend/.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from ghsweep.config.schema import ConfigSchema
+from ghsweep.config.validate import run_device, validate
+from ghsweep.core.errors import ConfigError
+from ghsweep.core.gpu import GpuInfo
+from ghsweep.train import torch_backend
+from ghsweep.train.automodel import backend as automodel_backend
+from ghsweep.train.backend_protocol import Backend
+from ghsweep.train.nemo import backend as nemo_backend
+
+BACKENDS: dict[str, Backend] = {
+    backend.name: backend for backend in (torch_backend.BACKEND, nemo_backend.BACKEND, automodel_backend.BACKEND)
+}
+
+
+def backend_named(name: str) -> Backend:
+    if name not in BACKENDS:
+        raise ConfigError(f"backend={name}: not a known backend; accepted: {', '.join(BACKENDS)}")
+    return BACKENDS[name]
+
+
+def checked_config(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
+    """The typed config of `cfg` (ghsweep.config.validate), then checked by the backend it chooses for
+    what only that backend knows (its own keys, its packages); ConfigError, one line, for the first
+    value this run cannot use on a node with `gpu` (None: no GPU)."""
+    config = validate(cfg, gpu)
+    backend_named(config.backend.name).check(config, run_device(config, gpu) == "cuda")
+    return config
