@@ -19,6 +19,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from ghsweep.core.errors import TrackingError
 from ghsweep.core.failures import INFRASTRUCTURE
 from ghsweep.core.names import (
     ATTEMPTS_TAG,
@@ -30,16 +31,18 @@ from ghsweep.core.names import (
     JOB_NUM_TAG,
     OVERRIDES_TAG,
     ROLE_RUN,
+    ROLE_SWEEP,
     RUN_DIR_TAG,
     RUN_HASH_TAG,
     STATUS_TAG,
+    SWEEP_DIR_TAG,
     attempt_tag,
     join_overrides,
 )
 from ghsweep.core.run_dir import ARTIFACTS, ATTEMPT_LOG, CONFIG
 from ghsweep.core.run_result import RunResult, RunStatus
 from ghsweep.tracking import redact
-from ghsweep.tracking.mlflow_store import MlflowStore, flatten
+from ghsweep.tracking.mlflow_store import PARENT_TAG, MlflowStore, flatten
 
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
 # What a run's worker reports that has a tag of its own, with what the tag says when it reported nothing.
@@ -216,3 +219,67 @@ def record_from_run_dir(store: MlflowStore, result: RunResult, loss: Sequence[tu
     # config.yaml holds the real values of secrets: MLflow gets the job's redacted copy or none.
     store.log_artifacts(run_id, [Path(result.run_dir) / a for a in ARTIFACTS if a != CONFIG])
     store.finish(run_id, result.status)
+
+
+# A sweep's run.
+
+
+@dataclass(frozen=True)
+class SweepStart:
+    """A sweep's run as it starts, or starts again where the store lost it."""
+
+    sweep_dir: Path
+    command: str  # the sweep's command line, its secrets redacted
+    process: Mapping[str, str]  # the tags that name the sweep's process (launch.stale_runs.process_tags)
+
+
+def start_sweep_run(store: MlflowStore, sweep: SweepStart) -> str:
+    """A RUNNING run of a sweep; its id."""
+    return store.start_run(
+        "sweep " + "/".join(sweep.sweep_dir.parts[-2:]),
+        ROLE_SWEEP,
+        tags={SWEEP_DIR_TAG: str(sweep.sweep_dir.resolve()), "ghsweep.command": sweep.command, **sweep.process},
+    )
+
+
+def log_sweep_overrides(store: MlflowStore, run_id: str, overrides: Sequence[str]) -> None:
+    """The sweep's overrides as Hydra parsed them, as one param."""
+    store.log_params(run_id, {"sweep.overrides": " ".join(redact.overrides(overrides))})
+
+
+def move_children(store: MlflowStore, lost_run_id: str, run_id: str) -> None:
+    """The runs recorded under a sweep's run that the store lost, under the run that replaces it."""
+    for child in store.search(parent_run_id=lost_run_id):
+        store.set_tags(child.run_id, {PARENT_TAG: run_id})
+
+
+def reopen_sweep_run(store: MlflowStore, run_id: str, process: Mapping[str, str]) -> bool:
+    """A sweep's run RUNNING again under the process that resumes it (`process`: its tags); False
+    where the store lost it."""
+    try:
+        store.reopen(run_id)
+    except TrackingError:
+        return False
+    store.set_tags(run_id, process)
+    return True
+
+
+@dataclass(frozen=True)
+class SweepTotals:
+    """How many runs a sweep's jobs ended, how many of them failed, and its summary file."""
+
+    runs: int
+    failed: int
+    summary: Path
+
+
+def record_sweep_totals(store: MlflowStore, run_id: str, totals: SweepTotals) -> None:
+    store.set_tags(run_id, {"ghsweep.runs": totals.runs, "ghsweep.failed_runs": totals.failed})
+    store.log_artifacts(run_id, [totals.summary])
+
+
+def finish_sweep_run(store: MlflowStore, run_id: str, status: RunStatus, error: str | None = None) -> None:
+    """A sweep's run ended, with why where it was stopped or its process died (`error`)."""
+    if error is not None:
+        store.set_tags(run_id, {ERROR_TAG: error})
+    store.finish(run_id, status)
