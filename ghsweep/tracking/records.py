@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -29,22 +29,28 @@ from ghsweep.core.names import (
     HOST_TAG,
     INPUTS_TAG,
     JOB_NUM_TAG,
+    NOTE_TAG,
     OVERRIDES_TAG,
     ROLE_RUN,
     ROLE_SWEEP,
     RUN_DIR_TAG,
     RUN_HASH_TAG,
+    RUN_IDS_TAG,
     STATUS_TAG,
+    STUDY_TAG,
     SWEEP_DIR_TAG,
+    TRIAL_TAG,
     attempt_tag,
     join_overrides,
 )
-from ghsweep.core.run_dir import ARTIFACTS, ATTEMPT_LOG, CONFIG
+from ghsweep.core.run_dir import ARTIFACTS, ATTEMPT_LOG, COMPARISON_DIR, CONFIG, TUNE_DIR
 from ghsweep.core.run_result import RunResult, RunStatus
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import PARENT_TAG, MlflowStore, flatten
 
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
+# MLflow's limit on a tag value.
+MAX_TAG_CHARS = 8000
 # What a run's worker reports that has a tag of its own, with what the tag says when it reported nothing.
 TORCH_VERSION, DEVICE_NAME = "torch_version", "device_name"
 NO_DEVICE = "unknown (worker did not start)"
@@ -283,3 +289,75 @@ def finish_sweep_run(store: MlflowStore, run_id: str, status: RunStatus, error: 
     if error is not None:
         store.set_tags(run_id, {ERROR_TAG: error})
     store.finish(run_id, status)
+
+
+# A tuning study, on its sweep's run and its trials' runs.
+
+
+@dataclass(frozen=True)
+class StudyStart:
+    name: str
+    storage: str  # where the study is kept
+    settings: Mapping[str, Any]  # tune.* as the config sets them
+
+
+def record_study_start(store: MlflowStore, run_id: str, study: StudyStart) -> None:
+    store.set_tags(run_id, {STUDY_TAG: study.name, "ghsweep.tune.storage": study.storage})
+    store.log_params(run_id, {f"tune.{k}": v for k, v in study.settings.items()})
+
+
+def record_trial(store: MlflowStore, run_id: str, study: str, trial: int) -> None:
+    """A run that measured trial `trial` of the study named `study`."""
+    store.set_tags(run_id, {STUDY_TAG: study, TRIAL_TAG: trial})
+
+
+@dataclass(frozen=True)
+class StudyAnswer:
+    report: Sequence[Path]  # the study's report files
+    best_trials: Sequence[int]  # none where no trial measured anything
+    best_command: str  # the command that runs the best trial's combination
+
+
+def record_study_answer(store: MlflowStore, run_id: str, answer: StudyAnswer) -> None:
+    store.log_artifacts(run_id, answer.report, TUNE_DIR)
+    if answer.best_trials:
+        store.set_tags(
+            run_id,
+            {
+                "ghsweep.tune.best_trials": ",".join(str(n) for n in answer.best_trials),
+                "ghsweep.tune.best_command": answer.best_command,
+            },
+        )
+
+
+# A sweep's comparison report, on its run.
+
+
+def record_compared_runs(store: MlflowStore, run_id: str, compared: Sequence[str]) -> None:
+    """The ids of the runs a sweep's comparison reads, in job order. Past MLflow's tag size (about 240
+    runs) none are listed, and the comparison reads the sweep run's children."""
+    listed = ",".join(compared)
+    if len(listed) <= MAX_TAG_CHARS:
+        store.set_tags(run_id, {RUN_IDS_TAG: listed})
+
+
+def record_report_error(store: MlflowStore, run_id: str, error: str) -> None:
+    """Why a sweep has no comparison report."""
+    store.set_tags(run_id, {"ghsweep.report_error": error})
+
+
+@dataclass(frozen=True)
+class ComparisonReport:
+    out_dir: Path  # where it was written
+    files: Sequence[Path]  # under out_dir
+    baseline: str | None  # the label of the run it compares against
+    note: str  # its verdict, shown first on the sweep run's page
+
+
+def record_comparison(store: MlflowStore, run_id: str, report: ComparisonReport) -> None:
+    for path in report.files:
+        folder = PurePosixPath(COMPARISON_DIR, *path.parent.relative_to(report.out_dir).parts)
+        store.log_artifacts(run_id, [path], str(folder))
+    if report.baseline is not None:
+        store.set_tags(run_id, {"ghsweep.baseline": report.baseline})
+    store.set_tags(run_id, {NOTE_TAG: report.note})
