@@ -36,6 +36,9 @@ SWEEP_DIR_TAG = "ghsweep.sweep_dir"
 # Why a run was measured on a busy machine (train.system_metrics.contention); absent on a quiet one.
 CONTENDED_TAG = "ghsweep.contended"
 RUN_IDS_TAG = "ghsweep.run_ids"  # on a sweep's parent run: its runs' ids in job order, comma-separated
+# The tags that tie an MLflow run to a tuning study's trial.
+STUDY_TAG = "ghsweep.tune.study"
+TRIAL_TAG = "ghsweep.tune.trial"
 
 # The experiment's kind as MLflow records it: ghsweep's are model training (runs listed and compared),
 # not GenAI (traces). MLflow's views without the UI's workflow switch read it.

@@ -23,7 +23,6 @@ from ghsweep.core.errors import (
     TrackingUriError,
     one_line,
 )
-from ghsweep.core.names import ROLE_SWEEP, SWEEP_DIR_TAG
 from ghsweep.core.run_dir import (
     COMPARISON_DIR,
     RECIPE_TXT,
@@ -53,9 +52,8 @@ from ghsweep.launch.stale_runs import (
 from ghsweep.launch.sweep_manifest import SweepEnd, SweepManifest, live_holder
 from ghsweep.report.compare import report_comparison
 from ghsweep.report.sweep_table import TERMINAL_COLUMNS, format_table
-from ghsweep.tracking import redact
+from ghsweep.tracking import records, redact
 from ghsweep.tracking.mlflow_store import (
-    PARENT_TAG,
     MlflowStore,
     StoredRun,
     absolute_tracking_uri,
@@ -212,8 +210,9 @@ def end_parent(
     directory)."""
     compared = False
     try:
-        store.set_tags(parent_id, {"ghsweep.runs": len(results), "ghsweep.failed_runs": len(failed)})
-        store.log_artifacts(parent_id, [sweep_dir / SWEEP_SUMMARY])
+        records.record_sweep_totals(
+            store, parent_id, records.SweepTotals(len(results), len(failed), sweep_dir / SWEEP_SUMMARY)
+        )
         # Each run once: a tuning study that asked for a combination again reused its run.
         run_ids = list(dict.fromkeys(r.mlflow_run_id for r in results if r.mlflow_run_id))
         if interrupt is None and sweep_dir.is_dir():  # not made again where it was removed
@@ -223,7 +222,9 @@ def end_parent(
     if interrupt is not None:
         end_sweep_run(store, parent_id, RunStatus.KILLED, interrupts.reason(interrupt))
         return compared
-    store.finish(parent_id, RunStatus.FAILED if failed and not failures_expected else RunStatus.FINISHED)
+    records.finish_sweep_run(
+        store, parent_id, RunStatus.FAILED if failed and not failures_expected else RunStatus.FINISHED
+    )
     return compared
 
 
@@ -234,13 +235,8 @@ def parent_in_store(store: MlflowStore, manifest: SweepManifest, sweep_dir: Path
         return store.get_run(manifest.parent_run_id).run_id
     except TrackingError:
         pass
-    parent = store.start_run(
-        "sweep " + "/".join(sweep_dir.parts[-2:]),
-        ROLE_SWEEP,
-        tags={SWEEP_DIR_TAG: str(sweep_dir.resolve()), "ghsweep.command": manifest.command, **process_tags()},
-    )
-    for child in store.search(parent_run_id=manifest.parent_run_id):
-        store.set_tags(child.run_id, {PARENT_TAG: parent})
+    parent = records.start_sweep_run(store, records.SweepStart(sweep_dir, manifest.command, process_tags()))
+    records.move_children(store, manifest.parent_run_id, parent)
     dataclasses.replace(manifest, parent_run_id=parent).save(sweep_dir)
     log.warning(
         "MLflow: the sweep's run %s was lost with the store; recorded again as %s", manifest.parent_run_id, parent
@@ -289,12 +285,7 @@ def resumed_parent(store: MlflowStore, sweep_dir: Path) -> str | None:
     """The MLflow run of the sweep that this one resumes, RUNNING again under this process: one sweep,
     one run, however often it was stopped. None where the store lost it."""
     earlier = SweepManifest.require(sweep_dir).parent_run_id
-    try:
-        store.reopen(earlier)
-    except TrackingError:
-        return None
-    store.set_tags(earlier, process_tags())
-    return earlier
+    return earlier if records.reopen_sweep_run(store, earlier, process_tags()) else None
 
 
 class SweepCallback(Callback):
@@ -372,12 +363,8 @@ class SweepCallback(Callback):
         settle_dead_sweeps(store)
         parent = resumed_parent(store, sweep_dir) if earlier else None
         if parent is None:
-            parent = store.start_run(
-                "sweep " + "/".join(sweep_dir.parts[-2:]),
-                ROLE_SWEEP,
-                tags={SWEEP_DIR_TAG: str(sweep_dir.resolve()), "ghsweep.command": command, **process_tags()},
-            )
-            store.log_params(parent, {"sweep.overrides": " ".join(redact.overrides(config.hydra.overrides.task))})
+            parent = records.start_sweep_run(store, records.SweepStart(sweep_dir, command, process_tags()))
+            records.log_sweep_overrides(store, parent, config.hydra.overrides.task)
         SweepManifest(uri, config.tracking.experiment, parent, command, combinations).save(sweep_dir)
         log.info("MLflow: sweep run %s in experiment '%s' at %s", parent, config.tracking.experiment, uri)
 

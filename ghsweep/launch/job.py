@@ -15,13 +15,11 @@ import logging
 import os
 import shlex
 import signal
-import socket
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
+from typing import cast
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -32,22 +30,7 @@ from ghsweep.core.atomic import write_atomic
 from ghsweep.core.errors import ConfigError, JobTimeout, TrackingError, TrackingUriError, one_line
 from ghsweep.core.failures import INFRASTRUCTURE, failure_class
 from ghsweep.core.gpu import probe_gpu
-from ghsweep.core.names import (
-    ATTEMPTS_TAG,
-    ERROR_TAG,
-    FAILURE_CLASS_TAG,
-    HOST_TAG,
-    JOB_NUM_TAG,
-    OVERRIDES_TAG,
-    ROLE_RUN,
-    RUN_DIR_TAG,
-    RUN_HASH_TAG,
-    STATUS_TAG,
-    attempt_tag,
-    join_overrides,
-)
 from ghsweep.core.run_dir import (
-    ARTIFACTS,
     ATTEMPT_LOG,
     CONFIG,
     MEASURE_AFTER,
@@ -67,16 +50,17 @@ from ghsweep.launch import followups, interrupts
 from ghsweep.launch.combination import Combination, run_name
 from ghsweep.launch.dry_run import describe
 from ghsweep.launch.plan import check_required, node_plan, not_runnable
+from ghsweep.launch.provenance import code_version, input_digests
 from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
 from ghsweep.launch.requeue import earlier_start, job_ending, requeue_reason, wait_to_be_stopped
-from ghsweep.launch.resume import finished_run, provenance_tags, run_hash, skip_finished
+from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.launch.worker_process import WorkerExit, rank_file, run_worker, wait_for_report
 from ghsweep.launch.world import export_slurm_rendezvous, slurm_task_ranks
 from ghsweep.profile.pipeline import ProfileOutcome, after_worker
 from ghsweep.report.run_report import write_run_report
-from ghsweep.tracking import redact
-from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, check_tracking_uri, flatten
+from ghsweep.tracking import records, redact
+from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, check_tracking_uri
 from ghsweep.train.system_metrics import system_points
 
 log = logging.getLogger(__name__)
@@ -94,13 +78,6 @@ def git_commit() -> str:
     except OSError:
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 else "unknown"
-
-
-def _package_version(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "not installed"
 
 
 def disk_trouble(run_dir: Path) -> str | None:
@@ -134,9 +111,14 @@ def failure_reason(run_dir: Path, exit: WorkerExit, timeout_min: float | None, r
     return f"worker exited with status {exit.returncode}: {lines[-1] if lines else 'no output'}"
 
 
+def resolved(cfg: DictConfig) -> dict:
+    """The config as plain containers, its interpolations resolved."""
+    return cast(dict, OmegaConf.to_container(cfg, resolve=True))
+
+
 def shown_config(cfg: DictConfig) -> str:
     """The resolved config as records show it: secrets redacted."""
-    return OmegaConf.to_yaml(OmegaConf.create(redact.config(OmegaConf.to_container(cfg, resolve=True))))
+    return records.shown_config(resolved(cfg))
 
 
 def write_worker_config(cfg: DictConfig, run_dir: Path) -> None:
@@ -282,7 +264,7 @@ def record_unmade(job_cfg: DictConfig, exc: Exception) -> RunResult:
         manifest = SweepManifest.of_sweep(combo.sweep_dir)
         store = open_store(cfg, combo, manifest)
         result.mlflow_run_id = start_run(store, cfg, combo, run_hash(cfg), manifest)
-        store.end_run(result.mlflow_run_id, RunStatus.FAILED, result.error)
+        records.end_run(store, result.mlflow_run_id, records.RunEnd(RunStatus.FAILED, result.error))
     except Exception as error:  # the store away too: the sweep's end names the runs MLflow lacks
         log.error("%s: not recorded in MLflow (%s)", combo.name, one_line(error)[:300])
     return result
@@ -297,22 +279,19 @@ def open_store(cfg: DictConfig, combo: Combination, manifest: SweepManifest | No
 def start_run(
     store: MlflowStore, cfg: DictConfig, combo: Combination, identity: str, manifest: SweepManifest | None
 ) -> str:
-    run_id = store.start_run(
+    run = records.ChildRun(
         run_name(combo, manifest.command if manifest else None),
-        ROLE_RUN,
-        tags={
-            RUN_DIR_TAG: str(combo.run_dir),
-            OVERRIDES_TAG: join_overrides(combo.overrides),
-            "mlflow.source.git.commit": git_commit(),
-            HOST_TAG: socket.gethostname(),
-            RUN_HASH_TAG: identity,
-            **provenance_tags(cfg),
-            # Job order is the sweep's combination order; run start times are not, with parallel launchers.
-            JOB_NUM_TAG: str(combo.num),
-        },
-        parent_run_id=manifest.parent_run_id if manifest else None,
+        str(combo.run_dir),
+        combo.overrides,
+        combo.num,
+        identity,
+        manifest.parent_run_id if manifest else None,
+        git_commit=git_commit(),
+        code=code_version(),
+        input_digests=input_digests(cfg),
     )
-    store.log_params(run_id, {**combo.choices, **flatten(redact.config(OmegaConf.to_container(cfg, resolve=True)))})
+    run_id = records.start_child_run(store, run)
+    records.log_run_config(store, run_id, combo.choices, resolved(cfg))
     return run_id
 
 
@@ -443,17 +422,10 @@ def note_retry(store: MlflowStore | None, combo: Combination, result: RunResult,
     result.attempts.append(reason)
     if store is not None and result.mlflow_run_id is not None:
         try:  # on the run while it trains again; a store away now still gets it at the record
-            store.set_tags(result.mlflow_run_id, attempt_tags(result.attempts))
+            records.record_attempts(store, result.mlflow_run_id, result.attempts)
         except Exception as exc:
             log.error("%s: MLflow did not take attempt %d's reason (%s)", combo.name, attempt, one_line(exc)[:300])
     result.status, result.error, result.failure_class, result.metrics = RunStatus.FAILED, None, None, {}
-
-
-def attempt_tags(attempts: list[str]) -> dict[str, object]:
-    """The tags of a run whose earlier attempts failed for `attempts` (their reasons, in order)."""
-    tags: dict[str, object] = {attempt_tag(n): f"{INFRASTRUCTURE}: {why}" for n, why in enumerate(attempts, 1)}
-    tags[ATTEMPTS_TAG] = len(attempts) + 1
-    return tags
 
 
 def measure(plan: RunPlan, exit: WorkerExit, result: RunResult) -> RunSummary:
@@ -583,41 +555,26 @@ def record(
         if store is None or run_id is None:
             return
         check_tracking_uri(store.tracking_uri)
-        tags = {
-            STATUS_TAG: result.status,
-            "ghsweep.torch_version": info.get("torch_version", _package_version("torch")),
-            "ghsweep.device_name": info.get("device_name", "unknown (worker did not start)"),
-        }
-        tags.update({f"ghsweep.{k}": v for k, v in info.items() if k not in ("torch_version", "device_name")})
-        if result.error:
-            tags[ERROR_TAG] = result.error
-        if result.failure_class:
-            tags[FAILURE_CLASS_TAG] = result.failure_class
-        tags.update(attempt_tags(result.attempts))
-        store.set_tags(run_id, {**tags, **profile.tags})
-
-        points = loss_points(run_dir / METRICS)
-        points += [
-            (k, v, 0)
-            for k, v in result.metrics.items()
-            if k != "first_loss" and isinstance(v, (int, float)) and not isinstance(v, bool)
-        ]
-        store.log_metrics(run_id, points)
-        # GPU and host over time, also for a run that failed (an OOM's memory and power up to it).
-        store.log_metric_series(run_id, system_points(run_dir))
+        outcome = records.RunOutcome(
+            result.status,
+            result.error,
+            result.failure_class,
+            result.attempts,
+            info,
+            profile.tags,
+            result.metrics,
+            loss_points(run_dir / METRICS),
+            # GPU and host over time, also for a run that failed (an OOM's memory and power up to it).
+            system_points(run_dir),
+        )
+        records.record_outcome(store, run_id, outcome)
 
         _finish_timing(result, started, record_started)
-        store.log_metrics(run_id, [(k, v, 0) for k, v in result.timing.items()])
         _save_run_files(result, cfg, info, run_dir)
-        with tempfile.TemporaryDirectory() as shown_dir:
-            # config.yaml under its own name, its secrets redacted; the run directory's copy is the worker's.
-            (Path(shown_dir) / CONFIG).write_text(shown_config(cfg))
-            store.log_artifacts(run_id, [Path(shown_dir) / CONFIG])
-        # recipe.*: the composed NeMo recipe (backend=nemo); files a run did not write are skipped.
-        store.log_artifacts(run_id, [run_dir / a for a in ARTIFACTS if a != CONFIG])
-        store.log_artifacts(run_id, [run_dir / ATTEMPT_LOG.format(n=n) for n in range(1, len(result.attempts) + 1)])
-        store.log_artifacts(run_id, profile.artifacts, "profile")
-        store.finish(run_id, result.status)
+        close = records.RunClose(
+            result.status, result.timing, resolved(cfg), run_dir, len(result.attempts), profile.artifacts
+        )
+        records.close_run(store, run_id, close)
     except Exception as exc:  # MLflow unreachable even after retries: the run's own files hold the record
         log.error(
             "%s: the MLflow record is incomplete (%s); the run's record is complete in %s",
@@ -634,9 +591,6 @@ def _end_anyway(store: MlflowStore, run_id: str, result: RunResult) -> None:
     """End the run with its status though its record broke off (its run directory removed under it, an
     artifact gone): a run left RUNNING would pass for one still training."""
     try:
-        if result.error:
-            store.end_run(run_id, result.status, result.error)
-        else:
-            store.finish(run_id, result.status)
+        records.end_run(store, run_id, records.RunEnd(result.status, result.error))
     except Exception as exc:  # the store failed after all: the sweep's end, or the next sweep, settles it
         log.error("%s: could not be ended in MLflow (%s)", run_id, one_line(exc)[:300])

@@ -59,11 +59,6 @@ def run_hash(cfg: DictConfig) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def provenance_tags(cfg: DictConfig) -> dict[str, str]:
-    """What a run's identity holds beyond its config, as its tags: what a reuse names."""
-    return {CODE_TAG: code_version(), INPUTS_TAG: json.dumps(input_digests(cfg), sort_keys=True)}
-
-
 def why_it_matches(run: StoredRun) -> str:
     """What the earlier run and this one share, in words: the config, the code, the inputs."""
     inputs = json.loads(run.tags.get(INPUTS_TAG) or "{}")

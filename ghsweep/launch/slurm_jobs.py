@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -25,20 +24,11 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 from ghsweep.core.atomic import write_atomic
 from ghsweep.core.errors import JobTimeout
 from ghsweep.core.failures import failure_class
-from ghsweep.core.names import (
-    FAILURE_CLASS_TAG,
-    HOST_TAG,
-    JOB_NUM_TAG,
-    OVERRIDES_TAG,
-    ROLE_RUN,
-    RUN_DIR_TAG,
-    RUN_HASH_TAG,
-    join_overrides,
-)
 from ghsweep.core.run_dir import RESULT, SLURM_JOBS, WORKER_LOG
 from ghsweep.core.run_result import RunResult, RunStatus
 from ghsweep.launch.requeue import controller_state
 from ghsweep.launch.sweep_manifest import SweepManifest
+from ghsweep.tracking import records
 from ghsweep.tracking.mlflow_store import MlflowStore
 
 log = logging.getLogger(__name__)
@@ -177,7 +167,7 @@ def settle(sweep_dir: Path, jobs: list[tuple[SubmittedJob, submitit.Job]]) -> li
                 f"{run_dir / RESULT}: SLURM job {submitted.job_id} completed its task but its run recorded no result"
             )
         if result.status != RunStatus.FINISHED and result.mlflow_run_id is not None:
-            store.log_artifacts(result.mlflow_run_id, [Path(submitted.stdout), Path(submitted.stderr)], "slurm")
+            records.record_slurm_logs(store, result.mlflow_run_id, Path(submitted.stdout), Path(submitted.stderr))
         results.append(result)
     return results
 
@@ -203,18 +193,15 @@ def _record_lost(
     run_dir.mkdir(parents=True, exist_ok=True)
     run_id = result.mlflow_run_id if result is not None else None
     if result is None or run_id is None:
-        run_id = store.start_run(
+        run = records.ChildRun(
             submitted.name,
-            ROLE_RUN,
-            tags={
-                RUN_DIR_TAG: str(run_dir),
-                OVERRIDES_TAG: join_overrides(submitted.overrides),
-                JOB_NUM_TAG: str(submitted.num),
-                HOST_TAG: socket.gethostname(),
-                RUN_HASH_TAG: submitted.run_hash,
-            },
-            parent_run_id=manifest.parent_run_id,
+            str(run_dir),
+            submitted.overrides,
+            submitted.num,
+            submitted.run_hash,
+            manifest.parent_run_id,
         )
+        run_id = records.start_child_run(store, run)
         result = RunResult(
             name=submitted.name,
             run_dir=str(run_dir),
@@ -227,8 +214,7 @@ def _record_lost(
     result.status, result.error = status, reason
     # A job cancelled from outside has no class: nothing failed, someone stopped it.
     result.failure_class = failure_class(reason) if status == RunStatus.FAILED else None
-    classified = {FAILURE_CLASS_TAG: result.failure_class} if result.failure_class else {}
-    store.log_artifacts(run_id, [run_dir / WORKER_LOG])
-    store.end_run(run_id, status, reason, {"ghsweep.slurm_job_id": submitted.job_id, **classified})
+    end = records.RunEnd(status, reason, result.failure_class, submitted.job_id, [run_dir / WORKER_LOG])
+    records.end_run(store, run_id, end)
     result.save()
     return result

@@ -14,12 +14,13 @@ import os
 import socket
 from pathlib import Path
 
-from ghsweep.core.names import ERROR_TAG, HOST_TAG, ROLE_SWEEP, STATUS_TAG, SWEEP_DIR_TAG
-from ghsweep.core.run_dir import ARTIFACTS, CONFIG, METRICS, RESULT, SLURM_JOBS
+from ghsweep.core.names import HOST_TAG, ROLE_SWEEP, SWEEP_DIR_TAG
+from ghsweep.core.run_dir import METRICS, RESULT, SLURM_JOBS
 from ghsweep.core.run_result import RunResult, RunStatus
 from ghsweep.launch.job import loss_points
 from ghsweep.launch.sweep_manifest import NOBODY, NOT_SAID_YET, live_holder
 from ghsweep.launch.worker_process import stop_orphaned_worker
+from ghsweep.tracking import records
 from ghsweep.tracking.mlflow_store import MlflowStore
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ def end_running_children(store: MlflowStore, parent_run_id: str, status: RunStat
             record_ended_on_disk(store, ended)
             continue
         log.error("%s: %s: %s", child.name, status, reason)
-        store.end_run(child.run_id, status, reason)
+        records.end_run(store, child.run_id, records.RunEnd(status, reason))
         run_dir = Path(child.run_dir)
         if child.tags.get(HOST_TAG) == socket.gethostname() and stop_orphaned_worker(run_dir):
             log.warning("%s: stopped its worker, left running by the sweep process", child.name)
@@ -117,21 +118,13 @@ def ended_on_disk(run_dir: Path, run_id: str) -> RunResult | None:
 def record_ended_on_disk(store: MlflowStore, result: RunResult) -> None:
     """A run that ended on disk while its MLflow run stayed RUNNING (the store away, or the sweep killed
     as it recorded): its end, metrics and files, recorded from its run directory."""
-    run_id = str(result.mlflow_run_id)
-    numbers = {**result.metrics, **result.timing}
-    store.log_metrics(run_id, [(k, v, 0) for k, v in numbers.items() if isinstance(v, (int, float))])
-    store.log_metrics(run_id, loss_points(Path(result.run_dir) / METRICS))
-    store.set_tags(run_id, {STATUS_TAG: result.status, **({ERROR_TAG: result.error} if result.error else {})})
-    # config.yaml holds the real values of secrets: MLflow gets the job's redacted copy or none.
-    store.log_artifacts(run_id, [Path(result.run_dir) / a for a in ARTIFACTS if a != CONFIG])
-    store.finish(run_id, result.status)
+    records.record_from_run_dir(store, result, loss_points(Path(result.run_dir) / METRICS))
     log.warning("%s: recorded %s in MLflow from its run directory", result.name, result.status)
 
 
 def end_sweep_run(store: MlflowStore, parent_run_id: str, status: RunStatus, reason: str) -> None:
     end_running_children(store, parent_run_id, status, reason)
-    store.set_tags(parent_run_id, {ERROR_TAG: reason})
-    store.finish(parent_run_id, status)
+    records.finish_sweep_run(store, parent_run_id, status, reason)
 
 
 def settle_dead_sweeps(store: MlflowStore) -> None:

@@ -10,11 +10,10 @@ from __future__ import annotations
 import logging
 import textwrap
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from ghsweep.core import stats
 from ghsweep.core.errors import BaselineError
-from ghsweep.core.names import NOTE_TAG, RUN_IDS_TAG
 from ghsweep.core.run_dir import COMPARISON_DIR, COMPARISON_STEM
 from ghsweep.profile import delta, scaling
 from ghsweep.report import plots
@@ -22,6 +21,7 @@ from ghsweep.report.document import Document
 from ghsweep.report.mlflow_ui import how_to_open, sweep_note
 from ghsweep.report.sweep_source import SweepRun, load_sweep
 from ghsweep.report.sweep_table import TERMINAL_COLUMNS, align, bounded, fmt_value, knob_columns
+from ghsweep.tracking import records
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 
 log = logging.getLogger(__name__)
@@ -39,8 +39,6 @@ METRIC_COLUMNS = (
 )
 # Overrides that set a combination's world: without them, a multi-GPU run names its 1-GPU twin.
 WORLD_KEYS = ("backend.num_nodes=", "backend.gpus_per_node=")
-# MLflow's limit on a tag value.
-MAX_TAG_CHARS = 8000
 # The knob whose values repeat a combination (report: the spread between repeats).
 # Runs differing only in these are repeats of one combination: `repeat` (same data order) or `seed`
 # (another data order too).
@@ -534,33 +532,26 @@ def report_comparison(store: MlflowStore, parent_run_id: str, out_dir: Path, run
     A report that cannot be made is said and tagged, never raised: the parent run must still finish.
     """
     # Written first, so `python -m ghsweep.report` later compares the same runs, reused ones included.
-    # Past MLflow's tag size (about 240 runs) the comparison falls back to the parent's children.
-    listed = ",".join(run_ids)
-    if len(listed) <= MAX_TAG_CHARS:
-        store.set_tags(parent_run_id, {RUN_IDS_TAG: listed})
+    records.record_compared_runs(store, parent_run_id, run_ids)
     try:
         parent = store.get_run(parent_run_id)
         comparison, files = compare_sweep(store, parent, out_dir)
     except BaselineError as exc:
         print(f"ghsweep: no comparison report: {exc}", flush=True)
-        store.set_tags(parent_run_id, {"ghsweep.report_error": str(exc)})
+        records.record_report_error(store, parent_run_id, str(exc))
         return False
     except OSError as exc:  # a full or read-only sweep directory: said in one line, the summary stands
         log.error("ghsweep: no comparison report in %s: %s", out_dir, exc)
-        store.set_tags(parent_run_id, {"ghsweep.report_error": f"{type(exc).__name__}: {exc}"})
+        records.record_report_error(store, parent_run_id, f"{type(exc).__name__}: {exc}")
         return False
     except Exception as exc:  # a bug or an MLflow outage in the report must not leave the parent RUNNING
         log.exception("ghsweep: the comparison report failed")
-        store.set_tags(parent_run_id, {"ghsweep.report_error": f"{type(exc).__name__}: {exc}"})
+        records.record_report_error(store, parent_run_id, f"{type(exc).__name__}: {exc}")
         return False
-    for path in files:
-        store.log_artifacts(
-            parent_run_id, [path], str(PurePosixPath(COMPARISON_DIR, *path.parent.relative_to(out_dir).parts))
-        )
-    if comparison.baseline is not None:
-        store.set_tags(parent_run_id, {"ghsweep.baseline": comparison.label(comparison.baseline)})
     answer = verdict(comparison)
-    store.set_tags(parent_run_id, {NOTE_TAG: sweep_note(answer, parent.experiment_id, parent_run_id)})
+    baseline = comparison.label(comparison.baseline) if comparison.baseline is not None else None
+    note = sweep_note(answer, parent.experiment_id, parent_run_id)
+    records.record_comparison(store, parent_run_id, records.ComparisonReport(out_dir, files, baseline, note))
     wrapped = [
         textwrap.fill(line, TERMINAL_COLUMNS, initial_indent="  ", subsequent_indent="    ", break_long_words=False)
         for line in answer

@@ -1,8 +1,9 @@
 """MLflow records of sweeps and runs: the only module of ghsweep that talks to MLflow.
 
-It owns the record format: which tags mark a sweep's parent run and its combinations' runs, how a
-run that ended badly says why, how runs are found again. Callers get StoredRun, not MLflow's types.
-It uses MlflowClient (no global active-run state).
+It owns how runs are kept and found: which tag marks a sweep's parent run and its combinations' runs,
+how a run that ended badly says why, how runs are found again; what each record holds is
+tracking/records.py's. Callers get StoredRun, not MLflow's types. It uses MlflowClient (no global
+active-run state).
 
 Metrics go in batches (one request per 1000 points, not one per point): against a tracking
 server, single calls cost tens of milliseconds each. Calls that fail because the server's database

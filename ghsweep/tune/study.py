@@ -55,9 +55,6 @@ from ghsweep.tune.space import SearchSpace
 RUN_FAILED = "run_failed"
 # The user attribute of a trial stopped early for being slower than the best (tune.prune): why.
 PRUNED_ATTR = "pruned"
-# The tags that tie an MLflow run to its trial.
-STUDY_TAG = "ghsweep.tune.study"
-TRIAL_TAG = "ghsweep.tune.trial"
 # Spaces of more combinations than this are not enumerated to avoid repeats (a repeat there is rare).
 MAX_ENUMERATED = 100_000
 

@@ -23,15 +23,13 @@ from ghsweep.core.failures import DETERMINISTIC
 from ghsweep.core.run_dir import SWEEP_CONFIG, TUNE_DIR, TUNE_REPORT
 from ghsweep.core.run_result import RunStatus
 from ghsweep.launch.sweep_manifest import SweepManifest
-from ghsweep.tracking import redact
+from ghsweep.tracking import records, redact
 from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.tune.check import search_space
 from ghsweep.tune.report import answer, command, summarize, write_report
 from ghsweep.tune.settings import TuneSettings
 from ghsweep.tune.space import SearchSpace
 from ghsweep.tune.study import (
-    STUDY_TAG,
-    TRIAL_TAG,
     TrialOutcome,
     ask_unmeasured,
     earlier_failures,
@@ -79,10 +77,9 @@ class TuneSweeper(Sweeper):
         study = open_study(settings, space, cfg.hydra.runtime.cwd)
         manifest = SweepManifest.require(sweep_dir)
         store = MlflowStore(manifest.tracking_uri, manifest.experiment)
-        store.set_tags(manifest.parent_run_id, {STUDY_TAG: study.study_name, "ghsweep.tune.storage": settings.storage})
-        store.log_params(
-            manifest.parent_run_id,
-            {f"tune.{k}": v for k, v in cast(dict[str, Any], OmegaConf.to_container(cfg.tune)).items()},
+        tune_settings = cast(dict[str, Any], OmegaConf.to_container(cfg.tune))
+        records.record_study_start(
+            store, manifest.parent_run_id, records.StudyStart(study.study_name, settings.storage, tune_settings)
         )
         print(
             f"ghsweep tune: study {study.study_name} ({redact.text(settings.storage)}): {trials_done(study)} of "
@@ -103,23 +100,16 @@ class TuneSweeper(Sweeper):
                 outcome = outcomes[trial.number]
                 told = tell(study, settings, trial, outcome, bar)
                 if outcome.run_id:
-                    store.set_tags(outcome.run_id, {STUDY_TAG: study.study_name, TRIAL_TAG: trial.number})
+                    records.record_trial(store, outcome.run_id, study.study_name, trial.number)
                 print(
                     redact.text(f"ghsweep tune: trial {trial.number} ({' '.join(outcome.overrides)}): {told}"),
                     flush=True,
                 )
 
         files = write_report(study, settings, space, sweep_dir / TUNE_DIR)
-        store.log_artifacts(manifest.parent_run_id, files, TUNE_DIR)
         best = answer(study)
-        if best:
-            store.set_tags(
-                manifest.parent_run_id,
-                {
-                    "ghsweep.tune.best_trials": ",".join(str(t.number) for t in best),
-                    "ghsweep.tune.best_command": command(best[0]),
-                },
-            )
+        found = records.StudyAnswer(files, [t.number for t in best], command(best[0]) if best else "")
+        records.record_study_answer(store, manifest.parent_run_id, found)
         print(
             "\n" + redact.text(summarize(study, settings, space)) + f"\n  report: {sweep_dir / TUNE_DIR / TUNE_REPORT} "
             "(and on the sweep's MLflow run under tune/)\n",

@@ -20,12 +20,11 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from ghsweep.core.errors import SpaceError, TuneConfigError
-from ghsweep.core.names import ROLE_SWEEP
+from ghsweep.core.names import ROLE_SWEEP, STUDY_TAG
 from ghsweep.launch.slurm_jobs import load_jobs
 from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.tune.settings import TuneSettings
 from ghsweep.tune.space import SearchSpace
-from ghsweep.tune.study import STUDY_TAG
 from tests.support.cli import assert_one_line_errors, run_cli, start_cli
 from tests.support.compose import compose_config
 
