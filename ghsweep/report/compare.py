@@ -286,7 +286,8 @@ def table(c: Comparison) -> tuple[list[str], list[list[str]]]:
         metrics = [fmt_value(r.metrics.get(name), spec) for name, _, spec in METRIC_COLUMNS]
         metrics[1] = throughput_text(r.metrics) if r.metrics.get("tokens_per_s") is not None else metrics[1]
         mark = "baseline" if i == c.baseline else speedup_text(c.speedup_intervals[i])
-        if c.baseline is not None and r.finished and busy(r, c.runs[c.baseline]):
+        # The baseline row stays "baseline": a busy baseline marks every row compared with it.
+        if c.baseline is not None and i != c.baseline and r.finished and busy(r, c.runs[c.baseline]):
             mark = "busy machine"
         world = (
             [

@@ -106,7 +106,8 @@ def test_failing_combination_does_not_stop_the_sweep(tmp_path):
     assert failed.info.status == "FAILED"
     assert failed.data.tags["ghsweep.error"].startswith("precision=fp8: needs an NVIDIA GPU")
     table_row = next(line for line in proc.stdout.splitlines() if " FAILED " in line)
-    assert "precision=fp8: needs an" in table_row and len(table_row) <= 120  # cut to the terminal's width
+    # Cut to the terminal's width (how much of the error fits depends on the other columns: "busy machine").
+    assert "precision=fp8" in table_row and len(table_row) <= 120
     assert "#0 fp8 FAILED: deterministic: precision=fp8: needs an NVIDIA GPU" in proc.stdout  # whole in the verdict
     assert records.runs("sweep")[0].info.status == "FAILED"
 

@@ -306,6 +306,8 @@ def test_runs_measured_under_different_load_get_no_speedup():
     # A busy baseline: nothing is compared with it.
     busy_base = compare.build("busy baseline", [contended, quiet])
     assert busy_base.speedups == [None, None] and "Fastest: not named: #1 p1" in "\n".join(compare.verdict(busy_base))
+    header, rows = compare.table(busy_base)
+    assert [row[header.index("speedup")] for row in rows] == ["baseline", "busy machine"]
     # The same numbers measured on a quiet machine keep their verdict.
     contended.tags = {}
     assert "#1 p1 against the baseline: 0.59x" in "\n".join(compare.verdict(compare.build("quiet", [quiet, contended])))
