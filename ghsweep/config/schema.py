@@ -252,7 +252,7 @@ class SystemMetricsSchema:
 class WorkerSchema:
     # Minutes before a worker is killed; auto: 60 on a GPU, none on CPU; null: no limit.
     timeout_min: PositiveNumber | Literal["auto"] | None
-    preimported: bool  # fork workers from a pre-imported one (launch/worker_process.WarmWorker)
+    preimported: bool  # fork workers from a pre-imported one (launch/warm_worker_client.WarmWorker)
 
 
 @dataclass

@@ -72,7 +72,8 @@ from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
 from ghsweep.launch.requeue import earlier_start, job_ending, requeue_reason, wait_to_be_stopped
 from ghsweep.launch.resume import finished_run, provenance_tags, run_hash, skip_finished
 from ghsweep.launch.sweep_manifest import SweepManifest
-from ghsweep.launch.worker_process import WorkerExit, rank_file, run_worker, wait_for_report
+from ghsweep.launch.warm_worker_client import wait_for_report
+from ghsweep.launch.worker_process import WorkerExit, rank_file, run_worker
 from ghsweep.launch.world import export_slurm_rendezvous, slurm_task_ranks
 from ghsweep.profile.pipeline import ProfileOutcome, after_worker
 from ghsweep.report.run_report import write_run_report
