@@ -19,21 +19,12 @@ from ghsweep.core.run_dir import ARTIFACTS, CONFIG, METRICS, RESULT, SLURM_JOBS
 from ghsweep.core.run_result import RunResult, RunStatus
 from ghsweep.launch.job import loss_points
 from ghsweep.launch.sweep_manifest import NOBODY, NOT_SAID_YET, live_holder
-from ghsweep.launch.worker_process import stop_orphaned_worker
+from ghsweep.launch.worker_process import process_start, stop_orphaned_worker
 from ghsweep.tracking.mlflow_store import MlflowStore
 
 log = logging.getLogger(__name__)
 
 PID_TAG, PID_START_TAG, PID_NS_TAG = "ghsweep.pid", "ghsweep.pid_start", "ghsweep.pid_ns"
-
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (/proc), which tells a reused pid apart."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
 
 
 def _pid_namespace() -> str:
@@ -49,7 +40,7 @@ def process_tags() -> dict[str, str]:
     return {
         HOST_TAG: socket.gethostname(),
         PID_TAG: str(os.getpid()),
-        PID_START_TAG: _start_time(os.getpid()) or "",
+        PID_START_TAG: process_start(os.getpid()) or "",
         PID_NS_TAG: _pid_namespace(),
     }
 
@@ -75,7 +66,7 @@ def process_died(tags: dict[str, str]) -> bool:
         return holder == NOBODY or holder not in (identity(tags), NOT_SAID_YET)
     if tags.get(PID_NS_TAG, _pid_namespace()) != _pid_namespace():
         return False
-    started = _start_time(int(tags[PID_TAG]))
+    started = process_start(int(tags[PID_TAG]))
     return started is None or started != tags.get(PID_START_TAG, started)
 
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -45,14 +46,12 @@ def running_group_members(pgid: int) -> list[int]:
     """The pids of process group `pgid` that still run: not those that ended and wait, as zombies, to
     be reaped by their new parent (init, or what stands in for it in a container, which may never)."""
     members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for process in psutil.process_iter():
         try:
-            # Fields after the command name, which is in parentheses and may hold spaces.
-            state, _ppid, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
-        except (OSError, ValueError):
+            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                members.append(process.pid)
+        except (psutil.NoSuchProcess, ProcessLookupError):
             continue  # the process ended while it was read
-        if int(group) == pgid and state != "Z":
-            members.append(int(stat.parent.name))
     return members
 
 

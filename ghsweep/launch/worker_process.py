@@ -68,7 +68,9 @@ def worker_program(run_dir: Path, python: str) -> list[str]:
 
 def process_start(pid: int) -> str | None:
     """When process `pid` started, in clock ticks since boot (/proc/PID/stat); with the pid it names
-    one process, where a pid alone may since name another. None when there is no such process."""
+    one process, where a pid alone may since name another. None when there is no such process.
+    Not psutil's create_time(): that adds the boot time as the system clock now puts it, so a stored
+    value stops matching its live process once the clock is set; the ticks never change."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
