@@ -66,7 +66,7 @@ def status(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             return 0
         return collect_local(args.sweep_dir, manifest)
     from ghsweep.launch.callbacks import finish_sweep
-    from ghsweep.launch.slurm_jobs import has_ended, load_jobs, settle
+    from ghsweep.launch.slurm.submitted_jobs import has_ended, load_jobs, settle
 
     jobs = [(s, s.submitit_job()) for s in load_jobs(args.sweep_dir)]
     while True:

@@ -40,7 +40,7 @@ from ghsweep.launch.local_gpus import several_gpus_hint
 from ghsweep.launch.precheck import sweep_refusals
 from ghsweep.launch.provenance import hand_code_version_to_jobs
 from ghsweep.launch.resume import result_from_run
-from ghsweep.launch.slurm_jobs import slurm_unavailable
+from ghsweep.launch.slurm.submitted_jobs import slurm_unavailable
 from ghsweep.launch.stale_runs import (
     end_running_children,
     end_sweep_run,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ghsweep.core.run_dir import SLURM_JOBS
-from ghsweep.launch.slurm_jobs import load_jobs
+from ghsweep.launch.slurm.submitted_jobs import load_jobs
 from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.train.data import synthetic_dolly, write_dolly_jsonl
 from tests.slurm.cluster import sacct_states, started_cluster

@@ -1,6 +1,6 @@
 """What `settle` records in MLflow for SLURM jobs that finished, failed, timed out or were cancelled:
 a real SQLite MLflow store and real run directories; only the SLURM job is a stand-in (the few
-attributes slurm_jobs reads of a submitit job), so these run in seconds instead of on a cluster."""
+attributes submitted_jobs reads of a submitit job), so these run in seconds instead of on a cluster."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 from ghsweep.core.errors import JobTimeout
 from ghsweep.core.names import ERROR_TAG, FAILURE_CLASS_TAG, JOB_NUM_TAG, ROLE_RUN, ROLE_SWEEP, RUN_HASH_TAG, STATUS_TAG
 from ghsweep.core.run_result import RunResult
-from ghsweep.launch.slurm_jobs import SubmittedJob, settle
+from ghsweep.launch.slurm.submitted_jobs import SubmittedJob, settle
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 
@@ -23,7 +23,7 @@ EXPERIMENT = "settle_test"
 
 @dataclasses.dataclass
 class FakeSlurmJob:
-    """What slurm_jobs reads of a submitit.Job: its id, SLURM's state, and the task's results."""
+    """What submitted_jobs reads of a submitit.Job: its id, SLURM's state, and the task's results."""
 
     job_id: str
     state: str
