@@ -46,8 +46,8 @@ from ghsweep.core.run_result import RunResult
 from ghsweep.launch.combination import Combination
 from ghsweep.launch.dry_run import describe, local_ranks_text
 from ghsweep.launch.local_gpus import gpu_sets, placed_gpus
-from ghsweep.launch.requeue import slurm_job_id
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
+from ghsweep.launch.slurm.requeue import slurm_job_id
 from ghsweep.launch.slurm.submitted_jobs import SubmittedJob, has_ended, save_jobs, settle, wait_until_ended
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking import redact
@@ -126,7 +126,7 @@ def checkpoint(launcher: plugin.BaseSubmititLauncher) -> NoReturn:
 
     Signalled from outside, the job is requeued (`scontrol requeue`, as submitit's own requeue does)
     and this process exits; the job starts again from its submitted pickle, in the same run
-    directory, continuing its MLflow run (ghsweep.launch.requeue); benchmark runs are short, so
+    directory, continuing its MLflow run (ghsweep.launch.slurm.requeue); benchmark runs are short, so
     starting over is right. At the time limit it is not: a restart from scratch would reach the same
     limit, and no backend resumes from a checkpoint, so the run ends now and is recorded as timed out.
 

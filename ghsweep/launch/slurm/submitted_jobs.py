@@ -37,7 +37,7 @@ from ghsweep.core.names import (
 )
 from ghsweep.core.run_dir import RESULT, SLURM_JOBS, WORKER_LOG
 from ghsweep.core.run_result import RunResult, RunStatus
-from ghsweep.launch.requeue import controller_state
+from ghsweep.launch.slurm.requeue import controller_state
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking.mlflow_store import MlflowStore
 
