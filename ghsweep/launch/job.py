@@ -68,8 +68,8 @@ from ghsweep.launch.combination import Combination, run_name
 from ghsweep.launch.container import container_env
 from ghsweep.launch.dry_run import describe
 from ghsweep.launch.plan import check_required, node_plan, not_runnable
-from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
 from ghsweep.launch.resume import finished_run, provenance_tags, run_hash, skip_finished
+from ghsweep.launch.slurm.rank_reports import wait_for_ranks, write_rank_report
 from ghsweep.launch.slurm.requeue import earlier_start, job_ending, requeue_reason, wait_to_be_stopped
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.launch.warm_worker_client import wait_for_report
