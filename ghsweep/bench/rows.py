@@ -139,7 +139,7 @@ def one_gpu_plan(config: ConfigSchema, run_dir: Path) -> RunPlan:
     """The plan of a row: this process trains on this machine's first GPU, unprofiled."""
     from ghsweep.config.world import data_parallel
     from ghsweep.core.gpu import probe_gpu
-    from ghsweep.launch.world import replica_fits
+    from ghsweep.launch.world_check import replica_fits
 
     gpu = probe_gpu()
     return RunPlan(

@@ -22,7 +22,7 @@ from ghsweep.core.run_dir import NCU_PASS_DIR
 from ghsweep.core.run_plan import NcuPass, ProfilePlan, RunPlan, World
 from ghsweep.launch.container import check_container, container_prefix, tool_finder
 from ghsweep.launch.worker_process import worker_command, worker_program, worker_timeout_min
-from ghsweep.launch.world import check_world, replica_fits
+from ghsweep.launch.world_check import check_world, replica_fits
 from ghsweep.profile.capture import find_tool as find_on_node
 from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve, session_capture
 
@@ -202,6 +202,6 @@ def assemble_plan(
 
 def ncu_pass(config: ConfigSchema, run_dir: Path, python: str) -> NcuPass:
     """The Nsight Compute pass of the run in `run_dir`: its worker in a folder of its own, in the
-    run's container (one rank: launch.world refuses the pass on several)."""
+    run's container (one rank: launch.world_check refuses the pass on several)."""
     work = run_dir / NCU_PASS_DIR
     return NcuPass(str(work), container_prefix(config, work), worker_program(work, python))

@@ -24,7 +24,6 @@ from ghsweep.core.names import STEP_RANGE_PREFIX
 from ghsweep.core.run_dir import WORKER_LOG, WORKER_PID, rank_file
 from ghsweep.core.run_plan import SessionCapture
 from ghsweep.launch.warm_worker_client import ForkedWorker, fork_worker, worker_env
-from ghsweep.launch.world import torchrun_prefix
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +58,15 @@ def worker_command(
     container, where the worker's CUDA libraries are, one report per rank.
     """
     return [*torchrun_prefix(sys.executable, local_ranks), *container, *profiler, *worker_program(run_dir, python)]
+
+
+def torchrun_prefix(python: str, local_ranks: int) -> list[str]:
+    """`python -m torch.distributed.run ... --no-python` that starts `local_ranks` ranks of the
+    program that follows it on this machine; [] for one (the worker runs as it is).
+    --no-python: the program is a full command line, so a profiler can wrap each rank."""
+    if local_ranks == 1:
+        return []
+    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={local_ranks}", "--no-python"]
 
 
 def worker_program(run_dir: Path, python: str) -> list[str]:

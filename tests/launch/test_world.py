@@ -12,7 +12,7 @@ import pytest
 
 from ghsweep.config.world import world_of
 from ghsweep.core.errors import ConfigError
-from ghsweep.launch.world import check_world
+from ghsweep.launch.world_check import check_world
 from tests.support.cli import run_cli
 from tests.support.compose import compose_typed
 from tests.support.mlflow_records import MlflowRecords, sqlite_uri
@@ -223,7 +223,7 @@ def test_a_local_sweep_records_the_refused_world_and_goes_on(tmp_path):
 def test_auto_takes_ddp_where_a_replica_fits_one_gpu(overrides, gpu_gib, mode):
     from ghsweep.config.world import data_parallel
     from ghsweep.core.gpu import GpuInfo
-    from ghsweep.launch.world import replica_fits, replica_state_gib
+    from ghsweep.launch.world_check import replica_fits, replica_state_gib
 
     config = compose_typed("model=llama2_7b", *overrides)
     gpu = None if gpu_gib is None else GpuInfo("NVIDIA H200", (9, 0), gpu_gib, gpu_gib, 2)

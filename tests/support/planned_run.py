@@ -13,7 +13,7 @@ from ghsweep.core.gpu import probe_gpu
 from ghsweep.core.run_dir import CONFIG
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
 from ghsweep.launch.plan import prune_bar
-from ghsweep.launch.world import replica_fits
+from ghsweep.launch.world_check import replica_fits
 
 
 def planned_run(run_dir: Path, cfg: DictConfig, profiler: str = "none") -> RunPlan:
