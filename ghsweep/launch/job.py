@@ -67,8 +67,8 @@ from ghsweep.launch import followups, interrupts
 from ghsweep.launch.combination import Combination, run_name
 from ghsweep.launch.container import container_env
 from ghsweep.launch.dry_run import describe
-from ghsweep.launch.plan import check_required, node_plan, not_runnable
 from ghsweep.launch.resume import finished_run, provenance_tags, run_hash, skip_finished
+from ghsweep.launch.run_planner import check_required, node_plan, not_runnable
 from ghsweep.launch.slurm.rank_reports import wait_for_ranks, write_rank_report
 from ghsweep.launch.slurm.rendezvous import export_slurm_rendezvous, slurm_task_ranks
 from ghsweep.launch.slurm.requeue import earlier_start, job_ending, requeue_reason, wait_to_be_stopped

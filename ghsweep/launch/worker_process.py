@@ -49,7 +49,7 @@ def worker_command(
     """The argument list that starts the worker of `run_dir` with `python`, in `container` (its
     `exec ... IMAGE`, [] on the node), under `profiler` (the profiler's command up to the program:
     ghsweep.profile.plan.profiler_prefix for nsys), as `local_ranks` ranks on this machine
-    (torchrun when more than one). Built by ghsweep.launch.plan, once, into the RunPlan.
+    (torchrun when more than one). Built by ghsweep.launch.run_planner, once, into the RunPlan.
 
     Always an argument list, never a shell string: user values are never parsed by a shell.
     Wrappers nest outside-in: [torchrun ... --no-python] [container exec ...] [profiler ...]

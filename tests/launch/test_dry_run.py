@@ -14,7 +14,7 @@ import pytest
 
 from ghsweep.core.errors import ConfigError
 from ghsweep.launch.callbacks import SweepCallback
-from ghsweep.launch.plan import dry_run_plans, node_plan
+from ghsweep.launch.run_planner import dry_run_plans, node_plan
 from ghsweep.profile.plan import resolve
 from tests.support.cli import run_cli
 from tests.support.compose import compose_config, compose_typed, hydra_on_conf, launch_config

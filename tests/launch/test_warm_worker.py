@@ -37,7 +37,7 @@ from ghsweep.core.run_dir import (
 from ghsweep.core.run_plan import RunPlan, SessionCapture
 from ghsweep.launch import warm_worker_client
 from ghsweep.launch.local_gpus import ONE_AT_A_TIME_LAUNCHER
-from ghsweep.launch.plan import node_plan
+from ghsweep.launch.run_planner import node_plan
 from ghsweep.launch.warm_worker_client import (
     ForkedWorker,
     PreimportedWorkerCallback,
