@@ -13,9 +13,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from ghsweep.config.parallelism import data_parallel, world_of
 from ghsweep.config.schema import ConfigSchema
 from ghsweep.config.validate import run_device, validate
-from ghsweep.config.world import data_parallel, world_of
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
 from ghsweep.core.run_dir import NCU_PASS_DIR

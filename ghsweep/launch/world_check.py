@@ -1,4 +1,4 @@
-"""Whether this launch can give one combination its world (config.world.world_of): how many nodes and
+"""Whether this launch can give one combination its world (config.parallelism.world_of): how many nodes and
 GPUs its training spans, and the data parallelism of its ranks (a DDP replica under
 backend.data_parallel=auto only where its training state fits a GPU: replica_fits).
 
@@ -11,8 +11,8 @@ srun starts the tasks, and each task's job exports the rendezvous from SLURM's e
 
 from __future__ import annotations
 
+from ghsweep.config.parallelism import data_parallel
 from ghsweep.config.schema import ConfigSchema, check
-from ghsweep.config.world import data_parallel
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
 from ghsweep.core.run_plan import World
@@ -40,7 +40,7 @@ def replica_fits(config: ConfigSchema, gpu: GpuInfo | None) -> bool:
 def check_world(
     config: ConfigSchema, world: World, on_gpu: bool, visible_gpus: int, slurm_task: bool, replica_fits: bool = False
 ) -> None:
-    """ConfigError when this launch cannot give the combination its `world` (config.world.world_of):
+    """ConfigError when this launch cannot give the combination its `world` (config.parallelism.world_of):
     several nodes without SLURM, more GPUs per node than this machine shows on a local launch, a
     data_parallel this run cannot use (`replica_fits`: as data_parallel reads it)."""
     if world.num_nodes > 1 and not slurm_task:

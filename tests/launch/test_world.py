@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ghsweep.config.world import world_of
+from ghsweep.config.parallelism import world_of
 from ghsweep.core.errors import ConfigError
 from ghsweep.launch.world_check import check_world
 from tests.support.cli import run_cli
@@ -221,7 +221,7 @@ def test_a_local_sweep_records_the_refused_world_and_goes_on(tmp_path):
     ],
 )
 def test_auto_takes_ddp_where_a_replica_fits_one_gpu(overrides, gpu_gib, mode):
-    from ghsweep.config.world import data_parallel
+    from ghsweep.config.parallelism import data_parallel
     from ghsweep.core.gpu import GpuInfo
     from ghsweep.launch.world_check import replica_fits, replica_state_gib
 

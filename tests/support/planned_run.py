@@ -7,8 +7,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from ghsweep.config.parallelism import data_parallel
 from ghsweep.config.schema import typed
-from ghsweep.config.world import data_parallel
 from ghsweep.core.gpu import probe_gpu
 from ghsweep.core.run_dir import CONFIG
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World

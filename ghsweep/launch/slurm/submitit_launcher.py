@@ -38,8 +38,8 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import DictConfig, OmegaConf, open_dict
 from submitit.slurm.slurm import SlurmExecutor, _make_sbatch_string
 
+from ghsweep.config.parallelism import world_of
 from ghsweep.config.schema import typed
-from ghsweep.config.world import world_of
 from ghsweep.core.errors import JobTimeout
 from ghsweep.core.run_plan import World
 from ghsweep.core.run_result import RunResult
@@ -100,7 +100,7 @@ class _Composed:
     combo: Combination
     overrides: list[str]  # the real values: what the job composes its config from
     cfg: DictConfig  # the combination's config, its `hydra` node included
-    # The job array it goes in (config.world.world_of of the config as composed: no job, so no plan or
+    # The job array it goes in (config.parallelism.world_of of the config as composed: no job, so no plan or
     # validated config, exists yet).
     world: World
     run_hash: str  # launch.resume.run_hash of `cfg`, as the job records it
