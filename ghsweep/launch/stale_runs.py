@@ -125,7 +125,7 @@ def end_sweep_run(store: MlflowStore, parent_run_id: str, status: RunStatus, rea
     store.finish(parent_run_id, status)
 
 
-def settle_dead_sweeps(store: MlflowStore) -> None:
+def end_dead_sweeps(store: MlflowStore) -> None:
     """End, FAILED, the local sweeps of the store's experiment whose process died on this host."""
     for sweep in store.search(
         role=ROLE_SWEEP, status=RunStatus.RUNNING, tags={HOST_TAG: socket.gethostname()}, limit=1000

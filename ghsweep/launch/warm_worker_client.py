@@ -211,7 +211,7 @@ class ForkedWorker:
                 self._end_collection()
         return self._returncode
 
-    def settle(self) -> None:
+    def wait_for_report_before_kill(self) -> None:
         """Before the job kills what this worker left running (run_worker): where it handed its
         collection over, wait until nsys has written its report or those processes have ended. Killed
         while nsys writes, they hold the report for about 30 s (docs/sweep-time.md: "Forked workers under Nsight

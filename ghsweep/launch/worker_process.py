@@ -187,7 +187,7 @@ def run_worker(
             # Inductor's compile pool, still starting in a short run, would keep it for seconds.
             try:
                 if isinstance(proc, ForkedWorker):
-                    proc.settle()
+                    proc.wait_for_report_before_kill()
             finally:
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)

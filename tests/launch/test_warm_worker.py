@@ -308,7 +308,7 @@ def test_what_a_handed_worker_left_running_is_killed_only_once_its_report_is_wri
 
     left_running = subprocess.Popen(["sleep", "60"], start_new_session=True)
     worker, watch = handed_worker(left_running.pid)
-    settling = threading.Thread(target=worker.settle)
+    settling = threading.Thread(target=worker.wait_for_report_before_kill)
     settling.start()
     settling.join(1.0)
     assert settling.is_alive() and left_running.poll() is None  # nsys is still writing: nothing is killed
@@ -320,7 +320,7 @@ def test_what_a_handed_worker_left_running_is_killed_only_once_its_report_is_wri
 
     ends_itself = subprocess.Popen(["sleep", "0.5"], start_new_session=True)
     worker, watch = handed_worker(ends_itself.pid)
-    settling = threading.Thread(target=worker.settle)
+    settling = threading.Thread(target=worker.wait_for_report_before_kill)
     settling.start()
     ends_itself.wait()
     settling.join(10)
@@ -329,7 +329,7 @@ def test_what_a_handed_worker_left_running_is_killed_only_once_its_report_is_wri
     # Nothing left running: no wait at all, whatever nsys is doing.
     caplog.clear()
     worker, _ = handed_worker(ends_itself.pid)
-    worker.settle()
+    worker.wait_for_report_before_kill()
     assert "left processes running" not in caplog.text
 
 

@@ -7,7 +7,7 @@ subclasses keep the plugin's config keys and remote side (its __call__), and cha
   submits nothing;
 - combinations that already FINISHED in MLflow are not submitted again (force=true: all are);
 - every submitted job is recorded in the sweep directory; with wait=true the sweep waits for all
-  of them and settles each one's record (ghsweep.launch.slurm.submitted_jobs), with wait=false it returns at
+  of them and collects each one's result (ghsweep.launch.slurm.submitted_jobs), with wait=false it returns at
   once and `python -m ghsweep.status SWEEP_DIR` follows and collects it later.
 Hydra instantiates launchers only from the hydra_plugins package: the classes profiles name
 (`hydra_plugins.ghsweep_launcher.ghsweep_launcher.SlurmLauncher`, `...LocalLauncher`) are the
@@ -48,7 +48,7 @@ from ghsweep.launch.dry_run import describe, local_ranks_text
 from ghsweep.launch.local_gpus import gpu_sets, placed_gpus
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.slurm.requeue import slurm_job_id
-from ghsweep.launch.slurm.submitted_jobs import SubmittedJob, has_ended, save_jobs, settle, wait_until_ended
+from ghsweep.launch.slurm.submitted_jobs import SubmittedJob, collect_results, has_ended, save_jobs, wait_until_ended
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore
@@ -302,7 +302,7 @@ def launch(
         )
         return [_job_return(c, done.get(c.combo.num)) for c in combos]
     wait_until_ended([j for _, j in jobs], poll_s=2.0)
-    done.update((s.num, r) for (s, _), r in zip(jobs, settle(sweep_dir, jobs)))
+    done.update((s.num, r) for (s, _), r in zip(jobs, collect_results(sweep_dir, jobs)))
     return [_job_return(c, done[c.combo.num]) for c in combos]
 
 
