@@ -16,7 +16,10 @@ STEPS=${STEPS:-14}
 mkdir -p "$OUT" "$WORK"
 # NVLink SHARP (multicast) stays off: not every machine allows it.
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
-command=(python3 -m ghsweep -m model=llama2_7b precision=bf16 peft=lora,none backend.gpus_per_node=1,2
+# KNOBS: what the sweep varies (default: LoRA and full fine-tuning, 1 and 2 GPUs; e.g.
+# KNOBS="peft=none backend.gpus_per_node=1,2 backend.data_parallel=ddp,fsdp" compares DDP and FSDP2).
+read -r -a knobs <<< "${KNOBS:-peft=lora,none backend.gpus_per_node=1,2}"
+command=(python3 -m ghsweep -m model=llama2_7b precision=bf16 "${knobs[@]}"
          train.seq_length=4096 train.micro_batch_size=1 "train.max_steps=$STEPS" profile=nsys
          capture.start_step=$((STEPS - 4)) capture.num_steps=2
          "hydra.sweep.dir=$WORK/sweep" "tracking.uri=sqlite:///$WORK/mlflow.db")

@@ -20,6 +20,7 @@ from ghsweep.report.compare import WORLD_KEYS, scaling_efficiency
 ROW_METRICS = (
     "world_size",
     "step_time_ms",
+    "step_time_ms_ci_pct",
     "tokens_per_s",
     "tokens_per_s_per_gpu",
     "mfu",
@@ -53,7 +54,7 @@ def main() -> None:
     if args.out:
         args.out.write_text(json.dumps({"command": args.command, "runs": runs}, indent=2))
     print(
-        f"{'combination':<58} {'status':<9} {'GPUs':>4} {'step ms':>8} {'tok/s':>8} {'tok/s/GPU':>9} "
+        f"{'combination':<58} {'status':<9} {'GPUs':>4} {'step ms':>8} {'±%':>5} {'tok/s':>8} {'tok/s/GPU':>9} "
         f"{'eff':>5} {'peak GiB':>8} {'NCCL %':>6} {'exposed %':>9}"
     )
     for r in runs:
@@ -61,6 +62,7 @@ def main() -> None:
         cells = [
             r["world_size"],
             r["step_time_ms"],
+            r["step_time_ms_ci_pct"],
             r["tokens_per_s"],
             r["tokens_per_s_per_gpu"],
             r["scaling_efficiency"],
@@ -70,8 +72,8 @@ def main() -> None:
         ]
         shown = ["-" if c is None else f"{c:.2f}" if isinstance(c, float) and c < 10 else f"{c:.0f}" for c in cells]
         print(
-            f"{combo:<58} {r['status']:<9} {shown[0]:>4} {shown[1]:>8} {shown[2]:>8} {shown[3]:>9} {shown[4]:>5} "
-            f"{shown[5]:>8} {shown[6]:>6} {shown[7]:>9}"
+            f"{combo:<58} {r['status']:<9} {shown[0]:>4} {shown[1]:>8} {shown[2]:>5} {shown[3]:>8} {shown[4]:>9} "
+            f"{shown[5]:>5} {shown[6]:>8} {shown[7]:>6} {shown[8]:>9}"
         )
         if r["error"]:
             print(f"    error: {r['error'][:300]}")

@@ -139,18 +139,16 @@ def one_gpu_plan(config: ConfigSchema, run_dir: Path) -> RunPlan:
     """The plan of a row: this process trains on this machine's first GPU, unprofiled."""
     from ghsweep.config.parallelism import data_parallel
     from ghsweep.core.gpu import probe_gpu
-    from ghsweep.launch.world_check import replica_fits
 
-    gpu = probe_gpu()
     return RunPlan(
         name=run_dir.name,
         run_dir=str(run_dir),
         overrides=[],
         backend=config.backend.name,
         device="cuda",
-        gpu=gpu,
+        gpu=probe_gpu(),
         world=World(),
-        data_parallel=data_parallel(config, replica_fits(config, gpu)),
+        data_parallel=data_parallel(config),
         profile=ProfilePlan(requested="none", used="none"),
         container_prefix=[],
         worker_command=[],

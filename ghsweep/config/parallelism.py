@@ -19,12 +19,10 @@ def world_of(config: ConfigSchema) -> World:
     return World(num_nodes, gpus_per_node)
 
 
-def data_parallel(config: ConfigSchema, replica_fits: bool) -> str:
-    """ddp or fsdp: auto is DDP for LoRA (only the adapters' gradients travel), and for full fine-tuning
-    where a whole replica's training state fits one GPU (`replica_fits`, launch.world_check.replica_fits):
-    one all-reduce overlapped with backward and no per-layer gathers, casts and copies. FSDP2 for
-    full fine-tuning that does not fit (parameters, gradients and optimizer state sharded)."""
+def data_parallel(config: ConfigSchema) -> str:
+    """ddp or fsdp: auto is DDP for LoRA (only the adapters' gradients travel) and FSDP2 for full
+    fine-tuning (parameters, gradients and optimizer state sharded)."""
     mode = config.backend.data_parallel
     if mode is None or mode == "auto":
-        return "ddp" if config.peft.name == "lora" or replica_fits else "fsdp"
+        return "ddp" if config.peft.name == "lora" else "fsdp"
     return mode

@@ -22,7 +22,7 @@ from ghsweep.core.run_dir import NCU_PASS_DIR
 from ghsweep.core.run_plan import NcuPass, ProfilePlan, RunPlan, World
 from ghsweep.launch.container import check_container, container_prefix, tool_finder
 from ghsweep.launch.worker_process import worker_command, worker_program, worker_timeout_min
-from ghsweep.launch.world_check import check_world, replica_fits
+from ghsweep.launch.world_check import check_world
 from ghsweep.profile.capture import find_tool as find_on_node
 from ghsweep.profile.plan import plans_from_config, profiler_prefix, resolve, session_capture
 
@@ -86,8 +86,7 @@ def node_plan(
     device = run_device(config, gpu)
     on_slurm = slurm_tasks is not None
     world = world_of(config)
-    fits = replica_fits(config, gpu if device == "cuda" else None)
-    check_world(config, world, device == "cuda", gpu.count if gpu else 0, on_slurm, fits)
+    check_world(config, world, device == "cuda", gpu.count if gpu else 0, on_slurm)
     if on_slurm and slurm_tasks != world.size:
         raise ConfigError(
             f"backend.num_nodes x backend.gpus_per_node = {world.size} ranks, but this SLURM job has "
@@ -187,7 +186,7 @@ def assemble_plan(
         device=device,
         gpu=gpu,
         world=world,
-        data_parallel=data_parallel(config, replica_fits(config, gpu if device == "cuda" else None)),
+        data_parallel=data_parallel(config),
         profile=profile,
         container_prefix=container,
         worker_command=worker_command(run_dir, container, python, profiler, local_ranks),

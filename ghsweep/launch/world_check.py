@@ -1,6 +1,5 @@
-"""Whether this launch can give one combination its world (config.parallelism.world_of): how many nodes and
-GPUs its training spans, and the data parallelism of its ranks (a DDP replica under
-backend.data_parallel=auto only where its training state fits a GPU: replica_fits).
+"""Whether this launch can give one combination its world (config.parallelism.world_of): how many nodes
+and GPUs its training spans, and the data parallelism its ranks would use.
 
 `backend.num_nodes` x `backend.gpus_per_node` ranks, one process per GPU (on CPU, one gloo process
 per "GPU"). Locally the worker runs under torchrun (ghsweep.launch.worker_process.worker_command),
@@ -14,35 +13,13 @@ from __future__ import annotations
 from ghsweep.config.parallelism import data_parallel
 from ghsweep.config.schema import ConfigSchema, check
 from ghsweep.core.errors import ConfigError
-from ghsweep.core.gpu import GpuInfo
 from ghsweep.core.run_plan import World
-from ghsweep.train.flops import ModelShape
-
-# The share of a GPU's memory a DDP replica's weights, gradients and optimizer states may take under
-# backend.data_parallel=auto; the rest is for activations, DDP's buckets and NCCL's buffers.
-REPLICA_SHARE = 0.5
 
 
-def replica_state_gib(config: ConfigSchema) -> float:
-    """The weights, gradients and AdamW states of a whole model trained in full, in GiB: two of the
-    trained dtype each for weight and gradient, two states in it too (one byte each with adamw8bit)."""
-    dtype_bytes = 4 if config.precision.name == "fp32" else 2  # fp8 trains bf16 weights
-    state_bytes = 2 if config.train.optimizer == "adamw8bit" else 2 * dtype_bytes
-    return ModelShape.of_run(config.model).parameters * (2 * dtype_bytes + state_bytes) / 2**30
-
-
-def replica_fits(config: ConfigSchema, gpu: GpuInfo | None) -> bool:
-    """Whether one GPU holds a replica's training state (replica_state_gib) in REPLICA_SHARE of its
-    memory; False without a GPU (nothing to measure against: FSDP2 stays the safe choice)."""
-    return gpu is not None and replica_state_gib(config) <= REPLICA_SHARE * gpu.total_mem_gib
-
-
-def check_world(
-    config: ConfigSchema, world: World, on_gpu: bool, visible_gpus: int, slurm_task: bool, replica_fits: bool = False
-) -> None:
+def check_world(config: ConfigSchema, world: World, on_gpu: bool, visible_gpus: int, slurm_task: bool) -> None:
     """ConfigError when this launch cannot give the combination its `world` (config.parallelism.world_of):
     several nodes without SLURM, more GPUs per node than this machine shows on a local launch, a
-    data_parallel this run cannot use (`replica_fits`: as data_parallel reads it)."""
+    data_parallel this run cannot use."""
     if world.num_nodes > 1 and not slurm_task:
         raise ConfigError(
             f"backend.num_nodes={world.num_nodes}: several nodes need a SLURM launch profile "
@@ -67,7 +44,7 @@ def check_world(
         )
     if config.backend.name == "torch":
         check("backend.data_parallel", config.backend.data_parallel or "auto")
-        fsdp = world.size > 1 and data_parallel(config, replica_fits) == "fsdp"
+        fsdp = world.size > 1 and data_parallel(config) == "fsdp"
         if fsdp and config.precision.name == "fp8" and config.peft.name == "lora":
             raise ConfigError(
                 "backend.data_parallel=fsdp with precision=fp8 and peft=lora: the frozen fp8 base "

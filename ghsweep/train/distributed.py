@@ -90,7 +90,8 @@ def parallelize(step: TrainStep, config: ConfigSchema, ranks: Ranks, mode: str) 
             step, init_sync=False, broadcast_buffers=False, gradient_as_bucket_view=True
         )
         if REDUCE_DTYPES[config.precision.reduce_dtype] == torch.float32:
-            ddp.register_comm_hook(None, _mean_in_fp32)
+            # DDP checks a hook's annotations against its own classes; this module's are strings.
+            ddp.register_comm_hook(None, lambda state, bucket: _mean_in_fp32(bucket))
         return ddp, mode
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -107,12 +108,12 @@ def parallelize(step: TrainStep, config: ConfigSchema, ranks: Ranks, mode: str) 
     return step, mode
 
 
-def _mean_in_fp32(_state: None, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def _mean_in_fp32(bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP's gradient average summed in fp32 (precision.reduce_dtype=fp32), as FSDP2's reduce_dtype
     does: bf16 gradients summed in bf16 lose bits with every rank added."""
     grads = bucket.buffer()
     wide = grads.float().div_(dist.get_world_size())
-    future = dist.all_reduce(wide, async_op=True).get_future()  # type: ignore[union-attr]
+    future = dist.all_reduce(wide, async_op=True).get_future()
 
     def narrow(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         return grads.copy_(done.value()[0])

@@ -10,10 +10,8 @@ frozen one: LoRA skips the frozen base's weight-gradient GEMMs, about a third of
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 from ghsweep.config.schema import ConfigSchema, ModelSchema, carried
@@ -69,33 +67,14 @@ class ModelShape:
         """The shape a model config (conf/model/NAME.yaml) sets."""
         return cls(**{f.name: getattr(model, f.name) for f in fields(cls)})
 
-    @classmethod
-    def of_run(cls, model: ModelSchema) -> ModelShape:
-        """The shape a run trains: its folder's config.json where model.path is set, else its config's."""
-        if model.path is None:
-            return cls.of_model(model)
-        return cls.from_hf(json.loads((Path(model.path) / "config.json").read_text()))
-
-    @property
-    def layer_weights(self) -> int:
-        """One decoder layer's linear weights: q and o, k and v (grouped), the MLP's three."""
-        h = self.hidden_size
-        kv = h * self.num_key_value_heads // self.num_attention_heads
-        return h * h * 2 + h * kv * 2 + 3 * h * self.intermediate_size
-
-    @property
-    def parameters(self) -> int:
-        """Every weight: the layers' linear weights and norms, the embedding, the final norm and an
-        untied LM head (Llama's)."""
-        h = self.hidden_size
-        return self.num_layers * (self.layer_weights + 2 * h) + 2 * self.vocab_size * h + h
-
 
 def flops_per_token(shape: ModelShape, attended_keys: float, lora_rank: int | None, lora_modules: int = 7) -> float:
     """Forward + backward FLOPs per token, each token attending to `attended_keys` keys (the
     sequence length for a causal block); `lora_rank` None means full fine-tuning."""
     h, layers = shape.hidden_size, shape.num_layers
-    linear_fwd = 2 * (layers * shape.layer_weights + h * shape.vocab_size)
+    kv = h * shape.num_key_value_heads // shape.num_attention_heads
+    per_layer_weights = h * h * 2 + h * kv * 2 + 3 * h * shape.intermediate_size  # q,o + k,v + MLP
+    linear_fwd = 2 * (layers * per_layer_weights + h * shape.vocab_size)
     attention_fwd = 2 * 2 * attended_keys * h * layers  # QK^T and PV
     if lora_rank is None:
         return 3 * (linear_fwd + attention_fwd)

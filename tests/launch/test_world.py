@@ -205,35 +205,3 @@ def test_a_local_sweep_records_the_refused_world_and_goes_on(tmp_path):
     assert "1 of 2 runs finished" in proc.stdout
     result = json.loads(next(tmp_path.glob("multirun/*/*/1/result.json")).read_text())
     assert result["status"] == "FAILED" and result["error"].startswith("backend.num_nodes=2: several nodes need")
-
-
-@pytest.mark.parametrize(
-    "overrides,gpu_gib,mode",
-    [
-        # Llama-2-7B in bf16: 6.74 B parameters x (2 weight + 2 gradient + 4 AdamW states) bytes = 50.2 GiB.
-        (["peft=none"], 140.0, "ddp"),
-        (["peft=none"], 79.6, "fsdp"),  # an 80 GB H100: FSDP2 shards it
-        (["peft=none", "train.optimizer=adamw8bit"], 79.6, "ddp"),  # 2 bytes of states less: 37.7 GiB
-        (["peft=none", "precision=fp32"], 140.0, "fsdp"),  # 100 GiB in fp32
-        (["peft=none"], None, "fsdp"),  # no GPU known: the safe choice
-        (["peft=lora"], 20.0, "ddp"),  # only the adapters' gradients travel
-        (["peft=none", "backend.data_parallel=fsdp"], 140.0, "fsdp"),  # asked for, not chosen
-    ],
-)
-def test_auto_takes_ddp_where_a_replica_fits_one_gpu(overrides, gpu_gib, mode):
-    from ghsweep.config.parallelism import data_parallel
-    from ghsweep.core.gpu import GpuInfo
-    from ghsweep.launch.world_check import replica_fits, replica_state_gib
-
-    config = compose_typed("model=llama2_7b", *overrides)
-    gpu = None if gpu_gib is None else GpuInfo("NVIDIA H200", (9, 0), gpu_gib, gpu_gib, 2)
-    assert data_parallel(config, replica_fits(config, gpu)) == mode
-    if overrides == ["peft=none"]:
-        assert replica_state_gib(config) == pytest.approx(6_738_415_616 * 8 / 2**30)
-
-
-def test_adamw8bit_on_two_gpus_is_refused_only_where_fsdp_would_shard_it():
-    config = compose_typed("peft=none", "train.optimizer=adamw8bit", "backend.gpus_per_node=2")
-    with pytest.raises(ConfigError, match="train.optimizer=adamw8bit with 2 ranks under FSDP2"):
-        check_world(config, world_of(config), True, 2, False, replica_fits=False)
-    check_world(config, world_of(config), True, 2, False, replica_fits=True)

@@ -13,7 +13,6 @@ from ghsweep.core.gpu import probe_gpu
 from ghsweep.core.run_dir import CONFIG
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
 from ghsweep.launch.run_planner import prune_bar
-from ghsweep.launch.world_check import replica_fits
 
 
 def planned_run(run_dir: Path, cfg: DictConfig, profiler: str = "none") -> RunPlan:
@@ -31,7 +30,7 @@ def planned_run(run_dir: Path, cfg: DictConfig, profiler: str = "none") -> RunPl
         device="cuda" if gpu else "cpu",
         gpu=gpu,
         world=World(),
-        data_parallel=data_parallel(config, replica_fits(config, gpu)),
+        data_parallel=data_parallel(config),
         profile=ProfilePlan(requested=profiler, used=profiler),
         container_prefix=[],
         worker_command=[],

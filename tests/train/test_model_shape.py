@@ -42,26 +42,3 @@ def test_the_shape_written_as_a_transformers_config_reads_back_as_itself():
     built = LlamaConfig(**shape.hf_fields())
     assert ModelShape.from_hf(built.to_dict()) == shape
     assert (built.num_hidden_layers, built.num_key_value_heads) == (2, 2)
-
-
-def test_parameters_count_every_weight_of_a_built_model(tmp_path):
-    import torch
-    from transformers import LlamaForCausalLM
-
-    hf = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=176,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=300,
-    )
-    with torch.device("meta"):
-        model = LlamaForCausalLM(hf)
-    assert ModelShape.from_hf(hf.to_dict()).parameters == sum(p.numel() for p in model.parameters())
-    # Llama-2-7B's published count.
-    assert ModelShape(4096, 11008, 32, 32, 32, 32000).parameters == 6_738_415_616
-    # A run on a model folder takes the folder's shape, not the config's.
-    hf.save_pretrained(tmp_path)
-    model_config = compose_typed("model=llama2_7b", f"model.path={tmp_path}").model
-    assert ModelShape.of_run(model_config) == ModelShape.from_hf(hf.to_dict())
