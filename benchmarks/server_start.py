@@ -1,4 +1,4 @@
-"""How long the pre-imported worker takes to start (ghsweep.launch.worker_process.WarmWorker: from
+"""How long the pre-imported worker takes to start (ghsweep.launch.warm_worker_client.WarmWorker: from
 its start until it says it is ready), plain and under the `nsys launch` a sweep of the default config
 starts it with, and with smaller trace sets; then one `python -X importtime` breakdown of its imports
 each way, written to OUT/importtime_{plain,nsys}.txt. Prints a table; run from the repository root:
@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 
 from ghsweep.capture.profiler_plan import sweep_session_launch
 from ghsweep.config.schema import ProfileSchema, typed_section
-from ghsweep.launch.worker_process import WarmWorker, WarmWorkerUnavailable, worker_env
+from ghsweep.launch.warm_worker_client import WarmWorker, WarmWorkerUnavailable, worker_env
 
 IMPORTS = "import sys; from ghsweep.train.warm_worker import import_training; sys.exit(import_training())"
 

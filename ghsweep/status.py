@@ -66,7 +66,7 @@ def status(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             return 0
         return collect_local(args.sweep_dir, manifest)
     from ghsweep.launch.callbacks import finish_sweep
-    from ghsweep.launch.slurm_jobs import has_ended, load_jobs, settle
+    from ghsweep.launch.slurm.submitted_jobs import collect_results, has_ended, load_jobs
 
     jobs = [(s, s.submitit_job()) for s in load_jobs(args.sweep_dir)]
     while True:
@@ -82,7 +82,7 @@ def status(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         time.sleep(args.poll_s)
         print()
 
-    settle(args.sweep_dir, jobs)
+    collect_results(args.sweep_dir, jobs)
     finish_sweep(args.sweep_dir)
     return 0
 

@@ -137,7 +137,7 @@ def run_ours(overrides: list[str], seq: int, steps: int, warmup: int, layers: in
 
 def one_gpu_plan(config: ConfigSchema, run_dir: Path) -> RunPlan:
     """The plan of a row: this process trains on this machine's first GPU, unprofiled."""
-    from ghsweep.config.world import data_parallel
+    from ghsweep.config.parallelism import data_parallel
     from ghsweep.core.gpu import probe_gpu
 
     return RunPlan(

@@ -501,7 +501,7 @@ GPU_TIMEOUT_MIN = 60
 class WorkerSchema(ConfigSection):
     # Minutes before a worker is killed; auto: 60 on a GPU, none on CPU; null: no limit.
     timeout_min: PositiveNumber | Literal["auto"] | None
-    preimported: bool  # fork workers from a pre-imported one (launch/worker_process.WarmWorker)
+    preimported: bool  # fork workers from a pre-imported one (launch/warm_worker_client.WarmWorker)
 
     def check(self) -> None:
         self.check_knobs("worker", "preimported")

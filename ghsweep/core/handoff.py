@@ -1,6 +1,6 @@
 """The hand-off of a run's Nsight Systems collection between the sweep and the worker it forked.
 
-Under an nsys session (the pre-imported worker's, ghsweep.launch.worker_process) nsys writes a run's
+Under an nsys session (the pre-imported worker's, ghsweep.launch.warm_worker_client) nsys writes a run's
 report in its own process once the worker's capture stops: 6-9 s on an H200 for the seed's trace set.
 A worker that waits inside cudaProfilerStop for it, and a sweep that arms the next collection only
 once it is written, spend that time on nothing. Handed over, the sweep forks the next worker at once

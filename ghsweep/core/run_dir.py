@@ -48,7 +48,7 @@ NCU_CSV = "top_kernels_ncu.csv"  # its raw metrics, in the run directory
 TOP_KERNELS_TABLE = "top_kernels.md"
 GAP_PLOT = "gap_histogram.png"
 ROOFLINE_PLOT = "roofline.png"
-# How rank N's SLURM task ended (launch/rank_reports.py), for rank 0 to record the run.
+# How rank N's SLURM task ended (launch/slurm/rank_reports.py), for rank 0 to record the run.
 RANK_REPORT = "rank{rank}.json"
 SLURM_JOBS = "ghsweep_jobs.json"  # SLURM job ids of a sweep, in its sweep directory
 SWEEP_MANIFEST = "ghsweep_sweep.json"  # which sweep a sweep directory belongs to

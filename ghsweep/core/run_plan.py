@@ -1,7 +1,7 @@
 """What the job decided for one combination, decided once: the dry run prints it, the local and
 SLURM paths execute it, and the worker reads it from the run directory (run_plan.json).
 
-Built by ghsweep.launch.plan from the composed config and the node's facts, before any GPU time.
+Built by ghsweep.launch.run_planner from the composed config and the node's facts, before any GPU time.
 """
 
 from __future__ import annotations

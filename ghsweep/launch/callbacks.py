@@ -39,15 +39,15 @@ from ghsweep.launch.local_gpus import several_gpus_hint
 from ghsweep.launch.precheck import sweep_refusals
 from ghsweep.launch.provenance import hand_code_version_to_jobs
 from ghsweep.launch.resume import result_from_run
-from ghsweep.launch.slurm_jobs import slurm_unavailable
+from ghsweep.launch.slurm.submitted_jobs import slurm_unavailable
 from ghsweep.launch.stale_runs import (
+    end_dead_sweeps,
     end_running_children,
     end_sweep_run,
     process_died,
     process_identity,
     process_tags,
     record_ended_on_disk,
-    settle_dead_sweeps,
 )
 from ghsweep.launch.sweep_manifest import SweepEnd, SweepManifest, live_holder
 from ghsweep.report.compare import report_comparison
@@ -360,7 +360,7 @@ class SweepCallback(Callback):
                 )
             log.info("resuming the sweep in %s: runs that finished are skipped", sweep_dir)
             SweepEnd.clear(sweep_dir)
-        settle_dead_sweeps(store)
+        end_dead_sweeps(store)
         parent = resumed_parent(store, sweep_dir) if earlier else None
         if parent is None:
             parent = records.start_sweep_run(store, records.SweepStart(sweep_dir, command, process_tags()))

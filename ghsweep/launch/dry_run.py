@@ -1,6 +1,6 @@
 """`dry_run=true`: what each combination would run, where, and with which SLURM parameters.
 
-Each combination's RunPlans come from the builder the job uses (ghsweep.launch.plan), made on the
+Each combination's RunPlans come from the builder the job uses (ghsweep.launch.run_planner), made on the
 submitting side from the config alone: what only the node can decide (a GPU, where nsys is, the
 kernels an ncu pass picks) is said to be resolved on the node.
 """
@@ -16,7 +16,7 @@ from ghsweep.config.schema import ConfigSchema, capture_steps, carried, typed
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import NCU_PASS_DIR
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
-from ghsweep.launch.plan import dry_run_plans
+from ghsweep.launch.run_planner import dry_run_plans
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import absolute_tracking_uri
 from ghsweep.train.backends import backend_named

@@ -49,14 +49,15 @@ from ghsweep.core.summary import RunSummary
 from ghsweep.launch import followups, interrupts
 from ghsweep.launch.combination import Combination, run_name
 from ghsweep.launch.dry_run import describe
-from ghsweep.launch.plan import check_required, node_plan, not_runnable
 from ghsweep.launch.provenance import code_version, input_digests
-from ghsweep.launch.rank_reports import wait_for_ranks, write_rank_report
-from ghsweep.launch.requeue import earlier_start, job_ending, requeue_reason, wait_to_be_stopped
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
+from ghsweep.launch.run_planner import check_required, node_plan, not_runnable
+from ghsweep.launch.slurm.rank_reports import wait_for_ranks, write_rank_report
+from ghsweep.launch.slurm.rendezvous import export_slurm_rendezvous, slurm_task_ranks
+from ghsweep.launch.slurm.requeue import earlier_start, job_ending, requeue_reason, wait_to_be_stopped
 from ghsweep.launch.sweep_manifest import SweepManifest
-from ghsweep.launch.worker_process import WorkerExit, rank_file, run_worker, wait_for_report
-from ghsweep.launch.world import export_slurm_rendezvous, slurm_task_ranks
+from ghsweep.launch.warm_worker_client import wait_for_report
+from ghsweep.launch.worker_process import WorkerExit, rank_file, run_worker
 from ghsweep.profile.pipeline import ProfileOutcome, after_worker
 from ghsweep.report.run_report import write_run_report
 from ghsweep.tracking import records, redact

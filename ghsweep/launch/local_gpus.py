@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import pynvml
 from omegaconf import DictConfig
 
+from ghsweep.config.parallelism import world_of
 from ghsweep.config.schema import ConfigSchema
-from ghsweep.config.world import world_of
 from ghsweep.core.gpu import visible_gpu_handles
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from omegaconf.errors import InterpolationValidationError
 
 from ghsweep.core.errors import ConfigError, one_line
 from ghsweep.launch.local_gpus import placed_gpus, too_few_gpus
-from ghsweep.launch.plan import dry_run_plans
+from ghsweep.launch.run_planner import dry_run_plans
 from ghsweep.tracking import redact
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -66,7 +66,7 @@ def sweep_refusals(config: DictConfig) -> tuple[int, list[str]]:
                 )
             _, combination = dry_run_plans(cfg, run_dir, name, redact.overrides(overrides), on_slurm=False)
             reason = too_few_gpus(combination, gpus)
-        except ConfigError as exc:  # no node can run it (launch.plan.not_runnable)
+        except ConfigError as exc:  # no node can run it (launch.run_planner.not_runnable)
             reason = str(exc)
         except Exception as exc:  # a combination Hydra cannot compose: the launcher would stop on it
             reason, name = one_line(exc), " ".join(redact.overrides(overrides))

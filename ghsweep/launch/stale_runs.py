@@ -19,22 +19,13 @@ from ghsweep.core.run_dir import METRICS, RESULT, SLURM_JOBS
 from ghsweep.core.run_result import RunResult, RunStatus
 from ghsweep.launch.job import loss_points
 from ghsweep.launch.sweep_manifest import NOBODY, NOT_SAID_YET, live_holder
-from ghsweep.launch.worker_process import stop_orphaned_worker
+from ghsweep.launch.worker_process import process_start, stop_orphaned_worker
 from ghsweep.tracking import records
 from ghsweep.tracking.mlflow_store import MlflowStore
 
 log = logging.getLogger(__name__)
 
 PID_TAG, PID_START_TAG, PID_NS_TAG = "ghsweep.pid", "ghsweep.pid_start", "ghsweep.pid_ns"
-
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (/proc), which tells a reused pid apart."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
 
 
 def _pid_namespace() -> str:
@@ -50,7 +41,7 @@ def process_tags() -> dict[str, str]:
     return {
         HOST_TAG: socket.gethostname(),
         PID_TAG: str(os.getpid()),
-        PID_START_TAG: _start_time(os.getpid()) or "",
+        PID_START_TAG: process_start(os.getpid()) or "",
         PID_NS_TAG: _pid_namespace(),
     }
 
@@ -76,7 +67,7 @@ def process_died(tags: dict[str, str]) -> bool:
         return holder == NOBODY or holder not in (identity(tags), NOT_SAID_YET)
     if tags.get(PID_NS_TAG, _pid_namespace()) != _pid_namespace():
         return False
-    started = _start_time(int(tags[PID_TAG]))
+    started = process_start(int(tags[PID_TAG]))
     return started is None or started != tags.get(PID_START_TAG, started)
 
 
@@ -127,7 +118,7 @@ def end_sweep_run(store: MlflowStore, parent_run_id: str, status: RunStatus, rea
     records.finish_sweep_run(store, parent_run_id, status, reason)
 
 
-def settle_dead_sweeps(store: MlflowStore) -> None:
+def end_dead_sweeps(store: MlflowStore) -> None:
     """End, FAILED, the local sweeps of the store's experiment whose process died on this host."""
     for sweep in store.search(
         role=ROLE_SWEEP, status=RunStatus.RUNNING, tags={HOST_TAG: socket.gethostname()}, limit=1000

@@ -1,8 +1,9 @@
 """Data parallelism in the worker: the rank's place in the world, its device, DDP or FSDP2.
 
-The launch side (ghsweep.launch.world) starts one worker per GPU, under torchrun or as SLURM
-tasks; both give the worker torch.distributed's env:// variables (RANK, WORLD_SIZE, LOCAL_RANK,
-MASTER_ADDR, MASTER_PORT). A worker without them is a world of one and runs as before.
+The launch side starts one worker per GPU, under torchrun (ghsweep.launch.worker_process) or as
+SLURM tasks (ghsweep.launch.slurm.rendezvous); both give the worker torch.distributed's env://
+variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
+A worker without them is a world of one and runs as before.
 NCCL on GPUs, gloo on CPU.
 """
 

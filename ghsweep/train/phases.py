@@ -83,7 +83,7 @@ class HandedCollection:
         (in 2.3-4.6 s), 9.5-10.9 s. The data loader's processes end with its iterator as the loop
         returns, before the exit (persistent ones too, with the loader: measured on an H200). What is
         still running then, a process of the user's, the job kills once the report is written
-        (ForkedWorker.settle)."""
+        (ForkedWorker.wait_for_report_before_kill)."""
         async_compile = sys.modules.get("torch._inductor.async_compile")  # imported by a compile only
         if async_compile is not None:
             async_compile.shutdown_compile_workers()

@@ -1,7 +1,7 @@
 """The pre-imported worker: `python -m ghsweep.train.warm_worker FD` imports what training needs once
 (torch, transformers, peft, torchao: most of a worker's start), then forks one worker per request on
 the Unix socket FD. A sweep that runs its combinations one after another in its own process starts
-one (ghsweep.launch.worker_process.WarmWorker) and skips those imports from its first combination on.
+one (ghsweep.launch.warm_worker_client.WarmWorker) and skips those imports from its first combination on.
 
 Each forked worker is what `python -m ghsweep.train.worker RUN_DIR` would be: a process of its own in
 a session of its own (a timeout kills its process group, a crash takes down only its run), with the

@@ -3,7 +3,7 @@
 Hydra imports every module under hydra_plugins at each command's plugin scan (`--help` included),
 so these classes import ghsweep's launch code (MLflow, submitit) only when they launch or are
 signalled, as Hydra's own plugins do. What they add to hydra-submitit-launcher's launchers is in
-ghsweep.launch.submitit_launcher.
+ghsweep.launch.slurm.submitit_launcher.
 """
 
 import logging
@@ -23,12 +23,12 @@ class _GhsweepSubmitit(plugin.BaseSubmititLauncher):
     (__call__) stay the plugin's."""
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> NoReturn:
-        from ghsweep.launch import submitit_launcher
+        from ghsweep.launch.slurm import submitit_launcher
 
         submitit_launcher.checkpoint(self)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from ghsweep.launch import submitit_launcher
+        from ghsweep.launch.slurm import submitit_launcher
 
         return submitit_launcher.launch(self, job_overrides, initial_job_idx)
 

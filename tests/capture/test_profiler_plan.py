@@ -21,7 +21,7 @@ from ghsweep.capture.profiler_plan import (
 from ghsweep.config.schema import ProfileSchema, typed_section
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
-from ghsweep.launch.plan import node_plan
+from ghsweep.launch.run_planner import node_plan
 from tests.support.cli import run_cli
 from tests.support.compose import compose_config, compose_typed
 from tests.support.mlflow_records import MlflowRecords, sqlite_uri
@@ -188,7 +188,7 @@ def test_the_ncu_pass_trains_the_run_s_own_config_for_one_captured_step(tmp_path
     to the pass's folder."""
     from ghsweep.core.run_dir import CONFIG, NCU_CSV, NCU_REPORT
     from ghsweep.launch.job import write_worker_config
-    from ghsweep.launch.plan import dry_run_plans
+    from ghsweep.launch.run_planner import dry_run_plans
     from ghsweep.profile.pipeline import ncu_pass
 
     ncu = script(tmp_path / "tools", "ncu", "#!/bin/sh\necho 'ID,Kernel Name'\n")

@@ -19,7 +19,7 @@ from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import NCU_PASS_DIR, NSYS_REPORT, NSYS_SQLITE, RUN_PLAN
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.launch.container import check_container, container_env, container_prefix, tool_finder
-from ghsweep.launch.plan import dry_run_plans, node_plan
+from ghsweep.launch.run_planner import dry_run_plans, node_plan
 from ghsweep.profile import nsight_exports
 from tests.support.cli import run_cli
 from tests.support.compose import compose_config, compose_typed

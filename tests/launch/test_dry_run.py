@@ -15,7 +15,7 @@ import pytest
 from ghsweep.capture.profiler_plan import resolve
 from ghsweep.core.errors import ConfigError
 from ghsweep.launch.callbacks import SweepCallback
-from ghsweep.launch.plan import dry_run_plans, node_plan
+from ghsweep.launch.run_planner import dry_run_plans, node_plan
 from tests.support.cli import run_cli
 from tests.support.compose import compose_config, compose_typed, hydra_on_conf, launch_config
 from tests.support.stand_ins import NODE_GPU, fake_runtime, tool

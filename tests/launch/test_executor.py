@@ -1,4 +1,4 @@
-"""ghsweep's submitit executor (ghsweep.launch.submitit_launcher.make_executor) against the one
+"""ghsweep's submitit executor (ghsweep.launch.slurm.submitit_launcher.make_executor) against the one
 hydra-submitit-launcher's launch() builds for the same launch profile: the same cluster, folder,
 constructor settings and job parameters, except where ghsweep asks for a combination's world."""
 
@@ -15,7 +15,7 @@ from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
 from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.core.run_plan import World
-from ghsweep.launch.submitit_launcher import _ScriptOnlySlurm, make_executor
+from ghsweep.launch.slurm.submitit_launcher import _ScriptOnlySlurm, make_executor
 from tests.optional_env import unavailable
 from tests.support.compose import compose_config
 

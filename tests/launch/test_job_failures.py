@@ -22,8 +22,8 @@ from ghsweep.core.run_result import RunResult
 from ghsweep.core.summary import RunSummary
 from ghsweep.launch.combination import Combination
 from ghsweep.launch.job import Trained, analyse, measure, record, start_run, timeout_s, train_and_measure
-from ghsweep.launch.plan import node_plan
-from ghsweep.launch.rank_reports import write_rank_report
+from ghsweep.launch.run_planner import node_plan
+from ghsweep.launch.slurm.rank_reports import write_rank_report
 from ghsweep.launch.worker_process import run_worker
 from ghsweep.profile.pipeline import ProfileOutcome
 from ghsweep.tracking.mlflow_store import MlflowStore

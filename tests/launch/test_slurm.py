@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ghsweep.core.run_dir import SLURM_JOBS
-from ghsweep.launch.slurm_jobs import load_jobs
+from ghsweep.launch.slurm.submitted_jobs import load_jobs
 from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.train.data import synthetic_dolly, write_dolly_jsonl
 from tests.slurm.cluster import sacct_states, started_cluster
@@ -22,7 +22,7 @@ from tests.support.cli import run_cli, start_cli
 from tests.support.models import UNREADABLE_WEIGHTS_ERROR, unreadable_model
 from tests.support.slurm_sweeps import runs, sweep_args, wait_for
 
-# About ten minutes on the real cluster; tests/launch/test_slurm_settle.py covers settle in seconds.
+# About ten minutes on the real cluster; tests/launch/test_slurm_job_results.py covers collect_results in seconds.
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
 RUN_METRICS = {"loss", "step_time_ms", "tokens_per_s", "peak_mem_gb", "final_loss"}

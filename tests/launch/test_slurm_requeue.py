@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from ghsweep.core.run_dir import METRICS, SLURM_JOBS
-from ghsweep.launch.requeue import controller_state
-from ghsweep.launch.slurm_jobs import load_jobs, requeued
+from ghsweep.launch.slurm.requeue import controller_state
+from ghsweep.launch.slurm.submitted_jobs import load_jobs, requeued
 from ghsweep.tracking.mlflow_store import MlflowStore
 from tests.slurm.cluster import sacct_states
 from tests.support.cli import start_cli

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import stat
 
-from ghsweep.launch.slurm_jobs import load_jobs
+from ghsweep.launch.slurm.submitted_jobs import load_jobs
 from tests.support.cli import run_cli
 from tests.support.mlflow_records import MlflowRecords, assert_two_runs_per_gpu_one_at_a_time, sqlite_uri
 

@@ -36,22 +36,18 @@ from ghsweep.core.run_dir import (
     WORKER_PID,
 )
 from ghsweep.core.run_plan import RunPlan, SessionCapture
-from ghsweep.launch import worker_process
+from ghsweep.launch import warm_worker_client
 from ghsweep.launch.local_gpus import ONE_AT_A_TIME_LAUNCHER
-from ghsweep.launch.plan import node_plan
-from ghsweep.launch.worker_process import (
+from ghsweep.launch.run_planner import node_plan
+from ghsweep.launch.warm_worker_client import (
     ForkedWorker,
     PreimportedWorkerCallback,
     WarmWorker,
-    WorkerExit,
-    process_start,
-    run_worker,
     start_warm_worker,
-    stop_orphaned_worker,
     stop_warm_worker,
     worker_env,
-    worker_pid,
 )
+from ghsweep.launch.worker_process import WorkerExit, process_start, run_worker, stop_orphaned_worker, worker_pid
 from tests.support.cli import run_cli
 from tests.support.compose import compose_config
 from tests.support.planned_run import planned_run
@@ -71,8 +67,8 @@ def warm() -> Iterator[Callable[[], WarmWorker]]:
 
     def start() -> WarmWorker:
         start_warm_worker()
-        assert worker_process._warm is not None
-        return worker_process._warm
+        assert warm_worker_client._warm is not None
+        return warm_worker_client._warm
 
     yield start
     stop_warm_worker()
@@ -89,7 +85,7 @@ def tiny_run(run_dir: Path, *overrides: str, profiler: str = "none") -> Path:
 
 
 def test_a_forked_worker_trains_in_its_own_process_group_and_writes_its_log(warm, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="ghsweep.launch.worker_process")
+    caplog.set_level(logging.INFO, logger="ghsweep.launch.warm_worker_client")
     warm()
     runs = [tiny_run(tmp_path / str(n)) for n in range(2)]
     for run_dir in runs:
@@ -109,7 +105,7 @@ def test_a_forked_worker_trains_in_its_own_process_group_and_writes_its_log(warm
 
 def test_a_forked_worker_has_the_runs_environment(warm, tmp_path, caplog):
     # Set after the server started: what is read at import must be the run's, so it starts again.
-    caplog.set_level(logging.INFO, logger="ghsweep.launch.worker_process")
+    caplog.set_level(logging.INFO, logger="ghsweep.launch.warm_worker_client")
     warm()
     run_dir = tiny_run(tmp_path)
     exit = run_worker(worker_of(run_dir), run_dir, 600, env={"CUDA_VISIBLE_DEVICES": "7"}, preimported=True)
@@ -140,7 +136,7 @@ def test_without_its_server_a_run_starts_from_its_command(warm, tmp_path, caplog
     assert exit.returncode == 0, (run_dir / WORKER_LOG).read_text()[-3000:]
     assert "the pre-imported worker is unavailable (the pre-imported worker exited" in caplog.text
     assert FORKED not in caplog.text
-    assert worker_process._warm is None
+    assert warm_worker_client._warm is None
 
 
 def test_an_orphaned_worker_is_stopped_only_while_its_pid_is_that_process(tmp_path):
@@ -182,9 +178,9 @@ def test_the_server_starts_as_hydra_makes_the_callbacks_for_a_sweep_run_here(
 ):
     try:
         callback = PreimportedWorkerCallback(mode, launcher, preimported, dry_run)
-        assert (worker_process._warm is not None) == serves
+        assert (warm_worker_client._warm is not None) == serves
         callback.on_multirun_end(config=None)
-        assert worker_process._warm is None
+        assert warm_worker_client._warm is None
     finally:
         stop_warm_worker()
 
@@ -200,7 +196,7 @@ def test_a_server_still_importing_is_killed_when_the_sweep_stops_before_its_firs
 def test_a_run_on_the_gpu_is_forked_and_sets_cuda_up_itself(warm, tmp_path, caplog):
     """The server's imports leave CUDA alone on a GPU machine (torchao's import-time questions about
     the GPU are answered from NVML), so the worker is forked and initialises CUDA in its own process."""
-    caplog.set_level(logging.INFO, logger="ghsweep.launch.worker_process")
+    caplog.set_level(logging.INFO, logger="ghsweep.launch.warm_worker_client")
     warm()
     run_dir = tiny_run(tmp_path, "device=cuda")
     exit = run_worker(worker_of(run_dir), run_dir, timeout_s=600, preimported=True)
@@ -214,7 +210,7 @@ def test_under_nsys_each_forked_worker_is_one_collection_of_the_servers_session(
     """The server runs under `nsys launch` in a session of its own, each worker is forked between
     that session's `nsys start` and `nsys stop` and has what nsys's launch added to the environment;
     a collection nsys refuses leaves the runs to their commands (`nsys profile` in a sweep)."""
-    caplog.set_level(logging.INFO, logger="ghsweep.launch.worker_process")
+    caplog.set_level(logging.INFO, logger="ghsweep.launch.warm_worker_client")
     warm()  # as the sweep started it, without a profiler: the first recorded run starts it again
     nsys = str(fake_nsys(tmp_path / "tools"))
     capture = SessionCapture([nsys, "launch", "--trace=cuda,nvtx"], [nsys, "start", "--output=profile"], handoff=True)
@@ -235,7 +231,7 @@ def test_under_nsys_each_forked_worker_is_one_collection_of_the_servers_session(
     exit = run_worker(worker_of(run_dir), run_dir, timeout_s=600, preimported=True, capture=capture)
     assert exit.returncode == 0, (run_dir / WORKER_LOG).read_text()[-3000:]
     assert "unavailable (nsys start failed: Collection start is not allowed in this state.)" in caplog.text
-    assert caplog.text.count(FORKED) == 2 and worker_process._warm is None
+    assert caplog.text.count(FORKED) == 2 and warm_worker_client._warm is None
 
 
 def test_a_handed_collection_lets_the_next_worker_start_while_nsys_writes_the_last_report(
@@ -247,7 +243,7 @@ def test_a_handed_collection_lets_the_next_worker_start_while_nsys_writes_the_la
     No `nsys stop` is needed for a worker that handed its collection back; one that failed first has
     its collection ended by the sweep. The worker's side runs for real (its capture window here is the
     PyTorch profiler's, on the CPU); the stand-in nsys's state is set by the test as nsys's would go."""
-    caplog.set_level(logging.INFO, logger="ghsweep.launch.worker_process")
+    caplog.set_level(logging.INFO, logger="ghsweep.launch.warm_worker_client")
     monkeypatch.setattr(nsys_session, "REPORT_TIMEOUT_S", 60)  # a wrong wait fails the test, not CI's clock
     warm()
     tools = tmp_path / "tools"
@@ -262,7 +258,7 @@ def test_a_handed_collection_lets_the_next_worker_start_while_nsys_writes_the_la
     assert exit.returncode == 0, (runs[0] / WORKER_LOG).read_text()[-3000:]
     assert {p.name for p in runs[0].iterdir()} >= {CAPTURE_ARMED, CAPTURE_STOPPING, CAPTURE_MAY_EXIT}
     # The sweep's follow-up of the first run waits for its report, as the second run starts.
-    analysis = threading.Thread(target=worker_process.wait_for_report, args=(runs[0],))
+    analysis = threading.Thread(target=warm_worker_client.wait_for_report, args=(runs[0],))
     analysis.start()
     second: list[WorkerExit] = []
     trains = threading.Thread(
@@ -283,7 +279,7 @@ def test_a_handed_collection_lets_the_next_worker_start_while_nsys_writes_the_la
     analysis.join(60)
     assert not analysis.is_alive()
     assert second and second[0].returncode == 0, (runs[1] / WORKER_LOG).read_text()[-3000:]
-    worker_process.wait_for_report(runs[1])
+    warm_worker_client.wait_for_report(runs[1])
     per_run = [c for c in (tools / "calls").read_text().splitlines()[1:] if not c.startswith("sessions")]
     assert per_run == [f"start --output=profile --session={session}"] * 2
     assert caplog.text.count(FORKED) == 2
@@ -303,7 +299,7 @@ def test_what_a_handed_worker_left_running_is_killed_only_once_its_report_is_wri
     user's) is settled before the job kills its group: the kill waits for
     nsys's report, as a kill while nsys writes holds it for about 30 s; a group that ends by itself
     first is not waited for. Real processes; the hand-off's events set as nsys's writing would."""
-    caplog.set_level(logging.INFO, logger="ghsweep.launch.worker_process")
+    caplog.set_level(logging.INFO, logger="ghsweep.launch.warm_worker_client")
 
     def handed_worker(pid: int) -> tuple[ForkedWorker, nsys_session.CollectionHandoff]:
         watch = nsys_session.CollectionHandoff("nsys", "session", ["nsys", "start"], tmp_path, None, armed=True)
@@ -312,7 +308,7 @@ def test_what_a_handed_worker_left_running_is_killed_only_once_its_report_is_wri
 
     left_running = subprocess.Popen(["sleep", "60"], start_new_session=True)
     worker, watch = handed_worker(left_running.pid)
-    settling = threading.Thread(target=worker.settle)
+    settling = threading.Thread(target=worker.wait_for_report_before_kill)
     settling.start()
     settling.join(1.0)
     assert settling.is_alive() and left_running.poll() is None  # nsys is still writing: nothing is killed
@@ -324,7 +320,7 @@ def test_what_a_handed_worker_left_running_is_killed_only_once_its_report_is_wri
 
     ends_itself = subprocess.Popen(["sleep", "0.5"], start_new_session=True)
     worker, watch = handed_worker(ends_itself.pid)
-    settling = threading.Thread(target=worker.settle)
+    settling = threading.Thread(target=worker.wait_for_report_before_kill)
     settling.start()
     ends_itself.wait()
     settling.join(10)
@@ -333,7 +329,7 @@ def test_what_a_handed_worker_left_running_is_killed_only_once_its_report_is_wri
     # Nothing left running: no wait at all, whatever nsys is doing.
     caplog.clear()
     worker, _ = handed_worker(ends_itself.pid)
-    worker.settle()
+    worker.wait_for_report_before_kill()
     assert "left processes running" not in caplog.text
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ghsweep.config.world import world_of
+from ghsweep.config.parallelism import world_of
 from ghsweep.core.errors import ConfigError
-from ghsweep.launch.world import check_world
+from ghsweep.launch.world_check import check_world
 from tests.support.cli import run_cli
 from tests.support.compose import compose_typed
 from tests.support.mlflow_records import MlflowRecords, sqlite_uri

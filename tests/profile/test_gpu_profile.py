@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from ghsweep.core.gpu import probe_gpu
 from ghsweep.core.run_dir import NSYS_REPORT, NSYS_SQLITE, PROFILE_ANALYSIS
-from ghsweep.launch.plan import node_plan
+from ghsweep.launch.run_planner import node_plan
 from ghsweep.launch.worker_process import run_worker
 from ghsweep.profile.pipeline import after_worker
 from ghsweep.profile.result import METRICS

@@ -7,12 +7,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from ghsweep.config.parallelism import data_parallel
 from ghsweep.config.schema import typed
-from ghsweep.config.world import data_parallel
 from ghsweep.core.gpu import probe_gpu
 from ghsweep.core.run_dir import CONFIG
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
-from ghsweep.launch.plan import prune_bar
+from ghsweep.launch.run_planner import prune_bar
 
 
 def planned_run(run_dir: Path, cfg: DictConfig, profiler: str = "none") -> RunPlan:

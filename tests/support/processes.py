@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from ghsweep.launch.worker_process import running_group_members
+from ghsweep.launch.warm_worker_client import running_group_members
 
 
 def live_group_members(pgid: int, grace_s: float = 10) -> list[int]:

@@ -41,7 +41,7 @@ NODE_GPU = GpuInfo("NVIDIA H200", (9, 0), 139.8, 139.0, 1)
 
 
 # Nsight Systems needs a GPU: this stands in for its session commands, as ghsweep's pre-imported worker
-# uses them (ghsweep.launch.worker_process.WarmWorker). `nsys launch [OPTIONS] --session-new=S PROGRAM`
+# uses them (ghsweep.launch.warm_worker_client.WarmWorker). `nsys launch [OPTIONS] --session-new=S PROGRAM`
 # runs PROGRAM with a variable of its own added, as nsys adds CUDA_INJECTION64_PATH and the rest (here
 # CUDA_VISIBLE_DEVICES=5, which a worker records); `start` and `stop` succeed unless a file
 # `start.fails` beside it holds nsys's refusal, and `sessions list` shows S in the state a file `state`

@@ -30,7 +30,7 @@ from tests.support.processes import live_group_members
 NOT_FOR_THE_WORKER = (
     "ghsweep.launch",
     "ghsweep.config.validate",
-    "ghsweep.config.world",
+    "ghsweep.config.parallelism",
     "ghsweep.config.keys",
     "ghsweep.capture.profiler_plan",
     "ghsweep.profile",

@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 
 from ghsweep.core.errors import SpaceError, TuneConfigError
 from ghsweep.core.names import ROLE_SWEEP, STUDY_TAG
-from ghsweep.launch.slurm_jobs import load_jobs
+from ghsweep.launch.slurm.submitted_jobs import load_jobs
 from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.tune.settings import TuneSettings
 from ghsweep.tune.space import SearchSpace

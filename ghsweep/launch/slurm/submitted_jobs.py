@@ -2,7 +2,7 @@
 
 The launcher writes one record per job into the sweep directory, so the end of a sweep can be
 collected by the submitting process (wait=true) or later by `python -m ghsweep.status` (wait=false).
-`settle` makes MLflow honest about jobs that ended outside ghsweep's control: cancelled, killed at
+`collect_results` makes MLflow honest about jobs that ended outside ghsweep's control: cancelled, killed at
 the time limit, lost with their node. Their child run ends FAILED or KILLED with the reason and the
 SLURM log attached.
 """
@@ -26,7 +26,7 @@ from ghsweep.core.errors import JobTimeout
 from ghsweep.core.failures import failure_class
 from ghsweep.core.run_dir import RESULT, SLURM_JOBS, WORKER_LOG
 from ghsweep.core.run_result import RunResult, RunStatus
-from ghsweep.launch.requeue import controller_state
+from ghsweep.launch.slurm.requeue import controller_state
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking import records
 from ghsweep.tracking.mlflow_store import MlflowStore
@@ -151,7 +151,7 @@ def job_failure(job: submitit.Job) -> tuple[RunStatus, str] | None:
     return None
 
 
-def settle(sweep_dir: Path, jobs: list[tuple[SubmittedJob, submitit.Job]]) -> list[RunResult]:
+def collect_results(sweep_dir: Path, jobs: list[tuple[SubmittedJob, submitit.Job]]) -> list[RunResult]:
     """The result of every finished job, recording in MLflow those that could not record themselves."""
     manifest = SweepManifest.require(sweep_dir)
     store = MlflowStore(manifest.tracking_uri, manifest.experiment)
@@ -184,7 +184,7 @@ def _record_lost(
 
     SLURM's account wins over what the job may have recorded while it was being stopped (a worker
     killed by SIGTERM is what a cancelled job looks like from inside); that stays in the reason.
-    A job settled before (`python -m ghsweep.status` run again) is left as it was recorded.
+    A job collected before (`python -m ghsweep.status` run again) is left as it was recorded.
     """
     if result is not None and result.status == status and (result.error or "").startswith(reason):
         return result

@@ -3,7 +3,7 @@ again from the top, in the same run directory, and continues the MLflow run its 
 
 Benchmark runs are short, so a requeued run trains again from scratch. The attempt that was stopped
 leaves its record to the start that follows it (or, for a job cancelled for good, to the sweep's
-settling of its SLURM state, ghsweep.launch.slurm_jobs): it must not record a failure that is only
+settling of its SLURM state, ghsweep.launch.slurm.submitted_jobs): it must not record a failure that is only
 its job being stopped.
 """
 

@@ -1,24 +1,23 @@
-"""The world of one combination: how many nodes and GPUs its training spans, and who starts the ranks.
+"""Whether this launch can give one combination its world (config.parallelism.world_of): how many nodes
+and GPUs its training spans, and the data parallelism its ranks would use.
 
 `backend.num_nodes` x `backend.gpus_per_node` ranks, one process per GPU (on CPU, one gloo process
-per "GPU"). Locally the worker runs under torchrun (`python -m torch.distributed.run --standalone`),
+per "GPU"). Locally the worker runs under torchrun (ghsweep.launch.worker_process.worker_command),
 which starts the ranks of one node. On SLURM the launcher asks for the nodes and one task per GPU,
 srun starts the tasks, and each task's job exports the rendezvous from SLURM's environment
-(submitit's TorchDistributedEnvironment) before it starts its one worker.
+(ghsweep.launch.slurm.rendezvous) before it starts its one worker.
 """
 
 from __future__ import annotations
 
-import os
-
+from ghsweep.config.parallelism import data_parallel
 from ghsweep.config.schema import ConfigSchema, check
-from ghsweep.config.world import data_parallel
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_plan import World
 
 
 def check_world(config: ConfigSchema, world: World, on_gpu: bool, visible_gpus: int, slurm_task: bool) -> None:
-    """ConfigError when this launch cannot give the combination its `world` (config.world.world_of):
+    """ConfigError when this launch cannot give the combination its `world` (config.parallelism.world_of):
     several nodes without SLURM, more GPUs per node than this machine shows on a local launch, a
     data_parallel this run cannot use."""
     if world.num_nodes > 1 and not slurm_task:
@@ -58,38 +57,3 @@ def check_world(config: ConfigSchema, world: World, on_gpu: bool, visible_gpus: 
                 "accepted here: auto, adamw, adamw_sr (or backend.gpus_per_node=1)"
             )
         check("precision.reduce_dtype", config.precision.reduce_dtype)
-
-
-def torchrun_prefix(python: str, local_ranks: int) -> list[str]:
-    """`python -m torch.distributed.run ... --no-python` that starts `local_ranks` ranks of the
-    program that follows it on this machine; [] for one (the worker runs as it is).
-    --no-python: the program is a full command line, so a profiler can wrap each rank."""
-    if local_ranks == 1:
-        return []
-    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={local_ranks}", "--no-python"]
-
-
-def slurm_task_ranks() -> int | None:
-    """The number of tasks of the submitit SLURM job this process is a task of, None outside one."""
-    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
-        return None
-    import submitit
-
-    return submitit.JobEnvironment().num_tasks
-
-
-# Where rank 0's rendezvous listens when the first node's name does not resolve on the nodes (a
-# launch profile's `setup` line exports it); else the first node of the job.
-MASTER_ADDR_ENV = "GHSWEEP_MASTER_ADDR"
-
-
-def export_slurm_rendezvous() -> int:
-    """Set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT from SLURM's environment for the
-    worker this task starts; returns this task's global rank."""
-    import submitit
-
-    # CUDA_VISIBLE_DEVICES stays as SLURM set it: the worker picks its GPU by LOCAL_RANK, as under torchrun.
-    env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-    if os.environ.get(MASTER_ADDR_ENV):
-        os.environ["MASTER_ADDR"] = os.environ[MASTER_ADDR_ENV]
-    return env.rank

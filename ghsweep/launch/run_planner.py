@@ -15,16 +15,16 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ghsweep.capture.nsight_commands import find_tool as find_on_node
 from ghsweep.capture.profiler_plan import plans_from_config, profiler_prefix, resolve, session_capture
+from ghsweep.config.parallelism import data_parallel, world_of
 from ghsweep.config.schema import ConfigSchema
 from ghsweep.config.validate import run_device
-from ghsweep.config.world import data_parallel, world_of
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
 from ghsweep.core.run_dir import NCU_PASS_DIR
 from ghsweep.core.run_plan import NcuPass, ProfilePlan, RunPlan, World
 from ghsweep.launch.container import check_container, container_env, container_prefix, tool_finder
 from ghsweep.launch.worker_process import worker_command, worker_program, worker_timeout_min
-from ghsweep.launch.world import check_world
+from ghsweep.launch.world_check import check_world
 from ghsweep.train.backends import checked_config
 
 ToolFinder = Callable[[str, str | None], str | None]
@@ -203,6 +203,6 @@ def assemble_plan(
 
 def ncu_pass(config: ConfigSchema, run_dir: Path, python: str) -> NcuPass:
     """The Nsight Compute pass of the run in `run_dir`: its worker in a folder of its own, in the
-    run's container (one rank: launch.world refuses the pass on several)."""
+    run's container (one rank: launch.world_check refuses the pass on several)."""
     work = run_dir / NCU_PASS_DIR
     return NcuPass(str(work), container_prefix(config, work), worker_program(work, python))

@@ -25,13 +25,13 @@ def rank_report(run_dir: Path, rank: int) -> Path:
 
 
 def write_rank_report(run_dir: Path, rank: int, status: RunStatus, error: str | None) -> None:
-    report = json.dumps({"job_id": slurm_job_id(), "status": status, "error": error})
+    report = json.dumps({"job_id": own_task_job_id(), "status": status, "error": error})
     write_atomic(rank_report(run_dir, rank), report, mode=0o644)
 
 
 def wait_for_ranks(run_dir: Path, world_size: int, wait_s: float = RANK_REPORT_WAIT_S) -> str | None:
     """Rank 0: wait for every other rank's report of this job; the first failure (or silence), else None."""
-    job_id = slurm_job_id()
+    job_id = own_task_job_id()
     deadline = time.monotonic() + wait_s
     for rank in range(1, world_size):
         path = rank_report(run_dir, rank)
@@ -52,5 +52,7 @@ def _read_report(path: Path) -> dict:
         return {}
 
 
-def slurm_job_id() -> str:
+def own_task_job_id() -> str:
+    """SLURM_JOB_ID, which every task of one job shares ('' outside SLURM); not requeue.slurm_job_id,
+    which names a task of a job array as sacct does."""
     return os.environ.get("SLURM_JOB_ID", "")

@@ -1,6 +1,6 @@
-"""What `settle` records in MLflow for SLURM jobs that finished, failed, timed out or were cancelled:
+"""What `collect_results` records in MLflow for SLURM jobs that finished, failed, timed out or were cancelled:
 a real SQLite MLflow store and real run directories; only the SLURM job is a stand-in (the few
-attributes slurm_jobs reads of a submitit job), so these run in seconds instead of on a cluster."""
+attributes submitted_jobs reads of a submitit job), so these run in seconds instead of on a cluster."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 from ghsweep.core.errors import JobTimeout
 from ghsweep.core.names import ERROR_TAG, FAILURE_CLASS_TAG, JOB_NUM_TAG, ROLE_RUN, ROLE_SWEEP, RUN_HASH_TAG, STATUS_TAG
 from ghsweep.core.run_result import RunResult
-from ghsweep.launch.slurm_jobs import SubmittedJob, settle
+from ghsweep.launch.slurm.submitted_jobs import SubmittedJob, collect_results
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 
@@ -23,7 +23,7 @@ EXPERIMENT = "settle_test"
 
 @dataclasses.dataclass
 class FakeSlurmJob:
-    """What slurm_jobs reads of a submitit.Job: its id, SLURM's state, and the task's results."""
+    """What submitted_jobs reads of a submitit.Job: its id, SLURM's state, and the task's results."""
 
     job_id: str
     state: str
@@ -85,7 +85,9 @@ def test_a_finished_job_keeps_its_own_record(sweep):
     job = submitted(sweep_dir, 0)
     run_id = recorded_by_job(store, parent, job, "FINISHED")
     store.finish(run_id, "FINISHED")
-    [result] = settle(sweep_dir, [(job, FakeSlurmJob(job.job_id, "COMPLETED", JobReturn(status=JobStatus.COMPLETED)))])
+    [result] = collect_results(
+        sweep_dir, [(job, FakeSlurmJob(job.job_id, "COMPLETED", JobReturn(status=JobStatus.COMPLETED)))]
+    )
     assert (result.status, result.error, result.mlflow_run_id) == ("FINISHED", None, run_id)
     child = only_child(store, parent)
     assert child.status == "FINISHED" and ERROR_TAG not in child.tags
@@ -95,7 +97,7 @@ def test_a_finished_job_keeps_its_own_record(sweep):
 def test_a_job_cancelled_before_it_started_gets_a_killed_run_with_the_slurm_logs(sweep):
     sweep_dir, store, parent = sweep
     job = submitted(sweep_dir, 1)
-    [result] = settle(sweep_dir, [(job, FakeSlurmJob(job.job_id, "CANCELLED by 1000"))])
+    [result] = collect_results(sweep_dir, [(job, FakeSlurmJob(job.job_id, "CANCELLED by 1000"))])
     reason = "SLURM job 101 was cancelled from outside (CANCELLED by 1000)"
     assert (result.status, result.error) == ("KILLED", reason)
     assert RunResult.load(Path(job.run_dir)) == result
@@ -113,7 +115,7 @@ def test_a_job_killed_at_its_time_limit_ends_its_own_run_failed_with_what_it_rec
     sweep_dir, store, parent = sweep
     job = submitted(sweep_dir, 2)
     run_id = recorded_by_job(store, parent, job, "FAILED", error="worker stopped by SIGTERM")
-    [result] = settle(sweep_dir, [(job, FakeSlurmJob(job.job_id, "TIMEOUT"))])
+    [result] = collect_results(sweep_dir, [(job, FakeSlurmJob(job.job_id, "TIMEOUT"))])
     reason = (
         "SLURM job 102 was killed at its time limit (TIMEOUT) and not requeued; "
         "the job recorded: worker stopped by SIGTERM"
@@ -150,7 +152,7 @@ def test_a_failed_job_that_recorded_nothing_gets_a_failed_run_saying_why(sweep, 
     sweep_dir, store, parent = sweep
     job = submitted(sweep_dir, 3)
     state = "NODE_FAIL" if isinstance(returned, UncompletedJobError) else "FAILED"
-    [result] = settle(sweep_dir, [(job, FakeSlurmJob(job.job_id, state, returned))])
+    [result] = collect_results(sweep_dir, [(job, FakeSlurmJob(job.job_id, state, returned))])
     assert (result.status, result.error) == ("FAILED", reason)
     child = only_child(store, parent)
     assert (child.status, child.error) == ("FAILED", reason)
@@ -164,7 +166,7 @@ def test_settling_again_leaves_the_record_as_it_was(sweep):
     sweep_dir, store, parent = sweep
     job = submitted(sweep_dir, 4)
     slurm_job = FakeSlurmJob(job.job_id, "CANCELLED")
-    [first] = settle(sweep_dir, [(job, slurm_job)])
-    [second] = settle(sweep_dir, [(job, slurm_job)])
+    [first] = collect_results(sweep_dir, [(job, slurm_job)])
+    [second] = collect_results(sweep_dir, [(job, slurm_job)])
     assert second == first
     assert only_child(store, parent).run_id == first.mlflow_run_id

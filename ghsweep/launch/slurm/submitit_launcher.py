@@ -7,7 +7,7 @@ subclasses keep the plugin's config keys and remote side (its __call__), and cha
   submits nothing;
 - combinations that already FINISHED in MLflow are not submitted again (force=true: all are);
 - every submitted job is recorded in the sweep directory; with wait=true the sweep waits for all
-  of them and settles each one's record (ghsweep.launch.slurm_jobs), with wait=false it returns at
+  of them and collects each one's result (ghsweep.launch.slurm.submitted_jobs), with wait=false it returns at
   once and `python -m ghsweep.status SWEEP_DIR` follows and collects it later.
 Hydra instantiates launchers only from the hydra_plugins package: the classes profiles name
 (`hydra_plugins.ghsweep_launcher.ghsweep_launcher.SlurmLauncher`, `...LocalLauncher`) are the
@@ -38,17 +38,17 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import DictConfig, OmegaConf, open_dict
 from submitit.slurm.slurm import SlurmExecutor, _make_sbatch_string
 
+from ghsweep.config.parallelism import world_of
 from ghsweep.config.schema import typed
-from ghsweep.config.world import world_of
 from ghsweep.core.errors import JobTimeout
 from ghsweep.core.run_plan import World
 from ghsweep.core.run_result import RunResult
 from ghsweep.launch.combination import Combination
 from ghsweep.launch.dry_run import describe, local_ranks_text
 from ghsweep.launch.local_gpus import gpu_sets, placed_gpus
-from ghsweep.launch.requeue import slurm_job_id
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
-from ghsweep.launch.slurm_jobs import SubmittedJob, has_ended, save_jobs, settle, wait_until_ended
+from ghsweep.launch.slurm.requeue import slurm_job_id
+from ghsweep.launch.slurm.submitted_jobs import SubmittedJob, collect_results, has_ended, save_jobs, wait_until_ended
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking import redact
 from ghsweep.tracking.mlflow_store import MlflowStore
@@ -100,7 +100,7 @@ class _Composed:
     combo: Combination
     overrides: list[str]  # the real values: what the job composes its config from
     cfg: DictConfig  # the combination's config, its `hydra` node included
-    # The job array it goes in (config.world.world_of of the config as composed: no job, so no plan or
+    # The job array it goes in (config.parallelism.world_of of the config as composed: no job, so no plan or
     # validated config, exists yet).
     world: World
     run_hash: str  # launch.resume.run_hash of `cfg`, as the job records it
@@ -126,7 +126,7 @@ def checkpoint(launcher: plugin.BaseSubmititLauncher) -> NoReturn:
 
     Signalled from outside, the job is requeued (`scontrol requeue`, as submitit's own requeue does)
     and this process exits; the job starts again from its submitted pickle, in the same run
-    directory, continuing its MLflow run (ghsweep.launch.requeue); benchmark runs are short, so
+    directory, continuing its MLflow run (ghsweep.launch.slurm.requeue); benchmark runs are short, so
     starting over is right. At the time limit it is not: a restart from scratch would reach the same
     limit, and no backend resumes from a checkpoint, so the run ends now and is recorded as timed out.
 
@@ -302,7 +302,7 @@ def launch(
         )
         return [_job_return(c, done.get(c.combo.num)) for c in combos]
     wait_until_ended([j for _, j in jobs], poll_s=2.0)
-    done.update((s.num, r) for (s, _), r in zip(jobs, settle(sweep_dir, jobs)))
+    done.update((s.num, r) for (s, _), r in zip(jobs, collect_results(sweep_dir, jobs)))
     return [_job_return(c, done[c.combo.num]) for c in combos]
 
 
