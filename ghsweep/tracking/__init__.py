@@ -3,7 +3,7 @@
 import os
 
 # Set as the package is first imported, before MLflow is, and before a sweep starts its pre-imported
-# worker (ghsweep.launch.worker_process): a variable set later would make each run's environment
+# worker (ghsweep.launch.warm_worker_client): a variable set later would make each run's environment
 # differ from the one the worker imported in, and start it again.
 # MLflow otherwise phones home at start-up; clusters' compute nodes often have no internet.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
