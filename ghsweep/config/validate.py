@@ -84,7 +84,7 @@ def _trains_on(device: str, gpu: GpuInfo | None) -> str:
 
 def validate(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
     """`cfg` as the typed config the run reads; ConfigError for the first value in it this run cannot use on
-    this machine. The chosen backend's own keys are its own to check (ghsweep.train.backends.checked_config,
+    this machine. The chosen backend's own keys are its own to check (ghsweep.launch.run_planner.checked_config,
     what the plan calls)."""
     device = str(cfg.device)
     if device not in ("auto", "cpu") and not (device == "cuda" or device.startswith("cuda:")):

@@ -17,7 +17,7 @@ from ghsweep.capture.nsight_commands import find_tool as find_on_node
 from ghsweep.capture.profiler_plan import plans_from_config, profiler_prefix, resolve, session_capture
 from ghsweep.config.parallelism import data_parallel, world_of
 from ghsweep.config.schema import ConfigSchema
-from ghsweep.config.validate import run_device
+from ghsweep.config.validate import run_device, validate
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
 from ghsweep.core.run_dir import NCU_PASS_DIR
@@ -25,7 +25,7 @@ from ghsweep.core.run_plan import NcuPass, ProfilePlan, RunPlan, World
 from ghsweep.launch.container import check_container, container_env, container_prefix, tool_finder
 from ghsweep.launch.worker_process import worker_command, worker_program, worker_timeout_min
 from ghsweep.launch.world_check import check_world
-from ghsweep.train.backends import checked_config
+from ghsweep.train.backends import backend_named
 
 ToolFinder = Callable[[str, str | None], str | None]
 # A GPU that meets every requirement a config can state: checking against it, and against no GPU,
@@ -66,6 +66,16 @@ def prune_bar(cfg: DictConfig) -> float | None:
     sweeper sets for each trial); None outside a study. The tune section is the sweeper's, not the schema's."""
     bar = OmegaConf.select(cfg, "tune.prune_below_tokens_per_s")
     return None if bar is None else float(bar)
+
+
+def checked_config(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
+    """The typed config of `cfg` (ghsweep.config.validate), then checked by the backend it chooses for
+    what only that backend knows (its own keys, its packages); ConfigError, one line, for the first
+    value this run cannot use on a node with `gpu` (None: no GPU). Here and not in train/: the worker
+    loads its backend through the registry and must not load validation with it."""
+    config = validate(cfg, gpu)
+    backend_named(config.backend.name).check(config, run_device(config, gpu) == "cuda")
+    return config
 
 
 def node_plan(

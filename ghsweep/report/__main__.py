@@ -90,13 +90,23 @@ def main(argv: list[str] | None = None) -> int:
             parent = find_run(store, args.runs[0], ROLE_SWEEP)
             c = compare.build(parent.name, load_sweep(store, parent), args.baseline)
             base = c.baseline
-            others = {i: s for i, s in enumerate(c.speedups) if s is not None and i != base}
+            others = [i for i, r in enumerate(c.runs) if r.finished and i != base]
             if base is None or not others:  # no baseline: no speedups either
                 raise SweepNotFound(
                     f"sweep {args.runs[0]!r}: needs two finished runs for --assignment, has "
                     f"{sum(r.finished for r in c.runs)}"
                 )
-            optimised = c.runs[max(others, key=others.__getitem__)]
+            # The fastest by its speedup; where none was compared (a busy machine), by its tokens/s, said so.
+            compared = [i for i in others if c.speedups[i] is not None]
+            if compared:
+                optimised = c.runs[max(compared, key=lambda i: c.speedups[i] or 0.0)]
+            else:
+                optimised = c.runs[max(others, key=lambda i: c.runs[i].metrics.get("tokens_per_s", 0.0))]
+                print(
+                    "ghsweep.report: the runs were measured on a busy machine (MLflow tag ghsweep.contended): "
+                    "the assignment's speedup is the machine's load as much as the code's",
+                    file=sys.stderr,
+                )
             files = assignment.write_assignment(c.runs[base], optimised, args.out)
             print(assignment.summary(c.runs[base], optimised))
         else:

@@ -9,12 +9,7 @@ conf/backend/.
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
-
-from ghsweep.config.schema import ConfigSchema
-from ghsweep.config.validate import run_device, validate
 from ghsweep.core.errors import ConfigError
-from ghsweep.core.gpu import GpuInfo
 from ghsweep.train import torch_backend
 from ghsweep.train.automodel import backend as automodel_backend
 from ghsweep.train.backend_protocol import Backend
@@ -29,12 +24,3 @@ def backend_named(name: str) -> Backend:
     if name not in BACKENDS:
         raise ConfigError(f"backend={name}: not a known backend; accepted: {', '.join(BACKENDS)}")
     return BACKENDS[name]
-
-
-def checked_config(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
-    """The typed config of `cfg` (ghsweep.config.validate), then checked by the backend it chooses for
-    what only that backend knows (its own keys, its packages); ConfigError, one line, for the first
-    value this run cannot use on a node with `gpu` (None: no GPU)."""
-    config = validate(cfg, gpu)
-    backend_named(config.backend.name).check(config, run_device(config, gpu) == "cuda")
-    return config

@@ -11,7 +11,7 @@ import pytest
 
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
-from ghsweep.train.backends import checked_config as validate
+from ghsweep.launch.run_planner import checked_config as validate
 from tests.support.cli import run_cli
 from tests.support.nemo_recipes import nemo_config
 

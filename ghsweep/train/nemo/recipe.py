@@ -25,7 +25,6 @@ from ghsweep.config.schema import (
     check,
     choices,
 )
-from ghsweep.config.validate import model_facts
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import METRICS, RECIPE_JSON, RECIPE_TXT
 from ghsweep.train.flops import ModelShape
@@ -121,6 +120,9 @@ def check_config(config: ConfigSchema, runtime: bool) -> None:
     check("backend.recompute_num_layers", b.recompute_num_layers)
     if config.peft.name == "lora":
         lora_targets(config.peft)
+    # Imported here: the worker loads this module with the backend registry, and validation is the plan's.
+    from ghsweep.config.validate import model_facts
+
     model = model_facts(config.model)
     layers = model.num_layers
     if config.offload.enabled:
