@@ -30,6 +30,7 @@ from ghsweep.core.handoff import HANDOFF_ENV
 from ghsweep.core.run_dir import CAPTURE_ARMED, CAPTURE_MAY_EXIT, CAPTURE_STOPPING
 from ghsweep.core.run_plan import SessionCapture
 from ghsweep.launch.local_gpus import ONE_AT_A_TIME_LAUNCHER
+from ghsweep.launch.provenance import hand_code_version_to_jobs
 from ghsweep.train import warm_worker
 
 log = logging.getLogger(__name__)
@@ -285,6 +286,10 @@ class PreimportedWorkerCallback(Callback):
         device: str = "cpu",
     ) -> None:
         if mode == RunMode.MULTIRUN and launcher == ONE_AT_A_TIME_LAUNCHER and preimported is True and not dry_run:
+            # The jobs' environment carries the sweep's code identity (set again, the same, as the sweep
+            # starts): without it here, the first job would find the environment changed and wait for
+            # a second server's imports.
+            hand_code_version_to_jobs()
             start_warm_worker(
                 sweep_session_launch(typed_section(ProfileSchema, profile), memory, device)
                 if profile is not None

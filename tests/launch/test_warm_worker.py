@@ -38,6 +38,7 @@ from ghsweep.core.run_dir import (
 from ghsweep.core.run_plan import RunPlan, SessionCapture
 from ghsweep.launch import warm_worker_client
 from ghsweep.launch.local_gpus import ONE_AT_A_TIME_LAUNCHER
+from ghsweep.launch.provenance import CODE_ENV, hand_code_version_to_jobs
 from ghsweep.launch.run_planner import node_plan
 from ghsweep.launch.warm_worker_client import (
     ForkedWorker,
@@ -174,11 +175,19 @@ def test_a_local_sweep_forks_its_workers_unless_told_not_to(tmp_path):
     ],
 )
 def test_the_server_starts_as_hydra_makes_the_callbacks_for_a_sweep_run_here(
-    mode, launcher, preimported, dry_run, serves
+    mode, launcher, preimported, dry_run, serves, monkeypatch
 ):
+    # As in a sweep's own process before it starts (set first, so that it is unset again after the test).
+    monkeypatch.setenv(CODE_ENV, "")
+    monkeypatch.delenv(CODE_ENV)
     try:
         callback = PreimportedWorkerCallback(mode, launcher, preimported, dry_run)
         assert (warm_worker_client._warm is not None) == serves
+        if serves:
+            # The sweep hands its code identity to its jobs as it starts: the server must already have
+            # the jobs' environment, or the first job would start a second one and wait for its imports.
+            hand_code_version_to_jobs()
+            assert warm_worker_client._warm.env == worker_env()
         callback.on_multirun_end(config=None)
         assert warm_worker_client._warm is None
     finally:
