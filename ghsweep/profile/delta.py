@@ -173,8 +173,15 @@ def step_delta(baseline: ProfileAnalysis, run: ProfileAnalysis) -> dict:
 
 
 def because(d: dict, families: int = FAMILIES_IN_WORDS) -> str:
-    """The families whose time per step changed most, in words: `bf16 GEMMs -141.2 ms, fp8 GEMMs +73.0 ms`."""
-    return ", ".join(f"{f['family']} {f['delta_ms']:+.1f} ms" for f in d["by_family"][:families] if f["delta_ms"])
+    """The families whose time per step changed most, in words: `bf16 GEMMs -141.2 ms, fp8 GEMMs +73.0 ms`;
+    a change under a millisecond (a small model's step) in microseconds, one that rounds to none left out."""
+    said = (f"{f['family']} {signed_time(f['delta_ms'])}" for f in d["by_family"][:families])
+    return ", ".join(words for words in said if not words.endswith(" +0 µs") and not words.endswith(" -0 µs"))
+
+
+def signed_time(ms: float) -> str:
+    """`+73.0 ms`, or `-412 µs` under a millisecond."""
+    return f"{ms:+.1f} ms" if abs(ms) >= 0.95 else f"{1000 * ms:+.0f} µs"
 
 
 def headline(d: dict) -> str:
@@ -218,7 +225,7 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
 def render(d: dict) -> str:
     """The step delta as text (`python -m ghsweep.analyze RUN --against BASELINE`)."""
     lines = ["# Against the baseline", "", headline(d), ""]
-    if d["by_family"]:
+    if because(d):
         lines += [f"Because, per step: {because(d)}.", ""]
     lines += markdown_table(*parts_table(d)) + [""]
     lines += markdown_table(*family_table(d)) + [""]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ghsweep.profile.delta import PARTS, step_delta
+from ghsweep.profile.delta import PARTS, because, step_delta
 from ghsweep.profile.overhead import MeasuredRun
 from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 from ghsweep.profile.scaling import decompose, scale_out_finding
@@ -130,3 +130,15 @@ def test_the_sweep_gives_the_multi_gpu_run_its_scale_out_finding(fsdp_like):
     assert table(c)[1][1][-1].startswith("on 2 GPUs each GPU gives")  # the run's top finding
     build("sweep", runs)  # built again (python -m ghsweep.report): still one scale-out finding
     assert [f.id for f in many.findings].count("scale_out") == 1
+
+
+def test_because_says_a_small_models_changes_in_microseconds_and_leaves_out_none():
+    d = {
+        "by_family": [
+            {"family": "bf16 GEMMs", "delta_ms": -141.23},
+            {"family": "fused elementwise / casts", "delta_ms": 0.412},
+            {"family": "attention", "delta_ms": -0.0002},
+        ]
+    }
+    assert because(d) == "bf16 GEMMs -141.2 ms, fused elementwise / casts +412 µs"
+    assert because({"by_family": [{"family": "attention", "delta_ms": 0.0}]}) == ""
