@@ -73,13 +73,22 @@ def main(cfg: DictConfig) -> dict:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from ghsweep.launch.combination import this_combination
+    from ghsweep.launch.run_planner import not_runnable
+
+    combo = this_combination()
+    # A sweep checks every combination before it starts (launch.precheck); one run is checked here,
+    # before the imports below, so a value is refused as fast as a key.
+    refused = None if cfg.dry_run or combo.in_sweep else not_runnable(cfg, combo.run_dir, combo.name, combo.overrides)
+    if refused:
+        raise SystemExit(f"ghsweep: {refused}; nothing was recorded")
     # Here, not at the top: they import MLflow (seconds), which the pre-imported worker, started as
-    # Hydra makes its callbacks, need not wait for.
+    # Hydra makes its callbacks, need not wait for, nor a config refused above.
     from ghsweep.launch.job import run_one
     from ghsweep.report.run_report import summary_line
     from ghsweep.tracking.mlflow_store import absolute_tracking_uri
 
-    result = run_one(cfg)
+    result = run_one(cfg, combo)
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode != RunMode.RUN or result.status == RunStatus.DRY_RUN:
         return result.__dict__

@@ -8,7 +8,7 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -38,27 +38,16 @@ from ghsweep.launch import interrupts
 from ghsweep.launch.local_gpus import several_gpus_hint
 from ghsweep.launch.precheck import sweep_refusals
 from ghsweep.launch.provenance import hand_code_version_to_jobs
-from ghsweep.launch.resume import result_from_run
-from ghsweep.launch.slurm.submitted_jobs import slurm_unavailable
-from ghsweep.launch.stale_runs import (
-    end_dead_sweeps,
-    end_running_children,
-    end_sweep_run,
-    process_died,
-    process_identity,
-    process_tags,
-    record_ended_on_disk,
-)
 from ghsweep.launch.sweep_manifest import SweepEnd, SweepManifest, live_holder
-from ghsweep.report.compare import report_comparison
 from ghsweep.report.sweep_table import TERMINAL_COLUMNS, format_table
-from ghsweep.tracking import records, redact
-from ghsweep.tracking.mlflow_store import (
-    MlflowStore,
-    StoredRun,
-    absolute_tracking_uri,
-    check_tracking_uri,
-)
+from ghsweep.tracking import redact
+
+if TYPE_CHECKING:
+    from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
+
+# MLflow, the comparison report and the stale-run checks are imported where the sweep's record starts or
+# ends, not at the top: Hydra imports this module before any check, and a mistake in a value is
+# refused as fast as one in a key only when the check comes before these imports (seconds).
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +76,8 @@ def collect_results(sweep_dir: Path) -> list[RunResult]:
 def completed_from_mlflow(results: list[RunResult], store: MlflowStore, parent_run_id: str) -> list[RunResult]:
     """The run directories' results, completed from MLflow where a run's files fell short (a full
     disk): a child run with no result.json, or whose result.json still says RUNNING."""
+    from ghsweep.launch.resume import result_from_run
+
     ended = {c.run_id: c for c in store.search(parent_run_id=parent_run_id) if c.status != RunStatus.RUNNING}
     completed = [
         result_from_run(ended[r.mlflow_run_id]) if r.status == RunStatus.RUNNING and r.mlflow_run_id in ended else r
@@ -112,6 +103,9 @@ def finish_sweep(sweep_dir: Path, failures_expected: bool = False, interrupt: Ke
     summary shows what finished, the parent run ends KILLED, and the exit status is 130 or 143.
     The comparison report is left out: a stopped process should stop soon.
     """
+    from ghsweep.launch.stale_runs import end_running_children
+    from ghsweep.tracking.mlflow_store import MlflowStore
+
     manifest = SweepManifest.require(sweep_dir)
     if not sweep_dir.is_dir():
         log.error("%s: the sweep directory was removed; its runs are taken from MLflow", sweep_dir)
@@ -191,6 +185,8 @@ def record_end(
 def record_from_files(store: MlflowStore, results: list[RunResult], runs: dict[str, StoredRun]) -> None:
     """Runs that ended on disk while the store was away (their MLflow run still RUNNING): their end,
     metrics and files, recorded now that it answers."""
+    from ghsweep.launch.stale_runs import record_ended_on_disk
+
     for result in results:
         if runs[str(result.mlflow_run_id)].status == RunStatus.RUNNING and result.status != RunStatus.RUNNING:
             record_ended_on_disk(store, result)
@@ -208,6 +204,10 @@ def end_parent(
     """The sweep's MLflow run: its counts and summary, the comparison report, its end; True when the
     comparison was printed. The run is ended whatever becomes of the report (a removed or full sweep
     directory)."""
+    from ghsweep.launch.stale_runs import end_sweep_run
+    from ghsweep.report.compare import report_comparison
+    from ghsweep.tracking import records
+
     compared = False
     try:
         records.record_sweep_totals(
@@ -231,6 +231,9 @@ def end_parent(
 def parent_in_store(store: MlflowStore, manifest: SweepManifest, sweep_dir: Path) -> str:
     """The sweep's MLflow run; one that the store lost (a SQLite file removed and made again) is
     started again, the runs recorded under its old id moved to it."""
+    from ghsweep.launch.stale_runs import process_tags
+    from ghsweep.tracking import records
+
     try:
         return store.get_run(manifest.parent_run_id).run_id
     except TrackingError:
@@ -267,6 +270,8 @@ def resume_command(command: str, sweep_dir: Path) -> str:
 def resumes(store: MlflowStore, sweep_dir: Path, uri: str, command: str) -> bool:
     """True when the sweep in `sweep_dir` is this same command (its directory named or not), into this
     store, and no longer running (interrupted, failed, or its process died): it resumes in place."""
+    from ghsweep.launch.stale_runs import process_died
+
     earlier = SweepManifest.load(sweep_dir)
     if (
         earlier is None
@@ -284,6 +289,9 @@ def resumes(store: MlflowStore, sweep_dir: Path, uri: str, command: str) -> bool
 def resumed_parent(store: MlflowStore, sweep_dir: Path) -> str | None:
     """The MLflow run of the sweep that this one resumes, RUNNING again under this process: one sweep,
     one run, however often it was stopped. None where the store lost it."""
+    from ghsweep.launch.stale_runs import process_tags
+    from ghsweep.tracking import records
+
     earlier = SweepManifest.require(sweep_dir).parent_run_id
     return earlier if records.reopen_sweep_run(store, earlier, process_tags()) else None
 
@@ -324,6 +332,8 @@ class SweepCallback(Callback):
                 "ghsweep: wait=false: a tuning study needs each batch's results before it asks for the "
                 "next; accepted with hydra/sweeper=tune: wait=true"
             )
+        from ghsweep.launch.slurm.submitted_jobs import slurm_unavailable
+
         launcher = config.hydra.runtime.choices["hydra/launcher"]
         unavailable = slurm_unavailable(launcher) if config.hydra.launcher._target_ == GHSWEEP_SLURM_LAUNCHER else None
         if unavailable:
@@ -345,6 +355,10 @@ class SweepCallback(Callback):
 
     @staticmethod
     def _start_sweep(config: DictConfig, combinations: int) -> None:
+        from ghsweep.launch.stale_runs import end_dead_sweeps, process_identity, process_tags
+        from ghsweep.tracking import records
+        from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, check_tracking_uri
+
         sweep_dir = Path(config.hydra.sweep.dir)
         uri = absolute_tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
         command = shlex.join(["python", "-m", "ghsweep", *redact.overrides(sys.argv[1:])])

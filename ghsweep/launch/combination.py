@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.conf import HydraConf
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
+from hydra.types import RunMode
 
 from ghsweep.config.validate import launcher_retries
 from ghsweep.core.run_result import RunResult, RunStatus
@@ -60,6 +62,15 @@ class Combination:
             status=status,
             mlflow_run_id=mlflow_run_id,
         )
+
+
+def this_combination() -> Combination:
+    """The combination Hydra runs this job for, its run directory made."""
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    redact.install_log_redaction()  # a SLURM job's process starts here, not in ghsweep.__main__
+    return Combination.of(hydra_cfg, run_dir, list(hydra_cfg.overrides.task), hydra_cfg.mode == RunMode.MULTIRUN)
 
 
 def override_key(override: str) -> str:

@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ghsweep.config.schema import ConfigSchema
@@ -60,7 +58,7 @@ from ghsweep.launch.warm_worker_client import wait_for_report
 from ghsweep.launch.worker_process import WorkerExit, rank_file, run_worker
 from ghsweep.profile.pipeline import ProfileOutcome, after_worker
 from ghsweep.report.run_report import write_run_report
-from ghsweep.tracking import records, redact
+from ghsweep.tracking import records
 from ghsweep.tracking.mlflow_store import MlflowStore, absolute_tracking_uri, check_tracking_uri
 from ghsweep.train.system_metrics import system_points
 
@@ -130,18 +128,9 @@ def write_worker_config(cfg: DictConfig, run_dir: Path) -> None:
     write_atomic(run_dir / CONFIG, real, mode=0o644 if real == shown_config(cfg) else None)
 
 
-def this_combination() -> Combination:
-    """The combination Hydra runs this job for, its run directory made."""
-    hydra_cfg = HydraConfig.get()
-    run_dir = Path(hydra_cfg.runtime.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    redact.install_log_redaction()  # a SLURM job's process starts here, not in ghsweep.__main__
-    return Combination.of(hydra_cfg, run_dir, list(hydra_cfg.overrides.task), hydra_cfg.mode == RunMode.MULTIRUN)
-
-
-def run_one(cfg: DictConfig) -> RunResult:
+def run_one(cfg: DictConfig, combo: Combination) -> RunResult:
+    """The combination `combo` of `cfg`, one not in a sweep already checked (ghsweep.__main__.main)."""
     started = time.time()
-    combo = this_combination()
     if cfg.dry_run:
         print(
             describe(
@@ -159,10 +148,6 @@ def run_one(cfg: DictConfig) -> RunResult:
         if result.error:
             result.status = RunStatus.NOT_RUNNABLE
         return result
-    refused = None if combo.in_sweep else not_runnable(cfg, combo.run_dir, combo.name, combo.overrides)
-    if refused:  # a sweep checks every combination before it starts (launch.precheck)
-        raise SystemExit(f"ghsweep: {refused}; nothing was recorded")
-
     slurm_tasks = slurm_task_ranks()
     rank = export_slurm_rendezvous() if slurm_tasks and slurm_tasks > 1 else 0
     if slurm_tasks and rank > 0:  # rank > 0 only in a SLURM job of several tasks

@@ -268,7 +268,8 @@ class PreimportedWorkerCallback(Callback):
     """Starts the sweep's pre-imported worker as Hydra makes its callbacks, the earliest point that
     knows the sweep's settings: its imports then overlap the sweep's own (MLflow's, the check of each
     combination) rather than follow them. Hence its own module-light callback, listed first in
-    `hydra.callbacks`: ghsweep.launch.callbacks imports MLflow (seconds) before it could start it.
+    `hydra.callbacks`, started as it is made: ghsweep.launch.callbacks' first hook checks every combination
+    and opens MLflow (seconds) before it could start it.
 
     It serves a sweep whose combinations run one after another in this process (the default launcher),
     with `worker.preimported=true`, unless it is a dry run; under nsys when the sweep's own `profile`,

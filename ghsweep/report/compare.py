@@ -215,7 +215,9 @@ def pareto_front(runs: list[SweepRun]) -> set[int]:
 
 
 def top_finding(run: SweepRun) -> str | None:
-    findings = run.analysis.findings if run.analysis else []
+    """The run's most severe finding; one not established (its figure's interval holds its threshold,
+    profile.findings) is never it, so repeats of one configuration show the same top finding."""
+    findings = [f for f in run.analysis.findings if f.evidence.get("established", True)] if run.analysis else []
     if not findings:
         return None
     rank = {s: n for n, s in enumerate(SEVERITY_ORDER)}

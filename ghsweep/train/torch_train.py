@@ -217,8 +217,11 @@ def _train(
     ):
         batches = dolly.endless(loader)
         step, stop = 0, None
+        # The sweep's work on earlier runs ends before the first step measured or profiled (a capture
+        # window may start before the warm-up ends); profile.overhead checks that it did.
+        first_watched = min(config.train.warmup_steps, window.start) if window else config.train.warmup_steps
         while stop is None or (window is not None and step < window.stop):
-            if step == config.train.warmup_steps and plan.measure_after:
+            if step == first_watched and plan.measure_after:
                 wait_for_the_sweep(Path(plan.measure_after))
             profiler.step(step)
             with phases.step(step):

@@ -74,12 +74,21 @@ def test_an_interrupted_sweep_still_runs_every_followup_and_one_that_fails_stops
 
 def test_the_next_worker_waits_for_the_sweep_before_its_measured_steps_and_no_step_holds_the_wait(tmp_path):
     """A real worker on the CPU, its plan's measure_after made 3 s after it says it waits: it trains
-    its warm-up steps, waits, then trains the rest; the wait is in none of its step times."""
+    the steps before its first measured or profiled one (its profiler's window starts at step 1, inside
+    the warm-up), waits, then trains the rest; the wait is in none of its step times."""
     cfg = compose_config(
-        "experiment=smoke", "precision=fp32", "train.max_steps=6", "train.warmup_steps=2", "train.seq_length=64"
+        "experiment=smoke",
+        "precision=fp32",
+        "train.max_steps=6",
+        "train.warmup_steps=2",
+        "train.seq_length=64",
+        "train.log_every=1",
+        "profile=torch",
+        "capture.start_step=1",
+        "capture.num_steps=2",
     )
     marker = tmp_path / MEASURE_AFTER
-    plan = planned_run(tmp_path, cfg)
+    plan = planned_run(tmp_path, cfg, profiler="torch")
     dataclasses.replace(plan, measure_after=str(marker)).save(tmp_path)
     worker = subprocess.Popen(
         [sys.executable, "-m", "ghsweep.train.worker", str(tmp_path)], stdout=subprocess.PIPE, text=True
@@ -89,6 +98,7 @@ def test_the_next_worker_waits_for_the_sweep_before_its_measured_steps_and_no_st
     while (line := worker.stdout.readline()) and not line.startswith("ghsweep: waiting for the sweep's work"):
         before.append(line)
     assert line, "".join(before)[-3000:]  # the worker ended without waiting
+    assert [x.split()[1] for x in before if x.startswith("step ")] == ["1/6"], before  # step 0 alone, unprofiled
     time.sleep(3)
     marker.touch()
     output, _ = worker.communicate(timeout=300)

@@ -74,6 +74,30 @@ def test_one_run_refused_is_one_line_and_nothing_recorded(tmp_path):
     assert dry.returncode == 1 and dry.stderr.strip().splitlines()[-1] == f"ghsweep: not runnable: {FP8_ON_CPU}"
 
 
+# What took a value error 3.4 s longer than a key error: these imports, before the check (issue 54).
+HEAVY = ("torch", "mlflow", "matplotlib", "submitit", "transformers")
+
+
+@pytest.mark.parametrize(
+    "mode, refusal",
+    [
+        ([], "ghsweep: train.lr=abc: must be a number > 0 and <= 1; nothing was recorded"),
+        (["-m"], "ghsweep: 1 of 2 combinations cannot run on any node; nothing was submitted or recorded"),
+    ],
+    ids=["single run", "sweep"],
+)
+def test_a_value_is_refused_before_any_heavy_import(tmp_path, mode, refusal):
+    proc = run_cli(
+        [*mode, "experiment=smoke", "train.lr=abc" if not mode else "train.lr=abc,1e-4"],
+        tmp_path,
+        env={"PYTHONPROFILEIMPORTTIME": "1"},
+    )
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    said = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 1 and said[-1] == refusal, proc.stderr[-3000:]
+    assert sorted(imported & set(HEAVY)) == []
+
+
 @pytest.fixture
 def no_slurm(tmp_path) -> dict[str, str]:
     """A PATH with this Python and without SLURM's commands (as on a laptop)."""

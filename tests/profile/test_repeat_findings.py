@@ -1,5 +1,5 @@
 """Findings that repeat: the same configuration profiled twice gets the same findings unless its
-numbers differ by more than the band below each threshold (findings.STARVED_BAND_PCT, ...). Held
+numbers differ beyond their intervals (each figure +- its band, findings.STARVED_BAND_PCT, ...). Held
 to it on planted runs either side of a threshold, on a real pair (one scenario captured twice on
 one H200), and on a real profile read against its measured steps."""
 
@@ -10,9 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from ghsweep.profile.findings import STARVED_BAND_PCT, STARVED_BUSY_PCT
+from ghsweep.profile.findings import (
+    OVERHEAD_BAND_PCT,
+    OVERHEAD_FINDING_PCT,
+    STARVED_BAND_PCT,
+    STARVED_BUSY_PCT,
+    profiler_overhead,
+)
 from ghsweep.profile.overhead import MeasuredRun
+from ghsweep.profile.result import Finding, ProfileAnalysis
 from ghsweep.profile.run_analysis import full_analysis
+from ghsweep.report.compare import top_finding
+from ghsweep.report.sweep_source import SweepRun
 from tests.profile.planted import MS, US, Run, write_nsys
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "profiles"
@@ -36,19 +45,43 @@ def gap_for(busy_pct: float) -> int:
     return round(KERNEL_NS * (100 / busy_pct - 1))
 
 
-def findings(run: Run, path: Path) -> dict[str, str]:
-    a = full_analysis(write_nsys(run, path))
-    return {f.id: f.severity for f in a.findings}
+def findings_of(run: Run, path: Path) -> list[Finding]:
+    return full_analysis(write_nsys(run, path)).findings
 
 
-def test_runs_either_side_of_a_threshold_within_the_band_get_the_same_findings(tmp_path):
-    below = findings(spaced(gap_for(STARVED_BUSY_PCT - 1)), tmp_path / "below.sqlite")
-    above = findings(spaced(gap_for(STARVED_BUSY_PCT + 1)), tmp_path / "above.sqlite")
-    assert below == {"gpu_starved": "warning"}
-    assert above == {"gpu_starved": "info"}  # near the threshold: the same finding, said to be near
-    # Numbers further apart than the band are another finding: the band is no blanket.
-    clear = findings(spaced(gap_for(STARVED_BUSY_PCT + STARVED_BAND_PCT + 1)), tmp_path / "clear.sqlite")
-    assert clear == {}
+@pytest.mark.parametrize("band_share", [0.3, 0.9])
+def test_runs_either_side_of_a_threshold_within_their_intervals_get_the_same_findings(tmp_path, band_share):
+    """GPU busy just under and just over the 85% threshold (within the band either side): the same
+    finding, as info, said to be not established, and never a run's top finding."""
+    below = findings_of(spaced(gap_for(STARVED_BUSY_PCT - band_share * STARVED_BAND_PCT)), tmp_path / "below.sqlite")
+    above = findings_of(spaced(gap_for(STARVED_BUSY_PCT + band_share * STARVED_BAND_PCT)), tmp_path / "above.sqlite")
+    assert [(f.id, f.severity) for f in below] == [(f.id, f.severity) for f in above] == [("gpu_starved", "info")]
+    for f in below + above:
+        assert "not established" in f.message and f.evidence["established"] is False
+    run = SweepRun("id", "r", 0, "FINISHED", [], {}, {}, {}, analysis=ProfileAnalysis(findings=below))
+    assert top_finding(run) is None
+
+
+def test_runs_whose_intervals_lie_apart_get_different_findings(tmp_path):
+    starved = findings_of(spaced(gap_for(STARVED_BUSY_PCT - STARVED_BAND_PCT - 1)), tmp_path / "starved.sqlite")
+    busy = findings_of(spaced(gap_for(STARVED_BUSY_PCT + STARVED_BAND_PCT + 1)), tmp_path / "busy.sqlite")
+    assert [(f.id, f.severity, f.evidence["established"]) for f in starved] == [("gpu_starved", "warning", True)]
+    assert "not established" not in starved[0].message
+    assert busy == []
+
+
+@pytest.mark.parametrize(
+    "profiled_ms, measured_ms, severity",
+    [(104.5, 100.0, "info"), (105.5, 100.0, "info"), (107.0, 100.0, "warning"), (103.0, 100.0, None)],
+)
+def test_the_profilers_overhead_near_its_threshold_is_the_same_finding_either_side(profiled_ms, measured_ms, severity):
+    """OVERHEAD_FINDING_PCT (5%) +- OVERHEAD_BAND_PCT: 4.5% and 5.5% are one finding, not established;
+    7% is a warning; 3% none."""
+    a = ProfileAnalysis(profiled_step_ms=profiled_ms, measured_step_ms=measured_ms)
+    a.profiler_overhead_pct = 100 * (profiled_ms - measured_ms) / measured_ms
+    found = [(f.id, f.severity) for f in profiler_overhead(a)]
+    assert found == ([("profiler_overhead", severity)] if severity else [])
+    assert OVERHEAD_FINDING_PCT - OVERHEAD_BAND_PCT < 4.5 and 7.0 >= OVERHEAD_FINDING_PCT + OVERHEAD_BAND_PCT
 
 
 def test_real_repeats_of_one_configuration_get_the_same_findings():

@@ -12,13 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from ghsweep.core.names import CONTENDED_TAG, ROLE_SWEEP
 from ghsweep.profile import roofline
 from ghsweep.profile.analysis import analyze
 from ghsweep.profile.result import ProfileAnalysis
+from ghsweep.report import __main__ as report_cli
 from ghsweep.report.assignment import CHANGE_KINDS, profile_diff
 from ghsweep.report.plots import short_name
 from ghsweep.tracking.mlflow_store import MlflowStore
-from tests.report.sweeps import log_run
+from tests.report.sweeps import KERNELS, analysis, log_run
 
 PROFILES = Path(__file__).resolve().parents[1] / "data" / "profiles"
 
@@ -180,3 +182,38 @@ def test_every_top_kernel_of_a_torch_trace_gets_its_roofline_point():
     assert len(rows) == 5 and all(row[-1] != "-" and row[-3] != "-" for row in rows), rows
     adam = next(row for row in rows if "multi_tensor_apply_kernel" in row[1])
     assert adam[-1] == "memory bound"
+
+
+def test_assignment_of_a_sweep_on_a_busy_machine_takes_the_most_tokens_per_s_and_says_why(tmp_path, capsys):
+    """No speedup is compared with a baseline measured on a busy machine: the optimised run is the one
+    with the most tokens/s, not the fastest step (the slowest run's step time is the lowest here, as a
+    busy machine's can be), and stderr says the speedup is the load's as much as the code's."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = MlflowStore(uri, "busy")
+    parent = store.start_run("sweep 2026-01-02/00-00-00", ROLE_SWEEP, {})
+    for job, (precision, step_ms, tokens_per_s) in enumerate(
+        (("fp32", 200.0, 1000.0), ("fp16", 90.0, 900.0), ("bf16", 150.0, 2000.0))
+    ):
+        run_id = log_run(
+            store,
+            tmp_path,
+            parent,
+            job,
+            [f"precision={precision}"],
+            "FINISHED",
+            {"step_time_ms": step_ms, "tokens_per_s": tokens_per_s},
+            [3.0, 2.5],
+            analysis=analysis(KERNELS),
+        )
+        store.set_tags(run_id, {CONTENDED_TAG: "other processes used 1.4 of 2 CPU cores"} if job == 0 else {})
+    store.finish(parent, "FINISHED")
+    out = tmp_path / "report"
+    argv = ["--assignment", "sweep 2026-01-02/00-00-00", "--tracking-uri", uri, "--out", str(out)]
+    assert report_cli.main(argv) == 0
+    said = capsys.readouterr()
+    assert said.err == (
+        "ghsweep.report: the runs were measured on a busy machine (MLflow tag ghsweep.contended): the "
+        "assignment's speedup is the machine's load as much as the code's\n"
+    )
+    assert said.out.startswith("speedup of one iteration: 1.33x (precision fp32 -> bf16); ")
+    assert "| precision | fp32 | bf16 |" in (out / "assignment.md").read_text()
