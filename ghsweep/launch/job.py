@@ -45,7 +45,7 @@ from ghsweep.core.run_dir import (
 )
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.run_result import TRAIN_PARTS, RunResult, RunStatus
-from ghsweep.core.summary import RunSummary
+from ghsweep.core.run_summary import RunSummary
 from ghsweep.launch import followups, interrupts
 from ghsweep.launch.combination import Combination, run_name
 from ghsweep.launch.dry_run import describe

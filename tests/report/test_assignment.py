@@ -16,7 +16,7 @@ from ghsweep.profile import roofline
 from ghsweep.profile.analysis import analyze
 from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.report.assignment import CHANGE_KINDS, profile_diff
-from ghsweep.report.plots import short_name
+from ghsweep.report.comparison_plots import short_name
 from ghsweep.tracking.mlflow_store import MlflowStore
 from tests.report.sweeps import log_run
 

@@ -456,8 +456,8 @@ def _map_train(recipe: Any, config: ConfigSchema, run_dir: Path) -> None:
     import nemo_run as run
     from nemo.lightning.pytorch.callbacks.nsys import NsysCallback
 
+    from ghsweep.train.nemo.megatron_optimizer import MegatronOptimizerWithFusedTorchAdam, megatron_uses_torch_adam
     from ghsweep.train.nemo.metrics import StepMetricsCallback
-    from ghsweep.train.nemo.optim import MegatronOptimizerWithFusedTorchAdam, megatron_uses_torch_adam
 
     t = config.train
     trainer = recipe.trainer
