@@ -20,7 +20,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from ghsweep.config.validate import validate
-from ghsweep.train import data as dolly
+from ghsweep.train import dolly_data as dolly
 from ghsweep.train.tokenizer import load_tokenizer
 
 OVERRIDES = ("model=llama2_7b", "data.num_examples=2000", "train.seq_length=4096", "train.micro_batch_size=1")

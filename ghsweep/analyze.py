@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ghsweep.core.errors import ProfileError, ProfilerUnavailable, first_line, one_line
 from ghsweep.core.run_dir import NCU_CSV, NSYS_RANK_GLOB, NSYS_REPORT, NSYS_SQLITE, TORCH_TRACE
-from ghsweep.profile import delta, report
+from ghsweep.profile import delta, profile_report
 from ghsweep.profile.overhead import MeasuredRun
 from ghsweep.profile.ranks import rank_of
 from ghsweep.profile.result import ProfileAnalysis
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print()
     else:
-        print(report.render(result) + (f"\n{delta.render(step_delta)}" if step_delta else ""))
+        print(profile_report.render(result) + (f"\n{delta.render(step_delta)}" if step_delta else ""))
     return 0
 
 

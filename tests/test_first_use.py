@@ -13,7 +13,7 @@ from ghsweep import status
 from ghsweep.core.run_result import RunResult, RunStatus
 from ghsweep.launch.callbacks import record_end
 from ghsweep.launch.sweep_manifest import SweepEnd, SweepManifest
-from ghsweep.profile.report import render
+from ghsweep.profile.profile_report import render
 from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.report import __main__ as report_cli
 from ghsweep.report.sweep_source import SweepRun

@@ -19,10 +19,10 @@ from ghsweep.config.schema import ConfigSchema, typed
 from ghsweep.core.errors import one_line
 from ghsweep.core.run_plan import ProfilePlan, RunPlan, World
 from ghsweep.core.stats import STEP_METRICS, step_stats
-from ghsweep.train.attention import attended_keys_per_token, document_ids
 from ghsweep.train.backends import backend_named
-from ghsweep.train.data import PackedBlocks, load_blocks
+from ghsweep.train.dolly_data import PackedBlocks, load_blocks
 from ghsweep.train.flops import ModelShape, add_throughput_metrics, flops_per_token
+from ghsweep.train.packed_attention import attended_keys_per_token, document_ids
 from ghsweep.train.tokenizer import ByteTokenizer
 
 CONF = Path(__file__).resolve().parents[1] / "conf"  # the package's config (ghsweep/conf)

@@ -11,7 +11,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from ghsweep.config.schema import PeftSchema
-from ghsweep.train.data import PackedBlocks
+from ghsweep.train.dolly_data import PackedBlocks
 from ghsweep.train.flops import ModelShape
 from ghsweep.train.model import llama_config, lora_config
 

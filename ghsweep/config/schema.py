@@ -101,9 +101,9 @@ class TrainSchema(ConfigSection):
     # torch.compile's caches (ghsweep/train/compile_cache.py): a folder (relative: to the launch
     # directory) every node reads; null: TORCHINDUCTOR_CACHE_DIR's, else torch's own (one per machine)
     compile_cache_dir: str | None
-    attention: Literal["auto", "flex", "cudnn", "flash", "efficient", "math"]  # ghsweep/train/attention.py
+    attention: Literal["auto", "flex", "cudnn", "flash", "efficient", "math"]  # ghsweep/train/packed_attention.py
     activation_memory_budget: Ratio  # below 1.0 needs compiled layers
-    optimizer: Literal["auto", "adamw", "adamw_sr", "adamw8bit"]  # ghsweep/train/optim.py
+    optimizer: Literal["auto", "adamw", "adamw_sr", "adamw8bit"]  # ghsweep/train/optimizer.py
     optimizer_in_backward: bool  # not with precision=fp16
 
     def check(
@@ -163,7 +163,7 @@ class DataSchema(ConfigSection):
     num_examples: Annotated[int, Range(1)] | None  # records to use; null: all of data.path's (not synthetic)
     # ahead: tokenise and pack every record before training; on_the_fly: the loader (its workers with
     # dataloader.num_workers > 0) tokenises, masks and packs each batch's records as it is read, into the same
-    # blocks (ghsweep/train/data.py). backend=torch only.
+    # blocks (ghsweep/train/dolly_data.py). backend=torch only.
     prepare: Literal["ahead", "on_the_fly"]
     # For a model built from config (model.path brings its own): byte (UTF-8 bytes), bpe (the project's subword
     # tokenizer, ghsweep/train/tokenizer.py); auto: bpe with prepare=on_the_fly, byte ahead.

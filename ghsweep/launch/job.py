@@ -43,7 +43,7 @@ from ghsweep.core.run_dir import (
 )
 from ghsweep.core.run_plan import RunPlan
 from ghsweep.core.run_result import TRAIN_PARTS, RunResult, RunStatus
-from ghsweep.core.summary import RunSummary
+from ghsweep.core.run_summary import RunSummary
 from ghsweep.launch import followups, interrupts
 from ghsweep.launch.combination import Combination, run_name
 from ghsweep.launch.dry_run import describe
@@ -492,10 +492,10 @@ def _finish_timing(result: RunResult, started: float, record_started: float) -> 
         result.timing["overhead_s"] = result.timing["wall_s"] - result.timing["train_s"]
 
 
-def _save_run_files(result: RunResult, cfg: DictConfig, info: dict, run_dir: Path) -> None:
+def _save_run_files(result: RunResult, asked: dict, info: dict, run_dir: Path) -> None:
     """report.md and result.json. A full disk is logged, not raised: MLflow still gets the record."""
     try:
-        write_run_report(result, cfg, info, run_dir / REPORT)
+        write_run_report(result, asked, info, run_dir / REPORT)
         result.save()
     except OSError as exc:
         log.error("%s: the run's files could not be written in %s: %s", result.name, run_dir, exc)
@@ -535,9 +535,9 @@ def record(
     """
     try:
         record_started = time.time()
-        info = summary.info
+        info, asked = summary.info, resolved(cfg)
         _finish_timing(result, started, record_started)
-        _save_run_files(result, cfg, info, run_dir)
+        _save_run_files(result, asked, info, run_dir)
         if store is None or run_id is None:
             return
         check_tracking_uri(store.tracking_uri)
@@ -556,10 +556,8 @@ def record(
         records.record_outcome(store, run_id, outcome)
 
         _finish_timing(result, started, record_started)
-        _save_run_files(result, cfg, info, run_dir)
-        close = records.RunClose(
-            result.status, result.timing, resolved(cfg), run_dir, len(result.attempts), profile.artifacts
-        )
+        _save_run_files(result, asked, info, run_dir)
+        close = records.RunClose(result.status, result.timing, asked, run_dir, len(result.attempts), profile.artifacts)
         records.close_run(store, run_id, close)
     except Exception as exc:  # MLflow unreachable even after retries: the run's own files hold the record
         log.error(

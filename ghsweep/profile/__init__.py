@@ -6,5 +6,5 @@ After the worker: pipeline.py (export, ncu pass, analysis, report, plots, what g
 The analysis: analysis.py picks the reader by file type (nsys_analysis.py, torch_trace.py); both
 hand their operations and host evidence to engine.py, which fills one result.ProfileAnalysis;
 run_analysis.py adds the roofline (roofline.py), findings (findings.py) and, on several GPUs, the
-ranks (ranks.py); report.py and plots.py render it.
+ranks (ranks.py); profile_report.py and profile_plots.py render it.
 """

@@ -32,7 +32,7 @@ from ghsweep.core.run_dir import (
     TORCH_TRACE,
 )
 from ghsweep.core.run_plan import ProfilePlan, RunPlan
-from ghsweep.profile import plots, report
+from ghsweep.profile import profile_plots, profile_report
 from ghsweep.profile.analysis import analyze
 from ghsweep.profile.nsight_exports import export_sqlite, ncu_raw_csv
 from ghsweep.profile.overhead import MeasuredRun
@@ -97,11 +97,11 @@ def after_worker(config: ConfigSchema, run: RunPlan, run_ncu_pass: RunNcuPass) -
         log.error("profile analysis failed: %s", exc)
         outcome.tags["ghsweep.profile_error"] = str(exc)[:500]
         return outcome
-    outcome.artifacts += [analysis.save(run_dir), *report.write(analysis, run_dir)]
+    outcome.artifacts += [analysis.save(run_dir), *profile_report.write(analysis, run_dir)]
     if analysis.gaps:
-        outcome.artifacts.append(plots.gap_histogram(analysis, run_dir / GAP_PLOT))
+        outcome.artifacts.append(profile_plots.gap_histogram(analysis, run_dir / GAP_PLOT))
     if analysis.roofline.get("kernels"):
-        outcome.artifacts.append(plots.roofline_plot(analysis.roofline, run_dir / ROOFLINE_PLOT))
+        outcome.artifacts.append(profile_plots.roofline_plot(analysis.roofline, run_dir / ROOFLINE_PLOT))
     outcome.metrics |= analysis.metrics()
     outcome.tags["ghsweep.findings"] = ",".join(f.id for f in analysis.findings) or "none"
     add_raw_files(outcome, raw, config.profile.artifact_max_mb)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.profile.roofline import same_function
-from ghsweep.report import plots
+from ghsweep.report import comparison_plots
 from ghsweep.report.document import Document
 from ghsweep.report.sweep_source import SweepRun
 from ghsweep.report.sweep_table import fmt_value
@@ -125,7 +125,7 @@ def top_kernel_rows(analysis: ProfileAnalysis) -> list[list[str]]:
         rows.append(
             [
                 str(i + 1),
-                plots.short_name(k["name"], 90),
+                comparison_plots.short_name(k["name"], 90),
                 fmt_value(k["total_ns"] / steps / 1e6, ".3f"),
                 fmt_value(k["count"] / steps, ".1f"),
                 fmt_value(k["mean_ns"] / 1e3, ".1f"),
@@ -203,7 +203,7 @@ def document(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> tuple[Do
         else:
             doc.paragraph(f"No profile analysis in run {run.name}: run it with a profile option to get its kernels.")
 
-    drawn = plots.roofline(
+    drawn = comparison_plots.roofline(
         {"baseline": roofline(baseline.analysis), "optimised": roofline(optimised.analysis)},
         out_dir / "plots" / "roofline.png",
     )
@@ -224,7 +224,7 @@ def document(baseline: SweepRun, optimised: SweepRun, out_dir: Path) -> tuple[Do
             [
                 [
                     c.kind,
-                    plots.short_name(c.name, 90),
+                    comparison_plots.short_name(c.name, 90),
                     fmt_value(_ms(c.baseline_ns), ".3f"),
                     fmt_value(_ms(c.optimised_ns), ".3f"),
                 ]

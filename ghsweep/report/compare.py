@@ -16,7 +16,7 @@ from ghsweep.core import stats
 from ghsweep.core.errors import BaselineError
 from ghsweep.core.run_dir import COMPARISON_DIR, COMPARISON_STEM
 from ghsweep.profile import delta, scaling
-from ghsweep.report import plots
+from ghsweep.report import comparison_plots
 from ghsweep.report.document import Document
 from ghsweep.report.mlflow_ui import how_to_open, sweep_note
 from ghsweep.report.sweep_source import SweepRun, load_sweep
@@ -426,20 +426,20 @@ def verdict(c: Comparison) -> list[str]:
 def draw_plots(c: Comparison, out_dir: Path) -> dict[str, Path]:
     labels = [c.label(i) for i in range(len(c.runs))]
     drawn = {
-        "Speedup": plots.speedup_bars(labels, c.speedup_intervals, c.baseline, out_dir / "speedup.png")
+        "Speedup": comparison_plots.speedup_bars(labels, c.speedup_intervals, c.baseline, out_dir / "speedup.png")
         if c.baseline is not None
         else None,
-        "Throughput vs peak memory": plots.throughput_vs_memory(
+        "Throughput vs peak memory": comparison_plots.throughput_vs_memory(
             labels,
             [stats.from_metrics(r.metrics, "tokens_per_s") if r.finished else None for r in c.runs],
             [r.metrics.get("peak_mem_gb") if r.finished else None for r in c.runs],
             c.pareto,
             out_dir / "throughput_vs_memory.png",
         ),
-        "Kernel-time shares": plots.kernel_shares(
+        "Kernel-time shares": comparison_plots.kernel_shares(
             labels, [r.analysis.top_kernels if r.analysis else None for r in c.runs], out_dir / "kernel_shares.png"
         ),
-        "Loss curves": plots.loss_curves(labels, [r.loss for r in c.runs], out_dir / "loss_curves.png"),
+        "Loss curves": comparison_plots.loss_curves(labels, [r.loss for r in c.runs], out_dir / "loss_curves.png"),
     }
     return {title: path for title, path in drawn.items() if path is not None}
 

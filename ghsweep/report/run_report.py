@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-
-from omegaconf import DictConfig
+from typing import Any
 
 from ghsweep.core import stats
 from ghsweep.core.atomic import write_atomic
@@ -27,24 +27,26 @@ def with_interval(metrics: dict, key: str) -> str:
     return f"{i.estimate:.4g} [{i.low:.4g}, {i.high:.4g}]" if i.known else f"{i.estimate:.4g}"
 
 
-def write_run_report(result: RunResult, cfg: DictConfig, info: dict, path: Path) -> None:
-    """report.md of `result`. `cfg` is the composed config, a record of what was asked like the run's
-    config.yaml: a run validation refused gets its report too, and no typed config exists of it."""
+def write_run_report(result: RunResult, asked: Mapping[str, Any], info: dict, path: Path) -> None:
+    """report.md of `result`. `asked` is the composed config resolved into plain containers, a record of
+    what was asked like the run's config.yaml: a run validation refused gets its report too, and no
+    typed config exists of it."""
     lines = [f"# ghsweep run `{result.name}`", "", f"Status: **{result.status}**", ""]
     if result.error:
         lines += [f"Error: `{result.error}`", ""]
+    offload = asked["offload"]
     lines += [
         "| knob | value |",
         "|---|---|",
-        f"| model | {cfg.model.name} |",
-        f"| peft | {cfg.peft.name} |",
-        f"| precision | {cfg.precision.name} |",
-        f"| offload | {'on, ' + str(cfg.offload.num_layers) + ' layers' if cfg.offload.enabled else 'off'} |",
-        f"| memory | {cfg.memory.name} |",
-        f"| dataloader.num_workers | {cfg.dataloader.num_workers} |",
+        f"| model | {asked['model']['name']} |",
+        f"| peft | {asked['peft']['name']} |",
+        f"| precision | {asked['precision']['name']} |",
+        f"| offload | {'on, ' + str(offload['num_layers']) + ' layers' if offload['enabled'] else 'off'} |",
+        f"| memory | {asked['memory']['name']} |",
+        f"| dataloader.num_workers | {asked['dataloader']['num_workers']} |",
         # What stepped the weights (train.optimizer=auto resolved), where the backend says.
         *([f"| optimizer | {info['optimizer']} |"] if "optimizer" in info else []),
-        f"| device | {info.get('device_name', cfg.device)} |",
+        f"| device | {info.get('device_name', asked['device'])} |",
         "",
     ]
     if result.metrics:
@@ -55,7 +57,7 @@ def write_run_report(result: RunResult, cfg: DictConfig, info: dict, path: Path)
         if result.metrics.get("steady_steps") == 0:
             lines += [
                 "",
-                f"No steady step: the warm-up (at least train.warmup_steps={cfg.train.warmup_steps}) took all "
+                f"No steady step: the warm-up (at least train.warmup_steps={asked['train']['warmup_steps']}) took all "
                 f"{result.metrics.get('steps', 0):.0f} steps, so step_time_ms and tokens_per_s include warm-up; "
                 "a longer run (train.max_steps) measures the steady state.",
             ]

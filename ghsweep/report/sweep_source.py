@@ -31,7 +31,7 @@ from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 PROFILE_ARTIFACTS = "profile"
 SWEEP_NAME_PREFIX = "sweep "
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
-# Knobs whose run records whether it applied them (ghsweep.train.summary): the value that asks for the
+# Knobs whose run records whether it applied them (ghsweep.train.summary_builder): the value that asks for the
 # effect, and the tag that is "False" where the device could not apply it.
 APPLIED_TAGS = {"offload": ("on", "ghsweep.offload_applied")}
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from ghsweep.config.schema import ConfigSchema
     from ghsweep.core.run_plan import RunPlan
-    from ghsweep.core.summary import RunSummary
+    from ghsweep.core.run_summary import RunSummary
 
 
 class ManagedAllocator(Protocol):

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from ghsweep.core.errors import ConfigError
 from ghsweep.train import torch_backend
-from ghsweep.train.automodel import backend as automodel_backend
+from ghsweep.train.automodel import automodel_backend
 from ghsweep.train.backend_protocol import Backend
-from ghsweep.train.nemo import backend as nemo_backend
+from ghsweep.train.nemo import nemo_backend
 
 BACKENDS: dict[str, Backend] = {
     backend.name: backend for backend in (torch_backend.BACKEND, nemo_backend.BACKEND, automodel_backend.BACKEND)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ghsweep.train.data import IGNORE_INDEX
+from ghsweep.train.dolly_data import IGNORE_INDEX
 
 
 def causal_lm_loss(hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from ghsweep.config.schema import PrecisionSchema, carried
-from ghsweep.train.optim import clip_gradients
+from ghsweep.train.optimizer import clip_gradients
 
 _DTYPES = {
     "fp32": (torch.float32, torch.float32, None),

@@ -79,7 +79,7 @@ def train_bpe() -> str:
     """bpe_tokenizer.json's text: a byte-level BPE of BPE_VOCAB_SIZE ids learned from the synthetic records."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from ghsweep.train.data import prompt_text, synthetic_dolly
+    from ghsweep.train.dolly_data import prompt_text, synthetic_dolly
 
     records = synthetic_dolly(BPE_CORPUS_RECORDS, BPE_CORPUS_SEED)
     tokenizer = Tokenizer(models.BPE())

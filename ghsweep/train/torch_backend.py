@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.run_plan import RunPlan
-from ghsweep.core.summary import RunSummary
+from ghsweep.core.run_summary import RunSummary
 from ghsweep.train.backend_protocol import ManagedAllocator
 
 

@@ -4,7 +4,7 @@ On a GPU each knob does what its name says: precision sets parameter dtypes and 
 (precision.py, fp8.py), offload parks the first layers' activations in pinned host memory
 (offload.py), memory=unified serves every CUDA allocation from managed memory (unified_memory.py),
 and train.compile compiles each decoder layer and the loss (train.activation_memory_budget: how
-much of their saved activations the compiled layers keep). The optimizer is AdamW (optim.py:
+much of their saved activations the compiled layers keep). The optimizer is AdamW (optimizer.py:
 torch's fused one, or torchao's with stochastic rounding for bf16 weights, train.optimizer), or with
 train.optimizer_in_backward one AdamW per tensor stepped during backward. With several ranks
 (torchrun or SLURM tasks) each trains its share of the data under DDP or FSDP2 (distributed.py) and
@@ -30,10 +30,10 @@ from ghsweep.config.schema import ConfigSchema, TrainSchema
 from ghsweep.core.atomic import wait_for_file
 from ghsweep.core.run_dir import METRICS
 from ghsweep.core.run_plan import RunPlan
-from ghsweep.core.summary import RunSummary
-from ghsweep.train import attention as attn
-from ghsweep.train import data as dolly
+from ghsweep.core.run_summary import RunSummary
 from ghsweep.train import distributed
+from ghsweep.train import dolly_data as dolly
+from ghsweep.train import packed_attention as attn
 from ghsweep.train.backend_protocol import ManagedAllocator
 from ghsweep.train.compile_cache import cache_counts, use_compile_cache
 from ghsweep.train.device import peak_memory_gib
@@ -43,11 +43,11 @@ from ghsweep.train.loss import causal_lm_loss
 from ghsweep.train.memory_record import PeakBreakdown
 from ghsweep.train.model import apply_peft, build_model, count_parameters
 from ghsweep.train.offload import ActivationOffload
-from ghsweep.train.optim import AdamStepsInBackward, make_optimizer, optimizer_for
+from ghsweep.train.optimizer import AdamStepsInBackward, make_optimizer, optimizer_for
 from ghsweep.train.phases import HandedCollection, Phases
 from ghsweep.train.precision import Precision
 from ghsweep.train.step_log import Measure, StepLog, measured_length
-from ghsweep.train.summary import capture_window, run_peak_gib, run_summary
+from ghsweep.train.summary_builder import capture_window, run_peak_gib, run_summary
 from ghsweep.train.tokenizer import load_tokenizer
 
 # The longest a run waits for the sweep's work on earlier runs (their analysis and records).
@@ -77,7 +77,7 @@ class Model:
 
 
 class OptimizerStep:
-    """One optimizer step after backward: AdamW (`kind`, see optim.optimizer_for) with its schedule, or
+    """One optimizer step after backward: AdamW (`kind`, see optimizer.optimizer_for) with its schedule, or
     (train.optimizer_in_backward) the end of the per-tensor AdamW steps that ran during backward; then
     the fp8 copies of `fp8_layers`' weights that the optimizer's kernel did not write."""
 
@@ -334,7 +334,7 @@ def build(
     optimizer: str,
 ) -> Model:
     """The model with its adapters, fp8 layers, compiled layers, data parallelism and activation offload;
-    `optimizer` (optim.optimizer_for) is what will step its weights."""
+    `optimizer` (optimizer.optimizer_for) is what will step its weights."""
     lora = config.peft.name == "lora"
     # A checkpoint's weights are read before its tokenizer, so a folder whose weights cannot be read says
     # that first; a model built from config takes its special tokens from the tokenizer.

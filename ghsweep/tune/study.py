@@ -48,7 +48,7 @@ from ghsweep.core.failures import DETERMINISTIC, INFRASTRUCTURE, failure_class
 from ghsweep.core.names import MEASURE_PRUNED
 from ghsweep.core.run_dir import SUMMARY
 from ghsweep.core.run_result import RunStatus
-from ghsweep.core.summary import RunSummary
+from ghsweep.core.run_summary import RunSummary
 from ghsweep.tune.settings import TuneSettings
 from ghsweep.tune.space import SearchSpace
 

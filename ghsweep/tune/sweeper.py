@@ -26,7 +26,6 @@ from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking import records, redact
 from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.tune.check import search_space
-from ghsweep.tune.report import answer, command, summarize, write_report
 from ghsweep.tune.settings import TuneSettings
 from ghsweep.tune.space import SearchSpace
 from ghsweep.tune.study import (
@@ -40,6 +39,7 @@ from ghsweep.tune.study import (
     tell,
     trials_done,
 )
+from ghsweep.tune.study_report import answer, command, summarize, write_report
 
 
 class TuneSweeper(Sweeper):

@@ -19,7 +19,7 @@ from ghsweep.core.names import ROLE_RUN, ROLE_TAG
 from ghsweep.core.run_dir import CONFIG, REPORT, RUN_PLAN, WORKER_ERROR, WORKER_LOG
 from ghsweep.core.run_plan import RunPlan, World
 from ghsweep.core.run_result import RunResult
-from ghsweep.core.summary import RunSummary
+from ghsweep.core.run_summary import RunSummary
 from ghsweep.launch.combination import Combination
 from ghsweep.launch.job import Trained, analyse, measure, record, start_run, timeout_s, train_and_measure
 from ghsweep.launch.run_planner import node_plan

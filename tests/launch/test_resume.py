@@ -105,7 +105,7 @@ def test_a_code_change_trains_again_and_a_reuse_names_code_and_data(tmp_path):
     digest = json.loads(done.data.tags["ghsweep.inputs"])["data.path"]
     assert f"with the same config, code ({code}) and input files (data.path {digest[:19]})" in again.stdout
 
-    with (checkout / "ghsweep" / "train" / "data.py").open("a") as source:
+    with (checkout / "ghsweep" / "train" / "dolly_data.py").open("a") as source:
         source.write("# an edit: what training computes may have changed\n")
     edited = run_cli([*args, "hydra.sweep.dir=edited"], tmp_path, env=env)
     assert edited.returncode == 0, edited.stderr[-3000:]

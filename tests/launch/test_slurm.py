@@ -16,7 +16,7 @@ import pytest
 from ghsweep.core.run_dir import SLURM_JOBS
 from ghsweep.launch.slurm.submitted_jobs import load_jobs
 from ghsweep.tracking.mlflow_store import MlflowStore
-from ghsweep.train.data import synthetic_dolly, write_dolly_jsonl
+from ghsweep.train.dolly_data import synthetic_dolly, write_dolly_jsonl
 from tests.slurm.cluster import sacct_states, started_cluster
 from tests.support.cli import run_cli, start_cli
 from tests.support.models import UNREADABLE_WEIGHTS_ERROR, unreadable_model

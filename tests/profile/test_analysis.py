@@ -230,10 +230,12 @@ def test_roofline_of_the_top_kernels(results):
 
 
 def test_plots_are_written(results, tmp_path):
-    from ghsweep.profile import plots
+    from ghsweep.profile import profile_plots
 
-    gap = plots.gap_histogram(results["hostsync"], tmp_path / "gaps.png")
-    roof = plots.roofline_plot(roofline.kernel_points(DATA / "clean" / "top_kernels_ncu.csv"), tmp_path / "roof.png")
+    gap = profile_plots.gap_histogram(results["hostsync"], tmp_path / "gaps.png")
+    roof = profile_plots.roofline_plot(
+        roofline.kernel_points(DATA / "clean" / "top_kernels_ncu.csv"), tmp_path / "roof.png"
+    )
     for png in (gap, roof):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 

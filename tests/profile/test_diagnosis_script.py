@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ghsweep.core.run_result import RunResult
-from ghsweep.core.summary import RunSummary
+from ghsweep.core.run_summary import RunSummary
 from ghsweep.profile.overhead import MeasuredRun
 from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 from tests.profile.planted import ONE, RANKS, planted_rank, training_run, write_nsys

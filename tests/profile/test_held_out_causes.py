@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from ghsweep.profile import nsys_db, report
+from ghsweep.profile import nsys_db, profile_report
 from ghsweep.profile.findings import balance_words, health
 from ghsweep.profile.nsys_analysis import SYNC_CALLS
 from ghsweep.profile.result import Finding, ProfileAnalysis
@@ -326,7 +326,7 @@ def test_shares_over_100_percent_are_a_health_finding():
 def test_the_report_lists_the_gaps_behind_the_numbers(tmp_path):
     run, _ = graph_run(graphs=False)
     a = full_analysis(write_torch(run, tmp_path / "t.json"))
-    text = report.render(a)
+    text = profile_report.render(a)
     gap = by_id(a, "host_sync").evidence["longest_gaps"][0]
     assert f"| sync | {gap['start_ns']} | {gap['end_ns']} | 6.000 |" in text
 

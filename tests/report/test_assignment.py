@@ -18,7 +18,7 @@ from ghsweep.profile.analysis import analyze
 from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.report import __main__ as report_cli
 from ghsweep.report.assignment import CHANGE_KINDS, profile_diff
-from ghsweep.report.plots import short_name
+from ghsweep.report.comparison_plots import short_name
 from ghsweep.tracking.mlflow_store import MlflowStore
 from tests.report.sweeps import KERNELS, analysis, log_run
 

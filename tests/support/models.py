@@ -34,7 +34,7 @@ def saved_hf_llama(folder: Path) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from ghsweep.train import data as dolly
+    from ghsweep.train import dolly_data as dolly
 
     texts = [dolly.prompt_text(r) + r["response"] for r in dolly.synthetic_dolly(300, seed=5)]
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from ghsweep.train import attention as attn
-from ghsweep.train import data as dolly
+from ghsweep.train import dolly_data as dolly
+from ghsweep.train import packed_attention as attn
 from ghsweep.train.loss import causal_lm_loss
 from ghsweep.train.tokenizer import ByteTokenizer
 from tests.support.models import TINY_LLAMA

@@ -54,7 +54,10 @@ def test_lora_bf16_maps_onto_automodel_s_peft_model_and_loop(tmp_path):
     assert steps["max_steps"] == 12 and steps["local_batch_size"] == steps["global_batch_size"] == 2
     assert steps["ckpt_every_steps"] > 12 and steps["val_every_steps"] > 12
     assert recipe["dataloader"]["num_workers"] == 0 and recipe["dataloader"]["batch_size"] == 2
-    assert recipe["dataset"] == {"_target_": "ghsweep.train.automodel.data.packed_dolly", "run_dir": str(tmp_path)}
+    assert recipe["dataset"] == {
+        "_target_": "ghsweep.train.automodel.packed_dataset.packed_dolly",
+        "run_dir": str(tmp_path),
+    }
     assert recipe["optimizer"]["lr"] == config.train.lr and "fp8" not in recipe
 
 

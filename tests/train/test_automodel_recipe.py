@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from ghsweep.config.schema import typed
 from ghsweep.train.automodel.config import recipe_config, write_recipe
-from ghsweep.train.data import IGNORE_INDEX
+from ghsweep.train.dolly_data import IGNORE_INDEX
 from tests.support.compose import compose_config
 from tests.train.lr_schedule import assert_steps_the_torch_backend_s_rates
 
@@ -52,7 +52,7 @@ def test_automodel_reads_the_loop_sections_as_ghsweep_set_them(tmp_path):
 
 
 def test_the_dataset_is_the_torch_backend_s_blocks_with_next_token_labels(tmp_path):
-    from ghsweep.train.data import load_blocks
+    from ghsweep.train.dolly_data import load_blocks
     from ghsweep.train.tokenizer import load_tokenizer
 
     config, recipe = written_recipe(tmp_path)

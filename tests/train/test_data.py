@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from ghsweep.train import data as dolly
+from ghsweep.train import dolly_data as dolly
 from ghsweep.train.tokenizer import BpeTokenizer, ByteTokenizer, load_tokenizer
 from tests.support.compose import compose_typed
 

@@ -1,5 +1,5 @@
 """backend=nemo without Transformer Engine: Megatron's core attention on PyTorch's kernels
-(ghsweep.train.nemo.attention), checked on CPU against plain causal SDPA per document."""
+(ghsweep.train.nemo.torch_core_attention), checked on CPU against plain causal SDPA per document."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def test_packed_documents_attend_only_within_themselves():
-    from ghsweep.train.nemo.attention import TorchCoreAttention
+    from ghsweep.train.nemo.torch_core_attention import TorchCoreAttention
 
     torch.manual_seed(0)
     lengths = [40, 100, 60]
@@ -36,7 +36,7 @@ def test_packed_documents_attend_only_within_themselves():
 
 
 def test_an_unpacked_batch_is_causal_sdpa():
-    from ghsweep.train.nemo.attention import TorchCoreAttention
+    from ghsweep.train.nemo.torch_core_attention import TorchCoreAttention
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(32, 2, HEADS, DIM) for _ in range(3))  # [s, b, heads, dim]

@@ -46,9 +46,9 @@ def test_lora_wraps_every_local_layer_and_trains_only_its_adapters():
     from nemo.collections.llm import fn
     from nemo.collections.llm.peft.lora import LoRALinear
 
-    from ghsweep.train.nemo.attention import local_layer_spec
     from ghsweep.train.nemo.compat import allow_lora_without_te, use_local_spec
     from ghsweep.train.nemo.recipe import transformer_engine_available
+    from ghsweep.train.nemo.torch_core_attention import local_layer_spec
 
     assert not transformer_engine_available(), "this test is about an environment without Transformer Engine"
     torch.manual_seed(0)
@@ -97,8 +97,8 @@ def test_a_checkpoint_is_converted_onto_the_local_layers_in_its_own_shape(tmp_pa
     import fiddle as fdl
     from transformers import AutoModelForCausalLM
 
-    from ghsweep.train.nemo.attention import local_layer_spec
     from ghsweep.train.nemo.recipe import build_recipe, llama_folder_importer
+    from ghsweep.train.nemo.torch_core_attention import local_layer_spec
     from tests.support.nemo_recipes import nemo_typed
 
     recipe = build_recipe(nemo_typed(f"model.path={hf_folder}", "train.seq_length=256"), tmp_path)

@@ -69,7 +69,7 @@ def test_the_nemo_training_path_loads_none_of_the_torch_backend():
     """NeMo's worker shares the light pieces (data, device, flops, summary), not the torch backend's
     model code, which imports transformers and peft."""
     code = (
-        "import json, sys, ghsweep.train.nemo.train; "
+        "import json, sys, ghsweep.train.nemo.nemo_train; "
         "print(json.dumps(sorted(m for m in sys.modules if m in ('ghsweep.train.model', 'ghsweep.train.torch_train', "
         "'ghsweep.train.torch_backend'))))"
     )

@@ -1,5 +1,5 @@
 """backend=nemo without Transformer Engine or apex: Megatron's PyTorch AdamW is stepped by PyTorch's
-fused kernel (ghsweep.train.nemo.optim), checked on CPU in the NeMo environment."""
+fused kernel (ghsweep.train.nemo.megatron_optimizer), checked on CPU in the NeMo environment."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.nemo, pytest.mark.usefixtures("nemo_llm")]
 def test_the_fallback_is_detected_as_megatron_detects_it():
     from megatron.core import optimizer as megatron_optimizer
 
-    from ghsweep.train.nemo.optim import megatron_uses_torch_adam
+    from ghsweep.train.nemo.megatron_optimizer import megatron_uses_torch_adam
 
     assert megatron_uses_torch_adam() == megatron_optimizer.USING_PYTORCH_OPTIMIZER
 
@@ -22,7 +22,7 @@ def test_the_fallback_is_detected_as_megatron_detects_it():
 def test_the_recipe_selects_the_fused_kernel_where_megatron_falls_back_to_torch(tmp_path):
     from nemo.lightning.pytorch.optim import MegatronOptimizerModule
 
-    from ghsweep.train.nemo.optim import MegatronOptimizerWithFusedTorchAdam, megatron_uses_torch_adam
+    from ghsweep.train.nemo.megatron_optimizer import MegatronOptimizerWithFusedTorchAdam, megatron_uses_torch_adam
 
     recipe, _ = recipe_of(tmp_path, "peft=none")
     expected = MegatronOptimizerWithFusedTorchAdam if megatron_uses_torch_adam() else MegatronOptimizerModule
@@ -50,7 +50,7 @@ def _ops_of_two_steps(optimizer: torch.optim.Optimizer, params: list[torch.Tenso
 
 
 def test_the_built_optimizer_steps_with_the_fused_kernel_and_the_same_arithmetic():
-    from ghsweep.train.nemo.optim import use_fused_kernel
+    from ghsweep.train.nemo.megatron_optimizer import use_fused_kernel
 
     torch.manual_seed(0)
     start = [torch.randn(64, 32), torch.randn(32), torch.randn(16, 16), torch.randn(16)]

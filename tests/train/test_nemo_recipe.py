@@ -18,7 +18,7 @@ import torch
 
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import RECIPE_JSON, RECIPE_TXT
-from ghsweep.train import data as dolly
+from ghsweep.train import dolly_data as dolly
 from ghsweep.train.flops import ModelShape
 from ghsweep.train.nemo.recipe import (
     DATASET_DIR,
@@ -242,7 +242,7 @@ def test_dolly_file_is_packed_by_nemo_s_own_data_module(tmp_path):
 
     # Imported here: the worker module imports Lightning, which the base install (where this file is
     # collected but deselected) lacks.
-    from ghsweep.train.nemo.train import VALIDATION_RECORDS, write_dataset
+    from ghsweep.train.nemo.nemo_train import VALIDATION_RECORDS, write_dataset
 
     records = dolly.synthetic_dolly(60, seed=3)
     dolly.write_dolly_jsonl(records, tmp_path / "dolly.jsonl")

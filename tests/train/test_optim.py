@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ghsweep.config.schema import TrainSchema
-from ghsweep.train.optim import make_optimizer, optimizer_for
+from ghsweep.train.optimizer import make_optimizer, optimizer_for
 from ghsweep.train.precision import Precision
 from ghsweep.train.schedule import lr_factor
 from tests.support.compose import compose_typed
@@ -50,7 +50,7 @@ def test_optimizer_follows_the_schedule_and_clips_gradients():
 def test_adam_stepped_in_backward_is_adamw_with_per_tensor_clipping():
     """Every tensor stepped from its gradient hook ends where a plain AdamW over the same steps ends
     when each gradient is clipped on its own; no gradient is left held after backward."""
-    from ghsweep.train.optim import AdamStepsInBackward, clip_gradients
+    from ghsweep.train.optimizer import AdamStepsInBackward, clip_gradients
 
     train = compose_typed().train
     train.lr, train.weight_decay, train.max_steps = 1e-2, 0.01, 6
@@ -82,7 +82,7 @@ def test_adam_stepped_in_backward_is_adamw_with_per_tensor_clipping():
 def test_clip_folded_into_a_fused_step_equals_clipping_first():
     """With a fused AdamW the global-norm clip becomes the step's gradient divisor: the weights end
     where clip_grad_norm_ followed by the step puts them."""
-    from ghsweep.train.optim import clip_gradients
+    from ghsweep.train.optimizer import clip_gradients
 
     torch.manual_seed(0)
     models = [torch.nn.Linear(16, 8) for _ in range(2)]
@@ -202,7 +202,7 @@ def test_torchao_adamw_with_the_clip_folded_in_equals_torch_adamw_after_clipping
     """fp32 weights (nothing to round): torchao's AdamW as ghsweep steps it, the clip divided out
     inside its step (compiled; the Triton kernel on a GPU), ends where clip_grad_norm_ and torch's
     AdamW put the weights."""
-    from ghsweep.train.optim import clip_gradients
+    from ghsweep.train.optimizer import clip_gradients
 
     torch.manual_seed(0)
     models = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch._dynamo.utils as dynamo_utils
 
-from ghsweep.train.summary import BACKWARD_COMPILE, compile_seconds
+from ghsweep.train.summary_builder import BACKWARD_COMPILE, compile_seconds
 
 
 def test_compile_seconds_count_each_compile_forward_and_backward_and_no_compiled_call():

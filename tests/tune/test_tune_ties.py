@@ -6,8 +6,8 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import create_trial
 
-from ghsweep.tune.report import tied_with_best
 from ghsweep.tune.settings import Objective, TuneSettings
+from ghsweep.tune.study_report import tied_with_best
 
 
 def trial(precision: str, tokens_per_s: float, half_width: float) -> optuna.trial.FrozenTrial:

@@ -13,9 +13,9 @@ import yaml
 
 from ghsweep.config.schema import ConfigSchema, TrainSchema, carried
 from ghsweep.core.run_dir import AUTOMODEL_RECIPE
-from ghsweep.train.attention import resolve
 from ghsweep.train.automodel.checks import TORCH_DTYPES
 from ghsweep.train.flops import ModelShape
+from ghsweep.train.packed_attention import resolve
 from ghsweep.train.schedule import warmup_steps
 from ghsweep.train.tokenizer import ByteTokenizer
 
@@ -97,7 +97,7 @@ def recipe_config(config: ConfigSchema, run_dir: Path, device_type: str) -> dict
         "distributed": {"strategy": "fsdp2", "dp_size": None, "tp_size": 1, "cp_size": 1, "sequence_parallel": False},
         "loss_fn": {"_target_": "nemo_automodel.components.loss.masked_ce.MaskedCrossEntropy"},
         # The torch backend's packed blocks, read back from this run's config.
-        "dataset": {"_target_": "ghsweep.train.automodel.data.packed_dolly", "run_dir": str(run_dir)},
+        "dataset": {"_target_": "ghsweep.train.automodel.packed_dataset.packed_dolly", "run_dir": str(run_dir)},
         "dataloader": {
             "_target_": "torchdata.stateful_dataloader.StatefulDataLoader",
             "batch_size": t.micro_batch_size,

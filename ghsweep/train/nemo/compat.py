@@ -26,7 +26,7 @@ from typing import Any
 
 def use_local_spec(config: Any) -> None:
     """Megatron's layers without Transformer Engine: PyTorch attention, and no fusion that needs TE or apex."""
-    from ghsweep.train.nemo.attention import local_layer_spec
+    from ghsweep.train.nemo.torch_core_attention import local_layer_spec
 
     config.transformer_layer_spec = local_layer_spec
     config.apply_rope_fusion = False

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ghsweep.config.model_facts import model_facts
 from ghsweep.config.schema import (
     BackendSchema,
     ConfigSchema,
@@ -120,9 +121,6 @@ def check_config(config: ConfigSchema, runtime: bool) -> None:
     check("backend.recompute_num_layers", b.recompute_num_layers)
     if config.peft.name == "lora":
         lora_targets(config.peft)
-    # Imported here: the worker loads this module with the backend registry, and validation is the plan's.
-    from ghsweep.config.validate import model_facts
-
     model = model_facts(config.model)
     layers = model.num_layers
     if config.offload.enabled:
@@ -458,8 +456,8 @@ def _map_train(recipe: Any, config: ConfigSchema, run_dir: Path) -> None:
     import nemo_run as run
     from nemo.lightning.pytorch.callbacks.nsys import NsysCallback
 
+    from ghsweep.train.nemo.megatron_optimizer import MegatronOptimizerWithFusedTorchAdam, megatron_uses_torch_adam
     from ghsweep.train.nemo.metrics import StepMetricsCallback
-    from ghsweep.train.nemo.optim import MegatronOptimizerWithFusedTorchAdam, megatron_uses_torch_adam
 
     t = config.train
     trainer = recipe.trainer

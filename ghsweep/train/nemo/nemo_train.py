@@ -4,7 +4,7 @@ Training needs CUDA (Megatron's gradient buffers). With Transformer Engine (the 
 uses NeMo's own layer spec; without it, Megatron's local spec with PyTorch attention
 (`compat`). Everything before `fit` runs anywhere NeMo imports.
 Nothing here loads transformers or peft (the torch backend's model): the pieces both backends use
-live in light modules (data, device, flops, summary).
+live in light modules (dolly_data, device, flops, summary_builder).
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ import torch
 
 from ghsweep.config.schema import ConfigSchema, ModelSchema
 from ghsweep.core.run_plan import RunPlan
-from ghsweep.core.summary import RunSummary
-from ghsweep.train import data as dolly
-from ghsweep.train.attention import attended_keys_per_token
+from ghsweep.core.run_summary import RunSummary
+from ghsweep.train import dolly_data as dolly
 from ghsweep.train.backend_protocol import ManagedAllocator
 from ghsweep.train.device import peak_memory_gib
 from ghsweep.train.flops import run_flops_per_token
@@ -35,7 +34,8 @@ from ghsweep.train.nemo.recipe import (
     save_recipe,
     transformer_engine_available,
 )
-from ghsweep.train.summary import capture_window, run_peak_gib, run_summary
+from ghsweep.train.packed_attention import attended_keys_per_token
+from ghsweep.train.summary_builder import capture_window, run_peak_gib, run_summary
 from ghsweep.train.tokenizer import load_tokenizer
 
 # Records held out as NeMo's validation file, which its data module requires (never evaluated:

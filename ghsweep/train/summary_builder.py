@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from ghsweep.config.schema import ConfigSchema, capture_steps
-from ghsweep.core.summary import RunSummary
+from ghsweep.core.run_summary import RunSummary
 from ghsweep.train.backend_protocol import ManagedAllocator
 from ghsweep.train.device import device_name, device_uuid
 from ghsweep.train.flops import add_throughput_metrics

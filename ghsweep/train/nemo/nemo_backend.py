@@ -1,4 +1,4 @@
-"""backend=nemo: NeMo 2's Llama fine-tuning recipe (recipe.py), trained by train.py. Light to import:
+"""backend=nemo: NeMo 2's Llama fine-tuning recipe (recipe.py), trained by nemo_train.py. Light to import:
 NeMo and torch load in `train` (and in `describe`, where NeMo imports), so any machine checks a config."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_plan import RunPlan
-from ghsweep.core.summary import RunSummary
+from ghsweep.core.run_summary import RunSummary
 from ghsweep.train.backend_protocol import ManagedAllocator
 from ghsweep.train.nemo.recipe import check_config, describe_recipe
 
@@ -33,7 +33,7 @@ class NemoBackend:
     ) -> RunSummary:
         # The worker's interpreter is the one that trains: the installed packages are checked too.
         check_config(config, runtime=True)
-        from ghsweep.train.nemo.train import train
+        from ghsweep.train.nemo.nemo_train import train
 
         return train(config, plan, run_dir, managed)
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-from ghsweep.train.attention import document_block_mask
+from ghsweep.train.packed_attention import document_block_mask
 
 _flex_attention: Any = None
 # One block mask per pack: every layer of a step attends over the same documents.

@@ -1,5 +1,6 @@
-"""backend=automodel: NeMo AutoModel's LLM fine-tuning recipe (config.py), trained by train.py. Light
-to import: AutoModel and torch load in `train` (and torch in `describe`), so any machine checks a config."""
+"""backend=automodel: NeMo AutoModel's LLM fine-tuning recipe (config.py), trained by
+automodel_train.py. Light to import: AutoModel and torch load in `train` (and torch in `describe`),
+so any machine checks a config."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.run_dir import AUTOMODEL_RECIPE
 from ghsweep.core.run_plan import RunPlan
-from ghsweep.core.summary import RunSummary
+from ghsweep.core.run_summary import RunSummary
 from ghsweep.train.automodel.checks import check_config
 from ghsweep.train.backend_protocol import ManagedAllocator
 
@@ -45,7 +46,7 @@ class AutoModelBackend:
         self, config: ConfigSchema, plan: RunPlan, run_dir: Path, managed: ManagedAllocator | None = None
     ) -> RunSummary:
         check_config(config)
-        from ghsweep.train.automodel.train import train
+        from ghsweep.train.automodel.automodel_train import train
 
         return train(config, plan, run_dir, managed)
 

@@ -18,15 +18,15 @@ import torch
 from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.run_dir import METRICS
 from ghsweep.core.run_plan import RunPlan
-from ghsweep.core.summary import RunSummary
-from ghsweep.train import data as dolly
-from ghsweep.train.attention import attended_keys_per_token
+from ghsweep.core.run_summary import RunSummary
+from ghsweep.train import dolly_data as dolly
 from ghsweep.train.automodel.config import recipe_config, write_recipe
 from ghsweep.train.backend_protocol import ManagedAllocator
 from ghsweep.train.flops import ModelShape, run_flops_per_token
+from ghsweep.train.packed_attention import attended_keys_per_token
 from ghsweep.train.phases import Phases
 from ghsweep.train.step_log import StepLog
-from ghsweep.train.summary import capture_window, run_peak_gib, run_summary
+from ghsweep.train.summary_builder import capture_window, run_peak_gib, run_summary
 from ghsweep.train.tokenizer import load_tokenizer
 
 

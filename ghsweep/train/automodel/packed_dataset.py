@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.config.schema import typed
 from ghsweep.core.run_dir import CONFIG
-from ghsweep.train.data import IGNORE_INDEX, PackedDataset, load_blocks
+from ghsweep.train.dolly_data import IGNORE_INDEX, PackedDataset, load_blocks
 from ghsweep.train.tokenizer import load_tokenizer
 
 
