@@ -27,5 +27,8 @@ def test_the_pre_commit_hooks_are_cis_lint_format_and_type_checks_then_the_quick
 def test_ci_runs_every_tier_the_quick_one_included():
     [main] = re.findall(r"^python3 -m pytest (.*)$", CI, flags=re.MULTILINE)
     assert main.startswith('-m "not nemo and not automodel"')  # quick, cli, systems and gpu (skipped without one)
-    assert re.search(r"^\.venv-nemo/bin/python -m pytest -m nemo$", CI, flags=re.MULTILINE)
-    assert re.search(r"^\.venv-automodel/bin/python -m pytest -m automodel$", CI, flags=re.MULTILINE)
+    # Each in its own environment, beside the main call (one worker each, no cache of their own).
+    assert re.search(r"^ +\.venv-nemo/bin/python -m pytest -m nemo -n 1 -p no:cacheprovider$", CI, flags=re.MULTILINE)
+    assert re.search(
+        r"^ +\.venv-automodel/bin/python -m pytest -m automodel -n 1 -p no:cacheprovider$", CI, flags=re.MULTILINE
+    )

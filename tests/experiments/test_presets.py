@@ -11,13 +11,13 @@ top5_roofline's Nsight passes need a GPU too; its smoke run swaps them for the P
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import contextlib
 from pathlib import Path
 
 import pytest
 
 from ghsweep.core.names import split_overrides
+from ghsweep.report.__main__ import main as report_main
 from tests.support.cli import run_cli
 from tests.support.mlflow_records import MlflowRecords
 from tests.support.paths import REPO
@@ -74,7 +74,7 @@ def store_uri(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_preset_runs_at_smoke_size(preset, store_uri, tmp_path):
+def test_preset_runs_at_smoke_size(preset, store_uri, tmp_path, capsys):
     extra, outcomes = EXPECTED[preset]
     proc = run_cli(
         [
@@ -125,29 +125,18 @@ def test_preset_runs_at_smoke_size(preset, store_uri, tmp_path):
         assert "comparison/plots/kernel_shares.png" in {
             a.path for a in client.list_artifacts(parent.info.run_id, "comparison/plots")
         }
-        check_assignment(parent.info.run_name, store_uri, tmp_path)
+        check_assignment(parent.info.run_name, store_uri, tmp_path, capsys)
 
 
-def check_assignment(sweep_name: str, store_uri: str, cwd: Path) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ghsweep.report",
-            "--assignment",
-            sweep_name,
-            "--out",
-            "asg",
-            "--tracking-uri",
-            store_uri,
-        ],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.startswith("speedup of one iteration: ")
+def check_assignment(sweep_name: str, store_uri: str, cwd: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The sweep's assignment report, from ghsweep.report's main in this process (the command itself:
+    tests/report/test_assignment.py)."""
+    capsys.readouterr()
+    with contextlib.chdir(cwd):
+        status = report_main(["--assignment", sweep_name, "--out", "asg", "--tracking-uri", store_uri])
+    out, err = capsys.readouterr()
+    assert status == 0, err[-2000:]
+    assert out.startswith("speedup of one iteration: ")
     md = (cwd / "asg" / "assignment.md").read_text()
     assert "| precision | fp32 | bf16 |" in md
     for label in ("baseline", "optimised"):

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from tests.support.cli import cli_env
+from tests.support.gate import gate
 from tests.support.paths import REPO
 
 PAGE = (REPO / "docs" / "ci.md").read_text()
@@ -35,8 +36,12 @@ def yaml_blocks() -> list[dict]:
 
 
 def run(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The sweep as a command; the gate's commands from its main in this process (its CLI:
+    tests/gate/test_gate.py), a `python -m ghsweep.gate` start less each."""
     words = shlex.split(command)
     assert words[:2] == ["python", "-m"], command
+    if words[2] == "ghsweep.gate":
+        return gate(cwd, *words[3:])
     return subprocess.run(
         [sys.executable, *words[1:]], cwd=cwd, env=cli_env(None), capture_output=True, text=True, timeout=900
     )

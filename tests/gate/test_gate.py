@@ -1,10 +1,10 @@
-"""The regression gate through its real CLI, on a real CPU sweep recorded in MLflow."""
+"""The regression gate on a real CPU sweep recorded in MLflow: the reference written, a pass and a missing
+reference through its real CLI, every other verdict from its main in this process (tests/support/gate.py)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,15 +12,10 @@ import pytest
 from ghsweep.gate import regressions
 from ghsweep.report.sweep_source import SweepRun
 from tests.support.cli import run_cli
+from tests.support.gate import gate, gate_cli
 from tests.support.models import unreadable_model
 
 SWEEP = ["-m", "experiment=smoke", "precision=fp32,bf16", "train.max_steps=6", "train.seq_length=64"]
-
-
-def gate(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ghsweep.gate", *args], cwd=cwd, capture_output=True, text=True, timeout=600
-    )
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +23,7 @@ def swept(tmp_path_factory) -> Path:
     cwd = tmp_path_factory.mktemp("gate")
     proc = run_cli([*SWEEP, "hydra.sweep.dir=sweep"], cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    written = gate(cwd, "sweep", "--against", "ref.json", "--write", "--checks", "tokens_per_s,peak_mem_gb,loss")
+    written = gate_cli(cwd, "sweep", "--against", "ref.json", "--write", "--checks", "tokens_per_s,peak_mem_gb,loss")
     assert written.returncode == 0, written.stderr
     return cwd
 
@@ -64,7 +59,7 @@ def test_written_reference_holds_every_run_and_the_sweep_passes_it(swept):
     for values in reference["runs"].values():
         assert [step for step, _ in values["loss"]] == list(range(6))
         assert values["tokens_per_s"] > 0 and values["peak_mem_gb"] > 0
-    proc = gate(swept, "sweep", "--against", "ref.json")
+    proc = gate_cli(swept, "sweep", "--against", "ref.json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ghsweep.gate: passed: 0 regressions, 0 inconclusive in 2 combinations" in proc.stdout
     # Which reference it read, and the code on both sides.
@@ -217,5 +212,5 @@ def test_bad_arguments_are_one_line_errors(swept, args, message):
 
 
 def test_a_missing_reference_says_how_to_make_one(swept):
-    proc = gate(swept, "sweep", "--against", "none.json")
+    proc = gate_cli(swept, "sweep", "--against", "none.json")
     assert proc.returncode == 2 and "--against none.json: no such file; record one with --write" in proc.stderr

@@ -5,12 +5,11 @@ as it would pass while checking nothing."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from tests.support.cli import assert_one_line_errors
+from tests.support.gate import gate, gate_cli
 
 GOOD_RUN = {"tokens_per_s": 10.0, "loss": [[1, 2.5]]}
 
@@ -80,9 +79,17 @@ GOOD_RUN = {"tokens_per_s": 10.0, "loss": [[1, 2.5]]}
     ],
 )
 def test_a_malformed_reference_is_exit_2_with_one_line(tmp_path, content, line):
+    assert_refused(gate, tmp_path, content, line)
+
+
+def test_a_malformed_reference_is_one_line_from_the_cli(tmp_path):
+    assert_refused(gate_cli, tmp_path, b"[1, 2]", "a JSON list, not an object")
+
+
+def assert_refused(run, tmp_path, content: bytes, line: str) -> None:
     reference = tmp_path / "reference.json"
     reference.write_bytes(content)
-    proc = gate(tmp_path, "some-sweep", reference)
+    proc = run(tmp_path, "some-sweep", "--against", reference)
     assert proc.returncode == 2, proc.stderr
     [shown] = proc.stderr.strip().splitlines()
     assert shown.startswith(f"ghsweep.gate: --against {reference}: {line}"), shown
@@ -91,22 +98,12 @@ def test_a_malformed_reference_is_exit_2_with_one_line(tmp_path, content, line):
 
 
 def test_a_directory_as_reference_is_exit_2_with_one_line(tmp_path):
-    proc = gate(tmp_path, "some-sweep", tmp_path)
+    proc = gate(tmp_path, "some-sweep", "--against", tmp_path)
     assert proc.returncode == 2
     assert (
         proc.stderr.strip() == f"ghsweep.gate: --against {tmp_path}: a directory, not a file; record one with --write"
     )
     assert not (tmp_path / "mlflow.db").exists()
-
-
-def gate(cwd, sweep, reference) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ghsweep.gate", sweep, "--against", str(reference)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.mark.parametrize(
@@ -118,13 +115,15 @@ def gate(cwd, sweep, reference) -> subprocess.CompletedProcess:
     ],
 )
 def test_bad_arguments_are_one_line_exit_2(tmp_path, args, line):
-    proc = subprocess.run(
-        [sys.executable, "-m", "ghsweep.gate", "some-sweep", "--against", "ref.json", *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    assert_bad_arguments_refused(gate, tmp_path, args, line)
+
+
+def test_a_bad_argument_is_one_line_from_the_cli(tmp_path):
+    assert_bad_arguments_refused(gate_cli, tmp_path, ["--tolerance", "nan"], "ghsweep.gate: argument --tolerance: ")
+
+
+def assert_bad_arguments_refused(run, tmp_path, args: list[str], line: str) -> None:
+    proc = run(tmp_path, "some-sweep", "--against", "ref.json", *args)
     assert proc.returncode == 2
     [shown] = proc.stderr.strip().splitlines()
     assert shown.startswith(line), shown
@@ -135,14 +134,17 @@ def test_bad_arguments_are_one_line_exit_2(tmp_path, args, line):
 def test_write_where_no_reference_can_be_is_one_line(tmp_path, target, what):
     (tmp_path / "folder").mkdir()
     (tmp_path / "file").write_text("")
-    proc = subprocess.run(
-        [sys.executable, "-m", "ghsweep.gate", "some-sweep", "--against", target, "--write"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = gate(tmp_path, "some-sweep", "--against", target, "--write")
     assert proc.returncode == 2
     [shown] = proc.stderr.strip().splitlines()
     assert shown.startswith(f"ghsweep.gate: --write --against {target}: {what}"), shown
     assert not (tmp_path / "mlflow.db").exists()  # refused before any store was opened
+
+
+def test_write_where_no_reference_can_be_is_one_line_from_the_cli(tmp_path):
+    (tmp_path / "folder").mkdir()
+    proc = gate_cli(tmp_path, "some-sweep", "--against", "folder", "--write")
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.strip() == "ghsweep.gate: --write --against folder: a directory; name the reference file to write"
+    )

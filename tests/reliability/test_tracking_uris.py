@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -41,14 +42,22 @@ def test_no_server_at_the_uri_fails_in_seconds_before_any_job(tmp_path, mode):
     assert not (tmp_path / "mlflow.db").exists()
 
 
+NO_STORE = (
+    "not a tracking URI MLflow can open; accepted: http://HOST:PORT or https://... (a tracking server), "
+    "sqlite:///FILE, or a database URL (postgresql, mysql, mssql)"
+)
+
+
 @pytest.mark.parametrize("uri", ["htp://127.0.0.1:5000", "mlruns", "ftp://host/store"])
-def test_a_uri_of_no_store_mlflow_knows_is_one_line(tmp_path, uri):
-    proc = run_cli(["-m", "experiment=smoke", "precision=fp32", f"tracking.uri={uri}"], tmp_path)
+def test_a_uri_of_no_store_mlflow_knows_is_refused(uri):
+    with pytest.raises(ValueError, match="^" + re.escape(f"tracking.uri={uri}: {NO_STORE}") + "$"):
+        check_tracking_uri(uri)
+
+
+def test_a_uri_of_no_store_mlflow_knows_is_one_line_from_the_cli(tmp_path):
+    proc = run_cli(["-m", "experiment=smoke", "precision=fp32", "tracking.uri=mlruns"], tmp_path)
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1] == (
-        f"ghsweep: tracking.uri={uri}: not a tracking URI MLflow can open; accepted: http://HOST:PORT or https://... "
-        "(a tracking server), sqlite:///FILE, or a database URL (postgresql, mysql, mssql)"
-    )
+    assert proc.stderr.strip().splitlines()[-1] == f"ghsweep: tracking.uri=mlruns: {NO_STORE}"
     assert_one_line_errors(proc.stdout, proc.stderr)
     assert not list(tmp_path.rglob("result.json"))
 
@@ -121,18 +130,31 @@ def silent_port():
         yield listener.getsockname()[1]
 
 
+CANNOT_ANSWER = [
+    ("https", "plain_http_port", "no TLS at 127.0.0.1:{port} ({why}); a plain-HTTP server takes http://"),
+    ("http", "silent_port", "127.0.0.1:{port} accepts connections but sent no answer within 5 s"),
+    ("https", "silent_port", "127.0.0.1:{port} accepts connections but sent no answer within 5 s"),
+]
+
+
 @pytest.mark.parametrize(
-    "scheme, server, message",
-    [
-        ("https", "plain_http_port", "no TLS at 127.0.0.1:{port} ({why}); a plain-HTTP server takes http://"),
-        ("http", "silent_port", "127.0.0.1:{port} accepts connections but sent no answer within 5 s"),
-        ("https", "silent_port", "127.0.0.1:{port} accepts connections but sent no answer within 5 s"),
-    ],
-    ids=["https at plain http", "http never answers", "https never answers"],
+    "scheme, server, message", CANNOT_ANSWER, ids=["https at plain http", "http never answers", "https never answers"]
 )
-def test_a_server_that_cannot_answer_is_one_line_in_seconds(tmp_path, request, scheme, server, message):
+def test_a_server_that_cannot_answer_is_refused_in_seconds(request, scheme, server, message):
     port = request.getfixturevalue(server)
     uri = f"{scheme}://127.0.0.1:{port}"
+    started = time.monotonic()
+    with pytest.raises(ValueError) as refused:
+        check_tracking_uri(uri)
+    took = time.monotonic() - started
+    expected = f"tracking.uri={uri}: " + message.format(port=port, why="WRONG_VERSION_NUMBER")
+    assert str(refused.value).startswith(expected) and "\n" not in str(refused.value), refused.value
+    # MLflow's own retries ran 255 s (TLS) and over 600 s (no answer) before this check.
+    assert took < 30, f"took {took:.0f} s"
+
+
+def test_a_server_that_never_answers_is_one_line_from_the_cli(tmp_path, silent_port):
+    uri = f"http://127.0.0.1:{silent_port}"
     started = time.monotonic()
     proc = run_cli(
         ["-m", "experiment=smoke", "precision=fp32,bf16", "tracking=server", f"tracking.uri={uri}"], tmp_path
@@ -140,11 +162,9 @@ def test_a_server_that_cannot_answer_is_one_line_in_seconds(tmp_path, request, s
     took = time.monotonic() - started
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
-    expected = f"ghsweep: tracking.uri={uri}: " + message.format(port=port, why="WRONG_VERSION_NUMBER")
-    assert last.startswith(expected), last
+    assert last.startswith(f"ghsweep: tracking.uri={uri}: " + CANNOT_ANSWER[1][2].format(port=silent_port)), last
     assert_one_line_errors(proc.stdout, proc.stderr)
-    # MLflow's own retries ran 255 s (TLS) and over 600 s (no answer) before this check; the check itself
-    # takes seconds, but the CLI's start can take two minutes on a loaded 2-core machine.
+    # The check itself takes seconds, but the CLI's start can take two minutes on a loaded 2-core machine.
     assert took < 200, f"took {took:.0f} s"
     assert not list(tmp_path.rglob("worker.log")) and not (tmp_path / "mlflow.db").exists()
 

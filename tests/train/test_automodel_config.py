@@ -6,7 +6,6 @@ checks the same config against AutoModel itself).
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -14,10 +13,11 @@ import yaml
 
 from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.errors import ConfigError
+from ghsweep.launch.run_planner import checked_config
 from ghsweep.train.automodel.checks import check_config
 from ghsweep.train.automodel.config import recipe_config
 from tests.support.cli import run_cli
-from tests.support.compose import compose_typed
+from tests.support.compose import compose_config, compose_typed
 
 
 def automodel_config(*overrides: str) -> ConfigSchema:
@@ -97,7 +97,7 @@ def test_what_automodel_cannot_do_is_refused_in_one_line(overrides, message):
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
-def test_dry_run_prints_the_recipe_config_and_a_cpu_run_is_refused(tmp_path):
+def test_dry_run_prints_the_recipe_config(tmp_path):
     proc = run_cli(["backend=automodel", "dry_run=true", "model=llama2_7b", "peft.r=8"], tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     text = proc.stdout.split("  recipe:  AutoModel TrainFinetuneRecipeForNextTokenPrediction, ", 1)[1]
@@ -105,10 +105,14 @@ def test_dry_run_prints_the_recipe_config_and_a_cpu_run_is_refused(tmp_path):
     assert printed["peft"]["dim"] == 8 and printed["model"]["config"]["num_hidden_layers"] == 32
     assert not list(Path(tmp_path).rglob("metrics.jsonl"))
 
-    proc = run_cli(["backend=automodel", "device=cpu", "train.max_steps=2", "profile=none"], tmp_path)
-    assert proc.returncode != 0
-    assert re.search(
-        r"backend=automodel: training needs an NVIDIA GPU \(FSDP2 over NCCL\) and this run has none "
-        r"\(device=cpu\); accepted here: backend=torch",
-        proc.stdout + proc.stderr,
-    )
+
+def test_a_cpu_run_is_refused():
+    # The plan's check, as the CLI makes it before any worker starts (a run the plan refuses, through the
+    # CLI: test_profile_memory_is_refused_on_cpu_and_before_step_2 in tests/train/test_memory_record.py).
+    cfg = compose_config("backend=automodel", "device=cpu", "train.max_steps=2", "profile=none")
+    with pytest.raises(
+        ConfigError,
+        match=r"^backend=automodel: training needs an NVIDIA GPU \(FSDP2 over NCCL\) and this run has none "
+        r"\(device=cpu\); accepted here: backend=torch$",
+    ):
+        checked_config(cfg, None)

@@ -16,7 +16,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import visible_gpu_handles
+from ghsweep.launch.run_planner import checked_config
 from ghsweep.train import memory_record
 from ghsweep.train.memory_record import largest_sites, oom_line, sites_text
 from tests.support.cli import run_cli
@@ -123,8 +125,9 @@ def test_profile_memory_is_refused_on_cpu_and_before_step_2(tmp_path):
     proc = run_cli(["profile=memory", "device=cpu"], tmp_path)
     assert proc.returncode != 0
     assert "profile=memory: the CUDA allocator's history needs a GPU and this run has none (device=cpu)" in proc.stderr
-    proc = run_cli(["profile=memory", "capture.start_step=1", "dry_run=true"], tmp_path)
-    assert "capture.start_step=1: profile=memory records from step 2 on" in proc.stderr
+    # Where it is decided, as the CLI's plan checks it: the config's own check.
+    with pytest.raises(ConfigError, match=r"^capture.start_step=1: profile=memory records from step 2 on"):
+        checked_config(compose_config("profile=memory", "capture.start_step=1"), None)
 
 
 @gpu
