@@ -14,7 +14,7 @@ import pytest
 
 from ghsweep.core.errors import TrackingError
 from ghsweep.tracking.mlflow_store import MlflowStore
-from tests.support.cli import assert_one_line_errors
+from tests.support.cli import assert_one_line_errors, run_cli
 from tests.support.mlflow_records import all_runs, assert_nothing_running, by_role, sqlite_uri
 from tests.support.stopped_sweep import start_sweep, wait_until_training
 from tests.support.sweep_dirs import results
@@ -102,3 +102,48 @@ def test_a_sweep_directory_that_fills_or_turns_read_only_fails_the_runs_it_touch
     for num in (1, 2):  # the run on the disk as it went, and the next, which Hydra could not start
         assert children[num].status == "FAILED"
         assert children[num].error.startswith(said.format(sweep_dir / str(num))), children[num].error
+
+
+def test_submitted_jobs_that_hydra_cannot_start_are_recorded_failed_and_the_sweep_ends_whole(tmp_path):
+    # Run directories made ahead (empty folders a sweep directory may hold): 1 a link, 2 on a full disk,
+    # 3 on a read-only one. The jobs start them as a SLURM job does, through submitit.
+    sweep_dir, victim = tmp_path / "sweep", tmp_path / "victim"
+    victim.mkdir()
+    (sweep_dir / "3").mkdir(parents=True)
+    (sweep_dir / "1").symlink_to(victim, target_is_directory=True)
+    subprocess.run(["mount", "--bind", str(sweep_dir / "3"), str(sweep_dir / "3")], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(sweep_dir / "3")], check=True)
+        with small_tmpfs(sweep_dir / "2", "4k"):
+            proc = run_cli(
+                [
+                    "-m",
+                    "hydra/launcher=submitit_local",
+                    "experiment=smoke",
+                    "precision=fp32",
+                    "train.max_steps=2,3,4,5",
+                    "train.seq_length=64",
+                    "hydra.sweep.dir=sweep",
+                ],
+                tmp_path,
+            )
+    finally:
+        subprocess.run(["umount", "-l", str(sweep_dir / "3")], check=True)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert_one_line_errors(proc.stdout, proc.stderr)
+    assert "1 of 4 runs finished" in proc.stdout, proc.stdout[-3000:]
+    assert list(victim.iterdir()) == []
+    runs = all_runs(sqlite_uri(tmp_path))
+    assert_nothing_running(runs)
+    assert [p.status for p in by_role(runs, "sweep")] == ["FAILED"]
+    children = {c.job_num: c for c in by_role(runs, "run")}
+    assert {n: c.status for n, c in children.items()} == {0: "FINISHED", 1: "FAILED", 2: "FAILED", 3: "FAILED"}
+    said = {
+        1: f"the run directory {sweep_dir / '1'} is a symbolic link (to {victim}); a sweep writes only into "
+        "directories it makes: remove the link",
+        2: f"no space left on device under {sweep_dir / '2'} (",
+        3: f"the file system of {sweep_dir / '3'} is read-only",
+    }
+    for num, error in said.items():
+        assert children[num].error.startswith(error), children[num].error
+        assert error[:40] in proc.stdout + proc.stderr  # said on the console, not only in the job's log

@@ -32,7 +32,7 @@ from typing import Any, NoReturn, cast
 
 import submitit
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides, setup_globals
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -45,6 +45,7 @@ from ghsweep.core.run_plan import World
 from ghsweep.core.run_result import RunResult
 from ghsweep.launch.combination import Combination
 from ghsweep.launch.dry_run import describe, local_ranks_text
+from ghsweep.launch.job import start_job
 from ghsweep.launch.local_gpus import gpu_sets, placed_gpus
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.slurm.requeue import slurm_job_id
@@ -149,6 +150,25 @@ def checkpoint(launcher: plugin.BaseSubmititLauncher) -> NoReturn:
         f"was reached; backend {launcher.config.backend.name} cannot resume from a checkpoint, so the job "
         "was not requeued"
     )
+
+
+def run_submitted(
+    launcher: plugin.BaseSubmititLauncher,
+    sweep_overrides: Sequence[str],
+    job_num: int,
+    singleton_state: dict[type, Singleton],
+) -> JobReturn:
+    """The remote side of a submitted job (the plugin's __call__, in the job on its node): its combination
+    composed as the plugin composes it, and started as a local sweep starts one (launch.job.start_job),
+    so a job Hydra cannot start is recorded FAILED with what it is rather than a traceback in its SLURM log."""
+    assert launcher.hydra_context is not None and launcher.config is not None and launcher.task_function is not None
+    Singleton.set_state(singleton_state)
+    setup_globals()
+    sweep_config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(sweep_overrides))
+    with open_dict(sweep_config.hydra.job):
+        sweep_config.hydra.job.id = submitit.JobEnvironment().job_id
+        sweep_config.hydra.job.num = job_num
+    return start_job(launcher.hydra_context, launcher.task_function, sweep_config)
 
 
 # The launcher keys hydra-submitit-launcher passes to the executor's constructor (as
