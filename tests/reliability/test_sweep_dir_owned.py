@@ -20,6 +20,7 @@ from mlflow.tracking import MlflowClient
 from ghsweep.core.errors import SweepDirInUse
 from ghsweep.launch.stale_runs import PID_NS_TAG, PID_TAG, identity, process_died, process_identity, process_tags
 from ghsweep.launch.sweep_manifest import NOBODY, SweepManifest, live_holder
+from ghsweep.tracking.mlflow_store import MlflowStore
 from tests.support.cli import assert_one_line_errors, run_cli, start_cli
 from tests.support.mlflow_records import all_runs, assert_nothing_running, by_role, sqlite_uri
 
@@ -91,6 +92,39 @@ def test_a_sweep_stopped_while_it_creates_its_mlflow_run_is_started_again_by_the
     assert again.returncode == 0, again.stderr[-3000:]
     assert "1 of 1 runs finished" in again.stdout
     assert_nothing_running(all_runs(sqlite_uri(tmp_path)))
+
+
+def test_a_sweep_killed_between_its_mlflow_run_and_its_manifest_is_started_again_by_the_same_command(tmp_path):
+    # The store made ahead, with a trigger that holds the sweep for a while in its first write after its
+    # MLflow run is made (the sweep's overrides): the moment before it writes its manifest.
+    MlflowStore(sqlite_uri(tmp_path), "ghsweep")
+    store = sqlite3.connect(tmp_path / "mlflow.db", isolation_level=None)
+    store.execute("CREATE TABLE spin (n INTEGER)")
+    store.executemany("INSERT INTO spin VALUES (?)", [(n,) for n in range(400)])
+    store.execute(
+        "CREATE TRIGGER hold AFTER INSERT ON params WHEN NEW.key = 'sweep.overrides' "
+        "BEGIN SELECT count(*) FROM spin a, spin b, spin c; END"
+    )
+    proc = start_cli([*ONE_RUN, "hydra.sweep.dir=killed"], tmp_path)
+    deadline = time.monotonic() + 120
+    while store.execute("SELECT count(*) FROM runs").fetchone()[0] == 0:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    proc.kill()
+    proc.communicate(timeout=60)
+    store.execute("DROP TRIGGER hold")
+    store.close()
+    assert not (tmp_path / "killed" / "ghsweep_sweep.json").exists(), "killed too late: the manifest was written"
+    assert [r.status for r in all_runs(sqlite_uri(tmp_path))] == ["RUNNING"]
+
+    again = run_cli([*ONE_RUN, "hydra.sweep.dir=killed"], tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert_one_line_errors(again.stdout, again.stderr)
+    assert "1 of 1 runs finished" in again.stdout
+    runs = all_runs(sqlite_uri(tmp_path))
+    assert_nothing_running(runs)
+    killed = [p for p in by_role(runs, "sweep") if p.status == "FAILED"]
+    assert len(killed) == 1 and killed[0].error.startswith("the sweep process died (pid ")
 
 
 def test_status_records_a_run_whose_record_was_cut_by_a_kill_and_lists_past_an_unreadable_sweep(tmp_path):
