@@ -3,8 +3,9 @@
 A local sweep's parent run carries its process (`ghsweep.host`, `ghsweep.pid`, `ghsweep.pid_start`).
 A sweep killed outright (`kill -9`, a lost login session) cannot end its runs; the next sweep into
 the same experiment on the same host, or `python -m ghsweep.status SWEEP_DIR`, finds the process
-gone and ends them FAILED. Sweeps whose jobs are SLURM or submitit jobs are left to
-`python -m ghsweep.status`, which asks the scheduler.
+gone and ends them FAILED; a run whose worker had finished (the sweep killed as it analysed the run's
+profile) is recorded FINISHED from its run directory, with what the worker measured. Sweeps whose
+jobs are SLURM or submitit jobs are left to `python -m ghsweep.status`, which asks the scheduler.
 """
 
 from __future__ import annotations

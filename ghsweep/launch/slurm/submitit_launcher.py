@@ -2,16 +2,19 @@
 
 The plugin's launch() submits the sweep and then waits on each job's result, so one job cancelled
 from outside raises and ends the whole sweep, and its MLflow run stays RUNNING forever. These
-subclasses keep the plugin's config keys and remote side (its __call__), and change launch():
+subclasses keep the plugin's config keys, and change launch() and the remote side (its __call__, run_submitted):
 - dry_run=true prints each combination's run directory, worker command and sbatch parameters and
   submits nothing;
 - combinations that already FINISHED in MLflow are not submitted again (force=true: all are);
 - every submitted job is recorded in the sweep directory; with wait=true the sweep waits for all
   of them and collects each one's result (ghsweep.launch.slurm.submitted_jobs), with wait=false it returns at
-  once and `python -m ghsweep.status SWEEP_DIR` follows and collects it later.
+  once and `python -m ghsweep.status SWEEP_DIR` follows and collects it later;
+- each job starts its combination as the local launcher does (ghsweep.launch.job.start_job): a job
+  Hydra cannot start (its run directory a link, a full or read-only disk) is recorded FAILED with what
+  it is, and the sweep collects what the job returned.
 Hydra instantiates launchers only from the hydra_plugins package: the classes profiles name
 (`hydra_plugins.ghsweep_launcher.ghsweep_launcher.SlurmLauncher`, `...LocalLauncher`) are the
-plugin's, with launch() and checkpoint() calling this module's (imported when called: Hydra imports
+plugin's, with launch(), checkpoint() and __call__ calling this module's (imported when called: Hydra imports
 hydra_plugins at every command's plugin scan).
 """
 
