@@ -25,6 +25,7 @@ JOB_NUM_TAG = "ghsweep.job_num"  # the combination's number in its sweep
 STATUS_TAG = "ghsweep.status"
 ERROR_TAG = "ghsweep.error"  # one line: why the run failed
 FAILURE_CLASS_TAG = "ghsweep.failure_class"  # a failed run's: deterministic or infrastructure (core.failures)
+PROFILE_ERROR_TAG = "ghsweep.profile_error"  # why the run's profile was not analysed (the training result stands)
 ATTEMPTS_TAG = "ghsweep.attempts"  # how many times the run's worker was started (infrastructure failures retried)
 
 

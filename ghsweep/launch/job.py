@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
+from hydra.core.utils import JobReturn, JobStatus, run_job
+from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ghsweep.config.schema import ConfigSchema
@@ -235,7 +237,11 @@ def record_unmade(job_cfg: DictConfig, exc: Exception) -> RunResult:
     hydra_cfg = job_cfg.hydra
     run_dir = job_run_dir(job_cfg)
     combo = Combination.of(hydra_cfg, run_dir, list(hydra_cfg.overrides.task), in_sweep=True)
-    trouble = disk_trouble(run_dir) if isinstance(exc, OSError) else None
+    # Hydra's logging setup says "Unable to configure handler 'file'" for the OSError of its log file.
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__ or cause.__context__
+    trouble = disk_trouble(run_dir) if cause is not None else None
     result = combo.result(RunStatus.FAILED)
     result.error = (
         str(exc)
@@ -254,6 +260,26 @@ def record_unmade(job_cfg: DictConfig, exc: Exception) -> RunResult:
     except Exception as error:  # the store away too: the sweep's end names the runs MLflow lacks
         log.error("%s: not recorded in MLflow (%s)", combo.name, one_line(error)[:300])
     return result
+
+
+def start_job(hydra_context: HydraContext, task_function: TaskFunction, sweep_config: DictConfig) -> JobReturn:
+    """Hydra's run_job of one combination of a sweep, in whatever process its launcher runs it (the
+    sweep's own, a submitit job's on its node). A job Hydra cannot start (its run directory a link, or it
+    or Hydra's own files in it not written: a full or read-only disk) is recorded FAILED with what it is
+    and returned as ended: raised, it would end a local sweep, and leave a submitted job's run unrecorded."""
+    try:
+        refuse_linked_run_dir(sweep_config)  # before Hydra writes its own files through it
+        return run_job(
+            hydra_context=hydra_context,
+            task_function=task_function,
+            config=sweep_config,
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+        )
+    except Exception as exc:
+        ret = JobReturn(overrides=list(sweep_config.hydra.overrides.task), status=JobStatus.COMPLETED)
+        ret.return_value = record_unmade(sweep_config, exc).__dict__
+        return ret
 
 
 def open_store(cfg: DictConfig, combo: Combination, manifest: SweepManifest | None) -> MlflowStore:

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from ghsweep.capture.nsight_commands import ncu_command
 from ghsweep.config.schema import ConfigSchema, capture_steps, carried
 from ghsweep.core.errors import ProfilerUnavailable
+from ghsweep.core.names import PROFILE_ERROR_TAG
 from ghsweep.core.run_dir import (
     CONFIG,
     GAP_PLOT,
@@ -95,7 +96,7 @@ def after_worker(config: ConfigSchema, run: RunPlan, run_ncu_pass: RunNcuPass) -
             analysis.roofline["ncu_pass"] = ncu_info
     except (ProfilerUnavailable, OSError, ValueError) as exc:
         log.error("profile analysis failed: %s", exc)
-        outcome.tags["ghsweep.profile_error"] = str(exc)[:500]
+        outcome.tags[PROFILE_ERROR_TAG] = str(exc)[:500]
         return outcome
     outcome.artifacts += [analysis.save(run_dir), *profile_report.write(analysis, run_dir)]
     if analysis.gaps:

@@ -214,14 +214,23 @@ def record_slurm_logs(store: MlflowStore, run_id: str, stdout: Path, stderr: Pat
     store.log_artifacts(run_id, [stdout, stderr], "slurm")
 
 
-def record_from_run_dir(store: MlflowStore, result: RunResult, loss: Sequence[tuple[str, float, int]]) -> None:
+def record_from_run_dir(
+    store: MlflowStore,
+    result: RunResult,
+    loss: Sequence[tuple[str, float, int]],
+    system: Sequence[tuple[str, float, int, int]] = (),
+    tags: Mapping[str, str] | None = None,
+) -> None:
     """A run that ended on disk while its MLflow run stayed RUNNING: its end, metrics and files from its
-    run directory (`loss`: its steps' losses)."""
+    run directory (`loss`: its steps' losses; `system`: GPU and host over time, as RunOutcome's; `tags`:
+    more to say of it)."""
     run_id = str(result.mlflow_run_id)
     numbers = {**result.metrics, **result.timing}
     store.log_metrics(run_id, [(k, v, 0) for k, v in numbers.items() if isinstance(v, (int, float))])
     store.log_metrics(run_id, loss)
-    store.set_tags(run_id, {STATUS_TAG: result.status, **({ERROR_TAG: result.error} if result.error else {})})
+    store.log_metric_series(run_id, system)
+    said = {STATUS_TAG: result.status, **({ERROR_TAG: result.error} if result.error else {}), **(tags or {})}
+    store.set_tags(run_id, said)
     # config.yaml holds the real values of secrets: MLflow gets the job's redacted copy or none.
     store.log_artifacts(run_id, [Path(result.run_dir) / a for a in ARTIFACTS if a != CONFIG])
     store.finish(run_id, result.status)

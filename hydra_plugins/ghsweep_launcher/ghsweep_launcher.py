@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from hydra._internal.core_plugins import basic_launcher
-from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, configure_log, filter_overrides, setup_globals
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
 from omegaconf import open_dict
 
@@ -19,8 +20,8 @@ log = logging.getLogger(basic_launcher.__name__)  # Hydra's launch lines, under 
 
 
 class _GhsweepSubmitit(plugin.BaseSubmititLauncher):
-    """The plugin's launcher with ghsweep's launch() and checkpoint(); its config keys and remote side
-    (__call__) stay the plugin's."""
+    """The plugin's launcher with ghsweep's launch(), checkpoint() and remote side (__call__, run in the
+    job: each combination started as the basic launcher starts it); its config keys stay the plugin's."""
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> NoReturn:
         from ghsweep.launch.slurm import submitit_launcher
@@ -31,6 +32,18 @@ class _GhsweepSubmitit(plugin.BaseSubmititLauncher):
         from ghsweep.launch.slurm import submitit_launcher
 
         return submitit_launcher.launch(self, job_overrides, initial_job_idx)
+
+    def __call__(
+        self,
+        sweep_overrides: list[str],
+        job_dir_key: str,
+        job_num: int,
+        job_id: str,
+        singleton_state: dict[type, Singleton],
+    ) -> JobReturn:
+        from ghsweep.launch.slurm import submitit_launcher
+
+        return submitit_launcher.run_submitted(self, sweep_overrides, job_num, singleton_state)
 
 
 class LocalLauncher(_GhsweepSubmitit):
@@ -56,10 +69,9 @@ class BasicLauncher(basic_launcher.BasicLauncher):
             return self._launch(job_overrides, initial_job_idx)
 
     def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
-        """Hydra's basic launch, but a job Hydra cannot start (its run directory a link, or it or Hydra's
-        own files in it not written: a full or read-only disk) is recorded FAILED and the next one runs:
-        in Hydra's, its exception ends the sweep."""
-        from ghsweep.launch.job import record_unmade, refuse_linked_run_dir
+        """Hydra's basic launch, but a job Hydra cannot start is recorded FAILED and the next one runs
+        (ghsweep.launch.job.start_job): in Hydra's, its exception ends the sweep."""
+        from ghsweep.launch.job import start_job
 
         setup_globals()
         assert self.hydra_context is not None and self.config is not None and self.task_function is not None
@@ -71,18 +83,6 @@ class BasicLauncher(basic_launcher.BasicLauncher):
             sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             with open_dict(sweep_config):
                 sweep_config.hydra.job.id = sweep_config.hydra.job.num = idx
-            try:
-                refuse_linked_run_dir(sweep_config)  # before Hydra writes its own files through it
-                ret = run_job(
-                    hydra_context=self.hydra_context,
-                    task_function=self.task_function,
-                    config=sweep_config,
-                    job_dir_key="hydra.sweep.dir",
-                    job_subdir_key="hydra.sweep.subdir",
-                )
-            except Exception as exc:
-                ret = JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED)
-                ret.return_value = record_unmade(sweep_config, exc).__dict__
-            runs.append(ret)
+            runs.append(start_job(self.hydra_context, self.task_function, sweep_config))
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         return runs

@@ -18,7 +18,8 @@ from ghsweep.launch.slurm.submitted_jobs import load_jobs
 from ghsweep.tracking.mlflow_store import MlflowStore
 from ghsweep.train.dolly_data import synthetic_dolly, write_dolly_jsonl
 from tests.slurm.cluster import sacct_states, started_cluster
-from tests.support.cli import run_cli, start_cli
+from tests.support.cli import assert_one_line_errors, run_cli, start_cli
+from tests.support.disks import unstartable_run_dirs
 from tests.support.models import UNREADABLE_WEIGHTS_ERROR, unreadable_model
 from tests.support.slurm_sweeps import runs, sweep_args, wait_for
 
@@ -78,6 +79,23 @@ def test_failing_job_is_failed_with_its_slurm_log(mlflow_server, tmp_path):
     assert "worker.log" in artifacts(mlflow_server, child.run_id)
     slurm_logs = artifacts(mlflow_server, child.run_id, "slurm")
     assert any(p.endswith("_log.out") for p in slurm_logs) and any(p.endswith("_log.err") for p in slurm_logs)
+
+
+def test_jobs_that_hydra_cannot_start_are_failed_with_what_they_are_and_the_sweep_ends_whole(mlflow_server, tmp_path):
+    sweep_dir, victim = tmp_path / "sweep", tmp_path / "victim"
+    with unstartable_run_dirs(sweep_dir, victim) as said:
+        args = sweep_args(mlflow_server, "slurm_unstartable", "train.max_steps=2,3,4,5", "hydra.sweep.dir=sweep")
+        proc = run_cli(args, tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert_one_line_errors(proc.stdout, proc.stderr)
+    assert "1 of 4 runs finished" in proc.stdout and list(victim.iterdir()) == []
+    (parent,) = runs(mlflow_server, "slurm_unstartable", "sweep")
+    assert parent.status == "FAILED"
+    children = {c.job_num: c for c in runs(mlflow_server, "slurm_unstartable", "run")}
+    assert {n: c.status for n, c in children.items()} == {0: "FINISHED", 1: "FAILED", 2: "FAILED", 3: "FAILED"}
+    for num, error in said.items():
+        assert children[num].error.startswith(error), children[num].error
+        assert error[:40] in proc.stdout + proc.stderr
 
 
 def test_job_cancelled_with_scancel_ends_killed_and_the_sweep_ends(mlflow_server, tmp_path):

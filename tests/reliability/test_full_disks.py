@@ -4,35 +4,19 @@ sweep directory; the sweep goes on and ends whole, and nothing the runs measured
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ghsweep.core.errors import TrackingError
 from ghsweep.tracking.mlflow_store import MlflowStore
-from tests.support.cli import assert_one_line_errors
+from tests.support.cli import assert_one_line_errors, run_cli
+from tests.support.disks import small_tmpfs, unstartable_run_dirs
 from tests.support.mlflow_records import all_runs, assert_nothing_running, by_role, sqlite_uri
 from tests.support.stopped_sweep import start_sweep, wait_until_training
 from tests.support.sweep_dirs import results
-
-
-@contextlib.contextmanager
-def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of `size` mounted at `path`, for as long as the block runs."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs as a full disk needs root")
-    path.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"this machine does not let a test mount a tmpfs: {mounted.stderr.decode().strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=True)
 
 
 def fill(disk: Path) -> None:
@@ -102,3 +86,33 @@ def test_a_sweep_directory_that_fills_or_turns_read_only_fails_the_runs_it_touch
     for num in (1, 2):  # the run on the disk as it went, and the next, which Hydra could not start
         assert children[num].status == "FAILED"
         assert children[num].error.startswith(said.format(sweep_dir / str(num))), children[num].error
+
+
+def test_submitted_jobs_that_hydra_cannot_start_are_recorded_failed_and_the_sweep_ends_whole(tmp_path):
+    # The jobs start their combinations as SLURM jobs do, through submitit (here its local executor).
+    sweep_dir, victim = tmp_path / "sweep", tmp_path / "victim"
+    with unstartable_run_dirs(sweep_dir, victim) as said:
+        proc = run_cli(
+            [
+                "-m",
+                "hydra/launcher=submitit_local",
+                "experiment=smoke",
+                "precision=fp32",
+                "train.max_steps=2,3,4,5",
+                "train.seq_length=64",
+                "hydra.sweep.dir=sweep",
+            ],
+            tmp_path,
+        )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert_one_line_errors(proc.stdout, proc.stderr)
+    assert "1 of 4 runs finished" in proc.stdout, proc.stdout[-3000:]
+    assert list(victim.iterdir()) == []
+    runs = all_runs(sqlite_uri(tmp_path))
+    assert_nothing_running(runs)
+    assert [p.status for p in by_role(runs, "sweep")] == ["FAILED"]
+    children = {c.job_num: c for c in by_role(runs, "run")}
+    assert {n: c.status for n, c in children.items()} == {0: "FINISHED", 1: "FAILED", 2: "FAILED", 3: "FAILED"}
+    for num, error in said.items():
+        assert children[num].error.startswith(error), children[num].error
+        assert error[:40] in proc.stdout + proc.stderr  # said on the console, not only in the job's log

@@ -1,10 +1,13 @@
 """Stopping a real local sweep: Ctrl-C (SIGINT) or SIGTERM stops the running worker, records that run
 and the sweep KILLED with the reason, prints what finished and exits 130/143; the same command then
 resumes. A sweep killed outright (SIGKILL) leaves RUNNING runs, which `python -m ghsweep.status` or the
-next sweep ends FAILED with "the sweep process died", stopping the worker it left behind."""
+next sweep ends FAILED with "the sweep process died", stopping the worker it left behind; a run whose
+worker had finished (the sweep killed as it analysed the run's profile) is recorded FINISHED from its run
+directory."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -15,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from ghsweep.launch.worker_process import worker_pid
 from ghsweep.tracking.mlflow_store import MlflowStore
-from tests.support.cli import assert_one_line_errors, run_cli
+from tests.support.cli import assert_one_line_errors, run_cli, start_cli
 from tests.support.mlflow_records import all_runs, assert_nothing_running, by_role, sqlite_uri
 from tests.support.stopped_sweep import SWEEP, start_sweep, wait_until_training
 from tests.support.sweep_dirs import results
@@ -125,3 +129,43 @@ def test_a_killed_sweep_is_settled_by_the_next_sweep(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "1 of 1 runs finished" in again.stdout
     assert_settled_as_died(tmp_path, "killed", worker)
+
+
+def test_a_sweep_killed_while_it_analyses_a_finished_run_records_it_finished_and_resumes(tmp_path):
+    # One combination: the case is its record; the resume's part is to take the run as it was settled.
+    sweep = ["-m", "experiment=smoke", "precision=fp32", "profile=torch", "train.max_steps=4", "train.seq_length=64"]
+    proc = start_cli([*sweep, "hydra.sweep.dir=cut"], tmp_path)
+    run_0 = tmp_path / "cut" / "0"
+    deadline = time.monotonic() + 300
+    while not (run_0 / "summary.json").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    assert wait_gone(worker_pid(run_0), timeout_s=30)
+    time.sleep(0.2)  # the worker has exited: the sweep analyses its PyTorch trace (about a second)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert results(tmp_path / "cut")[0]["status"] == "RUNNING" and not (run_0 / "report.md").exists()
+
+    status = subprocess.run(
+        [sys.executable, "-m", "ghsweep.status", "cut"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert_one_line_errors(status.stdout, status.stderr)
+    assert "recorded FINISHED in MLflow from its run directory" in status.stderr, status.stderr[-3000:]
+    assert status.returncode == 0 and "1 of 1 runs finished" in status.stdout
+    runs = all_runs(sqlite_uri(tmp_path))
+    assert_nothing_running(runs)
+    [child_0] = by_role(runs, "run")
+    assert child_0.status == "FINISHED" and child_0.tags["ghsweep.status"] == "FINISHED"
+    measured = json.loads((run_0 / "summary.json").read_text())["metrics"]
+    assert measured and {k: child_0.metrics[k] for k in measured} == pytest.approx(measured)
+    assert "train_s" in child_0.metrics and any(k.startswith("system/") for k in child_0.metrics)
+    assert "the sweep process died" in child_0.tags["ghsweep.profile_error"]
+    assert results(tmp_path / "cut")[0]["status"] == "FINISHED"
+
+    again = run_cli([*sweep, "hydra.sweep.dir=cut"], tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "1 of 1 runs finished" in again.stdout and "skipped, already FINISHED" in again.stdout
+    assert results(tmp_path / "cut")[0]["mlflow_run_id"] == child_0.run_id  # not trained again
+    runs = all_runs(sqlite_uri(tmp_path))
+    assert_nothing_running(runs)
+    assert [p.status for p in by_role(runs, "sweep")] == ["FINISHED"]

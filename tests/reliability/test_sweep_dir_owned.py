@@ -20,6 +20,7 @@ from mlflow.tracking import MlflowClient
 from ghsweep.core.errors import SweepDirInUse
 from ghsweep.launch.stale_runs import PID_NS_TAG, PID_TAG, identity, process_died, process_identity, process_tags
 from ghsweep.launch.sweep_manifest import NOBODY, SweepManifest, live_holder
+from ghsweep.tracking.mlflow_store import MlflowStore
 from tests.support.cli import assert_one_line_errors, run_cli, start_cli
 from tests.support.mlflow_records import all_runs, assert_nothing_running, by_role, sqlite_uri
 
@@ -70,8 +71,9 @@ def test_a_sweep_directory_is_held_by_its_live_sweep_alone(tmp_path):
     assert not process_died({**dead, "ghsweep.host": socket.gethostname() + "-elsewhere"})
 
 
-def test_a_sweep_stopped_while_it_creates_its_mlflow_run_is_started_again_by_the_same_command(tmp_path):
-    # The store locked by another tool: the sweep waits on it as it creates its MLflow run.
+def test_a_sweep_stopped_as_it_starts_is_started_again_by_the_same_command(tmp_path):
+    # Stopped twice before its first job, then the same command once, to its end.
+    # SIGTERM while it waits to create its MLflow run (the store locked by another tool).
     store = sqlite3.connect(tmp_path / "mlflow.db", isolation_level=None)
     store.execute("BEGIN EXCLUSIVE")
     proc = start_cli([*ONE_RUN, "hydra.sweep.dir=stopped"], tmp_path)
@@ -84,13 +86,38 @@ def test_a_sweep_stopped_while_it_creates_its_mlflow_run_is_started_again_by_the
         proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=120)
     store.rollback()
-    store.close()
     assert proc.returncode != 0 and not list((tmp_path / "stopped").glob("*/result.json"))
     assert_one_line_errors(stdout, stderr)
+
+    # Killed outright once its MLflow run is made, before its manifest is written: a trigger holds it in
+    # its first write after that run (the sweep's overrides).
+    MlflowStore(sqlite_uri(tmp_path), "ghsweep")
+    store.execute("CREATE TABLE spin (n INTEGER)")
+    store.executemany("INSERT INTO spin VALUES (?)", [(n,) for n in range(400)])
+    store.execute(
+        "CREATE TRIGGER hold AFTER INSERT ON params WHEN NEW.key = 'sweep.overrides' "
+        "BEGIN SELECT count(*) FROM spin a, spin b, spin c; END"
+    )
+    proc = start_cli([*ONE_RUN, "hydra.sweep.dir=stopped"], tmp_path)
+    deadline = time.monotonic() + 120
+    while store.execute("SELECT count(*) FROM runs").fetchone()[0] == 0:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    proc.kill()
+    proc.communicate(timeout=60)
+    store.execute("DROP TRIGGER hold")
+    store.close()
+    assert not (tmp_path / "stopped" / "ghsweep_sweep.json").exists(), "killed too late: the manifest was written"
+    assert [r.status for r in all_runs(sqlite_uri(tmp_path))] == ["RUNNING"]
+
     again = run_cli([*ONE_RUN, "hydra.sweep.dir=stopped"], tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
+    assert_one_line_errors(again.stdout, again.stderr)
     assert "1 of 1 runs finished" in again.stdout
-    assert_nothing_running(all_runs(sqlite_uri(tmp_path)))
+    runs = all_runs(sqlite_uri(tmp_path))
+    assert_nothing_running(runs)
+    killed = [p for p in by_role(runs, "sweep") if p.status == "FAILED"]
+    assert len(killed) == 1 and killed[0].error.startswith("the sweep process died (pid ")
 
 
 def test_status_records_a_run_whose_record_was_cut_by_a_kill_and_lists_past_an_unreadable_sweep(tmp_path):

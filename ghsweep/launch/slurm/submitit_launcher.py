@@ -2,16 +2,19 @@
 
 The plugin's launch() submits the sweep and then waits on each job's result, so one job cancelled
 from outside raises and ends the whole sweep, and its MLflow run stays RUNNING forever. These
-subclasses keep the plugin's config keys and remote side (its __call__), and change launch():
+subclasses keep the plugin's config keys, and change launch() and the remote side (its __call__, run_submitted):
 - dry_run=true prints each combination's run directory, worker command and sbatch parameters and
   submits nothing;
 - combinations that already FINISHED in MLflow are not submitted again (force=true: all are);
 - every submitted job is recorded in the sweep directory; with wait=true the sweep waits for all
   of them and collects each one's result (ghsweep.launch.slurm.submitted_jobs), with wait=false it returns at
-  once and `python -m ghsweep.status SWEEP_DIR` follows and collects it later.
+  once and `python -m ghsweep.status SWEEP_DIR` follows and collects it later;
+- each job starts its combination as the local launcher does (ghsweep.launch.job.start_job): a job
+  Hydra cannot start (its run directory a link, a full or read-only disk) is recorded FAILED with what
+  it is, and the sweep collects what the job returned.
 Hydra instantiates launchers only from the hydra_plugins package: the classes profiles name
 (`hydra_plugins.ghsweep_launcher.ghsweep_launcher.SlurmLauncher`, `...LocalLauncher`) are the
-plugin's, with launch() and checkpoint() calling this module's (imported when called: Hydra imports
+plugin's, with launch(), checkpoint() and __call__ calling this module's (imported when called: Hydra imports
 hydra_plugins at every command's plugin scan).
 """
 
@@ -32,7 +35,7 @@ from typing import Any, NoReturn, cast
 
 import submitit
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides, setup_globals
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -45,6 +48,7 @@ from ghsweep.core.run_plan import World
 from ghsweep.core.run_result import RunResult
 from ghsweep.launch.combination import Combination
 from ghsweep.launch.dry_run import describe, local_ranks_text
+from ghsweep.launch.job import start_job
 from ghsweep.launch.local_gpus import gpu_sets, placed_gpus
 from ghsweep.launch.resume import finished_run, run_hash, skip_finished
 from ghsweep.launch.slurm.requeue import slurm_job_id
@@ -149,6 +153,25 @@ def checkpoint(launcher: plugin.BaseSubmititLauncher) -> NoReturn:
         f"was reached; backend {launcher.config.backend.name} cannot resume from a checkpoint, so the job "
         "was not requeued"
     )
+
+
+def run_submitted(
+    launcher: plugin.BaseSubmititLauncher,
+    sweep_overrides: Sequence[str],
+    job_num: int,
+    singleton_state: dict[type, Singleton],
+) -> JobReturn:
+    """The remote side of a submitted job (the plugin's __call__, in the job on its node): its combination
+    composed as the plugin composes it, and started as a local sweep starts one (launch.job.start_job),
+    so a job Hydra cannot start is recorded FAILED with what it is rather than a traceback in its SLURM log."""
+    assert launcher.hydra_context is not None and launcher.config is not None and launcher.task_function is not None
+    Singleton.set_state(singleton_state)
+    setup_globals()
+    sweep_config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(sweep_overrides))
+    with open_dict(sweep_config.hydra.job):
+        sweep_config.hydra.job.id = submitit.JobEnvironment().job_id
+        sweep_config.hydra.job.num = job_num
+    return start_job(launcher.hydra_context, launcher.task_function, sweep_config)
 
 
 # The launcher keys hydra-submitit-launcher passes to the executor's constructor (as

@@ -151,6 +151,13 @@ def job_failure(job: submitit.Job) -> tuple[RunStatus, str] | None:
     return None
 
 
+def returned_result(job: submitit.Job) -> RunResult | None:
+    """The result a job that completed its task returned, where its run directory holds none (Hydra could
+    not start it there: launch.job.start_job recorded it); None where it returned none."""
+    value = job.results()[0]._return_value
+    return RunResult(**{**value, "status": RunStatus(value["status"])}) if isinstance(value, dict) else None
+
+
 def collect_results(sweep_dir: Path, jobs: list[tuple[SubmittedJob, submitit.Job]]) -> list[RunResult]:
     """The result of every finished job, recording in MLflow those that could not record themselves."""
     manifest = SweepManifest.require(sweep_dir)
@@ -158,8 +165,10 @@ def collect_results(sweep_dir: Path, jobs: list[tuple[SubmittedJob, submitit.Job
     results: list[RunResult] = []
     for submitted, job in jobs:
         run_dir = Path(submitted.run_dir)
-        result = RunResult.load(run_dir) if (run_dir / RESULT).exists() else None
+        # Not read through a run directory that is a link: its job refused it (launch.job.start_job).
+        own_file = (run_dir / RESULT).exists() and not run_dir.is_symlink()
         failure = job_failure(job)
+        result = RunResult.load(run_dir) if own_file else None if failure else returned_result(job)
         if failure and (result is None or result.status != RunStatus.FINISHED):
             result = _record_lost(store, manifest, submitted, result, *failure)
         if result is None:
