@@ -89,12 +89,17 @@ def result_from_run(run: StoredRun) -> RunResult:
 
 
 def skip_finished(run: StoredRun, name: str, run_dir: Path, overrides: list[str]) -> RunResult:
-    """Write this combination's result.json from the earlier run instead of training again."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """Write this combination's result.json from the earlier run instead of training again; into a run
+    directory that is a symbolic link nothing is written (a sweep writes only into directories it
+    makes), and the result is returned alone."""
     result = dataclasses.replace(
         result_from_run(run), name=name, run_dir=str(run_dir), overrides=overrides, reused=True
     )
-    result.save()
+    if run_dir.is_symlink():
+        log.warning("%s: the run directory %s is a symbolic link; its result.json is not written", name, run_dir)
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        result.save()
     log.info(
         "%s: skipped, already FINISHED in MLflow run %s with %s (force=true reruns it)",
         name,

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ghsweep.launch.resume import run_hash
+from ghsweep.core.run_dir import RESULT
+from ghsweep.core.run_result import RunStatus
+from ghsweep.launch.resume import run_hash, skip_finished
+from ghsweep.tracking.mlflow_store import StoredRun
 from tests.support.cli import run_cli
 from tests.support.compose import compose_config
 from tests.support.mlflow_records import MlflowRecords, sqlite_uri
@@ -112,3 +115,23 @@ def test_a_code_change_trains_again_and_a_reuse_names_code_and_data(tmp_path):
     assert "reused" not in edited.stdout and (tmp_path / "edited" / "0" / "worker.log").exists()
     [new] = [r for r in records.runs("run") if r.info.run_id != done.info.run_id]
     assert new.data.tags["ghsweep.code"].startswith(f"{code}+dirty.")
+
+
+def test_a_reused_result_is_not_written_through_a_run_directory_that_is_a_link(tmp_path, caplog):
+    # A SLURM sweep's resume reuses a finished run before any job starts; its run directory planted as a
+    # link to a folder elsewhere must not receive the result.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "sweep").mkdir()
+    linked = tmp_path / "sweep" / "0"
+    linked.symlink_to(elsewhere, target_is_directory=True)
+    earlier = StoredRun(
+        "r1", "precision=bf16", "FINISHED", "1", 0, {"ghsweep.run_dir": str(linked)}, {}, {"tokens_per_s": 5.0}
+    )
+    result = skip_finished(earlier, "precision=bf16", linked, ["precision=bf16"])
+    assert result.reused and result.status == RunStatus.FINISHED and result.metrics == {"tokens_per_s": 5.0}
+    assert list(elsewhere.iterdir()) == []
+    assert "is a symbolic link; its result.json is not written" in caplog.text
+    plain = tmp_path / "sweep" / "1"
+    skip_finished(earlier, "precision=bf16", plain, ["precision=bf16"])
+    assert json.loads((plain / RESULT).read_text())["reused"] is True
