@@ -79,6 +79,26 @@ class ConfigSection:
         for name in names or tuple(rules):
             check_rule(f"{key}.{name}", rules[name], getattr(self, name))
 
+    def check_composed(self, key: str, composed: frozenset[str], *names: str) -> None:
+        """Each knob named that the composed section sets (`composed`, its `composed_keys`): a knob only
+        some options carry is None in the typed section both where the option lacks it and where a user
+        set it to null, and only the second is refused."""
+        for name in names:
+            if name in composed:
+                self.check_knobs(key, name)
+
+
+def composed_keys(node: DictConfig) -> frozenset[str]:
+    """The keys a composed config section sets, a sub-section's as `sub.knob` too: what tells its typed
+    section's knob set to null from one its option does not carry."""
+    keys = set()
+    for name in map(str, node):
+        keys.add(name)
+        value = node.get(name)
+        if isinstance(value, DictConfig):
+            keys.update(f"{name}.{sub}" for sub in composed_keys(value))
+    return frozenset(keys)
+
 
 @dataclass
 class TrainSchema(ConfigSection):
@@ -351,13 +371,42 @@ def capture_steps(capture: CaptureSchema, steps: int) -> range:
     return range(first, first + capture.num_steps)
 
 
+# LoRA's knobs: what peft=lora carries and peft=none must not.
+LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
+
+
 @dataclass
-class PeftSchema:
+class PeftSchema(ConfigSection):
     name: Literal["lora", "none"]
     r: Carried[Annotated[int, Range(1)]]  # LoRA rank (lora, as are the knobs below)
     alpha: Carried[PositiveNumber]
     dropout: Carried[Annotated[float, Range(0, 1, high_inclusive=False)]]
     target_modules: Carried[list[str]]  # linear modules of the model's arch (LINEAR_MODULES)
+
+    def check(self, composed: frozenset[str], arch: str, source: str) -> None:
+        """`composed`: the keys the composed section sets; `arch`: the trained model's architecture
+        (`source` names the model)."""
+        check("peft", self.name)
+        if self.name == "none":
+            # LoRA's keys set with peft=none would be ignored: the run would not be the one asked for.
+            set_keys = [knob for knob in LORA_KEYS if knob in composed]
+            if set_keys:
+                raise ConfigError(
+                    f"peft.{set_keys[0]}={getattr(self, set_keys[0])}: a LoRA setting, and peft=none trains every "
+                    "weight without LoRA; accepted: peft=lora with it, or peft=none without it"
+                )
+            return
+        self.check_knobs("peft", *LORA_KEYS)
+        available = LINEAR_MODULES[arch]
+        targets = carried(self.target_modules, "peft.target_modules")
+        if not targets:
+            raise ConfigError(f"peft.target_modules=[]: name at least one; accepted: {accepted(available)}")
+        for target in targets:
+            if target not in available:
+                raise ConfigError(
+                    f"peft.target_modules: {target!r} is not a linear module of {source} ({arch}); "
+                    f"accepted: {accepted(available)}"
+                )
 
 
 @dataclass

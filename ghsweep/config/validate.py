@@ -13,14 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from ghsweep.config.model_facts import ModelFacts, model_facts
-from ghsweep.config.schema import (
-    LINEAR_MODULES,
-    ConfigSchema,
-    accepted,
-    check,
-    knobs,
-    typed,
-)
+from ghsweep.config.schema import ConfigSchema, check, composed_keys, knobs, typed
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
 
@@ -59,7 +52,7 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
     for key in ("seed", "repeat", "system_metrics.interval_s"):
         check(key, OmegaConf.select(cfg, key))
     config.train.check(model.source, model.max_position_embeddings, device, on_gpu, config.data, config.precision.name)
-    _validate_peft(cfg, model)
+    config.peft.check(composed_keys(cfg.peft), model.arch, model.source)
     _validate_precision(cfg, gpu, on_gpu)
     config.offload.check(model.source, model.num_layers)
     in_container = config.container is not None and config.container.image is not None
@@ -82,28 +75,6 @@ def _check_rate_resolves(cfg: DictConfig, model: ModelFacts) -> None:
             f"train.lr: {model.source} sets no rate for peft={cfg.peft.name} (model.lr.{cfg.peft.name}); "
             "set train.lr=RATE or model.lr.lora / model.lr.none"
         ) from None
-
-
-def _validate_peft(cfg: DictConfig, model: ModelFacts) -> None:
-    peft = cfg.peft
-    check("peft", peft.name)
-    if peft.name == "none":
-        _validate_no_lora_keys(cfg)
-        return
-    check("peft.r", peft.r)
-    check("peft.alpha", peft.alpha)
-    check("peft.dropout", peft.dropout)
-    available = LINEAR_MODULES[model.arch]
-    check("peft.target_modules", peft.target_modules)
-    targets = list(peft.target_modules)
-    if not targets:
-        raise ConfigError(f"peft.target_modules=[]: name at least one; accepted: {accepted(available)}")
-    for target in targets:
-        if target not in available:
-            raise ConfigError(
-                f"peft.target_modules: {target!r} is not a linear module of {model.source} "
-                f"({model.arch}); accepted: {accepted(available)}"
-            )
 
 
 def _validate_precision(cfg: DictConfig, gpu: GpuInfo | None, on_gpu: bool) -> None:
@@ -143,19 +114,8 @@ def _validate_profile(cfg: DictConfig) -> None:
                 check(f"profile.{tool}.{knob}", p[tool][knob])
 
 
-LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
 # What a run directory's files may be named after (hydra.job.name names the job's log file).
 SAFE_NAME = re.compile(r"^[\w.\-]+$")
-
-
-def _validate_no_lora_keys(cfg: DictConfig) -> None:
-    """LoRA's keys set with peft=none would be ignored: the run would not be the one asked for."""
-    set_keys = [k for k in LORA_KEYS if k in cfg.peft]
-    if set_keys:
-        raise ConfigError(
-            f"peft.{set_keys[0]}={OmegaConf.select(cfg, 'peft.' + set_keys[0])}: a LoRA setting, and peft=none "
-            "trains every weight without LoRA; accepted: peft=lora with it, or peft=none without it"
-        )
 
 
 def _validate_backend(cfg: DictConfig) -> None:
