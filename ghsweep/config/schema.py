@@ -36,6 +36,7 @@ from typing import Annotated, Any, Literal, Optional, TypeVar, Union
 from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.core.errors import ConfigError
+from ghsweep.core.gpu import GpuInfo
 
 
 @dataclass(frozen=True)
@@ -409,8 +410,11 @@ class PeftSchema(ConfigSection):
                 )
 
 
+FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
+
+
 @dataclass
-class PrecisionSchema:
+class PrecisionSchema(ConfigSection):
     name: Literal["fp32", "fp16", "bf16", "fp8"]
     library: Carried[Literal["auto", "te", "torchao"]]  # fp8 (as scaling and format): Transformer Engine or torchao
     scaling: Carried[Literal["delayed", "current"]]
@@ -418,6 +422,28 @@ class PrecisionSchema:
     allow_tf32: Carried[bool]  # fp32: TF32 matmuls on Ampere and newer
     initial_loss_scale: Carried[PositiveNumber]  # fp16: GradScaler's first scale
     reduce_dtype: Literal["fp32", "param"]  # of gradients across ranks (FSDP2); param: their own dtype
+
+    def check(self, composed: frozenset[str], device: str, on_gpu: bool, gpu: GpuInfo | None) -> None:
+        """`composed`: the keys the composed section sets; `device`: the run's setting, `on_gpu`: where it
+        trains, `gpu`: the GPU it sees."""
+        check("precision", self.name)
+        # Each precision's own knobs (allow_tf32: fp32's, initial_loss_scale: fp16's).
+        self.check_composed("precision", composed, "allow_tf32", "initial_loss_scale", "reduce_dtype")
+        if self.name != "fp8":
+            return
+        self.check_knobs("precision", "library", "scaling", "format")
+        need = ".".join(map(str, FP8_MIN_COMPUTE_CAPABILITY))
+        if not on_gpu or gpu is None:
+            raise ConfigError(
+                f"precision=fp8: needs an NVIDIA GPU of compute capability >= {need} and this run has none "
+                f"(device={device}); accepted here: fp32, fp16, bf16"
+            )
+        if gpu.compute_capability < FP8_MIN_COMPUTE_CAPABILITY:
+            cc = ".".join(map(str, gpu.compute_capability))
+            raise ConfigError(
+                f"precision=fp8: {gpu.name} has compute capability {cc}, fp8 needs >= {need}; "
+                "accepted here: fp32, fp16, bf16"
+            )
 
 
 @dataclass

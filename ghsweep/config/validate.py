@@ -17,8 +17,6 @@ from ghsweep.config.schema import ConfigSchema, check, composed_keys, knobs, typ
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
 
-FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
-
 
 def run_device(config: ConfigSchema, gpu: GpuInfo | None) -> str:
     """'cuda' or 'cpu': where this run will train."""
@@ -53,7 +51,7 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
         check(key, OmegaConf.select(cfg, key))
     config.train.check(model.source, model.max_position_embeddings, device, on_gpu, config.data, config.precision.name)
     config.peft.check(composed_keys(cfg.peft), model.arch, model.source)
-    _validate_precision(cfg, gpu, on_gpu)
+    config.precision.check(composed_keys(cfg.precision), device, on_gpu, gpu)
     config.offload.check(model.source, model.num_layers)
     in_container = config.container is not None and config.container.image is not None
     config.memory.check(device, on_gpu, config.offload.enabled, in_container)
@@ -75,32 +73,6 @@ def _check_rate_resolves(cfg: DictConfig, model: ModelFacts) -> None:
             f"train.lr: {model.source} sets no rate for peft={cfg.peft.name} (model.lr.{cfg.peft.name}); "
             "set train.lr=RATE or model.lr.lora / model.lr.none"
         ) from None
-
-
-def _validate_precision(cfg: DictConfig, gpu: GpuInfo | None, on_gpu: bool) -> None:
-    p = cfg.precision
-    check("precision", p.name)
-    # Each precision's own knobs (allow_tf32: fp32's, initial_loss_scale: fp16's).
-    for knob in ("allow_tf32", "initial_loss_scale", "reduce_dtype"):
-        if knob in p:
-            check(f"precision.{knob}", p[knob])
-    if p.name != "fp8":
-        return
-    check("precision.library", p.library)
-    check("precision.scaling", p.scaling)
-    check("precision.format", p.format)
-    need = ".".join(map(str, FP8_MIN_COMPUTE_CAPABILITY))
-    if not on_gpu or gpu is None:
-        raise ConfigError(
-            f"precision=fp8: needs an NVIDIA GPU of compute capability >= {need} and this run has none "
-            f"(device={cfg.device}); accepted here: fp32, fp16, bf16"
-        )
-    if gpu.compute_capability < FP8_MIN_COMPUTE_CAPABILITY:
-        cc = ".".join(map(str, gpu.compute_capability))
-        raise ConfigError(
-            f"precision=fp8: {gpu.name} has compute capability {cc}, fp8 needs >= {need}; "
-            "accepted here: fp32, fp16, bf16"
-        )
 
 
 def _validate_profile(cfg: DictConfig) -> None:
