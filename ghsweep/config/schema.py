@@ -536,7 +536,7 @@ NsysTrace = Literal[
 
 
 @dataclass
-class NsysSchema:
+class NsysSchema(ConfigSection):
     path: str | None  # the nsys executable; null: found on PATH
     trace: list[NsysTrace]  # `nsys profile --trace`
     um_page_faults: Literal["auto", True, False]  # auto: with memory=unified
@@ -546,7 +546,7 @@ class NsysSchema:
 
 
 @dataclass
-class NcuSchema:
+class NcuSchema(ConfigSection):
     enabled: bool  # a Nsight Compute pass after nsys (profile=nsys_ncu)
     path: str | None  # the ncu executable; null: found on PATH
     top_k: Annotated[int, Range(1)]  # kernels that get a roofline
@@ -555,11 +555,27 @@ class NcuSchema:
 
 
 @dataclass
-class ProfileSchema:
+class ProfileSchema(ConfigSection):
     name: Literal["auto", "none", "torch", "memory", "nsys", "nsys_ncu"]
     artifact_max_mb: Annotated[float, Range(0)] | None  # raw profiles larger are not uploaded; null: no limit
     nsys: Carried[NsysSchema]  # nsys, nsys_ncu and auto (as ncu)
     ncu: Carried[NcuSchema]
+
+    def check(self, composed: frozenset[str]) -> None:
+        """`composed`: the keys the composed section sets, its tools' as `nsys.trace`."""
+        check("profile", self.name)
+        self.check_knobs("profile", "artifact_max_mb")
+        # The tools' sections the profile option carries (profile=torch: none), each knob where it is set.
+        for tool, section in (("nsys", self.nsys), ("ncu", self.ncu)):
+            if section is None:
+                if tool in composed:
+                    raise ConfigError(
+                        f"profile.{tool}=None: not a section of {tool}'s knobs; accepted: its knobs set one by one "
+                        f"(profile.{tool}.KNOB=VALUE)"
+                    )
+                continue
+            set_knobs = {key.removeprefix(f"{tool}.") for key in composed if key.startswith(f"{tool}.")}
+            section.check_composed(f"profile.{tool}", frozenset(set_knobs), *knobs(f"profile.{tool}"))
 
 
 @dataclass

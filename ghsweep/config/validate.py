@@ -56,7 +56,7 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
     in_container = config.container is not None and config.container.image is not None
     config.memory.check(device, on_gpu, config.offload.enabled, in_container)
     config.dataloader.check()
-    _validate_profile(cfg)
+    config.profile.check(composed_keys(cfg.profile))
     config.capture.check(config.profile.name, config.backend.name, config.train.max_steps)
     config.worker.check()
     if config.container is not None:
@@ -73,17 +73,6 @@ def _check_rate_resolves(cfg: DictConfig, model: ModelFacts) -> None:
             f"train.lr: {model.source} sets no rate for peft={cfg.peft.name} (model.lr.{cfg.peft.name}); "
             "set train.lr=RATE or model.lr.lora / model.lr.none"
         ) from None
-
-
-def _validate_profile(cfg: DictConfig) -> None:
-    p = cfg.profile
-    check("profile", p.name)
-    check("profile.artifact_max_mb", p.get("artifact_max_mb"))
-    # The tools' sections the profile option carries (profile=torch: none).
-    for tool in ("nsys", "ncu"):
-        for knob in knobs(f"profile.{tool}"):
-            if knob in p.get(tool, {}):
-                check(f"profile.{tool}.{knob}", p[tool][knob])
 
 
 # What a run directory's files may be named after (hydra.job.name names the job's log file).
