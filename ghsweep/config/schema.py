@@ -606,7 +606,7 @@ class WorkerSchema(ConfigSection):
 
 
 @dataclass
-class BackendSchema:
+class BackendSchema(ConfigSection):
     """The backend's keys; each option sets its own (num_nodes and gpus_per_node: torch and nemo)."""
 
     name: Literal["torch", "nemo", "automodel"]  # the backends of ghsweep.train.backends.BACKENDS
@@ -619,6 +619,12 @@ class BackendSchema:
     recompute_granularity: Literal["selective", "full"] | None  # nemo, Megatron's; null: no recomputation
     recompute_method: Literal["block", "uniform"] | None  # nemo, with recompute_granularity=full
     recompute_num_layers: Annotated[int, Range(1)] | None  # nemo, with recompute_granularity=full
+
+    def check(self, composed: frozenset[str]) -> None:
+        """`composed`: the keys the composed section sets, the knobs its option carries (num_nodes: torch and
+        nemo; tensor_parallel: nemo)."""
+        check("backend", self.name)
+        self.check_composed("backend", composed, *(knob for knob in knobs("backend") if knob != "name"))
 
 
 @dataclass

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from ghsweep.config.model_facts import ModelFacts, model_facts
-from ghsweep.config.schema import ConfigSchema, check, composed_keys, knobs, typed
+from ghsweep.config.schema import BackendSchema, ConfigSchema, check, composed_keys, typed, typed_section
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
 
@@ -40,8 +40,8 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
         raise ConfigError(f"device={device}: no NVIDIA GPU is visible to this job; accepted here: auto, cpu")
     on_gpu = _trains_on(device, gpu) == "cuda"
 
-    check("backend", cfg.backend.name)
-    _validate_backend(cfg)
+    # Typed alone: its refusals come before the model folder's, and `typed` reads train.lr, checked after.
+    typed_section(BackendSchema, cfg.backend).check(composed_keys(cfg.backend))
     model = model_facts(cfg.model)
     _check_rate_resolves(cfg, model)
     config = typed(cfg)
@@ -77,13 +77,6 @@ def _check_rate_resolves(cfg: DictConfig, model: ModelFacts) -> None:
 
 # What a run directory's files may be named after (hydra.job.name names the job's log file).
 SAFE_NAME = re.compile(r"^[\w.\-]+$")
-
-
-def _validate_backend(cfg: DictConfig) -> None:
-    """The knobs the chosen backend's option carries (num_nodes: torch and nemo; tensor_parallel: nemo)."""
-    for knob in knobs("backend"):
-        if knob != "name" and knob in cfg.backend:
-            check(f"backend.{knob}", cfg.backend[knob])
 
 
 def validate_launch(cfg: DictConfig, job_name: str) -> None:

@@ -251,10 +251,11 @@ def test_data_prepare_and_tokenizer(tmp_path):
         ("+precision.allow_tf32=null", "precision.allow_tf32=None: not an accepted value; accepted: True, False"),
         ("+peft.r=null", "peft.r=None: a LoRA setting, and peft=none trains every weight without LoRA"),
         ("+profile.nsys=null", "profile.nsys=None: not a section of nsys's knobs; accepted: its knobs set one by one"),
+        ("+backend.tensor_parallel=null", "backend.tensor_parallel=None: must be an integer >= 1"),
     ],
 )
 def test_null_set_where_the_option_carries_no_such_knob_is_refused(override, refused):
     # The typed section holds None for the knob either way: only the composed keys tell the two apart.
-    options = ("precision=bf16", "peft=none", "profile=none")
+    options = ("backend=torch", "precision=bf16", "peft=none", "profile=none")
     validate(composed(*options), None)
     assert error_of(composed(*options, override)).startswith(refused)
