@@ -579,8 +579,11 @@ class ProfileSchema(ConfigSection):
 
 
 @dataclass
-class SystemMetricsSchema:
+class SystemMetricsSchema(ConfigSection):
     interval_s: PositiveNumber | None  # seconds between samples of GPU and host metrics; null: off
+
+    def check(self) -> None:
+        self.check_knobs("system_metrics")
 
 
 # worker.timeout_min=auto on a GPU: a hang on a cluster node must not hold its allocation until the

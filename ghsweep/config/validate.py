@@ -47,8 +47,9 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
     config = typed(cfg)
     config.model.check(model.arch, model.source)
     config.data.check(config.backend.name, config.model.path, config.model.vocab_size)
-    for key in ("seed", "repeat", "system_metrics.interval_s"):
-        check(key, OmegaConf.select(cfg, key))
+    check("seed", config.seed)
+    check("repeat", config.repeat)
+    config.system_metrics.check()
     config.train.check(model.source, model.max_position_embeddings, device, on_gpu, config.data, config.precision.name)
     config.peft.check(composed_keys(cfg.peft), model.arch, model.source)
     config.precision.check(composed_keys(cfg.precision), device, on_gpu, gpu)

@@ -155,6 +155,9 @@ def test_a_model_without_a_rate_for_this_peft_names_the_keys():
         ("train.activation_memory_budget=1.5", "train.activation_memory_budget=1.5:", "<= 1"),
         ("train.optimizer_in_backward=maybe", "train.optimizer_in_backward=maybe:", "True, False"),
         ("data.mean_tokens=0", "data.mean_tokens=0:", "> 0"),
+        ("system_metrics.interval_s=0", "system_metrics.interval_s=0:", "> 0"),
+        ("seed=-1", "seed=-1:", ">= 0"),
+        ("repeat=0", "repeat=0:", ">= 1"),
     ],
 )
 def test_training_settings_out_of_range(override, start, accepted):
