@@ -655,9 +655,12 @@ class TrackingSchema:
 
 
 @dataclass
-class ReportSchema:
+class ReportSchema(ConfigSection):
     # The comparison's baseline: a job number, or one combination's overrides; null: the first that finished.
     baseline: Annotated[int, Range(0)] | str | None
+
+    def check(self) -> None:
+        self.check_knobs("report")
 
 
 @dataclass

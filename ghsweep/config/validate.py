@@ -13,7 +13,15 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from ghsweep.config.model_facts import ModelFacts, model_facts
-from ghsweep.config.schema import BackendSchema, ConfigSchema, check, composed_keys, typed, typed_section
+from ghsweep.config.schema import (
+    BackendSchema,
+    ConfigSchema,
+    ReportSchema,
+    check,
+    composed_keys,
+    typed,
+    typed_section,
+)
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
 
@@ -85,7 +93,7 @@ def validate_launch(cfg: DictConfig, job_name: str) -> None:
     the job's name (its log file's) and every interpolation. ConfigError, one line, before any record."""
     for switch in ("dry_run", "force", "wait"):
         check(switch, cfg[switch])
-    check("report.baseline", OmegaConf.select(cfg, "report.baseline"))
+    typed_section(ReportSchema, cfg.report).check()
     launcher = OmegaConf.select(cfg, "hydra.launcher")
     if launcher is not None:
         launcher_retries(launcher)
