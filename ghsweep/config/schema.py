@@ -648,10 +648,17 @@ class ContainerSchema(ConfigSection):
 
 
 @dataclass
-class TrackingSchema:
+class TrackingSchema(ConfigSection):
     uri: str  # an MLflow tracking URI (tracking/mlflow_store.py checks what it opens)
     experiment: str  # the MLflow experiment, non-empty
     server_uri: str | None  # a launch profile's tracking server, what tracking=auto and server log to
+
+    def check(self) -> None:
+        """The experiment (the URI is checked where it is opened)."""
+        if not isinstance(self.experiment, str) or not self.experiment.strip():
+            raise ConfigError(
+                f"tracking.experiment={self.experiment}: not an MLflow experiment name; accepted: a non-empty name"
+            )
 
 
 @dataclass

@@ -17,6 +17,7 @@ from ghsweep.config.schema import (
     BackendSchema,
     ConfigSchema,
     ReportSchema,
+    TrackingSchema,
     check,
     composed_keys,
     typed,
@@ -98,11 +99,6 @@ def validate_launch(cfg: DictConfig, job_name: str) -> None:
     if launcher is not None:
         launcher_retries(launcher)
         _check_launcher_tokens(launcher)
-    experiment = OmegaConf.select(cfg, "tracking.experiment")
-    if not isinstance(experiment, str) or not experiment.strip():
-        raise ConfigError(
-            f"tracking.experiment={experiment}: not an MLflow experiment name; accepted: a non-empty name"
-        )
     if not SAFE_NAME.match(job_name) or job_name in (".", ".."):
         raise ConfigError(
             f"hydra.job.name={job_name}: names the job's log file in its run directory; accepted: letters, "
@@ -111,6 +107,8 @@ def validate_launch(cfg: DictConfig, job_name: str) -> None:
     for key in cfg:
         if key != "hydra":
             _check_resolves(cfg, str(key))
+    # Typed once every value is known to resolve (tracking.uri may read the environment).
+    typed_section(TrackingSchema, cfg.tracking).check()
 
 
 def _check_resolves(cfg: DictConfig, key: str) -> None:

@@ -291,6 +291,11 @@ def test_a_launcher_profile_that_does_not_exist_is_one_line_before_any_run(tmp_p
             'container.env.X: KeyError raised while resolving interpolation: "Environment variable '
             "'GHSWEEP_TEST_UNSET' not found\"; set what it names, or give it a default (${oc.env:NAME,default})",
         ),
+        (
+            "tracking.uri=${oc.env:GHSWEEP_TEST_UNSET}",
+            'tracking.uri: KeyError raised while resolving interpolation: "Environment variable '
+            "'GHSWEEP_TEST_UNSET' not found\"; set what it names, or give it a default (${oc.env:NAME,default})",
+        ),
     ],
 )
 @pytest.mark.parametrize("sweep", [True, False], ids=["sweep", "single run"])
