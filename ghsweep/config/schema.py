@@ -12,11 +12,13 @@ groups stay what users select (precision=bf16); the schema checks the values the
 validated config into the schema's dataclasses, the config the plan, the worker and the backends read.
 
 A section checks itself (`ConfigSection`): its knobs against their fields' rules, then the rules between
-them, in its own `check`, which ghsweep.config.validate calls section by section. Plain dataclasses, and
-`check` rather than `__post_init__`: building a section must not refuse it, since the dry run types a
-refused combination to describe it and the launcher types one before it is validated, and a section's
-rules need facts of the run a constructor does not get (the GPU, the model folder's shape, the chosen
-profile). Not pydantic v2: it coerces values ("1" to 1, 1 to True) unless made strict, and says what is
+them, in its own `check`, which ghsweep.config.validate calls section by section. A `Carried` knob is None
+in the typed section both where its option lacks it and where a user set it to null: the sections with
+such knobs are handed the keys their composed section sets (`composed_keys`), to refuse only the second.
+Plain dataclasses, and `check` rather than `__post_init__`: building a section must not refuse it, since
+the dry run types a refused combination to describe it and the launcher types one before it is validated,
+and a section's rules need facts of the run a constructor does not get (the GPU, the model folder's shape,
+the chosen profile). Not pydantic v2: it coerces values ("1" to 1, 1 to True) unless made strict, and says what is
 wrong in its own words over several lines, where each refusal here is one line in the project's words.
 """
 
