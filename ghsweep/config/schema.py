@@ -12,11 +12,13 @@ groups stay what users select (precision=bf16); the schema checks the values the
 validated config into the schema's dataclasses, the config the plan, the worker and the backends read.
 
 A section checks itself (`ConfigSection`): its knobs against their fields' rules, then the rules between
-them, in its own `check`, which ghsweep.config.validate calls section by section. Plain dataclasses, and
-`check` rather than `__post_init__`: building a section must not refuse it, since the dry run types a
-refused combination to describe it and the launcher types one before it is validated, and a section's
-rules need facts of the run a constructor does not get (the GPU, the model folder's shape, the chosen
-profile). Not pydantic v2: it coerces values ("1" to 1, 1 to True) unless made strict, and says what is
+them, in its own `check`, which ghsweep.config.validate calls section by section. A `Carried` knob is None
+in the typed section both where its option lacks it and where a user set it to null: the sections with
+such knobs are handed the keys their composed section sets (`composed_keys`), to refuse only the second.
+Plain dataclasses, and `check` rather than `__post_init__`: building a section must not refuse it, since
+the dry run types a refused combination to describe it and the launcher types one before it is validated,
+and a section's rules need facts of the run a constructor does not get (the GPU, the model folder's shape,
+the chosen profile). Not pydantic v2: it coerces values ("1" to 1, 1 to True) unless made strict, and says what is
 wrong in its own words over several lines, where each refusal here is one line in the project's words.
 """
 
@@ -36,6 +38,7 @@ from typing import Annotated, Any, Literal, Optional, TypeVar, Union
 from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.core.errors import ConfigError
+from ghsweep.core.gpu import GpuInfo
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,26 @@ class ConfigSection:
         rules = _fields(type(self))
         for name in names or tuple(rules):
             check_rule(f"{key}.{name}", rules[name], getattr(self, name))
+
+    def check_composed(self, key: str, composed: frozenset[str], *names: str) -> None:
+        """Each knob named that the composed section sets (`composed`, its `composed_keys`): a knob only
+        some options carry is None in the typed section both where the option lacks it and where a user
+        set it to null, and only the second is refused."""
+        for name in names:
+            if name in composed:
+                self.check_knobs(key, name)
+
+
+def composed_keys(node: DictConfig) -> frozenset[str]:
+    """The keys a composed config section sets, a sub-section's as `sub.knob` too: what tells its typed
+    section's knob set to null from one its option does not carry."""
+    keys = set()
+    for name in map(str, node):
+        keys.add(name)
+        value = node.get(name)
+        if isinstance(value, DictConfig):
+            keys.update(f"{name}.{sub}" for sub in composed_keys(value))
+    return frozenset(keys)
 
 
 @dataclass
@@ -351,17 +374,49 @@ def capture_steps(capture: CaptureSchema, steps: int) -> range:
     return range(first, first + capture.num_steps)
 
 
+# LoRA's knobs: what peft=lora carries and peft=none must not.
+LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
+
+
 @dataclass
-class PeftSchema:
+class PeftSchema(ConfigSection):
     name: Literal["lora", "none"]
     r: Carried[Annotated[int, Range(1)]]  # LoRA rank (lora, as are the knobs below)
     alpha: Carried[PositiveNumber]
     dropout: Carried[Annotated[float, Range(0, 1, high_inclusive=False)]]
     target_modules: Carried[list[str]]  # linear modules of the model's arch (LINEAR_MODULES)
 
+    def check(self, composed: frozenset[str], arch: str, source: str) -> None:
+        """`composed`: the keys the composed section sets; `arch`: the trained model's architecture
+        (`source` names the model)."""
+        check("peft", self.name)
+        if self.name == "none":
+            # LoRA's keys set with peft=none would be ignored: the run would not be the one asked for.
+            set_keys = [knob for knob in LORA_KEYS if knob in composed]
+            if set_keys:
+                raise ConfigError(
+                    f"peft.{set_keys[0]}={getattr(self, set_keys[0])}: a LoRA setting, and peft=none trains every "
+                    "weight without LoRA; accepted: peft=lora with it, or peft=none without it"
+                )
+            return
+        self.check_knobs("peft", *LORA_KEYS)
+        available = LINEAR_MODULES[arch]
+        targets = carried(self.target_modules, "peft.target_modules")
+        if not targets:
+            raise ConfigError(f"peft.target_modules=[]: name at least one; accepted: {accepted(available)}")
+        for target in targets:
+            if target not in available:
+                raise ConfigError(
+                    f"peft.target_modules: {target!r} is not a linear module of {source} ({arch}); "
+                    f"accepted: {accepted(available)}"
+                )
+
+
+FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
+
 
 @dataclass
-class PrecisionSchema:
+class PrecisionSchema(ConfigSection):
     name: Literal["fp32", "fp16", "bf16", "fp8"]
     library: Carried[Literal["auto", "te", "torchao"]]  # fp8 (as scaling and format): Transformer Engine or torchao
     scaling: Carried[Literal["delayed", "current"]]
@@ -369,6 +424,28 @@ class PrecisionSchema:
     allow_tf32: Carried[bool]  # fp32: TF32 matmuls on Ampere and newer
     initial_loss_scale: Carried[PositiveNumber]  # fp16: GradScaler's first scale
     reduce_dtype: Literal["fp32", "param"]  # of gradients across ranks (FSDP2); param: their own dtype
+
+    def check(self, composed: frozenset[str], device: str, on_gpu: bool, gpu: GpuInfo | None) -> None:
+        """`composed`: the keys the composed section sets; `device`: the run's setting, `on_gpu`: where it
+        trains, `gpu`: the GPU it sees."""
+        check("precision", self.name)
+        # Each precision's own knobs (allow_tf32: fp32's, initial_loss_scale: fp16's).
+        self.check_composed("precision", composed, "allow_tf32", "initial_loss_scale", "reduce_dtype")
+        if self.name != "fp8":
+            return
+        self.check_knobs("precision", "library", "scaling", "format")
+        need = ".".join(map(str, FP8_MIN_COMPUTE_CAPABILITY))
+        if not on_gpu or gpu is None:
+            raise ConfigError(
+                f"precision=fp8: needs an NVIDIA GPU of compute capability >= {need} and this run has none "
+                f"(device={device}); accepted here: fp32, fp16, bf16"
+            )
+        if gpu.compute_capability < FP8_MIN_COMPUTE_CAPABILITY:
+            cc = ".".join(map(str, gpu.compute_capability))
+            raise ConfigError(
+                f"precision=fp8: {gpu.name} has compute capability {cc}, fp8 needs >= {need}; "
+                "accepted here: fp32, fp16, bf16"
+            )
 
 
 @dataclass
@@ -461,7 +538,7 @@ NsysTrace = Literal[
 
 
 @dataclass
-class NsysSchema:
+class NsysSchema(ConfigSection):
     path: str | None  # the nsys executable; null: found on PATH
     trace: list[NsysTrace]  # `nsys profile --trace`
     um_page_faults: Literal["auto", True, False]  # auto: with memory=unified
@@ -471,7 +548,7 @@ class NsysSchema:
 
 
 @dataclass
-class NcuSchema:
+class NcuSchema(ConfigSection):
     enabled: bool  # a Nsight Compute pass after nsys (profile=nsys_ncu)
     path: str | None  # the ncu executable; null: found on PATH
     top_k: Annotated[int, Range(1)]  # kernels that get a roofline
@@ -480,16 +557,35 @@ class NcuSchema:
 
 
 @dataclass
-class ProfileSchema:
+class ProfileSchema(ConfigSection):
     name: Literal["auto", "none", "torch", "memory", "nsys", "nsys_ncu"]
     artifact_max_mb: Annotated[float, Range(0)] | None  # raw profiles larger are not uploaded; null: no limit
     nsys: Carried[NsysSchema]  # nsys, nsys_ncu and auto (as ncu)
     ncu: Carried[NcuSchema]
 
+    def check(self, composed: frozenset[str]) -> None:
+        """`composed`: the keys the composed section sets, its tools' as `nsys.trace`."""
+        check("profile", self.name)
+        self.check_knobs("profile", "artifact_max_mb")
+        # The tools' sections the profile option carries (profile=torch: none), each knob where it is set.
+        for tool, section in (("nsys", self.nsys), ("ncu", self.ncu)):
+            if section is None:
+                if tool in composed:
+                    raise ConfigError(
+                        f"profile.{tool}=None: not a section of {tool}'s knobs; accepted: its knobs set one by one "
+                        f"(profile.{tool}.KNOB=VALUE)"
+                    )
+                continue
+            set_knobs = {key.removeprefix(f"{tool}.") for key in composed if key.startswith(f"{tool}.")}
+            section.check_composed(f"profile.{tool}", frozenset(set_knobs), *knobs(f"profile.{tool}"))
+
 
 @dataclass
-class SystemMetricsSchema:
+class SystemMetricsSchema(ConfigSection):
     interval_s: PositiveNumber | None  # seconds between samples of GPU and host metrics; null: off
+
+    def check(self) -> None:
+        self.check_knobs("system_metrics")
 
 
 # worker.timeout_min=auto on a GPU: a hang on a cluster node must not hold its allocation until the
@@ -515,7 +611,7 @@ class WorkerSchema(ConfigSection):
 
 
 @dataclass
-class BackendSchema:
+class BackendSchema(ConfigSection):
     """The backend's keys; each option sets its own (num_nodes and gpus_per_node: torch and nemo)."""
 
     name: Literal["torch", "nemo", "automodel"]  # the backends of ghsweep.train.backends.BACKENDS
@@ -528,6 +624,12 @@ class BackendSchema:
     recompute_granularity: Literal["selective", "full"] | None  # nemo, Megatron's; null: no recomputation
     recompute_method: Literal["block", "uniform"] | None  # nemo, with recompute_granularity=full
     recompute_num_layers: Annotated[int, Range(1)] | None  # nemo, with recompute_granularity=full
+
+    def check(self, composed: frozenset[str]) -> None:
+        """`composed`: the keys the composed section sets, the knobs its option carries (num_nodes: torch and
+        nemo; tensor_parallel: nemo)."""
+        check("backend", self.name)
+        self.check_composed("backend", composed, *(knob for knob in knobs("backend") if knob != "name"))
 
 
 @dataclass
@@ -548,16 +650,26 @@ class ContainerSchema(ConfigSection):
 
 
 @dataclass
-class TrackingSchema:
+class TrackingSchema(ConfigSection):
     uri: str  # an MLflow tracking URI (tracking/mlflow_store.py checks what it opens)
     experiment: str  # the MLflow experiment, non-empty
     server_uri: str | None  # a launch profile's tracking server, what tracking=auto and server log to
 
+    def check(self) -> None:
+        """The experiment (the URI is checked where it is opened)."""
+        if not isinstance(self.experiment, str) or not self.experiment.strip():
+            raise ConfigError(
+                f"tracking.experiment={self.experiment}: not an MLflow experiment name; accepted: a non-empty name"
+            )
+
 
 @dataclass
-class ReportSchema:
+class ReportSchema(ConfigSection):
     # The comparison's baseline: a job number, or one combination's overrides; null: the first that finished.
     baseline: Annotated[int, Range(0)] | str | None
+
+    def check(self) -> None:
+        self.check_knobs("report")
 
 
 @dataclass

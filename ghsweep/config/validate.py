@@ -14,17 +14,17 @@ from omegaconf.errors import InterpolationResolutionError
 
 from ghsweep.config.model_facts import ModelFacts, model_facts
 from ghsweep.config.schema import (
-    LINEAR_MODULES,
+    BackendSchema,
     ConfigSchema,
-    accepted,
+    ReportSchema,
+    TrackingSchema,
     check,
-    knobs,
+    composed_keys,
     typed,
+    typed_section,
 )
 from ghsweep.core.errors import ConfigError
 from ghsweep.core.gpu import GpuInfo
-
-FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
 
 
 def run_device(config: ConfigSchema, gpu: GpuInfo | None) -> str:
@@ -49,23 +49,24 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
         raise ConfigError(f"device={device}: no NVIDIA GPU is visible to this job; accepted here: auto, cpu")
     on_gpu = _trains_on(device, gpu) == "cuda"
 
-    check("backend", cfg.backend.name)
-    _validate_backend(cfg)
+    # Typed alone: its refusals come before the model folder's, and `typed` reads train.lr, checked after.
+    typed_section(BackendSchema, cfg.backend).check(composed_keys(cfg.backend))
     model = model_facts(cfg.model)
     _check_rate_resolves(cfg, model)
     config = typed(cfg)
     config.model.check(model.arch, model.source)
     config.data.check(config.backend.name, config.model.path, config.model.vocab_size)
-    for key in ("seed", "repeat", "system_metrics.interval_s"):
-        check(key, OmegaConf.select(cfg, key))
+    check("seed", config.seed)
+    check("repeat", config.repeat)
+    config.system_metrics.check()
     config.train.check(model.source, model.max_position_embeddings, device, on_gpu, config.data, config.precision.name)
-    _validate_peft(cfg, model)
-    _validate_precision(cfg, gpu, on_gpu)
+    config.peft.check(composed_keys(cfg.peft), model.arch, model.source)
+    config.precision.check(composed_keys(cfg.precision), device, on_gpu, gpu)
     config.offload.check(model.source, model.num_layers)
     in_container = config.container is not None and config.container.image is not None
     config.memory.check(device, on_gpu, config.offload.enabled, in_container)
     config.dataloader.check()
-    _validate_profile(cfg)
+    config.profile.check(composed_keys(cfg.profile))
     config.capture.check(config.profile.name, config.backend.name, config.train.max_steps)
     config.worker.check()
     if config.container is not None:
@@ -84,85 +85,8 @@ def _check_rate_resolves(cfg: DictConfig, model: ModelFacts) -> None:
         ) from None
 
 
-def _validate_peft(cfg: DictConfig, model: ModelFacts) -> None:
-    peft = cfg.peft
-    check("peft", peft.name)
-    if peft.name == "none":
-        _validate_no_lora_keys(cfg)
-        return
-    check("peft.r", peft.r)
-    check("peft.alpha", peft.alpha)
-    check("peft.dropout", peft.dropout)
-    available = LINEAR_MODULES[model.arch]
-    check("peft.target_modules", peft.target_modules)
-    targets = list(peft.target_modules)
-    if not targets:
-        raise ConfigError(f"peft.target_modules=[]: name at least one; accepted: {accepted(available)}")
-    for target in targets:
-        if target not in available:
-            raise ConfigError(
-                f"peft.target_modules: {target!r} is not a linear module of {model.source} "
-                f"({model.arch}); accepted: {accepted(available)}"
-            )
-
-
-def _validate_precision(cfg: DictConfig, gpu: GpuInfo | None, on_gpu: bool) -> None:
-    p = cfg.precision
-    check("precision", p.name)
-    # Each precision's own knobs (allow_tf32: fp32's, initial_loss_scale: fp16's).
-    for knob in ("allow_tf32", "initial_loss_scale", "reduce_dtype"):
-        if knob in p:
-            check(f"precision.{knob}", p[knob])
-    if p.name != "fp8":
-        return
-    check("precision.library", p.library)
-    check("precision.scaling", p.scaling)
-    check("precision.format", p.format)
-    need = ".".join(map(str, FP8_MIN_COMPUTE_CAPABILITY))
-    if not on_gpu or gpu is None:
-        raise ConfigError(
-            f"precision=fp8: needs an NVIDIA GPU of compute capability >= {need} and this run has none "
-            f"(device={cfg.device}); accepted here: fp32, fp16, bf16"
-        )
-    if gpu.compute_capability < FP8_MIN_COMPUTE_CAPABILITY:
-        cc = ".".join(map(str, gpu.compute_capability))
-        raise ConfigError(
-            f"precision=fp8: {gpu.name} has compute capability {cc}, fp8 needs >= {need}; "
-            "accepted here: fp32, fp16, bf16"
-        )
-
-
-def _validate_profile(cfg: DictConfig) -> None:
-    p = cfg.profile
-    check("profile", p.name)
-    check("profile.artifact_max_mb", p.get("artifact_max_mb"))
-    # The tools' sections the profile option carries (profile=torch: none).
-    for tool in ("nsys", "ncu"):
-        for knob in knobs(f"profile.{tool}"):
-            if knob in p.get(tool, {}):
-                check(f"profile.{tool}.{knob}", p[tool][knob])
-
-
-LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
 # What a run directory's files may be named after (hydra.job.name names the job's log file).
 SAFE_NAME = re.compile(r"^[\w.\-]+$")
-
-
-def _validate_no_lora_keys(cfg: DictConfig) -> None:
-    """LoRA's keys set with peft=none would be ignored: the run would not be the one asked for."""
-    set_keys = [k for k in LORA_KEYS if k in cfg.peft]
-    if set_keys:
-        raise ConfigError(
-            f"peft.{set_keys[0]}={OmegaConf.select(cfg, 'peft.' + set_keys[0])}: a LoRA setting, and peft=none "
-            "trains every weight without LoRA; accepted: peft=lora with it, or peft=none without it"
-        )
-
-
-def _validate_backend(cfg: DictConfig) -> None:
-    """The knobs the chosen backend's option carries (num_nodes: torch and nemo; tensor_parallel: nemo)."""
-    for knob in knobs("backend"):
-        if knob != "name" and knob in cfg.backend:
-            check(f"backend.{knob}", cfg.backend[knob])
 
 
 def validate_launch(cfg: DictConfig, job_name: str) -> None:
@@ -170,16 +94,11 @@ def validate_launch(cfg: DictConfig, job_name: str) -> None:
     the job's name (its log file's) and every interpolation. ConfigError, one line, before any record."""
     for switch in ("dry_run", "force", "wait"):
         check(switch, cfg[switch])
-    check("report.baseline", OmegaConf.select(cfg, "report.baseline"))
+    typed_section(ReportSchema, cfg.report).check()
     launcher = OmegaConf.select(cfg, "hydra.launcher")
     if launcher is not None:
         launcher_retries(launcher)
         _check_launcher_tokens(launcher)
-    experiment = OmegaConf.select(cfg, "tracking.experiment")
-    if not isinstance(experiment, str) or not experiment.strip():
-        raise ConfigError(
-            f"tracking.experiment={experiment}: not an MLflow experiment name; accepted: a non-empty name"
-        )
     if not SAFE_NAME.match(job_name) or job_name in (".", ".."):
         raise ConfigError(
             f"hydra.job.name={job_name}: names the job's log file in its run directory; accepted: letters, "
@@ -188,6 +107,8 @@ def validate_launch(cfg: DictConfig, job_name: str) -> None:
     for key in cfg:
         if key != "hydra":
             _check_resolves(cfg, str(key))
+    # Typed once every value is known to resolve (tracking.uri may read the environment).
+    typed_section(TrackingSchema, cfg.tracking).check()
 
 
 def _check_resolves(cfg: DictConfig, key: str) -> None:

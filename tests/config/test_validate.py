@@ -155,6 +155,9 @@ def test_a_model_without_a_rate_for_this_peft_names_the_keys():
         ("train.activation_memory_budget=1.5", "train.activation_memory_budget=1.5:", "<= 1"),
         ("train.optimizer_in_backward=maybe", "train.optimizer_in_backward=maybe:", "True, False"),
         ("data.mean_tokens=0", "data.mean_tokens=0:", "> 0"),
+        ("system_metrics.interval_s=0", "system_metrics.interval_s=0:", "> 0"),
+        ("seed=-1", "seed=-1:", ">= 0"),
+        ("repeat=0", "repeat=0:", ">= 1"),
     ],
 )
 def test_training_settings_out_of_range(override, start, accepted):
@@ -243,3 +246,19 @@ def test_data_prepare_and_tokenizer(tmp_path):
     )
     msg = error_of(composed(f"model.path={tmp_path}", "data.tokenizer=bpe"))
     assert msg.startswith("data.tokenizer=bpe:") and "accepted with model.path: auto" in msg
+
+
+@pytest.mark.parametrize(
+    "override, refused",
+    [
+        ("+precision.allow_tf32=null", "precision.allow_tf32=None: not an accepted value; accepted: True, False"),
+        ("+peft.r=null", "peft.r=None: a LoRA setting, and peft=none trains every weight without LoRA"),
+        ("+profile.nsys=null", "profile.nsys=None: not a section of nsys's knobs; accepted: its knobs set one by one"),
+        ("+backend.tensor_parallel=null", "backend.tensor_parallel=None: must be an integer >= 1"),
+    ],
+)
+def test_null_set_where_the_option_carries_no_such_knob_is_refused(override, refused):
+    # The typed section holds None for the knob either way: only the composed keys tell the two apart.
+    options = ("backend=torch", "precision=bf16", "peft=none", "profile=none")
+    validate(composed(*options), None)
+    assert error_of(composed(*options, override)).startswith(refused)

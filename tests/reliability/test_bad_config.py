@@ -276,6 +276,10 @@ def test_a_launcher_profile_that_does_not_exist_is_one_line_before_any_run(tmp_p
     [
         ("dry_run=no", "dry_run=no: not an accepted value; accepted: True, False"),
         ("force=no", "force=no: not an accepted value; accepted: True, False"),
+        (
+            "report.baseline=-1",
+            "report.baseline=-1: not an accepted value; accepted: an integer >= 0, a string, null",
+        ),
         ("tracking.experiment=", "tracking.experiment=: not an MLflow experiment name; accepted: a non-empty name"),
         (
             "hydra.job.name=../../../X",
@@ -285,6 +289,11 @@ def test_a_launcher_profile_that_does_not_exist_is_one_line_before_any_run(tmp_p
         (
             "+container.env.X=${oc.env:GHSWEEP_TEST_UNSET}",
             'container.env.X: KeyError raised while resolving interpolation: "Environment variable '
+            "'GHSWEEP_TEST_UNSET' not found\"; set what it names, or give it a default (${oc.env:NAME,default})",
+        ),
+        (
+            "tracking.uri=${oc.env:GHSWEEP_TEST_UNSET}",
+            'tracking.uri: KeyError raised while resolving interpolation: "Environment variable '
             "'GHSWEEP_TEST_UNSET' not found\"; set what it names, or give it a default (${oc.env:NAME,default})",
         ),
     ],
