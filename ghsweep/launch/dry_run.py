@@ -58,8 +58,12 @@ def describe(
     lines.append(
         f"  mlflow:  {absolute_tracking_uri(config.tracking.uri, Path.cwd())} (experiment {config.tracking.experiment})"
     )
-    # The backend's own choices (NeMo's recipe, AutoModel's YAML); empty for the torch backend.
-    described = backend_named(config.backend.name).describe(config, run_dir)
+    # The backend's own choices (NeMo's recipe, AutoModel's YAML); empty for the torch backend, and for a
+    # backend name that is none (the worker line above says it was refused).
+    try:
+        described = backend_named(config.backend.name).describe(config, run_dir)
+    except ConfigError:
+        described = ""
     if described:
         lines.append(described)
     return redact.text("\n".join(lines))

@@ -15,6 +15,7 @@ import pytest
 from ghsweep.capture.profiler_plan import resolve
 from ghsweep.core.errors import ConfigError
 from ghsweep.launch.callbacks import SweepCallback
+from ghsweep.launch.dry_run import describe
 from ghsweep.launch.run_planner import dry_run_plans, node_plan
 from tests.support.cli import run_cli
 from tests.support.compose import compose_config, compose_typed, hydra_on_conf, launch_config
@@ -334,3 +335,9 @@ def test_a_trial_s_prune_bar_is_in_its_plan(tmp_path):
     assert planned.prune_below_tokens_per_s == on_node.prune_below_tokens_per_s == 1500
     (outside_a_study,), _ = dry_run_plans(compose_config("experiment=smoke"), tmp_path, "a=1", ["a=1"], on_slurm=False)
     assert outside_a_study.prune_below_tokens_per_s is None
+
+
+def test_a_dry_run_of_a_backend_that_is_none_says_its_refusal_in_the_worker_line(tmp_path):
+    cfg = compose_config("experiment=smoke", "backend.name=bogus", "dry_run=true")
+    text = describe(0, "backend.name=bogus", tmp_path / "0", ["backend.name=bogus"], cfg, "in this process")
+    assert "(not runnable) backend=bogus: not an accepted value; accepted: torch, nemo, automodel" in text
