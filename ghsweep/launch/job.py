@@ -167,7 +167,7 @@ def run_one(cfg: DictConfig, combo: Combination) -> RunResult:
             return skip_finished(earlier, combo.name, combo.run_dir, combo.overrides)
         if restarted is not None and restarted.mlflow_run_id is not None:
             run_id = restarted.mlflow_run_id
-            store.reopen(run_id)
+            records.reopen_child_run(store, run_id)
         else:
             run_id = start_run(store, cfg, combo, identity, manifest)
     except Exception as exc:  # the store went away mid-sweep: train anyway, the run's files hold its record

@@ -94,6 +94,12 @@ def start_child_run(store: MlflowStore, run: ChildRun) -> str:
     return store.start_run(run.name, ROLE_RUN, child_run_tags(run), parent_run_id=run.parent_run_id)
 
 
+def reopen_child_run(store: MlflowStore, run_id: str) -> None:
+    """A run that an earlier attempt of its job ended, RUNNING again for the attempt that goes on with it
+    (a SLURM job requeued)."""
+    store.reopen(run_id)
+
+
 def shown_config(resolved: Mapping[str, Any]) -> str:
     """A resolved config (plain containers) as records show it: YAML, secrets redacted."""
     return OmegaConf.to_yaml(OmegaConf.create(redact.config(resolved)))
