@@ -175,8 +175,8 @@ def step_delta(baseline: ProfileAnalysis, run: ProfileAnalysis) -> dict:
 def because(d: dict, families: int = FAMILIES_IN_WORDS) -> str:
     """The families whose time per step changed most, in words: `bf16 GEMMs -141.2 ms, fp8 GEMMs +73.0 ms`;
     a change under a millisecond (a small model's step) in microseconds, one that rounds to none left out."""
-    said = (f"{f['family']} {signed_time(f['delta_ms'])}" for f in d["by_family"][:families])
-    return ", ".join(words for words in said if not words.endswith(" +0 µs") and not words.endswith(" -0 µs"))
+    changed = (f for f in d["by_family"][:families] if round(1000 * f["delta_ms"]))
+    return ", ".join(f"{f['family']} {signed_time(f['delta_ms'])}" for f in changed)
 
 
 def signed_time(ms: float) -> str:
