@@ -142,3 +142,24 @@ def test_because_says_a_small_models_changes_in_microseconds_and_leaves_out_none
     }
     assert because(d) == "bf16 GEMMs -141.2 ms, fused elementwise / casts +412 µs"
     assert because({"by_family": [{"family": "attention", "delta_ms": 0.0}]}) == ""
+
+
+def test_because_names_a_change_of_overlap_that_hides_a_familys_time():
+    """The families of a 7B sweep's fp8 without offload against bf16 with it (an H200): the offload
+    copies had run behind the forward, so the families alone (-133.3 ms) overstated the step's change
+    (-60 ms). The overlap change here is set by hand to what they would have hidden."""
+    families = [
+        {"family": "bf16 GEMMs", "delta_ms": -143.9},
+        {"family": "fp8 GEMMs", "delta_ms": 88.5},
+        {"family": "copies", "delta_ms": -77.9},
+    ]
+    offload = {"by_family": families, "parts": {"overlap_change_ms": 75.0}}
+    assert because(offload) == (
+        "bf16 GEMMs -143.9 ms, fp8 GEMMs +88.5 ms, copies -77.9 ms, less overlap across streams +75.0 ms"
+    )
+    more = {"by_family": families[:1], "parts": {"overlap_change_ms": -20.0}}
+    assert because(more) == "bf16 GEMMs -143.9 ms, more overlap across streams -20.0 ms"
+    # Under a tenth of the largest change, or under a millisecond: the families say it.
+    assert because({"by_family": families, "parts": {"overlap_change_ms": 14.0}}).endswith("copies -77.9 ms")
+    small = [{"family": "attention", "delta_ms": -0.4}]
+    assert because({"by_family": small, "parts": {"overlap_change_ms": 0.6}}) == "attention -400 µs"

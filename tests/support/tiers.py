@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import _posixsubprocess
 import os
+import platform
 import subprocess
 import types
 from collections.abc import Callable, Iterable, Iterator
@@ -113,6 +114,10 @@ def no_processes(nodeid: str) -> Iterator[None]:
             "started one; mark it @pytest.mark.cli (or systems) where it needs the process (pyproject.toml's markers)"
         )
 
+    # The standard library asks `uname -p` once per interpreter, the first time anything wants
+    # platform.processor() (MLflow's import does): asked here, before the guard, so a library's first
+    # import inside a quick test is not taken for the test starting a process.
+    platform.processor()
     patched: list[tuple[Any, str, Any]] = [
         (subprocess.Popen, "_execute_child", refuse),
         (_posixsubprocess, "fork_exec", refuse),  # multiprocessing's spawn and forkserver
