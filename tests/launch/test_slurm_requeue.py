@@ -29,12 +29,25 @@ def squeue_field(job_id: str, field: str) -> str:
     return out.stdout.strip()
 
 
+def start_when_eligible(job_id: str, proc: subprocess.Popen) -> None:
+    """SLURM holds a requeued job for its credentials' lifetime (its begin time, reason BeginTime;
+    AuthInfo's cred_expire, 10 s on the test cluster: tests/slurm/start_cluster.sh); an administrator's
+    `scontrol update StartTime=now` starts it within a second. What ghsweep does around the requeue is
+    the same either way. Not after a node went down: on the test cluster, whose two nodes are one host,
+    the lost job's processes live on until SLURM cleans them up, and a job started before then on the
+    other node fails its launch ("Duplicate jobid"), held."""
+    wait_for(
+        lambda: "BeginTime" in squeue_field(job_id, "%T %r") or proc.poll() is not None, 120, "the job to be requeued"
+    )
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=False)
+
+
 def requeued_sweep(
-    server, tmp_path: Path, experiment: str, stop_job, *more: str
+    server, tmp_path: Path, experiment: str, stop_job, *more: str, released: bool = True
 ) -> tuple[subprocess.CompletedProcess, str]:
-    """A one-run sweep whose job is stopped by `stop_job(job_id)` once it trains; SLURM starts it again
-    once its credentials expire (10 s on the test cluster, tests/slurm/start_cluster.sh); (the finished
-    sweep, job id)."""
+    """A one-run sweep whose job is stopped by `stop_job(job_id)` once it trains, then `released` from
+    SLURM's begin time (start_when_eligible), else left to start when it passes; (the finished sweep,
+    job id)."""
     sweep_dir = tmp_path / "sweep"
     args = sweep_args(
         server, experiment, f"train.max_steps={STEPS}", "train.log_every=1", f"hydra.sweep.dir={sweep_dir}", *more
@@ -47,6 +60,8 @@ def requeued_sweep(
         metrics = Path(job.run_dir) / METRICS
         wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 240, "the job to train")
         stop_job(job.job_id)
+        if released:
+            start_when_eligible(job.job_id, proc)
         out, err = proc.communicate(timeout=600)
     except Exception as exc:
         # What the sweep and the cluster said, for a failure here is otherwise silent.
@@ -101,7 +116,7 @@ def test_a_job_whose_node_goes_down_starts_over_on_the_other_node(mlflow_server,
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=ghsweep test"], check=True)
 
     try:
-        proc, job_id = requeued_sweep(mlflow_server, tmp_path, "slurm_node_down", take_its_node_down)
+        proc, job_id = requeued_sweep(mlflow_server, tmp_path, "slurm_node_down", take_its_node_down, released=False)
     finally:
         for node in downed:
             subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
