@@ -31,7 +31,7 @@ def squeue_field(job_id: str, field: str) -> str:
 
 def start_when_eligible(job_id: str, proc: subprocess.Popen) -> None:
     """SLURM holds a requeued job for its credentials' lifetime (its begin time, reason BeginTime;
-    AuthInfo's cred_expire, 10 s on the test cluster: tests/slurm/start_cluster.sh); an administrator's
+    AuthInfo's cred_expire, 20 s on the test cluster: tests/slurm/start_cluster.sh); an administrator's
     `scontrol update StartTime=now` starts it within a second. What ghsweep does around the requeue is
     the same either way. Not after a node went down: on the test cluster, whose two nodes are one host,
     the lost job's processes live on until SLURM cleans them up, and a job started before then on the

@@ -112,8 +112,9 @@ SlurmctldPort=$CTLD_PORT
 SlurmUser=root
 AuthType=auth/munge
 # cred_expire (default 120 s, at least 5) is also how long SLURM holds a requeued job before it may
-# start again: the requeue tests wait it out. A launch here takes well under a second.
-AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10
+# start again: the node-down requeue test waits it out. A launch must reach its slurmd within it, which
+# here takes well under a second; 20 s leaves a loaded machine room.
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=20
 StateSaveLocation=$STATE/spool/ctld
 # %n: the node's name; every slurmd of this host has its own spool, pid file and log.
 SlurmdSpoolDir=$STATE/spool/d/%n
