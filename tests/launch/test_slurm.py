@@ -23,7 +23,7 @@ from tests.support.disks import unstartable_run_dirs
 from tests.support.models import UNREADABLE_WEIGHTS_ERROR, unreadable_model
 from tests.support.slurm_sweeps import runs, sweep_args, wait_for
 
-# About ten minutes on the real cluster; tests/launch/test_slurm_job_results.py covers collect_results in seconds.
+# About five minutes alone (tests/DURATIONS.md); test_slurm_job_results.py covers collect_results in seconds.
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
 RUN_METRICS = {"loss", "step_time_ms", "tokens_per_s", "peak_mem_gb", "final_loss"}
