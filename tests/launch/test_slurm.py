@@ -23,7 +23,7 @@ from tests.support.disks import unstartable_run_dirs
 from tests.support.models import UNREADABLE_WEIGHTS_ERROR, unreadable_model
 from tests.support.slurm_sweeps import runs, sweep_args, wait_for
 
-# About ten minutes on the real cluster; tests/launch/test_slurm_job_results.py covers collect_results in seconds.
+# About five minutes alone (tests/DURATIONS.md); test_slurm_job_results.py covers collect_results in seconds.
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
 RUN_METRICS = {"loss", "step_time_ms", "tokens_per_s", "peak_mem_gb", "final_loss"}
@@ -35,37 +35,6 @@ def job_ids(sweep_dir: Path) -> list[str]:
 
 def artifacts(server, run_id: str, path: str | None = None) -> set[str]:
     return MlflowStore(server.url, experiment=None).artifact_paths(run_id, path)
-
-
-def test_smoke_sweep_2x2(mlflow_server, tmp_path):
-    proc = run_cli(
-        sweep_args(mlflow_server, "slurm_smoke", "peft=lora,none", "offload=off,on", "train.max_steps=3"), tmp_path
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    # The sweep directory has ${now:} in it: the jobs, in other processes, must find the same one.
-    (sweep_dir,) = [p.parent for p in tmp_path.glob(f"multirun/*/*/{SLURM_JOBS}")]
-    ids = job_ids(sweep_dir)
-    assert len(ids) == 4
-    assert set(sacct_states(ids).values()) == {"COMPLETED"}
-
-    (parent,) = runs(mlflow_server, "slurm_smoke", "sweep")
-    assert parent.status == "FINISHED"
-    children = runs(mlflow_server, "slurm_smoke", "run")
-    assert len(children) == 4
-    store = MlflowStore(mlflow_server.url, experiment=None)
-    for child in children:
-        assert child.status == "FINISHED"
-        assert child.tags["mlflow.parentRunId"] == parent.run_id
-        assert Path(child.tags["ghsweep.run_dir"]).parent == sweep_dir.resolve()
-        assert RUN_METRICS <= set(child.metrics)
-        assert len(store.metric_history(child.run_id, "loss")) == 3
-    assert {(c.params["peft"], c.params["offload"]) for c in children} == {
-        ("lora", "off"),
-        ("lora", "on"),
-        ("none", "off"),
-        ("none", "on"),
-    }
-    assert "4 of 4 runs finished" in proc.stdout
 
 
 def test_failing_job_is_failed_with_its_slurm_log(mlflow_server, tmp_path):
@@ -218,6 +187,8 @@ def test_resume_skips_finished_and_reruns_failed(mlflow_server, tmp_path):
 
 
 def test_eight_jobs_finishing_at_once_lose_nothing(mlflow_server, tmp_path):
+    """A 2x2x2 smoke sweep: its eight jobs run at once on the two nodes, and each one's run is recorded
+    whole under the sweep's run."""
     proc = run_cli(
         sweep_args(
             mlflow_server,
@@ -230,18 +201,31 @@ def test_eight_jobs_finishing_at_once_lose_nothing(mlflow_server, tmp_path):
         tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # The sweep directory has ${now:} in it: the jobs, in other processes, must find the same one.
     (sweep_dir,) = [p.parent for p in tmp_path.glob(f"multirun/*/*/{SLURM_JOBS}")]
     ids = job_ids(sweep_dir)
     assert len(ids) == 8 and set(sacct_states(ids).values()) == {"COMPLETED"}
     # They ran at the same time: each one's training overlaps every other one's.
     spans = [json.loads((Path(j.run_dir) / "summary.json").read_text()) for j in load_jobs(sweep_dir)]
     assert len(spans) == 8
+
+    (parent,) = runs(mlflow_server, "slurm_eight", "sweep")
+    assert parent.status == "FINISHED"
     children = runs(mlflow_server, "slurm_eight", "run")
     assert len(children) == 8 and {c.status for c in children} == {"FINISHED"}
     store = MlflowStore(mlflow_server.url, experiment=None)
     for child in children:
+        assert child.tags["mlflow.parentRunId"] == parent.run_id
+        assert Path(child.tags["ghsweep.run_dir"]).parent == sweep_dir.resolve()
         assert RUN_METRICS <= set(child.metrics)
         assert [step for step, _ in store.metric_history(child.run_id, "loss")] == [0, 1, 2, 3]
+    assert {(c.params["peft"], c.params["offload"], c.params["dataloader"]) for c in children} == {
+        (peft, offload, dataloader)
+        for peft in ("lora", "none")
+        for offload in ("off", "on")
+        for dataloader in ("default", "sync")
+    }
+    assert "8 of 8 runs finished" in proc.stdout
 
 
 def test_wait_false_returns_at_once_and_status_collects_later(mlflow_server, tmp_path):

@@ -5,6 +5,7 @@ attributes submitted_jobs reads of a submitit job), so these run in seconds inst
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 from ghsweep.core.errors import JobTimeout
 from ghsweep.core.names import ERROR_TAG, FAILURE_CLASS_TAG, JOB_NUM_TAG, ROLE_RUN, ROLE_SWEEP, RUN_HASH_TAG, STATUS_TAG
 from ghsweep.core.run_result import RunResult
-from ghsweep.launch.slurm.submitted_jobs import SubmittedJob, collect_results
+from ghsweep.launch.slurm.submitted_jobs import FORCED_STATE_S, SubmittedJob, collect_results, wait_until_ended
 from ghsweep.launch.sweep_manifest import SweepManifest
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 
@@ -170,3 +171,32 @@ def test_settling_again_leaves_the_record_as_it_was(sweep):
     [second] = collect_results(sweep_dir, [(job, slurm_job)])
     assert second == first
     assert only_child(store, parent).run_id == first.mlflow_run_id
+
+
+class JobEndingLate:
+    """A job whose task has returned while SLURM says RUNNING for `ends_after_s` more: its state is
+    only asked anew by a forced sacct call (get_info), as submitit's watcher then has it cached."""
+
+    def __init__(self, ends_after_s: float) -> None:
+        self.job_id = "200"
+        self.ends_at = time.monotonic() + ends_after_s
+        self.state = "RUNNING"
+        self.forced = 0
+
+    def done(self) -> bool:
+        return True
+
+    def get_info(self, mode: str) -> None:
+        assert mode == "force"
+        self.forced += 1
+        if time.monotonic() >= self.ends_at:
+            self.state = "COMPLETED"
+
+
+def test_a_returned_job_is_seen_ended_within_polls_of_slurm_saying_so_and_sacct_is_not_asked_each_poll():
+    job = JobEndingLate(ends_after_s=1.0)
+    started = time.monotonic()
+    wait_until_ended([job], poll_s=0.05)  # type: ignore[list-item]  # what submitted_jobs reads of a job
+    # Asked 0.05, 0.1, 0.2, 0.4, 0.8 s after the ask before: seen ended at about 1.55 s, not FORCED_STATE_S late.
+    assert time.monotonic() - started < 1.0 + FORCED_STATE_S / 3
+    assert 3 <= job.forced <= 7  # 20 polls a second, sacct asked ever more rarely

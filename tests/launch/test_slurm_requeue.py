@@ -30,12 +30,12 @@ def squeue_field(job_id: str, field: str) -> str:
 
 
 def start_when_eligible(job_id: str, proc: subprocess.Popen) -> None:
-    """SLURM holds a requeued job for 120 s (its begin time, reason BeginTime) and its scheduler's next
-    pass starts it up to a minute later; an administrator's `scontrol update StartTime=now` starts it
-    within a second. What ghsweep does around the requeue is the same either way: three minutes less
-    a test. Not after a node went down: on the test cluster, whose two nodes are one host, the lost
-    job's processes live on until SLURM cleans them up, and a job started before then on the other
-    node fails its launch ("Duplicate jobid"), held."""
+    """SLURM holds a requeued job for its credentials' lifetime (its begin time, reason BeginTime;
+    AuthInfo's cred_expire, 20 s on the test cluster: tests/slurm/start_cluster.sh); an administrator's
+    `scontrol update StartTime=now` starts it within a second. What ghsweep does around the requeue is
+    the same either way. Not after a node went down: on the test cluster, whose two nodes are one host,
+    the lost job's processes live on until SLURM cleans them up, and a job started before then on the
+    other node fails its launch ("Duplicate jobid"), held."""
     wait_for(
         lambda: "BeginTime" in squeue_field(job_id, "%T %r") or proc.poll() is not None, 120, "the job to be requeued"
     )
@@ -46,7 +46,8 @@ def requeued_sweep(
     server, tmp_path: Path, experiment: str, stop_job, *more: str, released: bool = True
 ) -> tuple[subprocess.CompletedProcess, str]:
     """A one-run sweep whose job is stopped by `stop_job(job_id)` once it trains, then `released` from
-    SLURM's begin time (start_when_eligible); (the finished sweep, job id)."""
+    SLURM's begin time (start_when_eligible), else left to start when it passes; (the finished sweep,
+    job id)."""
     sweep_dir = tmp_path / "sweep"
     args = sweep_args(
         server, experiment, f"train.max_steps={STEPS}", "train.log_every=1", f"hydra.sweep.dir={sweep_dir}", *more

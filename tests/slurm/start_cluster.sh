@@ -111,7 +111,10 @@ SlurmctldHost=localhost
 SlurmctldPort=$CTLD_PORT
 SlurmUser=root
 AuthType=auth/munge
-AuthInfo=socket=$MUNGE_SOCKET
+# cred_expire (default 120 s, at least 5) is also how long SLURM holds a requeued job before it may
+# start again: the node-down requeue test waits it out. A launch must reach its slurmd within it, which
+# here takes well under a second; 20 s leaves a loaded machine room.
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=20
 StateSaveLocation=$STATE/spool/ctld
 # %n: the node's name; every slurmd of this host has its own spool, pid file and log.
 SlurmdSpoolDir=$STATE/spool/d/%n
@@ -127,8 +130,9 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=1024
-# Without this, a job waits ~2 s in the queue before it starts.
-SchedulerParameters=batch_sched_delay=0
+# Without batch_sched_delay=0, a job waits ~2 s in the queue before it starts; a job whose begin time
+# passes (a requeued job, held for cred_expire) waits for the main scheduler's pass, every 60 s by default.
+SchedulerParameters=batch_sched_delay=0,sched_interval=2
 ReturnToService=2
 # The node advertises more CPUs than it has (see the top of this script).
 SlurmdParameters=config_overrides

@@ -33,7 +33,8 @@ from ghsweep.tracking.mlflow_store import MlflowStore
 
 log = logging.getLogger(__name__)
 
-# How often a job that returned while SLURM still says it runs is asked about (a forced sacct call).
+# How often, at most, a job that returned while SLURM still says it runs is asked about (a forced
+# sacct call): first after one poll, then ever more rarely up to this.
 FORCED_STATE_S = 15.0
 # SLURM states of a job that has not ended (UNKNOWN is not one: sacct may be unavailable for good).
 ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
@@ -114,14 +115,21 @@ def requeued(state: str, job_id: str) -> bool:
 
 def wait_until_ended(jobs: list[submitit.Job], poll_s: float) -> None:
     last_forced = time.monotonic()
+    forced_every_s = poll_s
+    seen_waiting: set[str] = set()
     while not all(has_ended(j) for j in jobs):
         # submitit asks sacct ever more rarely the longer its jobs run (up to every 10 minutes): a job
         # whose task has returned but whose state is still active (its end not yet seen, or a requeued
-        # job running again) is asked about at least every FORCED_STATE_S.
+        # job running again) is asked about after a poll, then twice as long after each ask up to
+        # FORCED_STATE_S; SLURM usually says it ended within seconds, and the sweep ends then.
         waiting = [j for j in jobs if j.done() and not has_ended(j)]
-        if waiting and time.monotonic() - last_forced > FORCED_STATE_S:
+        if {j.job_id for j in waiting} - seen_waiting:
+            seen_waiting.update(j.job_id for j in waiting)
+            forced_every_s = poll_s
+        if waiting and time.monotonic() - last_forced >= forced_every_s:
             waiting[0].get_info(mode="force")  # one sacct call updates every job of the watcher
             last_forced = time.monotonic()
+            forced_every_s = min(2 * forced_every_s, FORCED_STATE_S)
         time.sleep(poll_s)
 
 
