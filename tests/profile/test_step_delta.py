@@ -5,6 +5,8 @@ run whose profiler cost more than its baseline's, and a 2-rank FSDP-like run aga
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ghsweep.profile.delta import PARTS, because, step_delta
@@ -13,6 +15,7 @@ from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 from ghsweep.profile.scaling import decompose, scale_out_finding
 from tests.profile.planted import GEMMS, ONE, RANKS, planted_rank, training_run, write_nsys
 
+PROFILES = Path(__file__).resolve().parents[1] / "data" / "profiles"
 FP8_GEMM = "nvjet_sm90_qqtst_256x128_128x4_1x2_h_bz_coopA_TNT"
 REDUCE_SCATTER = "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 STEP_GEMMS = 40  # planted.training_run's GEMMs a step
@@ -163,3 +166,14 @@ def test_because_names_a_change_of_overlap_that_hides_a_familys_time():
     assert because({"by_family": families, "parts": {"overlap_change_ms": 14.0}}).endswith("copies -77.9 ms")
     small = [{"family": "attention", "delta_ms": -0.4}]
     assert because({"by_family": small, "parts": {"overlap_change_ms": 0.6}}) == "attention -400 µs"
+
+
+def test_because_leaves_overlap_out_where_it_did_not_change():
+    """Real profiles: activation offload whose copies held the step (exposed, not overlapped) against
+    plain bf16. The copies are step time here, and the line names no overlap."""
+    offload = full_analysis(PROFILES / "offload" / "profile.sqlite")
+    bf16 = full_analysis(PROFILES / "bf16" / "profile.sqlite")
+    d = step_delta(bf16, offload)
+    assert abs(d["parts"]["overlap_change_ms"]) < 1.0
+    assert because(d).startswith("copies +")
+    assert "overlap" not in because(d)
