@@ -17,7 +17,6 @@ and handed to every layer; no S x S mask is materialised on the GPU's default pa
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,24 +43,51 @@ def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
     return (position_ids == 0).cumsum(-1) - 1
 
 
-_create_block_mask: Callable[..., Any] | None = None
+# FlexAttention's tile: the block mask says, per tile of this many queries and keys, whether it is
+# skipped, computed with the mask function (partial), or computed whole (full).
+BLOCK = 128
 
 
 def document_block_mask(docs: torch.Tensor) -> Any:
     """FlexAttention's BlockMask for causal attention within each document (`docs[b, t]`: the
-    document of token t in row b); tiles of 128 x 128 tokens that cross documents are skipped."""
-    global _create_block_mask
-    if _create_block_mask is None:
-        from torch.nn.attention.flex_attention import create_block_mask
+    document of token t in row b, never decreasing along a row, as packing leaves them).
 
-        # Compiled, the mask is built from the mask function without the S x S intermediate.
-        _create_block_mask = torch.compile(create_block_mask)
+    Built from each tile's first and last document, not by evaluating the mask function over every
+    (query, key) pair: a handful of small tensor ops, with nothing to compile (torch.compile of
+    create_block_mask cost each worker 2-3 s at start, even with its graph cached) and no S x S
+    intermediate. A tile below the diagonal whose queries and keys share one document is full; one
+    whose document ranges meet is partial (the mask function decides its pairs); the rest are skipped.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    batch_size, seq = docs.shape
+    starts = torch.arange(0, seq, BLOCK, device=docs.device)
+    # Documents never decrease along a row, so a tile's first and last token bound the documents it holds.
+    first, last = docs[:, starts], docs[:, torch.clamp(starts + BLOCK, max=seq) - 1]
+    q_first, q_last = first[:, :, None], last[:, :, None]  # (batch, query tile, 1)
+    kv_first, kv_last = first[:, None, :], last[:, None, :]  # (batch, 1, key tile)
+    tiles = len(starts)
+    causal = torch.ones(tiles, tiles, dtype=torch.bool, device=docs.device).tril()
+    diagonal = torch.eye(tiles, dtype=torch.bool, device=docs.device)
+    meet = causal & (q_first <= kv_last) & (kv_first <= q_last)
+    # A tile that runs past seq (the last, when seq is not a multiple of BLOCK) is never full.
+    whole = starts + BLOCK <= seq
+    one_document = (q_first == q_last) & (kv_first == kv_last) & (q_first == kv_first)
+    full = meet & one_document & ~diagonal & whole[:, None] & whole[None, :]
+    partial = meet & ~full
+
+    def kv_blocks(tile_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Per query tile: how many key tiles, and their indices first (ascending), as create_block_mask.
+        counts = tile_mask.sum(-1, dtype=torch.int32)
+        order = torch.argsort(tile_mask.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
+        return counts[:, None], order[:, None]
 
     def same_document_causal(b, h, q, kv):
         return (docs[b, q] == docs[b, kv]) & (q >= kv)
 
-    batch_size, seq = docs.shape
-    return _create_block_mask(same_document_causal, batch_size, None, seq, seq, device=docs.device)
+    return BlockMask.from_kv_blocks(
+        *kv_blocks(partial), *kv_blocks(full), BLOCK_SIZE=BLOCK, mask_mod=same_document_causal, seq_lengths=(seq, seq)
+    )
 
 
 class PackedAttention:

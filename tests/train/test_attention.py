@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -96,6 +98,37 @@ def test_attended_keys_count_only_each_tokens_own_example():
     # Row 1: examples of 3, 2, 3 tokens -> (9 + 4 + 9) / 8; row 2: one example of 8 -> 64 / 8.
     assert attn.attended_keys_per_token(positions, document=True) == pytest.approx((22 + 64) / 16)
     assert attn.attended_keys_per_token(positions, document=False) == 8.0
+
+
+def _random_packing(generator: torch.Generator, rows: int, seq: int, mean_example: int) -> torch.Tensor:
+    """Document ids of `rows` packed rows of `seq` tokens, examples starting at random."""
+    starts = torch.rand(rows, seq, generator=generator) < 1 / mean_example
+    starts[:, 0] = True
+    return starts.long().cumsum(-1) - 1
+
+
+@pytest.mark.parametrize("seq", [1, 127, 128, 129, 700, 1024, 1500])
+@pytest.mark.parametrize("mean_example", [1, 40, 300, 5000])
+def test_document_block_mask_is_the_one_create_block_mask_makes(seq: int, mean_example: int):
+    # The block mask is made from each tile's first and last document; create_block_mask evaluates the
+    # mask function over every pair. Same tiles skipped, partial and full, same key tiles in the same order.
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    docs = _random_packing(torch.Generator().manual_seed(seq * 7 + mean_example), 2, seq, mean_example)
+    made = attn.document_block_mask(docs)
+    expected = create_block_mask(
+        lambda b, h, q, kv: (docs[b, q] == docs[b, kv]) & (q >= kv), 2, None, seq, seq, device="cpu"
+    )
+    for kind in ("", "full_"):
+        counts = getattr(made, f"{kind}kv_num_blocks")
+        assert torch.equal(counts, getattr(expected, f"{kind}kv_num_blocks")), kind
+        indices, expected_indices = getattr(made, f"{kind}kv_indices"), getattr(expected, f"{kind}kv_indices")
+        for b, q_tile in itertools.product(range(2), range(counts.shape[-1])):
+            n = int(counts[b, 0, q_tile])
+            assert torch.equal(indices[b, 0, q_tile, :n], expected_indices[b, 0, q_tile, :n]), (kind, b, q_tile)
+        assert torch.equal(getattr(made, f"{kind}q_num_blocks"), getattr(expected, f"{kind}q_num_blocks")), kind
+    assert torch.equal(made.to_dense(), expected.to_dense())
+    assert (made.seq_lengths, made.BLOCK_SIZE) == (expected.seq_lengths, expected.BLOCK_SIZE)
 
 
 @pytest.mark.cli  # torch.compile runs the C++ compiler
