@@ -33,6 +33,7 @@ LAYERS = {
 # the call as written) -> why it stays dynamic. A ghsweep module is imported with an import statement.
 DYNAMIC_IMPORTS = {
     ("train/warm_worker.py", "importlib.import_module(module)"): "third-party modules a forked worker would import",
+    ("launch/bytecode_cache.py", "importlib.util.find_spec(PROBE)"): "where torch's source is (a test probes its own)",
 }
 
 

@@ -598,9 +598,10 @@ class WorkerSchema(ConfigSection):
     # Minutes before a worker is killed; auto: 60 on a GPU, none on CPU; null: no limit.
     timeout_min: PositiveNumber | Literal["auto"] | None
     preimported: bool  # fork workers from a pre-imported one (launch/warm_worker_client.WarmWorker)
+    bytecode_cache: bool  # where Python keeps no bytecode, keep it in the user cache (launch/bytecode_cache.py)
 
     def check(self) -> None:
-        self.check_knobs("worker", "preimported")
+        self.check_knobs("worker", "preimported", "bytecode_cache")
         try:
             self.check_knobs("worker", "timeout_min")
         except ConfigError:  # the field's rule, said with what each accepted value means

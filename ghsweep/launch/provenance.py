@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import ghsweep
 from ghsweep.core.atomic import write_atomic
+from ghsweep.core.user_cache import user_cache
 
 # The config keys that name files a run reads; their contents are part of its identity.
 INPUT_KEYS = ("data.path", "model.path")
@@ -78,7 +79,7 @@ def hand_code_version_to_jobs() -> None:
 
 
 def _cache_file() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ghsweep" / "file_digests.json"
+    return user_cache() / "file_digests.json"
 
 
 def _read_cache() -> dict[str, Any]:

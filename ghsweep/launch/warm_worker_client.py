@@ -29,6 +29,7 @@ from ghsweep.core.atomic import write_atomic
 from ghsweep.core.handoff import HANDOFF_ENV
 from ghsweep.core.run_dir import CAPTURE_ARMED, CAPTURE_MAY_EXIT, CAPTURE_STOPPING
 from ghsweep.core.run_plan import SessionCapture
+from ghsweep.launch.bytecode_cache import keep_bytecode
 from ghsweep.launch.local_gpus import ONE_AT_A_TIME_LAUNCHER
 from ghsweep.launch.provenance import hand_code_version_to_jobs
 from ghsweep.train import warm_worker
@@ -269,7 +270,9 @@ class PreimportedWorkerCallback(Callback):
     knows the sweep's settings: its imports then overlap the sweep's own (MLflow's, the check of each
     combination) rather than follow them. Hence its own module-light callback, listed first in
     `hydra.callbacks`, started as it is made: ghsweep.launch.callbacks' first hook checks every combination
-    and opens MLflow (seconds) before it could start it.
+    and opens MLflow (seconds) before it could start it. Before it starts the worker, where Python keeps
+    no bytecode, it has this process and every job keep theirs in the user cache
+    (`worker.bytecode_cache`, launch.bytecode_cache): the worker's imports are what the first waits for.
 
     It serves a sweep whose combinations run one after another in this process (the default launcher),
     with `worker.preimported=true`, unless it is a dry run; under nsys when the sweep's own `profile`,
@@ -285,7 +288,10 @@ class PreimportedWorkerCallback(Callback):
         profile: DictConfig | None = None,
         memory: str = "default",
         device: str = "cpu",
+        bytecode_cache: object = True,
     ) -> None:
+        if not dry_run:
+            keep_bytecode(bytecode_cache is True)  # a value other than true or false is refused later, with the config
         if mode == RunMode.MULTIRUN and launcher == ONE_AT_A_TIME_LAUNCHER and preimported is True and not dry_run:
             # The jobs' environment carries the sweep's code identity (set again, the same, as the sweep
             # starts): without it here, the first job would find the environment changed and wait for

@@ -17,16 +17,14 @@ from pathlib import Path
 
 import mlflow
 
+from ghsweep.core.user_cache import user_cache
+
 log = logging.getLogger(__name__)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ghsweep"
 
 
 def empty_tables() -> Path:
     """The file of empty, fully migrated tables of this MLflow version, made on first use."""
-    made = cache_dir() / f"mlflow-{mlflow.__version__}-empty.db"
+    made = user_cache() / f"mlflow-{mlflow.__version__}-empty.db"
     if made.exists():
         return made
     from mlflow.store.db.utils import _initialize_tables, create_sqlalchemy_engine

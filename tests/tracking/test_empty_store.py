@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from ghsweep.tracking.empty_store import cache_dir
+from ghsweep.core.user_cache import user_cache
 from ghsweep.tracking.mlflow_store import MlflowStore
 
 
@@ -27,8 +27,8 @@ def test_a_new_store_is_the_one_mlflow_makes_from_tables_made_once(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     MlflowClient("sqlite:///by_mlflow.db").search_experiments()  # MLflow's own tables, before any copy
     first = MlflowStore("sqlite:///first.db", "ghsweep")
-    made = list(cache_dir().glob("mlflow-*-empty.db"))
-    assert len(made) == 1 and not list(cache_dir().glob("*.partial"))
+    made = list(user_cache().glob("mlflow-*-empty.db"))
+    assert len(made) == 1 and not list(user_cache().glob("*.partial"))
     second = MlflowStore("sqlite:///second.db", "ghsweep")
     assert tables(Path("first.db")) == tables(Path("second.db")) == tables(Path("by_mlflow.db"))
     # MLflow adds its Default experiment on first open, with this store's artifact location.
