@@ -1,8 +1,9 @@
 """Bytecode for a sweep's processes where this Python keeps none (`worker.bytecode_cache`).
 
 Python compiles each module it imports from source unless it finds the module's bytecode, which it
-writes beside the source (`__pycache__`). An environment that sets PYTHONDONTWRITEBYTECODE (as many
-container images do), or whose packages are read-only and came without bytecode, compiles torch,
+writes beside the source (`__pycache__`), and which pip writes as it installs. Packages installed
+without it (pip's --no-compile, an image built that way) in an environment that sets
+PYTHONDONTWRITEBYTECODE (as many container images do) or on a read-only file system compile torch,
 transformers and peft again in every process: every worker of a sweep, and every job on every node.
 On a GPU machine like that their imports took 15-18 s against 8-9 s from bytecode, and they are what
 a sweep's first combination (and each fresh worker) waits for.
@@ -29,13 +30,11 @@ PROBE = "torch"
 
 
 def keeps_no_bytecode() -> bool:
-    """Whether each process here compiles the training libraries from source: bytecode is not written
-    (PYTHONDONTWRITEBYTECODE, -B) or torch has none beside its source. False where the user chose a
-    prefix of their own."""
+    """Whether each process here compiles the training libraries from source: torch has no bytecode
+    beside its source (not written there: PYTHONDONTWRITEBYTECODE, -B, a read-only install). Bytecode
+    that is there is read whatever PYTHONDONTWRITEBYTECODE says. False where the user chose a prefix."""
     if sys.pycache_prefix is not None:
         return False
-    if sys.dont_write_bytecode:
-        return True
     spec = importlib.util.find_spec(PROBE)
     if spec is None or spec.origin is None:
         return False
@@ -54,8 +53,8 @@ def keep_bytecode(enabled: bool) -> Path | None:
     os.environ[PREFIX_ENV] = str(folder)
     os.environ.pop(NO_BYTECODE_ENV, None)
     print(
-        f"ghsweep: Python here writes no bytecode of {PROBE} and the other libraries; the sweep's processes keep "
-        f"theirs in {folder} (worker.bytecode_cache=false: compile them in every process)",
+        f"ghsweep: {PROBE} has no bytecode beside it here, so each process would compile it again; the sweep's "
+        f"processes keep theirs in {folder} (worker.bytecode_cache=false: compile in every process)",
         flush=True,
     )
     return folder

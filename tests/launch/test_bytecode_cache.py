@@ -30,13 +30,17 @@ def _module(folder: Path, name: str) -> Path:
 
 @pytest.fixture
 def no_bytecode(monkeypatch, tmp_path):
-    """A Python that writes no bytecode (PYTHONDONTWRITEBYTECODE), with its user cache under tmp_path;
-    what keep_bytecode changes is put back after the test."""
+    """A Python that keeps no bytecode of its libraries: PYTHONDONTWRITEBYTECODE set and the probed
+    library (a module of tmp_path's) without bytecode beside it, its user cache under tmp_path; what
+    keep_bytecode changes is put back after the test. The folder the bytecode would go to."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv(NO_BYTECODE_ENV, "1")
     monkeypatch.delenv(PREFIX_ENV, raising=False)
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     monkeypatch.setattr(sys, "pycache_prefix", None)
+    library = _module(tmp_path / "site", "probe_library")
+    monkeypatch.syspath_prepend(str(library.parent))
+    monkeypatch.setattr(bytecode_cache, "PROBE", "probe_library")
     return tmp_path / "cache" / "ghsweep" / "pycache"
 
 
@@ -61,16 +65,12 @@ def test_nothing_changes_when_switched_off_or_the_user_chose_a_prefix(no_bytecod
     assert keep_bytecode(True) is None and PREFIX_ENV not in os.environ
 
 
-def test_a_python_whose_libraries_have_their_bytecode_is_left_alone(no_bytecode, tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "dont_write_bytecode", False)
-    monkeypatch.delenv(NO_BYTECODE_ENV)
-    source = _module(tmp_path / "site", "probe_library")
-    monkeypatch.syspath_prepend(str(source.parent))
-    monkeypatch.setattr(bytecode_cache, "PROBE", "probe_library")
-    assert bytecode_cache.keeps_no_bytecode()  # shipped read-only without bytecode: compiled every time
-    py_compile.compile(str(source), cfile=importlib.util.cache_from_source(str(source)))
+def test_a_python_whose_libraries_have_their_bytecode_is_left_alone(no_bytecode, tmp_path):
+    # pip writes it as it installs: read whatever PYTHONDONTWRITEBYTECODE says, nothing to keep.
+    library = tmp_path / "site" / "probe_library.py"
+    py_compile.compile(str(library), cfile=importlib.util.cache_from_source(str(library)))
     assert not bytecode_cache.keeps_no_bytecode() and keep_bytecode(True) is None
-    assert PREFIX_ENV not in os.environ
+    assert PREFIX_ENV not in os.environ and os.environ[NO_BYTECODE_ENV] == "1"
 
 
 def test_the_knob_reaches_the_first_callback_hydra_makes(no_bytecode):
@@ -90,8 +90,9 @@ def test_the_processes_a_sweep_starts_write_their_bytecode_there(tmp_path):
     sources = [_module(tmp_path / "src", "in_the_sweep"), _module(tmp_path / "src", "in_its_job")]
     sweep = (
         "import subprocess, sys\n"
-        "from ghsweep.launch.bytecode_cache import keep_bytecode\n"
-        "keep_bytecode(True)\n"
+        "from ghsweep.launch import bytecode_cache\n"
+        "bytecode_cache.PROBE = 'in_its_job'\n"  # a library shipped without bytecode
+        "bytecode_cache.keep_bytecode(True)\n"
         "import in_the_sweep\n"
         "subprocess.run([sys.executable, '-c', 'import in_its_job'], check=True)\n"
     )
