@@ -30,6 +30,10 @@ from omegaconf import OmegaConf
 COLUMNS = (
     "startup_s",
     "setup_s",
+    "device_s",
+    "model_s",
+    "data_s",
+    "optimizer_s",
     "first_steps_s",
     "compile_s",
     "capture_s",

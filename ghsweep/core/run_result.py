@@ -10,9 +10,12 @@ from pathlib import Path
 from ghsweep.core.atomic import write_atomic
 from ghsweep.core.run_dir import RESULT
 
-# Timing keys (RunResult.timing) that are parts of train_s, timed by the worker: torch.compile's time
-# and the profiler's capture window. A backend that compiles nothing or opens no window leaves them out.
+# Timing keys (RunResult.timing) the worker times within its own: the parts of setup_s (the device's
+# context, the model with its adapters and compiled layers, the data, the optimizer) and of train_s
+# (torch.compile's time, the profiler's capture window). A backend that does not time a part leaves it out.
+SETUP_PARTS = ("device_s", "model_s", "data_s", "optimizer_s")
 TRAIN_PARTS = ("compile_s", "capture_s")
+WORKER_PARTS = (*SETUP_PARTS, *TRAIN_PARTS)
 
 
 class RunStatus(str, Enum):  # noqa: UP042 (enum.StrEnum is Python >= 3.11; 3.10 is supported)

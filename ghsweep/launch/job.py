@@ -44,7 +44,7 @@ from ghsweep.core.run_dir import (
     WORKER_LOG,
 )
 from ghsweep.core.run_plan import RunPlan
-from ghsweep.core.run_result import TRAIN_PARTS, RunResult, RunStatus
+from ghsweep.core.run_result import WORKER_PARTS, RunResult, RunStatus
 from ghsweep.core.run_summary import RunSummary
 from ghsweep.launch import followups, interrupts
 from ghsweep.launch.combination import Combination, run_name
@@ -460,7 +460,7 @@ def measure(plan: RunPlan, exit: WorkerExit, result: RunResult) -> RunSummary:
         "train_s": train["train_s"],
         # From the loop's end to the worker's exit: the summary, and nsys stopping and writing its report.
         "worker_exit_s": exit.started_at + exit.wall_s - train["setup_at"] - train["setup_s"] - train["train_s"],
-        **{k: train[k] for k in TRAIN_PARTS if k in train},
+        **{k: train[k] for k in WORKER_PARTS if k in train},
     }
     return summary
 

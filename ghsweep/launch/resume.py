@@ -17,7 +17,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ghsweep.core.names import CODE_TAG, INPUTS_TAG, ROLE_RUN, RUN_HASH_TAG
-from ghsweep.core.run_result import TRAIN_PARTS, RunResult, RunStatus
+from ghsweep.core.run_result import WORKER_PARTS, RunResult, RunStatus
 from ghsweep.launch.provenance import code_version, input_digests
 from ghsweep.tracking.mlflow_store import MlflowStore, StoredRun
 
@@ -32,7 +32,7 @@ TIMING = (
     "startup_s",
     "setup_s",
     "train_s",
-    *TRAIN_PARTS,
+    *WORKER_PARTS,
     "worker_exit_s",
     "analysis_s",
     "record_s",

@@ -18,7 +18,7 @@ from pathlib import Path
 from ghsweep.core.names import HOST_TAG, PROFILE_ERROR_TAG, ROLE_SWEEP, SWEEP_DIR_TAG
 from ghsweep.core.run_dir import METRICS, RESULT, SLURM_JOBS
 from ghsweep.core.run_plan import RunPlan
-from ghsweep.core.run_result import TRAIN_PARTS, RunResult, RunStatus
+from ghsweep.core.run_result import WORKER_PARTS, RunResult, RunStatus
 from ghsweep.core.run_summary import RunSummary
 from ghsweep.launch.job import loss_points
 from ghsweep.launch.sweep_manifest import NOBODY, NOT_SAID_YET, live_holder
@@ -126,7 +126,7 @@ def trained_on_disk(run_dir: Path, run_id: str) -> RunResult | None:
     if result.mlflow_run_id != run_id or result.status != RunStatus.RUNNING:
         return None
     result.status, result.error, result.metrics = RunStatus.FINISHED, None, summary.metrics
-    result.timing |= {k: summary.timing[k] for k in ("setup_s", "train_s", *TRAIN_PARTS) if k in summary.timing}
+    result.timing |= {k: summary.timing[k] for k in ("setup_s", "train_s", *WORKER_PARTS) if k in summary.timing}
     return result
 
 

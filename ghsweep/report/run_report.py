@@ -9,7 +9,7 @@ from typing import Any
 from ghsweep.core import stats
 from ghsweep.core.atomic import write_atomic
 from ghsweep.core.run_dir import REPORT
-from ghsweep.core.run_result import TRAIN_PARTS, RunResult
+from ghsweep.core.run_result import SETUP_PARTS, TRAIN_PARTS, WORKER_PARTS, RunResult
 
 METRIC_UNITS = {
     "step_time_ms": "ms (median of steady-state steps)",
@@ -80,13 +80,14 @@ def write_run_report(result: RunResult, asked: Mapping[str, Any], info: dict, pa
         lines.append("")
     if result.timing:
         t = result.timing
-        # The parts of train_s are shown inside it, so the parts of the whole still add up.
-        within = [f"{k.removesuffix('_s')} {t[k]:.2f} s" for k in TRAIN_PARTS if k in t]
-        parts = [
-            f"{k.removesuffix('_s')} {v:.2f} s" + (f" ({', '.join(within)})" if k == "train_s" and within else "")
-            for k, v in t.items()
-            if k not in ("wall_s", "overhead_s", *TRAIN_PARTS)
-        ]
+        # The parts of setup_s and train_s are shown inside them, so the parts of the whole still add up.
+        within = {"setup_s": SETUP_PARTS, "train_s": TRAIN_PARTS}
+
+        def shown(key: str, seconds: float) -> str:
+            inner = [f"{k.removesuffix('_s')} {t[k]:.2f} s" for k in within.get(key, ()) if k in t]
+            return f"{key.removesuffix('_s')} {seconds:.2f} s" + (f" ({', '.join(inner)})" if inner else "")
+
+        parts = [shown(k, v) for k, v in t.items() if k not in ("wall_s", "overhead_s", *WORKER_PARTS)]
         lines.append(f"Time: {t.get('wall_s', 0):.2f} s in all ({', '.join(parts)}).")
         if "overhead_s" in t:
             lines.append(f"Outside the training loop: {t['overhead_s']:.2f} s.")

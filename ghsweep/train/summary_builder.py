@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -49,6 +51,19 @@ def capture_window(config: ConfigSchema, profiled: bool) -> range:
     return capture_steps(config.capture, config.train.max_steps)
 
 
+@dataclass
+class SetupParts:
+    """How long each part of a worker's set-up took, timed one after the other from `last`
+    (ghsweep.core.run_result.SETUP_PARTS: where a later combination's set-up goes)."""
+
+    last: float
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def done(self, part: str) -> None:
+        now = time.time()
+        self.seconds[part], self.last = now - self.last, now
+
+
 def run_summary(
     config: ConfigSchema,
     log: StepLog,
@@ -66,6 +81,7 @@ def run_summary(
     train_started_at: float,
     train_ended_at: float,
     capture_s: float | None = None,
+    setup_parts: SetupParts | None = None,
     metrics: dict[str, float] | None = None,
     info: dict[str, object] | None = None,
 ) -> RunSummary:
@@ -75,6 +91,7 @@ def run_summary(
     (capture_window; left out of the steady steps). `setup_at`: when the backend started setting up
     (after its imports), `train_started_at` / `train_ended_at`: the training loop's edges. `capture_s`:
     the loop's time spent starting and stopping the profiler's capture window (Phases.capture_s).
+    `setup_parts`: the parts of the set-up, as the backend timed them.
     """
     name = device_name(device)
     measured = log.summary(config.train.warmup_steps, captured) | {"peak_mem_gb": peak_gib}
@@ -106,6 +123,7 @@ def run_summary(
         timing={
             "setup_at": setup_at,
             "setup_s": train_started_at - setup_at,
+            **(setup_parts.seconds if setup_parts else {}),
             "train_s": train_ended_at - train_started_at,
             # Parts of train_s outside the steady steps: where a run's first steps went.
             **({"compile_s": compile_s} if (compile_s := compile_seconds()) is not None else {}),

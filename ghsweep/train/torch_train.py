@@ -47,7 +47,7 @@ from ghsweep.train.optimizer import AdamStepsInBackward, make_optimizer, optimiz
 from ghsweep.train.phases import HandedCollection, Phases
 from ghsweep.train.precision import Precision
 from ghsweep.train.step_log import Measure, StepLog, measured_length
-from ghsweep.train.summary_builder import capture_window, run_peak_gib, run_summary
+from ghsweep.train.summary_builder import SetupParts, capture_window, run_peak_gib, run_summary
 from ghsweep.train.tokenizer import load_tokenizer
 
 # The longest a run waits for the sweep's work on earlier runs (their analysis and records).
@@ -182,6 +182,9 @@ def _train(
     device: torch.device,
     setup_at: float,
 ) -> RunSummary:
+    setup = SetupParts(setup_at)
+    torch.empty(0, device=device)  # the device's context, made here so that it is timed apart from the model
+    setup.done("device_s")
     # The same seed on every rank: the same initial weights (DDP and FSDP2 start from them unbroadcast).
     torch.manual_seed(config.seed)
     precision = Precision(config.precision, device)
@@ -190,11 +193,14 @@ def _train(
     )
     optimizer = optimizer_for(config.train.optimizer, config.peft.name, precision.trained_dtype)
     model = build(config, plan, ranks, device, precision, attention, optimizer)
+    setup.done("model_s")
     dataset = dolly.load_dataset(config, model.tokenizer)
     loader = make_loader(config, dataset, ranks, device)
+    setup.done("data_s")
     optimizer_step = OptimizerStep(
         model.trained_parameters(), config.train, device, precision, optimizer, model.fp8_layers
     )
+    setup.done("optimizer_s")
     # The global batch: every rank trains micro_batch_size blocks per step.
     tokens_per_step = config.train.micro_batch_size * config.train.seq_length * ranks.world_size
     log = StepLog(run_dir / METRICS if ranks.is_main else None, device, tokens_per_step)
@@ -302,6 +308,7 @@ def _train(
         train_started_at=train_started_at,
         train_ended_at=train_ended_at,
         capture_s=phases.capture_s,
+        setup_parts=setup,
         metrics=metrics,
         info=info,
     )

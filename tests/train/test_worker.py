@@ -19,6 +19,7 @@ import torch
 from ghsweep.capture.torch_capture import torch_capture
 from ghsweep.core.run_dir import METRICS, SUMMARY, TORCH_TRACE, WORKER_ERROR, WORKER_LOG
 from ghsweep.core.run_plan import ProfilePlan
+from ghsweep.core.run_result import SETUP_PARTS
 from ghsweep.launch.worker_process import run_worker as run_worker_process
 from ghsweep.launch.worker_process import worker_pid
 from ghsweep.train.step_log import StepLog
@@ -101,6 +102,9 @@ def test_the_worker_trains_the_planned_run_and_loads_only_training(tmp_path):
     timing = summary["timing"]
     assert timing["ready_at"] <= timing["setup_at"] and timing["import_s"] == timing["setup_at"] - timing["ready_at"]
     assert timing["setup_s"] > 0 and timing["train_s"] > 0
+    # The set-up's parts, timed one after the other inside it.
+    parts = [timing[part] for part in SETUP_PARTS]
+    assert all(p >= 0 for p in parts) and timing["model_s"] > 0 and sum(parts) <= timing["setup_s"]
     # No cudaProfilerStart/Stop on a CPU, and nothing compiled: neither took any of the loop's time.
     assert timing["capture_s"] == 0.0 and timing.get("compile_s", 0.0) == 0.0
     assert summary["info"]["device"] == "cpu" and summary["info"]["data_parallel"] == "none"
