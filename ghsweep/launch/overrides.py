@@ -74,14 +74,21 @@ def _option_refusals(override: Override, group: str, shown: str, searched: list[
 
 
 def hydra_options(group: str) -> list[str]:
-    """The options Hydra and its plugins register for one of its groups (hydra/launcher's `basic`,
-    `submitit_slurm`; hydra/sweeper's `basic`): asked only for a value that conf/ lacks, as finding
+    """The options Hydra and its plugins have for one of its groups: those they register
+    (hydra/launcher's `basic`, `submitit_slurm`; hydra/sweeper's `basic`) and the files Hydra ships
+    (hydra/job_logging's `default`, `disabled`): asked only for a value that conf/ lacks, as finding
     the plugins takes seconds."""
+    import hydra
     from hydra.core.config_store import ConfigStore
     from hydra.core.plugins import Plugins
 
     Plugins.instance()  # registers each plugin's configs
-    return [name.removesuffix(".yaml") for name in ConfigStore.instance().list(group)]
+    try:
+        stored = ConfigStore.instance().list(group)
+    except OSError:  # no plugin registers any: the group's options are Hydra's files alone
+        stored = []
+    shipped = [p.name for p in (Path(hydra.__file__).parent / "conf" / group).glob("*.yaml")]
+    return sorted({name.removesuffix(".yaml") for name in (*stored, *shipped)})
 
 
 def _added_on_purpose(override: Override, key: str, command_line: str) -> bool:

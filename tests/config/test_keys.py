@@ -55,6 +55,11 @@ def test_every_key_of_the_groups_presets_and_launch_profiles_is_known():
             "hydra/sweeper=tuen: hydra/sweeper has no option tuen; accepted: basic, tune; "
             "did you mean hydra/sweeper=tune?",
         ),
+        (  # conf/ adds ghsweep's to the files Hydra ships
+            "hydra/job_logging=disabld",
+            "hydra/job_logging=disabld: hydra/job_logging has no option disabld; accepted: default, disabled, "
+            "ghsweep, none, stdout; did you mean hydra/job_logging=disabled?",
+        ),
     ],
 )
 def test_a_mistake_is_one_line_with_the_closest_known_key(override, line):
