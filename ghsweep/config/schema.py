@@ -128,6 +128,9 @@ class TrainSchema(ConfigSection):
     activation_memory_budget: Ratio  # below 1.0 needs compiled layers
     optimizer: Literal["auto", "adamw", "adamw_sr", "adamw8bit"]  # ghsweep/train/optimizer.py
     optimizer_in_backward: bool  # not with precision=fp16
+    # Python's automatic garbage collection off in the loop, the young generations collected every N
+    # steps (ghsweep/train/gc_pauses.py); null: Python's own collections
+    gc_interval: Annotated[int, Range(1)] | None
 
     def check(
         self, model_source: str, max_positions: int, device: str, on_gpu: bool, data: DataSchema, precision: str

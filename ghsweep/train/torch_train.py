@@ -39,6 +39,7 @@ from ghsweep.train.compile_cache import cache_counts, use_compile_cache
 from ghsweep.train.device import peak_memory_gib
 from ghsweep.train.flops import ModelShape, run_flops_per_token
 from ghsweep.train.fp8_cached import TrainedFp8Linear
+from ghsweep.train.gc_pauses import GcPauses
 from ghsweep.train.loss import causal_lm_loss
 from ghsweep.train.memory_record import PeakBreakdown
 from ghsweep.train.model import apply_peft, build_model, count_parameters
@@ -220,6 +221,7 @@ def _train(
         torch_capture(plan.profile, run_dir, device, window, ranks.rank) as profiler,
         # Read when each compiled region is first traced (in the first step): the budget and the cache.
         torch._functorch.config.patch(**compile_settings(config.train.activation_memory_budget, device)),
+        GcPauses(config.train.gc_interval) as gc_pauses,
     ):
         batches = dolly.endless(loader)
         step, stop = 0, None
@@ -245,6 +247,7 @@ def _train(
                 with phases.range("optimizer"):
                     optimizer_step()
                     distributed.after_optimizer_step(model.train_step, model.data_parallel, model.fp8_library)
+                gc_pauses.step_done(step)
                 log.end(step, loss, started)
             step += 1
             if stop is None and log.flush_due(step, measure.min_steps, config.train.log_every, progress=ranks.is_main):
@@ -279,6 +282,7 @@ def _train(
     if ranks.world_size > 1:
         metrics = {k: ranks_seen[k] for k in ("slowest_rank", "slowest_rank_step_time_ms", "rank_spread_pct")}
         info["rank_step_time_ms"] = " ".join(f"{t:.1f}" for t in ranks_seen["rank_step_time_ms"])
+    metrics |= gc_pauses.metrics(config.train.warmup_steps)
     if model.offload is not None:
         info["offload_gb_per_step"] = model.offload.bytes_offloaded / 2**30 / step
     if model.fp8_library:

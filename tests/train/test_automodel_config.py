@@ -53,6 +53,11 @@ def test_lora_bf16_maps_onto_automodel_s_peft_model_and_loop(tmp_path):
     steps = recipe["step_scheduler"]
     assert steps["max_steps"] == 12 and steps["local_batch_size"] == steps["global_batch_size"] == 2
     assert steps["ckpt_every_steps"] > 12 and steps["val_every_steps"] > 12
+    assert "gc_every_steps" not in steps  # train.gc_interval=null: Python's own collections
+    assert (
+        recipe_config(automodel_config("train.gc_interval=25"), tmp_path, "cuda")["step_scheduler"]["gc_every_steps"]
+        == 25
+    )
     assert recipe["dataloader"]["num_workers"] == 0 and recipe["dataloader"]["batch_size"] == 2
     assert recipe["dataset"] == {
         "_target_": "ghsweep.train.automodel.packed_dataset.packed_dolly",

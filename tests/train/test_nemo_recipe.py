@@ -293,6 +293,10 @@ def test_train_settings_and_callbacks(tmp_path):
     assert metrics.metrics_path == str(tmp_path / "metrics.jsonl")
     assert metrics.tokens_per_step == config.train.micro_batch_size * config.train.seq_length
     assert recipe.log.log_dir == str(tmp_path / "nemo")
+    assert "GarbageCollectionCallback" not in by_name  # train.gc_interval=null: Python's own collections
+    collected = recipe_of(tmp_path, "train.gc_interval=25")[0].trainer.callbacks
+    gc_callback = next(c for c in collected if c.__fn_or_cls__.__name__ == "GarbageCollectionCallback")
+    assert (gc_callback.gc_interval_train, gc_callback.gc_interval_val) == (25, 25)
 
 
 def test_nemo_accepts_every_valid_combination(tmp_path):

@@ -114,6 +114,21 @@ def test_the_worker_trains_the_planned_run_and_loads_only_training(tmp_path):
     assert any(e.get("name") == "step 1" for e in trace["traceEvents"])
     assert not any(e.get("name") in ("step 0", "step 2") for e in trace["traceEvents"])
     assert not (tmp_path / WORKER_ERROR).exists()
+    # Python's own collections, timed in the measured steps whether any ran or not.
+    assert {"gc_pause_ms_per_step", "gc_pause_max_ms", "gc_full_collections"} <= summary["metrics"].keys()
+
+
+def test_gc_interval_collects_the_young_generations_in_the_steps_it_names(tmp_path):
+    cfg = compose_config(
+        "experiment=smoke", "train.max_steps=4", "train.seq_length=64", "train.warmup_steps=1", "train.gc_interval=1"
+    )
+    planned_run(tmp_path, cfg, profiler="none")
+    proc = run_worker(tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    metrics = json.loads((tmp_path / SUMMARY).read_text())["metrics"]
+    # A collection at the end of every step, timed; automatic ones (the oldest generation's among them) off.
+    assert metrics["gc_pause_ms_per_step"] > 0 and metrics["gc_pause_max_ms"] > 0
+    assert metrics["gc_full_collections"] == 0
 
 
 # A run measuring past its 6 steps to a budget of 12: its interval target is narrower than a CPU can

@@ -90,6 +90,8 @@ def recipe_config(config: ConfigSchema, run_dir: Path, device_type: str) -> dict
             "ckpt_every_steps": never,
             "val_every_steps": never,
             "num_epochs": t.max_steps,
+            # AutoModel's own collection: automatic collection off, the young generations every N steps.
+            **({"gc_every_steps": t.gc_interval} if t.gc_interval is not None else {}),
         },
         "dist_env": {"backend": "nccl", "timeout_minutes": 10},
         "model": _model(config, device_type),

@@ -454,6 +454,7 @@ def lr_scheduler(train: TrainSchema) -> tuple[type, dict[str, Any]]:
 def _map_train(recipe: Any, config: ConfigSchema, run_dir: Path) -> None:
     import fiddle as fdl
     import nemo_run as run
+    from nemo.lightning.pytorch.callbacks.garbage_collection import GarbageCollectionCallback
     from nemo.lightning.pytorch.callbacks.nsys import NsysCallback
 
     from ghsweep.train.nemo.megatron_optimizer import MegatronOptimizerWithFusedTorchAdam, megatron_uses_torch_adam
@@ -482,7 +483,7 @@ def _map_train(recipe: Any, config: ConfigSchema, run_dir: Path) -> None:
         fdl.update_callable(recipe.optim, MegatronOptimizerWithFusedTorchAdam)
     # NsysCallback stops after the batch of its end_step: capture.num_steps steps from start_step.
     window = capture_steps(config.capture, t.max_steps)
-    trainer.callbacks = [
+    callbacks = [
         *(trainer.callbacks or []),
         run.Config(
             NsysCallback,
@@ -498,6 +499,12 @@ def _map_train(recipe: Any, config: ConfigSchema, run_dir: Path) -> None:
             log_every=t.log_every,
         ),
     ]
+    if t.gc_interval is not None:
+        # NeMo's own: automatic collection off, a full one every gc_interval steps (no validation runs here).
+        callbacks.append(
+            run.Config(GarbageCollectionCallback, gc_interval_train=t.gc_interval, gc_interval_val=t.gc_interval)
+        )
+    trainer.callbacks = callbacks
 
 
 def save_recipe(recipe: Any, run_dir: Path) -> str:
