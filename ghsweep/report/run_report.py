@@ -70,6 +70,13 @@ def write_run_report(result: RunResult, asked: Mapping[str, Any], info: dict, pa
                 "of the median, a moving-block bootstrap over the steady steps"
                 + (f"; measuring ended by {info['measure_stop']}." if "measure_stop" in info else "."),
             ]
+            if "gc_pause_ms_per_step" in m:
+                # A host stopped for a collection is a step-time spike the interval then has to average out.
+                lines.append(
+                    f"Python's garbage collector in those steps: {m['gc_pause_ms_per_step']:.2f} ms a step on "
+                    f"average, the longest pause {m['gc_pause_max_ms']:.1f} ms, {m['gc_full_collections']:.0f} "
+                    f"full collections (train.gc_interval={asked['train'].get('gc_interval')})."
+                )
         first, last = result.metrics.get("first_loss"), result.metrics.get("final_loss")
         if first is not None and last is not None:
             lines += [

@@ -42,3 +42,17 @@ def test_the_knob_table_shows_what_was_asked_even_of_a_run_validation_refused(tm
         "| optimizer | adamw_fused |",
         "| device | cpu |",
     ]
+
+
+def test_the_garbage_collector_s_pauses_are_said_under_the_steady_steps(tmp_path):
+    metrics = {"steps": 30.0, "steady_steps": 25.0, "warmup_steps_detected": 3.0, "excluded_steps": 2.0}
+    metrics |= {"gc_pause_ms_per_step": 1.234, "gc_pause_max_ms": 38.25, "gc_full_collections": 2.0}
+    result = RunResult("fp8", str(tmp_path), ["precision=fp8"], RunStatus.FINISHED, metrics=metrics)
+    asked = OmegaConf.to_container(compose_config("experiment=smoke", "train.gc_interval=50"), resolve=True)
+    write_run_report(result, asked, {}, tmp_path / "report.md")
+    lines = (tmp_path / "report.md").read_text().splitlines()
+    steady = next(i for i, line in enumerate(lines) if line.startswith("Steady steps: 25"))
+    assert lines[steady + 1] == (
+        "Python's garbage collector in those steps: 1.23 ms a step on average, the longest pause 38.2 ms, "
+        "2 full collections (train.gc_interval=50)."
+    )
