@@ -56,3 +56,6 @@ def test_the_garbage_collector_s_pauses_are_said_under_the_steady_steps(tmp_path
         "Python's garbage collector in those steps: 1.23 ms a step on average, the longest pause 38.2 ms, "
         "2 full collections (train.gc_interval=50)."
     )
+    default = OmegaConf.to_container(compose_config("experiment=smoke"), resolve=True)
+    write_run_report(result, default, {}, tmp_path / "report.md")
+    assert "(train.gc_interval=null)." in (tmp_path / "report.md").read_text()
