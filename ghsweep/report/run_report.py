@@ -74,7 +74,7 @@ def write_run_report(result: RunResult, asked: Mapping[str, Any], info: dict, pa
                 # A host stopped for a collection is a step-time spike the interval then has to average out.
                 interval = asked["train"].get("gc_interval")
                 lines.append(
-                    f"Python's garbage collector in those steps: {m['gc_pause_ms_per_step']:.2f} ms a step on "
+                    f"Python's garbage collector after the warm-up: {m['gc_pause_ms_per_step']:.2f} ms a step on "
                     f"average, the longest pause {m['gc_pause_max_ms']:.1f} ms, {m['gc_full_collections']:.0f} "
                     f"full collections (train.gc_interval={'null' if interval is None else interval})."
                 )

@@ -53,7 +53,7 @@ def test_the_garbage_collector_s_pauses_are_said_under_the_steady_steps(tmp_path
     lines = (tmp_path / "report.md").read_text().splitlines()
     steady = next(i for i, line in enumerate(lines) if line.startswith("Steady steps: 25"))
     assert lines[steady + 1] == (
-        "Python's garbage collector in those steps: 1.23 ms a step on average, the longest pause 38.2 ms, "
+        "Python's garbage collector after the warm-up: 1.23 ms a step on average, the longest pause 38.2 ms, "
         "2 full collections (train.gc_interval=50)."
     )
     default = OmegaConf.to_container(compose_config("experiment=smoke"), resolve=True)
