@@ -18,8 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ghsweep.core.run_dir import PROFILE_ANALYSIS, RESULT
-from ghsweep.core.run_result import RunResult
+from ghsweep.core.run_dir import PROFILE_ANALYSIS
+from ghsweep.core.run_result import sweep_results
 from ghsweep.profile import delta
 from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.profile.scaling import decompose, scale_out_finding
@@ -33,8 +33,7 @@ WORLD = "backend.gpus_per_node"
 
 def runs_of(sweep: Path) -> list[dict]:
     out = []
-    for path in sorted(sweep.glob(f"*/{RESULT}"), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0):
-        run_dir, result = path.parent, RunResult.load(path.parent)
+    for run_dir, result in sweep_results(sweep):
         raw = run_dir / PROFILE_ANALYSIS
         analysis = ProfileAnalysis.from_dict(json.loads(raw.read_text())) if raw.is_file() else None
         knobs = knob_values([o for o in result.overrides if not o.startswith(("hydra.", "tracking."))])

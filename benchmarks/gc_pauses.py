@@ -14,15 +14,16 @@ import argparse
 import json
 from pathlib import Path
 
+from ghsweep.core.run_result import sweep_results
+
 
 def rows(sweep_dir: Path) -> list[dict]:
-    """One row per finished run of `sweep_dir`, in job order."""
-    found = []
-    for run in sorted((p for p in sweep_dir.iterdir() if (p / "summary.json").exists()), key=lambda p: int(p.name)):
-        metrics = json.loads((run / "summary.json").read_text())["metrics"]
-        overrides = json.loads((run / "result.json").read_text())["overrides"]
-        found.append({"run": " ".join(o for o in overrides if not o.startswith("tracking.")), **metrics})
-    return found
+    """One row per run of `sweep_dir` that measured, in job order."""
+    return [
+        {"run": " ".join(o for o in result.overrides if not o.startswith(("hydra.", "tracking."))), **result.metrics}
+        for _, result in sweep_results(sweep_dir)
+        if result.metrics
+    ]
 
 
 def table(found: list[dict]) -> str:

@@ -22,8 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from ghsweep.core.run_dir import PROFILE_ANALYSIS, RESULT
-from ghsweep.core.run_result import RunResult
+from ghsweep.core.run_dir import PROFILE_ANALYSIS
+from ghsweep.core.run_result import sweep_results
 from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.report.sweep_table import align, knob_values
 
@@ -42,8 +42,7 @@ def top_finding(a: ProfileAnalysis) -> str:
 
 def runs_of(sweep: Path, handoff: bool) -> list[dict]:
     out = []
-    for path in sorted(sweep.glob(f"*/{RESULT}"), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0):
-        run_dir, result = path.parent, RunResult.load(path.parent)
+    for run_dir, result in sweep_results(sweep):
         raw = run_dir / PROFILE_ANALYSIS
         a = ProfileAnalysis.from_dict(json.loads(raw.read_text())) if raw.is_file() else None
         knobs = knob_values(result.overrides)

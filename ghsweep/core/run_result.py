@@ -58,3 +58,10 @@ class RunResult:
     def load(cls, run_dir: Path) -> RunResult:
         raw = json.loads((run_dir / RESULT).read_text())
         return cls(**{**raw, "status": RunStatus(raw["status"])})
+
+
+def sweep_results(sweep_dir: Path) -> list[tuple[Path, RunResult]]:
+    """Each run directory of `sweep_dir` that holds a result, with it, in job order (a directory not
+    named by its job number, `hydra.sweep.subdir` set otherwise, first)."""
+    dirs = [path.parent for path in sweep_dir.glob(f"*/{RESULT}")]
+    return [(d, RunResult.load(d)) for d in sorted(dirs, key=lambda d: int(d.name) if d.name.isdigit() else 0)]
