@@ -70,14 +70,7 @@ def write_run_report(result: RunResult, asked: Mapping[str, Any], info: dict, pa
                 "of the median, a moving-block bootstrap over the steady steps"
                 + (f"; measuring ended by {info['measure_stop']}." if "measure_stop" in info else "."),
             ]
-            if "gc_pause_ms_per_step" in m:
-                # A host stopped for a collection is a step-time spike the interval then has to average out.
-                interval = asked["train"].get("gc_interval")
-                lines.append(
-                    f"Python's garbage collector after the warm-up: {m['gc_pause_ms_per_step']:.2f} ms a step on "
-                    f"average, the longest pause {m['gc_pause_max_ms']:.1f} ms, {m['gc_full_collections']:.0f} "
-                    f"full collections (train.gc_interval={'null' if interval is None else interval})."
-                )
+            lines += gc_lines(m, asked["train"])
         first, last = result.metrics.get("first_loss"), result.metrics.get("final_loss")
         if first is not None and last is not None:
             lines += [
@@ -100,6 +93,25 @@ def write_run_report(result: RunResult, asked: Mapping[str, Any], info: dict, pa
         if "overhead_s" in t:
             lines.append(f"Outside the training loop: {t['overhead_s']:.2f} s.")
     write_atomic(path, "\n".join(lines) + "\n", mode=0o644)
+
+
+def gc_lines(metrics: dict, train: Mapping[str, Any]) -> list[str]:
+    """What Python's garbage collector did to the steps after the warm-up, where a pause of it could
+    move a step by more than the interval the run measures to (train.measure_ci_pct of its median
+    step); nothing otherwise."""
+    longest, step_ms = metrics.get("gc_pause_max_ms"), metrics.get("step_time_ms")
+    if longest is None or not step_ms or longest < step_ms * train["measure_ci_pct"] / 100:
+        return []
+    interval = train.get("gc_interval")
+    said = (
+        f"Python's garbage collector after the warm-up: {metrics['gc_pause_ms_per_step']:.2f} ms a step on average, "
+        f"the longest pause {longest:.1f} ms ({100 * longest / step_ms:.1f}% of the median step), "
+        f"{metrics['gc_full_collections']:.0f} full collections"
+    )
+    if interval is None:
+        # A host stopped for a collection is a step-time spike the interval then has to average out.
+        return [f"{said}: train.gc_interval=50 collects at fixed steps instead (compare: train.gc_interval=null,50)."]
+    return [f"{said}, with train.gc_interval={interval}: its collections cost this; a larger interval, fewer of them."]
 
 
 def summary_line(result: RunResult, tracking_uri: str, experiment: str) -> str:

@@ -1,5 +1,5 @@
 """Python's garbage collector in the training loop: how long its collections held the host in the
-measured steps (always recorded), and `train.gc_interval`'s manual collection.
+steps after the warm-up (always recorded), and `train.gc_interval`'s manual collection.
 
 A collection of the oldest generation walks every object the worker holds (a 7B model's modules and
 parameters, torch.compile's caches). The host stops for it, and a step whose GPU was waiting on the

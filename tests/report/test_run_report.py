@@ -44,18 +44,33 @@ def test_the_knob_table_shows_what_was_asked_even_of_a_run_validation_refused(tm
     ]
 
 
-def test_the_garbage_collector_s_pauses_are_said_under_the_steady_steps(tmp_path):
+def gc_report(tmp_path, longest_ms: float, *overrides: str) -> list[str]:
     metrics = {"steps": 30.0, "steady_steps": 25.0, "warmup_steps_detected": 3.0, "excluded_steps": 2.0}
-    metrics |= {"gc_pause_ms_per_step": 1.234, "gc_pause_max_ms": 38.25, "gc_full_collections": 2.0}
+    metrics |= {"step_time_ms": 200.0, "gc_pause_ms_per_step": 1.234, "gc_pause_max_ms": longest_ms}
+    metrics |= {"gc_full_collections": 2.0}
     result = RunResult("fp8", str(tmp_path), ["precision=fp8"], RunStatus.FINISHED, metrics=metrics)
-    asked = OmegaConf.to_container(compose_config("experiment=smoke", "train.gc_interval=50"), resolve=True)
+    asked = OmegaConf.to_container(compose_config("experiment=smoke", *overrides), resolve=True)
     write_run_report(result, asked, {}, tmp_path / "report.md")
     lines = (tmp_path / "report.md").read_text().splitlines()
     steady = next(i for i, line in enumerate(lines) if line.startswith("Steady steps: 25"))
-    assert lines[steady + 1] == (
-        "Python's garbage collector after the warm-up: 1.23 ms a step on average, the longest pause 38.2 ms, "
-        "2 full collections (train.gc_interval=50)."
-    )
-    default = OmegaConf.to_container(compose_config("experiment=smoke"), resolve=True)
-    write_run_report(result, default, {}, tmp_path / "report.md")
-    assert "(train.gc_interval=null)." in (tmp_path / "report.md").read_text()
+    return lines[steady + 1 : steady + 2]
+
+
+def test_the_garbage_collector_s_pauses_are_said_under_the_steady_steps_with_the_lever(tmp_path):
+    assert gc_report(tmp_path, 38.25, "train.gc_interval=50") == [
+        "Python's garbage collector after the warm-up: 1.23 ms a step on average, the longest pause 38.2 ms "
+        "(19.1% of the median step), 2 full collections, with train.gc_interval=50: its collections cost this; "
+        "a larger interval, fewer of them."
+    ]
+    assert gc_report(tmp_path, 38.25) == [
+        "Python's garbage collector after the warm-up: 1.23 ms a step on average, the longest pause 38.2 ms "
+        "(19.1% of the median step), 2 full collections: train.gc_interval=50 collects at fixed steps instead "
+        "(compare: train.gc_interval=null,50)."
+    ]
+
+
+def test_pauses_within_the_interval_the_run_measures_to_are_not_said(tmp_path):
+    # 1.9 ms of a 200 ms step: under train.measure_ci_pct=1 (2 ms); said once the target is tighter.
+    assert gc_report(tmp_path, 1.9) == [""]
+    assert "garbage" not in (tmp_path / "report.md").read_text()
+    assert gc_report(tmp_path, 1.9, "train.measure_ci_pct=0.5")[0].startswith("Python's garbage collector")
