@@ -27,6 +27,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from ghsweep.core.run_result import RunResult, RunStatus, sweep_results
+
 COLUMNS = (
     "startup_s",
     "setup_s",
@@ -54,12 +56,11 @@ def steady_seconds(run_dir: Path) -> tuple[float, int]:
     return sum(steady) / 1000, len(steady)
 
 
-def run_row(run_dir: Path, shared: set[str]) -> dict:
-    result = json.loads((run_dir / "result.json").read_text())
-    timing = result["timing"]
-    swept = " ".join(o for o in result["overrides"] if o not in shared)
-    row = {"run": swept or result["name"], "status": result["status"]}
-    if result["status"] != "FINISHED":
+def run_row(run_dir: Path, result: RunResult, shared: set[str]) -> dict:
+    timing = result.timing
+    swept = " ".join(o for o in result.overrides if o not in shared)
+    row = {"run": swept or result.name, "status": str(result.status)}
+    if result.status != RunStatus.FINISHED:
         return row | {"wall_s": timing.get("wall_s")}
     steady_s, steady_steps = steady_seconds(run_dir)
     # Every column but the two worked out from the step times below is the job's own timing.
@@ -70,17 +71,17 @@ def run_row(run_dir: Path, shared: set[str]) -> dict:
         "steady_steps": steady_steps,
         # Results from before job_s: the job ended with its record.
         "fixed_s": timing.get("job_s", timing["wall_s"]) - steady_s,
-        "tokens_per_s": result["metrics"].get("tokens_per_s"),
+        "tokens_per_s": result.metrics.get("tokens_per_s"),
     }
     return row
 
 
 def sweep_rows(sweep_dir: Path) -> list[dict]:
-    runs = sorted((p for p in sweep_dir.iterdir() if (p / "result.json").exists()), key=lambda p: int(p.name))
-    overrides = [set(json.loads((p / "result.json").read_text())["overrides"]) for p in runs]
+    runs = sweep_results(sweep_dir)
+    overrides = [set(result.overrides) for _, result in runs]
     # Name each run by what it sweeps: the overrides every run shares say nothing about it.
     shared = set.intersection(*overrides) if len(overrides) > 1 else set()
-    return [run_row(p, shared) for p in runs]
+    return [run_row(run_dir, result, shared) for run_dir, result in runs]
 
 
 def table(rows: list[dict], wall_s: float | None) -> str:
