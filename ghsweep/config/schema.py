@@ -426,7 +426,8 @@ class PrecisionSchema(ConfigSection):
     format: Carried[Literal["hybrid", "e4m3"]]
     allow_tf32: Carried[bool]  # fp32: TF32 matmuls on Ampere and newer
     initial_loss_scale: Carried[PositiveNumber]  # fp16: GradScaler's first scale
-    reduce_dtype: Literal["fp32", "param"]  # of gradients across ranks (FSDP2); param: their own dtype
+    # Of gradients across ranks (DDP, FSDP2); param: their own dtype; auto: param on two ranks, fp32 on more.
+    reduce_dtype: Literal["auto", "fp32", "param"]
 
     def check(self, composed: frozenset[str], device: str, on_gpu: bool, gpu: GpuInfo | None) -> None:
         """`composed`: the keys the composed section sets; `device`: the run's setting, `on_gpu`: where it
@@ -455,13 +456,16 @@ class PrecisionSchema(ConfigSection):
 class OffloadSchema(ConfigSection):
     enabled: bool
     num_layers: Annotated[int, Range(1)]  # with offload=on; at most the model's layers
+    # torch: how many layers of backward ahead an offloaded layer's activations start coming back;
+    # auto: as early as the peak allows (ghsweep/train/offload.py).
+    prefetch_layers: Carried[Annotated[int, Range(1)] | Literal["auto"]]
 
     def check(self, model_source: str, model_layers: int) -> None:
         """`model_layers`: the trained model's (`model_source` names it)."""
         self.check_knobs("offload", "enabled")
         if not self.enabled:
             return
-        self.check_knobs("offload", "num_layers")
+        self.check_knobs("offload", "num_layers", "prefetch_layers")
         if self.num_layers > model_layers:
             raise ConfigError(
                 f"offload.num_layers={self.num_layers}: {model_source} has only {model_layers} layers; "

@@ -75,12 +75,25 @@ class TrainStep(nn.Module):
 REDUCE_DTYPES = {"fp32": torch.float32, "param": None}
 
 
+def reduce_dtype(choice: str, world_size: int) -> str:
+    """fp32 or param: what `precision.reduce_dtype=choice` sums gradients in across `world_size` ranks.
+
+    auto is the gradients' own dtype on two ranks and fp32 on more. Two ranks add one pair of values,
+    which NCCL and gloo add in fp32 and round once, as the fp32 reduction rounds its sum back to the
+    gradients' dtype: the same bits at half the bytes (tests/train/test_reduce_dtype.py). On more ranks
+    a ring rounds after each of its adds, and fp32 keeps the bits."""
+    if choice == "auto":
+        return "param" if world_size <= 2 else "fp32"
+    return choice
+
+
 def parallelize(step: TrainStep, config: ConfigSchema, ranks: Ranks, mode: str) -> tuple[nn.Module, str | None]:
     """(the module the loop calls, ddp | fsdp | None); `mode` is the plan's data_parallel. FSDP2
     shards each decoder layer and then the rest (embedding, norm, LM head); gradients are reduced
-    in precision.reduce_dtype."""
+    in precision.reduce_dtype, as reduce_dtype resolves it."""
     if ranks.world_size == 1:
         return step, None
+    summed_in = REDUCE_DTYPES[reduce_dtype(config.precision.reduce_dtype, ranks.world_size)]
     if mode == "ddp":
         # Every rank built the same weights from the same seed (or folder): no broadcast at start; the buffers
         # (rotary frequencies) never change: no broadcast before every forward either, which would line the
@@ -89,13 +102,13 @@ def parallelize(step: TrainStep, config: ConfigSchema, ranks: Ranks, mode: str) 
         ddp = nn.parallel.DistributedDataParallel(
             step, init_sync=False, broadcast_buffers=False, gradient_as_bucket_view=True
         )
-        if REDUCE_DTYPES[config.precision.reduce_dtype] == torch.float32:
+        if summed_in == torch.float32:
             # DDP checks a hook's annotations against its own classes; this module's are strings.
             ddp.register_comm_hook(None, lambda state, bucket: _mean_in_fp32(bucket))
         return ddp, mode
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = MixedPrecisionPolicy(reduce_dtype=REDUCE_DTYPES[config.precision.reduce_dtype])
+    policy = MixedPrecisionPolicy(reduce_dtype=summed_in)
     # false: a layer's gathered weights stay until its backward (one all-gather per step instead of two,
     # the full weights in memory as with DDP); true: resharded after forward (ZeRO-3, least memory).
     reshard = bool(config.backend.fsdp_reshard_after_forward)

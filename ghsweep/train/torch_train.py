@@ -282,6 +282,7 @@ def _train(
     if ranks.world_size > 1:
         metrics = {k: ranks_seen[k] for k in ("slowest_rank", "slowest_rank_step_time_ms", "rank_spread_pct")}
         info["rank_step_time_ms"] = " ".join(f"{t:.1f}" for t in ranks_seen["rank_step_time_ms"])
+        info["reduce_dtype"] = distributed.reduce_dtype(config.precision.reduce_dtype, ranks.world_size)
     metrics |= gc_pauses.metrics(config.train.warmup_steps)
     if model.offload is not None:
         info["offload_gb_per_step"] = model.offload.bytes_offloaded / 2**30 / step
@@ -389,7 +390,7 @@ def build(
     )
     offload = None
     if config.offload.enabled and device.type == "cuda":
-        offload = ActivationOffload(decoder.layers, config.offload.num_layers)
+        offload = ActivationOffload(decoder.layers, config.offload.num_layers, config.offload.prefetch_layers)
     return Model(
         train_step,
         causal_lm.config,

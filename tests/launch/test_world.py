@@ -55,6 +55,8 @@ def test_two_processes_train_under_torchrun_and_rank_0_records(sweep):
         assert run.data.tags["ghsweep.optimizer"] == ("adamw" if peft == "lora" else "adamw_sr")
         if gpus == "2":
             assert run.data.tags["ghsweep.data_parallel"] == ("ddp" if peft == "lora" else "fsdp")
+            # precision.reduce_dtype=auto on two ranks: the gradients' own dtype (train.distributed.reduce_dtype).
+            assert run.data.tags["ghsweep.reduce_dtype"] == "param"
             per_rank = [float(t) for t in run.data.tags["ghsweep.rank_step_time_ms"].split()]
             assert len(per_rank) == 2
             assert m["slowest_rank"] == per_rank.index(max(per_rank))
@@ -181,7 +183,7 @@ def test_slurm_dry_run_asks_for_nodes_and_tasks_and_prints_srun(tmp_path):
             False,
             0,
             False,
-            "precision.reduce_dtype=fp16: not an accepted value; accepted: fp32, param",
+            "precision.reduce_dtype=fp16: not an accepted value; accepted: auto, fp32, param",
         ),
     ],
 )
