@@ -388,8 +388,8 @@ def exposed_copies(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding
                 "warning",
                 f"offload cost: copies to and from pinned host memory run with no kernel beside them for "
                 f"{exposed:.1f}% {w.of_step} ({h2d_gb / w.steps:.2f} GB in and {d2h_gb / w.steps:.2f} GB out "
-                f"{w.per_step}); overlap them with compute (separate stream, prefetch ahead of use) "
-                "or offload fewer layers",
+                f"{w.per_step}); overlap them with compute (a separate stream, fetched further ahead of use: "
+                "offload.prefetch_layers with the torch backend) or offload fewer layers (offload.num_layers)",
                 exposed_memcpy_pct=exposed,
                 h2d_gb_per_step=h2d_gb / w.steps,
                 d2h_gb_per_step=d2h_gb / w.steps,
