@@ -390,7 +390,8 @@ def build(
     )
     offload = None
     if config.offload.enabled and device.type == "cuda":
-        offload = ActivationOffload(decoder.layers, config.offload.num_layers, config.offload.prefetch_layers)
+        ahead = config.offload.prefetch_layers  # set wherever offload is on (OffloadSchema.check)
+        offload = ActivationOffload(decoder.layers, config.offload.num_layers, "auto" if ahead is None else ahead)
     return Model(
         train_step,
         causal_lm.config,

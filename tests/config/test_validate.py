@@ -74,6 +74,13 @@ def test_offload_more_layers_than_model():
     assert msg.startswith("offload.num_layers=8:") and "only 4 layers" in msg and "1 to 4" in msg
 
 
+def test_offload_prefetch_is_auto_or_a_positive_number_of_layers():
+    for bad in ("0", "soon"):
+        msg = error_of(composed("offload=on", f"offload.prefetch_layers={bad}"))
+        assert msg == f"offload.prefetch_layers={bad}: not an accepted value; accepted: an integer >= 1, auto"
+    validate(composed("offload=on", "offload.prefetch_layers=2"), None)
+
+
 def test_offload_fits_larger_model():
     validate(composed("offload=on", "offload.num_layers=8", "model=llama2_7b"), H100)
 
