@@ -93,7 +93,10 @@ def levers(d: dict, knobs: dict[str, str], one_gpu_peak_gb: float | None) -> dic
         if knobs.get("backend.fsdp_reshard_after_forward") == "true":
             out["added_work_ms"] = "backend.fsdp_reshard_after_forward=false: one all-gather per step instead of two"
     if "NCCL ReduceScatter f32" in families and knobs.get("precision.reduce_dtype") != "param":
-        out["exposed_comm_ms"] = "precision.reduce_dtype=param: gradients reduced in their own dtype, half the bytes"
+        out["exposed_comm_ms"] = (
+            "precision.reduce_dtype=param: gradients reduced in their own dtype, half the bytes "
+            "(on more than two ranks each add rounds)"
+        )
     elif sharded and knobs.get("backend.data_parallel") != "ddp":
         out["exposed_comm_ms"] = f"backend.data_parallel=ddp{fits}: one all-reduce overlapped with the backward"
     out["slower_compute_ms"] = (
