@@ -105,22 +105,27 @@ def clip_gradients(
 ) -> None:
     """Clip to a global norm without a host sync (the norm stays on the device).
 
-    Given torch's fused AdamW or torchao's (torchao_adamw.py), the clip is folded into its next step
-    instead: its `grad_scale` (the attribute through which GradScaler hands fused optimizers a
-    divisor) divides every gradient inside the AdamW kernel, which saves a read and a write of every
-    gradient (27 GB a step for full fine-tuning of a 7B model in bf16).
+    Given torch's fused AdamW (whole gradients) or torchao's (torchao_adamw.py; whole gradients or
+    FSDP2's shards), the clip is folded into its next step instead: its `grad_scale` (the attribute
+    through which GradScaler hands fused optimizers a divisor) divides every gradient inside the AdamW
+    kernel, which saves a read and a write of every gradient (27 GB a step for full fine-tuning of a
+    7B model in bf16 on one GPU, each rank's share of it under FSDP2).
     """
     if max_norm is None:
         return
     grads = [p.grad for p in params if p.grad is not None]
-    # FSDP2's gradients are shards (DTensors): their global norm needs clip_grad_norm_'s reduction.
+    # FSDP2's gradients are shards (DTensors): torchao_adamw's optimizers step each rank's shard and
+    # declare `grad_scale`; torch's fused AdamW reads it in its kernel, on whole (DDP, one GPU) tensors.
     sharded = any(isinstance(g, DTensor) for g in grads)
-    # torch's fused AdamW reads `grad_scale` in its kernel; torchao_adamw's optimizers declare it.
-    folds = optimizer is not None and (optimizer.defaults.get("fused") or hasattr(optimizer, "grad_scale"))
-    if optimizer is None or not folds or sharded:
+    folds = optimizer is not None and (
+        hasattr(optimizer, "grad_scale") or (optimizer.defaults.get("fused") and not sharded)
+    )
+    if optimizer is None or not folds:
         torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
         return
     norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()  # the global norm over every rank's shard, as a plain tensor
     # clip_grad_norm_ multiplies by min(1, max_norm / (norm + 1e-6)); the step divides by its inverse.
     # Read by the fused optimizers' step (getattr), undeclared in torch's Optimizer annotations.
     optimizer.grad_scale = ((norm.float() + 1e-6) / max_norm).clamp(min=1.0)  # type: ignore[attr-defined]

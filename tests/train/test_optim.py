@@ -10,6 +10,7 @@ from ghsweep.train.optimizer import make_optimizer, optimizer_for
 from ghsweep.train.precision import Precision
 from ghsweep.train.schedule import lr_factor
 from tests.support.compose import compose_typed
+from tests.support.gloo_ranks import on_ranks
 
 
 def test_cosine_warms_up_linearly_then_decays_to_the_floor():
@@ -226,4 +227,53 @@ def test_torchao_adamw_with_the_clip_folded_in_equals_torch_adamw_after_clipping
         for optimizer in (reference, ours):
             optimizer.zero_grad()
     for theirs, mine in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(mine, theirs)
+
+
+def _sharded_clip_steps(ranks, device: torch.device, train: TrainSchema, out) -> None:
+    """Two copies of a small model sharded by FSDP2 over the ranks: one clipped by clip_grad_norm_ and
+    stepped by torch's AdamW, the other stepped by torchao's with the clip folded in; each rank its own
+    batches. Rank 0 saves both copies' weights, whole."""
+    from torch.distributed.fsdp import fully_shard
+
+    from ghsweep.train.optimizer import clip_gradients
+
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8)) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    for model in models:
+        fully_shard(model[0])
+        fully_shard(model)
+    reference, _ = make_optimizer(models[0].parameters(), train, device)
+    ours, _ = make_optimizer(models[1].parameters(), train, device, "adamw_sr")
+    batches = torch.Generator().manual_seed(ranks.rank)
+    for _ in range(4):
+        x = torch.randn(4, 16, generator=batches) * 100
+        for model in models:
+            model(x).square().sum().backward()
+        torch.nn.utils.clip_grad_norm_(models[0].parameters(), 0.5)
+        reference.step()
+        clip_gradients(list(models[1].parameters()), 0.5, ours)
+        # Adam hardly moves with a gradient's scale: the divisor itself is held to the global norm.
+        whole = torch.cat([p.grad.full_tensor().flatten() for p in models[1].parameters()])
+        torch.testing.assert_close(ours.grad_scale, (torch.linalg.vector_norm(whole) + 1e-6) / 0.5)
+        assert ours.grad_scale > 1  # the clip was active, and folded
+        ours.step()
+        for optimizer in (reference, ours):
+            optimizer.zero_grad()
+    weights = [[p.full_tensor() for p in model.parameters()] for model in models]
+    if ranks.is_main:
+        torch.save(weights, out)
+
+
+@pytest.mark.cli  # torchao's compiled step runs the C++ compiler
+def test_the_clip_folds_into_torchaos_step_over_fsdp2_shards_with_the_global_norm(tmp_path):
+    """Under FSDP2 each rank holds a shard of every gradient: the folded clip must divide by the norm
+    over all ranks' shards, as clip_grad_norm_ does (fp32 weights: nothing to round)."""
+    train = constant_rate(lr=1e-2)
+    train.weight_decay = 0.1
+    out = tmp_path / "weights.pt"
+    on_ranks(_sharded_clip_steps, 2, train, out)
+    clipped_first, folded = torch.load(out)
+    for theirs, mine in zip(clipped_first, folded):
         torch.testing.assert_close(mine, theirs)

@@ -5,25 +5,21 @@ keeps fp32 there. The GPU test: `pytest -m gpu tests/train/test_reduce_dtype.py`
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing
 
 from ghsweep.config.schema import ConfigSchema
 from ghsweep.train.distributed import reduce_dtype
 from tests.support.compose import compose_typed
+from tests.support.gloo_ranks import on_ranks
 from tests.support.models import TINY_LLAMA
-from tests.support.ports import free_port
 
 TOKENS = 64
 
 
-def _rank_gradients(
-    rank: int, world: int, port: int, configs: dict[str, ConfigSchema], out: Path, on_gpu: bool
-) -> None:
+def _rank_gradients(ranks, device: torch.device, configs: dict[str, ConfigSchema], out: Path) -> None:
     """One rank: for each of `configs` (by name), the same model and this rank's own batch, one forward and
     backward through parallelize; rank 0 saves every parameter's reduced gradient, whole."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -31,12 +27,6 @@ def _rank_gradients(
     from ghsweep.train import distributed
     from ghsweep.train.loss import causal_lm_loss
 
-    # What torchrun gives each worker (env://).
-    os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "LOCAL_RANK": str(rank)}
-    os.environ["WORLD_SIZE"] = str(world)
-    ranks = distributed.ranks_from_env()
-    device = distributed.rank_device(torch.device("cuda" if on_gpu else "cpu"), ranks)
-    distributed.start(ranks, device)
     gradients = {}
     for name, config in configs.items():
         torch.manual_seed(0)
@@ -45,7 +35,7 @@ def _rank_gradients(
         # "own": this rank's gradient, as a world of one trains it.
         alone = distributed.Ranks(0, 1, 0) if name == "own" else ranks
         model, _ = distributed.parallelize(step, config, alone, "ddp" if name.startswith("ddp") else "fsdp")
-        batch = torch.randint(0, 256, (1, TOKENS), generator=torch.Generator().manual_seed(100 + rank))
+        batch = torch.randint(0, 256, (1, TOKENS), generator=torch.Generator().manual_seed(100 + ranks.rank))
         model(batch.to(device), batch.to(device)).backward()
         # DDP names its module's parameters "module.*"; FSDP2's are DTensors, gathered whole.
         whole = {
@@ -53,9 +43,8 @@ def _rank_gradients(
             for n, p in model.named_parameters()
         }
         gradients[name] = {n: g.detach().cpu() for n, g in whole.items()}
-    if rank == 0:
+    if ranks.is_main:
         torch.save(gradients, out)
-    distributed.stop(ranks)
 
 
 def reduced_gradients(world: int, tmp_path: Path, on_gpu: bool = False) -> dict[str, dict[str, torch.Tensor]]:
@@ -68,7 +57,7 @@ def reduced_gradients(world: int, tmp_path: Path, on_gpu: bool = False) -> dict[
     }
     configs["own"] = configs["ddp_fp32"]
     out = tmp_path / f"gradients_{world}.pt"
-    torch.multiprocessing.spawn(_rank_gradients, args=(world, free_port(), configs, out, on_gpu), nprocs=world)
+    on_ranks(_rank_gradients, world, configs, out, on_gpu=on_gpu)
     return torch.load(out)
 
 
