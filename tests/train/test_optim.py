@@ -197,70 +197,64 @@ def test_every_optimizer_step_remakes_the_fp8_copies_of_the_weights_it_stepped(k
             assert torch.equal(layer.weight_fp8.view(torch.uint8), expected.view(torch.uint8))
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.cli  # torchao's compiled step runs the C++ compiler
-def test_torchao_adamw_with_the_clip_folded_in_equals_torch_adamw_after_clipping(device):
-    """fp32 weights (nothing to round): torchao's AdamW as ghsweep steps it, the clip divided out
-    inside its step (compiled; the Triton kernel on a GPU), ends where clip_grad_norm_ and torch's
-    AdamW put the weights."""
-    from ghsweep.train.optimizer import clip_gradients
-
+def two_copies(device: torch.device | str) -> list[torch.nn.Sequential]:
     torch.manual_seed(0)
     models = [
         torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8)).to(device)
         for _ in range(2)
     ]
     models[1].load_state_dict(models[0].state_dict())
-    train = constant_rate(lr=1e-2)
-    train.weight_decay = 0.1
-    reference, _ = make_optimizer(models[0].parameters(), train, torch.device(device))
-    ours, _ = make_optimizer(models[1].parameters(), train, torch.device(device), "adamw_sr")
-    for _ in range(4):
-        x = torch.randn(4, 16, device=device) * 100
-        for model in models:
-            model(x).square().sum().backward()
-        torch.nn.utils.clip_grad_norm_(models[0].parameters(), 0.5)
-        reference.step()
-        clip_gradients(list(models[1].parameters()), 0.5, ours)
-        assert ours.grad_scale > 1  # the clip was active, and folded
-        ours.step()
-        for optimizer in (reference, ours):
-            optimizer.zero_grad()
-    for theirs, mine in zip(models[0].parameters(), models[1].parameters()):
-        torch.testing.assert_close(mine, theirs)
+    return models
 
 
-def _sharded_clip_steps(ranks, device: torch.device, train: TrainSchema, out) -> None:
-    """Two copies of a small model sharded by FSDP2 over the ranks: one clipped by clip_grad_norm_ and
-    stepped by torch's AdamW, the other stepped by torchao's with the clip folded in; each rank its own
-    batches. Rank 0 saves both copies' weights, whole."""
-    from torch.distributed.fsdp import fully_shard
-
+def clipped_first_and_folded(models: list[torch.nn.Module], device: torch.device, batches: torch.Generator) -> None:
+    """Four steps on the same batches: models[0] clipped by clip_grad_norm_ and stepped by torch's AdamW,
+    models[1] stepped by torchao's AdamW as ghsweep steps it, the clip divided out inside its step
+    (compiled; the Triton kernel on a GPU). fp32 weights: nothing to round."""
     from ghsweep.train.optimizer import clip_gradients
 
-    torch.manual_seed(0)
-    models = [torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8)) for _ in range(2)]
-    models[1].load_state_dict(models[0].state_dict())
-    for model in models:
-        fully_shard(model[0])
-        fully_shard(model)
+    train = constant_rate(lr=1e-2)
+    train.weight_decay = 0.1
     reference, _ = make_optimizer(models[0].parameters(), train, device)
     ours, _ = make_optimizer(models[1].parameters(), train, device, "adamw_sr")
-    batches = torch.Generator().manual_seed(ranks.rank)
     for _ in range(4):
-        x = torch.randn(4, 16, generator=batches) * 100
+        x = torch.randn(4, 16, generator=batches).to(device) * 100
         for model in models:
             model(x).square().sum().backward()
         torch.nn.utils.clip_grad_norm_(models[0].parameters(), 0.5)
         reference.step()
         clip_gradients(list(models[1].parameters()), 0.5, ours)
-        # Adam hardly moves with a gradient's scale: the divisor itself is held to the global norm.
-        whole = torch.cat([p.grad.full_tensor().flatten() for p in models[1].parameters()])
+        # Adam hardly moves with a gradient's scale: the divisor itself is held to the global norm (FSDP2's
+        # gradients are shards: the norm over all of them).
+        whole = torch.cat(
+            [getattr(p.grad, "full_tensor", lambda g=p.grad: g)().flatten() for p in models[1].parameters()]
+        )
         torch.testing.assert_close(ours.grad_scale, (torch.linalg.vector_norm(whole) + 1e-6) / 0.5)
         assert ours.grad_scale > 1  # the clip was active, and folded
         ours.step()
         for optimizer in (reference, ours):
             optimizer.zero_grad()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.cli  # torchao's compiled step runs the C++ compiler
+def test_torchao_adamw_with_the_clip_folded_in_equals_torch_adamw_after_clipping(device):
+    models = two_copies(device)
+    clipped_first_and_folded(models, torch.device(device), torch.Generator().manual_seed(0))
+    for theirs, mine in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(mine, theirs)
+
+
+def _sharded_clip_steps(ranks, device: torch.device, out) -> None:
+    """clipped_first_and_folded with both copies sharded by FSDP2 over the ranks, each rank its own
+    batches; rank 0 saves both copies' weights, whole."""
+    from torch.distributed.fsdp import fully_shard
+
+    models = two_copies(device)
+    for model in models:
+        fully_shard(model[0])
+        fully_shard(model)
+    clipped_first_and_folded(models, device, torch.Generator().manual_seed(ranks.rank))
     weights = [[p.full_tensor() for p in model.parameters()] for model in models]
     if ranks.is_main:
         torch.save(weights, out)
@@ -268,12 +262,10 @@ def _sharded_clip_steps(ranks, device: torch.device, train: TrainSchema, out) ->
 
 @pytest.mark.cli  # torchao's compiled step runs the C++ compiler
 def test_the_clip_folds_into_torchaos_step_over_fsdp2_shards_with_the_global_norm(tmp_path):
-    """Under FSDP2 each rank holds a shard of every gradient: the folded clip must divide by the norm
-    over all ranks' shards, as clip_grad_norm_ does (fp32 weights: nothing to round)."""
-    train = constant_rate(lr=1e-2)
-    train.weight_decay = 0.1
+    """Under FSDP2 each rank holds a shard of every gradient: the folded clip divides by the norm over
+    all ranks' shards, as clip_grad_norm_ does."""
     out = tmp_path / "weights.pt"
-    on_ranks(_sharded_clip_steps, 2, train, out)
+    on_ranks(_sharded_clip_steps, 2, out)
     clipped_first, folded = torch.load(out)
     for theirs, mine in zip(clipped_first, folded):
         torch.testing.assert_close(mine, theirs)
