@@ -2,8 +2,9 @@
 made it fire), so a reader can check it. Thresholds are module constants, tuned on the planted
 H200 scenarios in tests/data/profiles (a clean compute-bound run fires none).
 
-`context` is what the run's config says (precision, offload, memory; empty from the command line):
-it sharpens the wording and enables the rules that need to know what was asked for (fp8).
+`context` is what the run's config says (precision, offload and the torch backend's offload prefetch,
+memory; empty from the command line): it sharpens the wording and enables the rules that need to know
+what was asked for (fp8).
 
 Attribution follows the evidence. Each idle gap of the GPU gets one cause, the first that matches
 in this order (engine.GapEvidence.cause):
@@ -388,8 +389,7 @@ def exposed_copies(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding
                 "warning",
                 f"offload cost: copies to and from pinned host memory run with no kernel beside them for "
                 f"{exposed:.1f}% {w.of_step} ({h2d_gb / w.steps:.2f} GB in and {d2h_gb / w.steps:.2f} GB out "
-                f"{w.per_step}); overlap them with compute (a separate stream, fetched further ahead of use: "
-                "offload.prefetch_layers with the torch backend) or offload fewer layers (offload.num_layers)",
+                f"{w.per_step}); {offload_levers(context.get('offload_prefetch_layers'))}",
                 exposed_memcpy_pct=exposed,
                 h2d_gb_per_step=h2d_gb / w.steps,
                 d2h_gb_per_step=d2h_gb / w.steps,
@@ -405,6 +405,24 @@ def exposed_copies(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding
             memcpy_time_pct=a.memcpy_time_pct,
         )
     ]
+
+
+def offload_levers(prefetch_layers: int | str | None) -> str:
+    """What is left to change against exposed offload copies, given the run's offload.prefetch_layers
+    (None: not known, or not the torch backend's knob)."""
+    fewer = "offload fewer layers (offload.num_layers)"
+    if prefetch_layers == "auto":
+        # auto already brings each layer back as early as the peak allows: only fewer layers is left.
+        return f"the activations already come back as early as the peak allows (offload.prefetch_layers=auto): {fewer}"
+    if prefetch_layers is not None:
+        return (
+            f"fetch them further ahead of use (offload.prefetch_layers={prefetch_layers} now; auto: as early "
+            f"as the peak allows) or {fewer}"
+        )
+    return (
+        "overlap them with compute (a separate stream, fetched further ahead of use: offload.prefetch_layers "
+        f"with the torch backend) or {fewer}"
+    )
 
 
 def um_migrations(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:

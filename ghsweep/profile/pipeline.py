@@ -64,6 +64,10 @@ def context_of(config: ConfigSchema) -> dict:
     return {
         "precision": config.precision.name,
         "offload": config.offload.enabled,
+        # The torch backend's knob (Megatron's offloading has its own schedule).
+        "offload_prefetch_layers": config.offload.prefetch_layers
+        if config.offload.enabled and config.backend.name == "torch"
+        else None,
         "memory": config.memory.name,
         "num_workers": config.dataloader.num_workers,
     }

@@ -87,13 +87,16 @@ def reduce_dtype(choice: str, world_size: int) -> str:
     return choice
 
 
-def parallelize(step: TrainStep, config: ConfigSchema, ranks: Ranks, mode: str) -> tuple[nn.Module, str | None]:
-    """(the module the loop calls, ddp | fsdp | None); `mode` is the plan's data_parallel. FSDP2
-    shards each decoder layer and then the rest (embedding, norm, LM head); gradients are reduced
-    in precision.reduce_dtype, as reduce_dtype resolves it."""
+def parallelize(
+    step: TrainStep, config: ConfigSchema, ranks: Ranks, mode: str
+) -> tuple[nn.Module, str | None, str | None]:
+    """(the module the loop calls, ddp | fsdp, fp32 | param), None for both in a world of one; `mode`
+    is the plan's data_parallel. FSDP2 shards each decoder layer and then the rest (embedding, norm,
+    LM head); gradients are reduced in precision.reduce_dtype, as reduce_dtype resolves it."""
     if ranks.world_size == 1:
-        return step, None
-    summed_in = REDUCE_DTYPES[reduce_dtype(config.precision.reduce_dtype, ranks.world_size)]
+        return step, None, None
+    resolved = reduce_dtype(config.precision.reduce_dtype, ranks.world_size)
+    summed_in = REDUCE_DTYPES[resolved]
     if mode == "ddp":
         # Every rank built the same weights from the same seed (or folder): no broadcast at start; the buffers
         # (rotary frequencies) never change: no broadcast before every forward either, which would line the
@@ -105,7 +108,7 @@ def parallelize(step: TrainStep, config: ConfigSchema, ranks: Ranks, mode: str) 
         if summed_in == torch.float32:
             # DDP checks a hook's annotations against its own classes; this module's are strings.
             ddp.register_comm_hook(None, lambda state, bucket: _mean_in_fp32(bucket))
-        return ddp, mode
+        return ddp, mode, resolved
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(reduce_dtype=summed_in)
@@ -118,7 +121,7 @@ def parallelize(step: TrainStep, config: ConfigSchema, ranks: Ranks, mode: str) 
     for layer in layers:
         fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(step, mp_policy=policy, reshard_after_forward=reshard)
-    return step, mode
+    return step, mode, resolved
 
 
 def _mean_in_fp32(bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

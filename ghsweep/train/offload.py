@@ -48,7 +48,7 @@ class ActivationOffload:
     """Wraps every decoder layer of `layers`; the first `num_layers` are offloaded, and each comes back
     `prefetch_layers` layers of backward ahead of use (auto, or more than L - N - 1: L - N - 1)."""
 
-    def __init__(self, layers: nn.ModuleList, num_layers: int, prefetch_layers: int | str = "auto"):
+    def __init__(self, layers: nn.ModuleList, num_layers: int, prefetch_layers: int | str):
         self.num_layers = num_layers
         self.prefetch_distance = prefetch_distance(len(layers), num_layers, prefetch_layers)
         self.d2h = torch.cuda.Stream()

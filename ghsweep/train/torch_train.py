@@ -68,6 +68,7 @@ class Model:
     params: tuple[int, int]  # (total, trainable), before sharding
     compiled: bool
     data_parallel: str | None  # ddp | fsdp with several ranks, else None
+    reduce_dtype: str | None  # fp32 | param (what gradients are summed in) with several ranks, else None
     fp8_library: str | None
     fp8_layers: list[TrainedFp8Linear]  # trained weights whose fp8 copies each optimizer step remakes
     offload: ActivationOffload | None
@@ -282,7 +283,7 @@ def _train(
     if ranks.world_size > 1:
         metrics = {k: ranks_seen[k] for k in ("slowest_rank", "slowest_rank_step_time_ms", "rank_spread_pct")}
         info["rank_step_time_ms"] = " ".join(f"{t:.1f}" for t in ranks_seen["rank_step_time_ms"])
-        info["reduce_dtype"] = distributed.reduce_dtype(config.precision.reduce_dtype, ranks.world_size)
+        info["reduce_dtype"] = model.reduce_dtype
     metrics |= gc_pauses.metrics(config.train.warmup_steps)
     if model.offload is not None:
         info["offload_gb_per_step"] = model.offload.bytes_offloaded / 2**30 / step
@@ -385,13 +386,14 @@ def build(
         for layer in decoder.layers:
             layer.compile()
         loss_fn = torch.compile(causal_lm_loss)
-    train_step, parallel = distributed.parallelize(
+    train_step, parallel, reduce_dtype = distributed.parallelize(
         distributed.TrainStep(decoder, causal_lm.lm_head, loss_fn), config, ranks, plan.data_parallel
     )
     offload = None
     if config.offload.enabled and device.type == "cuda":
-        ahead = config.offload.prefetch_layers  # set wherever offload is on (OffloadSchema.check)
-        offload = ActivationOffload(decoder.layers, config.offload.num_layers, "auto" if ahead is None else ahead)
+        ahead = config.offload.prefetch_layers
+        assert ahead is not None, "OffloadSchema.check requires offload.prefetch_layers wherever offload is on"
+        offload = ActivationOffload(decoder.layers, config.offload.num_layers, ahead)
     return Model(
         train_step,
         causal_lm.config,
@@ -400,6 +402,7 @@ def build(
         params,
         compiled,
         parallel,
+        reduce_dtype,
         fp8_library,
         fp8_layers,
         offload,

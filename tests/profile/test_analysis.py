@@ -14,8 +14,11 @@ import pytest
 
 from ghsweep.profile import roofline
 from ghsweep.profile.analysis import analyze
+from ghsweep.profile.findings import evaluate
+from ghsweep.profile.pipeline import context_of
 from ghsweep.profile.result import ProfileAnalysis
 from ghsweep.profile.run_analysis import full_analysis
+from tests.support.compose import compose_typed
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "profiles"
 SCENARIOS = {
@@ -53,6 +56,36 @@ def test_intended_finding_fires(results, scenario, expected):
     assert expected in ids, (scenario, ids)
     fired = next(f for f in results[scenario].findings if f.id == expected)
     assert fired.severity == "warning" and fired.evidence
+
+
+@pytest.mark.parametrize(
+    "prefetch_layers, says, never",
+    [
+        ("auto", "as early as the peak allows (offload.prefetch_layers=auto): offload fewer", "fetch them further"),
+        (4, "fetch them further ahead of use (offload.prefetch_layers=4 now", "already come back"),
+        (None, "offload.prefetch_layers with the torch backend", "already come back"),
+    ],
+)
+def test_offload_cost_names_only_the_levers_left(results, prefetch_layers, says, never):
+    """At prefetch auto the activations already come back as early as the peak allows: fewer offloaded
+    layers is the one lever left, and the finding says so instead of pointing at the prefetch again."""
+    context = {"offload": True, "offload_prefetch_layers": prefetch_layers}
+    cost = next(f for f in evaluate(results["offload"], context) if f.id == "offload_cost")
+    assert says in cost.message and never not in cost.message
+    assert "offload.num_layers" in cost.message
+
+
+@pytest.mark.parametrize(
+    "overrides, prefetch_layers",
+    [
+        (("offload=on",), "auto"),
+        (("offload=on", "offload.prefetch_layers=2"), 2),
+        (("offload=off",), None),
+        (("backend=nemo", "offload=on"), None),  # Megatron's offloading has its own schedule
+    ],
+)
+def test_findings_read_the_runs_prefetch(overrides, prefetch_layers):
+    assert context_of(compose_typed(*overrides))["offload_prefetch_layers"] == prefetch_layers
 
 
 def test_clean_run_fires_none(results):

@@ -34,7 +34,7 @@ def _rank_gradients(ranks, device: torch.device, configs: dict[str, ConfigSchema
         step = distributed.TrainStep(llama.model, llama.lm_head, causal_lm_loss)
         # "own": this rank's gradient, as a world of one trains it.
         alone = distributed.Ranks(0, 1, 0) if name == "own" else ranks
-        model, _ = distributed.parallelize(step, config, alone, "ddp" if name.startswith("ddp") else "fsdp")
+        model, _, _ = distributed.parallelize(step, config, alone, "ddp" if name.startswith("ddp") else "fsdp")
         batch = torch.randint(0, 256, (1, TOKENS), generator=torch.Generator().manual_seed(100 + ranks.rank))
         model(batch.to(device), batch.to(device)).backward()
         # DDP names its module's parameters "module.*"; FSDP2's are DTensors, gathered whole.
