@@ -5,7 +5,8 @@ combinations on 1 and on N GPUs (benchmarks/h200x2_scaling.sh makes such a sweep
 
 For every finished run with nsys exports, its exports are copied to
 DIR/<combination>_<N>gpu/profile_rank<R>.sqlite.gz, trimmed to the tables the analysis reads
-(small enough to keep as test data); DIR/decomposition.json holds, per combination, the split of
+(small enough to keep as test data), with the run's summary.json (its measured step, against which
+the profiler's own overhead is told apart); DIR/decomposition.json holds, per combination, the split of
 the step time gained from 1 to N GPUs (ghsweep/profile/scaling.py) as analysed from those trimmed
 copies. <combination> is the values of the overrides that differ between the sweep's runs (the
 world left out), e.g. "lora" or "none" for peft=lora,none. The tables are printed last.
@@ -17,12 +18,13 @@ import argparse
 import gzip
 import json
 import re
+import shutil
 import sqlite3
 import sys
 import tempfile
 from pathlib import Path
 
-from ghsweep.core.run_dir import NSYS_SQLITE, RESULT
+from ghsweep.core.run_dir import NSYS_SQLITE, RESULT, SUMMARY
 from ghsweep.core.run_result import RunResult
 from ghsweep.profile.scaling import folder_decompositions, headline, kernel_table, table
 from ghsweep.report.compare import WORLD_KEYS
@@ -91,9 +93,12 @@ def main() -> int:
         knob = knobs(result)
         exports = exports_of(run_dir)
         combination = "-".join(re.sub(r"[^A-Za-z0-9.]+", "-", knob.get(k, "")) for k in varying) or "run"
+        folder = args.out / f"{combination}_{len(exports)}gpu"
         for rank, export in enumerate(exports):
-            out = trimmed(export, args.out / f"{combination}_{len(exports)}gpu" / RANK_FILE.format(rank=rank))
+            out = trimmed(export, folder / RANK_FILE.format(rank=rank))
             print(f"{export} -> {out} ({out.stat().st_size / 1e6:.2f} MB)")
+        if (run_dir / SUMMARY).is_file():  # the measured (untraced) step: the profiler's overhead against it
+            shutil.copyfile(run_dir / SUMMARY, folder / SUMMARY)
     found = folder_decompositions(args.out)
     (args.out / "decomposition.json").write_text(json.dumps(found, indent=2))
     for combination, d in found.items():

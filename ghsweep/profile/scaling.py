@@ -21,6 +21,7 @@ from ghsweep.core.errors import ProfileError
 from ghsweep.profile import delta
 from ghsweep.profile.delta import PARTS as COMPONENTS
 from ghsweep.profile.delta import has_time_per_step
+from ghsweep.profile.overhead import MeasuredRun
 from ghsweep.profile.result import Finding, ProfileAnalysis
 from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 
@@ -163,7 +164,9 @@ CAPTURE_FOLDER = re.compile(r"(?P<combination>.+)_(?P<gpus>\d+)gpu")
 
 
 def folder_analysis(folder: Path, into: Path) -> ProfileAnalysis:
-    """The analysis of a capture folder's gzipped per-rank exports (decompressed under `into`)."""
+    """The analysis of a capture folder's gzipped per-rank exports (decompressed under `into`), with
+    the run's measured step where the folder keeps its summary.json: the profiler's own overhead is
+    then a part of the decomposition, as in the sweep's report, not left in its idle time."""
     paths = []
     for packed in sorted(folder.glob("profile_rank*.sqlite.gz"), key=lambda p: int(re.findall(r"\d+", p.name)[-1])):
         path = into / folder.name / packed.name.removesuffix(".gz")
@@ -172,7 +175,10 @@ def folder_analysis(folder: Path, into: Path) -> ProfileAnalysis:
         paths.append(path)
     if not paths:
         raise ProfileError(f"{folder}: no profile_rank<R>.sqlite.gz in it")
-    return full_analysis(paths[0]) if len(paths) == 1 else rank_analysis(paths, None, len(paths))
+    measured = MeasuredRun.of(folder)
+    if len(paths) == 1:
+        return full_analysis(paths[0], measured=measured)
+    return rank_analysis(paths, None, len(paths), measured=measured)
 
 
 def folder_decompositions(data: Path) -> dict[str, dict]:

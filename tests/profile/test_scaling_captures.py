@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ghsweep.core.run_dir import SUMMARY
 from ghsweep.core.run_result import RunResult
 from ghsweep.profile import kernel_kinds
 from ghsweep.profile.run_analysis import full_analysis
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The real capture: Llama-2-7B shape, seq 4096, LoRA (DDP) and full (FSDP2) bf16 on 1 and 2 GPUs, made with
 #   OUT=results PROFILES=tests/data/profiles/scaling_7b_2gpu bash benchmarks/h200x2_scaling.sh
 SCALING_DATA = ROOT / "tests" / "data" / "profiles" / "scaling_7b_2gpu"
+MEASURED_MS = {1: 10.0, 2: 11.5}  # a planted run's measured step by GPUs (its profiled steps differ)
 
 
 def test_the_script_keeps_small_exports_and_their_decomposition(tmp_path):
@@ -32,6 +34,8 @@ def test_the_script_keeps_small_exports_and_their_decomposition(tmp_path):
         run_dir.mkdir(parents=True)
         overrides = [f"peft={peft}", f"backend.gpus_per_node={gpus}", "precision=bf16"]
         RunResult(str(job), str(run_dir), overrides, "FINISHED").save()
+        # The measured (untraced) steps: the profiler's overhead is each run's profiled step less this.
+        (run_dir / SUMMARY).write_text(json.dumps({"metrics": {"step_time_ms": MEASURED_MS[gpus]}}))
         if gpus == 1:
             write_nsys(planted_rank(**ONE), run_dir / "profile.sqlite")
         else:
@@ -56,6 +60,10 @@ def test_the_script_keeps_small_exports_and_their_decomposition(tmp_path):
     assert kept["lora"]["exposed_comm_ms"] == pytest.approx(0.3)  # the planted tail all-reduce
     assert "exposed communication" in done.stdout and f"{kept['lora']['difference_ms']:+.2f}" in done.stdout
     assert all(p.stat().st_size < 200_000 for p in out.rglob("*.gz"))
+    lora = kept["lora"]
+    profiled_over_measured = (lora["step_n_ms"] - MEASURED_MS[2]) - (lora["step_1_ms"] - MEASURED_MS[1])
+    assert lora["profiler_overhead_ms"] == pytest.approx(profiled_over_measured) and profiled_over_measured != 0
+    assert sum(lora[key] for key, _ in COMPONENTS) == pytest.approx(lora["difference_ms"], abs=1e-6)
 
 
 @pytest.fixture(scope="module")
