@@ -79,6 +79,9 @@ LAUNCH_CALLS = ("cudaLaunchKernel%", "cuLaunchKernel%", "cudaLaunchCooperativeKe
 # User ranges "data*" and PyTorch's own DataLoader ranges (with autograd NVTX emission on):
 # "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "DataLoader.__next__", ...
 DATA_LIKE = ("data%", "%DataLoader%")
+# The call that starts a capture range, runtime's or driver's (the worker's torch.cuda.profiler.start).
+PROFILER_START = ("cudaProfilerStart%", "cuProfilerStart%")
+EVERYWHERE = (-(2**62), 2**62)  # a window around every timestamp (an export's may be negative)
 PHASE_LIKE = tuple(f"{p}%" for p in PHASES)
 # Columns a GPU table must have to be analysed (the analysis reads no other).
 REQUIRED_COLUMNS = {
@@ -132,12 +135,24 @@ def find_steps(con, schema: db.Schema, kernels: db.Table, pid: int, device: int)
     kernels (steps.py), else None."""
     found = step_finder.from_ranges(db.step_candidates(con, schema, pid), "NVTX ranges")
     if found is not None:
+        started = capture_started_at(con, schema, pid)
+        if started is not None and found.all[0].start >= started:
+            return step_finder.Steps(found.all, found.basis, found.source, capture_start=True)
         return found
     mine = kernels.where((kernels["pid"] == pid) & (kernels["dev"] == device))
     order = np.argsort(mine["start"], kind="stable")
     ids = mine["name"][order]
     names = db.string_values(con, np.unique(ids).tolist())
     return infer_steps(mine["start"][order], mine["end"][order], ids, names)
+
+
+def capture_started_at(con, schema: db.Schema, pid: int) -> int | None:
+    """When process `pid` started the capture range (cudaProfilerStart), where it did: nsys records
+    from that call on (--capture-range=cudaProfilerApi, how ghsweep's worker captures its window)."""
+    if not schema.has(db.RUNTIME):
+        return None
+    calls = db.process_intervals(con, db.RUNTIME, pid, db.names_like(con, PROFILER_START), EVERYWHERE)
+    return calls[0][1] if calls else None
 
 
 def um_phase_ranges(phases: list[tuple[int, int]], faults: np.ndarray, migrations: Intervals) -> Intervals:

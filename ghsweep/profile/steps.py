@@ -83,9 +83,17 @@ class Steps:
     steady: list[Step] = field(default_factory=list)
     warmup_reason: str = ""
     stubs: list[Step] = field(default_factory=list)  # dropped: see without_stubs
+    # The first step is where a capture range started (cudaProfilerStart): warm-up whatever its length.
+    capture_start: bool = False
 
     def __post_init__(self):
-        self.warmup, self.steady, self.warmup_reason = split_warmup(self.all)
+        if self.capture_start and len(self.all) > 1:
+            warmup, self.steady, reason = split_warmup(self.all[1:])
+            self.warmup = [self.all[0], *warmup]
+            first = f"step {self.all[0].step}: the capture's first, where the profiler started"
+            self.warmup_reason = f"{first}; {reason}" if reason else first
+        else:
+            self.warmup, self.steady, self.warmup_reason = split_warmup(self.all)
 
 
 def step_kind(name: str) -> tuple[str, int | None] | None:

@@ -8,7 +8,7 @@ import pytest
 
 from ghsweep.profile.run_analysis import full_analysis
 from ghsweep.profile.steps import Step, split_warmup, step_kind
-from tests.profile.planted import training_run, write_nsys, write_torch
+from tests.profile.planted import US, training_run, write_nsys, write_torch
 
 CONVENTIONS = {
     "step N": lambda i: f"step {i}",
@@ -108,6 +108,19 @@ def test_two_captured_steps_exclude_a_slow_first(tmp_path, reader):
     assert a.gpu_busy_pct > 95
     assert {f.id for f in a.findings}.isdisjoint({"gpu_starved", "launch_bound"})
     assert any(line.startswith("warm-up excluded: step 0") for line in a.summary)
+
+
+def test_the_step_a_capture_began_in_is_warm_up(tmp_path):
+    """nsys from a cudaProfilerStart on (ghsweep's window, --capture-range=cudaProfilerApi): the first
+    step is warm-up even at the steady steps' pace; without the call it is a steady step."""
+    run = training_run(lambda i: f"step {i}", warmup=False)
+    plain = full_analysis(write_nsys(run, tmp_path / "plain.sqlite"))
+    assert plain.window["warmup_steps"] == [] and plain.window["steps"] == [0, 1, 2, 3, 4, 5]
+    first_step_at = min(start for _, start, _, _ in run.ranges)
+    run.calls.append((first_step_at - 50 * US, first_step_at - 10 * US, "cuProfilerStart", 1))
+    captured = full_analysis(write_nsys(run, tmp_path / "captured.sqlite"))
+    assert captured.window["warmup_steps"] == [0] and captured.window["steps"] == [1, 2, 3, 4, 5]
+    assert captured.window["warmup_reason"] == "step 0: the capture's first, where the profiler started"
 
 
 def test_warmup_rule():

@@ -174,11 +174,12 @@ def test_real_two_gpu_captures_show_each_rank_and_its_communication(real_runs, n
     assert [r["rank"] for r in result.ranks] == [0, 1]
     for path, row in zip(paths, result.ranks):
         single = full_analysis(path)
-        assert single.window["steps"] == [10, 11]
+        # Step 10 is where the capture started (cudaProfilerStart): warm-up, whatever its length.
+        assert single.window["steps"] == [11] and single.window["warmup_steps"] == [10]
         by_kernel = nccl_ms_in_window(path, single.window)
         # The collectives data parallelism needs, and nothing counted twice: the SQL sum over the window.
         assert {c for c in collectives if any(c in k for k in by_kernel)} == collectives
-        assert row["nccl_ms_per_step"] == pytest.approx(sum(by_kernel.values()) / 2, rel=1e-6)
+        assert row["nccl_ms_per_step"] == pytest.approx(sum(by_kernel.values()), rel=1e-6)
         comm = single.communication
         # Time with only NCCL running is part of NCCL time; most of it overlaps compute here.
         assert row["gpu_busy_pct"] > 90 and 0 < comm["exposed_nccl_ns"] < comm["nccl_ns"] / 2
@@ -187,12 +188,12 @@ def test_real_two_gpu_captures_show_each_rank_and_its_communication(real_runs, n
 
 @pytest.mark.parametrize("name", ["ddp2_lora_7b", "fsdp2_full_7b"])
 def test_real_nccl_time_beside_compute_names_no_straggler(real_runs, name):
-    """The ranks' NCCL time per step differs by tens of ms (the rank that launches its collective
+    """The ranks' NCCL time per step differs by 12-71 ms (the rank that launches its collective
     first runs the NCCL kernel beside its own compute), yet little of it shows on the critical
     path: the ranks' compute per step is within a few ms, so nobody is a straggler."""
     result = rank_analysis(real_runs[name], None, 2)
     rows = result.ranks
-    assert abs(rows[0]["nccl_ms_per_step"] - rows[1]["nccl_ms_per_step"]) > 20
+    assert abs(rows[0]["nccl_ms_per_step"] - rows[1]["nccl_ms_per_step"]) > 10
     slow, fast = sorted(rows, key=lambda r: -r["compute_ms_per_step"])
     shown = min(
         slow["compute_ms_per_step"] - fast["compute_ms_per_step"],
