@@ -7,7 +7,8 @@
 # prints the table; then benchmarks/scaling_profiles.py keeps each run's nsys exports, trimmed and
 # gzipped, in $PROFILES/<peft>_<N>gpu/ (default $OUT/profiles) with decomposition.json, and prints
 # where the per-GPU throughput went from 1 to 2 GPUs. WORK (default /tmp/h200x2_scaling) keeps the
-# sweep and its MLflow store. STEPS=10 makes it shorter (the capture is always the last 4th-3rd steps).
+# sweep and its MLflow store. STEPS=10 makes it shorter (the capture is always the last 4th-2nd steps,
+# the first of them the capture's warm-up: the analysis leaves out the step a capture began in).
 set -u
 OUT=${OUT:?set OUT to the folder for the results}
 WORK=${WORK:-/tmp/h200x2_scaling}
@@ -21,7 +22,7 @@ export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=
 read -r -a knobs <<< "${KNOBS:-peft=lora,none backend.gpus_per_node=1,2}"
 command=(python3 -m ghsweep -m model=llama2_7b precision=bf16 "${knobs[@]}"
          train.seq_length=4096 train.micro_batch_size=1 "train.max_steps=$STEPS" profile=nsys
-         capture.start_step=$((STEPS - 4)) capture.num_steps=2
+         capture.start_step=$((STEPS - 4)) capture.num_steps=3
          "hydra.sweep.dir=$WORK/sweep" "tracking.uri=sqlite:///$WORK/mlflow.db")
 echo "+ ${command[*]}"
 "${command[@]}" > "$WORK/sweep.log" 2>&1 || echo "sweep exit $?"
