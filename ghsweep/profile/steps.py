@@ -215,7 +215,9 @@ def without_stubs(found: Steps, launches_work) -> Steps:
             stubs.append(steps.pop(index))
     if not stubs:
         return found
-    return Steps(steps, found.basis, found.source, stubs=sorted(stubs, key=lambda s: s.start))
+    # A capture that began in a stub still disturbs the first step with work: it stays the warm-up.
+    kept = sorted(stubs, key=lambda s: s.start)
+    return Steps(steps, found.basis, found.source, stubs=kept, capture_start=found.capture_start)
 
 
 def split_warmup(steps: list[Step]) -> tuple[list[Step], list[Step], str]:

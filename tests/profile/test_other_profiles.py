@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ghsweep.profile.run_analysis import full_analysis
-from ghsweep.profile.steps import Step, split_warmup, step_kind
+from ghsweep.profile.steps import Step, Steps, split_warmup, step_kind, without_stubs
 from tests.profile.planted import US, training_run, write_nsys, write_torch
 
 CONVENTIONS = {
@@ -121,6 +121,13 @@ def test_the_step_a_capture_began_in_is_warm_up(tmp_path):
     captured = full_analysis(write_nsys(run, tmp_path / "captured.sqlite"))
     assert captured.window["warmup_steps"] == [0] and captured.window["steps"] == [1, 2, 3, 4, 5]
     assert captured.window["warmup_reason"] == "step 0: the capture's first, where the profiler started"
+
+
+def test_a_capture_start_outlives_its_stubs():
+    steps = [Step(0, 0, 1_000), *(Step(i, i * 100_000_000, (i + 1) * 100_000_000) for i in range(1, 5))]
+    kept = without_stubs(Steps(steps, capture_start=True), launches_work=lambda step: False)
+    assert [s.step for s in kept.stubs] == [0]
+    assert [s.step for s in kept.warmup] == [1] and [s.step for s in kept.steady] == [2, 3, 4]
 
 
 def test_warmup_rule():
