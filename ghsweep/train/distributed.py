@@ -60,16 +60,28 @@ def stop(ranks: Ranks) -> None:
         dist.destroy_process_group()
 
 
+class LossHead(nn.Module):
+    """The LM head and the loss over its weight (the loss never materialises the logits through the head's
+    own forward): a module whose forward FSDP2 sees, so that it can shard the head as a unit of its own."""
+
+    def __init__(self, lm_head: nn.Module, loss_fn):
+        super().__init__()
+        self.lm_head, self.loss_fn = lm_head, loss_fn
+
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(hidden, self.lm_head.weight, labels)
+
+
 class TrainStep(nn.Module):
     """Decoder, LM head and loss as one module, so DDP and FSDP2 see the whole step's forward."""
 
     def __init__(self, decoder: nn.Module, lm_head: nn.Module, loss_fn):
         super().__init__()
-        self.decoder, self.lm_head, self.loss_fn = decoder, lm_head, loss_fn
+        self.decoder, self.head = decoder, LossHead(lm_head, loss_fn)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, **decoder_kwargs) -> torch.Tensor:
         hidden = self.decoder(input_ids=input_ids, use_cache=False, **decoder_kwargs)[0]
-        return self.loss_fn(hidden, self.lm_head.weight, labels)
+        return self.head(hidden, labels)
 
 
 REDUCE_DTYPES = {"fp32": torch.float32, "param": None}
@@ -91,8 +103,8 @@ def parallelize(
     step: TrainStep, config: ConfigSchema, ranks: Ranks, mode: str
 ) -> tuple[nn.Module, str | None, str | None]:
     """(the module the loop calls, ddp | fsdp, fp32 | param), None for both in a world of one; `mode`
-    is the plan's data_parallel. FSDP2 shards each decoder layer and then the rest (embedding, norm,
-    LM head); gradients are reduced in precision.reduce_dtype, as reduce_dtype resolves it."""
+    is the plan's data_parallel. FSDP2 shards each decoder layer, the LM head, and then the rest
+    (embedding, final norm); gradients are reduced in precision.reduce_dtype, as reduce_dtype resolves it."""
     if ranks.world_size == 1:
         return step, None, None
     resolved = reduce_dtype(config.precision.reduce_dtype, ranks.world_size)
@@ -120,6 +132,14 @@ def parallelize(
         raise TypeError(f"FSDP2 shards each decoder layer: the decoder's layers are a {type(layers).__name__}")
     for layer in layers:
         fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard)
+    # The LM head as a unit of its own, as torchtitan shards its output layer: its all-gather is issued
+    # behind the last layers' forward and its reduce-scatter runs beside the layers' backward. In the root
+    # (the embedding and the final norm as well) both waited at the step's ends: an all-gather before the
+    # first layer and the last reduce-scatter after the embedding's backward. A head tied to the embedding
+    # (one weight) stays in the root with it.
+    head_weight = step.head.lm_head.weight
+    if not any(p is head_weight for p in step.decoder.parameters()):
+        fully_shard(step.head, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(step, mp_policy=policy, reshard_after_forward=reshard)
     return step, mode, resolved
 
