@@ -512,9 +512,6 @@ class DataloaderSchema(ConfigSection):
     pin_memory: bool  # on a GPU only
     prefetch_factor: Annotated[int, Range(1)] | None
     persistent_workers: bool  # with num_workers > 0 only
-    # torch backend, several ranks: deal each step's blocks so that the ranks' attention work matches
-    # (ghsweep/train/rank_balance.py); false: DistributedSampler's random draw.
-    balance_ranks: bool
 
     def check(self) -> None:
         self.check_knobs("dataloader")

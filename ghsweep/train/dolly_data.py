@@ -21,7 +21,6 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ghsweep.config.schema import ConfigSchema, DataSchema, carried
-from ghsweep.train.rank_balance import BalancedDistributedSampler
 from ghsweep.train.tokenizer import pad_token_id
 
 IGNORE_INDEX = -100
@@ -370,15 +369,13 @@ def make_dataloader(
     persistent_workers: bool,
     rank: int = 0,
     world_size: int = 1,
-    block_costs: Sequence[float] | None = None,
 ) -> DataLoader:
-    """Shuffled micro-batches; with several ranks each rank reads its own share of the blocks, dealt so
-    that the ranks' blocks at a step cost about the same where `block_costs` are given (rank_balance)."""
-    sampler: DistributedSampler[int] | None = None
-    if world_size > 1 and block_costs is not None:
-        sampler = BalancedDistributedSampler(dataset, block_costs, world_size, rank, seed, batch_size)
-    elif world_size > 1:
-        sampler = DistributedSampler(dataset, world_size, rank, shuffle=True, seed=seed, drop_last=True)
+    """Shuffled micro-batches; with several ranks each rank reads its own share of the blocks."""
+    sampler: DistributedSampler[int] | None = (
+        DistributedSampler(dataset, world_size, rank, shuffle=True, seed=seed, drop_last=True)
+        if world_size > 1
+        else None
+    )
     per_rank = len(sampler) if sampler is not None else len(dataset)
     if per_rank < batch_size:
         # drop_last leaves no batch, and endless() would wait for one forever.

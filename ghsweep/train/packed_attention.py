@@ -48,26 +48,6 @@ def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
 BLOCK = 128
 
 
-def _tiles_that_meet(docs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(tile starts, each tile's first and last document, and per row the causal tiles whose query and
-    key documents meet: those the kernel computes, full or partial), for `docs` as document_block_mask's."""
-    seq = docs.shape[1]
-    starts = torch.arange(0, seq, BLOCK, device=docs.device)
-    # Documents never decrease along a row, so a tile's first and last token bound the documents it holds.
-    first, last = docs[:, starts], docs[:, torch.clamp(starts + BLOCK, max=seq) - 1]
-    q_first, q_last = first[:, :, None], last[:, :, None]  # (batch, query tile, 1)
-    kv_first, kv_last = first[:, None, :], last[:, None, :]  # (batch, 1, key tile)
-    causal = torch.ones(len(starts), len(starts), dtype=torch.bool, device=docs.device).tril()
-    return starts, first, last, causal & (q_first <= kv_last) & (kv_first <= q_last)
-
-
-def computed_tiles(position_ids: torch.Tensor) -> torch.Tensor:
-    """Per block (row), the tiles of document-masked causal attention that FlexAttention computes: what
-    a packed block's attention costs, which differs from block to block with its documents' lengths
-    (a block of long documents computes more tiles than one of short ones)."""
-    return _tiles_that_meet(document_ids(position_ids))[3].sum(dim=(1, 2))
-
-
 def document_block_mask(docs: torch.Tensor) -> Any:
     """FlexAttention's BlockMask for causal attention within each document (`docs[b, t]`: the
     document of token t in row b, never decreasing along a row, as packing leaves them).
@@ -80,11 +60,16 @@ def document_block_mask(docs: torch.Tensor) -> Any:
     """
     from torch.nn.attention.flex_attention import BlockMask
 
-    seq = docs.shape[1]
-    starts, first, last, meet = _tiles_that_meet(docs)
-    q_first, q_last = first[:, :, None], last[:, :, None]
-    kv_first, kv_last = first[:, None, :], last[:, None, :]
-    diagonal = torch.eye(len(starts), dtype=torch.bool, device=docs.device)
+    batch_size, seq = docs.shape
+    starts = torch.arange(0, seq, BLOCK, device=docs.device)
+    # Documents never decrease along a row, so a tile's first and last token bound the documents it holds.
+    first, last = docs[:, starts], docs[:, torch.clamp(starts + BLOCK, max=seq) - 1]
+    q_first, q_last = first[:, :, None], last[:, :, None]  # (batch, query tile, 1)
+    kv_first, kv_last = first[:, None, :], last[:, None, :]  # (batch, 1, key tile)
+    tiles = len(starts)
+    causal = torch.ones(tiles, tiles, dtype=torch.bool, device=docs.device).tril()
+    diagonal = torch.eye(tiles, dtype=torch.bool, device=docs.device)
+    meet = causal & (q_first <= kv_last) & (kv_first <= q_last)
     # A tile that runs past seq (the last, when seq is not a multiple of BLOCK) is never full.
     whole = starts + BLOCK <= seq
     one_document = (q_first == q_last) & (kv_first == kv_last) & (q_first == kv_first)

@@ -413,7 +413,6 @@ def make_loader(
     config: ConfigSchema, dataset: dolly.BlockDataset, ranks: distributed.Ranks, device: torch.device
 ) -> torch.utils.data.DataLoader:
     dl = config.dataloader
-    balanced = dl.balance_ranks and ranks.world_size > 1
     return dolly.make_dataloader(
         dataset,
         batch_size=config.train.micro_batch_size,
@@ -424,5 +423,4 @@ def make_loader(
         persistent_workers=dl.persistent_workers,
         rank=ranks.rank,
         world_size=ranks.world_size,
-        block_costs=attn.computed_tiles(dataset.position_ids()).tolist() if balanced else None,
     )

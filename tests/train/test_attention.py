@@ -131,24 +131,6 @@ def test_document_block_mask_is_the_one_create_block_mask_makes(seq: int, mean_e
     assert (made.seq_lengths, made.BLOCK_SIZE) == (expected.seq_lengths, expected.BLOCK_SIZE)
 
 
-@pytest.mark.parametrize("seq", [1, 129, 1024, 1500])
-@pytest.mark.parametrize("mean_example", [1, 40, 300, 5000])
-def test_computed_tiles_are_the_tiles_create_block_mask_keeps(seq: int, mean_example: int):
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    docs = _random_packing(torch.Generator().manual_seed(seq * 5 + mean_example), 3, seq, mean_example)
-    # The position ids packing gives these documents: each token's offset from its document's first.
-    index = torch.arange(seq).expand_as(docs)
-    first = torch.ones_like(docs, dtype=torch.bool)
-    first[:, 1:] = docs[:, 1:] != docs[:, :-1]
-    positions = index - torch.cummax(torch.where(first, index, 0), dim=-1).values
-    expected = create_block_mask(
-        lambda b, h, q, kv: (docs[b, q] == docs[b, kv]) & (q >= kv), 3, None, seq, seq, device="cpu"
-    )
-    kept = (expected.kv_num_blocks + expected.full_kv_num_blocks).sum(dim=(1, 2))
-    assert torch.equal(attn.computed_tiles(positions), kept)
-
-
 @pytest.mark.cli  # torch.compile runs the C++ compiler
 def test_flex_block_mask_equals_examples_one_by_one_on_cpu():
     # FlexAttention has a CPU forward (no backward): enough to check the document block mask itself.
