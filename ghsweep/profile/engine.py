@@ -82,6 +82,7 @@ def gap_block(line: Timeline, evidence: GapEvidence, steps: int) -> dict:
     causes["short_gaps"] = info["total_ns"] - sum(causes.values())
     info["causes_ns"] = causes
     info["top_gaps"] = top
+    info["os_waits_traced"] = evidence.os_waits_traced
     return info
 
 
@@ -126,6 +127,9 @@ class GapEvidence:
     unified_memory: Intervals = field(default_factory=lambda: Intervals([]))  # phases with UM faults/migrations
     data: Intervals = field(default_factory=lambda: Intervals([]))  # "data*" ranges
     launches: Mapping[int, tuple[int, int | None]] = field(default_factory=dict)  # correlation -> (launch, thread)
+    # Whether the OS's waits were recorded at all (nsys with osrt): without them a launch held up by a wait
+    # in the OS cannot be told from a host that was busy, and both read as launch latency.
+    os_waits_traced: bool = False
 
     def cause(self, start: int, end: int, corr: int) -> str:
         """The cause of the idle gap (start, end) ended by the operation launched as `corr`; the

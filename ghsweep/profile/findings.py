@@ -322,6 +322,14 @@ def host_sync(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
     ]
 
 
+# What launch_bound adds where the OS's waits were not recorded (nsys without osrt, PyTorch profiler
+# traces); an analysis written before the flag existed came from a default trace set with osrt.
+UNTRACED_WAITS = (
+    ", unless the host was waiting in the OS, which this profile did not record "
+    "(profile.nsys.trace=[cuda,nvtx,osrt] tells the two apart)"
+)
+
+
 def launch_bound(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
     """Launch bound when the host is late for many launches, not one: the longest late-launch gap
     and the longest launch call (a first launch loading modules takes seconds) are left out of
@@ -346,6 +354,7 @@ def launch_bound(a: ProfileAnalysis, w: Window, context: dict) -> list[Finding]:
             f"({kernels.get('short_pct', 0):.0f}% of kernels under {SHORT_KERNEL_NS / 1e3:.0f} us, launch calls "
             f"{kernels.get('launch_api_ns', 0) / 1e6:.1f} ms vs kernels {kernels.get('total_ns', 0) / 1e6:.1f} ms); "
             "use CUDA graphs or torch.compile to launch fewer, larger kernels"
+            + ("" if a.gaps.get("os_waits_traced", True) else UNTRACED_WAITS)
             + (near(spread_pct, LAUNCH_MIN_PCT, LAUNCH_BAND_PCT) if severity == "info" else ""),
             established=severity == "warning",
             launch_latency_pct=launch_pct,

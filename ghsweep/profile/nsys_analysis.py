@@ -174,7 +174,8 @@ def nsys_gap_evidence(
     launched the work ending a gap (other threads' waits say nothing: an idle autograd or loader
     thread always waits); phase ranges with unified-memory faults or migrations; "data*" ranges."""
     evidence = GapEvidence(
-        data=Intervals((s, e) for like in DATA_LIKE for _, s, e in db.nvtx_intervals(con, schema, pid, like, window))
+        data=Intervals((s, e) for like in DATA_LIKE for _, s, e in db.nvtx_intervals(con, schema, pid, like, window)),
+        os_waits_traced=schema.has(db.OSRT),
     )
     if not gaps:
         return evidence

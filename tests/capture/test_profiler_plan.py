@@ -73,7 +73,7 @@ def test_nsys_command_records_the_capture_window(tmp_path):
     )
     command = profiler_prefix(config, tmp_path, resolve(config.profile, on_gpu=True, device="cuda"), World())
     assert command[:2] == [nsys, "profile"]
-    assert "--trace=cuda,nvtx,osrt" in command
+    assert "--trace=cuda,nvtx" in command
     assert "--capture-range=cudaProfilerApi" in command and "--capture-range-end=stop" in command
     assert "--cuda-um-gpu-page-faults=true" in command  # um_page_faults=auto with memory=unified
     assert f"--output={tmp_path / 'profile'}" in command and command[-1] == "--sample=none"

@@ -163,7 +163,7 @@ def test_the_typed_config_reads_as_attributes():
     assert config.train.lr == cfg.model.lr.lora == 1.0e-4  # the interpolation, resolved
     assert config.precision.library == "auto" and config.precision.allow_tf32 is None  # fp32's knob, not fp8's
     assert config.profile.ncu.enabled is True and config.report.baseline == 0
-    assert config.profile.nsys.trace == ["cuda", "nvtx", "osrt"]
+    assert config.profile.nsys.trace == ["cuda", "nvtx"]
     assert type(config.profile.nsys.trace) is list and type(config.container.env) is dict
     assert not hasattr(config, "hydra")
 

@@ -276,6 +276,18 @@ def test_many_late_launches_are_launch_bound(tmp_path, reader):
     found = by_id(a, "launch_bound")
     assert found.evidence["launch_latency_pct"] > 50
     assert [g["ms"] for g in found.evidence["longest_gaps"]] == pytest.approx([0.02] * 5, abs=1e-3)
+    # Neither trace recorded the OS's waits: a late launch may have been one, and the finding says so.
+    assert not a.gaps["os_waits_traced"] and "did not record" in found.message
+
+
+def test_late_launches_with_the_os_waits_traced_and_none_of_them_waiting_are_launch_bound_outright(tmp_path):
+    path = WRITERS["nsys"](launches(5 * US, 20 * US), tmp_path)
+    with sqlite3.connect(path) as con:  # osrt on: its table, with no wait of the launching thread in it
+        con.execute("CREATE TABLE OSRT_API (start INTEGER, end INTEGER, globalTid INTEGER, nameId INTEGER)")
+    a = full_analysis(path)
+    found = by_id(a, "launch_bound")
+    assert a.gaps["os_waits_traced"] and "did not record" not in found.message
+    assert "launch fewer, larger kernels" in found.message
 
 
 # 9. Wording.
