@@ -162,7 +162,7 @@ def test_memory_has_no_recipe_setting(tmp_path):
     assert recipe_of(tmp_path, "memory=device")[0] == recipe_of(tmp_path, "memory=unified")[0]
 
 
-@pytest.mark.parametrize("option, workers, pin, persistent", [("default", 2, True, False), ("sync", 0, False, False)])
+@pytest.mark.parametrize("option, workers, pin, persistent", [("default", 2, True, True), ("sync", 0, False, False)])
 def test_dataloader_options_reach_nemo_s_data_module(tmp_path, option, workers, pin, persistent):
     recipe, _ = recipe_of(tmp_path, f"dataloader={option}")
     d = recipe.data
