@@ -4,6 +4,7 @@ variables torchrun would give it and the process group started by ghsweep's own 
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,11 @@ def _rank(rank: int, world: int, port: int, on_gpu: bool, fn: Callable[..., None
     distributed.start(ranks, device)
     try:
         fn(ranks, device, *args)
+        # FSDP2's hooks keep the model in reference cycles, with gloo work still held: free them while the
+        # group lives, and let no rank close its sockets while a peer may still be reading (a rank that
+        # left early once made its peer abort in teardown).
+        gc.collect()
+        torch.distributed.barrier()
     finally:
         distributed.stop(ranks)
 
