@@ -25,9 +25,9 @@ def _rank(rank: int, world: int, port: int, on_gpu: bool, fn: Callable[..., None
     distributed.start(ranks, device)
     try:
         fn(ranks, device, *args)
-        # FSDP2's hooks keep the model in reference cycles, with gloo work still held: free them while the
-        # group lives, and let no rank close its sockets while a peer may still be reading (a rank that
-        # left early once made its peer abort in teardown).
+        # Teardown hygiene (a rank once died with SIGABRT in CI, cause not reproduced): FSDP2's hooks keep
+        # the model in reference cycles that may hold collective work, so free them while the group lives;
+        # and no rank closes its connections while a peer may still be using them.
         gc.collect()
         torch.distributed.barrier()
     finally:
