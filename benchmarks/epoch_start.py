@@ -29,7 +29,14 @@ STEP_MS = 20
 
 def measure(dataset: dolly.BlockDataset, persistent: bool, world_size: int, epochs: int) -> dict:
     loader = dolly.make_dataloader(
-        dataset, 1, 0, 2, pin_memory=False, prefetch_factor=2, persistent_workers=persistent, world_size=world_size
+        dataset,
+        batch_size=1,
+        seed=0,
+        num_workers=2,
+        pin_memory=False,
+        prefetch_factor=2,
+        persistent_workers=persistent,
+        world_size=world_size,
     )
     per_epoch = len(loader)
     read = dolly.endless(loader)
