@@ -606,9 +606,10 @@ class WorkerSchema(ConfigSection):
     timeout_min: PositiveNumber | Literal["auto"] | None
     preimported: bool  # fork workers from a pre-imported one (launch/warm_worker_client.WarmWorker)
     bytecode_cache: bool  # where Python keeps no bytecode, keep it in the user cache (launch/bytecode_cache.py)
+    compile_ahead: bool  # compile later combinations' graphs beside the first (launch/compile_ahead.py)
 
     def check(self) -> None:
-        self.check_knobs("worker", "preimported", "bytecode_cache")
+        self.check_knobs("worker", "preimported", "bytecode_cache", "compile_ahead")
         try:
             self.check_knobs("worker", "timeout_min")
         except ConfigError:  # the field's rule, said with what each accepted value means

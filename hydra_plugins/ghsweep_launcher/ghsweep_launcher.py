@@ -8,13 +8,14 @@ ghsweep.launch.slurm.submitit_launcher.
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from hydra._internal.core_plugins import basic_launcher
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, setup_globals
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 log = logging.getLogger(basic_launcher.__name__)  # Hydra's launch lines, under Hydra's name
 
@@ -63,9 +64,14 @@ class BasicLauncher(basic_launcher.BasicLauncher):
         super().__init__()
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from ghsweep.launch import followups
+        from ghsweep.launch import compile_ahead, followups
 
+        assert self.hydra_context is not None and self.config is not None
         with followups.overlapped():
+            if OmegaConf.select(self.config, "worker.compile_ahead") is True and not self.config.get("dry_run"):
+                loader = self.hydra_context.config_loader
+                composed = [loader.load_sweep_config(self.config, list(overrides)) for overrides in job_overrides]
+                compile_ahead.start(composed, Path(self.config.hydra.sweep.dir))
             return self._launch(job_overrides, initial_job_idx)
 
     def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
