@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import sys
 import warnings
 
@@ -101,7 +103,22 @@ def main(cfg: DictConfig) -> dict:
     return result.__dict__
 
 
+def end_without_teardown(succeeded: list[bool]) -> None:
+    """Registered before MLflow's and the launchers' exit handlers, so run after them: once the command
+    has succeeded, end the process without Python's teardown of what the sweep imported (MLflow,
+    SQLAlchemy, matplotlib: 1.1 s at the end of each sweep on a 2-core machine), as a worker ends
+    (train.worker.exit_now). Everything is written by then; the log handlers are closed here. A command
+    that failed ends as Python ends it."""
+    if succeeded:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
 if __name__ == "__main__":
+    succeeded: list[bool] = []
+    atexit.register(end_without_teardown, succeeded)
     # A log file on a full or read-only disk: the console still shows every line, and the run's record
     # says why it failed; Python's default would print a traceback for each line the file did not take.
     logging.raiseExceptions = False
@@ -113,6 +130,7 @@ if __name__ == "__main__":
     try:
         interrupts.interrupt_on_signals()
         main()
+        succeeded.append(True)
     except KeyboardInterrupt as interrupt:  # the run in progress has recorded itself KILLED
         from ghsweep.launch.callbacks import SweepCallback, finish_sweep
 

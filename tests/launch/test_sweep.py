@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from ghsweep.core.names import NOTE_TAG
@@ -162,3 +164,33 @@ def test_cfg_job_and_info_behave_as_in_hydra(tmp_path):
     info = run_cli(["--info", "defaults"], tmp_path)
     assert info.returncode == 0 and "precision/bf16" in info.stdout and "peft/lora" in info.stdout
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "outputs").exists()
+
+
+TEARDOWN_PROBE = """
+import atexit, logging, sys
+from ghsweep.__main__ import end_without_teardown
+atexit.register(end_without_teardown, [True] if sys.argv[1] == "succeeded" else [])
+class Teardown:
+    def __del__(self):
+        print("torn down")
+kept = Teardown()
+log = logging.getLogger("probe")
+log.addHandler(logging.FileHandler(sys.argv[2]))
+log.warning("the last record")
+print("the last line")  # block-buffered into the pipe: kept only if flushed
+"""
+
+
+def test_a_command_that_succeeded_ends_without_pythons_teardown_and_loses_no_output(tmp_path):
+    """ghsweep.__main__.end_without_teardown, the last exit handler: after a command that succeeded the
+    process ends with its output and log flushed, without tearing down its modules; otherwise as usual."""
+    ends = {}
+    for outcome in ("succeeded", "failed"):
+        log_file = tmp_path / f"{outcome}.log"
+        proc = subprocess.run(
+            [sys.executable, "-c", TEARDOWN_PROBE, outcome, str(log_file)], capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "the last line" in proc.stdout and log_file.read_text() == "the last record\n"
+        ends[outcome] = "torn down" in proc.stdout
+    assert ends == {"succeeded": False, "failed": True}
