@@ -25,10 +25,7 @@ import hashlib
 import importlib.metadata
 import json
 import logging
-import os
 import shutil
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Sequence
@@ -41,7 +38,7 @@ from ghsweep.core.gpu import GpuInfo, probe_gpu
 from ghsweep.core.run_dir import CONFIG, SUMMARY, WORKER_LOG
 from ghsweep.launch import followups
 from ghsweep.launch.run_planner import node_plan
-from ghsweep.launch.warm_worker_client import worker_env
+from ghsweep.launch.worker_process import run_worker
 
 log = logging.getLogger(__name__)
 
@@ -180,31 +177,14 @@ def compile_one(cfg: DictConfig, run_dir: Path) -> None:
         (run_dir / CONFIG).write_text(OmegaConf.to_yaml(ahead))
         plan, _ = node_plan(ahead, run_dir, "compile ahead", [], probe_gpu(), None)
         plan.save(run_dir)
-        with open(run_dir / WORKER_LOG, "w") as output:
-            worker = subprocess.Popen(
-                plan.worker_command,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                env=worker_env(plan.worker_env),
-                start_new_session=True,
-            )
-            try:
-                code = worker.wait(timeout=TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                code = None
-            finally:
-                # Its own process group: the worker, and what it leaves running (Inductor's compile pool).
-                try:
-                    os.killpg(worker.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                worker.wait()
-        if code != 0:
+        # A fresh interpreter, outside any profiler's session; what it leaves running is ended with it.
+        exit = run_worker(plan.worker_command, run_dir, TIMEOUT_S, env=plan.worker_env, progress=False)
+        if exit.returncode != 0 or exit.timed_out:
             tail = (run_dir / WORKER_LOG).read_text(errors="replace").strip().splitlines()[-1:]
             log.warning(
                 "  compiling ahead for %s failed (%s; %s): its combinations compile for themselves",
                 precision_of(cfg),
-                "timed out" if code is None else f"exit {code}",
+                f"timed out after {TIMEOUT_S} s" if exit.timed_out else f"exit {exit.returncode}",
                 tail[0] if tail else "no output",
             )
             return

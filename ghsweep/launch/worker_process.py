@@ -137,10 +137,12 @@ def run_worker(
     env: dict[str, str] | None = None,
     preimported: bool = False,
     capture: SessionCapture | None = None,
+    progress: bool = True,
 ) -> WorkerExit:
     """Run the worker (start_worker), its output in worker.log (a SLURM task of rank N > 0:
-    worker.rankN.log), with `env` added to this process's environment (container_env). A handed
-    collection's report may still be being written when this returns: warm_worker_client.wait_for_report."""
+    worker.rankN.log), with `env` added to this process's environment (container_env), its step lines
+    on the console where `progress`. A handed collection's report may still be being written when this
+    returns: warm_worker_client.wait_for_report."""
     env = worker_env(env)
     started_at = time.time()
     read_end, write_end = os.pipe()
@@ -170,7 +172,7 @@ def run_worker(
                     except OSError as exc:  # a full or read-only disk: the run's reason says so
                         log.error("%s: the rest of the worker's output is not kept (%s)", log_file.name, exc)
                         writable = False
-                if line.startswith(STEP_RANGE_PREFIX):  # progress on the console; all of it in the log
+                if progress and line.startswith(STEP_RANGE_PREFIX):  # progress on the console; all of it in the log
                     log.info("  %s", line.rstrip())
 
         reader = threading.Thread(target=copy_output, daemon=True)
