@@ -20,6 +20,7 @@ combination might wait for.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import importlib.metadata
@@ -42,10 +43,11 @@ from ghsweep.launch.worker_process import run_worker
 
 log = logging.getLogger(__name__)
 
-# Beside the sweep's runs; each worker's directory is removed once it has compiled.
+# Beside the sweep's runs: a worker's directory while it compiles, and after, where it failed.
 FOLDER = ".compile_ahead"
-# What the torch backend's compiled graphs depend on; a key left out here only costs a compile that
-# could have been shared (two configurations that differ in it compile once each, ahead).
+# What the torch backend's compiled graphs depend on. Either mistake costs only time: a key missing
+# here takes two configurations for one (the second compiles its graphs itself), and a key here that
+# changes no graph adds a compile ahead.
 GRAPH_KEYS = (
     "backend.name",
     "model",
@@ -164,12 +166,15 @@ def compile_all(todo: Sequence[DictConfig], folder: Path) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):  # kept where a worker failed: its log is there
+        folder.rmdir()
     log.info("  compiled ahead in %.1f s", time.time() - started)
 
 
 def compile_one(cfg: DictConfig, run_dir: Path) -> None:
-    """One compile-ahead worker for `cfg` in `run_dir`; what goes wrong is logged, never raised."""
+    """One compile-ahead worker for `cfg` in `run_dir` (removed once it has compiled; kept with its log
+    where it failed); what goes wrong is logged, never raised."""
+    failed = f"  compiling ahead for {precision_of(cfg)} failed (%s): its combinations compile for themselves"
     try:
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
@@ -180,30 +185,24 @@ def compile_one(cfg: DictConfig, run_dir: Path) -> None:
         # A fresh interpreter, outside any profiler's session; what it leaves running is ended with it.
         exit = run_worker(plan.worker_command, run_dir, TIMEOUT_S, env=plan.worker_env, progress=False)
         if exit.returncode != 0 or exit.timed_out:
-            tail = (run_dir / WORKER_LOG).read_text(errors="replace").strip().splitlines()[-1:]
-            log.warning(
-                "  compiling ahead for %s failed (%s; %s): its combinations compile for themselves",
-                precision_of(cfg),
-                f"timed out after {TIMEOUT_S} s" if exit.timed_out else f"exit {exit.returncode}",
-                tail[0] if tail else "no output",
-            )
+            why = f"timed out after {TIMEOUT_S} s" if exit.timed_out else f"exit {exit.returncode}"
+            log.warning(failed, f"{why}; log: {run_dir / WORKER_LOG}")
             return
+        info = json.loads((run_dir / SUMMARY).read_text()).get("info", {})
         mark = compiled_mark(cfg, probe_gpu())
         if mark is not None:
             mark.touch()
-        info = json.loads((run_dir / SUMMARY).read_text()).get("info", {})
-        log.info(
-            "  compiled ahead for %s: %d graph(s) compiled, %d loaded",
-            precision_of(cfg),
-            info.get("compile_fxgraph_cache_misses", 0),
-            info.get("compile_fxgraph_cache_hits", 0),
-        )
     except Exception as exc:  # compiling ahead only saves time: nothing here may stop the sweep
-        log.warning(
-            "  compiling ahead for %s failed (%s): its combinations compile for themselves",
-            precision_of(cfg),
-            one_line(exc),
-        )
+        shutil.rmtree(run_dir, ignore_errors=True)
+        log.warning(failed, one_line(exc))
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    log.info(
+        "  compiled ahead for %s: %d graph(s) compiled, %d loaded",
+        precision_of(cfg),
+        info.get("compile_fxgraph_cache_misses", 0),
+        info.get("compile_fxgraph_cache_hits", 0),
+    )
 
 
 def precision_of(cfg: DictConfig) -> str:

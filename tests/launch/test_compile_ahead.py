@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ghsweep.config.validate import validate
 from ghsweep.core.gpu import probe_gpu
-from ghsweep.core.run_dir import SUMMARY
+from ghsweep.core.run_dir import SUMMARY, WORKER_LOG
 from ghsweep.launch import compile_ahead
 from ghsweep.launch.compile_ahead import ahead_config, compiled_mark, configurations, graph_key, run_config
 from tests.support.cli import run_cli
 from tests.support.compose import compose_config
+from tests.support.models import UNREADABLE_WEIGHTS_ERROR, unreadable_model
 
 SMOKE_COMPILED = ("experiment=smoke", "train.compile=true")
 
@@ -66,15 +69,26 @@ def test_a_compile_ahead_worker_trains_two_layers_two_steps_unprofiled_without_o
     assert cfg.model.num_layers == 4 and cfg.offload.enabled is True  # the combination's own is untouched
 
 
-def test_a_failing_compile_ahead_worker_is_said_and_the_sweep_goes_on(tmp_path, caplog, monkeypatch):
+def test_a_compile_ahead_that_cannot_start_is_said_in_one_line(tmp_path, caplog):
     cfg = run_config(compose_config(*SMOKE_COMPILED, "precision=bf16", "model.hidden_size=0", hydra=True))
-    monkeypatch.setattr(compile_ahead, "TIMEOUT_S", 120)
     with caplog.at_level("INFO", logger=compile_ahead.__name__):
         compile_ahead.compile_all([cfg], tmp_path / compile_ahead.FOLDER)
     said = caplog.text
-    assert "compiling ahead for precision=bf16 peft=lora failed" in said and "compile for themselves" in said
-    assert "model.hidden_size" in said  # the reason, in one line
+    assert "compiling ahead for precision=bf16 peft=lora failed (ConfigError: model.hidden_size=0" in said
+    assert "its combinations compile for themselves" in said
     assert not (tmp_path / compile_ahead.FOLDER).exists()
+
+
+@pytest.mark.cli  # the worker is a process of its own
+def test_a_failing_compile_ahead_worker_leaves_its_log_and_the_sweep_goes_on(tmp_path, caplog):
+    model = unreadable_model(tmp_path / "model")
+    cfg = run_config(compose_config(*SMOKE_COMPILED, "precision=bf16", f"model.path={model}", hydra=True))
+    with caplog.at_level("INFO", logger=compile_ahead.__name__):
+        compile_ahead.compile_all([cfg], tmp_path / compile_ahead.FOLDER)
+    log_file = tmp_path / compile_ahead.FOLDER / "0" / WORKER_LOG
+    assert f"compiling ahead for precision=bf16 peft=lora failed (exit 1; log: {log_file})" in caplog.text
+    assert UNREADABLE_WEIGHTS_ERROR.split(":")[0] in log_file.read_text()
+    assert "compiled ahead in" in caplog.text
 
 
 def test_a_later_configuration_finds_every_graph_compiled_ahead(tmp_path):
