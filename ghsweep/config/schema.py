@@ -132,6 +132,10 @@ class TrainSchema(ConfigSection):
     # steps (ghsweep/train/gc_pauses.py); null: Python's own collections
     gc_interval: Annotated[int, Range(1)] | None
 
+    def compiles(self, on_gpu: bool) -> bool:
+        """Whether the run's layers are compiled, where it trains on a GPU (`on_gpu`) or not."""
+        return self.compile is True or (self.compile == "auto" and on_gpu)
+
     def check(
         self, model_source: str, max_positions: int, device: str, on_gpu: bool, data: DataSchema, precision: str
     ) -> None:
@@ -144,8 +148,7 @@ class TrainSchema(ConfigSection):
                 f"CPU backward); this run has data.packing_mask={data.packing_mask}, device={device}; "
                 f"accepted here: {accepted(a for a in choices('train.attention') if a != 'flex')}"
             )
-        compiled = self.compile is True or (self.compile == "auto" and on_gpu)
-        if self.activation_memory_budget < 1 and not compiled:
+        if self.activation_memory_budget < 1 and not self.compiles(on_gpu):
             raise ConfigError(
                 f"train.activation_memory_budget={self.activation_memory_budget}: only compiled layers recompute, "
                 f"and this run does not compile (train.compile={self.compile}, device={device}); accepted here: "

@@ -34,6 +34,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from ghsweep.config.parallelism import world_of
+from ghsweep.config.schema import typed
+from ghsweep.config.validate import run_device
 from ghsweep.core.errors import one_line
 from ghsweep.core.gpu import GpuInfo, probe_gpu
 from ghsweep.core.run_dir import CONFIG, SUMMARY, WORKER_LOG
@@ -111,7 +114,7 @@ def configurations(composed: Sequence[DictConfig]) -> list[DictConfig]:
         if key in seen:
             continue
         seen.add(key)
-        if index == 0 or not compiles_alone(cfg, gpu is not None):
+        if index == 0 or not compiles_alone(cfg, gpu):
             continue
         mark = compiled_mark(cfg, gpu)
         if mark is None or not mark.exists():
@@ -137,13 +140,12 @@ def compiled_mark(cfg: DictConfig, gpu: GpuInfo | None) -> Path | None:
     return Path(root).absolute() / f"compiled-ahead-{digest}"
 
 
-def compiles_alone(cfg: DictConfig, on_gpu: bool) -> bool:
-    backend = cfg.backend
-    if backend.name != "torch" or backend.get("num_nodes", 1) != 1 or backend.get("gpus_per_node", 1) != 1:
-        return False
-    device = str(cfg.device)
-    trains_on_gpu = on_gpu if device == "auto" else device.startswith("cuda")
-    return cfg.train.compile is True or (cfg.train.compile == "auto" and trains_on_gpu)
+def compiles_alone(cfg: DictConfig, gpu: GpuInfo | None) -> bool:
+    """Whether `cfg` (run_config's) trains compiled layers on a node with `gpu`, in one process of the
+    torch backend (several ranks compile other graphs: DDP's and FSDP2's)."""
+    config = typed(cfg)
+    on_gpu = run_device(config, gpu) == "cuda"
+    return config.backend.name == "torch" and world_of(config).size == 1 and config.train.compiles(on_gpu)
 
 
 def start(composed: Sequence[DictConfig], sweep_dir: Path) -> None:

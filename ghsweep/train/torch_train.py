@@ -378,7 +378,7 @@ def build(
 
     causal_lm = hf_model.get_base_model() if lora else hf_model
     decoder = causal_lm.model
-    compiled = config.train.compile is True or (config.train.compile == "auto" and device.type == "cuda")
+    compiled = config.train.compiles(device.type == "cuda")
     loss_fn = causal_lm_loss
     if compiled:
         # Before the first compile, in the first step: where its caches are read and written.

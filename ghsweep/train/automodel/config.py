@@ -118,7 +118,7 @@ def recipe_config(config: ConfigSchema, run_dir: Path, device_type: str) -> dict
             "eps": 1.0e-8,
         },
         "lr_scheduler": lr_scheduler(t),
-        "compile": {"enabled": t.compile is True or (t.compile == "auto" and device_type == "cuda")},
+        "compile": {"enabled": t.compiles(device_type == "cuda")},
     }
     if dl.num_workers > 0 and dl.prefetch_factor is not None:
         recipe["dataloader"]["prefetch_factor"] = dl.prefetch_factor
