@@ -39,8 +39,9 @@ from ghsweep.config.schema import typed
 from ghsweep.config.validate import run_device
 from ghsweep.core.errors import one_line
 from ghsweep.core.gpu import GpuInfo, probe_gpu
-from ghsweep.core.run_dir import CONFIG, SUMMARY, WORKER_LOG
+from ghsweep.core.run_dir import SUMMARY, WORKER_LOG
 from ghsweep.launch import followups
+from ghsweep.launch.job import write_worker_config
 from ghsweep.launch.run_planner import node_plan
 from ghsweep.launch.worker_process import run_worker
 
@@ -181,7 +182,7 @@ def compile_one(cfg: DictConfig, run_dir: Path) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
         ahead = ahead_config(cfg)
-        (run_dir / CONFIG).write_text(OmegaConf.to_yaml(ahead))
+        write_worker_config(ahead, run_dir)  # as a run's: readable by the user only where it holds a secret
         plan, _ = node_plan(ahead, run_dir, "compile ahead", [], probe_gpu(), None)
         plan.save(run_dir)
         # A fresh interpreter, outside any profiler's session; what it leaves running is ended with it.
