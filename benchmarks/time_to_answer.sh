@@ -6,7 +6,7 @@
 #   OUT=results bash benchmarks/time_to_answer.sh default_unprofiled_fresh default_unprofiled   # the pre-imported worker
 #   EXTRA="profile.nsys.trace=[cuda,nvtx]" OUT=results bash benchmarks/time_to_answer.sh default   # a variant
 #   REPEATS=2 OUT=results bash benchmarks/time_to_answer.sh default default7b   # cold then warm, twice
-#   EXTRA=worker.compile_ahead=true LABEL=ahead REPEATS=2 OUT=results bash benchmarks/time_to_answer.sh default   # beside the line without it
+#   EXTRA=worker.compile_ahead=false LABEL=plain REPEATS=2 OUT=results bash benchmarks/time_to_answer.sh default   # without compiling ahead
 # Each named line runs through the CLI, with the overrides EXTRA holds if any, REPEATS times (default 1)
 # as a pair: cold (a fresh sweep directory and an empty train.compile_cache_dir), then warm (a fresh sweep
 # directory on the cache the cold run left). $OUT/time_to_answer.json collects the rows of every sweep;

@@ -14,10 +14,9 @@ import re
 DETERMINISTIC = "deterministic"
 INFRASTRUCTURE = "infrastructure"
 
+_OUT_OF_MEMORY = r"CUDA out of memory|OutOfMemoryError"
 # The combination's own doing, whatever else the log says (an OOM often ends in an NCCL abort of the other ranks).
-_DETERMINISTIC = re.compile(
-    r"CUDA out of memory|OutOfMemoryError|loss became (nan|inf|-inf) at step|ConfigError", re.IGNORECASE
-)
+_DETERMINISTIC = re.compile(rf"{_OUT_OF_MEMORY}|loss became (nan|inf|-inf) at step|ConfigError", re.IGNORECASE)
 # The machine's doing: the node or the job lost, the network between ranks, the GPU's hardware.
 _INFRASTRUCTURE = re.compile(
     r"PREEMPTED|NODE_FAIL|BOOT_FAIL"
@@ -45,3 +44,8 @@ def failure_class(error: str, log_tail: str = "") -> str:
     if killed and killed.group(1) not in _SELF_SENT:
         return INFRASTRUCTURE
     return DETERMINISTIC
+
+
+def out_of_memory(error: str) -> bool:
+    """Whether a run failed with `error` (its one-line reason) because its GPU's memory ran out."""
+    return re.search(_OUT_OF_MEMORY, error, re.IGNORECASE) is not None

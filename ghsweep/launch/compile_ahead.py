@@ -10,7 +10,9 @@ needs no gradient and the later layers' do, so two layers hold both of the layer
 two steps, without a profiler, offload or measurement. They start beside the first combination
 and end before its first step that may be measured: they are the first of the sweep's follow-ups
 (launch/followups.py), which each worker waits for (RunPlan.measure_after). A worker that fails here
-costs nothing but its time: the combination then compiles its graphs itself, as without this.
+costs nothing but its time: the combination then compiles its graphs itself, as without this. They
+share the GPU with the first combination's set-up and compile: if it runs out of GPU memory meanwhile,
+it is run again once they have ended (job.train_with_retries), so their memory never fails a run.
 
 A configuration compiled ahead into a train.compile_cache_dir leaves a file there (`compiled-ahead-*`,
 named after its graphs, torch, Triton and the GPU), so a later sweep on that cache starts no worker
@@ -165,10 +167,11 @@ def compile_all(todo: Sequence[DictConfig], folder: Path) -> None:
         threading.Thread(target=compile_one, args=(cfg, folder / str(index)), name="ghsweep-compile-ahead")
         for index, cfg in enumerate(todo)
     ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with followups.on_the_gpu():
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     with contextlib.suppress(OSError):  # kept where a worker failed: its log is there
         folder.rmdir()
     log.info("  compiled ahead in %.1f s", time.time() - started)

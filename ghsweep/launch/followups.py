@@ -17,6 +17,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -101,3 +102,38 @@ def measure_after(path: Path) -> Path | None:
     path.unlink(missing_ok=True)
     _active.mark_when_done(path)
     return path
+
+
+# Follow-ups that train on the GPU beside the runs (compile-ahead workers): how many run now and when
+# the last ended. A run that ran out of GPU memory while they ran is run again once they have ended
+# (job.train_with_retries), as the sweep, not the combination, took that memory.
+_gpu_use = threading.Condition()
+_on_gpu = 0
+_gpu_last_used = 0.0
+
+
+@contextlib.contextmanager
+def on_the_gpu() -> Iterator[None]:
+    """Within: a follow-up trains on the GPU the runs use."""
+    global _on_gpu, _gpu_last_used
+    with _gpu_use:
+        _on_gpu += 1
+    try:
+        yield
+    finally:
+        with _gpu_use:
+            _on_gpu -= 1
+            _gpu_last_used = time.time()
+            _gpu_use.notify_all()
+
+
+def gpu_shared_since(started: float) -> bool:
+    """Whether a follow-up trained on the GPU at any time since `started` (time.time())."""
+    with _gpu_use:
+        return _on_gpu > 0 or _gpu_last_used >= started
+
+
+def wait_for_gpu() -> None:
+    """Return once no follow-up trains on the GPU."""
+    with _gpu_use:
+        _gpu_use.wait_for(lambda: _on_gpu == 0)

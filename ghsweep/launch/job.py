@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from ghsweep.config.schema import ConfigSchema
 from ghsweep.core.atomic import write_atomic
 from ghsweep.core.errors import ConfigError, JobTimeout, TrackingError, TrackingUriError, one_line
-from ghsweep.core.failures import INFRASTRUCTURE, failure_class
+from ghsweep.core.failures import INFRASTRUCTURE, failure_class, out_of_memory
 from ghsweep.core.gpu import probe_gpu
 from ghsweep.core.run_dir import (
     ATTEMPT_LOG,
@@ -70,6 +70,8 @@ log = logging.getLogger(__name__)
 FULL_DISK_BYTES = 1 << 20
 # Lines of a failed worker's log read for signs of an infrastructure failure (NCCL, ECC, Xid).
 LOG_TAIL_LINES = 200
+# Ends the reason of an attempt that ran out of GPU memory beside the sweep's compile-ahead workers.
+BESIDE_COMPILE_AHEAD = "(beside the sweep's compile-ahead workers on its GPU)"
 
 
 def git_commit() -> str:
@@ -181,7 +183,8 @@ def run_one(cfg: DictConfig, combo: Combination) -> RunResult:
     result = combo.result(RunStatus.FAILED, run_id)
     if restarted is not None:
         result.attempts = list(restarted.attempts)
-        note_retry(store, combo, result, requeue_reason())
+        again = f"retry {len(result.attempts) + 1} of {combo.retries}, hydra.launcher.retries"
+        note_retry(store, combo, result, requeue_reason(), again)
         if len(result.attempts) > combo.retries:
             result.error = (
                 f"{result.attempts[-1]}: started {len(result.attempts) + 1} times, more than 1 + "
@@ -395,20 +398,32 @@ def train_with_retries(
 
     A worker killed from outside in a SLURM job that SLURM is ending (cancelled, requeued, preempted,
     its node lost) is no failure of the run: `result` comes back RUNNING, for the job's next start or
-    the sweep's settling to record."""
+    the sweep's settling to record.
+
+    A run that ran out of GPU memory while the sweep's compile-ahead workers trained beside it is
+    run again once, after they have ended, whatever `combo.retries` says: that memory was the sweep's."""
     while True:
+        attempt_started = time.time()
         trained = train_and_measure(cfg, combo, result, slurm_tasks)
         if result.status == RunStatus.FINISHED or trained.interrupt is not None or not result.error:
             return trained
         result.failure_class = failure_class(result.error, log_tail(combo.run_dir / WORKER_LOG))
+        crowded = out_of_memory(result.error) and followups.gpu_shared_since(attempt_started)
+        if crowded and not any(reason.endswith(BESIDE_COMPILE_AHEAD) for reason in result.attempts):
+            note_retry(store, combo, result, f"{result.error} {BESIDE_COMPILE_AHEAD}", "alone, once they have ended")
+            followups.wait_for_gpu()
+            continue
         if result.failure_class == INFRASTRUCTURE and slurm_tasks is not None:
             ending = job_ending()
             if ending:
                 result.status, result.error = RunStatus.RUNNING, f"SLURM job state {ending}; the worker: {result.error}"
                 return trained
-        if result.failure_class != INFRASTRUCTURE or len(result.attempts) >= combo.retries or (slurm_tasks or 1) > 1:
+        retried = sum(not reason.endswith(BESIDE_COMPILE_AHEAD) for reason in result.attempts)
+        if result.failure_class != INFRASTRUCTURE or retried >= combo.retries or (slurm_tasks or 1) > 1:
             return trained
-        note_retry(store, combo, result, str(result.error))
+        note_retry(
+            store, combo, result, str(result.error), f"retry {retried + 1} of {combo.retries}, hydra.launcher.retries"
+        )
 
 
 def log_tail(path: Path) -> str:
@@ -417,16 +432,12 @@ def log_tail(path: Path) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])
 
 
-def note_retry(store: MlflowStore | None, combo: Combination, result: RunResult, reason: str) -> None:
-    """Record why the last attempt failed (`reason`), keep its worker log, and clear `result` for the next attempt."""
+def note_retry(store: MlflowStore | None, combo: Combination, result: RunResult, reason: str, again: str) -> None:
+    """Record why the last attempt failed (`reason`), keep its worker log, and clear `result` for the
+    next attempt, which the log says how it runs (`again`)."""
     attempt = len(result.attempts) + 1
     log.warning(
-        "%s: attempt %d failed for its infrastructure (%s); running it again (retry %d of %d, hydra.launcher.retries)",
-        combo.name,
-        attempt,
-        reason,
-        attempt,
-        combo.retries,
+        "%s: attempt %d failed for its infrastructure (%s); running it again (%s)", combo.name, attempt, reason, again
     )
     worker_log = combo.run_dir / WORKER_LOG
     if worker_log.exists():

@@ -15,7 +15,7 @@ from hydra._internal.core_plugins import basic_launcher
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, setup_globals
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
-from omegaconf import OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 log = logging.getLogger(basic_launcher.__name__)  # Hydra's launch lines, under Hydra's name
 
@@ -68,15 +68,19 @@ class BasicLauncher(basic_launcher.BasicLauncher):
 
         assert self.hydra_context is not None and self.config is not None
         with followups.overlapped():
+            # Each combination is composed once, here: compile_ahead reads them all before the first runs.
+            loader = self.hydra_context.config_loader
+            composed = [loader.load_sweep_config(self.config, list(overrides)) for overrides in job_overrides]
             if OmegaConf.select(self.config, "worker.compile_ahead") is True and not self.config.get("dry_run"):
-                loader = self.hydra_context.config_loader
-                composed = [loader.load_sweep_config(self.config, list(overrides)) for overrides in job_overrides]
                 compile_ahead.start(composed, Path(self.config.hydra.sweep.dir))
-            return self._launch(job_overrides, initial_job_idx)
+            return self._launch(job_overrides, composed, initial_job_idx)
 
-    def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
-        """Hydra's basic launch, but a job Hydra cannot start is recorded FAILED and the next one runs
-        (ghsweep.launch.job.start_job): in Hydra's, its exception ends the sweep."""
+    def _launch(
+        self, job_overrides: Sequence[Sequence[str]], composed: Sequence[DictConfig], initial_job_idx: int
+    ) -> list[JobReturn]:
+        """Hydra's basic launch of the combinations `composed` from `job_overrides`, but a job Hydra
+        cannot start is recorded FAILED and the next one runs (ghsweep.launch.job.start_job): in
+        Hydra's, its exception ends the sweep."""
         from ghsweep.launch.job import start_job
 
         setup_globals()
@@ -84,9 +88,8 @@ class BasicLauncher(basic_launcher.BasicLauncher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         log.info(f"Launching {len(job_overrides)} jobs locally")
         runs = []
-        for idx, overrides in enumerate(job_overrides, initial_job_idx):
+        for idx, (overrides, sweep_config) in enumerate(zip(job_overrides, composed, strict=True), initial_job_idx):
             log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             with open_dict(sweep_config):
                 sweep_config.hydra.job.id = sweep_config.hydra.job.num = idx
             runs.append(start_job(self.hydra_context, self.task_function, sweep_config))

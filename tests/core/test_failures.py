@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ghsweep.core.failures import DETERMINISTIC, INFRASTRUCTURE, failure_class
+from ghsweep.core.failures import DETERMINISTIC, INFRASTRUCTURE, failure_class, out_of_memory
 
 
 @pytest.mark.parametrize(
@@ -47,3 +47,16 @@ def test_the_combinations_own_failures_are_deterministic(error, log_tail):
 )
 def test_the_machines_failures_are_infrastructure(error, log_tail):
     assert failure_class(error, log_tail) == INFRASTRUCTURE
+
+
+@pytest.mark.parametrize(
+    "error, expected",
+    [
+        ("OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", True),
+        ("rank 1: torch.OutOfMemoryError: CUDA out of memory", True),
+        ("worker killed by SIGKILL (killed from outside, often the out-of-memory killer)", False),
+        ("FloatingPointError: loss became nan at step 7", False),
+    ],
+)
+def test_out_of_gpu_memory_is_told_from_the_hosts_and_other_failures(error, expected):
+    assert out_of_memory(error) is expected

@@ -20,36 +20,17 @@ from ghsweep.core.run_dir import CONFIG, REPORT, RUN_PLAN, WORKER_ERROR, WORKER_
 from ghsweep.core.run_plan import RunPlan, World
 from ghsweep.core.run_result import RunResult
 from ghsweep.core.run_summary import RunSummary
-from ghsweep.launch.combination import Combination
 from ghsweep.launch.job import Trained, analyse, measure, record, start_run, timeout_s, train_and_measure
 from ghsweep.launch.run_planner import node_plan
 from ghsweep.launch.slurm.rank_reports import write_rank_report
 from ghsweep.launch.worker_process import run_worker
 from ghsweep.profile.pipeline import ProfileOutcome
 from ghsweep.tracking.mlflow_store import MlflowStore
+from tests.support.combinations import combination, failed_result
 from tests.support.compose import compose_config, compose_typed
 
 # The job's functions start a real worker process (tests/support/tiers.py cannot see it).
 pytestmark = pytest.mark.cli
-
-
-def combination(run_dir: Path, name: str = "train.max_steps=2") -> Combination:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return Combination(
-        name=name,
-        run_dir=run_dir,
-        overrides=[name],
-        num=0,
-        in_sweep=False,
-        sweep_dir=run_dir.parent,
-        choices={"precision": "fp32"},
-        launcher="local",
-        cwd=str(run_dir.parent),
-    )
-
-
-def failed_result(combo: Combination) -> RunResult:
-    return combo.result("FAILED", "not-recorded-here")
 
 
 def test_a_config_the_node_refuses_fails_before_any_worker_with_one_line(tmp_path):
