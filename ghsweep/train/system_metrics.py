@@ -140,14 +140,14 @@ class HostSampler:
         }
 
 
-def contention(metrics: dict[str, float], rank: int = 0) -> str | None:
-    """Why the run's measurements are the machine's as much as its knobs' (a summary's `NAME_mean`
-    and `NAME_peak`), in words; None on a quiet machine."""
+def contention(metrics: dict[str, float], sharing: float | None, rank: int = 0) -> str | None:
+    """Why the run's measurements are the machine's as much as its knobs' (a summary's `NAME_mean`,
+    and `sharing`: the most other processes on its GPU at once while it measured), in words; None on
+    a quiet machine."""
     reasons = []
     others = metrics.get("cpu_others_percentage_mean")
     if others is not None and others >= CPU_OTHERS_LIMIT_PCT:
         reasons.append(f"other processes used {others:.0f}% of the host's CPU")
-    sharing = metrics.get(f"gpu_{rank}_other_processes_peak")
     if sharing:
         reasons.append(f"{sharing:.0f} other process(es) on its GPU")
     slowed = metrics.get(f"gpu_{rank}_clocks_slowed_mean")
@@ -245,6 +245,16 @@ def summarise(rows: list[dict[str, float]], steady: tuple[float, float] | None =
     return out
 
 
+def steady_peak(rows: list[dict[str, float]], name: str, steady: tuple[float, float] | None) -> float | None:
+    """The most `name` read in the steady steps (start, end), or in the whole run where they hold no
+    sample; None where it was never read. A process beside the worker's start or compile (the sweep's
+    compile-ahead workers) leaves its measured steps alone."""
+    series = list(_series(rows, name))
+    in_steady = [v for t, v in series if steady is not None and steady[0] <= t <= steady[1]]
+    values = in_steady or [v for _, v in series]
+    return max(values) if values else None
+
+
 def mean_power_w(rows: list[dict[str, float]], rank: int, start: float, end: float) -> tuple[float, str] | None:
     """The mean power of rank `rank`'s GPU over [start, end] and how it was measured: the energy
     counter's increase over the window (where the GPU has one and two readings fall in it), else the
@@ -276,8 +286,9 @@ def system_summary(sampler: SystemSampler, metrics: dict[str, float], timing: di
     step and tokens per joule, counting every GPU of the run as drawing what rank 0's does."""
     rows = read_samples(sampler.path)
     start, end = timing.get("steady_from"), timing.get("steady_to")
-    added = summarise(rows, (start, end) if start is not None and end is not None else None)
-    busy = contention(added, sampler.rank)
+    steady = (start, end) if start is not None and end is not None else None
+    added = summarise(rows, steady)
+    busy = contention(added, steady_peak(rows, f"gpu_{sampler.rank}_other_processes", steady), sampler.rank)
     if sampler.gpu_unseen:
         info = {"system_metrics": "host only: NVML cannot see this run's GPU (no NVIDIA driver library?)"}
     elif sampler.handle is None:

@@ -169,6 +169,10 @@ def test_planted_samples_of_a_busy_machine_mark_the_run_contended(tmp_path):
         for t in range(11)
     ]
     assert "contended" not in planted_summary(tmp_path, quiet)
+    # Another process on its GPU during start-up only (t=100: the sweep's compile-ahead workers beside a
+    # worker's compile), none while it measured: its measurements are its own.
+    beside_start = [{**row, "gpu_0_other_processes": float(t == 0)} for t, row in enumerate(quiet)]
+    assert "contended" not in planted_summary(tmp_path, beside_start)
 
 
 def test_the_host_sampler_leaves_the_worker_s_own_cpu_out_of_the_others():
