@@ -239,19 +239,23 @@ def summarise(rows: list[dict[str, float]], steady: tuple[float, float] | None =
         if name.endswith("energy_joules"):
             out[name] = values[-1]
             continue
-        in_steady = [v for t, v in series if steady is not None and steady[0] <= t <= steady[1]]
-        out[f"{name}_mean"] = sum(in_steady or values) / len(in_steady or values)
+        measured = _steady_values(series, steady)
+        out[f"{name}_mean"] = sum(measured) / len(measured)
         out[f"{name}_peak"] = max(values)
     return out
+
+
+def _steady_values(series: list[tuple[float, float]], steady: tuple[float, float] | None) -> list[float]:
+    """The values of `series` sampled in the steady steps (start, end), or all of them where none was."""
+    in_steady = [v for t, v in series if steady is not None and steady[0] <= t <= steady[1]]
+    return in_steady or [v for _, v in series]
 
 
 def steady_peak(rows: list[dict[str, float]], name: str, steady: tuple[float, float] | None) -> float | None:
     """The most `name` read in the steady steps (start, end), or in the whole run where they hold no
     sample; None where it was never read. A process beside the worker's start or compile (the sweep's
     compile-ahead workers) leaves its measured steps alone."""
-    series = list(_series(rows, name))
-    in_steady = [v for t, v in series if steady is not None and steady[0] <= t <= steady[1]]
-    values = in_steady or [v for _, v in series]
+    values = _steady_values(list(_series(rows, name)), steady)
     return max(values) if values else None
 
 
