@@ -70,6 +70,10 @@ SEARCH_PAGE = 1000
 # Stores MLflow 3 opens: a tracking server, or a database through SQLAlchemy (dialect[+driver]://).
 ACCEPTED_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql")
 CONNECT_TIMEOUT_S = 5
+# A server that has taken the connection may still be slow to answer on a loaded host (a local server
+# beside a sweep's compiles and a SLURM cluster on 2 cores once took more than 5 s); one silent for
+# this long is stuck.
+ANSWER_TIMEOUT_S = 20
 # A read of the server's API that any working server answers (404 where the experiment is missing).
 API_PROBE = "/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default"
 
@@ -80,7 +84,7 @@ def check_tracking_uri(uri: str) -> None:
     """Fail in seconds on a URI that cannot work, instead of in minutes of MLflow's HTTP retries.
 
     A server that refuses the connection is not there; one that accepts it must answer an HTTP request
-    (any status: a proxy's 404 or 401 is an answer) within CONNECT_TIMEOUT_S, over TLS for https (the
+    (any status: a proxy's 404 or 401 is an answer) within ANSWER_TIMEOUT_S, over TLS for https (the
     certificate is MLflow's to check, with its own settings). A busy server answers slowly, and its
     answers are retried by with_retry. Messages show the URI with its password redacted.
     """
@@ -118,9 +122,9 @@ def _check_answers(shown: str, scheme: str, host: str, port: int, path: str) -> 
     """One request to the server's /health: an SSL handshake that fails or a server that never answers
     are one line now, where MLflow would retry them for minutes."""
     connection = (
-        http.client.HTTPSConnection(host, port, timeout=CONNECT_TIMEOUT_S, context=ssl._create_unverified_context())
+        http.client.HTTPSConnection(host, port, timeout=ANSWER_TIMEOUT_S, context=ssl._create_unverified_context())
         if scheme == "https"
-        else http.client.HTTPConnection(host, port, timeout=CONNECT_TIMEOUT_S)
+        else http.client.HTTPConnection(host, port, timeout=ANSWER_TIMEOUT_S)
     )
     try:
         connection.request("GET", path.rstrip("/") + "/health")
@@ -142,7 +146,7 @@ def _check_answers(shown: str, scheme: str, host: str, port: int, path: str) -> 
     except TimeoutError:
         raise TrackingUriError(
             f"tracking.uri={shown}: {host}:{port} accepts connections but sent no answer within "
-            f"{CONNECT_TIMEOUT_S} s; check that a tracking server listens there"
+            f"{ANSWER_TIMEOUT_S} s; check that a tracking server listens there"
         ) from None
     except (OSError, http.client.HTTPException) as error:
         raise TrackingUriError(

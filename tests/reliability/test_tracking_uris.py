@@ -132,8 +132,8 @@ def silent_port():
 
 CANNOT_ANSWER = [
     ("https", "plain_http_port", "no TLS at 127.0.0.1:{port} ({why}); a plain-HTTP server takes http://"),
-    ("http", "silent_port", "127.0.0.1:{port} accepts connections but sent no answer within 5 s"),
-    ("https", "silent_port", "127.0.0.1:{port} accepts connections but sent no answer within 5 s"),
+    ("http", "silent_port", "127.0.0.1:{port} accepts connections but sent no answer within 20 s"),
+    ("https", "silent_port", "127.0.0.1:{port} accepts connections but sent no answer within 20 s"),
 ]
 
 
@@ -150,7 +150,7 @@ def test_a_server_that_cannot_answer_is_refused_in_seconds(request, scheme, serv
     expected = f"tracking.uri={uri}: " + message.format(port=port, why="WRONG_VERSION_NUMBER")
     assert str(refused.value).startswith(expected) and "\n" not in str(refused.value), refused.value
     # MLflow's own retries ran 255 s (TLS) and over 600 s (no answer) before this check.
-    assert took < 30, f"took {took:.0f} s"
+    assert took < 40, f"took {took:.0f} s"
 
 
 def test_a_server_that_never_answers_is_one_line_from_the_cli(tmp_path, silent_port):
