@@ -185,7 +185,7 @@ def run_one(cfg: DictConfig, combo: Combination) -> RunResult:
         result.attempts = list(restarted.attempts)
         again = f"retry {len(result.attempts) + 1} of {combo.retries}, hydra.launcher.retries"
         note_retry(store, combo, result, requeue_reason(), again)
-        if len(result.attempts) > combo.retries:
+        if counted_retries(result.attempts) > combo.retries:
             result.error = (
                 f"{result.attempts[-1]}: started {len(result.attempts) + 1} times, more than 1 + "
                 f"hydra.launcher.retries={combo.retries}; not run again"
@@ -418,12 +418,17 @@ def train_with_retries(
             if ending:
                 result.status, result.error = RunStatus.RUNNING, f"SLURM job state {ending}; the worker: {result.error}"
                 return trained
-        retried = sum(not reason.endswith(BESIDE_COMPILE_AHEAD) for reason in result.attempts)
+        retried = counted_retries(result.attempts)
         if result.failure_class != INFRASTRUCTURE or retried >= combo.retries or (slurm_tasks or 1) > 1:
             return trained
         note_retry(
             store, combo, result, str(result.error), f"retry {retried + 1} of {combo.retries}, hydra.launcher.retries"
         )
+
+
+def counted_retries(attempts: list[str]) -> int:
+    """The earlier attempts that hydra.launcher.retries counts: all but one run again beside compile-ahead."""
+    return sum(not reason.endswith(BESIDE_COMPILE_AHEAD) for reason in attempts)
 
 
 def log_tail(path: Path) -> str:
