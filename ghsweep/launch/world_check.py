@@ -50,6 +50,11 @@ def check_world(config: ConfigSchema, world: World, on_gpu: bool, visible_gpus: 
                 "backend.data_parallel=fsdp with precision=fp8 and peft=lora: the frozen fp8 base "
                 "weights are not sharded; accepted: backend.data_parallel=ddp (or auto)"
             )
+        if fsdp and not on_gpu and config.backend.fsdp_all_gather == "copy_engine":
+            raise ConfigError(
+                "backend.fsdp_all_gather=copy_engine on CPU: the copy engines' all-gather needs GPUs (NCCL's "
+                "symmetric memory), where gloo's ranks have none; accepted here: nccl"
+            )
         if fsdp and config.train.optimizer == "adamw8bit":
             raise ConfigError(
                 f"train.optimizer=adamw8bit with {world.size} ranks under FSDP2: torchao's 8-bit states cannot "

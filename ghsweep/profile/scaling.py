@@ -87,7 +87,8 @@ def levers(d: dict, knobs: dict[str, str], one_gpu_peak_gb: float | None) -> dic
     fits = f" (the 1-GPU run trained unsharded in {one_gpu_peak_gb:.0f} GB)" if one_gpu_peak_gb else ""
     if sharded:
         out["added_work_ms"] = (
-            f"backend.data_parallel=ddp{fits}: no FSDP all-gathers, casts and copies per step"
+            f"backend.data_parallel=ddp{fits}: no FSDP all-gathers, casts and copies per step, "
+            "but each rank then holds all the weights and steps the optimizer over them"
             if knobs.get("backend.data_parallel") != "ddp"
             else ""
         )
@@ -100,10 +101,16 @@ def levers(d: dict, knobs: dict[str, str], one_gpu_peak_gb: float | None) -> dic
         )
     elif sharded and knobs.get("backend.data_parallel") != "ddp":
         out["exposed_comm_ms"] = f"backend.data_parallel=ddp{fits}: one all-reduce overlapped with the backward"
-    out["slower_compute_ms"] = (
-        "NCCL's kernels share the SMs and memory bandwidth with compute; fewer NCCL channels "
-        "(NCCL_MAX_NCHANNELS in container.env, in a container) trade communication speed for compute"
-    )
+    if sharded and knobs.get("backend.fsdp_all_gather") != "copy_engine":
+        out["slower_compute_ms"] = (
+            "backend.fsdp_all_gather=copy_engine: FSDP2's all-gathers on the copy engines, off the SMs"
+        )
+    else:
+        out["slower_compute_ms"] = (
+            "NCCL's kernels share the SMs and memory bandwidth with compute; fewer NCCL CTAs "
+            "(NCCL_MAX_CTAS in the sweep's environment, or container.env in a container) trade communication "
+            "speed for compute, a loss where the collectives then stop hiding behind compute"
+        )
     if knobs.get("train.compile") == "false":
         out["idle_ms"] = "the host late with launches: train.compile=true launches fewer, larger kernels"
     return {k: v for k, v in out.items() if v}

@@ -47,8 +47,23 @@ def rank_device(device: torch.device, ranks: Ranks) -> torch.device:
     return torch.device("cuda", index)
 
 
-def start(ranks: Ranks, device: torch.device) -> None:
-    """Join the process group (nothing for a world of one)."""
+# NCCL's zero-CTA policy (NCCL >= 2.28): a collective on symmetric-memory buffers that the copy engines can
+# move (an all-gather within a node) runs on them, with no kernel on the SMs; the rest run as before.
+CTA_POLICY_ENV, CTA_POLICY_ZERO = "NCCL_CTA_POLICY", "2"
+
+
+def copy_engine_all_gather(config: ConfigSchema, ranks: Ranks, mode: str) -> bool:
+    """Whether FSDP2's all-gathers run on the copy engines (backend.fsdp_all_gather=copy_engine, several
+    ranks, FSDP2: `mode` is the plan's data_parallel)."""
+    return ranks.world_size > 1 and mode == "fsdp" and config.backend.fsdp_all_gather == "copy_engine"
+
+
+def start(ranks: Ranks, device: torch.device, copy_engine: bool = False) -> None:
+    """Join the process group (nothing for a world of one); `copy_engine`: with NCCL's zero-CTA policy
+    (copy_engine_all_gather), unless the environment already names a policy."""
+    if copy_engine:
+        # NCCL reads it as the communicator is made, which device_id below makes at once.
+        os.environ.setdefault(CTA_POLICY_ENV, CTA_POLICY_ZERO)
     if ranks.world_size > 1:
         dist.init_process_group(
             "nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None
@@ -141,7 +156,24 @@ def parallelize(
     if not any(p is head_weight for p in step.decoder.parameters()):
         fully_shard(step.head, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(step, mp_policy=policy, reshard_after_forward=reshard)
+    if copy_engine_all_gather(config, ranks, mode):
+        use_copy_engine_all_gather(step)
     return step, mode, resolved
+
+
+def use_copy_engine_all_gather(root: nn.Module) -> None:
+    """Every FSDP2 unit under `root` gathers its weights into NCCL's symmetric memory, which NCCL's
+    zero-CTA policy (start) moves with the copy engines (torch's Copy Engine All-Gather)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not hasattr(FSDPModule, "set_symm_mem_for_comm"):
+        raise RuntimeError(
+            f"backend.fsdp_all_gather=copy_engine: this torch ({torch.__version__}) has no "
+            "FSDPModule.set_symm_mem_for_comm (torch >= 2.11 has); accepted here: nccl"
+        )
+    for unit in root.modules():
+        if isinstance(unit, FSDPModule):
+            unit.set_symm_mem_for_comm()
 
 
 def _mean_in_fp32(bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

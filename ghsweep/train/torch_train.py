@@ -168,7 +168,7 @@ def train(config: ConfigSchema, plan: RunPlan, run_dir: Path, managed: ManagedAl
         compile_in_this_process()
     ranks = distributed.ranks_from_env()
     device = distributed.rank_device(torch.device(plan.device), ranks)
-    distributed.start(ranks, device)
+    distributed.start(ranks, device, distributed.copy_engine_all_gather(config, ranks, plan.data_parallel))
     try:
         return _train(config, plan, run_dir, managed, ranks, device, setup_at)
     finally:

@@ -179,6 +179,14 @@ def test_slurm_dry_run_asks_for_nodes_and_tasks_and_prints_srun(tmp_path):
             "adamw, adamw_sr (or backend.gpus_per_node=1)",
         ),
         (
+            ["backend.gpus_per_node=2", "peft=none", "backend.fsdp_all_gather=copy_engine"],
+            False,
+            0,
+            False,
+            "backend.fsdp_all_gather=copy_engine on CPU: the copy engines' all-gather needs GPUs (NCCL's symmetric "
+            "memory), where gloo's ranks have none; accepted here: nccl",
+        ),
+        (
             ["precision.reduce_dtype=fp16"],
             False,
             0,

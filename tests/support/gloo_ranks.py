@@ -15,14 +15,16 @@ import torch.multiprocessing
 from tests.support.ports import free_port
 
 
-def _rank(rank: int, world: int, port: int, on_gpu: bool, fn: Callable[..., None], args: tuple) -> None:
+def _rank(
+    rank: int, world: int, port: int, on_gpu: bool, copy_engine: bool, fn: Callable[..., None], args: tuple
+) -> None:
     from ghsweep.train import distributed
 
     os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "LOCAL_RANK": str(rank)}
     os.environ["WORLD_SIZE"] = str(world)
     ranks = distributed.ranks_from_env()
     device = distributed.rank_device(torch.device("cuda" if on_gpu else "cpu"), ranks)
-    distributed.start(ranks, device)
+    distributed.start(ranks, device, copy_engine)
     try:
         fn(ranks, device, *args)
         # Teardown hygiene (a rank once died with SIGABRT in CI, cause not reproduced): FSDP2's hooks keep
@@ -34,6 +36,7 @@ def _rank(rank: int, world: int, port: int, on_gpu: bool, fn: Callable[..., None
         distributed.stop(ranks)
 
 
-def on_ranks(fn: Callable[..., None], world: int, *args: Any, on_gpu: bool = False) -> None:
-    """`fn(ranks, device, *args)` on `world` ranks (a module-level function: it is pickled to each)."""
-    torch.multiprocessing.spawn(_rank, args=(world, free_port(), on_gpu, fn, args), nprocs=world)
+def on_ranks(fn: Callable[..., None], world: int, *args: Any, on_gpu: bool = False, copy_engine: bool = False) -> None:
+    """`fn(ranks, device, *args)` on `world` ranks (a module-level function: it is pickled to each);
+    `copy_engine`: the process group started as for backend.fsdp_all_gather=copy_engine."""
+    torch.multiprocessing.spawn(_rank, args=(world, free_port(), on_gpu, copy_engine, fn, args), nprocs=world)
