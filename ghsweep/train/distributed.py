@@ -169,7 +169,7 @@ def use_copy_engine_all_gather(root: nn.Module) -> None:
     if not hasattr(FSDPModule, "set_symm_mem_for_comm"):
         raise RuntimeError(
             f"backend.fsdp_all_gather=copy_engine: this torch ({torch.__version__}) has no "
-            "FSDPModule.set_symm_mem_for_comm (torch >= 2.11 has); accepted here: nccl"
+            "FSDPModule.set_symm_mem_for_comm, which gathers into NCCL's symmetric memory; accepted here: nccl"
         )
     for unit in root.modules():
         if isinstance(unit, FSDPModule):
