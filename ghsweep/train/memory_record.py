@@ -119,9 +119,9 @@ def tensor_bytes(tensors: Iterable[Any]) -> int:
 class PeakBreakdown:
     """Where a GPU run's peak allocated memory went: parameters, gradients (one per trained
     parameter), optimizer state, activations (the most one forward pass added, read from the
-    allocator's host-side counter: no sync) and other (what the four leave of the peak: workspaces,
-    backward's temporaries; 0 where the peak came before every gradient existed, as backward frees
-    activations while it makes gradients)."""
+    allocator's host-side counter: no sync; the training loop reads it in the warm-up steps) and
+    other (what the four leave of the peak: workspaces, backward's temporaries; 0 where the peak came
+    before every gradient existed, as backward frees activations while it makes gradients)."""
 
     def __init__(self, device: Any):
         import torch

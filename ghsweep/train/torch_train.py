@@ -236,13 +236,19 @@ def _train(
             with phases.step(step):
                 started = log.start()
                 with phases.range("data"):
-                    batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
+                    host_batch = next(batches)
+                    batch = {k: v.to(device, non_blocking=True) for k, v in host_batch.items()}
+                    decoder_kwargs = attention.decoder_kwargs(batch["position_ids"], host_batch["position_ids"])
+                # Each read of the allocator's counters builds its whole stats dict (py-spy: about 0.8 ms of
+                # a tiny model's step for the two); a step's activations are the same in every step, so
+                # only the warm-up steps, never measured, read them.
+                watched = breakdown if breakdown and step <= config.train.warmup_steps else None
                 with phases.range("forward"), precision.forward_region(), attention.region():
-                    if breakdown:
-                        breakdown.forward_started()
-                    loss = model.train_step(batch["input_ids"], batch["labels"], **attention.decoder_kwargs(batch))
-                    if breakdown:
-                        breakdown.forward_ended()
+                    if watched:
+                        watched.forward_started()
+                    loss = model.train_step(batch["input_ids"], batch["labels"], **decoder_kwargs)
+                    if watched:
+                        watched.forward_ended()
                 with phases.range("backward"):
                     precision.backward(loss)
                 with phases.range("optimizer"):

@@ -52,7 +52,10 @@ def _packed_and_alone(implementation: str, dtype: torch.dtype, device: str, pack
     model = _model(packed_attention.hf_implementation, dtype, device)
     with torch.no_grad(), packed_attention.region():
         total, count = _token_loss_sum(
-            model, batch["input_ids"], batch["labels"], **packed_attention.decoder_kwargs(batch)
+            model,
+            batch["input_ids"],
+            batch["labels"],
+            **packed_attention.decoder_kwargs(batch["position_ids"], blocks.position_ids),
         )
         alone_model = _model("sdpa", dtype, device)
         alone = [
@@ -79,6 +82,21 @@ def test_flex_document_masking_equals_examples_one_by_one_on_gpu():
     assert packed == pytest.approx(alone, rel=2e-2)
     packed32, alone32 = _packed_and_alone("flex", torch.float32, "cuda")
     assert packed32 == pytest.approx(alone32, rel=1e-4)
+
+
+@pytest.mark.gpu
+def test_block_mask_built_on_the_host_is_the_one_built_on_the_gpu():
+    # The training loop builds the mask from the host's copy of the positions and moves it in one copy.
+    docs = _random_packing(torch.Generator().manual_seed(3), 2, 1500, 300)
+    from_host = attn.document_block_mask(docs, torch.device("cuda"))
+    on_gpu = attn.document_block_mask(docs.cuda())
+    for name in [
+        f"{kind}{side}_{part}" for kind in ("", "full_") for side in ("kv", "q") for part in ("num_blocks", "indices")
+    ]:
+        made, expected = getattr(from_host, name), getattr(on_gpu, name)
+        assert made.is_cuda and made.dtype == torch.int32 and made.is_contiguous(), name
+        assert torch.equal(made, expected), name
+    assert torch.equal(from_host.to_dense(), on_gpu.to_dense())
 
 
 def test_auto_picks_flex_for_documents_on_a_gpu_only():
@@ -126,7 +144,12 @@ def test_document_block_mask_is_the_one_create_block_mask_makes(seq: int, mean_e
         for b, q_tile in itertools.product(range(2), range(counts.shape[-1])):
             n = int(counts[b, 0, q_tile])
             assert torch.equal(indices[b, 0, q_tile, :n], expected_indices[b, 0, q_tile, :n]), (kind, b, q_tile)
-        assert torch.equal(getattr(made, f"{kind}q_num_blocks"), getattr(expected, f"{kind}q_num_blocks")), kind
+        counts = getattr(made, f"{kind}q_num_blocks")
+        assert torch.equal(counts, getattr(expected, f"{kind}q_num_blocks")), kind
+        indices, expected_indices = getattr(made, f"{kind}q_indices"), getattr(expected, f"{kind}q_indices")
+        for b, kv_tile in itertools.product(range(2), range(counts.shape[-1])):
+            n = int(counts[b, 0, kv_tile])
+            assert torch.equal(indices[b, 0, kv_tile, :n], expected_indices[b, 0, kv_tile, :n]), (kind, b, kv_tile)
     assert torch.equal(made.to_dense(), expected.to_dense())
     assert (made.seq_lengths, made.BLOCK_SIZE) == (expected.seq_lengths, expected.BLOCK_SIZE)
 
