@@ -137,19 +137,14 @@ def test_document_block_mask_is_the_one_create_block_mask_makes(seq: int, mean_e
     expected = create_block_mask(
         lambda b, h, q, kv: (docs[b, q] == docs[b, kv]) & (q >= kv), 2, None, seq, seq, device="cpu"
     )
-    for kind in ("", "full_"):
-        counts = getattr(made, f"{kind}kv_num_blocks")
-        assert torch.equal(counts, getattr(expected, f"{kind}kv_num_blocks")), kind
-        indices, expected_indices = getattr(made, f"{kind}kv_indices"), getattr(expected, f"{kind}kv_indices")
-        for b, q_tile in itertools.product(range(2), range(counts.shape[-1])):
-            n = int(counts[b, 0, q_tile])
-            assert torch.equal(indices[b, 0, q_tile, :n], expected_indices[b, 0, q_tile, :n]), (kind, b, q_tile)
-        counts = getattr(made, f"{kind}q_num_blocks")
-        assert torch.equal(counts, getattr(expected, f"{kind}q_num_blocks")), kind
-        indices, expected_indices = getattr(made, f"{kind}q_indices"), getattr(expected, f"{kind}q_indices")
-        for b, kv_tile in itertools.product(range(2), range(counts.shape[-1])):
-            n = int(counts[b, 0, kv_tile])
-            assert torch.equal(indices[b, 0, kv_tile, :n], expected_indices[b, 0, kv_tile, :n]), (kind, b, kv_tile)
+    # Key tiles per query tile (forward) and query tiles per key tile (backward), partial and full.
+    for kind, side in itertools.product(("", "full_"), ("kv", "q")):
+        counts = getattr(made, f"{kind}{side}_num_blocks")
+        assert torch.equal(counts, getattr(expected, f"{kind}{side}_num_blocks")), (kind, side)
+        indices, expected_indices = getattr(made, f"{kind}{side}_indices"), getattr(expected, f"{kind}{side}_indices")
+        for b, tile in itertools.product(range(2), range(counts.shape[-1])):
+            n = int(counts[b, 0, tile])
+            assert torch.equal(indices[b, 0, tile, :n], expected_indices[b, 0, tile, :n]), (kind, side, b, tile)
     assert torch.equal(made.to_dense(), expected.to_dense())
     assert (made.seq_lengths, made.BLOCK_SIZE) == (expected.seq_lengths, expected.BLOCK_SIZE)
 
