@@ -241,8 +241,8 @@ def _train(
                     decoder_kwargs = attention.decoder_kwargs(batch["position_ids"], host_batch["position_ids"])
                 # Each read of the allocator's counters builds its whole stats dict (py-spy: about 0.8 ms of
                 # a tiny model's step for the two); a step's activations are the same in every step, so
-                # only the warm-up steps, never measured, read them.
-                watched = breakdown if breakdown and step <= config.train.warmup_steps else None
+                # only the warm-up steps, never measured, read them (the first step at least).
+                watched = breakdown if breakdown and step < max(config.train.warmup_steps, 1) else None
                 with phases.range("forward"), precision.forward_region(), attention.region():
                     if watched:
                         watched.forward_started()
