@@ -631,7 +631,7 @@ class BackendSchema(ConfigSection):
     gpus_per_node: Carried[Annotated[int, Range(1)]]  # ranks per node: one process per GPU
     data_parallel: Carried[Literal["auto", "ddp", "fsdp"]]  # torch: auto is DDP for LoRA, FSDP2 for full fine-tuning
     fsdp_reshard_after_forward: Carried[bool]  # torch, FSDP2: true is ZeRO-3
-    fsdp_all_gather: Carried[Literal["nccl", "copy_engine"]]  # torch, FSDP2: copy_engine leaves the SMs to compute
+    fsdp_all_gather: Carried[Literal["auto", "nccl", "copy_engine"]]  # torch, FSDP2: copy_engine spares the SMs
     tensor_parallel: Carried[Annotated[int, Range(1)]]  # nemo: with pipeline_parallel, divides the run's GPUs
     pipeline_parallel: Carried[Annotated[int, Range(1)]]  # nemo
     recompute_granularity: Literal["selective", "full"] | None  # nemo, Megatron's; null: no recomputation

@@ -53,7 +53,7 @@ def check_world(config: ConfigSchema, world: World, on_gpu: bool, visible_gpus: 
         if fsdp and not on_gpu and config.backend.fsdp_all_gather == "copy_engine":
             raise ConfigError(
                 "backend.fsdp_all_gather=copy_engine on CPU: the copy engines' all-gather needs GPUs (NCCL's "
-                "symmetric memory), where gloo's ranks have none; accepted here: nccl"
+                "symmetric memory), where gloo's ranks have none; accepted here: nccl or auto"
             )
         if fsdp and config.train.optimizer == "adamw8bit":
             raise ConfigError(

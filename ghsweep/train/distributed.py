@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import os
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+try:  # FSDP2's custom all-gather interface (set_custom_all_gather, torch >= 2.8), in a private module of torch
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather
+except ImportError:  # copy_engine_missing says so before anything would use it
+    AllGather = object  # type: ignore[misc,assignment]
 
 from ghsweep.config.schema import ConfigSchema
 
@@ -50,18 +56,43 @@ def rank_device(device: torch.device, ranks: Ranks) -> torch.device:
 # NCCL's zero-CTA policy (NCCL >= 2.28): a collective on symmetric-memory buffers that the copy engines can
 # move (an all-gather within a node) runs on them, with no kernel on the SMs; the rest run as before.
 CTA_POLICY_ENV, CTA_POLICY_ZERO = "NCCL_CTA_POLICY", "2"
+COPY_ENGINE_NCCL = (2, 28)
 
 
-def copy_engine_all_gather(config: ConfigSchema, ranks: Ranks, mode: str) -> bool:
-    """Whether FSDP2's all-gathers run on the copy engines (backend.fsdp_all_gather=copy_engine, several
-    ranks, FSDP2: `mode` is the plan's data_parallel)."""
-    return ranks.world_size > 1 and mode == "fsdp" and config.backend.fsdp_all_gather == "copy_engine"
+def fsdp_all_gather(config: ConfigSchema, ranks: Ranks, mode: str | None, device: torch.device) -> str | None:
+    """nccl | copy_engine: how FSDP2 gathers the weights (backend.fsdp_all_gather, auto resolved), None
+    where nothing is gathered (one rank, or DDP: `mode` is the plan's data_parallel). auto is copy_engine
+    on the GPUs of one node where NCCL and torch have it (two H200s: 0.93 of one GPU's throughput per GPU
+    against 0.91, docs/multi-gpu.md), else nccl; across nodes it is unmeasured."""
+    if ranks.world_size == 1 or mode != "fsdp":
+        return None
+    choice = config.backend.fsdp_all_gather
+    if choice != "auto":
+        return choice
+    one_node = config.backend.num_nodes == 1
+    return "copy_engine" if device.type == "cuda" and one_node and copy_engine_missing() is None else "nccl"
+
+
+def copy_engine_missing() -> str | None:
+    """What this machine lacks for the copy engines' all-gather, or None where it has it all."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not torch.cuda.is_available():
+        return "no CUDA GPU"
+    if torch.cuda.nccl.version() < COPY_ENGINE_NCCL:
+        return f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))} has no zero-CTA policy (NCCL >= 2.28 has)"
+    if not hasattr(FSDPModule, "set_custom_all_gather"):
+        return f"this torch ({torch.__version__}) has no FSDPModule.set_custom_all_gather"
+    return None
 
 
 def start(ranks: Ranks, device: torch.device, copy_engine: bool = False) -> None:
     """Join the process group (nothing for a world of one); `copy_engine`: with NCCL's zero-CTA policy
-    (copy_engine_all_gather), unless the environment already names a policy."""
+    (fsdp_all_gather's copy_engine), unless the environment already names a policy."""
     if copy_engine:
+        missing = copy_engine_missing()
+        if missing:
+            raise RuntimeError(f"backend.fsdp_all_gather=copy_engine: {missing}; accepted here: nccl or auto")
         # NCCL reads it as the communicator is made, which device_id below makes at once.
         os.environ.setdefault(CTA_POLICY_ENV, CTA_POLICY_ZERO)
     if ranks.world_size > 1:
@@ -156,24 +187,46 @@ def parallelize(
     if not any(p is head_weight for p in step.decoder.parameters()):
         fully_shard(step.head, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(step, mp_policy=policy, reshard_after_forward=reshard)
-    if copy_engine_all_gather(config, ranks, mode):
+    weights_on = next(step.parameters()).device
+    if fsdp_all_gather(config, ranks, mode, weights_on) == "copy_engine":
         use_copy_engine_all_gather(step)
     return step, mode, resolved
 
 
 def use_copy_engine_all_gather(root: nn.Module) -> None:
     """Every FSDP2 unit under `root` gathers its weights into NCCL's symmetric memory, which NCCL's
-    zero-CTA policy (start) moves with the copy engines (torch's Copy Engine All-Gather)."""
+    zero-CTA policy (start) moves with the copy engines: torch's Copy Engine All-Gather, through FSDP2's
+    custom all-gather hook. The reduce-scatters stay NCCL's kernels. (torch's set_symm_mem_for_comm, in
+    newer torch than 2.11, would move the reduce-scatters to symmetric memory too: unmeasured.)"""
     from torch.distributed.fsdp import FSDPModule
 
-    if not hasattr(FSDPModule, "set_symm_mem_for_comm"):
-        raise RuntimeError(
-            f"backend.fsdp_all_gather=copy_engine: this torch ({torch.__version__}) has no "
-            "FSDPModule.set_symm_mem_for_comm, which gathers into NCCL's symmetric memory; accepted here: nccl"
-        )
+    gather = SymmetricMemoryAllGather()
     for unit in root.modules():
         if isinstance(unit, FSDPModule):
-            unit.set_symm_mem_for_comm()
+            unit.set_custom_all_gather(gather)
+
+
+class SymmetricMemoryAllGather(AllGather):
+    """FSDP2's all-gather into buffers from NCCL's symmetric-memory pool (as torch's SymmMemAllGather):
+    an all-gather on such buffers is NCCL's Copy Engine All-Gather under the zero-CTA policy."""
+
+    def __init__(self) -> None:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self._symm_mem = symm_mem
+        symm_mem.set_backend("NCCL")
+        dist.barrier()  # the communicator exists before the first rendezvous
+
+    def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        with torch.cuda.use_mem_pool(self._symm_mem.get_mem_pool(device)):
+            return torch.empty(size, dtype=dtype, device=device)
+
+    def __call__(
+        self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup, async_op: bool = False
+    ) -> dist.Work | None:
+        # In place: the input is this rank's slice of the output, so only the output is exchanged.
+        self._symm_mem.rendezvous(output_tensor, group=group.group_name)
+        return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
 
 
 def _mean_in_fp32(bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -168,7 +168,8 @@ def train(config: ConfigSchema, plan: RunPlan, run_dir: Path, managed: ManagedAl
         compile_in_this_process()
     ranks = distributed.ranks_from_env()
     device = distributed.rank_device(torch.device(plan.device), ranks)
-    distributed.start(ranks, device, distributed.copy_engine_all_gather(config, ranks, plan.data_parallel))
+    gather = distributed.fsdp_all_gather(config, ranks, plan.data_parallel, device)
+    distributed.start(ranks, device, copy_engine=gather == "copy_engine")
     try:
         return _train(config, plan, run_dir, managed, ranks, device, setup_at)
     finally:
@@ -290,6 +291,8 @@ def _train(
         metrics = {k: ranks_seen[k] for k in ("slowest_rank", "slowest_rank_step_time_ms", "rank_spread_pct")}
         info["rank_step_time_ms"] = " ".join(f"{t:.1f}" for t in ranks_seen["rank_step_time_ms"])
         info["reduce_dtype"] = model.reduce_dtype
+        if model.data_parallel == "fsdp":
+            info["fsdp_all_gather"] = distributed.fsdp_all_gather(config, ranks, "fsdp", device)
     metrics |= gc_pauses.metrics(config.train.warmup_steps)
     if model.offload is not None:
         info["offload_gb_per_step"] = model.offload.bytes_offloaded / 2**30 / step

@@ -218,10 +218,10 @@ def test_fp8_settings_are_checked_against_the_schema():
     assert msg == "precision.scaling=tensorwise: not an accepted value; accepted: delayed, current"
 
 
-def test_the_fsdp_all_gather_is_one_of_its_two():
+def test_the_fsdp_all_gather_is_one_of_its_three():
     validate(composed("backend.fsdp_all_gather=copy_engine"), H100)
     msg = error_of(composed("backend.fsdp_all_gather=sm"))
-    assert msg == "backend.fsdp_all_gather=sm: not an accepted value; accepted: nccl, copy_engine"
+    assert msg == "backend.fsdp_all_gather=sm: not an accepted value; accepted: auto, nccl, copy_engine"
 
 
 def test_a_synthetic_dataset_refuses_a_file_it_would_not_read(tmp_path):

@@ -184,7 +184,7 @@ def test_slurm_dry_run_asks_for_nodes_and_tasks_and_prints_srun(tmp_path):
             0,
             False,
             "backend.fsdp_all_gather=copy_engine on CPU: the copy engines' all-gather needs GPUs (NCCL's symmetric "
-            "memory), where gloo's ranks have none; accepted here: nccl",
+            "memory), where gloo's ranks have none; accepted here: nccl or auto",
         ),
         (
             ["precision.reduce_dtype=fp16"],

@@ -16,7 +16,13 @@ from ghsweep.core.run_dir import SUMMARY
 from ghsweep.core.run_result import RunResult
 from ghsweep.profile import kernel_kinds
 from ghsweep.profile.run_analysis import full_analysis
-from ghsweep.profile.scaling import CAPTURE_FOLDER, COMPONENTS, folder_analysis, folder_decompositions
+from ghsweep.profile.scaling import (
+    CAPTURE_FOLDER,
+    COMPONENTS,
+    folder_analysis,
+    folder_decompositions,
+    scale_out_finding,
+)
 from tests.profile.planted import ONE, RANKS, planted_rank, write_nsys
 from tests.support.kernel_events import kernel_ms_per_step
 
@@ -121,3 +127,14 @@ def test_real_straggler_agrees_with_the_rank_metrics(real):
                     most = max(a.ranks, key=lambda r: r["compute_ms_per_step"])
                     assert f.evidence["rank"] == most["rank"]
                     assert f.evidence["wait_ms_per_step"] <= real[combination]["imbalance_ms"] * 2 + 1e-6
+
+
+def test_nccls_all_gather_kernels_beside_compute_point_to_the_copy_engines(real):
+    """FSDP2's all-gathers ran as NCCL kernels on the SMs of the real capture, so the copy engines are the
+    lever for its slower compute, unless the run already asked for them."""
+    full = real["none"]
+    assert any(f["family"] == "NCCL AllGather" and f["run_ms"] > 0 for f in full["by_family"])
+    lever = scale_out_finding(full, "peft=none", {"peft": "none"}, None).evidence["levers"]["slower_compute_ms"]
+    assert lever.startswith("backend.fsdp_all_gather=copy_engine")
+    asked = scale_out_finding(full, "x", {"backend.fsdp_all_gather": "copy_engine"}, None)
+    assert "NCCL_MAX_CTAS" in asked.evidence["levers"]["slower_compute_ms"]

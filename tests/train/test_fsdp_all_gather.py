@@ -19,12 +19,32 @@ TOKENS = 64
 TWO = distributed.Ranks(0, 2, 0)
 
 
-def test_only_fsdp2_on_several_ranks_gathers_with_the_copy_engines():
+def test_only_fsdp2_on_several_ranks_gathers_and_auto_takes_the_copy_engines_only_where_they_work():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     copy_engine = compose_typed("peft=none", "backend.fsdp_all_gather=copy_engine")
-    assert distributed.copy_engine_all_gather(copy_engine, TWO, "fsdp")
-    assert not distributed.copy_engine_all_gather(copy_engine, TWO, "ddp")
-    assert not distributed.copy_engine_all_gather(copy_engine, distributed.Ranks(0, 1, 0), "fsdp")
-    assert not distributed.copy_engine_all_gather(compose_typed("peft=none"), TWO, "fsdp")
+    assert distributed.fsdp_all_gather(copy_engine, TWO, "fsdp", gpu) == "copy_engine"
+    assert distributed.fsdp_all_gather(copy_engine, TWO, "ddp", gpu) is None
+    assert distributed.fsdp_all_gather(copy_engine, distributed.Ranks(0, 1, 0), "fsdp", gpu) is None
+    assert (
+        distributed.fsdp_all_gather(compose_typed("peft=none", "backend.fsdp_all_gather=nccl"), TWO, "fsdp", gpu)
+        == "nccl"
+    )
+    auto = compose_typed("peft=none")
+    assert auto.backend.fsdp_all_gather == "auto"
+    assert distributed.fsdp_all_gather(auto, TWO, "fsdp", cpu) == "nccl"
+    # Across nodes the copy engines gather nothing (NCCL's symmetric kernels would): auto stays with NCCL.
+    two_nodes = compose_typed("peft=none", "backend.num_nodes=2")
+    assert distributed.fsdp_all_gather(two_nodes, TWO, "fsdp", gpu) == "nccl"
+    expected = "copy_engine" if distributed.copy_engine_missing() is None else "nccl"
+    assert distributed.fsdp_all_gather(auto, TWO, "fsdp", gpu) == expected
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is of a machine without CUDA GPUs")
+def test_copy_engine_without_a_gpu_is_refused_naming_what_is_missing():
+    with pytest.raises(
+        RuntimeError, match=r"backend.fsdp_all_gather=copy_engine: no CUDA GPU; accepted here: nccl or auto"
+    ):
+        distributed.start(TWO, torch.device("cpu"), copy_engine=True)
 
 
 def _rank_steps(ranks, device: torch.device, configs: dict[str, ConfigSchema], out: Path) -> None:
@@ -63,6 +83,10 @@ def test_copy_engine_all_gather_trains_the_same_bits_as_nccls_kernels(tmp_path):
         gather: compose_typed("precision=bf16", "peft=none", f"backend.fsdp_all_gather={gather}")
         for gather in ("nccl", "copy_engine")
     }
+    assert distributed.copy_engine_missing() is None
+    assert (
+        distributed.fsdp_all_gather(compose_typed("peft=none"), TWO, "fsdp", torch.device("cuda", 0)) == "copy_engine"
+    )
     out = tmp_path / "steps.pt"
     on_ranks(_rank_steps, 2, configs, out, on_gpu=True, copy_engine=True)
     seen = torch.load(out)
