@@ -39,6 +39,8 @@ METRIC_COLUMNS = (
 )
 # Overrides that set a combination's world: without them, a multi-GPU run names its 1-GPU twin.
 WORLD_KEYS = ("backend.num_nodes=", "backend.gpus_per_node=")
+# The all-gather an FSDP2 run on several ranks used, backend.fsdp_all_gather's auto resolved (torch_train's info).
+FSDP_ALL_GATHER_TAG = "ghsweep.fsdp_all_gather"
 # The knob whose values repeat a combination (report: the spread between repeats).
 # Runs differing only in these are repeats of one combination: `repeat` (same data order) or `seed`
 # (another data order too).
@@ -251,7 +253,10 @@ def add_scale_out_findings(runs: list[SweepRun]) -> None:
     for combination, (one, many), d in scaling.indexed_pairs(finished, WORLD_KEYS):
         analysis = runs[many].analysis
         assert analysis is not None  # indexed_pairs pairs profiled runs only
-        found = scaling.scale_out_finding(d, combination, runs[many].knobs, runs[one].metrics.get("peak_mem_gb"))
+        # The all-gather the run used, auto resolved (its tag), is a knob already set like one on the command line.
+        resolved = runs[many].tags.get(FSDP_ALL_GATHER_TAG)
+        knobs = runs[many].knobs | ({"backend.fsdp_all_gather": resolved} if resolved else {})
+        found = scaling.scale_out_finding(d, combination, knobs, runs[one].metrics.get("peak_mem_gb"))
         first = [f for f in analysis.findings if f.id in ("profiler_overhead", "sweep_overlap")]
         rest = [f for f in analysis.findings if f not in first and f.id != "scale_out"]
         analysis.findings = [*first, found, *rest]

@@ -18,6 +18,7 @@ from tests.profile.planted import GEMMS, ONE, RANKS, planted_rank, training_run,
 PROFILES = Path(__file__).resolve().parents[1] / "data" / "profiles"
 FP8_GEMM = "nvjet_sm90_qqtst_256x128_128x4_1x2_h_bz_coopA_TNT"
 REDUCE_SCATTER = "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+ALL_GATHER = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 STEP_GEMMS = 40  # planted.training_run's GEMMs a step
 
 
@@ -110,12 +111,11 @@ def test_scale_out_finding_names_the_parts_and_the_trainers_knobs(fsdp_like):
     assert "reduce_dtype" not in str(done.evidence["levers"]) and "data_parallel" not in str(done.evidence["levers"])
 
 
-def test_the_sweep_gives_the_multi_gpu_run_its_scale_out_finding(fsdp_like):
-    from ghsweep.report.compare import build, table, verdict
+def sweep_runs(one, many, tags: dict[str, str] | None = None) -> list:
+    """The 1-GPU and 2-GPU runs of one combination as the sweep's comparison reads them; `tags`: the 2-GPU run's."""
     from ghsweep.report.sweep_source import SweepRun
 
-    one, many = fsdp_like
-    runs = [
+    return [
         SweepRun(
             f"id{g}",
             f"run{g}",
@@ -124,11 +124,18 @@ def test_the_sweep_gives_the_multi_gpu_run_its_scale_out_finding(fsdp_like):
             ["peft=none", f"backend.gpus_per_node={g}"],
             {},
             {"tokens_per_s": 1000.0 / g, "peak_mem_gb": 54.0},
-            {},
+            (tags or {}) if g == 2 else {},
             analysis=a,
         )
         for g, a in ((1, one), (2, many))
     ]
+
+
+def test_the_sweep_gives_the_multi_gpu_run_its_scale_out_finding(fsdp_like):
+    from ghsweep.report.compare import build, table, verdict
+
+    one, many = fsdp_like
+    runs = sweep_runs(one, many)
     c = build("sweep", runs)
     assert [f.id for f in many.findings][0] == "scale_out"
     line = next(line for line in verdict(c) if line.startswith("Scale-out #1"))
@@ -136,6 +143,31 @@ def test_the_sweep_gives_the_multi_gpu_run_its_scale_out_finding(fsdp_like):
     assert table(c)[1][1][-1].startswith("on 2 GPUs each GPU gives")  # the run's top finding
     build("sweep", runs)  # built again (python -m ghsweep.report): still one scale-out finding
     assert [f.id for f in many.findings].count("scale_out") == 1
+
+
+def test_a_run_whose_auto_took_the_copy_engines_is_not_told_to_take_them(tmp_path):
+    """NCCL's all-gather kernels in the 2-GPU profile point to the copy engines, unless the run's tag says
+    its all-gather already was theirs (auto resolved, with no override on the command line)."""
+    from ghsweep.report.compare import FSDP_ALL_GATHER_TAG, build
+
+    one = full_analysis(write_nsys(planted_rank(**ONE), tmp_path / "profile.sqlite"))
+    many = rank_analysis(
+        [
+            write_nsys(planted_rank(**r, collective=ALL_GATHER), tmp_path / f"profile_rank{i}.sqlite")
+            for i, r in enumerate(RANKS)
+        ],
+        None,
+        2,
+    )
+
+    def slower_compute_lever(tags: dict[str, str]) -> str:
+        build("sweep", sweep_runs(one, many, tags))
+        found = next(f for f in many.findings if f.id == "scale_out")
+        return found.evidence["levers"]["slower_compute_ms"]
+
+    assert slower_compute_lever({}).startswith("backend.fsdp_all_gather=copy_engine")
+    assert slower_compute_lever({FSDP_ALL_GATHER_TAG: "nccl"}).startswith("backend.fsdp_all_gather=copy_engine")
+    assert "NCCL_MAX_CTAS" in slower_compute_lever({FSDP_ALL_GATHER_TAG: "copy_engine"})
 
 
 def test_because_says_a_small_models_changes_in_microseconds_and_leaves_out_none():
