@@ -62,8 +62,8 @@ COPY_ENGINE_NCCL = (2, 28)
 def fsdp_all_gather(config: ConfigSchema, ranks: Ranks, mode: str | None, device: torch.device) -> str | None:
     """nccl | copy_engine: how FSDP2 gathers the weights (backend.fsdp_all_gather, auto resolved), None
     where nothing is gathered (one rank, or DDP: `mode` is the plan's data_parallel). auto is copy_engine
-    on the GPUs of one node where NCCL and torch have it (two H200s: 0.93 of one GPU's throughput per GPU
-    against 0.91, docs/multi-gpu.md), else nccl; across nodes it is unmeasured."""
+    on the GPUs of one node where NCCL and torch have it (two H200s, 7B full fine-tuning: 2.1% off the step,
+    docs/multi-gpu.md), else nccl; across nodes it is unmeasured."""
     if ranks.world_size == 1 or mode != "fsdp":
         return None
     choice = config.backend.fsdp_all_gather
