@@ -101,9 +101,9 @@ def levers(d: dict, knobs: dict[str, str], one_gpu_peak_gb: float | None) -> dic
         )
     elif sharded and knobs.get("backend.data_parallel") != "ddp":
         out["exposed_comm_ms"] = f"backend.data_parallel=ddp{fits}: one all-reduce overlapped with the backward"
-    # The family is NCCL's all-gather kernels: gathers the copy engines moved leave none on the SMs.
+    # The family is NCCL's all-gather kernels (FSDP2's, so sharded): gathers the copy engines moved leave none.
     gathered_on_sms = any(f.startswith("NCCL AllGather") for f in families)
-    if gathered_on_sms and sharded and knobs.get("backend.fsdp_all_gather") != "copy_engine":
+    if gathered_on_sms and knobs.get("backend.fsdp_all_gather") != "copy_engine":
         out["slower_compute_ms"] = (
             "backend.fsdp_all_gather=copy_engine: FSDP2's all-gathers on the copy engines, off the SMs "
             "(one node's GPUs, NCCL >= 2.28; auto takes it where it works)"
