@@ -71,10 +71,10 @@ TERMINAL_COLUMNS = 120
 def align(header: list[str], rows: list[list[str]], width: int | None = None) -> str:
     """A plain-text table, columns padded to their widest cell; with `width`, the last column (reasons,
     findings: whole in the report, the summary file and MLflow) cut where a line would pass it, and
-    left out where not even its header fits."""
+    left out where not even its header fits; the column before it is then the last, cut in its turn."""
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
     if width is not None and len(header) > 1 and sum(w + 2 for w in widths[:-1]) + len(header[-1]) > width:
-        header, rows, widths = header[:-1] + [""], [row[:-1] + [""] for row in rows], widths[:-1] + [0]
+        header, rows, widths = header[:-1], [row[:-1] for row in rows], widths[:-1]
 
     # The last column is left unpadded so long text wraps in the terminal, not the table.
     def line(cells: list[str]) -> str:
@@ -84,4 +84,7 @@ def align(header: list[str], rows: list[list[str]], width: int | None = None) ->
             last = last[: max(width - len(padded) - 1, 0)] + "…"
         return (padded + last).rstrip()
 
-    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+    # The last column's rule as wide as what of it fits.
+    room = widths[-1] if width is None else min(widths[-1], width - sum(w + 2 for w in widths[:-1]))
+    rule = ["-" * w for w in widths[:-1]] + ["-" * room]
+    return "\n".join([line(header), line(rule), *(line(r) for r in rows)])

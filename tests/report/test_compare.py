@@ -321,4 +321,7 @@ def test_the_terminal_table_fits_its_width():
     # Where not even the last column's header fits, the column is left out.
     narrow = align(["#", "precision", "reason"], [["0", "fp32", reason]], width=16).splitlines()
     assert narrow == ["#  precision", "-  ---------", "0  fp32"]
+    # The column left last is cut in its turn where it still passes the width (a Pareto tie with two runs).
+    tied = align(["#", "Pareto", "top finding"], [["0", "yes (tie: #1, #3)", reason]], width=14).splitlines()
+    assert tied == ["#  Pareto", "-  -----------", "0  yes (tie: …"]
     assert align(["#", "reason"], [["0", reason]]).splitlines()[2] == f"0  {reason}"  # no width: whole
