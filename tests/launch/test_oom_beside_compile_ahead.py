@@ -30,30 +30,35 @@ sys.exit(1)
 """
 
 
-def first_attempts_run_out_of_memory(monkeypatch, how_many: int) -> list[float]:
-    """Make the job's first `how_many` workers fail out of GPU memory; return when each worker started."""
+def first_attempts_run_out_of_memory(monkeypatch, how_many: int) -> tuple[list[float], threading.Event]:
+    """Make the job's first `how_many` workers fail out of GPU memory; return when each worker started,
+    and an event set as the first one starts."""
     started: list[float] = []
+    first_started = threading.Event()
     real_prepare = job.prepare_worker
 
     def prepare(cfg, combo, slurm_tasks, measure_after=None):
         plan, config = real_prepare(cfg, combo, slurm_tasks, measure_after)
         started.append(time.time())
+        first_started.set()
         if len(started) <= how_many:
             plan = dataclasses.replace(plan, worker_command=[sys.executable, "-c", OUT_OF_MEMORY, str(combo.run_dir)])
         return plan, config
 
     monkeypatch.setattr(job, "prepare_worker", prepare)
-    return started
+    return started, first_started
 
 
-def compile_ahead_beside(seconds: float) -> tuple[threading.Thread, list[float]]:
-    """A follow-up on the GPU for `seconds`, as compile_ahead's workers are; the list gets when it ended."""
+def compile_ahead_beside(first_started: threading.Event, seconds: float) -> tuple[threading.Thread, list[float]]:
+    """A follow-up on the GPU, as compile_ahead's workers are, until `seconds` after the first attempt
+    started (so a slow machine cannot end it before that attempt); the list gets when it ended."""
     ended: list[float] = []
 
     def on_gpu() -> None:
         with followups.on_the_gpu():
+            first_started.wait()
             time.sleep(seconds)
-        ended.append(time.time())
+            ended.append(time.time())  # inside: the job can only see it ended after this
 
     thread = threading.Thread(target=on_gpu)
     thread.start()
@@ -69,8 +74,8 @@ def train(tmp_path: Path):
 
 
 def test_an_out_of_memory_beside_compile_ahead_workers_is_run_again_once_they_have_ended(tmp_path, monkeypatch, caplog):
-    started = first_attempts_run_out_of_memory(monkeypatch, 1)
-    thread, ended = compile_ahead_beside(3.0)
+    started, first_started = first_attempts_run_out_of_memory(monkeypatch, 1)
+    thread, ended = compile_ahead_beside(first_started, 3.0)
     with caplog.at_level("WARNING", logger=job.__name__):
         combo, result = train(tmp_path)
     thread.join()
@@ -83,8 +88,8 @@ def test_an_out_of_memory_beside_compile_ahead_workers_is_run_again_once_they_ha
 
 
 def test_a_second_out_of_memory_beside_them_or_one_alone_is_the_combinations_own(tmp_path, monkeypatch):
-    started = first_attempts_run_out_of_memory(monkeypatch, 2)
-    thread, _ = compile_ahead_beside(0.5)
+    started, first_started = first_attempts_run_out_of_memory(monkeypatch, 2)
+    thread, _ = compile_ahead_beside(first_started, 0.5)
     combo, result = train(tmp_path / "beside")
     thread.join()
     # Run again once; the attempt alone ran out of memory too: the combination's own, not run a third time.
