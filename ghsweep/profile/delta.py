@@ -3,8 +3,10 @@ BASELINE`, the sweep comparison's "Because" line and its kernels table, and (1 G
 Scaling section (scaling.py).
 
 Each run's mean steady step splits exactly (engine.time_per_step, per rank; a run on several GPUs
-is the mean over its ranks) into compute busy + exposed NCCL + idle, and compute busy = the sum of
-the non-NCCL operations' time by name - their overlap across streams. The difference of the two
+is the mean over its ranks) into compute busy + exposed communication + idle, and compute busy = the
+sum of the time by name of the operations that are not communication - their overlap across streams.
+Communication is NCCL's kernels and the peer-to-peer copies of its copy-engine collectives
+(kernel_kinds.is_communication). The difference of the two
 runs' steps then splits, without remainder, into PARTS (ms per step, run - baseline):
 
 - slower_compute: the same kernels (by function name; Inductor's generated kernels without their
@@ -14,14 +16,15 @@ runs' steps then splits, without remainder, into PARTS (ms per step, run - basel
 - overlap_change: less (+) or more (-) compute running concurrently on several streams;
 - imbalance: the time a rank waits, NCCL alone on its GPU, for the rank with the most compute
   (per rank the smaller of its compute deficit and its exposed NCCL time, mean over ranks);
-- exposed_comm: the rest of the NCCL time no compute hides;
+- exposed_comm: the rest of the communication no compute hides;
 - idle: time with nothing on the GPU (the host late with launches, syncs), less the part below;
 - profiler_overhead: how much more the profiler slowed this run's traced steps than the
   baseline's (profiled step - measured step of each; 0 unless both runs' measured steps are known).
   The difference less this part is the measured (untraced) step difference.
 
 `by_family` tells the same kernel time by family (kernel_kinds.step_family: bf16 / fp8 GEMMs,
-attention, fused elementwise / casts, optimizer, each NCCL collective, copies, other), so runs
+attention, fused elementwise / casts, optimizer, each NCCL collective, peer-to-peer copies, copies,
+other), so runs
 whose kernels have other generated names still line up. Family times are summed kernel time, so
 they need not add up to the difference (overlap and idle are not kernels); the parts do.
 """
@@ -71,8 +74,8 @@ class Side:
     exposed_comm_ms: float
     idle_ms: float
     imbalance_ms: float
-    compute_ms: dict[str, float]  # by kernel_family, non-NCCL
-    comm_ms: dict[str, float]  # by NCCL kernel name
+    compute_ms: dict[str, float]  # by kernel_family, not communication
+    comm_ms: dict[str, float]  # by name of NCCL kernel or peer-to-peer copy
     overhead_ms: float | None  # profiled - measured step; None: the measured step is unknown
 
     @classmethod

@@ -31,6 +31,7 @@ IDLE_GAP_MIN_NS = 10_000
 # In the order attribute() tries them (first match wins).
 GAP_CAUSES = ("sync", "host_wait", "unified_memory", "data_loading", "launch_latency", "unattributed", "short_gaps")
 MEMCPY_KIND = {1: "HtoD", 2: "DtoH", 8: "DtoD", 10: "PtoP", 11: "UM HtoD", 12: "UM DtoH", 13: "UM DtoD"}
+PEER_COPY_KIND = 10  # PtoP: between two GPUs (kernel_kinds.PEER_COPY)
 UM_KINDS = (11, 12, 13)
 MEM_KIND = {0: "pageable", 1: "pinned", 2: "device", 4: "managed", 7: "unknown"}
 WHOLE_TRACE_KERNELS = 50
@@ -326,15 +327,16 @@ def time_per_step(
 ) -> dict:
     """Where a mean steady step's time went, in ms, from the window's device operations (start,
     end, key into `names`: a kernel's function name, a copy's direction, "Memset"): per name, the
-    time of every non-NCCL operation (compute) and of each NCCL kernel; the union of those (compute_busy); NCCL running
-    with no compute beside it (exposed_comm); nothing running (idle). step = compute_busy +
-    exposed_comm + idle exactly, which is what lets scaling.py split a difference of steps
-    without remainder. Vectorised: a big export has millions of kernels."""
+    time of every operation that is not communication (compute) and of each communicating one (NCCL's
+    kernels, peer-to-peer copies: kernel_kinds.is_communication); the union of the compute
+    (compute_busy); communication with no compute beside it (exposed_comm); nothing running (idle).
+    step = compute_busy + exposed_comm + idle exactly, which is what lets scaling.py split a
+    difference of steps without remainder. Vectorised: a big export has millions of kernels."""
     w0, w1 = window
     s, e = np.maximum(start, w0), np.minimum(end, w1)
     keep = e > s
     s, e, k = s[keep], e[keep], keys[keep]
-    comm = np.isin(k, [key for key, name in names.items() if kernel_kinds.is_nccl(name)])
+    comm = np.isin(k, [key for key, name in names.items() if kernel_kinds.is_communication(name)])
     order = np.lexsort((e, s))
     s, e, k, comm = s[order], e[order], k[order], comm[order]
     per = max(steps, 1) * 1e6
@@ -357,7 +359,7 @@ def time_per_step(
         "comm_ms": float((e - s)[comm].sum()) / per,
         "idle_ms": (w1 - w0 - busy) / per,
         "compute_by_name_ms": by_name(~comm),
-        "comm_by_name_ms": by_name(comm),  # each NCCL kernel's time (delta.py tells the collectives apart)
+        "comm_by_name_ms": by_name(comm),  # each communicating operation's time (delta.py tells them apart)
     }
 
 

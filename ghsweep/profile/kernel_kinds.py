@@ -18,6 +18,10 @@ ATTENTION = re.compile(r"flash|attention|sdpa|fmha|mha_", re.IGNORECASE)
 FP8 = re.compile(r"e4m3|e5m2|fp8|float8|f8f8|scaled_mm|^nvjet_sm\d+[a-z]?_[qr]", re.IGNORECASE)
 # NCCL's collectives run as kernels (ncclKernel_AllReduce_..., ncclDevKernel_ReduceScatter_...).
 NCCL = re.compile(r"nccl", re.IGNORECASE)
+# ... or on the copy engines, no kernel at all: NCCL's Copy Engine All-Gather (FSDP2 under
+# backend.fsdp_all_gather=copy_engine) moves each rank's share as peer-to-peer copies, named by their
+# direction as every copy is (engine.MEMCPY_KIND, torch_trace.op_label).
+PEER_COPY = "Memcpy PtoP"
 OPTIMIZER = re.compile(r"adam|multi_tensor_apply|sgd|lamb|lion|adafactor|optimizer", re.IGNORECASE)
 
 
@@ -50,10 +54,15 @@ NCCL_COLLECTIVE = re.compile(
 ELEMENTWISE_FAMILY = "fused elementwise / casts"
 
 
+PEER_COPIES_FAMILY = "peer-to-peer copies"
+
+
 def step_family(name: str) -> str:
     """The family a kernel's (or copy's) time counts to when two runs are compared: `bf16 GEMMs`,
     `fp8 GEMMs`, `attention`, `fused elementwise / casts`, `optimizer`, `NCCL ReduceScatter f32`,
-    `copies`, `other`."""
+    `peer-to-peer copies` (communication on the copy engines), `copies`, `other`."""
+    if name == PEER_COPY:
+        return PEER_COPIES_FAMILY
     if is_nccl(name):
         found = NCCL_COLLECTIVE.search(name)
         if not found:
@@ -84,6 +93,11 @@ def is_fp8_gemm(name: str) -> bool:
 
 def is_nccl(name: str) -> bool:
     return bool(NCCL.search(name))
+
+
+def is_communication(name: str) -> bool:
+    """Data moving between GPUs: an NCCL kernel, or a peer-to-peer copy (NCCL's copy-engine collectives)."""
+    return is_nccl(name) or name == PEER_COPY
 
 
 def is_optimizer(name: str) -> bool:

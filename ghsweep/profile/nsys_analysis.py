@@ -17,6 +17,7 @@ from ghsweep.profile import nsys_db as db
 from ghsweep.profile import steps as step_finder
 from ghsweep.profile.engine import (
     MEMCPY_KIND,
+    PEER_COPY_KIND,
     UM_KINDS,
     GapEvidence,
     Intervals,
@@ -305,7 +306,12 @@ def _analyze_nsys(con, path: Path) -> dict:
         if schema.has(db.RUNTIME)
         else (0, 0)
     )
-    communication = nccl_communication(kernels.where(inside), db.names_like(con, ("%nccl%",)), span, n_steps)
+    copies = dev.tables[1]
+    peer = (copies["copy_kind"] == PEER_COPY_KIND) & (copies["pid"] == pid) & (copies["dev"] == device)
+    peer &= (copies["start"] >= window[0]) & (copies["end"] <= window[1])
+    communication = nccl_communication(
+        kernels.where(inside), db.names_like(con, ("%nccl%",)), copies.where(peer), span, n_steps
+    )
     return {
         "source": {"path": str(path), "kind": "nsys", **info},
         "window": window_block(window, found),
@@ -360,17 +366,20 @@ def nsys_time_per_step(con, dev: DeviceOps, window: tuple[int, int], steps: int)
     )
 
 
-def nccl_communication(kernels: db.Table, nccl_names: list[int], span: int, steps: int) -> dict:
-    """Communication on the device in the window: NCCL kernels' share of kernel time, and exposed
-    communication, the time NCCL kernels run while no compute kernel does (what the step waits for).
+def nccl_communication(kernels: db.Table, nccl_names: list[int], peer_copies: db.Table, span: int, steps: int) -> dict:
+    """Communication on the device in the window: NCCL's share of kernel time, and exposed
+    communication, the time NCCL runs while no compute kernel does (what the step waits for). NCCL is
+    its kernels and the peer-to-peer copies of its copy-engine collectives (`peer_copies`, no kernel).
     A collective's kernel runs from the moment its rank launches it until every rank has joined, so
     NCCL time per step includes waiting for the slowest rank: across ranks, it tells who waits and
-    who is waited for. {} without NCCL kernels (a run on one GPU)."""
-    comm = np.isin(kernels["name"], nccl_names)
+    who is waited for. {} without communication (a run on one GPU)."""
+    comm = np.concatenate([np.isin(kernels["name"], nccl_names), np.ones(len(peer_copies), bool)])
     if not comm.any():
         return {}
-    order = np.argsort(kernels["start"], kind="stable")
-    start, end, comm = kernels["start"][order], kernels["end"][order], comm[order]
+    start = np.concatenate([kernels["start"], peer_copies["start"]])
+    end = np.concatenate([kernels["end"], peer_copies["end"]])
+    order = np.argsort(start, kind="stable")
+    start, end, comm = start[order], end[order], comm[order]
     compute_ns = union_ns(start[~comm], end[~comm])
     exposed_ns = union_ns(start, end) - compute_ns
     durations = end - start

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+from ghsweep.profile import kernel_kinds
+from ghsweep.profile.engine import PEER_COPY_KIND
 from ghsweep.profile.run_analysis import full_analysis, rank_analysis
 from ghsweep.profile.scaling import COMPONENTS, decompose, pairs, table
-from tests.profile.planted import GEMMS, ONE, RANKS, STEPS, planted_rank, write_nsys
+from tests.profile.planted import GEMMS, ONE, RANKS, STEPS, Run, planted_rank, write_nsys
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,35 @@ def test_decomposition_matches_the_plant_and_sums_to_the_difference(scaled):
     top = {k["name"]: k for k in d["kernels"]}
     assert top["nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"]["delta_ms"] == pytest.approx(d["slower_compute_ms"])
     assert top["fsdp_cast_kernel"]["ms_1"] == 0 and top["fsdp_cast_kernel"]["ms_n"] == pytest.approx(0.04)
+
+
+def on_the_copy_engines(run: Run) -> Run:
+    """`run` with each NCCL kernel replaced by a peer-to-peer copy at the same times: NCCL's copy-engine
+    collectives (FSDP2's all-gather under backend.fsdp_all_gather=copy_engine) launch no kernel."""
+    collectives = [k for k in run.kernels if kernel_kinds.is_nccl(k[2])]
+    run.kernels = [k for k in run.kernels if not kernel_kinds.is_nccl(k[2])]
+    run.copies += [(s, e, 64 << 20, PEER_COPY_KIND, 2, 2, c) for s, e, _, c in collectives]
+    return run
+
+
+def test_collectives_on_the_copy_engines_are_communication_as_nccls_kernels_are(scaled, tmp_path):
+    """The same run with its collectives as copies instead of kernels splits the same way: its tail
+    collective is exposed communication, not added work, and the ones beside the GEMMs cost nothing."""
+    one, on_the_sms = scaled
+    paths = [
+        write_nsys(on_the_copy_engines(planted_rank(**r)), tmp_path / f"profile_rank{i}.sqlite")
+        for i, r in enumerate(RANKS)
+    ]
+    copied = rank_analysis(paths, None, 2)
+    d, as_kernels = decompose(one, copied), decompose(one, on_the_sms)
+    assert {key: d[key] for key, _ in COMPONENTS} == pytest.approx({key: as_kernels[key] for key, _ in COMPONENTS})
+    assert d["exposed_comm_ms"] == pytest.approx(300 / 1e3, abs=1e-6) and d["added_work_ms"] == pytest.approx(0.04)
+    families = {f["family"]: f["run_ms"] for f in d["by_family"]}
+    collectives_ms = next(f["run_ms"] for f in as_kernels["by_family"] if f["family"] == "NCCL AllReduce bf16")
+    assert families[kernel_kinds.PEER_COPIES_FAMILY] == pytest.approx(collectives_ms) and "copies" not in families
+    for rank, kernels_rank in zip(copied.ranks, on_the_sms.ranks):
+        for metric in ("exposed_nccl_pct", "nccl_time_pct"):
+            assert rank[metric] == pytest.approx(kernels_rank[metric]) and rank[metric] > 0
 
 
 def test_the_imbalance_is_the_straggler_and_the_findings_agree(scaled):

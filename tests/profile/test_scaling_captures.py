@@ -5,6 +5,8 @@ here on a planted sweep, and on the real two-GPU capture in SCALING_DATA."""
 from __future__ import annotations
 
 import json
+import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # The real capture: Llama-2-7B shape, seq 4096, LoRA (DDP) and full (FSDP2) bf16 on 1 and 2 GPUs, made with
 #   OUT=results PROFILES=tests/data/profiles/scaling_7b_2gpu bash benchmarks/h200x2_scaling.sh
 SCALING_DATA = ROOT / "tests" / "data" / "profiles" / "scaling_7b_2gpu"
+# Full fine-tuning on the defaults since backend.fsdp_all_gather=auto: the all-gathers on the copy engines.
+COPY_ENGINE_DATA = ROOT / "tests" / "data" / "profiles" / "scaling_7b_2gpu_copy_engines"
 MEASURED_MS = {1: 10.0, 2: 11.5}  # a planted run's measured step by GPUs (its profiled steps differ)
 
 
@@ -138,3 +142,41 @@ def test_nccls_all_gather_kernels_beside_compute_point_to_the_copy_engines(real)
     assert lever.startswith("backend.fsdp_all_gather=copy_engine")
     asked = scale_out_finding(full, "x", {"backend.fsdp_all_gather": "copy_engine"}, None)
     assert "NCCL_MAX_CTAS" in asked.evidence["levers"]["slower_compute_ms"]
+
+
+def test_real_all_gathers_on_the_copy_engines_are_communication():
+    """FSDP2's all-gathers as NCCL's copy-engine collective: peer-to-peer copies, each rank receiving the
+    half of the bf16 weights it does not hold every step. They count as communication (not as work only
+    the two-GPU run has), and the lever for the slower compute is no longer the copy engines."""
+    kept = json.loads((COPY_ENGINE_DATA / "decomposition.json").read_text())["none"]
+    d = folder_decompositions(COPY_ENGINE_DATA)["none"]
+    for key, value in kept.items():  # the analysis reads the committed files as it did then
+        if isinstance(value, float):
+            assert d[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
+    assert sum(d[key] for key, _ in COMPONENTS) == pytest.approx(d["difference_ms"], abs=1e-6)
+    families = {f["family"]: f for f in d["by_family"]}
+    assert "NCCL AllGather" not in families and "NCCL ReduceScatter bf16" in families
+    peer_ms = families[kernel_kinds.PEER_COPIES_FAMILY]["run_ms"]
+    assert families[kernel_kinds.PEER_COPIES_FAMILY]["baseline_ms"] == 0 and peer_ms > 10
+    # Work only the two-GPU run has: FSDP2's copies and casts, less AdamW over half the weights; not the gathers.
+    assert d["added_work_ms"] < families["copies"]["delta_ms"] < peer_ms
+    with tempfile.TemporaryDirectory() as tmp:
+        a = folder_analysis(COPY_ENGINE_DATA / "none_2gpu", Path(tmp))
+        params = json.loads((COPY_ENGINE_DATA / "none_2gpu" / SUMMARY).read_text())["info"]["params_total"]
+        for path in sorted((Path(tmp) / "none_2gpu").glob("*.sqlite")):
+            window = full_analysis(path).window
+            with sqlite3.connect(path) as con:
+                (moved,) = con.execute(
+                    "SELECT SUM(bytes) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 10 AND start >= ? AND end <= ?",
+                    (window["start_ns"], window["end_ns"]),
+                ).fetchone()
+            assert moved / len(window["steps"]) == params * 2 // 2  # bf16 bytes, from the one other rank
+    # The run's NCCL metrics count the copies with NCCL's kernels, as the decomposition does.
+    communication_ms = sum(
+        f["run_ms"]
+        for name, f in families.items()
+        if name.startswith("NCCL") or name == kernel_kinds.PEER_COPIES_FAMILY
+    )
+    assert statistics.fmean(r["nccl_ms_per_step"] for r in a.ranks) == pytest.approx(communication_ms, rel=1e-3)
+    lever = scale_out_finding(d, "peft=none", {"peft": "none"}, None).evidence["levers"]["slower_compute_ms"]
+    assert "NCCL_MAX_CTAS" in lever
