@@ -6,8 +6,8 @@ Each run's mean steady step splits exactly (engine.time_per_step, per rank; a ru
 is the mean over its ranks) into compute busy + exposed communication + idle, and compute busy = the
 sum of the time by name of the operations that are not communication - their overlap across streams.
 Communication is NCCL's kernels and the peer-to-peer copies of its copy-engine collectives
-(kernel_kinds.is_communication). The difference of the two
-runs' steps then splits, without remainder, into PARTS (ms per step, run - baseline):
+(kernel_kinds.is_communication). The difference of the two runs' steps then splits, without
+remainder, into PARTS (ms per step, run - baseline):
 
 - slower_compute: the same kernels (by function name; Inductor's generated kernels without their
   per-graph index, kernel_kinds.kernel_family) taking longer (+) or shorter (-);
@@ -24,9 +24,8 @@ runs' steps then splits, without remainder, into PARTS (ms per step, run - basel
 
 `by_family` tells the same kernel time by family (kernel_kinds.step_family: bf16 / fp8 GEMMs,
 attention, fused elementwise / casts, optimizer, each NCCL collective, peer-to-peer copies, copies,
-other), so runs
-whose kernels have other generated names still line up. Family times are summed kernel time, so
-they need not add up to the difference (overlap and idle are not kernels); the parts do.
+other), so runs whose kernels have other generated names still line up. Family times are summed
+kernel time, so they need not add up to the difference (overlap and idle are not kernels); the parts do.
 """
 
 from __future__ import annotations

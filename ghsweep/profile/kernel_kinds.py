@@ -52,8 +52,6 @@ NCCL_COLLECTIVE = re.compile(
     r"nccl\w*?Kernel_(?P<collective>[A-Za-z]+)(?:_\w*?(?P<dtype>bf16|f16|f32|f64|[iu]8|[iu]32|[iu]64|f8e4m3|f8e5m2))?"
 )
 ELEMENTWISE_FAMILY = "fused elementwise / casts"
-
-
 PEER_COPIES_FAMILY = "peer-to-peer copies"
 
 
