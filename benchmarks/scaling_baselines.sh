@@ -29,13 +29,12 @@ import json, sys
 from pathlib import Path
 sys.path.insert(0, "benchmarks")
 from scaling import rows
-from ghsweep.report.compare import WORLD_KEYS
 
 work, out = Path(sys.argv[1]), Path(sys.argv[2])
 names = ["alone_before", "side_by_side_gpu0", "side_by_side_gpu1", "two_gpus", "alone_after"]
 sweeps = {n: rows(work / n) for n in names}
 out.write_text(json.dumps(sweeps, indent=2))
-def combo(run): return " ".join(o for o in run["overrides"] if not o.startswith(WORLD_KEYS) and "sweep" not in o and "compile_cache" not in o and o.startswith("peft"))
+def combo(run): return " ".join(o for o in run["overrides"] if o.startswith("peft"))  # the combinations differ by peft
 def per_gpu(name, c):
     found = [r["tokens_per_s_per_gpu"] for r in sweeps[name] if combo(r) == c and r["status"] == "FINISHED"]
     return found[0] if found else None

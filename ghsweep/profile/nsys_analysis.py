@@ -290,12 +290,16 @@ def _analyze_nsys(con, path: Path) -> dict:
     line = window_timeline(dev.ops, window)
     gap_info = gap_block(line, nsys_gap_evidence(con, schema, line.long_gaps, pid, device, window), n_steps)
 
-    inside = (
-        (kernels["pid"] == pid)
-        & (kernels["dev"] == device)
-        & (kernels["start"] >= window[0])
-        & (kernels["end"] <= window[1])
-    )
+    def inside_of(table: db.Table) -> np.ndarray:
+        """The main process's operations on its device that lie within the window."""
+        return (
+            (table["pid"] == pid)
+            & (table["dev"] == device)
+            & (table["start"] >= window[0])
+            & (table["end"] <= window[1])
+        )
+
+    inside = inside_of(kernels)
     groups = db.kernel_groups(con, kernels, inside)
     k_n, k_ns = groups["count"], groups["total_ns"]
     c_n, c_ns, c_b = db.sums(con, db.MEMCPY, params) if schema.has(db.MEMCPY) else (0, 0, 0)
@@ -307,10 +311,9 @@ def _analyze_nsys(con, path: Path) -> dict:
         else (0, 0)
     )
     copies = dev.tables[1]
-    peer = (copies["copy_kind"] == PEER_COPY_KIND) & (copies["pid"] == pid) & (copies["dev"] == device)
-    peer &= (copies["start"] >= window[0]) & (copies["end"] <= window[1])
+    peer_copies = copies.where(inside_of(copies) & (copies["copy_kind"] == PEER_COPY_KIND))
     communication = nccl_communication(
-        kernels.where(inside), db.names_like(con, ("%nccl%",)), copies.where(peer), span, n_steps
+        kernels.where(inside), db.names_like(con, ("%nccl%",)), peer_copies, span, n_steps
     )
     return {
         "source": {"path": str(path), "kind": "nsys", **info},

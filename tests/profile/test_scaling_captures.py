@@ -87,15 +87,24 @@ def real() -> dict[str, dict]:
     return json.loads((SCALING_DATA / "decomposition.json").read_text())
 
 
-def test_real_decomposition_sums_to_the_measured_difference(real):
-    assert set(real) >= {"lora", "none"}  # peft=lora (DDP) and peft=none (full, FSDP2)
-    again = folder_decompositions(SCALING_DATA)
+def analysed_as_committed(data: Path) -> dict[str, dict]:
+    """The decompositions of the captures in `data`, checked to sum to their differences and to be
+    what its decomposition.json kept (the analysis reads the committed files as it did then)."""
+    kept = json.loads((data / "decomposition.json").read_text())
+    again = folder_decompositions(data)
+    assert set(again) == set(kept)
     for combination, d in again.items():
         assert sum(d[key] for key, _ in COMPONENTS) == pytest.approx(d["difference_ms"], abs=1e-6)
         assert d["efficiency"] == pytest.approx(d["step_1_ms"] / d["step_n_ms"])
-        for key, value in real[combination].items():  # the analysis reads the committed files as it did then
+        for key, value in kept[combination].items():
             if isinstance(value, float):
                 assert d[key] == pytest.approx(value, rel=1e-9, abs=1e-9), (combination, key)
+    return again
+
+
+def test_real_decomposition_sums_to_the_measured_difference(real):
+    assert set(real) >= {"lora", "none"}  # peft=lora (DDP) and peft=none (full, FSDP2)
+    analysed_as_committed(SCALING_DATA)
 
 
 @pytest.mark.parametrize("combination", ["lora", "none"])
@@ -148,12 +157,7 @@ def test_real_all_gathers_on_the_copy_engines_are_communication():
     """FSDP2's all-gathers as NCCL's copy-engine collective: peer-to-peer copies, each rank receiving the
     half of the bf16 weights it does not hold every step. They count as communication (not as work only
     the two-GPU run has), and the lever for the slower compute is no longer the copy engines."""
-    kept = json.loads((COPY_ENGINE_DATA / "decomposition.json").read_text())["none"]
-    d = folder_decompositions(COPY_ENGINE_DATA)["none"]
-    for key, value in kept.items():  # the analysis reads the committed files as it did then
-        if isinstance(value, float):
-            assert d[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
-    assert sum(d[key] for key, _ in COMPONENTS) == pytest.approx(d["difference_ms"], abs=1e-6)
+    d = analysed_as_committed(COPY_ENGINE_DATA)["none"]
     families = {f["family"]: f for f in d["by_family"]}
     assert "NCCL AllGather" not in families and "NCCL ReduceScatter bf16" in families
     peer_ms = families[kernel_kinds.PEER_COPIES_FAMILY]["run_ms"]
