@@ -1,7 +1,8 @@
 """The pre-imported worker: `python -m ghsweep.train.warm_worker FD` imports what training needs once
-(torch, transformers, peft, torchao: most of a worker's start), then forks one worker per request on
-the Unix socket FD. A sweep that runs its combinations one after another in its own process starts
-one (ghsweep.launch.warm_worker_client.WarmWorker) and skips those imports from its first combination on.
+(torch, transformers, peft, torchao: most of a worker's start) and warms peft's first wrap, then forks
+one worker per request on the Unix socket FD. A sweep that runs its combinations one after another in
+its own process starts one (ghsweep.launch.warm_worker_client.WarmWorker) and skips those imports from
+its first combination on.
 
 Each forked worker is what `python -m ghsweep.train.worker RUN_DIR` would be: a process of its own in
 a session of its own (a timeout kills its process group, a crash takes down only its run), with the
@@ -125,7 +126,8 @@ def gpu_questions_answered_by_nvml(gpu: GpuInfo | None) -> Iterator[None]:
 
 
 def import_training() -> str | None:
-    """Import what a worker of the default backend imports; why a forked worker could not use them, or None."""
+    """Import what a worker of the default backend imports, and build what peft builds at its first wrap
+    (model.warm_peft); why a forked worker could not use them, or None."""
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # before torch's import
     try:
         from ghsweep.train import worker
@@ -135,10 +137,11 @@ def import_training() -> str | None:
 
         gpu = probe_gpu()
         with gpu_questions_answered_by_nvml(gpu):
-            from ghsweep.train import fp8, torch_train  # noqa: F401 (imported for the workers forked from here)
+            from ghsweep.train import fp8, model, torch_train  # noqa: F401 (imported for the workers forked from here)
 
             for module in LIBRARY_MODULES + (COMPILER_MODULES if gpu else ()):
                 importlib.import_module(module)
+            model.warm_peft()
     except Exception as exc:
         return f"importing the training modules failed: {type(exc).__name__}: {exc}"
     if torch.cuda.is_initialized():
