@@ -44,9 +44,13 @@ def quantise(y: torch.Tensor, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor
     return (y.float() * scale).clamp(-MAX, MAX).to(E4M3), scale.reciprocal()
 
 
+def rms_norm(h: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+    return (h.float() * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(h.dtype) * gain
+
+
 def norm_then_quantise(h: torch.Tensor, gain: torch.Tensor, rowwise: bool):
     """An RMSNorm's bf16 output (kept: LoRA's adapters read it) and its fp8 copy."""
-    y = (h.float() * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(h.dtype) * gain
+    y = rms_norm(h, gain)
     return y, *quantise(y, rowwise)
 
 
@@ -71,10 +75,8 @@ def variants() -> dict[str, Callable[[], object]]:
         for rowwise in (False, True):
             fn = torch.compile(lambda h, g, rowwise=rowwise: norm_then_quantise(h, g, rowwise))
             out[f"norm+quantise {k} {'rowwise' if rowwise else 'tensorwise'}"] = lambda fn=fn, h=h, g=gain: fn(h, g)
-        out[f"norm {k} alone (bf16)"] = torch.compile(
-            lambda h=h, g=gain: (h.float() * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(h.dtype)
-            * g
-        )
+        norm = torch.compile(rms_norm)
+        out[f"norm {k} alone (bf16)"] = lambda norm=norm, h=h, g=gain: norm(h, g)
     return out
 
 

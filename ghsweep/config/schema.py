@@ -381,7 +381,7 @@ def capture_steps(capture: CaptureSchema, steps: int) -> range:
 
 
 # LoRA's knobs: what peft=lora carries and peft=none must not.
-LORA_KEYS = ("r", "alpha", "dropout", "target_modules", "adapter_gemms")
+LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
 
 
 @dataclass
@@ -391,15 +391,10 @@ class PeftSchema(ConfigSection):
     alpha: Carried[PositiveNumber]
     dropout: Carried[Annotated[float, Range(0, 1, high_inclusive=False)]]
     target_modules: Carried[list[str]]  # linear modules of the model's arch (LINEAR_MODULES)
-    # backend=torch: the adapters' GEMMs joined to the base layer's, peft's own, or joined where they can be.
-    adapter_gemms: Carried[Literal["auto", "joined", "separate"]]
 
-    def check(
-        self, composed: frozenset[str], arch: str, source: str, precision: str, backend: BackendSchema
-    ) -> None:
+    def check(self, composed: frozenset[str], arch: str, source: str) -> None:
         """`composed`: the keys the composed section sets; `arch`: the trained model's architecture
-        (`source` names the model); `precision` and `backend`: the run's, which adapter_gemms=joined needs to
-        be torch's loop over plain bf16 or fp32 layers."""
+        (`source` names the model)."""
         check("peft", self.name)
         if self.name == "none":
             # LoRA's keys set with peft=none would be ignored: the run would not be the one asked for.
@@ -421,22 +416,6 @@ class PeftSchema(ConfigSection):
                     f"peft.target_modules: {target!r} is not a linear module of {source} ({arch}); "
                     f"accepted: {accepted(available)}"
                 )
-        if self.adapter_gemms == "joined":
-            self._check_joined(precision, backend)
-
-    def _check_joined(self, precision: str, backend: BackendSchema) -> None:
-        # What lora_joined.why_not_joined would find in the built model, said before any GPU time.
-        why_not = None
-        if carried(self.dropout, "peft.dropout") > 0:
-            why_not = f"peft.dropout={self.dropout} drops A's input alone, which the base GEMM also reads; needs 0"
-        elif precision not in ("bf16", "fp32"):
-            why_not = f"precision={precision} computes the base in another dtype than the adapters; needs bf16 or fp32"
-        elif backend.name != "torch":
-            why_not = f"backend={backend.name} computes LoRA itself; only backend=torch joins the GEMMs"
-        elif backend.data_parallel == "fsdp":
-            why_not = "backend.data_parallel=fsdp shards the adapters apart from the base weights; needs ddp or auto"
-        if why_not:
-            raise ConfigError(f"peft.adapter_gemms=joined: {why_not}; accepted here: auto, separate")
 
 
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)

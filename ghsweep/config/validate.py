@@ -60,7 +60,7 @@ def validate(cfg: DictConfig, gpu: GpuInfo | None) -> ConfigSchema:
     check("repeat", config.repeat)
     config.system_metrics.check()
     config.train.check(model.source, model.max_position_embeddings, device, on_gpu, config.data, config.precision.name)
-    config.peft.check(composed_keys(cfg.peft), model.arch, model.source, config.precision.name, config.backend)
+    config.peft.check(composed_keys(cfg.peft), model.arch, model.source)
     config.precision.check(composed_keys(cfg.precision), device, on_gpu, gpu)
     config.offload.check(model.source, model.num_layers)
     in_container = config.container is not None and config.container.image is not None

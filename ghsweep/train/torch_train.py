@@ -40,7 +40,6 @@ from ghsweep.train.device import peak_memory_gib
 from ghsweep.train.flops import ModelShape, run_flops_per_token
 from ghsweep.train.fp8_cached import TrainedFp8Linear
 from ghsweep.train.gc_pauses import GcPauses
-from ghsweep.train.lora_joined import JoinedLoraLinear, join_adapters, refresh
 from ghsweep.train.loss import causal_lm_loss
 from ghsweep.train.memory_record import PeakBreakdown
 from ghsweep.train.model import apply_peft, build_model, count_parameters
@@ -72,7 +71,6 @@ class Model:
     reduce_dtype: str | None  # fp32 | param (what gradients are summed in) with several ranks, else None
     fp8_library: str | None
     fp8_layers: list[TrainedFp8Linear]  # trained weights whose fp8 copies each optimizer step remakes
-    joined_lora: list[JoinedLoraLinear]  # LoRA layers whose adapters' copies each optimizer step remakes
     offload: ActivationOffload | None
 
     def trained_parameters(self) -> list[nn.Parameter]:
@@ -83,8 +81,7 @@ class Model:
 class OptimizerStep:
     """One optimizer step after backward: AdamW (`kind`, see optimizer.optimizer_for) with its schedule, or
     (train.optimizer_in_backward) the end of the per-tensor AdamW steps that ran during backward; then
-    the fp8 copies of `fp8_layers`' weights that the optimizer's kernel did not write, and the copies of
-    `joined_lora`'s adapters in their joined GEMMs' buffers."""
+    the fp8 copies of `fp8_layers`' weights that the optimizer's kernel did not write."""
 
     def __init__(
         self,
@@ -94,10 +91,9 @@ class OptimizerStep:
         precision: Precision,
         kind: str,
         fp8_layers: list[TrainedFp8Linear],
-        joined_lora: list[JoinedLoraLinear],
     ):
         self._trained, self._grad_clip, self._precision = trained, train.grad_clip, precision
-        self._fp8_layers, self._joined_lora, self._steps = fp8_layers, joined_lora, 0
+        self._fp8_layers, self._steps = fp8_layers, 0
         self._in_backward = AdamStepsInBackward(trained, train, device, kind) if train.optimizer_in_backward else None
         if self._in_backward is None:
             self._optimizer, self._schedule = make_optimizer(trained, train, device, kind)
@@ -119,7 +115,6 @@ class OptimizerStep:
         for layer in self._fp8_layers:
             if layer.casts < self._steps:
                 layer.cast()
-        refresh(self._joined_lora)
 
 
 def compile_settings(activation_memory_budget: float, device: torch.device) -> dict[str, Any]:
@@ -206,7 +201,7 @@ def _train(
     loader = make_loader(config, dataset, ranks, device)
     setup.done("data_s")
     optimizer_step = OptimizerStep(
-        model.trained_parameters(), config.train, device, precision, optimizer, model.fp8_layers, model.joined_lora
+        model.trained_parameters(), config.train, device, precision, optimizer, model.fp8_layers
     )
     setup.done("optimizer_s")
     # The global batch: every rank trains micro_batch_size blocks per step.
@@ -303,8 +298,6 @@ def _train(
         info["offload_gb_per_step"] = model.offload.bytes_offloaded / 2**30 / step
     if model.fp8_library:
         info["fp8_library"] = model.fp8_library
-    if config.peft.name == "lora":
-        info["lora_adapter_gemms"] = "joined" if model.joined_lora else "separate"
     if breakdown:
         metrics |= breakdown.metrics(
             peak_gib,
@@ -379,20 +372,17 @@ def build(
     # transformers' LlamaForCausalLM, in peft's LoRA wrapper with peft=lora: attributes typed by neither.
     hf_model: Any = apply_peft(base, config.peft, precision.trained_dtype)
     params = count_parameters(hf_model)
-    fsdp = plan.data_parallel == "fsdp" and ranks.world_size > 1
     fp8_library = None
     if precision.name == "fp8":
         from ghsweep.train.fp8 import apply_fp8
 
+        fsdp = plan.data_parallel == "fsdp" and ranks.world_size > 1
         # torchao's fp8 all-gather wraps the trained weights in a tensor subclass that torch.compile, and so
         # torchao's own AdamW, cannot step; FSDP2 then gathers them in bf16.
         fp8_library = apply_fp8(
             hf_model, config.precision, precision, fsdp_sharded=fsdp, fsdp_all_gather=fsdp and optimizer == "adamw"
         )
     fp8_layers = [m for m in hf_model.modules() if isinstance(m, TrainedFp8Linear)]
-    # FSDP2 would shard the adapters apart from the buffer that holds their copies beside the base weights
-    # (adapter_gemms=joined with FSDP2 is refused before the run).
-    joined_lora = join_adapters(hf_model, "separate" if not lora or fsdp else config.peft.adapter_gemms)
     hf_model.train()
 
     causal_lm = hf_model.get_base_model() if lora else hf_model
@@ -424,7 +414,6 @@ def build(
         reduce_dtype,
         fp8_library,
         fp8_layers,
-        joined_lora,
         offload,
     )
 

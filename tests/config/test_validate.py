@@ -275,27 +275,3 @@ def test_null_set_where_the_option_carries_no_such_knob_is_refused(override, ref
     options = ("backend=torch", "precision=bf16", "peft=none", "profile=none")
     validate(composed(*options), None)
     assert error_of(composed(*options, override)).startswith(refused)
-
-
-@pytest.mark.parametrize(
-    ("overrides", "gpu", "named"),
-    [
-        (["peft.dropout=0.1"], None, "peft.dropout=0.1"),
-        (["precision=fp16"], None, "precision=fp16"),
-        (["precision=fp8"], H100, "precision=fp8"),
-        (["backend.data_parallel=fsdp"], None, "backend.data_parallel=fsdp"),
-    ],
-)
-def test_joined_adapter_gemms_are_refused_where_they_cannot_be_joined(overrides, gpu, named):
-    msg = error_of(composed("peft.adapter_gemms=joined", *overrides), gpu)
-    assert msg.startswith("peft.adapter_gemms=joined:") and named in msg and "accepted here: auto, separate" in msg
-    # auto joins where it can and leaves these layers to peft: the same settings are valid with it.
-    validate(composed(*overrides), gpu)
-
-
-def test_adapter_gemms_takes_its_three_values_and_lora_only():
-    msg = error_of(composed("peft.adapter_gemms=fused"))
-    assert msg.startswith("peft.adapter_gemms=fused:") and "auto, joined, separate" in msg
-    msg = error_of(composed("peft=none", "+peft.adapter_gemms=joined"))
-    assert msg.startswith("peft.adapter_gemms=joined:") and "peft=lora" in msg
-    validate(composed("peft.adapter_gemms=joined"), None)

@@ -185,7 +185,6 @@ def test_every_optimizer_step_remakes_the_fp8_copies_of_the_weights_it_stepped(k
         Precision(compose_typed("precision=bf16").precision, torch.device("cpu")),
         kind,
         layers,
-        [],
     )
     for step in (1, 2):
         before = [p.detach().clone() for p in model.parameters()]
