@@ -37,7 +37,10 @@ def _quantise(
     largest value. The arithmetic is torchao's (amax_to_scale, then a saturated cast of x * 1/scale in
     fp32), so the fp8 bytes are the ones torchao's tensorwise recipe makes."""
     if amax is None:
-        amax = x.abs().amax()
+        # Each row's amax, then theirs: the same number, which Inductor reduces in the kernel that makes the row,
+        # where a reduction over the whole tensor took a pass of its own. One H200, 4096 tokens, compiled
+        # (benchmarks/fp8_scaling.py): SiLU(gate) * up of 11,008 columns quantised 0.291 -> 0.150 ms.
+        amax = x.abs().amax(dim=-1).amax()
     inverse = (torch.finfo(dtype).max / amax.double().clamp(min=1e-12)).float()
     x8 = (x.float() * inverse).clamp(torch.finfo(dtype).min, torch.finfo(dtype).max).to(dtype)
     return x8, inverse.reciprocal()

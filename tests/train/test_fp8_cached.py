@@ -159,3 +159,17 @@ def test_a_compiled_fp8_layer_is_kept_by_aotautograd_s_cache_for_the_next_worker
     assert first["cache"].get("autograd_cache_saved") == 1 and "autograd_cache_bypass" not in first["cache"], first
     assert second["cache"].get("autograd_cache_hit") == 1, second
     assert second["grad"] == first["grad"]
+
+
+def test_the_amax_taken_by_rows_is_the_tensor_s_and_quantises_the_same_bytes():
+    """_quantise reduces each row first (for Inductor's sake): max is exact, so the scale and the fp8 bytes
+    are those of one reduction over the whole tensor, for activations (E4M3) and gradients (E5M2)."""
+    from ghsweep.train.fp8_cached import E5M2, _quantise
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 300, dtype=torch.bfloat16) * torch.logspace(-3, 3, 300, dtype=torch.bfloat16)
+    for dtype in (E4M3, E5M2):
+        got, scale = _quantise(x, dtype)
+        expected, expected_scale = _quantise(x, dtype, x.abs().amax())
+        assert torch.equal(scale, expected_scale)
+        assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
