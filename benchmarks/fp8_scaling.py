@@ -24,6 +24,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from ghsweep.bench.optimizer_step import mean_ms
+
 TOKENS = 4096
 # (in, out) of the base GEMMs: q/k/v/o, gate/up, down.
 SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096)]
@@ -31,17 +33,6 @@ ROUNDS = 5
 CALLS = 20  # per timing, back to back
 E4M3 = torch.float8_e4m3fn
 MAX = torch.finfo(E4M3).max
-
-
-def timed_ms(fn: Callable[[], object]) -> float:
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(CALLS):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / CALLS
 
 
 def rms_norm(h: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
@@ -118,7 +109,7 @@ def main(out_path: str) -> None:
     times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(ROUNDS):
         for name, fn in cases.items():
-            times[name].append(timed_ms(fn))
+            times[name].append(mean_ms(fn, torch.device("cuda"), warmup=1, steps=CALLS))
     card = torch.cuda.get_device_name()
     result = {
         "command": f"python benchmarks/fp8_scaling.py {out_path}",
