@@ -381,7 +381,7 @@ def capture_steps(capture: CaptureSchema, steps: int) -> range:
 
 
 # LoRA's knobs: what peft=lora carries and peft=none must not.
-LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
+LORA_KEYS = ("r", "alpha", "dropout", "target_modules", "adapter_gemms")
 
 
 @dataclass
@@ -391,6 +391,8 @@ class PeftSchema(ConfigSection):
     alpha: Carried[PositiveNumber]
     dropout: Carried[Annotated[float, Range(0, 1, high_inclusive=False)]]
     target_modules: Carried[list[str]]  # linear modules of the model's arch (LINEAR_MODULES)
+    # The A GEMMs of one input as one GEMM where the layers compile (backend=torch), or peft's apart.
+    adapter_gemms: Carried[Literal["grouped", "separate"]]
 
     def check(self, composed: frozenset[str], arch: str, source: str) -> None:
         """`composed`: the keys the composed section sets; `arch`: the trained model's architecture

@@ -15,6 +15,7 @@ rank 0 writes the records.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 from ghsweep.capture.torch_capture import torch_capture
-from ghsweep.config.schema import ConfigSchema, TrainSchema
+from ghsweep.config.schema import ConfigSchema, PeftSchema, TrainSchema
 from ghsweep.core.atomic import wait_for_file
 from ghsweep.core.run_dir import METRICS
 from ghsweep.core.run_plan import RunPlan
@@ -141,6 +142,18 @@ def compile_settings(activation_memory_budget: float, device: torch.device) -> d
     return settings
 
 
+def adapter_gemms_grouped(peft: PeftSchema, compiled: bool) -> contextlib.AbstractContextManager:
+    """torch.compile's pass that makes LoRA's A GEMMs of one input one GEMM (adapter_gemms.py), where
+    peft.adapter_gemms=grouped and the layers compile; elsewhere nothing."""
+    if not (compiled and peft.name == "lora" and peft.adapter_gemms == "grouped"):
+        return contextlib.nullcontext()
+    import torch._inductor.config  # torch.compile imports it: only the setting is new
+
+    from ghsweep.train.adapter_gemms import GroupAdapterGemms
+
+    return torch._inductor.config.patch(pre_grad_custom_pass=GroupAdapterGemms())
+
+
 def compile_in_this_process() -> None:
     """Inductor compiles in the worker's own process rather than in its pool (a sidecar process and
     one worker process a core, up to 32), unless TORCHINDUCTOR_COMPILE_THREADS says otherwise. For
@@ -223,6 +236,7 @@ def _train(
         torch_capture(plan.profile, run_dir, device, window, ranks.rank) as profiler,
         # Read when each compiled region is first traced (in the first step): the budget and the cache.
         torch._functorch.config.patch(**compile_settings(config.train.activation_memory_budget, device)),
+        adapter_gemms_grouped(config.peft, model.compiled),
         GcPauses(config.train.gc_interval) as gc_pauses,
     ):
         batches = dolly.endless(loader)
@@ -298,6 +312,9 @@ def _train(
         info["offload_gb_per_step"] = model.offload.bytes_offloaded / 2**30 / step
     if model.fp8_library:
         info["fp8_library"] = model.fp8_library
+    if config.peft.name == "lora":
+        grouped = model.compiled and config.peft.adapter_gemms == "grouped"
+        info["lora_adapter_gemms"] = "grouped" if grouped else "separate"
     if breakdown:
         metrics |= breakdown.metrics(
             peak_gib,

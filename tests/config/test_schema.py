@@ -114,6 +114,11 @@ def test_every_rule_has_a_leaf():
         ("profile.nsys.trace", ["cuda", "gpu"], "profile.nsys.trace=gpu: not an accepted value; accepted: cuda, nvtx"),
         ("peft.dropout", 1, "peft.dropout=1: must be a number >= 0 and < 1"),
         (
+            "peft.adapter_gemms",
+            "joined",
+            "peft.adapter_gemms=joined: not an accepted value; accepted: grouped, separate",
+        ),
+        (
             "backend.recompute_granularity",
             "some",
             "backend.recompute_granularity=some: not an accepted value; accepted: null, selective, full",
