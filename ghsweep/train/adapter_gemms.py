@@ -29,20 +29,19 @@ LINEAR = (torch._C._nn.linear, torch.nn.functional.linear)
 THIN_RATIO = 16
 
 
-def _thin_trained_weight(node: fx.Node) -> fx.Node | None:
-    """The weight of `node` if it is a linear call without bias on a trained, thin weight, else None."""
+def _thin_trained_linear(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """(input, weight) of `node` if it is a linear call without bias on a trained, thin weight, else None."""
     if node.op != "call_function" or node.target not in LINEAR:
         return None
     args = list(node.args) + [None] * (3 - len(node.args))
-    weight = node.kwargs.get("weight", args[1])
-    bias = node.kwargs.get("bias", args[2])
-    if bias is not None or not isinstance(weight, fx.Node):
+    source, weight, bias = (node.kwargs.get(name, arg) for name, arg in zip(("input", "weight", "bias"), args))
+    if bias is not None or not isinstance(source, fx.Node) or not isinstance(weight, fx.Node):
         return None
     value = weight.meta.get("example_value")
     if not isinstance(value, torch.Tensor) or value.dim() != 2 or not value.requires_grad:
         return None
     rows, columns = value.shape
-    return weight if rows * THIN_RATIO <= columns else None
+    return (source, weight) if rows * THIN_RATIO <= columns else None
 
 
 def group_adapter_gemms(graph: fx.Graph) -> int:
@@ -50,9 +49,9 @@ def group_adapter_gemms(graph: fx.Graph) -> int:
     order = {node: index for index, node in enumerate(graph.nodes)}
     by_input: dict[fx.Node, list[tuple[fx.Node, fx.Node]]] = {}
     for node in graph.nodes:
-        weight = _thin_trained_weight(node)
-        source = node.kwargs.get("input", node.args[0] if node.args else None)
-        if weight is not None and isinstance(source, fx.Node):
+        operands = _thin_trained_linear(node)
+        if operands is not None:
+            source, weight = operands
             by_input.setdefault(source, []).append((node, weight))
     groups = 0
     for source, linears in by_input.items():

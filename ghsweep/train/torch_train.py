@@ -142,10 +142,16 @@ def compile_settings(activation_memory_budget: float, device: torch.device) -> d
     return settings
 
 
+def groups_adapter_gemms(peft: PeftSchema, compiled: bool) -> bool:
+    """Whether LoRA's A GEMMs of one input run as one GEMM (adapter_gemms.py): peft.adapter_gemms=grouped
+    where the layers compile."""
+    return compiled and peft.name == "lora" and peft.adapter_gemms == "grouped"
+
+
 def adapter_gemms_grouped(peft: PeftSchema, compiled: bool) -> contextlib.AbstractContextManager:
-    """torch.compile's pass that makes LoRA's A GEMMs of one input one GEMM (adapter_gemms.py), where
-    peft.adapter_gemms=grouped and the layers compile; elsewhere nothing."""
-    if not (compiled and peft.name == "lora" and peft.adapter_gemms == "grouped"):
+    """torch.compile's pass that makes LoRA's A GEMMs of one input one GEMM, where groups_adapter_gemms;
+    elsewhere nothing."""
+    if not groups_adapter_gemms(peft, compiled):
         return contextlib.nullcontext()
     import torch._inductor.config  # torch.compile imports it: only the setting is new
 
@@ -313,8 +319,7 @@ def _train(
     if model.fp8_library:
         info["fp8_library"] = model.fp8_library
     if config.peft.name == "lora":
-        grouped = model.compiled and config.peft.adapter_gemms == "grouped"
-        info["lora_adapter_gemms"] = "grouped" if grouped else "separate"
+        info["lora_adapter_gemms"] = "grouped" if groups_adapter_gemms(config.peft, model.compiled) else "separate"
     if breakdown:
         metrics |= breakdown.metrics(
             peak_gib,

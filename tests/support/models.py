@@ -58,3 +58,23 @@ def saved_hf_llama(folder: Path) -> Path:
     model.save_pretrained(folder)
     assert (folder / "model.safetensors").exists()
     return folder
+
+
+def tiny_lora_decoder(*overrides: str):
+    """The tiny Llama's decoder as training builds it on CPU in fp32, with the adapters of `overrides`'
+    peft group and non-zero B matrices, so that the adapters take part in outputs and gradients."""
+    import torch
+
+    from ghsweep.train.model import apply_peft, build_model
+    from ghsweep.train.tokenizer import ByteTokenizer
+    from tests.support.compose import compose_typed
+
+    torch.manual_seed(0)
+    config = compose_typed("model=tiny_llama", *overrides)
+    model, _ = build_model(config.model, ByteTokenizer(), torch.device("cpu"), torch.float32)
+    model = apply_peft(model, config.peft, torch.float32)
+    base = model.get_base_model() if config.peft.name == "lora" else model
+    for name, param in base.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.02)
+    return base.model

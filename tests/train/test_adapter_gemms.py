@@ -11,24 +11,9 @@ from torch import fx, nn
 
 from ghsweep.train import adapter_gemms
 from ghsweep.train.adapter_gemms import LINEAR, group_adapter_gemms
-from ghsweep.train.model import apply_peft, build_model
-from ghsweep.train.tokenizer import ByteTokenizer
 from ghsweep.train.torch_train import adapter_gemms_grouped
 from tests.support.compose import compose_typed
-
-
-def decoder_of(*overrides: str) -> nn.Module:
-    """The tiny Llama's decoder as training builds it (fp32, CPU), with non-zero B matrices so that the
-    adapters take part in outputs and gradients."""
-    torch.manual_seed(0)
-    config = compose_typed("model=tiny_llama", *overrides)
-    model, _ = build_model(config.model, ByteTokenizer(), torch.device("cpu"), torch.float32)
-    model = apply_peft(model, config.peft, torch.float32)
-    base = model.get_base_model() if config.peft.name == "lora" else model
-    for name, param in base.named_parameters():
-        if "lora_B" in name:
-            nn.init.normal_(param, std=0.02)
-    return base.model
+from tests.support.models import tiny_lora_decoder
 
 
 def layer_inputs(decoder: nn.Module) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
@@ -59,7 +44,7 @@ def linear_weights(graph: fx.GraphModule) -> list[tuple[int, ...]]:
 
 
 def test_the_a_gemms_of_one_input_become_one_that_computes_the_same():
-    decoder = decoder_of("peft=lora")
+    decoder = tiny_lora_decoder("peft=lora")
     x, embeddings = layer_inputs(decoder)
     graph, inputs = dynamo_graph(decoder.layers[0], x, embeddings)
     before = linear_weights(graph)
@@ -94,7 +79,7 @@ def test_the_a_gemms_of_one_input_become_one_that_computes_the_same():
     ],
 )
 def test_nothing_is_grouped_where_no_two_thin_trained_weights_share_an_input(overrides, why):
-    decoder = decoder_of(*overrides)
+    decoder = tiny_lora_decoder(*overrides)
     graph, _ = dynamo_graph(decoder.layers[0], *layer_inputs(decoder))
     before = linear_weights(graph)
     assert group_adapter_gemms(graph.graph) == 0, why
@@ -116,7 +101,7 @@ def test_compiled_layers_train_the_same_with_grouped_and_separate_adapter_gemms(
     monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
     monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
     config = compose_typed("model=tiny_llama", "peft=lora")
-    decoder = decoder_of("peft=lora")
+    decoder = tiny_lora_decoder("peft=lora")
     x, embeddings = layer_inputs(decoder)
     results = {}
     for choice in ("grouped", "separate"):

@@ -8,10 +8,8 @@ import copy
 import pytest
 import torch
 
-from ghsweep.train.model import apply_peft, build_model
-from ghsweep.train.tokenizer import ByteTokenizer
 from ghsweep.train.torch_train import compile_settings
-from tests.support.compose import compose_typed
+from tests.support.models import tiny_lora_decoder
 
 
 def saved_bytes_and_grads(layer: torch.nn.Module, budget: float, x: torch.Tensor, embeddings) -> tuple[int, list]:
@@ -37,15 +35,8 @@ def saved_bytes_and_grads(layer: torch.nn.Module, budget: float, x: torch.Tensor
 
 @pytest.mark.cli  # torch.compile runs the C++ compiler
 def test_lower_budget_saves_less_and_computes_the_same_gradients():
-    torch.manual_seed(0)
-    config = compose_typed("model=tiny_llama", "peft=lora")
-    model, _ = build_model(config.model, ByteTokenizer(), torch.device("cpu"), torch.float32)
-    model = apply_peft(model, config.peft, torch.float32)
-    decoder = model.get_base_model().model
-    for name, param in decoder.named_parameters():  # non-zero B matrices: the adapters take part
-        if "lora_B" in name:
-            torch.nn.init.normal_(param, std=0.02)
-    x = torch.randn(1, 256, config.model.hidden_size)
+    decoder = tiny_lora_decoder("peft=lora")
+    x = torch.randn(1, 256, decoder.config.hidden_size)
     embeddings = decoder.rotary_emb(x, torch.arange(256)[None])
     full_bytes, full_grads = saved_bytes_and_grads(decoder.layers[0], 1.0, x, embeddings)
     half_bytes, half_grads = saved_bytes_and_grads(decoder.layers[0], 0.5, x, embeddings)
