@@ -103,10 +103,6 @@ def composed_keys(node: DictConfig) -> frozenset[str]:
     return frozenset(keys)
 
 
-# train.attention's kernels that compute document masking only (ghsweep/train/packed_attention.py), on a GPU only.
-DOCUMENT_KERNELS = {"flex": "FlexAttention (no CPU backward)", "varlen": "varlen attention (flash kernels, CUDA only)"}
-
-
 @dataclass
 class TrainSchema(ConfigSection):
     max_steps: Annotated[int, Range(1)]
@@ -128,7 +124,7 @@ class TrainSchema(ConfigSection):
     # torch.compile's caches (ghsweep/train/compile_cache.py): a folder (relative: to the launch
     # directory) every node reads; null: TORCHINDUCTOR_CACHE_DIR's, else torch's own (one per machine)
     compile_cache_dir: str | None
-    attention: Literal["auto", "flex", "varlen", "cudnn", "flash", "efficient", "math"]  # ghsweep/train/packed_attention.py
+    attention: Literal["auto", "flex", "cudnn", "flash", "efficient", "math"]  # ghsweep/train/packed_attention.py
     activation_memory_budget: Ratio  # below 1.0 needs compiled layers
     optimizer: Literal["auto", "adamw", "adamw_sr", "adamw8bit"]  # ghsweep/train/optimizer.py
     optimizer_in_backward: bool  # not with precision=fp16
@@ -146,12 +142,11 @@ class TrainSchema(ConfigSection):
         """Against the trained model (`model_source` names it; `max_positions`: its longest sequence), the
         run's `device` setting and where it trains (`on_gpu`), its data and its `precision` option."""
         self.check_knobs("train")
-        if self.attention in DOCUMENT_KERNELS and (data.packing_mask != "document" or not on_gpu):
+        if self.attention == "flex" and (data.packing_mask != "document" or not on_gpu):
             raise ConfigError(
-                f"train.attention={self.attention}: {DOCUMENT_KERNELS[self.attention]} here needs "
-                f"data.packing_mask=document and a GPU; this run has data.packing_mask={data.packing_mask}, "
-                f"device={device}; accepted here: "
-                f"{accepted(a for a in choices('train.attention') if a not in DOCUMENT_KERNELS)}"
+                f"train.attention=flex: FlexAttention here needs data.packing_mask=document and a GPU (it has no "
+                f"CPU backward); this run has data.packing_mask={data.packing_mask}, device={device}; "
+                f"accepted here: {accepted(a for a in choices('train.attention') if a != 'flex')}"
             )
         if self.activation_memory_budget < 1 and not self.compiles(on_gpu):
             raise ConfigError(

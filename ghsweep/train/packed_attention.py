@@ -8,12 +8,10 @@ token of the block (as plain transformers training over a packed block).
 |---|---|---|
 | auto | flex on a GPU; dense on CPU (FlexAttention has no CPU backward) | SDPA, PyTorch's kernel choice |
 | flex | FlexAttention with a block mask: blocks of 128 x 128 tokens that cross documents are skipped | - |
-| varlen | torch's variable-length flash attention (FlashAttention-2 kernels): each document attended on its own | - |
 | cudnn, flash, efficient, math | SDPA with a dense (S x S) document mask, that SDPA kernel | SDPA, that kernel |
 
-The block mask (flex) or the documents' offsets (varlen) are built once per step from the batch's
-position ids (each example restarts at 0) and handed to every layer; no S x S mask is materialised on
-the GPU's default path.
+The block mask is built once per step from the batch's position ids (each example restarts at 0)
+and handed to every layer; no S x S mask is materialised on the GPU's default path.
 """
 
 from __future__ import annotations
@@ -38,10 +36,6 @@ def resolve(attention: str, packing_mask: str, device_type: str) -> str:
     if packing_mask == "document" and device_type == "cuda":
         return "flex"
     return "sdpa"
-
-
-# transformers' name for the varlen attention function this module registers (AttentionInterface).
-VARLEN = "ghsweep_varlen"
 
 
 def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
@@ -118,58 +112,6 @@ def document_block_mask(docs: torch.Tensor, device: torch.device | None = None) 
     )
 
 
-def document_offsets(position_ids: torch.Tensor) -> torch.Tensor:
-    """Where each document starts in the batch's tokens laid end to end, then their count (int32): the
-    cumulative lengths varlen attention takes. A row's first token starts a document whatever its position,
-    so no document runs from one row into the next."""
-    batch_size, seq = position_ids.shape
-    starts = position_ids == 0
-    starts[:, 0] = True
-    flat = torch.nonzero(starts.reshape(-1)).reshape(-1)
-    return torch.cat([flat, flat.new_tensor([batch_size * seq])]).to(torch.int32)
-
-
-def varlen_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """transformers' attention function for train.attention=varlen: causal attention within each document
-    (`cu_seq_lens_q`, document_offsets of the batch), every head on the documents' tokens laid end to end.
-
-    q, k and v come as (batch, heads, seq, dim) views of the projections' (batch, seq, heads * dim)
-    outputs, so laying the tokens end to end is a view, not a copy. `max_length_q` is the block's length,
-    not the longest document's: a value that changed each step would recompile the layers."""
-    from torch.nn.attention.varlen import varlen_attn
-
-    if dropout:
-        raise ValueError(f"train.attention=varlen: attention dropout {dropout} is not supported; accepted: 0")
-    batch_size, heads, seq, dim = query.shape
-
-    def tokens(t: torch.Tensor) -> torch.Tensor:
-        return t.transpose(1, 2).reshape(batch_size * seq, t.shape[1], dim)
-
-    offsets = kwargs["cu_seq_lens_q"]
-    out = varlen_attn(
-        tokens(query), tokens(key), tokens(value), offsets, offsets, seq, seq, scale=scaling, window_size=(-1, 0)
-    )
-    return out.view(batch_size, seq, heads, dim), None
-
-
-def _registered_varlen() -> str:
-    """VARLEN, registered with transformers (idempotent). A name transformers knows no mask function for
-    gets no mask (masking_utils): the offsets are the mask."""
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(VARLEN, varlen_attention)
-    return VARLEN
-
-
 def _moved(parts: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """`parts` (int32, or document ids that fit it) on `device`: from the host to a GPU as one pinned
     buffer copied without a wait, so the host goes on queueing the step while the copy runs."""
@@ -189,8 +131,6 @@ class PackedAttention:
     @property
     def hf_implementation(self) -> str:
         """transformers' attn_implementation for the model."""
-        if self.implementation == "varlen":
-            return _registered_varlen()
         return "flex_attention" if self.implementation == "flex" else "sdpa"
 
     def decoder_kwargs(self, positions: torch.Tensor, host_positions: torch.Tensor | None = None) -> dict[str, Any]:
@@ -198,16 +138,11 @@ class PackedAttention:
         the document mask, built from `host_positions` (the same positions on the host) where given."""
         if not self.document:
             return {}
-        on_host = positions if host_positions is None else host_positions
-        if self.implementation == "varlen":
-            (offsets,) = _moved([document_offsets(on_host)], positions.device)
-            # Its length (documents + 1) changes from step to step: compiled as a dynamic size from the start.
-            torch._dynamo.maybe_mark_dynamic(offsets, 0)
-            return {"position_ids": positions, "cu_seq_lens_q": offsets}
         if self.implementation != "flex":
             # transformers builds the dense block-diagonal mask from the restarting position ids.
             return {"position_ids": positions}
-        return {"position_ids": positions, "attention_mask": document_block_mask(document_ids(on_host), positions.device)}
+        docs = document_ids(positions if host_positions is None else host_positions)
+        return {"position_ids": positions, "attention_mask": document_block_mask(docs, positions.device)}
 
     def region(self) -> contextlib.AbstractContextManager:
         """A fresh context per step that pins SDPA to the chosen kernel (none for flex or auto)."""

@@ -85,45 +85,6 @@ def test_flex_document_masking_equals_examples_one_by_one_on_gpu():
 
 
 @pytest.mark.gpu
-def test_varlen_document_masking_equals_examples_one_by_one_on_gpu():
-    # Flash kernels compute in bf16 and fp16 only: the bf16 tolerance of flex's test above.
-    packed, alone = _packed_and_alone("varlen", torch.bfloat16, "cuda")
-    assert packed == pytest.approx(alone, rel=2e-2)
-
-
-def _packed_gradients(implementation: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Every weight's gradient of the loss over two packed rows, the documents masked by `implementation`."""
-    examples = _examples(8)
-    blocks = dolly.pack(iter(examples), seq_length=300, pad_id=TOK.pad_token_id)
-    rows = slice(0, 2)
-    packed_attention = attn.PackedAttention(implementation, "document")
-    model = _model(packed_attention.hf_implementation, dtype, "cuda")
-    positions = blocks.position_ids[rows]
-    with packed_attention.region():
-        hidden = model.model(
-            input_ids=blocks.input_ids[rows].cuda(),
-            use_cache=False,
-            **packed_attention.decoder_kwargs(positions.cuda(), positions),
-        )[0]
-        causal_lm_loss(hidden, model.lm_head.weight, blocks.labels[rows].cuda()).backward()
-    return {name: p.grad.float() for name, p in model.named_parameters()}
-
-
-@pytest.mark.gpu
-def test_varlen_gradients_are_as_close_to_fp32_as_flex():
-    # The same weights in bf16 through varlen and through flex, against fp32 with a dense document mask:
-    # varlen's gradients are no further from fp32 than flex's (bf16's own error, not a wrong mask).
-    reference = _packed_gradients("math", torch.float32)
-
-    def error(grads: dict[str, torch.Tensor]) -> float:
-        return max(float((grads[n] - g).norm() / g.norm()) for n, g in reference.items() if g.norm() > 0)
-
-    varlen, flex = error(_packed_gradients("varlen", torch.bfloat16)), error(_packed_gradients("flex", torch.bfloat16))
-    print(f"largest relative gradient error against fp32: varlen {varlen:.4f}, flex {flex:.4f}")
-    assert varlen < 0.05 and varlen < 1.5 * flex
-
-
-@pytest.mark.gpu
 def test_block_mask_built_on_the_host_is_the_one_built_on_the_gpu():
     # The training loop builds the mask from the host's copy of the positions and moves it in one copy.
     docs = _random_packing(torch.Generator().manual_seed(3), 2, 1500, 300)
@@ -140,29 +101,9 @@ def test_block_mask_built_on_the_host_is_the_one_built_on_the_gpu():
 
 def test_auto_picks_flex_for_documents_on_a_gpu_only():
     assert attn.resolve("auto", "document", "cuda") == "flex"
-    assert attn.resolve("varlen", "document", "cuda") == "varlen"
     assert attn.resolve("auto", "document", "cpu") == "sdpa"
     assert attn.resolve("auto", "causal", "cuda") == "sdpa"
     assert attn.resolve("cudnn", "document", "cuda") == "cudnn"
-
-
-def test_document_offsets_start_each_example_and_each_row():
-    # Row 1: examples of 3, 2 and 4 tokens; row 2 begins inside an example (a truncated one) at position 5.
-    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3], [5, 6, 0, 1, 2, 3, 4, 0, 1]])
-    offsets = attn.document_offsets(positions)
-    assert offsets.dtype == torch.int32
-    assert offsets.tolist() == [0, 3, 5, 9, 11, 16, 18]
-
-
-def test_varlen_hands_the_layers_the_offsets_and_transformers_the_registered_function():
-    from transformers import AttentionInterface
-
-    packed_attention = attn.PackedAttention("varlen", "document")
-    assert AttentionInterface()[packed_attention.hf_implementation] is attn.varlen_attention
-    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2]])
-    kwargs = packed_attention.decoder_kwargs(positions, positions)
-    assert set(kwargs) == {"position_ids", "cu_seq_lens_q"}
-    assert kwargs["cu_seq_lens_q"].tolist() == [0, 3, 5, 8]
 
 
 def test_document_ids_restart_at_each_example():
