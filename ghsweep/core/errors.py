@@ -68,8 +68,14 @@ class SweepDirUnwritable(SweepDirError):
 
 
 def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
+    """The message's first line. Where it ends in a colon, the next line too: an exception that wraps
+    another says whose it is there (torch.compile's "backend='inductor' raised:") and the cause after."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if lines[0].endswith(":") and len(lines) > 1:
+        return f"{lines[0]} {lines[1]}"
+    return lines[0]
 
 
 def one_line(exc: BaseException) -> str:

@@ -66,10 +66,13 @@ def group_adapter_gemms(graph: fx.Graph) -> int:
             continue
         values = [weight.meta["example_value"] for weight in weights]
         rows = [value.shape[0] for value in values]
-        # Later passes read each node's example value (fake tensors): the new nodes get theirs too.
-        stacked_value = torch.cat(values, dim=0)
-        fused_value = torch._C._nn.linear(source.meta["example_value"], stacked_value)
-        parts_value = torch.split(fused_value, rows, -1)
+        # Later passes read each node's example value (fake tensors): the new nodes get theirs too. Made
+        # without autograd: it would hand these fake tensors to the run's saved-tensor hooks, which the
+        # compile runs under (activation offload's read their storage).
+        with torch.no_grad():
+            stacked_value = torch.cat(values, dim=0)
+            fused_value = torch._C._nn.linear(source.meta["example_value"], stacked_value)
+            parts_value = torch.split(fused_value, rows, -1)
         with graph.inserting_before(first):
             stacked = graph.call_function(torch.cat, (weights,), {"dim": 0})
             fused = graph.call_function(torch._C._nn.linear, (source, stacked))

@@ -89,7 +89,15 @@ def test_nothing_is_grouped_where_no_two_thin_trained_weights_share_an_input(ove
 @pytest.mark.cli  # torch.compile runs the C++ compiler
 def test_compiled_layers_train_the_same_with_grouped_and_separate_adapter_gemms(monkeypatch):
     """The pass as training sets it (adapter_gemms_grouped), through Inductor: the same outputs and
-    gradients as peft's separate GEMMs; with separate, the pass is not set."""
+    gradients as peft's separate GEMMs; with separate, the pass is not set. The layers compile under
+    saved-tensor hooks that read each saved tensor's storage, as activation offload's do (offload=on):
+    the pass must not hand them its fake tensors."""
+    saved_storages: list[int] = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        saved_storages.append(tensor.untyped_storage().data_ptr())
+        return tensor
+
     groups_made: list[int] = []
 
     def counted(graph: fx.Graph) -> int:
@@ -113,11 +121,13 @@ def test_compiled_layers_train_the_same_with_grouped_and_separate_adapter_gemms(
         with adapter_gemms_grouped(peft, compiled=True):
             assert (torch._inductor.config.pre_grad_custom_pass is not None) == (choice == "grouped")
             xi = x.clone().requires_grad_()
-            out = layer(xi, position_embeddings=embeddings)
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                out = layer(xi, position_embeddings=embeddings)
             out = out[0] if isinstance(out, tuple) else out
             out.square().mean().backward()
         results[choice] = [out.detach(), xi.grad, *(p.grad for p in layer.parameters() if p.requires_grad)]
     assert torch._inductor.config.pre_grad_custom_pass is None  # set only while training
     assert groups_made == [2]  # Inductor ran the pass on the grouped layer's graph, and only there
+    assert saved_storages  # the hooks saw the compiled layers' saved tensors
     for grouped, separate in zip(results["grouped"], results["separate"]):
         torch.testing.assert_close(grouped, separate, rtol=1e-5, atol=1e-6)
