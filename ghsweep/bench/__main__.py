@@ -38,7 +38,12 @@ DEFAULT_ROWS = [
 # The metric "offload_saving" is peak memory saved against ours_lora_bf16 over the bytes the
 # offloaded layers parked in host memory per step (1.0: every parked byte came off the peak).
 TARGETS = [
-    ("LoRA bf16 tokens/s >= 18,500", "ours_lora_bf16", None, "tokens_per_s", ">=", 18500),
+    # Past the best published numbers on an H100's arithmetic (NeMo's Llama-2-7B LoRA fp8 25,206 tokens/s a
+    # GPU, NVIDIA's Llama-3-8B recipe LoRA bf16 17,809, full bf16 12,412, NeMo's full fp8 17,120).
+    ("LoRA bf16 tokens/s >= 20,000", "ours_lora_bf16", None, "tokens_per_s", ">=", 20000),
+    ("LoRA fp8 tokens/s >= 28,000", "ours_lora_fp8", None, "tokens_per_s", ">=", 28000),
+    ("full bf16 tokens/s >= 14,500", "ours_full_bf16", None, "tokens_per_s", ">=", 14500),
+    ("full fp8 tokens/s >= 19,500", "ours_full_fp8", None, "tokens_per_s", ">=", 19500),
     (
         "LoRA bf16 vs usual LoRA, same masking",
         "ours_lora_bf16",
@@ -47,7 +52,6 @@ TARGETS = [
         ">=",
         1.10,
     ),
-    ("full bf16 tokens/s >= 13,500", "ours_full_bf16", None, "tokens_per_s", ">=", 13500),
     ("fp8 LoRA vs our bf16 LoRA", "ours_lora_fp8", "ours_lora_bf16", "tokens_per_s", ">=", 1.25),
     ("fp8 full vs our bf16 full", "ours_full_fp8", "ours_full_bf16", "tokens_per_s", ">=", 1.3),
     ("offload 8: saved / offloaded bytes", "ours_lora_offload8", "ours_lora_bf16", "offload_saving", ">=", 0.90),
