@@ -32,9 +32,15 @@ def empty_tables() -> Path:
     made.parent.mkdir(parents=True, exist_ok=True)
     partial = made.with_name(f"{made.name}.{os.getpid()}.partial")
     engine = create_sqlalchemy_engine(f"sqlite:///{partial}")
+    # MLflow says "Creating initial MLflow database tables..." on stderr: of the cache's file, not a store
+    # the user made, in whatever command first needed a store.
+    mlflow_db_log = logging.getLogger("mlflow.store.db.utils")
+    level = mlflow_db_log.level
+    mlflow_db_log.setLevel(logging.WARNING)
     try:
         _initialize_tables(engine)  # what MLflow runs on a new file: its tables, then every migration
     finally:
+        mlflow_db_log.setLevel(level)
         engine.dispose()
     os.replace(partial, made)  # whole or not at all; two processes making it at once both succeed
     return made

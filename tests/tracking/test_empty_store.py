@@ -9,6 +9,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from ghsweep.core.user_cache import user_cache
+from ghsweep.tracking.empty_store import empty_tables
 from ghsweep.tracking.mlflow_store import MlflowStore
 
 
@@ -47,3 +48,13 @@ def test_without_a_usable_cache_mlflow_makes_the_tables(tmp_path, monkeypatch):
     store = MlflowStore(f"sqlite:///{tmp_path}/mlflow.db", "ghsweep")
     run_id = store.start_run("r", "run", {})
     assert store.get_run(run_id).status == "RUNNING"
+
+
+def test_making_the_cached_tables_says_nothing(tmp_path, monkeypatch, capfd):
+    # MLflow announces the tables it makes on stderr; the cache's file is not a store the user asked for,
+    # and whichever command first needs a store would print it (a report, a sweep's first line).
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    capfd.readouterr()
+    made = empty_tables()
+    assert made.exists()
+    assert capfd.readouterr() == ("", "")
