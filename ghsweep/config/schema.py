@@ -381,7 +381,7 @@ def capture_steps(capture: CaptureSchema, steps: int) -> range:
 
 
 # LoRA's knobs: what peft=lora carries and peft=none must not.
-LORA_KEYS = ("r", "alpha", "dropout", "target_modules", "adapter_gemms")
+LORA_KEYS = ("r", "alpha", "dropout", "target_modules", "adapter_gemms", "adapter_scale")
 
 
 @dataclass
@@ -393,6 +393,8 @@ class PeftSchema(ConfigSection):
     target_modules: Carried[list[str]]  # linear modules of the model's arch (LINEAR_MODULES)
     # The A GEMMs of one input as one GEMM where the layers compile (backend=torch), or peft's apart.
     adapter_gemms: Carried[Literal["grouped", "separate"]]
+    # alpha / r multiplies B's output (peft's) or B itself, where the layers compile (backend=torch)
+    adapter_scale: Carried[Literal["output", "weight"]]
 
     def check(self, composed: frozenset[str], arch: str, source: str) -> None:
         """`composed`: the keys the composed section sets; `arch`: the trained model's architecture

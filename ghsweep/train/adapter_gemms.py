@@ -7,13 +7,20 @@ then gives each adapter its own A gradient (which reads the input again) and its
 (a full-size tensor written, then summed with the others). Stacked, the A's of one input make one
 GEMM that reads the input once in forward and once in backward and writes one input gradient.
 
-`GroupAdapterGemms` runs on each compiled graph before autograd's (torch._inductor.config's
+`AdapterGemmPasses` runs on each compiled graph before autograd's (torch._inductor.config's
 pre_grad_custom_pass). Per input, it takes the linear calls without bias whose weight is trained and
 has at most 1/16 as many rows as columns (LoRA's A; never a frozen weight nor a full one, whose GEMMs
 are bound by arithmetic and whose concatenation would copy them each step) and puts in their place
 linear(input, cat(A_1, ..., A_n)), split back into the n outputs. The parameters stay peft's: only
 the compiled graph changes, so the optimizer, checkpoints and saved adapters see the same tensors.
 Dropout (peft.dropout > 0) gives each adapter an input of its own, so nothing is grouped there.
+
+peft scales B's output: `lora_B(lora_A(x)) * scaling`, a full-size product (tokens x output features).
+Autograd then multiplies B's output gradient by the scale into a tensor of its own, which B's two
+gradient GEMMs read: a full-size write a projection a step, where the scale could be applied to B (its
+output features x r) instead. `scale_adapter_weights` makes that `lora_B`'s weight times the scale
+(peft.adapter_scale=weight): the same function, and the same numbers when the scale is a power of two
+(alpha / r = 2 by default), as scaling a float by 2 is exact.
 """
 
 from __future__ import annotations
@@ -25,12 +32,14 @@ from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 LINEAR = (torch._C._nn.linear, torch.nn.functional.linear)
-# A weight is thin (an adapter's A) with at most this share of its input features as rows.
+MULTIPLY = (operator.mul, torch.mul)
+# A weight is thin, an adapter's A (B), with at most this share of its input (output) features as rows (columns).
 THIN_RATIO = 16
 
 
-def _thin_trained_linear(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
-    """(input, weight) of `node` if it is a linear call without bias on a trained, thin weight, else None."""
+def _trained_linear(node: fx.Node) -> tuple[fx.Node, fx.Node, int, int] | None:
+    """(input, weight, its rows, its columns) of `node` if it is a linear call without bias on a trained
+    2-D weight, else None."""
     if node.op != "call_function" or node.target not in LINEAR:
         return None
     args = list(node.args) + [None] * (3 - len(node.args))
@@ -41,6 +50,15 @@ def _thin_trained_linear(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     if not isinstance(value, torch.Tensor) or value.dim() != 2 or not value.requires_grad:
         return None
     rows, columns = value.shape
+    return source, weight, rows, columns
+
+
+def _thin_trained_linear(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """(input, weight) of `node` if it is a linear call without bias on a trained A-like weight, else None."""
+    found = _trained_linear(node)
+    if found is None:
+        return None
+    source, weight, rows, columns = found
     return (source, weight) if rows * THIN_RATIO <= columns else None
 
 
@@ -89,12 +107,46 @@ def group_adapter_gemms(graph: fx.Graph) -> int:
     return groups
 
 
-class GroupAdapterGemms(CustomGraphPass):
-    """group_adapter_gemms as torch.compile's pre-grad pass; its cache key is this file's text, so a
-    compiled graph is reused only by the same pass."""
+def scale_adapter_weights(graph: fx.Graph) -> int:
+    """Put `linear(t, B * s)` in place of `linear(t, B) * s` in `graph`, where B is a trained weight with
+    at most 1/THIN_RATIO as many columns as rows (LoRA's B) and s a number; the products moved."""
+    moved = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in MULTIPLY or len(node.args) != 2 or node.kwargs:
+            continue
+        for product, scale in (node.args, node.args[::-1]):
+            found = _trained_linear(product) if isinstance(product, fx.Node) else None
+            if found is None or not isinstance(scale, (int, float)) or len(product.users) != 1:
+                continue
+            _, weight, rows, columns = found
+            if columns * THIN_RATIO > rows:
+                continue
+            with graph.inserting_before(product):
+                scaled = graph.call_function(operator.mul, (weight, scale))
+            # Made without autograd, as group_adapter_gemms's values.
+            with torch.no_grad():
+                scaled.meta["example_value"] = weight.meta["example_value"] * scale
+            product.replace_input_with(weight, scaled)
+            node.replace_all_uses_with(product)
+            graph.erase_node(node)
+            moved += 1
+            break
+    return moved
+
+
+class AdapterGemmPasses(CustomGraphPass):
+    """group_adapter_gemms (`group`) and scale_adapter_weights (`scale_weights`) as torch.compile's
+    pre-grad pass; its cache key is this file's text and the two choices, so a compiled graph is reused
+    only by the same passes."""
+
+    def __init__(self, group: bool, scale_weights: bool):
+        self.group, self.scale_weights = group, scale_weights
 
     def __call__(self, graph: fx.Graph) -> None:
-        group_adapter_gemms(graph)
+        if self.group:
+            group_adapter_gemms(graph)
+        if self.scale_weights:
+            scale_adapter_weights(graph)
 
     def uuid(self) -> bytes:
-        return get_hash_for_files((__file__,))
+        return get_hash_for_files((__file__,)) + f"group={self.group},scale_weights={self.scale_weights}".encode()

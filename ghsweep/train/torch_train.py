@@ -148,16 +148,23 @@ def groups_adapter_gemms(peft: PeftSchema, compiled: bool) -> bool:
     return compiled and peft.name == "lora" and peft.adapter_gemms == "grouped"
 
 
-def adapter_gemms_grouped(peft: PeftSchema, compiled: bool) -> contextlib.AbstractContextManager:
-    """torch.compile's pass that makes LoRA's A GEMMs of one input one GEMM, where groups_adapter_gemms;
-    elsewhere nothing."""
-    if not groups_adapter_gemms(peft, compiled):
+def scales_adapter_weights(peft: PeftSchema, compiled: bool) -> bool:
+    """Whether LoRA's scale multiplies B rather than B's output (adapter_gemms.py): peft.adapter_scale=weight
+    where the layers compile."""
+    return compiled and peft.name == "lora" and peft.adapter_scale == "weight"
+
+
+def adapter_gemm_passes(peft: PeftSchema, compiled: bool) -> contextlib.AbstractContextManager:
+    """torch.compile's pass over LoRA's GEMMs (adapter_gemms.py), with what groups_adapter_gemms and
+    scales_adapter_weights choose; where neither, nothing."""
+    group, scale_weights = groups_adapter_gemms(peft, compiled), scales_adapter_weights(peft, compiled)
+    if not (group or scale_weights):
         return contextlib.nullcontext()
     import torch._inductor.config  # torch.compile imports it: only the setting is new
 
-    from ghsweep.train.adapter_gemms import GroupAdapterGemms
+    from ghsweep.train.adapter_gemms import AdapterGemmPasses
 
-    return torch._inductor.config.patch(pre_grad_custom_pass=GroupAdapterGemms())
+    return torch._inductor.config.patch(pre_grad_custom_pass=AdapterGemmPasses(group, scale_weights))
 
 
 def compile_in_this_process() -> None:
@@ -242,7 +249,7 @@ def _train(
         torch_capture(plan.profile, run_dir, device, window, ranks.rank) as profiler,
         # Read when each compiled region is first traced (in the first step): the budget and the cache.
         torch._functorch.config.patch(**compile_settings(config.train.activation_memory_budget, device)),
-        adapter_gemms_grouped(config.peft, model.compiled),
+        adapter_gemm_passes(config.peft, model.compiled),
         GcPauses(config.train.gc_interval) as gc_pauses,
     ):
         batches = dolly.endless(loader)
@@ -320,6 +327,7 @@ def _train(
         info["fp8_library"] = model.fp8_library
     if config.peft.name == "lora":
         info["lora_adapter_gemms"] = "grouped" if groups_adapter_gemms(config.peft, model.compiled) else "separate"
+        info["lora_adapter_scale"] = "weight" if scales_adapter_weights(config.peft, model.compiled) else "output"
     if breakdown:
         metrics |= breakdown.metrics(
             peak_gib,

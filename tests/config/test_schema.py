@@ -118,6 +118,7 @@ def test_every_rule_has_a_leaf():
             "joined",
             "peft.adapter_gemms=joined: not an accepted value; accepted: grouped, separate",
         ),
+        ("peft.adapter_scale", "input", "peft.adapter_scale=input: not an accepted value; accepted: output, weight"),
         (
             "backend.recompute_granularity",
             "some",

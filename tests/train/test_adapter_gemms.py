@@ -1,5 +1,6 @@
-"""peft.adapter_gemms=grouped: LoRA's A GEMMs of one input as one GEMM in the compiled layers
-(ghsweep/train/adapter_gemms.py). Which graphs it changes, and that they compute what peft's do."""
+"""peft.adapter_gemms=grouped (LoRA's A GEMMs of one input as one GEMM) and peft.adapter_scale=weight (the
+scale on B, not on B's output) in the compiled layers (ghsweep/train/adapter_gemms.py). Which graphs they
+change, and that they compute what peft's do."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 from torch import fx, nn
 
 from ghsweep.train import adapter_gemms
-from ghsweep.train.adapter_gemms import LINEAR, group_adapter_gemms
-from ghsweep.train.torch_train import adapter_gemms_grouped
+from ghsweep.train.adapter_gemms import LINEAR, group_adapter_gemms, scale_adapter_weights
+from ghsweep.train.torch_train import adapter_gemm_passes
 from tests.support.compose import compose_typed
 from tests.support.models import tiny_lora_decoder
 
@@ -86,25 +87,81 @@ def test_nothing_is_grouped_where_no_two_thin_trained_weights_share_an_input(ove
     assert linear_weights(graph) == before
 
 
+def full_size_products_in_backward(graph: fx.GraphModule, inputs: list[torch.Tensor], scale: float) -> int:
+    """Tensors of the layer's output size or more that autograd's backward graph of `graph` multiplies by
+    `scale` (each a full-size tensor written in backward)."""
+    from functorch.compile import aot_function, make_boxed_func
+
+    full_size = graph(*inputs)[0].numel()
+    counted: list[int] = []
+
+    def backward_compiler(module: fx.GraphModule, _):
+        products = [node for node in module.graph.nodes if node.target == torch.ops.aten.mul.Tensor]
+        counted.append(sum(scale in node.args and node.meta["val"].numel() >= full_size for node in products))
+        return make_boxed_func(module.forward)
+
+    compiled = aot_function(
+        graph.forward, fw_compiler=lambda module, _: make_boxed_func(module.forward), bw_compiler=backward_compiler
+    )
+    compiled(*inputs)[0].sum().backward()
+    return counted[0]
+
+
+@pytest.mark.parametrize("alpha", [32, 24])
+def test_the_scale_on_b_computes_what_peft_s_scaled_output_does(alpha):
+    # alpha 32 over r 16: a scale of 2, exact in floats, so the very same numbers; alpha 24: 1.5, rounded.
+    decoder = tiny_lora_decoder("peft=lora", f"peft.alpha={alpha}")
+    x, embeddings = layer_inputs(decoder)
+    graph, inputs = dynamo_graph(decoder.layers[0], x, embeddings)
+    scale = alpha / 16
+    before = full_size_products_in_backward(graph, inputs, scale)
+    expected = graph(*inputs)
+    trained = [tensor for tensor in inputs if isinstance(tensor, nn.Parameter) and tensor.requires_grad]
+    expected_grads = torch.autograd.grad(expected[0].square().sum(), trained)
+
+    assert scale_adapter_weights(graph.graph) == 7  # one B a projection
+    graph.recompile()
+    assert len(linear_weights(graph)) == 21  # the same GEMMs, B's scaled first
+    # Backward wrote B's output gradient times the scale, full size, for each of the 7; now for none.
+    assert (before, full_size_products_in_backward(graph, inputs, scale)) == (7, 0)
+    got = graph(*inputs)
+    grads = torch.autograd.grad(got[0].square().sum(), trained)
+    tolerance = {"rtol": 0, "atol": 0} if scale == 2 else {"rtol": 1e-5, "atol": 1e-6}
+    torch.testing.assert_close(got, expected, **tolerance)
+    for ours, theirs in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(ours, theirs, **tolerance)
+
+
+def test_full_weights_and_a_s_keep_their_products():
+    # Full fine-tuning's weights are not thin, and an A's product is not B's output.
+    decoder = tiny_lora_decoder("peft=none")
+    graph, _ = dynamo_graph(decoder.layers[0], *layer_inputs(decoder))
+    assert scale_adapter_weights(graph.graph) == 0
+
+
 @pytest.mark.cli  # torch.compile runs the C++ compiler
-def test_compiled_layers_train_the_same_with_grouped_and_separate_adapter_gemms(monkeypatch):
-    """The pass as training sets it (adapter_gemms_grouped), through Inductor: the same outputs and
-    gradients as peft's separate GEMMs; with separate, the pass is not set. The layers compile under
-    saved-tensor hooks that read each saved tensor's storage, as activation offload's do (offload=on):
-    the pass must not hand them its fake tensors."""
+def test_compiled_layers_train_the_same_with_each_adapter_gemm_pass(monkeypatch):
+    """The passes as training sets them (adapter_gemm_passes), through Inductor: grouped A GEMMs, and with
+    them the scale on B, give the same outputs and gradients as peft's GEMMs; with neither, no pass is
+    set. The layers compile under saved-tensor hooks that read each saved tensor's storage, as
+    activation offload's do (offload=on): the passes must not hand them their fake tensors."""
     saved_storages: list[int] = []
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         saved_storages.append(tensor.untyped_storage().data_ptr())
         return tensor
 
-    groups_made: list[int] = []
+    made: list[tuple[str, int]] = []
 
-    def counted(graph: fx.Graph) -> int:
-        groups_made.append(group_adapter_gemms(graph))
-        return groups_made[-1]
+    def counted(name: str, graph_pass):
+        def run(graph: fx.Graph) -> int:
+            made.append((name, graph_pass(graph)))
+            return made[-1][1]
 
-    monkeypatch.setattr(adapter_gemms, "group_adapter_gemms", counted)
+        return run
+
+    monkeypatch.setattr(adapter_gemms, "group_adapter_gemms", counted("grouped", group_adapter_gemms))
+    monkeypatch.setattr(adapter_gemms, "scale_adapter_weights", counted("scaled", scale_adapter_weights))
     # Compiled here, not loaded from an earlier test's caches (which skip the pre-grad passes).
     monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
     monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
@@ -112,22 +169,24 @@ def test_compiled_layers_train_the_same_with_grouped_and_separate_adapter_gemms(
     decoder = tiny_lora_decoder("peft=lora")
     x, embeddings = layer_inputs(decoder)
     results = {}
-    for choice in ("grouped", "separate"):
+    for gemms, scale in (("grouped", "output"), ("grouped", "weight"), ("separate", "output")):
         torch._dynamo.reset()
         layer = copy.deepcopy(decoder.layers[0])
         layer.compile()
         peft = copy.deepcopy(config.peft)
-        peft.adapter_gemms = choice
-        with adapter_gemms_grouped(peft, compiled=True):
-            assert (torch._inductor.config.pre_grad_custom_pass is not None) == (choice == "grouped")
+        peft.adapter_gemms, peft.adapter_scale = gemms, scale
+        with adapter_gemm_passes(peft, compiled=True):
+            assert (torch._inductor.config.pre_grad_custom_pass is not None) == (gemms == "grouped")
             xi = x.clone().requires_grad_()
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
                 out = layer(xi, position_embeddings=embeddings)
             out = out[0] if isinstance(out, tuple) else out
             out.square().mean().backward()
-        results[choice] = [out.detach(), xi.grad, *(p.grad for p in layer.parameters() if p.requires_grad)]
+        results[gemms, scale] = [out.detach(), xi.grad, *(p.grad for p in layer.parameters() if p.requires_grad)]
     assert torch._inductor.config.pre_grad_custom_pass is None  # set only while training
-    assert groups_made == [2]  # Inductor ran the pass on the grouped layer's graph, and only there
+    # Inductor ran the passes on the graphs that asked for them, and only there.
+    assert made == [("grouped", 2), ("grouped", 2), ("scaled", 7)]
     assert saved_storages  # the hooks saw the compiled layers' saved tensors
-    for grouped, separate in zip(results["grouped"], results["separate"]):
-        torch.testing.assert_close(grouped, separate, rtol=1e-5, atol=1e-6)
+    for changed in (("grouped", "output"), ("grouped", "weight")):
+        for ours, peft_s in zip(results[changed], results["separate", "output"], strict=True):
+            torch.testing.assert_close(ours, peft_s, rtol=1e-5, atol=1e-6)
