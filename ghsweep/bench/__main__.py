@@ -3,6 +3,9 @@ transformers + peft stack on a Llama-2-7B-shaped model (random weights), side by
 
 Each row runs in its own process. The table printed last has every row and then the targets, each
 with the measured ratio and whether it is met; `--out` writes all of it as JSON.
+
+`--compare KEY=A,B [--repeats N]` measures a lever before and after in one run: each of our rows with
+KEY=A, then KEY=B, alternating (N rounds), then a table of each value's step time against the first's.
 """
 
 from __future__ import annotations
@@ -10,11 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ghsweep.bench.rows import ROWS, compose_ours, default_blocks, document_lengths
@@ -62,29 +67,62 @@ TARGETS = [
 ]
 
 
+@dataclass(frozen=True)
+class Run:
+    """One row's process: its label in the table, the row, and the overrides added to our backend's rows."""
+
+    label: str
+    row: str
+    overrides: list[str]
+    value: str | None = None  # the compared KEY's value (--compare), else None
+
+
+def plan_runs(names: list[str], overrides: list[str], compare: str | None, repeats: int) -> list[Run]:
+    """Each row once with `overrides`; with `compare` (KEY=A,B,...) each row with each value in turn, `repeats`
+    rounds, so that a drift of the machine over the run reaches every value alike."""
+    if compare is None:
+        return [Run(name, name, overrides) for name in names]
+    key, _, listed = compare.partition("=")
+    values = [v for v in listed.split(",") if v]
+    if not key or len(values) < 2:
+        raise ValueError(
+            f"--compare {compare!r}: expected KEY=A,B (two values or more), e.g. peft.adapter_scale=output,weight"
+        )
+    usual = [n for n in names if ROWS[n]["stack"] != "ours"]
+    if usual:
+        raise ValueError(f"--compare sets our backend's config; these rows are the usual stack's: {', '.join(usual)}")
+    return [
+        Run(f"{name} {key}={value} #{round_}", name, [*overrides, f"{key}={value}"], value)
+        for round_ in range(1, repeats + 1)
+        for name in names
+        for value in values
+    ]
+
+
 def run_rows(
-    names: list[str],
+    runs: list[Run],
     seq: int,
     steps: int,
     layers: int,
-    ours_overrides: list[str],
     log_dir: Path,
     row_timeout_s: float,
     on_row: Callable[[dict[str, dict]], None],
 ) -> dict[str, dict]:
     results = {}
-    for i, name in enumerate(names, 1):
-        out = log_dir / f"{name}.json"
+    for i, run in enumerate(runs, 1):
+        name = run.label
+        file_name = name.replace(" ", "_").replace("#", "").replace("/", "_")
+        out = log_dir / f"{file_name}.json"
         started = time.time()
-        print(f"[{i}/{len(names)}] {name} ...", end=" ", flush=True)
-        with open(log_dir / f"{name}.log", "w") as log:
+        print(f"[{i}/{len(runs)}] {name} ...", end=" ", flush=True)
+        with open(log_dir / f"{file_name}.log", "w") as log:
             try:
                 subprocess.run(
                     [
                         sys.executable,
                         "-m",
                         "ghsweep.bench.rows",
-                        name,
+                        run.row,
                         str(out),
                         "--seq",
                         str(seq),
@@ -92,7 +130,7 @@ def run_rows(
                         str(steps),
                         "--layers",
                         str(layers),
-                        *(f"--ours-override={o}" for o in ours_overrides),
+                        *(f"--ours-override={o}" for o in run.overrides),
                     ],
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -132,9 +170,10 @@ def evaluate_targets(results: dict[str, dict]) -> list[dict]:
     return checks
 
 
-def format_report(results: dict[str, dict], checks: list[dict]) -> str:
+def format_rows(results: dict[str, dict]) -> str:
+    width = max([28, *(len(name) for name in results)])
     lines = [
-        f"{'row':<28} {'step_ms':>8} {'tokens/s':>9} {'95% CI':>17} {'steady':>6} {'TFLOP/s':>8} {'MFU':>6} "
+        f"{'row':<{width}} {'step_ms':>8} {'tokens/s':>9} {'95% CI':>17} {'steady':>6} {'TFLOP/s':>8} {'MFU':>6} "
         f"{'peak_GiB':>8}  note"
     ]
     for name, r in results.items():
@@ -146,19 +185,61 @@ def format_report(results: dict[str, dict], checks: list[dict]) -> str:
                 else "-"
             )
             lines.append(
-                f"{name:<28} {r['step_time_ms']:>8.1f} {r['tokens_per_s']:>9,.0f} {ci:>17} "
+                f"{name:<{width}} {r['step_time_ms']:>8.1f} {r['tokens_per_s']:>9,.0f} {ci:>17} "
                 f"{r.get('steady_steps', 0):>6.0f} {r['tflops_per_gpu']:>8.1f} {mfu:>6} {r['peak_mem_gb']:>8.1f}"
                 + (f"  stopped by {r['info']['measure_stop']}" if r.get("info", {}).get("measure_stop") else "")
             )
         else:
             lines.append(
-                f"{name:<28} {'-':>8} {'-':>9} {'-':>17} {'-':>6} {'-':>8} {'-':>6} {'-':>8}  FAILED: {r['error']}"
+                f"{name:<{width}} {'-':>8} {'-':>9} {'-':>17} {'-':>6} {'-':>8} {'-':>6} {'-':>8}  FAILED: {r['error']}"
             )
-    lines += ["", f"{'target':<40} {'measured':>10} {'goal':>10}  status"]
+    return "\n".join(lines)
+
+
+def format_targets(checks: list[dict]) -> str:
+    lines = [f"{'target':<40} {'measured':>10} {'goal':>10}  status"]
     for c in checks:
         value = "-" if c["value"] is None else (f"{c['value']:,.0f}" if c["value"] > 100 else f"{c['value']:.3f}")
         status = {True: "met", False: "MISSED", None: "not measured"}[c["met"]]
         lines.append(f"{c['target']:<40} {value:>10} {c['goal']:>10}  {status}")
+    return "\n".join(lines)
+
+
+def comparison(runs: list[Run], results: dict[str, dict]) -> list[dict]:
+    """Per row and compared value: each round's step time, their mean, and that mean over the first value's."""
+    by_row: dict[str, dict[str, list[dict]]] = {}
+    for run in runs:
+        if run.value is not None:
+            by_row.setdefault(run.row, {}).setdefault(run.value, []).append(results.get(run.label, {"ok": False}))
+    compared = []
+    for row, by_value in by_row.items():
+        first: float | None = None
+        for i, (value, measured) in enumerate(by_value.items()):
+            ok = [r for r in measured if r.get("ok")]
+            mean = statistics.fmean(r["step_time_ms"] for r in ok) if ok else None
+            first = mean if i == 0 else first
+            compared.append(
+                {
+                    "row": row,
+                    "value": value,
+                    "step_time_ms": [r["step_time_ms"] for r in ok],
+                    "mean_step_time_ms": mean,
+                    "vs_first": mean / first if mean and first else None,
+                    "peak_mem_gb": max((r["peak_mem_gb"] for r in ok), default=None),
+                    "failed": len(measured) - len(ok),
+                }
+            )
+    return compared
+
+
+def format_comparison(key: str, compared: list[dict]) -> str:
+    lines = [f"{'row':<24} {key:>24} {'step_ms (each round)':>28} {'mean':>7} {'vs first':>8} {'peak_GiB':>8}"]
+    for c in compared:
+        rounds = ", ".join(f"{t:.1f}" for t in c["step_time_ms"]) + (f" ({c['failed']} failed)" if c["failed"] else "")
+        mean = f"{c['mean_step_time_ms']:.1f}" if c["mean_step_time_ms"] else "-"
+        ratio = f"{c['vs_first']:.3f}" if c["vs_first"] else "-"
+        peak = f"{c['peak_mem_gb']:.1f}" if c["peak_mem_gb"] else "-"
+        lines.append(f"{c['row']:<24} {c['value']:>24} {rounds:>28} {mean:>7} {ratio:>8} {peak:>8}")
     return "\n".join(lines)
 
 
@@ -194,11 +275,23 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="config override added to every row of our backend, e.g. train.attention=cudnn",
     )
+    parser.add_argument(
+        "--compare",
+        metavar="KEY=A,B",
+        help="measure our rows with each value of one config key in turn, e.g. peft.adapter_scale=output,weight",
+    )
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of --compare (alternating values)")
     args = parser.parse_args(argv)
     names = args.rows.split(",")
     unknown = [n for n in names if n not in ROWS]
     if unknown:
         parser.error(f"--rows: unknown {', '.join(unknown)}; known: {', '.join(ROWS)}")
+    if args.repeats < 1 or (args.repeats > 1 and not args.compare):
+        parser.error(f"--repeats {args.repeats}: a count of 1 or more, above 1 only with --compare")
+    try:
+        runs = plan_runs(names, args.ours_override, args.compare, args.repeats)
+    except ValueError as exc:
+        parser.error(str(exc))
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = args.logs or Path(tmp)
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -214,22 +307,43 @@ def main(argv: list[str] | None = None) -> int:
                             "command": command,
                             "documents": documents,
                             "rows": results,
-                            "targets": evaluate_targets(results),
+                            **report_parts(runs, results),
                         },
                         indent=2,
                     )
                 )
 
-        results = run_rows(
-            names, args.seq, args.steps, args.layers, args.ours_override, log_dir, args.row_timeout, save
-        )
+        results = run_rows(runs, args.seq, args.steps, args.layers, log_dir, args.row_timeout, save)
     stats = documents["example_tokens"]
     print(
         f"\nexamples: {documents['data']}; {stats['examples']} examples of mean {stats['mean']:.0f} tokens "
         f"(p10 {stats['p10']}, p50 {stats['p50']}, p90 {stats['p90']}, p99 {stats['p99']})"
     )
-    print(format_report(results, evaluate_targets(results)))
+    parts = report_parts(runs, results)
+    if args.compare:
+        key = args.compare.partition("=")[0]
+        print(format_rows(results))
+        for value, checks in parts["targets_by_value"].items():
+            print(f"\nwith {key}={value} (its first round):\n{format_targets(checks)}")
+        print("\n" + format_comparison(key, parts["comparison"]))
+    else:
+        print(format_rows(results) + "\n\n" + format_targets(parts["targets"]))
     return 0
+
+
+def report_parts(runs: list[Run], results: dict[str, dict]) -> dict:
+    """The targets, evaluated on the rows as measured; with --compare, on each value's first round, and
+    the comparison of the values."""
+    if all(run.value is None for run in runs):
+        return {"targets": evaluate_targets(results)}
+    targets_by_value = {}
+    for value in dict.fromkeys(run.value for run in runs):
+        first_round = {}
+        for run in runs:
+            if run.value == value and run.row not in first_round and run.label in results:
+                first_round[run.row] = results[run.label]
+        targets_by_value[value] = [c for c in evaluate_targets(first_round) if c["value"] is not None]
+    return {"targets_by_value": targets_by_value, "comparison": comparison(runs, results)}
 
 
 if __name__ == "__main__":
