@@ -9,6 +9,7 @@ data loader reads it (on_the_fly), into the same blocks.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -402,3 +403,42 @@ def endless(loader: DataLoader) -> Iterator[dict[str, torch.Tensor]]:
     """Cycle through epochs so a run lasts `max_steps` whatever the data size."""
     while True:
         yield from loader
+
+
+class CapturedBlocks:
+    """The micro-batches a run trains, step by step, with a capture window that follows the measurement
+    (capture.start_step=auto) training the run's first blocks again.
+
+    Where such a window falls depends on when the measurement stopped, so two runs would otherwise profile
+    different blocks, and with document masking attention's work moves with the documents: on one H200 the
+    7B shape's attention took 12.3-25.2 ms a captured step as a block held 73-221 tiles of 128 x 128
+    (tests/data/profiles/h200_7b_repeats; docs/gpu.md). Training the same blocks in every run's window
+    makes two runs' profiles, and their step delta, compare kernels on the same data. A window that begins
+    before the first blocks are all trained trains the blocks as they come. `fingerprint` names the
+    captured blocks (their tokens), so that a delta can tell whether two runs captured the same ones.
+    """
+
+    def __init__(self, batches: Iterator[dict[str, torch.Tensor]], steps: int, replay: bool):
+        self._batches, self._steps, self._replay = batches, steps, replay
+        self._first: list[dict[str, torch.Tensor]] = []
+        self._captured = hashlib.sha1()
+        self._captured_any = False
+
+    def batch(self, step: int, window: range | None) -> dict[str, torch.Tensor]:
+        """The host batch of `step`, given the capture window as it stands (None: not yet known)."""
+        in_window = window is not None and step in window
+        if in_window and self._replay and window is not None and window.start >= self._steps:
+            batch = self._first[step - window.start]
+        else:
+            batch = next(self._batches)
+            if len(self._first) < self._steps:
+                self._first.append(batch)
+        if in_window:
+            self._captured.update(batch["input_ids"].numpy().tobytes())
+            self._captured_any = True
+        return batch
+
+    @property
+    def fingerprint(self) -> str | None:
+        """A short hash of the captured steps' tokens; None where no step was captured."""
+        return self._captured.hexdigest()[:12] if self._captured_any else None

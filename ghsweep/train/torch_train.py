@@ -252,7 +252,10 @@ def _train(
         adapter_gemm_passes(config.peft, model.compiled),
         GcPauses(config.train.gc_interval) as gc_pauses,
     ):
-        batches = dolly.endless(loader)
+        # An auto window trains the run's first blocks again, so every run profiles the same data.
+        batches = dolly.CapturedBlocks(
+            dolly.endless(loader), config.capture.num_steps, replay=config.capture.start_step == "auto"
+        )
         step, stop = 0, None
         # The sweep's work on earlier runs ends before the first step measured or profiled (a capture
         # window may start before the warm-up ends); profile.overhead checks that it did.
@@ -264,7 +267,7 @@ def _train(
             with phases.step(step):
                 started = log.start()
                 with phases.range("data"):
-                    host_batch = next(batches)
+                    host_batch = batches.batch(step, window)
                     batch = {k: v.to(device, non_blocking=True) for k, v in host_batch.items()}
                     decoder_kwargs = attention.decoder_kwargs(batch["position_ids"], host_batch["position_ids"])
                 # Each read of the allocator's counters builds its whole stats dict (py-spy: about 0.8 ms of
@@ -321,6 +324,8 @@ def _train(
         if model.data_parallel == "fsdp":
             info["fsdp_all_gather"] = distributed.fsdp_all_gather(config, ranks, "fsdp", device)
     metrics |= gc_pauses.metrics(config.train.warmup_steps)
+    if batches.fingerprint:
+        info["captured_blocks"] = batches.fingerprint
     if model.offload is not None:
         info["offload_gb_per_step"] = model.offload.bytes_offloaded / 2**30 / step
     if model.fp8_library:

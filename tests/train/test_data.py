@@ -172,3 +172,43 @@ def test_on_the_fly_tokenises_in_the_dataset_it_hands_the_loader():
     assert torch.equal(dataset[0]["input_ids"], dataset[0]["input_ids"])
     # Two encodes (prompt, response) per record of block 0, each read.
     assert len(calls) - at_start == 2 * 2 * len(dataset.plan.examples[0])
+
+
+def numbered_batches():
+    """Micro-batches whose tokens say which block they are (block n: every token n)."""
+    n = 0
+    while True:
+        yield {"input_ids": torch.full((1, 4), n)}
+        n += 1
+
+
+def blocks_trained(steps: int, window: range | None, replay: bool, window_known_at: int = 0):
+    """Which block each step trains, and the fingerprint, when the window is known from step `window_known_at`
+    on (a window that follows the measurement is known only once the measurement stopped)."""
+    batches = dolly.CapturedBlocks(numbered_batches(), 2, replay)
+    trained = [
+        int(batches.batch(step, window if step >= window_known_at else None)["input_ids"][0, 0])
+        for step in range(steps)
+    ]
+    return trained, batches.fingerprint
+
+
+def test_an_auto_capture_window_trains_the_runs_first_blocks_again_wherever_it_falls():
+    early, early_print = blocks_trained(8, range(6, 8), replay=True, window_known_at=6)
+    late, late_print = blocks_trained(11, range(9, 11), replay=True, window_known_at=9)
+    assert early == [0, 1, 2, 3, 4, 5, 0, 1] and late == [0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 1]
+    assert early_print == late_print is not None  # the same blocks captured: the same fingerprint
+
+
+def test_a_window_at_a_chosen_step_or_over_the_first_blocks_trains_the_blocks_as_they_come():
+    chosen, chosen_print = blocks_trained(6, range(3, 5), replay=False)
+    assert chosen == [0, 1, 2, 3, 4, 5]
+    first, first_print = blocks_trained(3, range(1, 3), replay=True)
+    assert first == [0, 1, 2]  # the window began before blocks 0 and 1 were both trained
+    auto, auto_print = blocks_trained(8, range(6, 8), replay=True, window_known_at=6)
+    assert len({chosen_print, first_print, auto_print}) == 3  # blocks 3-4, 1-2 and 0-1
+
+
+def test_an_uncaptured_run_has_no_fingerprint():
+    trained, fingerprint = blocks_trained(4, None, replay=True)
+    assert trained == [0, 1, 2, 3] and fingerprint is None

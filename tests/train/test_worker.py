@@ -197,6 +197,23 @@ def test_capture_auto_records_the_steps_right_after_the_measured_ones(tmp_path, 
     assert m["excluded_steps"] == 2 and m["steady_steps"] + m["warmup_steps_detected"] == traced[0]
 
 
+def test_every_auto_window_profiles_the_same_blocks_wherever_the_measurement_ends_it(tmp_path):
+    """Windows at steps 4-5 (a fixed length) and 12-13 (after measuring to a budget) train the run's first
+    two blocks again, so both runs profile the same data; a window at a chosen step trains its own."""
+    captured = {}
+    for name, overrides in {
+        "fixed": ["train.measure=false"],
+        "measured": ["train.measure=true"],
+        "chosen": ["train.measure=false", "capture.start_step=2"],
+    }.items():
+        run_dir = tmp_path / name
+        planned_run(run_dir, compose_config(*MEASURING_TO_A_BUDGET, *overrides, "capture.num_steps=2"), "torch")
+        proc = run_worker(run_dir)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        captured[name] = json.loads((run_dir / SUMMARY).read_text())["info"]["captured_blocks"]
+    assert captured["fixed"] == captured["measured"] != captured["chosen"]
+
+
 @pytest.mark.parametrize(("bar", "stop"), [(1e12, "pruned"), (1.0, "step_budget")])
 def test_a_measuring_trial_stops_early_only_when_it_is_slower_than_the_bar(tmp_path, bar, stop):
     """tune.prune: a bar no CPU reaches stops the run at the first flush whose interval is known; a
