@@ -48,6 +48,10 @@ PARTS = (
     ("profiler_overhead_ms", "the profiler's own overhead (profiled - measured step)"),
 )
 TOP_KERNELS = 10
+OTHER_BLOCKS = (
+    "The two runs' captured steps trained other blocks (another seed, data or number of ranks): attention's time, "
+    "and that of any kernel whose work depends on the documents, moved with the data as well as with the change."
+)
 FAMILIES_IN_WORDS = 3  # families named in because()
 
 
@@ -163,11 +167,14 @@ def step_delta(baseline: ProfileAnalysis, run: ProfileAnalysis) -> dict:
         if r.overhead_ms is not None and b.overhead_ms is not None
         else {}
     )
+    blocks = baseline.captured_blocks, run.captured_blocks
     return {
         "baseline_step_ms": b.step_ms,
         "run_step_ms": r.step_ms,
         "difference_ms": r.step_ms - b.step_ms,
         **measured,
+        # Whether both runs profiled the same blocks; None where a run does not say (another backend, older runs).
+        "same_blocks": blocks[0] == blocks[1] if None not in blocks else None,
         "parts": parts,
         "by_family": sorted(families.values(), key=lambda f: (-abs(f["delta_ms"]), f["family"])),
         "kernels": kernels[:TOP_KERNELS],
@@ -183,7 +190,11 @@ def because(d: dict, families: int = FAMILIES_IN_WORDS) -> str:
     overlap across streams changed by a tenth of the largest change or more, it is named too (`copies
     -77.9 ms, less overlap across streams +75.0 ms`), and the line adds up to about the step's change."""
     named = [f for f in d["by_family"][:families] if round(1000 * f["delta_ms"])]
-    words = [f"{f['family']} {signed_time(f['delta_ms'])}" for f in named]
+    words = [
+        f"{f['family']} {signed_time(f['delta_ms'])}"
+        + (" (other blocks profiled)" if f["family"] == "attention" and d.get("same_blocks") is False else "")
+        for f in named
+    ]
     overlap = d.get("parts", {}).get("overlap_change_ms", 0.0)
     largest = max((abs(f["delta_ms"]) for f in named), default=0.0)
     if abs(overlap) >= max(1.0, largest / 10):
@@ -239,6 +250,8 @@ def render(d: dict) -> str:
     lines = ["# Against the baseline", "", headline(d), ""]
     if because(d):
         lines += [f"Because, per step: {because(d)}.", ""]
+    if d.get("same_blocks") is False:
+        lines += [OTHER_BLOCKS, ""]
     lines += markdown_table(*parts_table(d)) + [""]
     lines += markdown_table(*family_table(d)) + [""]
     lines += markdown_table(*kernel_table(d))

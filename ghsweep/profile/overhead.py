@@ -33,6 +33,7 @@ class MeasuredRun:
     step_ms: float | None = None  # the measured (untraced) steady step, summary.json's step_time_ms
     # Why the sweep's follow-up work on earlier runs overlapped this run's steps; None: not found to.
     overlap: str | None = None
+    captured_blocks: str | None = None  # summary.json's info: the captured steps' blocks (dolly_data.CapturedBlocks)
 
     @classmethod
     def of(cls, run_dir: Path) -> MeasuredRun:
@@ -43,7 +44,10 @@ class MeasuredRun:
             return cls()
         step = summary.get("metrics", {}).get("step_time_ms")
         step = float(step) if isinstance(step, (int, float)) and step == step and step > 0 else None
-        return cls(step, followups_overlap(run_dir, summary.get("timing", {})))
+        blocks = summary.get("info", {}).get("captured_blocks")
+        return cls(
+            step, followups_overlap(run_dir, summary.get("timing", {})), blocks if isinstance(blocks, str) else None
+        )
 
 
 def followups_overlap(run_dir: Path, timing: dict) -> str | None:

@@ -84,6 +84,9 @@ class ProfileAnalysis:
     profiled_step_ms: float | None = None
     measured_step_ms: float | None = None
     profiler_overhead_pct: float | None = None
+    # A fingerprint of the blocks the captured steps trained (summary.json's info; torch backend): two runs
+    # whose fingerprints differ profiled other data, and attention's time moves with the documents.
+    captured_blocks: str | None = None
     # Added after the numbers (run_analysis.py, ranks.py):
     roofline: dict[str, Any] = field(default_factory=dict)  # Nsight Compute points of the top kernels
     findings: list[Finding] = field(default_factory=list)

@@ -29,6 +29,7 @@ def full_analysis(
         result.roofline = kernel_points(ncu_csv, sorted({k["short_name"] for k in result.top_kernels}))
     measured = measured or MeasuredRun()
     overhead.apply(result, measured.step_ms)
+    result.captured_blocks = measured.captured_blocks
     result.findings = evaluate(result, context, measured.overlap)
     result.summary = summary(result)
     return result
@@ -47,6 +48,7 @@ def rank_analysis(
     per_rank = {rank_of(p): (p, full_analysis(p, context, nsys_path=nsys_path, measured=measured)) for p in paths}
     result = combine(per_rank, world_size)
     overhead.apply(result, (measured or MeasuredRun()).step_ms)
+    result.captured_blocks = (measured or MeasuredRun()).captured_blocks
     rank_zero = [f for f in result.findings if f.id != "profiler_overhead"]
     result.findings = profiler_overhead(result) + rank_zero
     return result
