@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -111,7 +112,7 @@ def run_rows(
     results = {}
     for i, run in enumerate(runs, 1):
         name = run.label
-        file_name = name.replace(" ", "_").replace("#", "").replace("/", "_")
+        file_name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
         out = log_dir / f"{file_name}.json"
         started = time.time()
         print(f"[{i}/{len(runs)}] {name} ...", end=" ", flush=True)

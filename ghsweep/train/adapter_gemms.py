@@ -19,8 +19,11 @@ peft scales B's output: `lora_B(lora_A(x)) * scaling`, a full-size product (toke
 Autograd then multiplies B's output gradient by the scale into a tensor of its own, which B's two
 gradient GEMMs read: a full-size write a projection a step, where the scale could be applied to B (its
 output features x r) instead. `scale_adapter_weights` makes that `lora_B`'s weight times the scale
-(peft.adapter_scale=weight): the same function, and the same numbers when the scale is a power of two
-(alpha / r = 2 by default), as scaling a float by 2 is exact.
+(peft.adapter_scale=weight, the default): the same function, and the same products when the scale is a
+power of two (alpha / r = 2 by default), as scaling a float by 2 is exact. The compiled kernels that sum
+them differ (B times the scale is a tensor of its own), so a run is not bitwise the one with the scale on
+the output: on one H100 over 200 steps of the 7B shape, mean loss difference 0.0012 in bf16, while LoRA
+bf16's step took 3.1 ms less and fp8's 1.8 ms (benchmarks/h100_adapter_scale.json).
 """
 
 from __future__ import annotations
