@@ -45,10 +45,11 @@ def rank_analysis(
     """One run on several GPUs: each rank's report (profile_rank<N>.*) analysed (each rank's idle
     findings net of its own profiler overhead), combined (profile/ranks.py); the run's overhead is
     its ranks' mean profiled step against the measured one."""
+    measured = measured or MeasuredRun()
     per_rank = {rank_of(p): (p, full_analysis(p, context, nsys_path=nsys_path, measured=measured)) for p in paths}
     result = combine(per_rank, world_size)
-    overhead.apply(result, (measured or MeasuredRun()).step_ms)
-    result.captured_blocks = (measured or MeasuredRun()).captured_blocks
+    overhead.apply(result, measured.step_ms)
+    result.captured_blocks = measured.captured_blocks
     rank_zero = [f for f in result.findings if f.id != "profiler_overhead"]
     result.findings = profiler_overhead(result) + rank_zero
     return result

@@ -422,23 +422,25 @@ class CapturedBlocks:
         self._batches, self._steps, self._replay = batches, steps, replay
         self._first: list[dict[str, torch.Tensor]] = []
         self._captured = hashlib.sha1()
-        self._captured_any = False
+        self._captured_steps = 0
 
     def batch(self, step: int, window: range | None) -> dict[str, torch.Tensor]:
         """The host batch of `step`, given the capture window as it stands (None: not yet known)."""
-        in_window = window is not None and step in window
-        if in_window and self._replay and window is not None and window.start >= self._steps:
-            batch = self._first[step - window.start]
-        else:
-            batch = next(self._batches)
-            if len(self._first) < self._steps:
-                self._first.append(batch)
-        if in_window:
-            self._captured.update(batch["input_ids"].numpy().tobytes())
-            self._captured_any = True
+        if window is None or step not in window:
+            return self._next()
+        replayed = self._replay and window.start >= self._steps
+        batch = self._first[step - window.start] if replayed else self._next()
+        self._captured.update(batch["input_ids"].numpy().tobytes())
+        self._captured_steps += 1
+        return batch
+
+    def _next(self) -> dict[str, torch.Tensor]:
+        batch = next(self._batches)
+        if len(self._first) < self._steps:
+            self._first.append(batch)
         return batch
 
     @property
     def fingerprint(self) -> str | None:
         """A short hash of the captured steps' tokens; None where no step was captured."""
-        return self._captured.hexdigest()[:12] if self._captured_any else None
+        return self._captured.hexdigest()[:12] if self._captured_steps else None

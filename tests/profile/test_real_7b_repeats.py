@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import sqlite3
+import statistics
 from pathlib import Path
 
 import pytest
@@ -119,11 +120,7 @@ def test_attention_a_captured_step_follows_its_blocks_documents(tmp_path, blocks
     assert by_tiles[0][0] == 73 and by_tiles[-1][0] == 221  # fp8_1's step 14 and fp8_2's step 22
     assert by_tiles[-1][1] > 1.9 * by_tiles[0][1]  # 2.9x the tiles: 25.2 against 12.7 ms
     # Attention's time rises with the tiles: a line through the points explains most of its spread.
-    n = len(points)
-    mean_t, mean_a = sum(t for t, _ in points) / n, sum(a for _, a in points) / n
-    cov = sum((t - mean_t) * (a - mean_a) for t, a in points)
-    var_t, var_a = sum((t - mean_t) ** 2 for t, _ in points), sum((a - mean_a) ** 2 for _, a in points)
-    assert cov / (var_t * var_a) ** 0.5 > 0.9
+    assert statistics.correlation([t for t, _ in points], [a for _, a in points]) > 0.9
 
 
 def test_a_delta_between_runs_that_profiled_other_blocks_says_so(runs, blocks_of_the_line):
